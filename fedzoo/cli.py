@@ -1,0 +1,75 @@
+"""The one `fedzoo` command. Each area owns its subcommands; they are imported only when used, so
+device-side commands never import torch or flask."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from fedzoo import __version__
+from fedzoo.errors import FedzooError
+
+# subcommand name -> "module:attribute" of a click command, and its one-line help
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "data": ("fedzoo.cloud.data_cli:data", "Inspect data sets, splits and federated partitions."),
+    "zoo": ("fedzoo.cloud.zoo_cli:zoo", "Build, compress and inspect model zoos."),
+    "serve": ("fedzoo.server.cli:serve", "Run the model server (production WSGI)."),
+    "client": ("fedzoo.clients.cli:client", "Device-side client: register, look up, download, run, train."),
+    "demo": ("fedzoo.cloud.demo:demo", "Run the whole system end to end on MNIST-5k."),
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in SUBCOMMANDS:
+            return None
+        target, short_help = SUBCOMMANDS[name]
+        module_name, attribute = target.split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            return _missing_command(name, short_help, error)
+        command = getattr(module, attribute)
+        command.short_help = command.short_help or short_help
+        return command
+
+
+def _missing_command(name: str, short_help: str, error: ModuleNotFoundError) -> click.Command:
+    """A stand-in that explains which extra to install when an area's dependencies are absent."""
+
+    @click.command(name=name, short_help=f"{short_help} (unavailable: {error.name} is not installed)")
+    def unavailable() -> None:
+        raise click.ClickException(
+            f"'fedzoo {name}' needs the package {error.name!r}, which is not installed; "
+            "install the matching extra, e.g. pip install 'fedzoo[all]'"
+        )
+
+    return unavailable
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="fedzoo")
+def cli() -> None:
+    """fedzoo: build a model zoo, serve each device the best model it can afford, improve it by FL."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the CLI, turning fedzoo's own errors into one-line messages instead of tracebacks."""
+    try:
+        cli.main(args=argv, standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as error:
+        error.show()
+        sys.exit(error.exit_code)
+    except FedzooError as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(1)

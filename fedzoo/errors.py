@@ -1,0 +1,17 @@
+"""The exception hierarchy every area raises from; the CLI turns these into one-line messages."""
+
+
+class FedzooError(Exception):
+    """Base of every error fedzoo raises on purpose; the message says what was wrong and with what value."""
+
+
+class InvalidInputError(FedzooError, ValueError):
+    """Input data, a file or a request field is not what it must be."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class NotFoundError(FedzooError, LookupError):
+    """A model, blob, device or round that was asked for does not exist."""

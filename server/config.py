@@ -1,0 +1,59 @@
+"""Server settings, read from the environment (`FEDZOO_*`) with defaults that work out of the box."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fedzoo.errors import InvalidInputError
+
+DEFAULT_DATA_DIR = Path.home() / ".fedzoo" / "server"
+DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024  # a published ONNX model travels in one request
+DEFAULT_MAX_JSON_BYTES = 256 * 1024  # every JSON-only endpoint: cards, profiles, lookups
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Where the registry lives, who is admin, and how large a request may be."""
+
+    data_dir: Path
+    database_url: str
+    admin_token: str | None = None
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_json_bytes: int = DEFAULT_MAX_JSON_BYTES
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def blob_dir(self) -> Path:
+        return self.data_dir / "blobs"
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides: object) -> ServerConfig:
+        """Settings from `FEDZOO_DATA_DIR`, `FEDZOO_DATABASE_URL`, `FEDZOO_ADMIN_TOKEN`,
+        `FEDZOO_MAX_REQUEST_BYTES`, `FEDZOO_MAX_JSON_BYTES`; keyword overrides win."""
+        env = dict(os.environ if environ is None else environ)
+        data_dir = Path(str(overrides.pop("data_dir", None) or env.get("FEDZOO_DATA_DIR") or DEFAULT_DATA_DIR))
+        data_dir = data_dir.expanduser().resolve()
+        values: dict[str, object] = {
+            "data_dir": data_dir,
+            "database_url": env.get("FEDZOO_DATABASE_URL") or f"sqlite:///{data_dir / 'registry.db'}",
+            "admin_token": env.get("FEDZOO_ADMIN_TOKEN") or None,
+            "max_request_bytes": _positive_int(env, "FEDZOO_MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES),
+            "max_json_bytes": _positive_int(env, "FEDZOO_MAX_JSON_BYTES", DEFAULT_MAX_JSON_BYTES),
+        }
+        values.update({key: value for key, value in overrides.items() if value is not None})
+        return cls(**values)  # type: ignore[arg-type]
+
+
+def _positive_int(env: dict[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidInputError(f"{name} must be a whole number of bytes, got {raw!r}", field=name) from None
+    if value <= 0:
+        raise InvalidInputError(f"{name} must be positive, got {value}", field=name)
+    return value

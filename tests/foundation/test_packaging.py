@@ -1,0 +1,66 @@
+"""Packaging: the device side imports without torch, and every area lives under `fedzoo.`."""
+
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+AREAS = ("cloud", "edge", "nas", "compress", "server", "clients")
+
+BLOCK_TORCH = textwrap.dedent(
+    """
+    import importlib.abc, sys
+
+    class BlockTorch(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "torch" or name.startswith("torch."):
+                raise ImportError(f"torch is blocked on the device side (import of {name})")
+            return None
+
+    sys.meta_path.insert(0, BlockTorch())
+    """
+)
+
+
+def device_side_modules() -> list[str]:
+    names = []
+    for area in ("edge", "clients"):
+        for path in sorted((ROOT / area).rglob("*.py")):
+            relative = path.relative_to(ROOT / area).with_suffix("")
+            parts = [part for part in relative.parts if part != "__init__"]
+            names.append(".".join(["fedzoo", area, *parts]))
+    return names
+
+
+def test_device_side_imports_without_torch():
+    modules = device_side_modules()
+    script = BLOCK_TORCH + "\n".join(f"import {name}" for name in modules) + "\nprint('ok', 'torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["ok", "False"]
+
+
+def test_blocker_really_blocks_torch():
+    result = subprocess.run([sys.executable, "-c", BLOCK_TORCH + "import torch"], capture_output=True, text=True)
+    assert result.returncode != 0 and "blocked" in result.stderr
+
+
+def test_every_area_package_is_declared_under_fedzoo():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    declared = set(config["packages"])
+    for area in AREAS:
+        assert config["package-dir"][f"fedzoo.{area}"] == area
+        for init in (ROOT / area).rglob("__init__.py"):
+            package = ".".join(["fedzoo", area, *init.parent.relative_to(ROOT / area).parts])
+            assert package in declared, f"{package} is missing from [tool.setuptools] packages"
+    assert not any(name in declared for name in ("server", "clients"))
+
+
+@pytest.mark.parametrize("area", AREAS)
+def test_area_imports_under_namespace(area):
+    module = __import__(f"fedzoo.{area}", fromlist=["_"])
+    assert Path(module.__file__).parent == ROOT / area
