@@ -1,64 +1,214 @@
-"""`fedzoo demo`: run the whole system end to end on MNIST-5k, stage by stage, and say what is missing."""
+"""`fedzoo demo`: the whole system end to end on MNIST-5k, on this machine.
+
+It builds a zoo (supernet training and search), compresses it behind the accuracy gate, attaches
+training graphs, serves it with the production server (`fedzoo serve`, gunicorn on loopback), then
+acts as a device (register with calibration timings, look up the best model under a budget,
+download, run, report latency) and finally runs federated rounds that fine-tune a zoo model from
+virtual devices' Dirichlet shards and publish new versions.
+"""
 
 from __future__ import annotations
 
-import importlib
+import os
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
+import httpx
 import numpy as np
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fedzoo.cloud.data import dirichlet_partition, load_dataset, split_dataset
+from fedzoo.cards import ModelCard
+from fedzoo.cloud.data import DatasetSplit, dirichlet_partition, load_dataset, split_dataset
+from fedzoo.errors import FedzooError
+from fedzoo.zoo import Zoo
 
 console = Console()
+DEVICE_CLASS = "cloud-x86-1t"
+SERVER_START_TIMEOUT_S = 120.0
 
 
-def stage_data(workdir: Path) -> str:
-    split = split_dataset(load_dataset("mnist"), seed=0)
-    shards = dirichlet_partition(split.train.y, num_clients=20, alpha=0.5, seed=0)
+@dataclass
+class DemoRun:
+    """What the stages hand on to each other."""
+
+    workdir: Path
+    preset: str
+    admin_token: str = "demo-admin-token"
+    split: DatasetSplit | None = None
+    server: subprocess.Popen | None = None
+    server_url: str = ""
+    results: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def zoo_dir(self) -> Path:
+        return self.workdir / "zoo"
+
+
+def stage_data(run: DemoRun) -> str:
+    run.split = split_dataset(load_dataset("mnist"), seed=0)
+    shards = dirichlet_partition(run.split.train.y, num_clients=20, alpha=0.5, seed=0)
     sizes = [len(shard) for shard in shards]
+    classes = np.mean([len(np.unique(run.split.train.y[shard])) for shard in shards])
     return (
-        f"MNIST-5k split {len(split.train)}/{len(split.validation)}/{len(split.test)}; "
-        f"Dirichlet(0.5) over 20 clients: {min(sizes)}..{max(sizes)} examples each, "
-        f"{np.mean([len(np.unique(split.train.y[s])) for s in shards]):.1f} classes on average"
+        f"MNIST-5k split {len(run.split.train)}/{len(run.split.validation)}/{len(run.split.test)}; "
+        f"Dirichlet(0.5) over 20 clients: {min(sizes)}..{max(sizes)} examples each, {classes:.1f} classes on average"
     )
 
 
-# (title, module the stage needs, function) in data-flow order
-STAGES: list[tuple[str, str, Callable[[Path], str] | None]] = [
-    ("data sets and federated partition", "fedzoo.cloud.data", stage_data),
-    ("NAS: supernet training and search into a zoo", "fedzoo.cloud.pipeline", None),
-    ("compression: pruning and INT8 with an accuracy gate", "fedzoo.compress.pipeline", None),
-    ("training graphs for on-device training", "fedzoo.cloud.training_graphs", None),
-    ("model server: import the zoo and serve it", "fedzoo.server.app", None),
-    ("client: register, look up, download, run", "fedzoo.clients", None),
-    ("federated round driven by the server", "fedzoo.cloud.simulation", None),
+def stage_build(run: DemoRun) -> str:
+    from fedzoo.cloud.pipeline import BuildConfig, build_zoo
+    from fedzoo.cloud.zoo_cli import RichReporter
+
+    config = BuildConfig(dataset="mnist", out=run.zoo_dir, preset=run.preset, seed=0, compress=False,
+                         training_graphs=False, zoo_min_size=4, zoo_max_size=4)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        result = build_zoo(config, RichReporter(progress))
+    accuracies = [card.metrics.accuracy for card in result.cards]
+    latencies = [card.latency_ms[DEVICE_CLASS].median_ms for card in result.cards]
+    return (
+        f"{len(result.cards)} subnets in {run.zoo_dir}: test accuracy {min(accuracies):.3f}..{max(accuracies):.3f}, "
+        f"latency {min(latencies):.3f}..{max(latencies):.3f} ms on this machine"
+    )
+
+
+def stage_compress(run: DemoRun) -> str:
+    from fedzoo.compress.finetune import FineTuning
+    from fedzoo.compress.pipeline import compress_zoo
+
+    report = compress_zoo(run.zoo_dir, run.split, pruning_ratios=(0.5,), fine_tuning=FineTuning(epochs=2))
+    reasons = "; ".join(f"{rejected.variant_id}: {', '.join(rejected.reasons)}" for rejected in report.rejected[:2])
+    return f"{len(report.accepted)} variants published, {len(report.rejected)} rejected by the gate" + (
+        f" (e.g. {reasons})" if reasons else ""
+    )
+
+
+def stage_training_graphs(run: DemoRun) -> str:
+    from fedzoo.cloud.training_graphs import attach_training_graphs
+
+    updated = attach_training_graphs(run.zoo_dir)
+    return f"training graphs attached to {len(updated)} cards (standard ONNX ops only)"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def stage_serve(run: DemoRun) -> str:
+    port = _free_port()
+    run.server_url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-c", "from fedzoo.cli import main; main()", "serve", "--zoo", str(run.zoo_dir),
+               "--port", str(port), "--data-dir", str(run.workdir / "server")]
+    log = open(run.workdir / "server.log", "wb")  # noqa: SIM115  (closed with the process at the end)
+    run.server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                  env={**os.environ, "FEDZOO_ADMIN_TOKEN": run.admin_token})
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if run.server.poll() is not None:
+            raise FedzooError(f"the server exited with code {run.server.returncode}; see {run.workdir / 'server.log'}")
+        try:
+            if httpx.get(f"{run.server_url}/v1/health", timeout=1.0).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    else:
+        raise FedzooError(f"the server did not answer within {SERVER_START_TIMEOUT_S:.0f} s; see {run.workdir / 'server.log'}")
+    models = httpx.get(f"{run.server_url}/v1/models", params={"task": "mnist", "limit": 200}).json()
+    return f"gunicorn on {run.server_url} serves {len(models['models'])} models (log: {run.workdir / 'server.log'})"
+
+
+def stage_client(run: DemoRun) -> str:
+    from fedzoo.clients.client import FedzooClient
+    from fedzoo.edge.benchmark import benchmark_model
+    from fedzoo.edge.device_profile import collect_device_profile
+
+    cards = [card for card in Zoo(run.zoo_dir).cards() if DEVICE_CLASS in card.latency_ms]
+    budget_ms = 2 * min(card.latency_ms[DEVICE_CLASS].median_ms for card in cards)
+    with FedzooClient(run.server_url, cache_dir=run.workdir / "device-cache") as client:
+        profile = collect_device_profile(f"demo-device-{os.getpid()}", threads=1)
+        client.register(profile)
+        answer = client.lookup("mnist", latency_budget_ms=budget_ms)
+        card = ModelCard.from_dict(answer["model"])
+        session = client.session(card)
+        predictions = np.argmax(session.run(run.split.test.x), axis=-1)
+        accuracy = float((predictions == run.split.test.y).mean())
+        measured = benchmark_model(client.download_model(card), threads=1)
+        client.report_latency(card.id, measured.median_ms, measured.p90_ms, 1)
+        again = client.lookup("mnist", latency_budget_ms=budget_ms)
+    return (
+        f"lookup under {budget_ms:.3f} ms chose {card.id} ({card.precision}, {answer['latency_ms']:.3f} ms "
+        f"{answer['latency_source']}); on-device test accuracy {accuracy:.4f}; measured {measured.median_ms:.3f} ms "
+        f"and reported it; the next lookup used '{again['latency_source']}' latency for {again['model']['id']}"
+    )
+
+
+def stage_federated(run: DemoRun) -> str:
+    from fedzoo.cloud.simulation import Simulation, federation_from_zoo
+
+    roots = [card for card in Zoo(run.zoo_dir).cards() if card.parent_id is None and card.training_graph]
+    base = max(roots, key=lambda card: card.metrics.accuracy)
+    federation = federation_from_zoo(run.zoo_dir, base.id, run.split, num_clients=5, alpha=0.5, seed=0)
+    config = {"min_clients": 3, "target_clients": 4, "over_selection": 0.25, "deadline_s": 300, "num_rounds": 2,
+              "local_epochs": 1, "batch_size": 32, "learning_rate": 0.01}
+    with Simulation(federation, run.server_url, run.admin_token, cache_root=run.workdir / "federation") as simulation:
+        simulation.publish_base_model()
+        simulation.register_devices(prefix=f"demo-fl-{os.getpid()}")
+        records = simulation.run(config)
+    rounds = ", ".join(
+        f"round {record.number}: {record.state}, {record.accepted_updates} updates"
+        + (f", accuracy {record.accuracy:.4f} -> {record.result_model_id}" if record.accuracy is not None else "")
+        for record in records
+    )
+    return f"fine-tuned {base.id} (accuracy {base.metrics.accuracy:.4f}) with 5 virtual devices: {rounds}"
+
+
+# (title, function) in data-flow order
+STAGES: list[tuple[str, Callable[[DemoRun], str]]] = [
+    ("data sets and federated partition", stage_data),
+    ("NAS: supernet training and search into a zoo", stage_build),
+    ("compression: pruning and INT8 behind the accuracy gate", stage_compress),
+    ("training graphs for on-device training", stage_training_graphs),
+    ("model server: import the zoo and serve it", stage_serve),
+    ("device: register, look up, download, run, report latency", stage_client),
+    ("federated rounds driven by the server", stage_federated),
 ]
 
 
-def available(module: str) -> bool:
-    try:
-        importlib.import_module(module)
-    except ModuleNotFoundError:
-        return False
-    return True
+def stop_server(run: DemoRun) -> None:
+    if run.server is not None and run.server.poll() is None:
+        run.server.terminate()
+        try:
+            run.server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            run.server.kill()
 
 
 @click.command()
-@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=Path(".fedzoo/demo"), show_default=True)
-def demo(workdir: Path) -> None:
-    """Run every stage that exists, end to end on MNIST-5k, and list the stages still missing."""
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=Path(".fedzoo/demo"),
+              show_default=True, help="Where the zoo, the server's data and the device caches go.")
+@click.option("--preset", type=click.Choice(["default", "tiny"]), default="default", show_default=True,
+              help="Size of the zoo build: default (a few minutes) or tiny (a smoke run, low accuracy).")
+def demo(workdir: Path, preset: str) -> None:
+    """Build a zoo, compress it, serve it, act as a device and run federated rounds, on MNIST-5k."""
+    run = DemoRun(workdir=workdir, preset=preset)
     workdir.mkdir(parents=True, exist_ok=True)
-    missing = []
-    for title, module, run in STAGES:
-        if run is None or not available(module):
-            missing.append(title)
-            console.print(f"[yellow]- {title}: not built yet[/yellow]")
-            continue
-        with console.status(title):
-            summary = run(workdir)
-        console.print(f"[green]✓ {title}[/green]: {summary}")
-    if missing:
-        console.print(f"{len(missing)} of {len(STAGES)} stages are still missing: " + "; ".join(missing))
+    started = time.perf_counter()
+    try:
+        for title, stage in STAGES:
+            stage_started = time.perf_counter()
+            console.print(f"[bold]▶ {title}[/bold]")
+            summary = stage(run)
+            console.print(f"[green]✓[/green] {summary} [dim]({time.perf_counter() - stage_started:.0f} s)[/dim]")
+    finally:
+        stop_server(run)
+    console.print(f"demo finished in {time.perf_counter() - started:.0f} s; everything it made is in {workdir}")

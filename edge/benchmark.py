@@ -1,14 +1,18 @@
-"""Latency of an ONNX model on this device, measured like a profiler: warm-up runs, then repeated
-timed batch-1 runs, reporting the median and p90 and the thread count used."""
+"""Latency of an ONNX model on this device, measured like a profiler: a session with recorded options,
+warm-up runs, then repeated timed batch-1 runs, reporting the median and p90 (robust to the odd slow run
+on a shared CPU) plus the spread, and the thread count used."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Mapping, Sequence
 
 import numpy as np
-import onnxruntime as ort
+
+from fedzoo.edge.runtime import ONNX_DTYPES, create_session
+from fedzoo.errors import InvalidInputError
 
 
 @dataclass(frozen=True)
@@ -17,22 +21,35 @@ class LatencyMeasurement:
     p90_ms: float
     runs: int
     threads: int
+    mean_ms: float = 0.0
+    min_ms: float = 0.0
+    max_ms: float = 0.0
+    warmup_runs: int = 0
+    graph_optimization: str = "all"
+    input_shape: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict:
+        """The measurement as plain JSON-ready values."""
+        return asdict(self)
 
 
 def benchmark_model(
-    model: str | Path | bytes, threads: int = 1, warmup_runs: int = 10, timed_runs: int = 50
+    model: str | Path | bytes,
+    threads: int = 1,
+    warmup_runs: int = 10,
+    timed_runs: int = 50,
+    *,
+    input_shape: Sequence[int] | None = None,
+    graph_optimization: str = "all",
 ) -> LatencyMeasurement:
-    """Median and p90 batch-1 latency of `model` (a path or ONNX bytes) on onnxruntime's CPU provider."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    source = model if isinstance(model, bytes) else str(model)
-    session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
-    feeds = {}
-    for spec in session.get_inputs():
-        shape = [1 if not isinstance(dim, int) else dim for dim in spec.shape]
-        feeds[spec.name] = np.random.default_rng(0).random(shape, dtype=np.float32)
+    """Median and p90 latency of one `session.run` of `model` (a path or ONNX bytes) on onnxruntime's CPU
+    provider. Symbolic input dimensions are 1 (batch-1) unless `input_shape` gives the whole shape."""
+    if timed_runs < 1 or warmup_runs < 0:
+        raise InvalidInputError(
+            f"need timed_runs >= 1 and warmup_runs >= 0, got {timed_runs} and {warmup_runs}", field="timed_runs"
+        )
+    session = create_session(model, threads, graph_optimization)
+    feeds = _random_feeds(session, input_shape)
     for _ in range(warmup_runs):
         session.run(None, feeds)
     timings = np.empty(timed_runs)
@@ -40,6 +57,79 @@ def benchmark_model(
         start = time.perf_counter()
         session.run(None, feeds)
         timings[index] = (time.perf_counter() - start) * 1000.0
+    return _measurement(timings, threads, warmup_runs, graph_optimization, _feed_shape(feeds))
+
+
+def _measurement(
+    timings_ms: np.ndarray, threads: int, warmup_runs: int, graph_optimization: str, input_shape: tuple[int, ...]
+) -> LatencyMeasurement:
     return LatencyMeasurement(
-        median_ms=float(np.median(timings)), p90_ms=float(np.percentile(timings, 90)), runs=timed_runs, threads=threads
+        median_ms=float(np.median(timings_ms)),
+        p90_ms=float(np.percentile(timings_ms, 90)),
+        runs=int(timings_ms.size),
+        threads=threads,
+        mean_ms=float(timings_ms.mean()),
+        min_ms=float(timings_ms.min()),
+        max_ms=float(timings_ms.max()),
+        warmup_runs=warmup_runs,
+        graph_optimization=graph_optimization,
+        input_shape=input_shape,
     )
+
+
+def _random_feeds(session: object, input_shape: Sequence[int] | None = None) -> dict[str, np.ndarray]:
+    """Seeded random inputs for every model input; the first may take `input_shape`."""
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for index, spec in enumerate(session.get_inputs()):  # type: ignore[attr-defined]
+        shape = _concrete_shape(spec.shape, input_shape if index == 0 else None)
+        feeds[spec.name] = rng.random(shape).astype(ONNX_DTYPES.get(spec.type, np.dtype(np.float32)))
+    return feeds
+
+
+def _feed_shape(feeds: Mapping[str, np.ndarray]) -> tuple[int, ...]:
+    return tuple(next(iter(feeds.values())).shape) if feeds else ()
+
+
+def _concrete_shape(model_shape: Sequence[object], requested: Sequence[int] | None) -> tuple[int, ...]:
+    """The model's input shape with symbolic dims set to 1, or `requested` if it is compatible."""
+    if requested is None:
+        return tuple(dim if isinstance(dim, int) else 1 for dim in model_shape)
+    requested = tuple(int(dim) for dim in requested)
+    compatible = len(requested) == len(model_shape) and all(
+        size >= 1 and (not isinstance(dim, int) or dim == size) for size, dim in zip(requested, model_shape)
+    )
+    if not compatible:
+        raise InvalidInputError(
+            f"input_shape {list(requested)} does not fit the model's input {list(model_shape)}", field="input_shape"
+        )
+    return requested
+
+
+def benchmark_models_interleaved(
+    models: Mapping[str, str | Path | bytes],
+    threads: int = 1,
+    rounds: int = 5,
+    runs_per_round: int = 20,
+    warmup_runs: int = 10,
+    graph_optimization: str = "all",
+) -> dict[str, LatencyMeasurement]:
+    """Latency of several models measured in interleaved rounds (every model a few runs, then the next round),
+    so slow spells of a shared CPU hit all models alike instead of whichever model was running then."""
+    sessions = {name: create_session(model, threads, graph_optimization) for name, model in models.items()}
+    feeds = {name: _random_feeds(session) for name, session in sessions.items()}
+    timings: dict[str, list[float]] = {name: [] for name in sessions}
+    for name, session in sessions.items():
+        for _ in range(warmup_runs):
+            session.run(None, feeds[name])
+    for _ in range(rounds):
+        for name, session in sessions.items():
+            session.run(None, feeds[name])  # re-warm caches after the other models ran
+            for _ in range(runs_per_round):
+                start = time.perf_counter()
+                session.run(None, feeds[name])
+                timings[name].append((time.perf_counter() - start) * 1000.0)
+    return {
+        name: _measurement(np.asarray(values), threads, warmup_runs, graph_optimization, _feed_shape(feeds[name]))
+        for name, values in timings.items()
+    }

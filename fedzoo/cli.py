@@ -35,6 +35,8 @@ class LazyGroup(click.Group):
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as error:
+            if error.name and error.name.split(".")[0] == "fedzoo":
+                raise
             return _missing_command(name, short_help, error)
         command = getattr(module, attribute)
         command.short_help = command.short_help or short_help

@@ -1,1 +1,4 @@
-"""nas"""
+"""Once-for-all NAS: a search space of MobileNetV2-style classifiers (`space`), standalone subnets
+(`subnet.build_subnet`), the weight-sharing supernet (`supernet`), sandwich-rule training (`training`),
+candidate scoring (`evaluation`), latency estimates (`latency`), Pareto tools (`pareto`) and the
+evolutionary and random searches (`search`). The pipeline that runs them is `fedzoo.cloud.pipeline`."""

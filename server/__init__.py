@@ -1,1 +1,16 @@
-"""server"""
+"""The model server devices talk to (REST v1, see shared DESIGN.md).
+
+Layout, web layer to storage:
+    cli.py          `fedzoo serve`: migrate, import a zoo, run gunicorn (graceful SIGTERM/SIGINT)
+    app.py          `create_app(config)`: blueprints from one list, JSON errors, size limits
+    routes/         thin blueprints: parse (routes/common.py), call a service, serialise
+    openapi.py      `@documented` routes -> /v1/openapi.json (the FL blueprint uses it too)
+    schemas.py      pydantic request/response bodies
+    registry.py     publish / list / get models, import a zoo directory, refresh estimates
+    devices.py      register devices (tokens stored hashed), authenticate, telemetry
+    lookup.py       the best model under latency and memory budgets, one SQL query
+    latency.py      measured -> card device class -> predictor; `LatencyEstimator`
+    blobstore.py    `BlobStore` by sha256 (`FileBlobStore`; S3 could implement it)
+    db.py, models.py, migrations/   SQLAlchemy 2.0 tables and their Alembic history
+    fl/             federated-learning rounds (its own blueprint, tables and revision)
+"""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from fedzoo.errors import InvalidInputError
@@ -22,7 +22,6 @@ class ServerConfig:
     admin_token: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_json_bytes: int = DEFAULT_MAX_JSON_BYTES
-    extra: dict[str, str] = field(default_factory=dict)
 
     @property
     def blob_dir(self) -> Path:

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, MetaData, create_engine, event
+from sqlalchemy import Connection, Engine, MetaData, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 
@@ -77,6 +77,12 @@ class Database:
             raise
         finally:
             session.close()
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A plain connection for read-only work on the hot path (no ORM unit of work to set up)."""
+        with self.engine.connect() as connection:
+            yield connection
 
     def dispose(self) -> None:
         """Close pooled connections (after a fork, or at shutdown)."""

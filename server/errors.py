@@ -22,6 +22,10 @@ class APIError(FedzooError):
             self.code = code
         self.details = details
 
+    def headers(self) -> dict[str, str]:
+        """Extra response headers this error needs (none by default)."""
+        return {}
+
     def to_dict(self) -> dict[str, Any]:
         body: dict[str, Any] = {"code": self.code, "message": self.message, "field": self.field}
         body.update(self.details)
@@ -76,6 +80,9 @@ class UnsupportedMediaType(APIError):
 
 class RangeNotSatisfiable(APIError):
     status, code = 416, "range_not_satisfiable"
+
+    def headers(self) -> dict[str, str]:
+        return {"Content-Range": f"bytes */{self.details['size_bytes']}"}
 
 
 def from_domain_error(error: FedzooError) -> APIError:

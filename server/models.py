@@ -1,16 +1,18 @@
 """Registry tables: published models, registered devices and the latencies devices report.
 
 A model row keeps the whole card as JSON (the contract) plus the columns a lookup filters and sorts
-on, and two figures precomputed at publish time so that a lookup is one indexed query and a little
-arithmetic: `memory_mb` (see `fedzoo.server.lookup.estimate_memory_mb`) and `reference_latency_ms`
-(the latency on the cloud reference device, which a device's `speed_factor` scales).
+on, and figures precomputed at publish time so that a lookup is one indexed query and a little
+arithmetic: `memory_mb` (see `fedzoo.server.lookup.estimate_memory_mb`) and the reference latency
+split into the latency estimator's cost groups (`cost_<i>_ms`, slot i = the estimator's i-th group),
+which a device's `scale_<i>` columns scale (see `fedzoo.server.latency`). `latency_signature` names
+the estimator that computed them, so rows computed by another one are recomputed at start-up.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import DateTime, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from fedzoo.server.db import Base
@@ -31,12 +33,22 @@ class ModelRecord(Base):
     task: Mapped[str] = mapped_column(String(128))
     precision: Mapped[str] = mapped_column(String(16))
     accuracy: Mapped[float] = mapped_column(Float)
-    size_bytes: Mapped[int] = mapped_column(Integer)
-    macs: Mapped[int] = mapped_column(Integer)
-    params: Mapped[int] = mapped_column(Integer)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    macs: Mapped[int] = mapped_column(BigInteger)
+    params: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64), index=True)
     memory_mb: Mapped[float] = mapped_column(Float)
     reference_latency_ms: Mapped[float] = mapped_column(Float)
+    latency_cost_basis: Mapped[str] = mapped_column(String(200))
+    latency_signature: Mapped[str] = mapped_column(String(100))
+    cost_0_ms: Mapped[float] = mapped_column(Float)
+    cost_1_ms: Mapped[float] = mapped_column(Float)
+    cost_2_ms: Mapped[float] = mapped_column(Float)
+    cost_3_ms: Mapped[float] = mapped_column(Float)
+    cost_4_ms: Mapped[float] = mapped_column(Float)
+    cost_5_ms: Mapped[float] = mapped_column(Float)
+    cost_6_ms: Mapped[float] = mapped_column(Float)
+    cost_7_ms: Mapped[float] = mapped_column(Float)
     card_json: Mapped[str] = mapped_column(Text)
     published_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
 
@@ -57,16 +69,24 @@ class ModelClassLatency(Base):
 
 
 class DeviceRecord(Base):
-    """A registered device: its profile, a hash of its token (never the token) and its speed factor."""
+    """A registered device: its profile, a hash of its token (never the token) and its latency scales."""
 
     __tablename__ = "devices"
 
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     device_class: Mapped[str | None] = mapped_column(String(128), nullable=True)
-    memory_mb: Mapped[int] = mapped_column(Integer)
-    speed_factor: Mapped[float] = mapped_column(Float)
-    speed_factor_basis: Mapped[str] = mapped_column(String(200))
+    memory_mb: Mapped[int] = mapped_column(BigInteger)
+    latency_scales_basis: Mapped[str] = mapped_column(String(200))
+    latency_signature: Mapped[str] = mapped_column(String(100))
+    scale_0: Mapped[float] = mapped_column(Float)
+    scale_1: Mapped[float] = mapped_column(Float)
+    scale_2: Mapped[float] = mapped_column(Float)
+    scale_3: Mapped[float] = mapped_column(Float)
+    scale_4: Mapped[float] = mapped_column(Float)
+    scale_5: Mapped[float] = mapped_column(Float)
+    scale_6: Mapped[float] = mapped_column(Float)
+    scale_7: Mapped[float] = mapped_column(Float)
     profile_json: Mapped[str] = mapped_column(Text)
     registered_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
 
@@ -85,3 +105,19 @@ class LatencyReport(Base):
     reported_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
 
     __table_args__ = (Index("ix_latency_reports_device_model", "device_id", "model_id"),)
+
+
+class MeasuredLatency(Base):
+    """The lookup's view of telemetry: per (device, model), the median of its recent reports."""
+
+    __tablename__ = "measured_latency"
+
+    device_id: Mapped[str] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"), primary_key=True)
+    model_id: Mapped[str] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), primary_key=True)
+    median_ms: Mapped[float] = mapped_column(Float)
+    reports: Mapped[int] = mapped_column(Integer)
+
+
+LATENCY_SLOTS = 8  # cost_<i>_ms / scale_<i> columns: at most this many latency groups
+COST_COLUMNS = tuple(f"cost_{slot}_ms" for slot in range(LATENCY_SLOTS))
+SCALE_COLUMNS = tuple(f"scale_{slot}" for slot in range(LATENCY_SLOTS))

@@ -64,3 +64,17 @@ def test_every_area_package_is_declared_under_fedzoo():
 def test_area_imports_under_namespace(area):
     module = __import__(f"fedzoo.{area}", fromlist=["_"])
     assert Path(module.__file__).parent == ROOT / area
+
+
+def readme_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Set up and run", 1)[1].split("\n## ", 1)[0]
+    return [block.split("\n", 1)[1].strip() for block in section.split("```bash")[1:]]
+
+
+def test_readme_set_up_is_two_commands_and_ci_runs_the_same():
+    install_and_demo, run_tests = [block.split("```")[0].strip() for block in readme_commands()]
+    ci_script = (ROOT / ".ci" / "run").read_text()
+    assert "pip install -e '.[all,dev]'" in install_and_demo and "fedzoo demo" in install_and_demo
+    assert "pip install --quiet -e '.[all,dev]'" in ci_script
+    assert run_tests in ci_script.splitlines()

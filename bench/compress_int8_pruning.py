@@ -1,0 +1,195 @@
+"""Benchmark of compress/: INT8 vs fp32 (size, batch-1 ORT CPU latency, accuracy) and channel pruning
+(MACs removed within a 1-point accuracy drop) on a zoo of MNIST models, all measured in this one run.
+
+    .venv/bin/python bench/compress_int8_pruning.py            # builds a 3-model MNIST zoo first
+    .venv/bin/python bench/compress_int8_pruning.py --zoo DIR  # or compresses a copy of an existing zoo
+
+Goals (issue 4): INT8 size <= 0.3x, latency <= 0.7x, accuracy drop <= 0.5 point; pruning >= 40% fewer
+MACs at <= 1.0 point drop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from fedzoo.cards import InputSpec, Latency, Metrics, ModelCard, Normalisation
+from fedzoo.cloud.data import DatasetSplit, load_dataset, split_dataset
+from fedzoo.compress.export import export_checked
+from fedzoo.compress.finetune import FineTuning, fine_tune
+from fedzoo.compress.macs import count_cost
+from fedzoo.compress.measure import DEVICE_CLASS, evaluate_onnx, normalise
+from fedzoo.compress.pipeline import CompressionReport, VariantOutcome, compress_zoo
+from fedzoo.compress.quantize import quantize_int8
+from fedzoo.edge.benchmark import benchmark_model
+from fedzoo.nas.subnet import build_subnet
+from fedzoo.zoo import Zoo
+
+TRAIN_EPOCHS = 5
+LATENCY_ROUNDS = 5  # fp32 and int8 benchmarked alternately, this many times each
+GOALS = {"int8_size": 0.3, "int8_latency": 0.7, "int8_drop_points": 0.5, "pruning_macs_reduction": 0.40}
+
+
+def mnist_arch(depth: int, kernel: int, expand_ratio: int) -> dict:
+    """A subnet of the default MNIST space (stem 16 stride 2, stages 16/24/40/64, head 128)."""
+    stages = [(16, 1, "relu6"), (24, 2, "relu6"), (40, 2, "hswish"), (64, 1, "hswish")]
+    return {
+        "family": "ofa-mbv2", "stem_channels": 16, "stem_stride": 2, "stem_activation": "relu6",
+        "head_channels": 128, "head_activation": "hswish",
+        "stages": [
+            {"out_channels": width, "stride": stride, "activation": activation,
+             "kernels": [kernel] * depth, "expand_ratios": [expand_ratio] * depth}
+            for width, stride, activation in stages
+        ],
+    }  # fmt: skip
+
+
+ARCHS = {"mnist-d1k3e3": mnist_arch(1, 3, 3), "mnist-d2k3e3": mnist_arch(2, 3, 3), "mnist-d2k3e4": mnist_arch(2, 3, 4)}
+
+
+def wide_arch(activation: str) -> dict:
+    """A ~90 M MAC subnet (stem stride 1, widths 32-128, depth 3, expand 6): where INT8 should start to pay."""
+    arch = mnist_arch(3, 3, 6)
+    arch.update(stem_channels=32, stem_stride=1, head_channels=256, head_activation=activation)
+    for stage, width in zip(arch["stages"], (32, 48, 80, 128)):
+        stage.update(out_channels=width, activation=activation)
+    return arch
+
+
+def build_zoo(root: Path, split: DatasetSplit) -> None:
+    """Train each arch for a few epochs and add it as a root fp32 card with its torch_state."""
+    zoo = Zoo.create(root)
+    normalisation = Normalisation(mean=split.mean, std=split.std)
+    train_x, test_x = normalise(split.train.x, normalisation), normalise(split.test.x, normalisation)
+    input_shape = (1, *split.dataset.image_shape)
+    for card_id, arch in ARCHS.items():
+        started = time.perf_counter()
+        torch.manual_seed(0)
+        model = build_subnet(arch, split.dataset.num_classes, split.dataset.image_shape[0])
+        fine_tune(model, train_x, split.train.y, FineTuning(epochs=TRAIN_EPOCHS, learning_rate=3e-3, distillation_weight=0))
+        path = root / f"{card_id}.onnx"
+        export_checked(model, input_shape, path, test_x[:16])
+        accuracy, loss = evaluate_onnx(path, test_x, split.test.y)
+        state = io.BytesIO()
+        torch.save(model.state_dict(), state)
+        cost = count_cost(model, input_shape)
+        latency = benchmark_model(path, threads=1)
+        zoo.add_card(
+            ModelCard(
+                id=card_id, family="ofa-mbv2", task=split.dataset.name,
+                input=InputSpec(name="input", shape=["batch", *split.dataset.image_shape], normalisation=normalisation),
+                labels=split.dataset.labels, arch=arch,
+                metrics=Metrics(accuracy=accuracy, loss=loss, num_examples=len(split.test)),
+                macs=cost.macs, params=cost.params, size_bytes=path.stat().st_size, sha256=zoo.add_blob_file(path),
+                latency_ms={DEVICE_CLASS: Latency(median_ms=latency.median_ms, p90_ms=latency.p90_ms, source="measured", threads=1)},
+                artifacts={"torch_state": zoo.add_blob_bytes(state.getvalue())},
+            )
+        )  # fmt: skip
+        path.unlink()
+        print(f"trained {card_id}: {cost.macs / 1e6:.2f} M MACs, {cost.params} params, test accuracy {accuracy:.2%} "
+              f"({time.perf_counter() - started:.0f} s)")  # fmt: skip
+
+
+def side_by_side_latency_ms(first: Path, second: Path) -> tuple[float, float]:
+    """Median batch-1 latency of two models, benchmarked alternately so both see the same machine load."""
+    first_runs, second_runs = [], []
+    for _ in range(LATENCY_ROUNDS):
+        first_runs.append(benchmark_model(first, threads=1, timed_runs=100).median_ms)
+        second_runs.append(benchmark_model(second, threads=1, timed_runs=100).median_ms)
+    return statistics.median(first_runs), statistics.median(second_runs)
+
+
+def outcome(report: CompressionReport, variant_id: str) -> VariantOutcome | None:
+    return next((o for o in report.accepted + report.rejected if o.variant_id == variant_id), None)
+
+
+def print_tables(zoo: Zoo, report: CompressionReport, roots: list[ModelCard]) -> None:
+    print("\nINT8 (static QDQ U8S8 per-channel, reduce_range, MinMax on 256 train images) vs fp32, ORT CPU 1 thread, batch 1")
+    header = f"{'model':<14} {'MMACs':>6} {'fp32 KB':>8} {'int8 KB':>8} {'size':>6} {'fp32 ms':>8} {'int8 ms':>8} {'latency':>8} {'fp32 acc':>9} {'int8 acc':>9} {'drop pt':>8}  verdict"
+    print(header)
+    for root in roots:
+        int8 = outcome(report, f"{root.id}-int8")
+        if int8 is None or int8.measurement is None:
+            print(f"{root.id:<14} (no INT8 variant measured)")
+            continue
+        fp32_measured, int8_measured = int8.parent_measurement, int8.measurement
+        int8_path = zoo.model_path(zoo.card(int8.variant_id)) if int8.accepted else None
+        if int8_path is not None:
+            fp32_ms, int8_ms = side_by_side_latency_ms(zoo.model_path(root), int8_path)
+        else:
+            fp32_ms, int8_ms = fp32_measured["latency_median_ms"], int8_measured["latency_median_ms"]
+        drop = (fp32_measured["accuracy"] - int8_measured["accuracy"]) * 100
+        verdict = "accepted" if int8.accepted else "rejected: " + "; ".join(int8.reasons)
+        print(
+            f"{root.id:<14} {root.macs / 1e6:>6.2f} {fp32_measured['size_bytes'] / 1024:>8.1f} {int8_measured['size_bytes'] / 1024:>8.1f} "
+            f"{int8_measured['size_bytes'] / fp32_measured['size_bytes']:>5.2f}x {fp32_ms:>8.3f} {int8_ms:>8.3f} {int8_ms / fp32_ms:>7.2f}x "
+            f"{fp32_measured['accuracy']:>9.2%} {int8_measured['accuracy']:>9.2%} {drop:>8.2f}  {verdict}"
+        )  # fmt: skip
+    print("\nChannel pruning (L1, per layer) + fine-tuning with distillation; gate: accuracy drop <= 1.0 point")
+    print(f"{'model':<14} {'ratio':>5} {'MMACs':>6} {'pruned':>7} {'MACs cut':>8} {'fp32 acc':>9} {'pruned acc':>10} {'drop pt':>8}  verdict")
+    for root in roots:
+        tried = [o for o in report.accepted + report.rejected if o.kind == "pruned" and o.parent_id == root.id and o.measurement]
+        tried.sort(key=lambda o: o.variant_id.rsplit("-p", 1)[1], reverse=True)  # largest ratio first, as tried
+        for pruned in tried:
+            macs_cut = next(note for note in pruned.notes if note.startswith("MACs -"))[len("MACs -") :]
+            drop = (pruned.parent_measurement["accuracy"] - pruned.measurement["accuracy"]) * 100
+            ratio = pruned.variant_id.rsplit("-p", 1)[1]
+            pruned_macs = f"{zoo.card(pruned.variant_id).macs / 1e6:.2f}" if pruned.accepted else "-"
+            verdict = "accepted" if pruned.accepted else "rejected"
+            print(f"{root.id:<14} {'0.' + ratio:>5} {root.macs / 1e6:>6.2f} {pruned_macs:>7} {macs_cut:>8} "
+                  f"{pruned.parent_measurement['accuracy']:>9.2%} {pruned.measurement['accuracy']:>10.2%} {drop:>8.2f}  {verdict}")  # fmt: skip
+    print("\nGoals: INT8 size <= 0.3x, latency <= 0.7x, drop <= 0.5 point; pruning >= 40% fewer MACs at <= 1.0 point drop")
+
+
+def print_scaling(split: DatasetSplit, scratch: Path) -> None:
+    """INT8 latency/size on larger untrained subnets, to show how the ratio scales and what hswish costs."""
+    print("\nINT8 vs fp32 on larger, UNTRAINED subnets (latency and size only; same quantization recipe)")
+    print(f"{'subnet':<22} {'MMACs':>6} {'fp32 KB':>8} {'int8 KB':>8} {'size':>6} {'fp32 ms':>8} {'int8 ms':>8} {'latency':>8}")
+    normalisation = Normalisation(mean=split.mean, std=split.std)
+    calibration = normalise(split.train.x[:256], normalisation)
+    for activation in ("relu6", "hswish"):
+        torch.manual_seed(0)
+        model = build_subnet(wide_arch(activation), split.dataset.num_classes, split.dataset.image_shape[0]).eval()
+        fp32, int8 = scratch / f"wide-{activation}.onnx", scratch / f"wide-{activation}-int8.onnx"
+        export_checked(model, (1, *split.dataset.image_shape), fp32, calibration[:4])
+        quantize_int8(fp32, int8, calibration)
+        fp32_ms, int8_ms = side_by_side_latency_ms(fp32, int8)
+        macs = count_cost(model, (1, *split.dataset.image_shape)).macs
+        fp32_bytes, int8_bytes = fp32.stat().st_size, int8.stat().st_size
+        print(f"{'wide-' + activation:<22} {macs / 1e6:>6.1f} {fp32_bytes / 1024:>8.1f} {int8_bytes / 1024:>8.1f} "
+              f"{int8_bytes / fp32_bytes:>5.2f}x {fp32_ms:>8.3f} {int8_ms:>8.3f} {int8_ms / fp32_ms:>7.2f}x")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--zoo", type=Path, default=None, help="compress a copy of this zoo instead of building one")
+    arguments = parser.parse_args()
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    split = split_dataset(load_dataset("mnist"), seed=0)
+    with tempfile.TemporaryDirectory(prefix="fedzoo-bench-compress-") as scratch:
+        root = Path(scratch) / "zoo"
+        if arguments.zoo is not None:
+            shutil.copytree(arguments.zoo, root)
+        else:
+            build_zoo(root, split)
+        zoo = Zoo(root)
+        roots = [card for card in zoo.cards() if card.parent_id is None and card.precision == "fp32"]
+        compress_started = time.perf_counter()
+        report = compress_zoo(root, split, accuracy_tolerance_points=1.0, pruning_ratios=(0.5, 0.3), timed_runs=100)
+        print(f"compress_zoo on {len(roots)} models: {time.perf_counter() - compress_started:.0f} s, "
+              f"{len(report.accepted)} accepted, {len(report.rejected)} rejected")  # fmt: skip
+        print_tables(zoo, report, roots)
+        print_scaling(split, Path(scratch))
+    print(f"\ntotal {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""Latency prediction across an emulated device fleet: accuracy of the kernel-level predictor and the
+regret of choosing models by predicted latency.
+
+For every device class of `fedzoo.edge.fleet` this machine can emulate, one worker process measures every
+zoo model (fp32 and INT8) together with the calibration models, in interleaved rounds at real-time
+priority (not for the quota class), through two independent sessions of each model: the second session's
+median shows how repeatable a measurement itself is under the same conditions (the noise ceiling).
+The predictor for a class is the shipped reference (fitted on random synthetic models, never on zoo models)
+calibrated *only* with that class's calibration-model timings from the first pass.
+
+Zoo: /work/main/zoo (or $FEDZOO_ZOO) if it has cards, else MobileNetV2-style subnets of the NAS default
+search space built here with torch (random weights, some with pruned widths) and INT8 copies made by the
+compression stage's `quantize_int8`; then "accuracy" is synthetic (grows with MACs, plus noise).
+
+Run: .venv/bin/python bench/latency_fleet.py
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from fedzoo.edge.calibration_models import calibration_models
+from fedzoo.edge.fleet import available_fleet, run_on_device_class
+from fedzoo.edge.latency_predictor import KernelLatencyPredictor, kernel_features
+
+ROUNDS, RUNS_PER_ROUND = 30, 2
+BUDGET_DRAWS = 2000
+GENERATED_ARCHITECTURES = 28
+
+
+def zoo_models(folder: Path) -> tuple[dict[str, bytes], dict[str, float], dict[str, str], str]:
+    """{name: onnx bytes}, {name: accuracy}, {name: precision} and where they came from."""
+    zoo_root = Path(os.environ.get("FEDZOO_ZOO", Path(__file__).resolve().parents[1] / "zoo"))
+    if (zoo_root / "zoo.json").exists():
+        from fedzoo.zoo import Zoo
+
+        zoo = Zoo(zoo_root)
+        cards = zoo.cards()
+        if cards:
+            models = {card.id: zoo.model_path(card).read_bytes() for card in cards}
+            accuracy = {card.id: card.metrics.accuracy for card in cards}
+            precision = {card.id: card.precision for card in cards}
+            return models, accuracy, precision, f"zoo {zoo_root} ({len(cards)} cards, card accuracies)"
+    return generated_models(folder)
+
+
+def generated_models(folder: Path) -> tuple[dict[str, bytes], dict[str, float], dict[str, str], str]:
+    import torch
+
+    from fedzoo.compress.export import export_onnx
+    from fedzoo.compress.quantize import quantize_int8
+    from fedzoo.nas.space import default_space
+    from fedzoo.nas.subnet import build_subnet, count_macs
+
+    torch.set_num_threads(1)
+    logging.disable(logging.WARNING)
+    space = default_space(28)
+    rng = np.random.default_rng(2026)
+    models: dict[str, bytes] = {}
+    macs: dict[str, int] = {}
+    calibration_images = rng.standard_normal((64, 1, 28, 28)).astype(np.float32)
+    for index in range(GENERATED_ARCHITECTURES):
+        arch = space.sample_arch(rng)
+        if index % 3 == 2:  # pruned widths: arbitrary channel counts, as structured pruning leaves them
+            keep = float(rng.uniform(0.5, 0.9))
+            arch["stem_channels"] = max(4, int(arch["stem_channels"] * keep))
+            arch["head_channels"] = max(8, int(arch["head_channels"] * keep))
+            for stage in arch["stages"]:
+                stage["out_channels"] = max(4, int(stage["out_channels"] * keep))
+        torch.manual_seed(index)
+        model = build_subnet(arch, 10, 1)
+        name = f"mbv2-{index:02d}"
+        fp32_path, int8_path = folder / f"{name}.onnx", folder / f"{name}-int8.onnx"
+        export_onnx(model, (1, 1, 28, 28), fp32_path)
+        quantize_int8(fp32_path, int8_path, calibration_images)
+        macs[name] = count_macs(model, (1, 1, 28, 28))
+        models[f"{name}-fp32"] = fp32_path.read_bytes()
+        models[f"{name}-int8"] = int8_path.read_bytes()
+    # Synthetic accuracy: larger models are better on average, INT8 loses a little; noise breaks ties.
+    order = {name: rank for rank, name in enumerate(sorted(macs, key=macs.get))}
+    accuracy = {}
+    for name in models:
+        base, _, precision = name.rpartition("-")
+        accuracy[name] = 0.90 + 0.08 * order[base] / len(order) + float(rng.normal(0, 0.005)) - (
+            0.004 if precision == "int8" else 0.0
+        )
+    precision = {name: name.rpartition("-")[2] for name in models}
+    return models, accuracy, precision, f"generated: {GENERATED_ARCHITECTURES} NAS default-space subnets x (fp32, INT8)"
+
+
+def accuracy_figures(predicted: np.ndarray, measured: np.ndarray) -> str:
+    errors = predicted / measured - 1.0
+    return (
+        f"within10%={np.mean(np.abs(errors) <= 0.10):6.1%}  within20%={np.mean(np.abs(errors) <= 0.20):6.1%}  "
+        f"median|err|={np.median(np.abs(errors)):6.1%}  bias={np.median(errors):+6.1%}"
+    )
+
+
+def lookup_regret(
+    predicted: np.ndarray, measured: np.ndarray, accuracy: np.ndarray, rng: np.random.Generator, margin: float = 0.0
+) -> tuple[float, float, float, int]:
+    """Share of budgets where the predicted-best differs from the truly best, share where the chosen model
+    misses its budget, mean accuracy lost; over log-uniform budgets. `margin` picks only models predicted to
+    fit with that much room (a safety margin trades misses for a worse choice)."""
+    predicted = predicted * (1.0 + margin)
+    budgets = np.exp(rng.uniform(np.log(measured.min()), np.log(measured.max() * 1.2), BUDGET_DRAWS))
+    differ = miss = 0
+    accuracy_lost = 0.0
+    for budget in budgets:
+        truly_fits = measured <= budget
+        best = int(np.argmax(np.where(truly_fits, accuracy, -np.inf)))
+        predicted_fits = predicted <= budget
+        if not predicted_fits.any():
+            differ += 1  # the predictor finds nothing though something fits
+            accuracy_lost += accuracy[best]
+            continue
+        chosen = int(np.argmax(np.where(predicted_fits, accuracy, -np.inf)))
+        differ += chosen != best
+        miss += measured[chosen] > budget
+        accuracy_lost += max(0.0, accuracy[best] - accuracy[chosen])
+    return differ / len(budgets), miss / len(budgets), accuracy_lost / len(budgets), len(budgets)
+
+
+def main() -> None:
+    start = time.time()
+    fleet, dropped = available_fleet()
+    with tempfile.TemporaryDirectory() as folder:
+        models, accuracy_by_name, precision_by_name, source = zoo_models(Path(folder))
+    calibration = calibration_models()
+    print(f"zoo: {source}; {len(models)} models; calibration models: {len(calibration)}")
+    print(f"device classes: {', '.join(c.name for c in fleet)}")
+    for reason in dropped:
+        print(f"  not emulated: {reason}")
+    reference = KernelLatencyPredictor.load()
+    print(f"reference predictor: fitted on {reference.reference_device}")
+    names = list(models)
+    zoo_features = {plain: [kernel_features(models[n], plain) for n in names] for plain in (False, True)}
+    calibration_features = {plain: [kernel_features(calibration[n], plain) for n in calibration] for plain in (False, True)}
+    accuracy = np.array([accuracy_by_name[name] for name in names])
+    precision = np.array([precision_by_name[name] for name in names])
+    rng = np.random.default_rng(0)
+    totals: dict[str, list] = {"calibrated": [], "repeat": [], "differ": [], "miss": [], "miss_margin": []}
+    for device_class in fleet:
+        # Two sessions of every model, "a" and "b", measured in the same interleaved rounds: "b" is an
+        # independent re-measurement under the same machine conditions (the noise ceiling), "a" the truth.
+        everything = {
+            f"{copy}:{kind}:{name}": source[name]
+            for copy in ("a", "b")
+            for kind, source in (("zoo", models), ("cal", calibration))
+            for name in source
+        }
+        timings = run_on_device_class(device_class, everything, ROUNDS, RUNS_PER_ROUND, realtime=True)
+        first = {key[2:]: value for key, value in timings.items() if key.startswith("a:")}
+        measured = np.array([first[f"zoo:{n}"].median_ms for n in names])
+        remeasured = np.array([timings[f"b:zoo:{n}"].median_ms for n in names])
+        calibration_ms = [first[f"cal:{n}"].median_ms for n in calibration]
+        predictor = reference.calibrated_from_features(calibration_features[False], calibration_ms, calibration_features[True])
+        predicted = np.array([predictor.predict_from_features(f) for f in zoo_features[predictor.all_plain_layout]])
+        uncalibrated = np.array([reference.predict_from_features(f) for f in zoo_features[False]])
+        scales = ", ".join(f"{g}={s:.2f}" for g, s in predictor.group_scales.items())
+        print(f"\n[{device_class.name}] threads={device_class.threads} cpus={device_class.cpus} "
+              f"quota={device_class.cpu_quota} graph_optimization={device_class.graph_optimization}")
+        print(f"  measured median: {measured.min():.3f}..{measured.max():.3f} ms (zoo), "
+              f"p90/median {np.median([first[f'zoo:{n}'].p90_ms / first[f'zoo:{n}'].median_ms for n in names]):.2f}")
+        print(f"  calibration scales: {scales}; fp32 convs all in plain NCHW: {predictor.all_plain_layout}")
+        print(f"  measurement vs re-measurement      {accuracy_figures(remeasured, measured)}")
+        print(f"  reference, uncalibrated            {accuracy_figures(uncalibrated, measured)}")
+        print(f"  calibrated predictor (all)         {accuracy_figures(predicted, measured)}")
+        for kind in ("fp32", "int8"):
+            mask = precision == kind
+            print(f"  calibrated predictor ({kind})        {accuracy_figures(predicted[mask], measured[mask])}")
+        differ, miss, lost, draws = lookup_regret(predicted, measured, accuracy, rng)
+        differ_repeat, miss_repeat, _, _ = lookup_regret(remeasured, measured, accuracy, rng)
+        differ_margin, miss_margin, lost_margin, _ = lookup_regret(predicted, measured, accuracy, rng, margin=0.10)
+        print(f"  lookup over {draws} budgets: predicted-best != truly-best {differ:6.1%}, chosen misses budget "
+              f"{miss:6.1%}, mean accuracy lost {lost * 100:.3f} pt")
+        print(f"  with a 10% safety margin: differs {differ_margin:6.1%}, misses {miss_margin:6.1%}, "
+              f"accuracy lost {lost_margin * 100:.3f} pt")
+        print(f"  (choosing by a re-measurement instead: differs {differ_repeat:6.1%}, misses {miss_repeat:6.1%})")
+        errors = np.abs(predicted / measured - 1.0)
+        totals["calibrated"].extend((errors <= 0.10).tolist())
+        totals["repeat"].extend((np.abs(remeasured / measured - 1.0) <= 0.10).tolist())
+        totals["differ"].append(differ)
+        totals["miss"].append(miss)
+        totals["miss_margin"].append(miss_margin)
+    print("\nover all classes:")
+    print(f"  predictions within ±10% of measured median: {np.mean(totals['calibrated']):.1%} (goal >= 95%)")
+    print(f"  re-measurements within ±10% (the noise ceiling): {np.mean(totals['repeat']):.1%}")
+    print(f"  lookup: predicted-best differs {np.mean(totals['differ']):.1%} (goal <= 5%), "
+          f"misses budget {np.mean(totals['miss']):.1%} (goal <= 2%); "
+          f"with a 10% margin misses {np.mean(totals['miss_margin']):.1%}")
+    print(f"bench time {time.time() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""`fedzoo client ...`: the device side from a shell. numpy + onnxruntime + httpx; never torch.
+
+The server URL and this device's token are remembered in a small JSON state file after `register`
+(default `~/.config/fedzoo/client.json`, or `--state`), so later commands need neither.
+
+    fedzoo client register --server http://127.0.0.1:8000 --device-id phone-17
+    fedzoo client lookup --task mnist --latency-budget-ms 5
+    fedzoo client download mnist-ofa-3
+    fedzoo client run mnist-ofa-3 images.npz --report-latency
+    fedzoo client participate --task mnist --data my_shard.npz --rounds 3 --encoding int8
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+import numpy as np
+
+from fedzoo.errors import InvalidInputError
+
+DEFAULT_STATE = Path(os.environ.get("FEDZOO_CLIENT_STATE") or Path.home() / ".config" / "fedzoo" / "client.json")
+
+
+def _load_state(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise InvalidInputError(f"client state {path} is not valid JSON ({error}); delete it and register again",
+                                field="state") from None
+
+
+def _client(ctx: click.Context):
+    from fedzoo.clients.client import FedzooClient
+
+    options = ctx.obj
+    state = _load_state(options["state"])
+    server = options["server"] or state.get("server")
+    if not server:
+        raise click.UsageError("no server given: pass --server URL (or register first)")
+    return FedzooClient(server, token=options["token"] or state.get("token"), cache_dir=options["cache_dir"])
+
+
+def _read_npz(path: Path, need_labels: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            if "x" not in archive.files or (need_labels and "y" not in archive.files):
+                wanted = "'x' and 'y'" if need_labels else "'x'"
+                raise InvalidInputError(f"{path} must hold {wanted}; it holds {sorted(archive.files)}", field="data")
+            return archive["x"].astype(np.float32), archive["y"].astype(np.int64) if "y" in archive.files else None
+    except (OSError, ValueError) as error:
+        raise InvalidInputError(f"{path} is not a readable .npz file: {error}", field="data") from None
+
+
+@click.group()
+@click.option("--server", envvar="FEDZOO_SERVER", help="server URL, e.g. http://127.0.0.1:8000")
+@click.option("--token", envvar="FEDZOO_TOKEN", help="device token (default: from the state file)")
+@click.option("--state", type=click.Path(path_type=Path), default=DEFAULT_STATE, show_default=True,
+              help="where register keeps the server URL and token")
+@click.option("--cache-dir", type=click.Path(path_type=Path), envvar="FEDZOO_CACHE_DIR",
+              help="download cache (default ~/.cache/fedzoo)")
+@click.pass_context
+def client(ctx: click.Context, server: str | None, token: str | None, state: Path, cache_dir: Path | None) -> None:
+    """Device-side client: register, look up, download, run, train."""
+    ctx.obj = {"server": server, "token": token, "state": state, "cache_dir": cache_dir}
+
+
+@client.command()
+@click.option("--device-id", required=True, help="this device's id (letters, digits, . _ -)")
+@click.option("--device-class", default=None, help="fleet class, if known")
+@click.option("--threads", type=int, default=1, show_default=True)
+@click.option("--calibrate/--no-calibrate", default=True, show_default=True,
+              help="time the calibration models so the server can predict latencies for this device")
+@click.pass_context
+def register(ctx: click.Context, device_id: str, device_class: str | None, threads: int, calibrate: bool) -> None:
+    """Register this device and remember its token."""
+    from fedzoo.edge.device_profile import collect_device_profile
+
+    profile = collect_device_profile(device_id, threads=threads, device_class=device_class, run_calibration=calibrate)
+    with _client(ctx) as api:
+        registration = api.register(profile)
+        state_path: Path = ctx.obj["state"]
+        state_path.parent.mkdir(parents=True, exist_ok=True)
+        state_path.write_text(json.dumps({"server": api.http.base_url, "device_id": device_id,
+                                          "token": registration["token"]}, indent=2))
+        state_path.chmod(0o600)
+    details = ", ".join(f"{key} {value}" for key, value in registration.items() if key not in ("token", "device_id"))
+    click.echo(f"registered {device_id} ({details}); token saved to {state_path}")
+
+
+@client.command()
+@click.option("--task", required=True)
+@click.option("--latency-budget-ms", type=float, required=True)
+@click.option("--memory-budget-mb", type=float, default=None)
+@click.option("--min-accuracy", type=float, default=None)
+@click.pass_context
+def lookup(ctx: click.Context, task: str, latency_budget_ms: float, memory_budget_mb: float | None,
+           min_accuracy: float | None) -> None:
+    """Ask the server for the best model this device can afford."""
+    with _client(ctx) as api:
+        answer = api.lookup(task, latency_budget_ms, memory_budget_mb, min_accuracy)
+    model = answer["model"]
+    click.echo(f"{model['id']}: accuracy {model['metrics']['accuracy']:.4f}, {answer['latency_ms']:.2f} ms "
+               f"({answer['latency_source']}), {answer['memory_mb']:.1f} MB")
+    click.echo(f"why: {answer['reason']}")
+    if answer.get("runner_up"):
+        runner_up = answer["runner_up"]
+        click.echo(f"runner-up: {runner_up['model_id']} (accuracy {runner_up['accuracy']:.4f}, "
+                   f"{runner_up['latency_ms']:.2f} ms)")
+
+
+@client.command()
+@click.argument("model_id")
+@click.pass_context
+def download(ctx: click.Context, model_id: str) -> None:
+    """Download a model's ONNX file into the cache (resumable, sha256-checked)."""
+    with _client(ctx) as api:
+        card = api.card(model_id)
+        path = api.download_model(card)
+        click.echo(f"{path} ({card.size_bytes} bytes, sha256 {card.sha256}, {api.downloaded_bytes} bytes transferred)")
+
+
+@client.command()
+@click.argument("model_id")
+@click.argument("inputs", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--threads", type=int, default=1, show_default=True)
+@click.option("--report-latency/--no-report-latency", default=False, help="benchmark and send the latency to the server")
+@click.pass_context
+def run(ctx: click.Context, model_id: str, inputs: Path, threads: int, report_latency: bool) -> None:
+    """Run a model on the images in INPUTS (.npz with x in [0, 1], and optionally labels y)."""
+    from fedzoo.edge.benchmark import benchmark_model
+
+    x, y = _read_npz(inputs, need_labels=False)
+    with _client(ctx) as api:
+        card = api.card(model_id)
+        session = api.session(card, threads=threads)
+        predictions = np.argmax(session.run(x), axis=-1)
+        click.echo(f"predictions for {len(x)} inputs: {[card.labels[i] for i in predictions[:20]]}"
+                   f"{' ...' if len(x) > 20 else ''}")
+        if y is not None:
+            click.echo(f"accuracy {float((predictions == y).mean()):.4f} on {len(y)} labelled inputs")
+        if report_latency:
+            measured = benchmark_model(api.download_model(card), threads=threads)
+            api.report_latency(model_id, measured.median_ms, measured.p90_ms, threads)
+            click.echo(f"latency median {measured.median_ms:.3f} ms, p90 {measured.p90_ms:.3f} ms: reported")
+
+
+@client.command()
+@click.option("--task", required=True, help="the task this device has data for")
+@click.option("--data", "data_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), required=True,
+              help=".npz with the device's own x (N,C,H,W in [0,1]) and y; it never leaves the device")
+@click.option("--rounds", type=int, default=1, show_default=True, help="rounds to take part in")
+@click.option("--max-idle-s", type=float, default=300.0, show_default=True, help="give up after this long without work")
+@click.option("--encoding", type=click.Choice(["fp32", "int8"]), default="fp32", show_default=True)
+@click.option("--family", default=None, help="only rounds of this model family")
+@click.pass_context
+def participate(ctx: click.Context, task: str, data_path: Path, rounds: int, max_idle_s: float, encoding: str,
+                family: str | None) -> None:
+    """Take part in federated rounds: train locally, upload only the weight delta."""
+    from fedzoo.clients.participation import LocalData, participation_loop
+
+    x, y = _read_npz(data_path, need_labels=True)
+    with _client(ctx) as api:
+        results = participation_loop(api, task, LocalData(x, y), rounds, max_idle_s, encoding, family)
+    for result in results:
+        click.echo(f"round {result.round_id}: {result.outcome}, {result.upload_bytes} bytes uploaded, "
+                   f"local loss {result.metrics.get('loss', float('nan')):.4f}, "
+                   f"accuracy {result.metrics.get('accuracy', float('nan')):.4f}")
+    if not results:
+        click.echo(f"no round for task {task!r} within {max_idle_s:.0f} s")

@@ -1,0 +1,169 @@
+"""The device's part of federated learning: ask for work, train on private data, send back the delta.
+
+One participation (Bonawitz et al. 2019's device side):
+
+1. check in with `GET /v1/fl/task`; with no task, come back after the server's `retry_after_s`
+   (pace steering), with ±20% jitter so a fleet does not return in lockstep;
+2. download the round's model and training graph (resumable, sha256-checked, cached);
+3. train locally with `fedzoo.edge.trainer`: the round's optimizer, epochs and batch size, and for
+   FedProx the proximal term `mu * (w - w_global)` added to every gradient before the numpy step;
+4. upload `trained - global` (float32 or INT8, `fedzoo.clients.update_codec`) with the number of
+   examples and the client's own loss and accuracy on its data.
+
+The data never leaves the device; only the delta does. A 409 `duplicate_update` after a retried
+upload means the server already has the update, so it counts as delivered.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fedzoo.cards import ModelCard, Normalisation
+from fedzoo.clients.client import FedzooClient
+from fedzoo.clients.errors import ConflictError, ServerUnavailableError
+from fedzoo.clients.update_codec import Encoding, encode_update
+from fedzoo.edge.onnx_initializers import read_float_initializers, replace_initializers
+from fedzoo.edge.optimizers import SGD, Adam, Optimizer
+from fedzoo.edge.runtime import create_session
+from fedzoo.edge.trainer import Trainer
+from fedzoo.errors import InvalidInputError
+
+Parameters = dict[str, np.ndarray]
+DeltaTransform = Callable[[Parameters], Parameters]
+
+OPTIMIZERS: dict[str, Callable[[dict[str, Any]], Optimizer]] = {
+    "sgd": lambda training: SGD(training["learning_rate"], momentum=training.get("momentum", 0.0)),
+    "adam": lambda training: Adam(training["learning_rate"]),
+}
+
+
+@dataclass(frozen=True)
+class LocalData:
+    """A device's private examples: images in [0, 1] (N, C, H, W) and integer labels."""
+
+    x: np.ndarray
+    y: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+@dataclass
+class ParticipationResult:
+    """What one check-in came to."""
+
+    round_id: int | None
+    outcome: str  # "accepted", "refused: <code>", or "no task"
+    upload_bytes: int = 0
+    num_examples: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    retry_after_s: float | None = None
+
+
+def normalise(x: np.ndarray, normalisation: Normalisation | None) -> np.ndarray:
+    """A card's `(x - mean) / std` per channel, which the model was trained and is served with."""
+    if normalisation is None:
+        return x.astype(np.float32)
+    mean = np.asarray(normalisation.mean, np.float32).reshape(1, -1, 1, 1)
+    std = np.asarray(normalisation.std, np.float32).reshape(1, -1, 1, 1)
+    return ((x - mean) / std).astype(np.float32)
+
+
+def train_locally(
+    training_graph: bytes, model: bytes, card: ModelCard, training: dict[str, Any], data: LocalData, seed: int = 0
+) -> tuple[Parameters, dict[str, float]]:
+    """Fine-tune the model's trainable parameters on local data; returns the delta and local metrics."""
+    if training["optimizer"] not in OPTIMIZERS:
+        raise InvalidInputError(f"unknown optimizer {training['optimizer']!r}; this client knows {sorted(OPTIMIZERS)}",
+                                field="optimizer")
+    initial = read_float_initializers(model)
+    trainer = Trainer(training_graph, initial, OPTIMIZERS[training["optimizer"]](training))
+    global_parameters = {name: trainer.parameters[name].copy() for name in trainer.parameter_names}
+    proximal_mu = float(training.get("proximal_mu", 0.0))
+    features, targets = normalise(data.x, card.input.normalisation), data.y
+    rng = np.random.default_rng(seed)
+    losses: list[float] = []
+    for _epoch in range(training["local_epochs"]):
+        order = rng.permutation(len(targets))
+        for start in range(0, len(order), training["batch_size"]):
+            batch = order[start : start + training["batch_size"]]
+            loss, gradients = trainer.loss_and_gradients(features[batch], targets[batch])
+            if proximal_mu:
+                for name, gradient in gradients.items():
+                    gradient += proximal_mu * (trainer.parameters[name] - global_parameters[name])
+            trainer.optimizer.step(trainer.parameters, gradients)
+            losses.append(loss * len(batch))
+    delta = {name: trainer.parameters[name] - global_parameters[name] for name in trainer.parameter_names}
+    trained_model = replace_initializers(model, trainer.parameters)
+    session = create_session(trained_model)
+    logits = session.run(None, {session.get_inputs()[0].name: features})[0]
+    accuracy = float((logits.argmax(axis=1) == targets).mean())
+    epoch_examples = len(targets) * training["local_epochs"]
+    return delta, {"loss": float(sum(losses) / epoch_examples), "accuracy": accuracy}
+
+
+def run_task(
+    client: FedzooClient, work: dict[str, Any], data: LocalData, encoding: Encoding = "fp32", seed: int = 0,
+    transform: DeltaTransform | None = None,
+) -> ParticipationResult:
+    """Do the work of one task: download, train locally, upload. `transform` alters the delta before upload
+    (only for simulating faulty or malicious devices)."""
+    model = client.download(work["model_url"], work["model_sha256"]).read_bytes()
+    graph = client.download(work["training_graph_url"], work["training_graph_sha256"]).read_bytes()
+    card = client.card(work["model_id"])
+    delta, metrics = train_locally(graph, model, card, work["training"], data, seed)
+    if transform is not None:
+        delta = transform(delta)
+    chosen = encoding if encoding in work["upload"]["encodings"] else "fp32"
+    payload = encode_update(delta, chosen)
+    metadata = {"base_version": work["base_version"], "num_examples": len(data), "metrics": metrics}
+    result = ParticipationResult(work["round_id"], "accepted", len(payload), len(data), metrics)
+    try:
+        client.upload_update(work["upload"]["url"], metadata, payload)
+    except ConflictError as error:
+        if error.code != "duplicate_update":  # a duplicate means an earlier attempt got through
+            result.outcome = f"refused: {error.code}"
+    return result
+
+
+def participate_once(
+    client: FedzooClient, task: str, data: LocalData, encoding: Encoding = "fp32", family: str | None = None,
+    seed: int = 0,
+) -> ParticipationResult:
+    """One check-in, and the task's work if this device was selected."""
+    answer = client.fl_task(task, family)
+    if answer.get("task") is None:
+        return ParticipationResult(None, "no task", retry_after_s=answer.get("retry_after_s"))
+    return run_task(client, answer["task"], data, encoding, seed)
+
+
+def participation_loop(
+    client: FedzooClient, task: str, data: LocalData, max_participations: int, max_idle_s: float,
+    encoding: Encoding = "fp32", family: str | None = None, sleep: Callable[[float], None] = time.sleep,
+    rng: random.Random | None = None,
+) -> list[ParticipationResult]:
+    """Keep checking in until `max_participations` rounds were worked on or `max_idle_s` passed without work."""
+    rng = rng or random.Random()
+    results: list[ParticipationResult] = []
+    idle_since = time.monotonic()
+    failures = 0
+    while len(results) < max_participations and time.monotonic() - idle_since < max_idle_s:
+        try:
+            result = participate_once(client, task, data, encoding, family, seed=rng.randrange(2**31))
+        except ServerUnavailableError:
+            failures += 1
+            sleep(client.http.retry.delay_s(min(failures, 8), rng=rng))
+            continue
+        failures = 0
+        if result.round_id is None:
+            sleep((result.retry_after_s or 1.0) * rng.uniform(0.8, 1.2))
+            continue
+        results.append(result)
+        idle_since = time.monotonic()
+    return results

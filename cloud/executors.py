@@ -1,0 +1,109 @@
+"""Where the pipeline's parallel work runs: in this process (the default) or on a Ray cluster.
+
+Both map a plain function `function(context, item)` over items; the context (a trained supernet and
+data arrays) is shipped to the workers once per map, not once per item.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from fedzoo.errors import FedzooError, InvalidInputError
+
+Context = TypeVar("Context")
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+class ExecutorUnavailableError(FedzooError):
+    """The chosen executor cannot run here (e.g. Ray is not installed)."""
+
+
+class Executor(ABC):
+    """Runs independent work items and returns their results in item order."""
+
+    name: str
+
+    @abstractmethod
+    def map(
+        self,
+        function: Callable[[Context, Item], Result],
+        context: Context,
+        items: Sequence[Item],
+        on_result: Callable[[int], None] | None = None,
+    ) -> list[Result]:
+        """`[function(context, item) for item in items]`, calling `on_result(done_count)` as items finish."""
+
+    def close(self) -> None:
+        """Release workers; the executor must not be used afterwards."""
+
+
+class InProcessExecutor(Executor):
+    """One item after another in this process."""
+
+    name = "in-process"
+
+    def map(self, function, context, items, on_result=None):
+        results = []
+        for item in items:
+            results.append(function(context, item))
+            if on_result is not None:
+                on_result(len(results))
+        return results
+
+
+class RayExecutor(Executor):
+    """Items as Ray tasks of one CPU each; starts a local Ray instance unless one is already running
+    (connect to a cluster by starting Ray with `address=` before building)."""
+
+    name = "ray"
+
+    def __init__(self, num_cpus: int | None = None) -> None:
+        try:
+            import ray
+        except ModuleNotFoundError:
+            raise ExecutorUnavailableError(
+                "the ray executor needs Ray, which is not installed: pip install 'fedzoo[ray]' (or use --executor in-process)"
+            ) from None
+        self._ray = ray
+        self._started_here = not ray.is_initialized()
+        if self._started_here:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        self._remote_functions: dict[Callable, Any] = {}
+
+    def map(self, function, context, items, on_result=None):
+        ray = self._ray
+        if function not in self._remote_functions:
+            self._remote_functions[function] = ray.remote(num_cpus=1)(function)
+        remote = self._remote_functions[function]
+        context_reference = ray.put(context)
+        pending = [remote.remote(context_reference, item) for item in items]
+        order = {reference: index for index, reference in enumerate(pending)}
+        results: list[Any] = [None] * len(pending)
+        done = 0
+        while pending:
+            finished, pending = ray.wait(pending, num_returns=1)
+            for reference in finished:
+                results[order[reference]] = ray.get(reference)
+                done += 1
+                if on_result is not None:
+                    on_result(done)
+        return results
+
+    def close(self) -> None:
+        if self._started_here and self._ray.is_initialized():
+            self._ray.shutdown()
+
+
+EXECUTORS: dict[str, Callable[..., Executor]] = {"in-process": InProcessExecutor, "ray": RayExecutor}
+
+
+def make_executor(name: str, num_workers: int | None = None) -> Executor:
+    """The executor registered under `name`; `num_workers` is the CPU count Ray may use."""
+    if name not in EXECUTORS:
+        raise InvalidInputError(f"unknown executor {name!r}; use one of {sorted(EXECUTORS)}", field="executor")
+    if name == "ray":
+        return RayExecutor(num_cpus=num_workers)
+    return InProcessExecutor()

@@ -1,0 +1,477 @@
+"""The gradient rules of our ONNX autodiff: one entry per op type, registered in one table.
+
+Each rule receives a forward node, the gradients of its outputs and which inputs need a gradient, and
+emits standard default-domain ONNX ops (through a `GraphBuilder`) that compute the gradients of its
+inputs. The reverse sweep in `fedzoo.cloud.autodiff` looks rules up in `GRADIENT_RULES`; an op on the
+path from a trainable parameter to the loss without a rule there is an error naming the op.
+
+Conventions the rules follow, chosen to match torch autograd exactly:
+- masks of piecewise-linear ops (Relu, Clip, HardSigmoid, HardSwish) are strict at the kinks, like torch;
+- broadcasting is undone by `reduce_to_shape`, summing over the broadcast axes of the operand.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fedzoo.errors import InvalidInputError
+
+StaticShape = tuple[int | None, ...]  # None marks a symbolic dimension such as the batch
+_FLOAT = 1  # onnx.TensorProto.FLOAT
+
+
+@dataclass(frozen=True)
+class ForwardNode:
+    """A forward node as a rule sees it: op type, input/output value names ("" = omitted) and attributes."""
+
+    op_type: str
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+    def input(self, index: int) -> str:
+        """The name of input `index`, or "" when the optional input is absent."""
+        return self.inputs[index] if index < len(self.inputs) else ""
+
+
+class GraphBuilder(ABC):
+    """What a rule may do to the training graph under construction."""
+
+    @abstractmethod
+    def emit(self, op_type: str, inputs: Sequence[str], **attributes: Any) -> str:
+        """Append a default-domain node with one output and return the output's (fresh) name."""
+
+    @abstractmethod
+    def constant(self, value: np.ndarray) -> str:
+        """A name holding `value` as a constant of the training graph."""
+
+    @abstractmethod
+    def static_shape(self, value_name: str) -> StaticShape:
+        """The inferred shape of a forward value; symbolic dimensions are None."""
+
+    @abstractmethod
+    def shape_of(self, value_name: str) -> str:
+        """A name holding the runtime shape (int64 1-D) of a forward value."""
+
+    @abstractmethod
+    def is_constant(self, value_name: str) -> bool:
+        """True when the value is fixed in the training graph (a frozen initializer or a Constant)."""
+
+
+Backward = Callable[[GraphBuilder, ForwardNode, list[str | None], list[bool]], list[str | None]]
+
+
+@dataclass(frozen=True)
+class GradientRule:
+    """The gradient of one op type: which input positions are differentiable, and how to compute them."""
+
+    differentiable_inputs: tuple[int, ...]
+    backward: Backward
+
+
+GRADIENT_RULES: dict[str, GradientRule] = {}
+
+
+def gradient_rule(op_type: str, differentiable_inputs: tuple[int, ...] = (0,)) -> Callable[[Backward], Backward]:
+    """Register `backward` as the rule of `op_type` (registering an op twice is a programming error)."""
+
+    def register(backward: Backward) -> Backward:
+        if op_type in GRADIENT_RULES:
+            raise ValueError(f"a gradient rule for {op_type} is already registered")
+        GRADIENT_RULES[op_type] = GradientRule(differentiable_inputs, backward)
+        return backward
+
+    return register
+
+
+class MissingGradientRuleError(InvalidInputError):
+    """A node on the path from a trainable parameter to the loss has an op type without a gradient rule."""
+
+
+def rule_for(node: ForwardNode) -> GradientRule:
+    """The registered rule of `node`'s op type, or an error naming the op and the node."""
+    rule = GRADIENT_RULES.get(node.op_type)
+    if rule is None:
+        known = ", ".join(sorted(GRADIENT_RULES))
+        raise MissingGradientRuleError(
+            f"no gradient rule for ONNX op {node.op_type!r} (node {node.name!r}); rules exist for: {known}",
+            field=node.op_type,
+        )
+    return rule
+
+
+# helpers ---------------------------------------------------------------------------------------
+
+
+def _int64s(ctx: GraphBuilder, values: Sequence[int]) -> str:
+    return ctx.constant(np.asarray(values, dtype=np.int64))
+
+
+def _scalar(ctx: GraphBuilder, value: float) -> str:
+    return ctx.constant(np.asarray(value, dtype=np.float32))
+
+
+def reduce_to_shape(ctx: GraphBuilder, gradient: str, gradient_shape: StaticShape, target: str) -> str:
+    """Sum `gradient` over the axes along which forward value `target` was broadcast."""
+    target_shape = ctx.static_shape(target)
+    leading = len(gradient_shape) - len(target_shape)
+    axes = list(range(leading))
+    for offset, target_dim in enumerate(target_shape):
+        gradient_dim = gradient_shape[leading + offset]  # two symbolic (None) dims are the same: the batch
+        if target_dim == 1 and gradient_dim != 1:
+            axes.append(leading + offset)
+        elif target_dim not in (1, gradient_dim):
+            raise InvalidInputError(
+                f"cannot reduce a gradient of shape {gradient_shape} to {target!r} of shape {target_shape}"
+            )
+    if not axes:
+        return gradient
+    summed = ctx.emit("ReduceSum", [gradient, _int64s(ctx, axes)], keepdims=1)
+    if all(dim is not None for dim in target_shape):
+        return ctx.emit("Reshape", [summed, _int64s(ctx, target_shape)])
+    return ctx.emit("Reshape", [summed, ctx.shape_of(target)])
+
+
+def _mask_gradient(ctx: GraphBuilder, gradient: str, mask: str) -> str:
+    # Cast + Mul, not Where: onnxruntime's broadcasting Where is an order of magnitude slower here.
+    return ctx.emit("Mul", [gradient, ctx.emit("Cast", [mask], to=_FLOAT)])
+
+
+def _between(ctx: GraphBuilder, value: str, low: str, high: str) -> str:
+    """Boolean `low < value < high` (strict, like torch's hardtanh/hardsigmoid backward)."""
+    above = ctx.emit("Greater", [value, low])
+    below = ctx.emit("Less", [value, high])
+    return ctx.emit("And", [above, below])
+
+
+# elementwise -----------------------------------------------------------------------------------
+
+
+@gradient_rule("Identity")
+def _identity(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], needs: list[bool]) -> list[str | None]:
+    return [grads[0]]
+
+
+@gradient_rule("Add", differentiable_inputs=(0, 1))
+def _add(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], needs: list[bool]) -> list[str | None]:
+    out_shape = ctx.static_shape(node.outputs[0])
+    return [reduce_to_shape(ctx, grads[0], out_shape, name) if need else None for name, need in zip(node.inputs, needs)]
+
+
+@gradient_rule("Sub", differentiable_inputs=(0, 1))
+def _sub(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], needs: list[bool]) -> list[str | None]:
+    out_shape = ctx.static_shape(node.outputs[0])
+    left = reduce_to_shape(ctx, grads[0], out_shape, node.inputs[0]) if needs[0] else None
+    right = None
+    if needs[1]:
+        right = reduce_to_shape(ctx, ctx.emit("Neg", [grads[0]]), out_shape, node.inputs[1])
+    return [left, right]
+
+
+@gradient_rule("Mul", differentiable_inputs=(0, 1))
+def _mul(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], needs: list[bool]) -> list[str | None]:
+    out_shape = ctx.static_shape(node.outputs[0])
+    left, right = node.inputs
+    return [
+        reduce_to_shape(ctx, ctx.emit("Mul", [grads[0], right]), out_shape, left) if needs[0] else None,
+        reduce_to_shape(ctx, ctx.emit("Mul", [grads[0], left]), out_shape, right) if needs[1] else None,
+    ]
+
+
+@gradient_rule("Relu")
+def _relu(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], needs: list[bool]) -> list[str | None]:
+    positive = ctx.emit("Greater", [node.outputs[0], _scalar(ctx, 0.0)])
+    return [_mask_gradient(ctx, grads[0], positive)]
+
+
+@gradient_rule("Clip")
+def _clip(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], needs: list[bool]) -> list[str | None]:
+    low = node.input(1) or _scalar(ctx, float(np.finfo(np.float32).min))
+    high = node.input(2) or _scalar(ctx, float(np.finfo(np.float32).max))
+    return [_mask_gradient(ctx, grads[0], _between(ctx, node.inputs[0], low, high))]
+
+
+@gradient_rule("HardSigmoid")
+def _hard_sigmoid(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], needs: list[bool]) -> list[str | None]:
+    alpha = float(node.attributes.get("alpha", 0.2))
+    beta = float(node.attributes.get("beta", 0.5))
+    # d/dx clip(alpha*x + beta, 0, 1) = alpha inside the linear part: (-beta/alpha, (1-beta)/alpha).
+    inside = _between(ctx, node.inputs[0], _scalar(ctx, -beta / alpha), _scalar(ctx, (1.0 - beta) / alpha))
+    scaled = ctx.emit("Mul", [grads[0], _scalar(ctx, alpha)])
+    return [_mask_gradient(ctx, scaled, inside)]
+
+
+@gradient_rule("HardSwish")
+def _hard_swish(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], needs: list[bool]) -> list[str | None]:
+    # y = x * hardsigmoid(x), hardsigmoid(x) = clip(x/6 + 1/2, 0, 1), so y' = hardsigmoid(x) + x/6 on
+    # [-3, 3] (torch's convention: the middle formula holds at both ends).
+    x = node.inputs[0]
+    inside = ctx.emit(
+        "And",
+        [ctx.emit("GreaterOrEqual", [x, _scalar(ctx, -3.0)]), ctx.emit("LessOrEqual", [x, _scalar(ctx, 3.0)])],
+    )
+    ramp = ctx.emit("Mul", [x, ctx.emit("Cast", [inside], to=_FLOAT)])
+    slope = ctx.emit("Add", [ctx.emit("HardSigmoid", [x], alpha=1.0 / 6.0, beta=0.5), ctx.emit("Mul", [ramp, _scalar(ctx, 1.0 / 6.0)])])
+    return [ctx.emit("Mul", [grads[0], slope])]
+
+
+# shape -----------------------------------------------------------------------------------------
+
+
+def _back_to_input_shape(
+    ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], needs: list[bool]
+) -> list[str | None]:
+    return [ctx.emit("Reshape", [grads[0], ctx.shape_of(node.inputs[0])])]
+
+
+gradient_rule("Flatten")(_back_to_input_shape)
+gradient_rule("Reshape")(_back_to_input_shape)
+gradient_rule("Squeeze")(_back_to_input_shape)
+gradient_rule("Unsqueeze")(_back_to_input_shape)
+
+
+@gradient_rule("GlobalAveragePool")
+def _global_average_pool(
+    ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], needs: list[bool]
+) -> list[str | None]:
+    spatial = ctx.static_shape(node.inputs[0])[2:]
+    if any(dim is None for dim in spatial):
+        raise InvalidInputError(f"GlobalAveragePool {node.name!r} needs static spatial dims, got {spatial}")
+    spread = ctx.emit("Expand", [grads[0], ctx.shape_of(node.inputs[0])])
+    return [ctx.emit("Mul", [spread, _scalar(ctx, 1.0 / float(np.prod(spatial)))])]
+
+
+# linear algebra --------------------------------------------------------------------------------
+
+
+@gradient_rule("Gemm", differentiable_inputs=(0, 1, 2))
+def _gemm(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], needs: list[bool]) -> list[str | None]:
+    # Y = alpha * op(A) @ op(B) + beta * C, op = optional transpose.
+    a, b = node.inputs[0], node.inputs[1]
+    alpha = float(node.attributes.get("alpha", 1.0))
+    beta = float(node.attributes.get("beta", 1.0))
+    trans_a = int(node.attributes.get("transA", 0))
+    trans_b = int(node.attributes.get("transB", 0))
+    dy = grads[0]
+    grad_a = grad_b = grad_c = None
+    if needs[0]:
+        if trans_a:
+            grad_a = ctx.emit("Gemm", [b, dy], alpha=alpha, transA=trans_b, transB=1)
+        else:
+            grad_a = ctx.emit("Gemm", [dy, b], alpha=alpha, transB=1 - trans_b)
+    if needs[1]:
+        if trans_b:
+            grad_b = ctx.emit("Gemm", [dy, a], alpha=alpha, transA=1, transB=trans_a)
+        else:
+            grad_b = ctx.emit("Gemm", [a, dy], alpha=alpha, transA=1 - trans_a)
+    if len(needs) > 2 and needs[2]:
+        scaled = dy if beta == 1.0 else ctx.emit("Mul", [dy, _scalar(ctx, beta)])
+        grad_c = reduce_to_shape(ctx, scaled, ctx.static_shape(node.outputs[0]), node.inputs[2])
+    return [grad_a, grad_b, grad_c][: len(needs)]
+
+
+def _swap_last_two(ctx: GraphBuilder, value: str, rank: int) -> str:
+    perm = list(range(rank - 2)) + [rank - 1, rank - 2]
+    return ctx.emit("Transpose", [value], perm=perm)
+
+
+@gradient_rule("MatMul", differentiable_inputs=(0, 1))
+def _matmul(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], needs: list[bool]) -> list[str | None]:
+    a, b = node.inputs
+    a_rank, b_rank = len(ctx.static_shape(a)), len(ctx.static_shape(b))
+    if a_rank < 2 or b_rank < 2:
+        raise InvalidInputError(f"MatMul {node.name!r}: gradients need operands of rank >= 2, got {a_rank} and {b_rank}")
+    batch_shape = ctx.static_shape(node.outputs[0])[:-2]
+    grad_a = grad_b = None
+    if needs[0]:
+        product = ctx.emit("MatMul", [grads[0], _swap_last_two(ctx, b, b_rank)])
+        grad_a = reduce_to_shape(ctx, product, (*batch_shape, *ctx.static_shape(a)[-2:]), a)
+    if needs[1]:
+        product = ctx.emit("MatMul", [_swap_last_two(ctx, a, a_rank), grads[0]])
+        grad_b = reduce_to_shape(ctx, product, (*batch_shape, *ctx.static_shape(b)[-2:]), b)
+    return [grad_a, grad_b]
+
+
+# convolution -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _ConvGeometry:
+    groups: int
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pads: tuple[int, ...]  # begin..., end...
+    input_shape: StaticShape
+    output_shape: StaticShape
+    weight_shape: StaticShape
+
+
+def _conv_geometry(ctx: GraphBuilder, node: ForwardNode) -> _ConvGeometry:
+    if node.attributes.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+        raise InvalidInputError(f"Conv {node.name!r}: auto_pad is not supported by the gradient rule; use pads")
+    weight_shape = ctx.static_shape(node.inputs[1])
+    input_shape = ctx.static_shape(node.inputs[0])
+    output_shape = ctx.static_shape(node.outputs[0])
+    spatial = len(weight_shape) - 2
+    if any(dim is None for dim in (*weight_shape, *input_shape[1:], *output_shape[1:])):
+        raise InvalidInputError(
+            f"Conv {node.name!r}: gradients need static shapes except the batch, got input {input_shape}, "
+            f"weight {weight_shape}, output {output_shape}"
+        )
+    return _ConvGeometry(
+        groups=int(node.attributes.get("group", 1)),
+        kernel=tuple(weight_shape[2:]),
+        strides=tuple(node.attributes.get("strides", [1] * spatial)),
+        dilations=tuple(node.attributes.get("dilations", [1] * spatial)),
+        pads=tuple(node.attributes.get("pads", [0] * 2 * spatial)),
+        input_shape=input_shape,
+        output_shape=output_shape,
+        weight_shape=weight_shape,
+    )
+
+
+def _flipped_kernel_pads(geometry: _ConvGeometry) -> list[int] | None:
+    """Pads of the stride-1 conv of dy with the flipped kernel that equals dx (None if there is none)."""
+    if any(stride != 1 for stride in geometry.strides):
+        return None
+    spatial = len(geometry.kernel)
+    reach = [geometry.dilations[axis] * (geometry.kernel[axis] - 1) for axis in range(spatial)]
+    pads = [reach[axis % spatial] - pad for axis, pad in enumerate(geometry.pads)]
+    return pads if min(pads) >= 0 else None
+
+
+def _conv_input_gradient_flipped(ctx: GraphBuilder, node: ForwardNode, geometry: _ConvGeometry, dy: str, pads: list[int]) -> str:
+    """dx of a stride-1 conv with a frozen kernel as a Conv of dy with the flipped, transposed kernel.
+
+    onnxruntime folds the kernel rearrangement into a constant and then runs its fast blocked (NCHWc)
+    convolution, which it never does for ConvTranspose.
+    """
+    groups = geometry.groups
+    out_channels, in_per_group = geometry.weight_shape[0], geometry.weight_shape[1]
+    spatial = len(geometry.kernel)
+    by_group = ctx.emit("Reshape", [node.inputs[1], _int64s(ctx, [groups, out_channels // groups, in_per_group, *geometry.kernel])])
+    swapped = ctx.emit("Transpose", [by_group], perm=[0, 2, 1, *range(3, 3 + spatial)])
+    transposed = ctx.emit("Reshape", [swapped, _int64s(ctx, [groups * in_per_group, out_channels // groups, *geometry.kernel])])
+    axes = list(range(2, 2 + spatial))
+    last = np.iinfo(np.int64).min
+    flipped = ctx.emit(
+        "Slice", [transposed, _int64s(ctx, [-1] * spatial), _int64s(ctx, [last] * spatial), _int64s(ctx, axes), _int64s(ctx, [-1] * spatial)]
+    )
+    return ctx.emit("Conv", [dy, flipped], group=groups, dilations=list(geometry.dilations), pads=pads)
+
+
+def _conv_input_gradient(ctx: GraphBuilder, node: ForwardNode, geometry: _ConvGeometry, dy: str) -> str:
+    """dx = ConvTranspose(dy, W) with the conv's geometry; output_padding restores rows a stride skipped."""
+    flipped_pads = _flipped_kernel_pads(geometry)
+    if flipped_pads is not None and ctx.is_constant(node.inputs[1]):
+        return _conv_input_gradient_flipped(ctx, node, geometry, dy, flipped_pads)
+    spatial = len(geometry.kernel)
+    output_padding = []
+    for axis in range(spatial):
+        rebuilt = (
+            (geometry.output_shape[2 + axis] - 1) * geometry.strides[axis]
+            - geometry.pads[axis]
+            - geometry.pads[spatial + axis]
+            + geometry.dilations[axis] * (geometry.kernel[axis] - 1)
+            + 1
+        )
+        output_padding.append(geometry.input_shape[2 + axis] - rebuilt)
+    return ctx.emit(
+        "ConvTranspose",
+        [dy, node.inputs[1]],
+        group=geometry.groups,
+        strides=list(geometry.strides),
+        dilations=list(geometry.dilations),
+        pads=list(geometry.pads),
+        kernel_shape=list(geometry.kernel),
+        output_padding=output_padding,
+    )
+
+
+def _conv_weight_gradient(ctx: GraphBuilder, node: ForwardNode, geometry: _ConvGeometry, dy: str) -> str:
+    """dW as a Conv of x (channels and batch swapped) with dy as the kernel: dilation = stride, stride = dilation.
+
+    Groups become groups of this conv: x goes to (C_in/g, g*N, H, W), dy to (C_out, N, oh, ow), so output
+    channel o only sees the batch copies of its own group's inputs. The result has the kernel size or a
+    little more (rows a stride never reached), so it is sliced to the kernel size.
+    """
+    groups = geometry.groups
+    in_channels = geometry.input_shape[1]
+    in_per_group = in_channels // groups
+    spatial_in = list(geometry.input_shape[2:])
+    spatial_out = list(geometry.output_shape[2:])
+    x_channels_first = ctx.emit("Transpose", [node.inputs[0]], perm=[1, 0, *range(2, 2 + len(spatial_in))])
+    if groups == 1:
+        x_swapped = x_channels_first
+    else:
+        by_group = ctx.emit("Reshape", [x_channels_first, _int64s(ctx, [groups, in_per_group, -1, *spatial_in])])
+        swapped = ctx.emit("Transpose", [by_group], perm=[1, 0, *range(2, 3 + len(spatial_in))])
+        x_swapped = ctx.emit("Reshape", [swapped, _int64s(ctx, [in_per_group, -1, *spatial_in])])
+    dy_kernel = ctx.emit("Transpose", [dy], perm=[1, 0, *range(2, 2 + len(spatial_out))])
+    full = ctx.emit(
+        "Conv",
+        [x_swapped, dy_kernel],
+        group=groups,
+        strides=list(geometry.dilations),
+        dilations=list(geometry.strides),
+        pads=list(geometry.pads),
+    )
+    weight = ctx.emit("Transpose", [full], perm=[1, 0, *range(2, 2 + len(spatial_in))])
+    full_kernel = _conv_weight_gradient_size(geometry)
+    if full_kernel != geometry.kernel:
+        axes = list(range(2, 2 + len(geometry.kernel)))
+        weight = ctx.emit(
+            "Slice", [weight, _int64s(ctx, [0] * len(axes)), _int64s(ctx, list(geometry.kernel)), _int64s(ctx, axes)]
+        )
+    return weight
+
+
+def _conv_weight_gradient_size(geometry: _ConvGeometry) -> tuple[int, ...]:
+    spatial = len(geometry.kernel)
+    sizes = []
+    for axis in range(spatial):
+        padded = geometry.input_shape[2 + axis] + geometry.pads[axis] + geometry.pads[spatial + axis]
+        reach = geometry.strides[axis] * (geometry.output_shape[2 + axis] - 1) + 1
+        sizes.append((padded - reach) // geometry.dilations[axis] + 1)
+    return tuple(sizes)
+
+
+def _is_pointwise(geometry: _ConvGeometry) -> bool:
+    return (
+        geometry.groups == 1
+        and all(size == 1 for size in (*geometry.kernel, *geometry.strides, *geometry.dilations))
+        and not any(geometry.pads)
+    )
+
+
+def _pointwise_weight_gradient(ctx: GraphBuilder, node: ForwardNode, geometry: _ConvGeometry, dy: str) -> str:
+    """dW of a 1x1 conv as one GEMM, dy (C_out, N*HW) @ x^T (N*HW, C_in): much faster than a Conv
+    whose kernel is the whole feature map."""
+    out_channels, in_channels = geometry.weight_shape[0], geometry.weight_shape[1]
+    spatial_axes = list(range(2, len(geometry.input_shape)))
+    dy_rows = ctx.emit("Reshape", [ctx.emit("Transpose", [dy], perm=[1, 0, *spatial_axes]), _int64s(ctx, [out_channels, -1])])
+    x_columns = ctx.emit("Reshape", [ctx.emit("Transpose", [node.inputs[0]], perm=[0, *spatial_axes, 1]), _int64s(ctx, [-1, in_channels])])
+    return ctx.emit("Reshape", [ctx.emit("MatMul", [dy_rows, x_columns]), _int64s(ctx, list(geometry.weight_shape))])
+
+
+@gradient_rule("Conv", differentiable_inputs=(0, 1, 2))
+def _conv(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], needs: list[bool]) -> list[str | None]:
+    geometry = _conv_geometry(ctx, node)
+    dy = grads[0]
+    grad_x = _conv_input_gradient(ctx, node, geometry, dy) if needs[0] else None
+    grad_w = None
+    if needs[1]:
+        weight_gradient = _pointwise_weight_gradient if _is_pointwise(geometry) else _conv_weight_gradient
+        grad_w = weight_gradient(ctx, node, geometry, dy)
+    grad_b = None
+    if len(needs) > 2 and needs[2]:
+        axes = [0, *range(2, len(geometry.output_shape))]
+        grad_b = ctx.emit("ReduceSum", [dy, _int64s(ctx, axes)], keepdims=0)
+    return [grad_x, grad_w, grad_b][: len(needs)]

@@ -1,0 +1,448 @@
+"""The zoo build: one supernet training run, a latency-constrained search, and a zoo of Pareto-optimal
+subnets written as ONNX models with model cards ("train once, specialise for many devices").
+
+Stages, in order::
+
+    data      load, split (seeded), normalise with the train split's statistics
+    check     the smallest subnet must fit the constraints, else fail before any training
+    train     the supernet, sandwich rule + in-place distillation; checkpoint after every epoch
+    search    evolutionary search on validation accuracy and latency; checkpoint after every generation
+    cards     extract, recalibrate BN, test accuracy, export ONNX, measure latency, write cards
+    compress  pruned and INT8 variants behind the accuracy gate (fedzoo.compress.pipeline)   (skippable)
+    graphs    a standard-op training graph for every model (fedzoo.cloud.training_graphs)   (skippable)
+
+Checkpoints live in `<out>/.checkpoint/`; running the same build again resumes from them. Every random
+draw is seeded from `BuildConfig.seed`, so two builds with the same settings train the same supernet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedzoo.cards import InputSpec, Latency, Metrics, ModelCard, Normalisation
+from fedzoo.cloud.data import DatasetSplit, Subset, load_dataset, split_dataset
+from fedzoo.cloud.executors import Executor, make_executor
+from fedzoo.cloud.training_graphs import attach_training_graphs
+from fedzoo.compress.pipeline import compress_zoo
+from fedzoo.errors import FedzooError, InvalidInputError
+from fedzoo.nas.evaluation import Candidate, EvaluationContext, evaluate_candidate, prepare_subnet
+from fedzoo.nas.latency import LatencyEstimator, make_latency_estimator
+from fedzoo.nas.search import SEARCH_STRATEGIES, Constraints, SearchState, run_search, select_zoo
+from fedzoo.nas.space import FAMILY, Arch, SearchSpace, arch_hash, default_space, tiny_space
+from fedzoo.nas.subnet import build_subnet, count_macs, count_params, evaluate_accuracy
+from fedzoo.nas.supernet import Supernet
+from fedzoo.nas.training import TrainingConfig, make_optimizer, steps_per_epoch, train_supernet_epoch
+from fedzoo.zoo import Zoo, atomic_write_bytes
+
+CHECKPOINT_FOLDER = ".checkpoint"
+
+
+class BuildInterrupted(FedzooError):
+    """The build stopped early on purpose (a stop-after setting); running it again resumes."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named size of build: the search space, training schedule and search budget."""
+
+    make_space: Callable[[int], SearchSpace]
+    training: TrainingConfig
+    evaluations: int
+    population_size: int
+    calibration_examples: int
+    max_train_examples: int | None = None
+
+
+PRESETS: dict[str, Preset] = {
+    # ~10 minutes on 2 cores for MNIST-5k
+    "default": Preset(default_space, TrainingConfig(epochs=10), evaluations=96, population_size=16, calibration_examples=500),
+    # seconds: for tests and smoke runs
+    "tiny": Preset(
+        tiny_space,
+        TrainingConfig(epochs=2, batch_size=16, learning_rate=0.2, max_shift_pixels=1),
+        evaluations=16,
+        population_size=8,
+        calibration_examples=128,
+        max_train_examples=768,
+    ),
+}
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Everything a zoo build depends on; `None` fields take the preset's value."""
+
+    dataset: str
+    out: Path
+    preset: str = "default"
+    seed: int = 0
+    epochs: int | None = None
+    evaluations: int | None = None
+    population_size: int | None = None
+    strategy: str = "evolution"
+    latency_budget_ms: float | None = None
+    max_params: int | None = None
+    latency_source: str = "measured"
+    executor: str = "in-process"
+    num_workers: int | None = None
+    zoo_min_size: int = 8
+    zoo_max_size: int = 12
+    compress: bool = True
+    training_graphs: bool = True
+    torch_threads: int = 1
+    stop_after_epoch: int | None = None
+    stop_after_generation: int | None = None
+
+    def resolved_preset(self) -> Preset:
+        if self.preset not in PRESETS:
+            raise InvalidInputError(f"unknown preset {self.preset!r}; use one of {sorted(PRESETS)}", field="preset")
+        return PRESETS[self.preset]
+
+    @property
+    def training(self) -> TrainingConfig:
+        training = self.resolved_preset().training
+        return replace(training, epochs=self.epochs) if self.epochs is not None else training
+
+    @property
+    def search_evaluations(self) -> int:
+        return self.evaluations if self.evaluations is not None else self.resolved_preset().evaluations
+
+    @property
+    def search_population_size(self) -> int:
+        return self.population_size if self.population_size is not None else self.resolved_preset().population_size
+
+    @property
+    def constraints(self) -> Constraints:
+        return Constraints(self.latency_budget_ms, self.max_params)
+
+
+@dataclass
+class BuildResult:
+    """What a build produced, with the time each stage took (for benchmarks)."""
+
+    zoo: Zoo
+    cards: list[ModelCard]
+    search: SearchState
+    supernet: Supernet
+    split: DatasetSplit
+    normalised: dict[str, Subset]
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    # CPU time of this process per stage: steadier than wall time on a shared machine (in-process executor)
+    stage_cpu_seconds: dict[str, float] = field(default_factory=dict)
+
+
+class BuildReporter:
+    """Receives progress; the CLI shows it with rich, tests pass this silent base class."""
+
+    def start_stage(self, name: str, total: int | None = None) -> None:
+        """A stage with `total` steps (None: unknown) begins."""
+
+    def advance(self, completed: int) -> None:
+        """`completed` steps of the current stage are done."""
+
+    def note(self, text: str) -> None:
+        """A one-line message worth showing."""
+
+
+# data and checks ------------------------------------------------------------------------------
+
+def _normalise(subset: Subset, mean: list[float], std: list[float]) -> Subset:
+    mean_array = np.asarray(mean, dtype=np.float32)[None, :, None, None]
+    std_array = np.asarray(std, dtype=np.float32)[None, :, None, None]
+    return Subset(((subset.x - mean_array) / std_array).astype(np.float32), subset.y)
+
+
+def prepare_data(config: BuildConfig) -> tuple[DatasetSplit, dict[str, Subset]]:
+    """The seeded split and its parts normalised with the train statistics (train capped by the preset)."""
+    split = split_dataset(load_dataset(config.dataset), seed=config.seed)
+    parts = {name: _normalise(getattr(split, name), split.mean, split.std) for name in ("train", "validation", "test")}
+    limit = config.resolved_preset().max_train_examples
+    if limit is not None:
+        parts["train"] = Subset(parts["train"].x[:limit], parts["train"].y[:limit])
+    return split, parts
+
+
+def _check_output_folder(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise InvalidInputError(f"--out {out} is a file; give a folder for the zoo", field="out")
+    if out.is_dir() and any(out.iterdir()) and not (out / "zoo.json").exists() and not (out / CHECKPOINT_FOLDER).exists():
+        raise InvalidInputError(f"--out {out} is a non-empty folder that is not a zoo; choose an empty or new folder", field="out")
+
+
+def check_constraints_reachable(
+    space: SearchSpace, num_classes: int, in_channels: int, constraints: Constraints, estimator: LatencyEstimator
+) -> None:
+    """Fail fast when even the smallest subnet breaks a limit: no search could fit it."""
+    smallest = build_subnet(space.min_arch(), num_classes, in_channels).eval()
+    params = count_params(smallest)
+    if constraints.max_params is not None and params > constraints.max_params:
+        raise InvalidInputError(
+            f"no subnet fits --max-params {constraints.max_params}: the smallest subnet has {params} parameters",
+            field="max_params",
+        )
+    if constraints.latency_budget_ms is not None:
+        latency_ms = estimator.latency_ms(smallest, (1, in_channels, space.resolution, space.resolution))
+        if latency_ms > constraints.latency_budget_ms:
+            raise InvalidInputError(
+                f"no subnet fits --latency-budget-ms {constraints.latency_budget_ms}: the smallest subnet takes "
+                f"{latency_ms:.3f} ms on {estimator.device_class}",
+                field="latency_budget_ms",
+            )
+
+
+# checkpoints ---------------------------------------------------------------------------------
+
+def _fingerprint(values: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _training_fingerprint(config: BuildConfig, space: SearchSpace) -> str:
+    return _fingerprint({"dataset": config.dataset, "preset": config.preset, "seed": config.seed, "space": space.to_dict(), "training": asdict(config.training)})
+
+
+def _search_fingerprint(config: BuildConfig, space: SearchSpace, strategy: str) -> str:
+    return _fingerprint(
+        {
+            "training": _training_fingerprint(config, space),
+            "strategy": strategy,
+            "evaluations": config.search_evaluations,
+            "population": config.search_population_size,
+            "constraints": asdict(config.constraints),
+            "latency_source": config.latency_source,
+        }
+    )
+
+
+def _torch_bytes(value: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def _load_checkpoint(path: Path, fingerprint: str) -> Any | None:
+    """The checkpoint at `path` if it was written by a build with these settings; an error if not."""
+    if not path.is_file():
+        return None
+    state = torch.load(path, weights_only=False) if path.suffix == ".pt" else json.loads(path.read_text())
+    if state.get("fingerprint") != fingerprint:
+        raise InvalidInputError(
+            f"{path} was written by a build with other settings; delete {path.parent} or use another --out",
+            field="out",
+        )
+    return state
+
+
+# stages --------------------------------------------------------------------------------------
+
+def train_supernet(
+    config: BuildConfig, space: SearchSpace, parts: dict[str, Subset], num_classes: int, in_channels: int, reporter: BuildReporter
+) -> Supernet:
+    """The trained supernet, resumed from the last epoch checkpoint if there is one."""
+    training = config.training
+    checkpoint = config.out / CHECKPOINT_FOLDER / "supernet.pt"
+    fingerprint = _training_fingerprint(config, space)
+    torch.manual_seed(config.seed)
+    supernet = Supernet(space, num_classes, in_channels).to(memory_format=torch.channels_last)
+    optimizer = make_optimizer(supernet, training)
+    first_epoch = 0
+    state = _load_checkpoint(checkpoint, fingerprint)
+    if state is not None:
+        supernet.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        first_epoch = state["epoch"]
+        reporter.note(f"resuming supernet training after epoch {first_epoch} of {training.epochs}")
+    train = parts["train"]
+    for epoch in range(first_epoch, training.epochs):
+        reporter.start_stage(f"train supernet, epoch {epoch + 1}/{training.epochs}", steps_per_epoch(len(train.y), training.batch_size))
+        loss = train_supernet_epoch(
+            supernet, optimizer, train.x, train.y, training, config.seed, epoch,
+            on_step=lambda done, total: reporter.advance(done),
+        )
+        state = {"fingerprint": fingerprint, "epoch": epoch + 1, "model": supernet.state_dict(), "optimizer": optimizer.state_dict()}
+        atomic_write_bytes(checkpoint, _torch_bytes(state))
+        reporter.note(f"epoch {epoch + 1}/{training.epochs}: largest-subnet train loss {loss:.4f}")
+        if config.stop_after_epoch is not None and epoch + 1 >= config.stop_after_epoch and epoch + 1 < training.epochs:
+            raise BuildInterrupted(f"stopped after epoch {epoch + 1} as asked; run the same build again to resume")
+    return supernet.eval()
+
+
+def search_architectures(
+    config: BuildConfig,
+    strategy_name: str,
+    context: EvaluationContext,
+    executor: Executor,
+    reporter: BuildReporter,
+    checkpoint_name: str | None = None,
+) -> SearchState:
+    """Run one search strategy on the trained supernet, resuming from its generation checkpoint."""
+    if strategy_name not in SEARCH_STRATEGIES:
+        raise InvalidInputError(f"unknown search strategy {strategy_name!r}; use one of {sorted(SEARCH_STRATEGIES)}", field="strategy")
+    strategy = SEARCH_STRATEGIES[strategy_name](config.search_population_size)
+    checkpoint = config.out / CHECKPOINT_FOLDER / f"{checkpoint_name or 'search-' + strategy_name}.json"
+    supernet = context.supernet
+    fingerprint = _search_fingerprint(config, supernet.space, strategy_name)
+    saved = _load_checkpoint(checkpoint, fingerprint)
+    state_holder = [SearchState.from_dict(saved["state"]) if saved is not None else SearchState()]
+    if saved is not None:
+        reporter.note(f"resuming {strategy_name} search after generation {state_holder[0].generation} "
+                      f"({len(state_holder[0].evaluated)} evaluated)")
+    constraints = config.constraints
+    total = config.search_evaluations
+    reporter.start_stage(f"{strategy_name} search", total)
+
+    def admissible(arch: Arch) -> bool:
+        if constraints.max_params is None:
+            return True
+        return count_params(build_subnet(arch, supernet.num_classes, supernet.in_channels)) <= constraints.max_params
+
+    def evaluate_batch(archs: list[Arch]) -> list[Candidate]:
+        already = len(state_holder[0].evaluated)
+        return executor.map(evaluate_candidate, context, archs, on_result=lambda done: reporter.advance(already + done))
+
+    def on_generation(new_state: SearchState) -> None:
+        state_holder[0] = new_state
+        atomic_write_bytes(checkpoint, json.dumps({"fingerprint": fingerprint, "state": new_state.to_dict()}).encode())
+        feasible = [c for c in new_state.evaluated if constraints.fits(c)]
+        best = max((c.accuracy for c in feasible), default=float("nan"))
+        reporter.note(f"{strategy_name} generation {new_state.generation}: {len(new_state.evaluated)} evaluated, "
+                      f"{len(feasible)} feasible, best validation accuracy {best:.4f}")
+        if config.stop_after_generation is not None and new_state.generation >= config.stop_after_generation and len(new_state.evaluated) < total:
+            raise BuildInterrupted(f"stopped after search generation {new_state.generation} as asked; run the same build again to resume")
+
+    return run_search(
+        strategy, supernet.space, evaluate_batch, total, config.search_population_size, constraints, config.seed,
+        admissible=admissible, state=state_holder[0], on_generation=on_generation,
+    )
+
+
+def write_card(
+    zoo: Zoo,
+    config: BuildConfig,
+    split: DatasetSplit,
+    parts: dict[str, Subset],
+    supernet: Supernet,
+    candidate: Candidate,
+    device_class: str,
+    details: dict[str, Any],
+) -> ModelCard:
+    """Extract one zoo subnet, score it on the test split, export and time its ONNX, and store its card."""
+    from fedzoo.compress.export import export_onnx
+    from fedzoo.edge.benchmark import benchmark_model
+
+    calibration = parts["train"].x[: max(config.resolved_preset().calibration_examples * 4, 1)]
+    subnet = prepare_subnet(supernet, candidate.arch, calibration)
+    accuracy, loss = evaluate_accuracy(subnet, parts["test"].x, parts["test"].y)
+    subnet = subnet.to(memory_format=torch.contiguous_format)  # plain layout for the saved state and the export
+    channels, height, width = split.dataset.image_shape
+    input_shape = (1, channels, height, width)
+    with tempfile.TemporaryDirectory() as folder:
+        onnx_path = Path(folder) / "model.onnx"
+        export_onnx(subnet, input_shape, onnx_path)
+        measurement = benchmark_model(onnx_path, threads=1)
+        model_sha = zoo.add_blob_file(onnx_path)
+        size_bytes = onnx_path.stat().st_size
+    state_sha = zoo.add_blob_bytes(_torch_bytes(subnet.state_dict()))
+    card = ModelCard(
+        id=f"{split.dataset.name}-ofa-{arch_hash(candidate.arch)}",
+        family=FAMILY,
+        task=split.dataset.name,
+        input=InputSpec(name="input", shape=["batch", channels, height, width], normalisation=Normalisation(mean=split.mean, std=split.std)),
+        labels=split.dataset.labels,
+        arch=candidate.arch,
+        precision="fp32",
+        metrics=Metrics(accuracy=accuracy, loss=loss, split="test", num_examples=len(parts["test"].y)),
+        macs=count_macs(subnet, input_shape),
+        params=count_params(subnet),
+        size_bytes=size_bytes,
+        sha256=model_sha,
+        latency_ms={device_class: Latency(median_ms=measurement.median_ms, p90_ms=measurement.p90_ms, source="measured", threads=1)},
+        artifacts={"torch_state": state_sha},
+        details={**details, "search": {"validation_accuracy": candidate.accuracy, "latency_ms": candidate.latency_ms}},
+    )
+    zoo.add_card(card)
+    return card
+
+
+def build_zoo(
+    config: BuildConfig, reporter: BuildReporter | None = None, latency_estimator: LatencyEstimator | None = None
+) -> BuildResult:
+    """Run every stage of the build (see the module docstring) and return the zoo and its cards."""
+    reporter = reporter or BuildReporter()
+    _check_output_folder(config.out)
+    preset = config.resolved_preset()
+    estimator = latency_estimator or make_latency_estimator(config.latency_source)
+    if config.strategy not in SEARCH_STRATEGIES:
+        raise InvalidInputError(f"unknown search strategy {config.strategy!r}; use one of {sorted(SEARCH_STRATEGIES)}", field="strategy")
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(config.torch_threads)
+    seconds: dict[str, float] = {}
+    cpu_seconds: dict[str, float] = {}
+    try:
+        started, started_cpu = time.perf_counter(), time.process_time()
+        reporter.start_stage("load data", None)
+        split, parts = prepare_data(config)
+        channels, height, width = split.dataset.image_shape
+        if height != width:
+            raise InvalidInputError(f"the search space needs square images, got {height}x{width}", field="dataset")
+        space = preset.make_space(height)
+        num_classes = split.dataset.num_classes
+        check_constraints_reachable(space, num_classes, channels, config.constraints, estimator)
+        config.out.mkdir(parents=True, exist_ok=True)
+        seconds["data"] = time.perf_counter() - started
+        cpu_seconds["data"] = time.process_time() - started_cpu
+
+        started, started_cpu = time.perf_counter(), time.process_time()
+        supernet = train_supernet(config, space, parts, num_classes, channels, reporter)
+        seconds["train"] = time.perf_counter() - started
+        cpu_seconds["train"] = time.process_time() - started_cpu
+
+        started, started_cpu = time.perf_counter(), time.process_time()
+        context = EvaluationContext(supernet, parts["train"].x[: preset.calibration_examples], parts["validation"].x, parts["validation"].y, estimator)
+        executor = make_executor(config.executor, config.num_workers)
+        try:
+            state = search_architectures(config, config.strategy, context, executor, reporter)
+        finally:
+            executor.close()
+        chosen = select_zoo(state.evaluated, config.constraints, config.zoo_min_size, config.zoo_max_size)
+        if not chosen:
+            raise InvalidInputError(
+                f"no evaluated subnet met the constraints ({asdict(config.constraints)}); relax --latency-budget-ms or --max-params",
+                field="latency_budget_ms",
+            )
+        seconds["search"] = time.perf_counter() - started
+        cpu_seconds["search"] = time.process_time() - started_cpu
+
+        started, started_cpu = time.perf_counter(), time.process_time()
+        zoo = Zoo.create(config.out)
+        details = {
+            "build": {"seed": config.seed, "preset": config.preset, "strategy": config.strategy, "epochs": config.training.epochs,
+                      "evaluations": len(state.evaluated), "search_latency_source": estimator.source},
+        }
+        reporter.start_stage("write cards", len(chosen))
+        cards = []
+        for index, candidate in enumerate(chosen):
+            cards.append(write_card(zoo, config, split, parts, supernet, candidate, estimator.device_class, details))
+            reporter.advance(index + 1)
+        seconds["cards"] = time.perf_counter() - started
+        cpu_seconds["cards"] = time.process_time() - started_cpu
+    finally:
+        torch.set_num_threads(previous_threads)
+
+    if config.compress:
+        reporter.start_stage("compress", None)
+        compress_zoo(config.out, split)
+    if config.training_graphs:
+        reporter.start_stage("training graphs", None)
+        attach_training_graphs(config.out)
+    return BuildResult(zoo, cards, state, supernet, split, parts, seconds, cpu_seconds)

@@ -1,0 +1,413 @@
+"""Federated simulation: N virtual devices over Dirichlet(alpha) shards against a real server on loopback.
+
+Nothing is faked between the parts: the server is `fedzoo.server.create_app` on a SQLite file,
+served by werkzeug on 127.0.0.1; every virtual device registers, checks in, downloads, trains with
+`fedzoo.edge.trainer` and uploads through the `fedzoo.clients` SDK over HTTP. Only the data
+differs per device (its Dirichlet shard) and, for robustness experiments, what an attacker does to
+its delta before upload.
+
+Each simulated round: every device checks in (the server selects `target x (1 + over_selection)`),
+the selected ones do their work, in this process one after another (`executor="in-process"`) or as
+parallel Ray tasks (`executor="ray"`, for many devices), and the server aggregates as soon as the
+target is reached (surplus reports are refused, as in Bonawitz et al.) or at the deadline.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from fedzoo.cards import InputSpec, Metrics, ModelCard, Normalisation
+from fedzoo.cloud.autodiff import build_training_graph
+from fedzoo.cloud.data import DatasetSplit, dirichlet_partition, load_dataset, split_dataset
+from fedzoo.cloud.executors import make_executor
+from fedzoo.clients.client import FedzooClient
+from fedzoo.clients.participation import LocalData, ParticipationResult, normalise, run_task
+from fedzoo.clients.update_codec import Encoding
+from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
+from fedzoo.edge.optimizers import SGD
+from fedzoo.edge.runtime import create_session
+from fedzoo.edge.trainer import Trainer, write_parameters
+from fedzoo.errors import InvalidInputError
+
+DEFAULT_ADMIN_TOKEN = "simulation-admin-token"
+
+
+class LoopbackServer:
+    """The real fedzoo server on 127.0.0.1 (a free port), in a thread; `restart()` keeps its data directory."""
+
+    def __init__(self, data_dir: str | Path, admin_token: str = DEFAULT_ADMIN_TOKEN) -> None:
+        self.data_dir = Path(data_dir)
+        self.admin_token = admin_token
+        self.port: int | None = None
+        self._server = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> LoopbackServer:
+        # the server side (flask, SQLAlchemy) is imported only here: the rest of the harness needs none of it
+        from werkzeug.serving import WSGIRequestHandler, make_server
+
+        from fedzoo.server.app import create_app
+        from fedzoo.server.config import ServerConfig
+
+        class _QuietHandler(WSGIRequestHandler):
+            def log_request(self, *args: Any, **kwargs: Any) -> None:  # a simulation makes thousands of requests
+                pass
+
+        app = create_app(ServerConfig.from_env(environ={}, data_dir=self.data_dir, admin_token=self.admin_token))
+        self._server = make_server("127.0.0.1", self.port or 0, app, threaded=True, request_handler=_QuietHandler)
+        self.port = self._server.server_port
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fedzoo-loopback", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(timeout=10)
+            self._server = None
+
+    def restart(self) -> None:
+        """Stop and start again on the same port and data: a new app, a new round service, the same database."""
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> LoopbackServer:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+
+# the model -----------------------------------------------------------------------------------------
+
+
+def mlp_classifier(input_shape: tuple[int, int, int], hidden_units: int, num_classes: int, seed: int = 0) -> onnx.ModelProto:
+    """A two-layer perceptron (Flatten, Gemm, Relu, Gemm) as ONNX, He-initialised: small enough for many clients."""
+    rng = np.random.default_rng(seed)
+    features = int(np.prod(input_shape))
+    initializers = [
+        numpy_helper.from_array((rng.normal(size=(features, hidden_units)) * math.sqrt(2 / features)).astype(np.float32),
+                                "fc1.weight"),
+        numpy_helper.from_array(np.zeros(hidden_units, np.float32), "fc1.bias"),
+        numpy_helper.from_array((rng.normal(size=(hidden_units, num_classes)) * math.sqrt(1 / hidden_units))
+                                .astype(np.float32), "fc2.weight"),
+        numpy_helper.from_array(np.zeros(num_classes, np.float32), "fc2.bias"),
+    ]
+    nodes = [
+        helper.make_node("Flatten", ["input"], ["flat"], axis=1),
+        helper.make_node("Gemm", ["flat", "fc1.weight", "fc1.bias"], ["hidden"]),
+        helper.make_node("Relu", ["hidden"], ["activated"]),
+        helper.make_node("Gemm", ["activated", "fc2.weight", "fc2.bias"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "mlp",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", *input_shape])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", num_classes])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def accuracy_of(model: bytes, features: np.ndarray, targets: np.ndarray) -> float:
+    """Top-1 accuracy of an ONNX classifier on already normalised features."""
+    session = create_session(model)
+    logits = session.run(None, {session.get_inputs()[0].name: features})[0]
+    return float((logits.argmax(axis=1) == targets).mean())
+
+
+def train_centrally(
+    model: bytes, training_graph: bytes, features: np.ndarray, targets: np.ndarray, epochs: int, batch_size: int,
+    learning_rate: float, seed: int = 0, evaluate_on: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[bytes, list[float]]:
+    """Train with the same trainer the devices use; returns the model and, if asked, accuracy after each epoch."""
+    trainer = Trainer.from_inference_model(training_graph, model, SGD(learning_rate))
+    accuracies = []
+    for epoch in range(epochs):
+        trainer.train_epoch(features, targets, batch_size, seed=seed + epoch)
+        if evaluate_on is not None:
+            accuracies.append(accuracy_of(write_parameters(model, trainer.parameters), *evaluate_on))
+    return write_parameters(model, trainer.parameters), accuracies
+
+
+@dataclass
+class Federation:
+    """Everything a simulation needs: the base model and its card, the clients' shards and a held-out test set."""
+
+    split: DatasetSplit
+    pool: LocalData  # the data spread over the clients (never seen by the server)
+    shards: list[np.ndarray]  # indices into `pool`, one array per client
+    card: ModelCard
+    blobs: dict[str, bytes]  # sha256 -> bytes: the ONNX model and its training graph
+    evaluation_npz: bytes  # the test split as x, y: the server measures each new version on it
+
+    @property
+    def model(self) -> bytes:
+        return self.blobs[self.card.sha256]
+
+    @property
+    def training_graph(self) -> bytes:
+        return self.blobs[self.card.training_graph]
+
+    def client_data(self, index: int) -> LocalData:
+        return LocalData(self.pool.x[self.shards[index]], self.pool.y[self.shards[index]])
+
+
+def prepare_federation(
+    dataset: str = "digits", num_clients: int = 5, alpha: float = 0.5, hidden_units: int = 32,
+    pretrain_fraction: float = 0.1, pretrain_epochs: int = 3, seed: int = 0,
+) -> Federation:
+    """Split a data set, pre-train a small model on a `pretrain_fraction` of its training part (the cloud's
+    own data), and spread the rest over `num_clients` devices with Dirichlet(alpha) label skew."""
+    import hashlib
+
+    if not 0 < pretrain_fraction < 1:
+        raise InvalidInputError(f"pretrain_fraction must lie in (0, 1), got {pretrain_fraction}", field="pretrain_fraction")
+    split = split_dataset(load_dataset(dataset), seed=seed)
+    normalisation = Normalisation(mean=split.mean, std=split.std)
+    spec = InputSpec(name="input", shape=["batch", *split.dataset.image_shape], normalisation=normalisation)
+    order = np.random.default_rng(seed).permutation(len(split.train))
+    cloud_count = max(1, int(len(order) * pretrain_fraction))
+    cloud, pool_indices = order[:cloud_count], order[cloud_count:]
+    pool = LocalData(split.train.x[pool_indices], split.train.y[pool_indices])
+    shards = dirichlet_partition(pool.y, num_clients, alpha, seed=seed)
+
+    model = mlp_classifier(split.dataset.image_shape, hidden_units, split.dataset.num_classes, seed)
+    graph = build_training_graph(model).SerializeToString()
+    cloud_features = normalise(split.train.x[cloud], normalisation)
+    model_bytes, _ = train_centrally(model.SerializeToString(), graph, cloud_features, split.train.y[cloud],
+                                     pretrain_epochs, 32, 0.05, seed)
+    test_features = normalise(split.test.x, normalisation)
+    parameters = sum(int(np.prod(init.dims)) for init in model.graph.initializer)
+    macs = sum(int(np.prod(init.dims)) for init in model.graph.initializer if init.name.endswith("weight"))
+    card = ModelCard(
+        id=f"{dataset}-mlp{hidden_units}-v1", family=f"{dataset}-mlp{hidden_units}", task=dataset, input=spec,
+        labels=split.dataset.labels, arch={"kind": "mlp", "hidden_units": hidden_units},
+        metrics=Metrics(accuracy=accuracy_of(model_bytes, test_features, split.test.y), num_examples=len(split.test)),
+        macs=macs, params=parameters, size_bytes=len(model_bytes), sha256=hashlib.sha256(model_bytes).hexdigest(),
+        training_graph=hashlib.sha256(graph).hexdigest(),
+        details={"pretrained_on": f"{cloud_count} examples of the {dataset} training split, {pretrain_epochs} epochs"},
+    )
+    buffer = io.BytesIO()
+    np.savez(buffer, x=split.test.x, y=split.test.y)
+    return Federation(split, pool, shards, card, {card.sha256: model_bytes, card.training_graph: graph},
+                      buffer.getvalue())
+
+
+def federation_from_zoo(zoo_dir: str | Path, card_id: str, split: DatasetSplit, num_clients: int = 5,
+                        alpha: float = 0.5, seed: int = 0) -> Federation:
+    """A federation that fine-tunes a zoo model (which must carry a training graph) on Dirichlet(alpha)
+    shards of `split`'s training part; `split` must be the one the zoo was built with."""
+    from fedzoo.zoo import Zoo
+
+    zoo = Zoo(zoo_dir)
+    card = zoo.card(card_id)
+    if card.training_graph is None:
+        raise InvalidInputError(f"model {card_id} has no training graph; run the zoo build's training-graph stage",
+                                field="card_id")
+    pool = LocalData(split.train.x, split.train.y)
+    shards = dirichlet_partition(pool.y, num_clients, alpha, seed=seed)
+    blobs = {digest: zoo.blob_path(digest).read_bytes() for digest in (card.sha256, card.training_graph)}
+    buffer = io.BytesIO()
+    np.savez(buffer, x=split.test.x, y=split.test.y)
+    return Federation(split, pool, shards, card, blobs, buffer.getvalue())
+
+
+def centralized_baseline(federation: Federation, epochs: int, batch_size: int, learning_rate: float,
+                         seed: int = 0) -> list[float]:
+    """Test accuracy after each epoch of fine-tuning the same base model on all the clients' data pooled."""
+    features = normalise(federation.pool.x, federation.card.input.normalisation)
+    test = (normalise(federation.split.test.x, federation.card.input.normalisation), federation.split.test.y)
+    _, accuracies = train_centrally(federation.model, federation.training_graph, features, federation.pool.y,
+                                    epochs, batch_size, learning_rate, seed, evaluate_on=test)
+    return accuracies
+
+
+# attacks -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScaledUpdateAttack:
+    """A poisoning device: sends its honest delta multiplied by `scale` (negative flips it)."""
+
+    scale: float = -10.0
+
+    def __call__(self, delta: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {name: (value * np.float32(self.scale)).astype(np.float32) for name, value in delta.items()}
+
+
+# the simulation ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Work:
+    device_index: int
+    token: str
+    task: dict[str, Any]
+    seed: int
+    attacker: bool
+
+
+@dataclass(frozen=True)
+class _Context:
+    base_url: str
+    cache_root: str
+    pool_x: np.ndarray
+    pool_y: np.ndarray
+    shards: list[np.ndarray]
+    encoding: Encoding
+    attack: ScaledUpdateAttack
+
+
+# One SDK client per device and process, kept across rounds like a real device's (connections stay open).
+_DEVICE_CLIENTS: dict[tuple[str, str], FedzooClient] = {}
+
+
+def _device_client(base_url: str, token: str, cache_dir: Path) -> FedzooClient:
+    key = (base_url, token)
+    if key not in _DEVICE_CLIENTS:
+        _DEVICE_CLIENTS[key] = FedzooClient(base_url, token=token, cache_dir=cache_dir)
+    return _DEVICE_CLIENTS[key]
+
+
+def _close_device_clients(base_url: str) -> None:
+    for key in [key for key in _DEVICE_CLIENTS if key[0] == base_url]:
+        _DEVICE_CLIENTS.pop(key).close()
+
+
+def _do_work(context: _Context, work: _Work) -> ParticipationResult:
+    """One selected device's work; a top-level function so Ray can ship it to a worker."""
+    shard = context.shards[work.device_index]
+    data = LocalData(context.pool_x[shard], context.pool_y[shard])
+    client = _device_client(context.base_url, work.token, Path(context.cache_root) / f"device-{work.device_index}")
+    transform = context.attack if work.attacker else None
+    return run_task(client, work.task, data, context.encoding, work.seed, transform)
+
+
+@dataclass
+class RoundRecord:
+    round_id: int
+    number: int
+    state: str
+    accepted_updates: int
+    upload_bytes: int
+    accuracy: float | None
+    result_model_id: str | None
+    refused: int
+    outcome: dict[str, Any] | None = field(default=None, repr=False)
+
+
+class Simulation:
+    """Virtual devices, one per shard, registered with a running server; `run` drives a plan of rounds."""
+
+    def __init__(
+        self, federation: Federation, server_url: str, admin_token: str = DEFAULT_ADMIN_TOKEN,
+        executor: str = "in-process", cache_root: str | Path | None = None, attackers: frozenset[int] = frozenset(),
+        attack: ScaledUpdateAttack = ScaledUpdateAttack(), encoding: Encoding = "fp32", seed: int = 0,
+    ) -> None:
+        self.federation, self.server_url, self.admin_token = federation, server_url, admin_token
+        self.executor = make_executor(executor)
+        self._own_cache = cache_root is None
+        self.cache_root = Path(cache_root) if cache_root is not None else Path(tempfile.mkdtemp(prefix="fedzoo-sim-"))
+        self.attackers, self.attack, self.encoding = attackers, attack, encoding
+        self.rng = random.Random(seed)
+        self.admin = FedzooClient(server_url, cache_dir=self.cache_root / "admin")
+        self.tokens: list[str] = []
+
+    def close(self) -> None:
+        self.admin.close()
+        _close_device_clients(self.server_url)
+        self.executor.close()
+        if self._own_cache:
+            shutil.rmtree(self.cache_root, ignore_errors=True)
+
+    def __enter__(self) -> Simulation:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def publish_base_model(self) -> dict[str, Any]:
+        """Upload the base model, its training graph and the evaluation set; publish the card."""
+        blobs = dict(self.federation.blobs)
+        evaluation_sha = self.admin.publish_blob(self.federation.evaluation_npz, self.admin_token)
+        self.evaluation_sha256 = evaluation_sha
+        return self.admin.publish_model(self.federation.card, blobs, self.admin_token)
+
+    def register_devices(self, prefix: str = "sim-device") -> None:
+        for index in range(len(self.federation.shards)):
+            profile = DeviceProfile(
+                device_id=f"{prefix}-{index}", platform="linux-x86_64", device_class="simulated",
+                cpu=CpuInfo(model="virtual", cores=1), memory_mb=2048,
+                runtime=RuntimeInfo(onnxruntime="simulated", threads=1),
+            )
+            with FedzooClient(self.server_url, cache_dir=self.cache_root / "register") as client:
+                self.tokens.append(client.register(profile)["token"])
+
+    def start_plan(self, round_config: dict[str, Any]) -> int:
+        """Ask the server for a plan of rounds (evaluated on the federation's test split); returns the first round id."""
+        config = {"model_id": self.federation.card.id, "evaluation_sha256": self.evaluation_sha256, **round_config}
+        return self.admin.create_rounds(config, self.admin_token)["id"]
+
+    def run_round(self, round_id: int) -> RoundRecord:
+        """Selection, local work and reporting for one round, then wait for the server to finish it."""
+        order = list(range(len(self.tokens)))
+        self.rng.shuffle(order)
+        work = []
+        for index in order:
+            client = _device_client(self.server_url, self.tokens[index], self.cache_root / f"device-{index}")
+            task = client.fl_task(self.federation.card.task)["task"]
+            if task is not None and task["round_id"] == round_id:
+                work.append(_Work(index, self.tokens[index], task, self.rng.randrange(2**31), index in self.attackers))
+        context = _Context(self.server_url, str(self.cache_root), self.federation.pool.x, self.federation.pool.y,
+                           self.federation.shards, self.encoding, self.attack)
+        results = self.executor.map(_do_work, context, work)
+        view = self.admin.fl_round(round_id)
+        while view["state"] in ("open", "collecting", "aggregating"):
+            deadline = view["deadline_at"]
+            time.sleep(0.2 if view["state"] == "aggregating" else _seconds_until(deadline) + 0.05)
+            view = self.admin.fl_round(round_id)
+        accuracy = None
+        if view["result_model_id"] is not None:
+            accuracy = self.admin.card(view["result_model_id"]).metrics.accuracy
+        return RoundRecord(round_id, view["number"], view["state"], view["accepted_updates"], view["upload_bytes"],
+                           accuracy, view["result_model_id"], sum(r.outcome != "accepted" for r in results),
+                           view["outcome"])
+
+    def run(self, round_config: dict[str, Any], progress=None) -> list[RoundRecord]:
+        """Run a whole plan; returns one record per round, in order."""
+        round_id: int | None = self.start_plan(round_config)
+        records = []
+        while round_id is not None:
+            record = self.run_round(round_id)
+            records.append(record)
+            if progress is not None:
+                progress(record)
+            round_id = self.admin.fl_round(round_id)["next_round_id"]
+        return records
+
+
+def _seconds_until(moment: str) -> float:
+    from datetime import datetime, timezone
+
+    return max(0.0, (datetime.fromisoformat(moment) - datetime.now(timezone.utc)).total_seconds())

@@ -1,0 +1,114 @@
+"""`fedzoo zoo`: build a model zoo from one supernet training run, and inspect zoos."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from fedzoo.compress.cli import compress
+from fedzoo.zoo import Zoo
+
+
+class RichReporter:
+    """Shows the build's stages as rich progress bars and its notes as lines above them."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.task = None
+
+    def start_stage(self, name: str, total: int | None = None) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, visible=False)
+        self.task = self.progress.add_task(name, total=total)
+
+    def advance(self, completed: int) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, completed=completed)
+
+    def note(self, text: str) -> None:
+        self.progress.console.print(text)
+
+
+@click.group()
+def zoo() -> None:
+    """Build, compress and inspect model zoos."""
+
+
+@zoo.command()
+@click.option("--dataset", required=True, help="mnist, digits, or a path to an .npz with x and y.")
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Folder to write the zoo to (created if missing).")
+@click.option("--preset", type=click.Choice(["default", "tiny"]), default="default", show_default=True,
+              help="Size of the build: default (~10 min on 2 cores) or tiny (seconds, for smoke tests).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the split, initialisation, sampling and search.")
+@click.option("--epochs", type=click.IntRange(min=1), default=None, help="Supernet training epochs (default: the preset's).")
+@click.option("--evaluations", type=click.IntRange(min=1), default=None, help="Search budget: subnets evaluated (default: the preset's).")
+@click.option("--population", "population_size", type=click.IntRange(min=2), default=None, help="Evolution population / batch per generation.")
+@click.option("--strategy", type=click.Choice(["evolution", "random"]), default="evolution", show_default=True, help="Search strategy.")
+@click.option("--latency-budget-ms", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Only keep subnets at most this slow on this machine (cloud-x86-1t).")
+@click.option("--max-params", type=click.IntRange(min=1), default=None, help="Only keep subnets with at most this many parameters.")
+@click.option("--latency-source", type=click.Choice(["measured", "predicted", "macs"]), default="measured", show_default=True,
+              help="Latency the search ranks by: measured ONNX Runtime time, the kernel-level predictor, "
+                   "or a deterministic MACs model. Cards always carry measured latency.")
+@click.option("--executor", type=click.Choice(["in-process", "ray"]), default="in-process", show_default=True,
+              help="Where candidate evaluations run (ray needs the 'ray' extra).")
+@click.option("--workers", "num_workers", type=click.IntRange(min=1), default=None, help="CPUs Ray may use (default: all).")
+@click.option("--threads", "torch_threads", type=click.IntRange(min=1), default=1, show_default=True, help="Torch threads for training.")
+@click.option("--no-compress", is_flag=True, help="Skip the compression stage (pruning, INT8).")
+@click.option("--no-training-graphs", is_flag=True, help="Skip attaching on-device training graphs.")
+@click.option("--stop-after-epoch", type=click.IntRange(min=1), default=None, hidden=True)
+@click.option("--stop-after-generation", type=click.IntRange(min=1), default=None, hidden=True)
+def build(no_compress: bool, no_training_graphs: bool, **options) -> None:
+    """Train a once-for-all supernet, search it under the constraints and write the Pareto-optimal
+    subnets to OUT as ONNX models with model cards. Re-running the same command resumes."""
+    from fedzoo.cloud.pipeline import BuildConfig, build_zoo
+
+    config = BuildConfig(compress=not no_compress, training_graphs=not no_training_graphs, **options)
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        result = build_zoo(config, RichReporter(progress))
+    _print_cards(result.cards, title=f"zoo {config.out}: {len(result.cards)} models")
+
+
+def _print_cards(cards, title: str) -> None:
+    table = Table(title=title)
+    table.add_column("id", no_wrap=True)
+    for column in ("test acc", "latency ms (cloud-x86-1t)", "MMACs", "params", "size KB", "precision"):
+        table.add_column(column)
+    for card in cards:
+        latency = card.latency_ms.get("cloud-x86-1t")
+        table.add_row(
+            card.id,
+            f"{card.metrics.accuracy:.4f}",
+            f"{latency.median_ms:.3f}" if latency else "-",
+            f"{card.macs / 1e6:.2f}",
+            str(card.params),
+            f"{card.size_bytes / 1024:.1f}",
+            card.precision,
+        )
+    Console().print(table)
+
+
+@zoo.command(name="list")
+@click.option("--zoo", "zoo_dir", required=True, type=click.Path(path_type=Path), help="The zoo folder.")
+def list_cards(zoo_dir: Path) -> None:
+    """List the models of a zoo, fastest first."""
+    cards = Zoo(zoo_dir).cards()
+    cards.sort(key=lambda card: card.latency_ms["cloud-x86-1t"].median_ms if "cloud-x86-1t" in card.latency_ms else float("inf"))
+    _print_cards(cards, title=f"zoo {zoo_dir}: {len(cards)} models")
+
+
+@zoo.command()
+@click.argument("card_id")
+@click.option("--zoo", "zoo_dir", required=True, type=click.Path(path_type=Path), help="The zoo folder.")
+def show(card_id: str, zoo_dir: Path) -> None:
+    """Print one model card as JSON."""
+    click.echo(Zoo(zoo_dir).card(card_id).to_json())
+
+
+zoo.add_command(compress)

@@ -1,0 +1,65 @@
+"""The accuracy gate: a variant is published only if it stays within an accuracy tolerance of its
+parent and beats it on latency or on size. Rules are a table; every failed rule gives a reason."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fedzoo.compress.measure import Measurement
+
+# Latency is noisy on a shared machine: a variant must be this much faster for it to count as faster.
+LATENCY_MARGIN = 0.05
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    accepted: bool
+    reasons: list[str]  # why it was rejected (empty when accepted)
+    notes: list[str]  # what it gained, for the log and the report
+
+
+def _accuracy_drop_points(variant: Measurement, parent: Measurement) -> float:
+    return (parent.accuracy - variant.accuracy) * 100.0
+
+
+def _is_faster(variant: Measurement, parent: Measurement) -> bool:
+    return variant.latency_median_ms < parent.latency_median_ms * (1.0 - LATENCY_MARGIN)
+
+
+def _is_smaller(variant: Measurement, parent: Measurement) -> bool:
+    return variant.size_bytes < parent.size_bytes
+
+
+# (rule name, passes(variant, parent, tolerance_points), reason when it fails)
+GATE_RULES: list[tuple[str, Callable[[Measurement, Measurement, float], bool], Callable[[Measurement, Measurement, float], str]]] = [
+    (
+        "accuracy",
+        lambda variant, parent, tolerance: _accuracy_drop_points(variant, parent) <= tolerance,
+        lambda variant, parent, tolerance: (
+            f"accuracy {variant.accuracy:.2%} is {_accuracy_drop_points(variant, parent):.2f} points below the parent's "
+            f"{parent.accuracy:.2%} (tolerance {tolerance:.2f})"
+        ),
+    ),
+    (
+        "gain",
+        lambda variant, parent, _tolerance: _is_faster(variant, parent) or _is_smaller(variant, parent),
+        lambda variant, parent, _tolerance: (
+            f"neither faster ({variant.latency_median_ms:.3f} ms vs {parent.latency_median_ms:.3f} ms, needs "
+            f"{LATENCY_MARGIN:.0%} less) nor smaller ({variant.size_bytes} vs {parent.size_bytes} bytes)"
+        ),
+    ),
+]
+
+
+def judge(variant: Measurement, parent: Measurement, tolerance_points: float = 1.0) -> GateDecision:
+    """Apply every gate rule to a variant measured side by side with its parent."""
+    reasons = [reason(variant, parent, tolerance_points) for _name, passes, reason in GATE_RULES if not passes(variant, parent, tolerance_points)]
+    notes = [
+        f"size {variant.size_bytes / parent.size_bytes:.2f}x",
+        f"latency {variant.latency_median_ms / parent.latency_median_ms:.2f}x",
+        f"accuracy drop {_accuracy_drop_points(variant, parent):+.2f} points",
+    ]
+    if not reasons and not _is_faster(variant, parent):
+        notes.append("not faster than its parent: kept for its size only")
+    return GateDecision(accepted=not reasons, reasons=reasons, notes=notes)

@@ -1,0 +1,333 @@
+"""`compress_zoo`: turn every root fp32 model of a zoo into pruned and INT8 variants, measure each side by
+side with its parent, and publish only those the gate accepts.
+
+For each fp32 card without a parent:
+  1. pruned: rebuild the torch model from `arch` + `torch_state`, prune channels (largest ratio first),
+     fine-tune with distillation from the parent, export (BN folded, checked equal to torch);
+  2. int8: quantize the parent and the accepted pruned variant (static QDQ U8S8 per-channel, calibrated on
+     train images normalised as the card says).
+Every variant is staged in a temporary folder; blobs and cards reach the zoo only after all variants are
+measured and judged, so any error leaves the zoo as it was. Rejections and their reasons are logged and
+written to `zoo/compress_report.json`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedzoo.cards import Latency, Metrics, ModelCard, Pruning
+from fedzoo.cloud.data import DatasetSplit
+from fedzoo.compress.export import DEFAULT_TOLERANCE, ExportMismatchError, export_checked, load_onnx_file, max_abs_difference
+from fedzoo.compress.finetune import FineTuning, fine_tune
+from fedzoo.compress.gate import judge
+from fedzoo.compress.measure import DEVICE_CLASS, Measurement, measure, normalise
+from fedzoo.compress.pruning import prune_channels, resize_to_state_dict
+from fedzoo.compress.quantize import quantize_int8
+from fedzoo.errors import FedzooError, InvalidInputError
+from fedzoo.zoo import Zoo, atomic_write_bytes, sha256_of_file
+
+logger = logging.getLogger("fedzoo.compress")
+
+REPORT_NAME = "compress_report.json"
+TORCH_STATE = "torch_state"
+ModelBuilder = Callable[[ModelCard], nn.Module]
+
+
+@dataclass
+class VariantOutcome:
+    """One candidate variant, whether it was published and why."""
+
+    variant_id: str
+    parent_id: str
+    kind: str  # "pruned" | "int8"
+    accepted: bool
+    reasons: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    measurement: dict | None = None
+    parent_measurement: dict | None = None
+
+
+@dataclass
+class CompressionReport:
+    """What `compress_zoo` published (`accepted`), refused (`rejected`, with reasons) and left alone (`skipped`)."""
+
+    accepted: list[VariantOutcome] = field(default_factory=list)
+    rejected: list[VariantOutcome] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    accuracy_tolerance_points: float = 1.0
+
+    def record(self, outcome: VariantOutcome) -> None:
+        (self.accepted if outcome.accepted else self.rejected).append(outcome)
+        verdict = "accepted" if outcome.accepted else "rejected"
+        log = logger.info if outcome.accepted else logger.warning
+        log("%s %s (from %s): %s", verdict, outcome.variant_id, outcome.parent_id, "; ".join(outcome.reasons or outcome.notes))
+
+    def to_dict(self) -> dict:
+        return {"created_at": datetime.now(timezone.utc).isoformat(), **asdict(self)}
+
+
+def default_model_builder(zoo: Zoo) -> ModelBuilder:
+    """Rebuild a card's torch model: `build_subnet(arch)`, shrunk to and loaded with its `torch_state`."""
+
+    def build(card: ModelCard) -> nn.Module:
+        from fedzoo.nas.subnet import build_subnet
+
+        if TORCH_STATE not in card.artifacts:
+            raise InvalidInputError(f"card {card.id} has no {TORCH_STATE!r} artifact: pruning needs the torch weights", field="artifacts")
+        path = zoo.blob_path(card.artifacts[TORCH_STATE])
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # torch raises assorted pickle/zip errors for a damaged file
+            raise InvalidInputError(f"{TORCH_STATE} blob of card {card.id} is not a readable state dict: {error}", field="artifacts") from None
+        model = build_subnet(card.arch, len(card.labels), int(card.input.shape[1]))
+        return resize_to_state_dict(model, state).eval()
+
+    return build
+
+
+@dataclass
+class _Staged:
+    card: ModelCard
+    onnx_path: Path
+    torch_state: bytes | None = None
+
+
+@dataclass
+class _Parent:
+    """A model variants are made from: its card, ONNX file and measurement in this run."""
+
+    card: ModelCard
+    onnx_path: Path
+    measurement: Measurement
+
+
+def _check_split(card: ModelCard, split: DatasetSplit) -> None:
+    expected = tuple(int(dim) for dim in card.input.shape[1:])
+    if split.dataset.image_shape != expected or split.dataset.num_classes != len(card.labels):
+        raise InvalidInputError(
+            f"card {card.id} takes {expected} images and {len(card.labels)} classes but the data set "
+            f"{split.dataset.name!r} has {split.dataset.image_shape} and {split.dataset.num_classes}",
+            field="dataset",
+        )
+
+
+def _variant_card(parent: ModelCard, variant_id: str, path: Path, measurement: Measurement, **fields) -> ModelCard:
+    """The parent's card with the variant's identity, lineage and measurements (validated like any card)."""
+    return ModelCard.from_dict(
+        {
+            **parent.model_dump(),
+            "id": variant_id,
+            "version": 1,
+            "parent_id": parent.id,
+            "metrics": Metrics(accuracy=measurement.accuracy, loss=measurement.loss, split="test", num_examples=measurement.num_examples),
+            "size_bytes": measurement.size_bytes,
+            "sha256": sha256_of_file(path),
+            "latency_ms": {
+                DEVICE_CLASS: Latency(median_ms=measurement.latency_median_ms, p90_ms=measurement.latency_p90_ms, source="measured", threads=1)
+            },
+            "training_graph": None,
+            "artifacts": {},
+            "created_at": datetime.now(timezone.utc),
+            **fields,
+        }
+    )
+
+
+@dataclass(frozen=True)
+class _Settings:
+    tolerance_points: float
+    pruning_ratios: tuple[float, ...]
+    pruning_method: str
+    pruning_scope: str
+    fine_tuning: FineTuning
+    calibration: str
+    calibration_count: int
+    quant_format: str
+    timed_runs: int
+
+
+class _Compressor:
+    """The work of one `compress_zoo` call; holds the data, the staging folder and the report."""
+
+    def __init__(self, zoo: Zoo, split: DatasetSplit, build_model: ModelBuilder, settings: _Settings, staging: Path) -> None:
+        self.zoo, self.split, self.build_model, self.settings, self.staging = zoo, split, build_model, settings, staging
+        self.report = CompressionReport(accuracy_tolerance_points=settings.tolerance_points)
+        self.staged: list[_Staged] = []
+        self.existing_ids = {card.id for card in zoo.cards()}
+
+    def _test_data(self, card: ModelCard) -> tuple[np.ndarray, np.ndarray]:
+        return normalise(self.split.test.x, card.input.normalisation), self.split.test.y
+
+    def _train_data(self, card: ModelCard) -> tuple[np.ndarray, np.ndarray]:
+        return normalise(self.split.train.x, card.input.normalisation), self.split.train.y
+
+    def _measure(self, card: ModelCard, path: Path) -> Measurement:
+        images, labels = self._test_data(card)
+        return measure(path, images, labels, timed_runs=self.settings.timed_runs)
+
+    def _is_new(self, variant_id: str) -> bool:
+        if variant_id in self.existing_ids:
+            self.report.skipped.append(variant_id)
+            logger.info("skipped %s: already in the zoo", variant_id)
+            return False
+        return True
+
+    def root(self, card: ModelCard) -> _Parent:
+        _check_split(card, self.split)
+        path = self.zoo.model_path(card)
+        if sha256_of_file(path) != card.sha256:
+            raise InvalidInputError(f"the ONNX blob of card {card.id} is corrupt: its bytes do not hash to {card.sha256}", field="sha256")
+        load_onnx_file(path)
+        return _Parent(card, path, self._measure(card, path))
+
+    def prune(self, parent: _Parent) -> _Parent | None:
+        """Try each pruning ratio, largest first; stage and return the first variant the gate accepts."""
+        settings = self.settings
+        existing = [card.id for card in self.zoo.cards() if card.parent_id == parent.card.id and card.pruning is not None]
+        if existing:
+            self.report.skipped.extend(existing)
+            logger.info("skipped pruning %s: the zoo already holds %s", parent.card.id, existing)
+            return None
+        try:
+            teacher = self.build_model(parent.card)
+        except (FedzooError, ImportError) as error:
+            self.report.record(VariantOutcome(f"{parent.card.id}-pruned", parent.card.id, "pruned", False, [f"cannot rebuild the torch model: {error}"]))
+            return None
+        test_images, _ = self._test_data(parent.card)
+        if max_abs_difference(teacher, parent.onnx_path, test_images[:16]) > DEFAULT_TOLERANCE * 10:
+            self.report.record(VariantOutcome(f"{parent.card.id}-pruned", parent.card.id, "pruned", False,
+                                              ["the card's torch_state does not compute what its ONNX blob computes"]))  # fmt: skip
+            return None
+        input_shape = tuple(int(dim) for dim in parent.card.input.shape[1:])
+        train_images, train_labels = self._train_data(parent.card)
+        for ratio in settings.pruning_ratios:
+            variant_id = f"{parent.card.id}-p{round(ratio * 100):02d}"
+            if not self._is_new(variant_id):
+                continue
+            result = prune_channels(teacher, (1, *input_shape), ratio, settings.pruning_method, settings.pruning_scope)
+            model = fine_tune(result.model, train_images, train_labels, settings.fine_tuning, teacher=teacher)
+            path = self.staging / f"{variant_id}.onnx"
+            try:
+                export_checked(model, (1, *input_shape), path, test_images[:16])
+            except ExportMismatchError as error:
+                self.report.record(VariantOutcome(variant_id, parent.card.id, "pruned", False, [str(error)]))
+                continue
+            measurement = self._measure(parent.card, path)
+            decision = judge(measurement, parent.measurement, settings.tolerance_points)
+            outcome = VariantOutcome(variant_id, parent.card.id, "pruned", decision.accepted, decision.reasons,
+                                     [f"MACs -{result.macs_reduction:.0%}", *decision.notes],
+                                     asdict(measurement), asdict(parent.measurement))  # fmt: skip
+            self.report.record(outcome)
+            if not decision.accepted:
+                continue
+            state = io.BytesIO()
+            torch.save(model.state_dict(), state)
+            card = _variant_card(
+                parent.card, variant_id, path, measurement,
+                pruning=Pruning(ratio=result.channel_ratio, method=f"{result.method}-{result.scope}"),
+                macs=result.macs_after,
+                params=result.params_after,
+                details={
+                    "compression": {
+                        "kind": "pruned",
+                        "requested_ratio": ratio,
+                        "macs_reduction": result.macs_reduction,
+                        "kept_channels": result.kept_channels,
+                        "fine_tuning": {**asdict(settings.fine_tuning), "distilled_from": parent.card.id},
+                        "gate": decision.notes,
+                    },
+                    "rebuild": "build_subnet(arch, ...) then fedzoo.compress.pruning.resize_to_state_dict(model, torch_state)",
+                },
+            )  # fmt: skip
+            self.staged.append(_Staged(card, path, state.getvalue()))
+            return _Parent(card, path, measurement)
+        return None
+
+    def quantize(self, parent: _Parent) -> None:
+        variant_id = f"{parent.card.id}-int8"
+        if not self._is_new(variant_id):
+            return
+        settings = self.settings
+        train_images, _ = self._train_data(parent.card)
+        order = np.random.default_rng(settings.fine_tuning.seed).permutation(len(train_images))
+        calibration_images = train_images[order[: settings.calibration_count]]
+        path = self.staging / f"{variant_id}.onnx"
+        recipe = quantize_int8(parent.onnx_path, path, calibration_images, settings.calibration, quant_format=settings.quant_format)
+        measurement = self._measure(parent.card, path)
+        decision = judge(measurement, parent.measurement, settings.tolerance_points)
+        self.report.record(VariantOutcome(variant_id, parent.card.id, "int8", decision.accepted, decision.reasons, decision.notes,
+                                          asdict(measurement), asdict(parent.measurement)))  # fmt: skip
+        if not decision.accepted:
+            return
+        card = _variant_card(
+            parent.card, variant_id, path, measurement,
+            precision="int8",
+            details={
+                "quantization": {**recipe.as_details(), "calibration_split": "train", "gate": decision.notes},
+                "fine_tuning": (
+                    f"train the fp32 parent {parent.card.id} (its training graph); the cloud re-quantizes the updated "
+                    "parent with this recipe, gates it again and devices receive the new quantized version. "
+                    "INT8 graphs are never trained on the device."
+                ),
+            },
+        )  # fmt: skip
+        self.staged.append(_Staged(card, path))
+
+    def commit(self) -> None:
+        """Store the staged blobs, then their cards (a card is only written once its blobs are in)."""
+        for staged in self.staged:
+            self.zoo.add_blob_file(staged.onnx_path)
+            artifacts = {}
+            if staged.torch_state is not None:
+                artifacts[TORCH_STATE] = self.zoo.add_blob_bytes(staged.torch_state)
+            self.zoo.add_card(ModelCard.from_dict({**staged.card.model_dump(), "artifacts": artifacts}))
+        atomic_write_bytes(self.zoo.root / REPORT_NAME, json.dumps(self.report.to_dict(), indent=2).encode())
+
+
+def compress_zoo(
+    zoo_dir: str | Path,
+    split: DatasetSplit,
+    accuracy_tolerance_points: float = 1.0,
+    pruning_ratios: Sequence[float] = (0.5, 0.3),
+    pruning_method: str = "l1",
+    pruning_scope: str = "layer",
+    fine_tuning: FineTuning = FineTuning(),
+    calibration: str = "minmax",
+    calibration_count: int = 256,
+    quant_format: str = "qdq",
+    build_model: ModelBuilder | None = None,
+    timed_runs: int = 50,
+) -> CompressionReport:
+    """Add pruned and INT8 variants of every root fp32 card in the zoo at `zoo_dir`; see the module docstring."""
+    if not accuracy_tolerance_points >= 0:
+        raise InvalidInputError(f"accuracy tolerance must be a non-negative number of points, got {accuracy_tolerance_points}", field="tolerance")
+    if calibration_count < 1:
+        raise InvalidInputError(f"calibration_count must be at least 1, got {calibration_count}", field="calibration_count")
+    zoo = Zoo(zoo_dir)
+    settings = _Settings(
+        accuracy_tolerance_points, tuple(sorted(pruning_ratios, reverse=True)), pruning_method, pruning_scope,
+        fine_tuning, calibration, calibration_count, quant_format, timed_runs,
+    )  # fmt: skip
+    roots = [card for card in zoo.cards() if card.precision == "fp32" and card.parent_id is None]
+    with tempfile.TemporaryDirectory(prefix="fedzoo-compress-") as staging:
+        compressor = _Compressor(zoo, split, build_model or default_model_builder(zoo), settings, Path(staging))
+        for card in roots:
+            parent = compressor.root(card)
+            compressor.quantize(parent)
+            if settings.pruning_ratios:
+                pruned = compressor.prune(parent)
+                if pruned is not None:
+                    compressor.quantize(pruned)
+        compressor.commit()
+    return compressor.report

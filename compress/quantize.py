@@ -1,0 +1,200 @@
+"""INT8 post-training static quantization with onnxruntime.quantization, configured for what speeds up
+on our CPUs (DESIGN.md, "Known facts"): QDQ, uint8 activations, int8 weights per channel, reduce_range.
+
+Pitfalls handled here rather than left to the gate:
+- per-tensor weights collapse depthwise convs (one scale for channels of very different range):
+  with `per_channel=False` depthwise convs are left in fp32;
+- `quantize_dynamic` turns convs into ConvInteger, which ORT CPU runs ~7x slower or not at all:
+  we offer no dynamic recipe, and reject any result containing ConvInteger/MatMulInteger;
+- `quant_pre_process` (shape inference + graph optimisation) always runs first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+from onnxruntime.quantization.shape_inference import quant_pre_process
+
+from fedzoo.compress.errors import CalibrationDataError, UnsupportedOperationError
+from fedzoo.compress.export import load_onnx_file
+from fedzoo.errors import InvalidInputError
+
+CALIBRATION_METHODS = {
+    "minmax": (CalibrationMethod.MinMax, {}),
+    "entropy": (CalibrationMethod.Entropy, {}),
+    "percentile": (CalibrationMethod.Percentile, {"CalibPercentile": 99.999}),
+}
+QUANT_FORMATS = {"qdq": QuantFormat.QDQ, "qoperator": QuantFormat.QOperator}
+
+# Ops of an fp32 classifier we know how to quantize or pass through untouched; anything else is refused
+# up front rather than producing a model nobody has measured the behaviour of.
+SUPPORTED_OPS = frozenset({
+    "Conv", "Gemm", "MatMul", "Add", "Mul", "Sub", "Div", "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid",
+    "HardSwish", "Tanh", "GlobalAveragePool", "AveragePool", "MaxPool", "Flatten", "Reshape", "Squeeze",
+    "Unsqueeze", "Transpose", "Constant", "Identity", "Dropout", "ReduceMean", "Softmax", "Shape", "Gather",
+    "Concat", "BatchNormalization",
+})  # fmt: skip
+SLOW_INTEGER_OPS = frozenset({"ConvInteger", "MatMulInteger", "DynamicQuantizeLinear"})
+CALIBRATION_BATCH = 32
+
+
+@dataclass(frozen=True)
+class QuantizationRecipe:
+    """How a model was quantized; stored in the card's `details["quantization"]`."""
+
+    format: str = "qdq"
+    calibration: str = "minmax"
+    per_channel: bool = True
+    reduce_range: bool = True
+    activation_type: str = "uint8"
+    weight_type: str = "int8"
+    calibration_images: int = 0
+    excluded_nodes: tuple[str, ...] = ()
+
+    def as_details(self) -> dict:
+        details = asdict(self)
+        details["excluded_nodes"] = list(self.excluded_nodes)
+        return details
+
+
+class _ArrayReader(CalibrationDataReader):
+    """Feeds calibration images in equal batches: ORT's histogram calibrators (entropy, percentile) stack
+    per-batch outputs and fail on a short last batch, so the batch size is a divisor of the image count."""
+
+    def __init__(self, input_name: str, images: np.ndarray) -> None:
+        batch = max(size for size in range(1, CALIBRATION_BATCH + 1) if len(images) % size == 0)
+        self._batches = iter([{input_name: images[i : i + batch]} for i in range(0, len(images), batch)])
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._batches, None)
+
+
+def _check_calibration(images: np.ndarray, model: onnx.ModelProto) -> np.ndarray:
+    images = np.asarray(images)
+    if images.size == 0 or images.ndim == 0 or len(images) == 0:
+        raise CalibrationDataError("calibration data is empty: static quantization needs a few hundred train images", field="calibration")
+    expected = [dim.dim_value or None for dim in model.graph.input[0].type.tensor_type.shape.dim][1:]
+    if images.ndim != len(expected) + 1 or any(want and want != got for want, got in zip(expected, images.shape[1:])):
+        raise CalibrationDataError(
+            f"calibration images have shape {images.shape} but the model takes (batch, {', '.join(map(str, expected))})",
+            field="calibration",
+        )
+    if not np.all(np.isfinite(images)):
+        raise CalibrationDataError("calibration images contain NaN or infinite values", field="calibration")
+    return images.astype(np.float32)
+
+
+def _depthwise_conv_names(model: onnx.ModelProto) -> list[str]:
+    initializers = {tensor.name: tensor for tensor in model.graph.initializer}
+    names = []
+    for node in model.graph.node:
+        group = next((attribute.i for attribute in node.attribute if attribute.name == "group"), 1)
+        weight = initializers.get(node.input[1]) if node.op_type == "Conv" and len(node.input) > 1 else None
+        if weight is not None and group > 1 and group == weight.dims[0] and weight.dims[1] == 1:
+            names.append(node.name)
+    return names
+
+
+def quantize_int8(
+    fp32_path: str | Path,
+    output_path: str | Path,
+    calibration_images: np.ndarray,
+    calibration: str = "minmax",
+    per_channel: bool = True,
+    quant_format: str = "qdq",
+    reduce_range: bool = True,
+) -> QuantizationRecipe:
+    """Write a statically quantized copy of the ONNX model at `fp32_path` to `output_path`.
+
+    `calibration_images` are already-normalised train images (N, C, H, W). Raises InvalidInputError for
+    a corrupt model, UnsupportedOperationError for ops we cannot handle, CalibrationDataError for bad data.
+    """
+    if calibration not in CALIBRATION_METHODS:
+        raise InvalidInputError(f"unknown calibration method {calibration!r}; use one of {sorted(CALIBRATION_METHODS)}", field="calibration")
+    if quant_format not in QUANT_FORMATS:
+        raise InvalidInputError(f"unknown quantization format {quant_format!r}; use one of {sorted(QUANT_FORMATS)}", field="format")
+    model = load_onnx_file(fp32_path)
+    unsupported = sorted({node.op_type for node in model.graph.node if node.domain not in ("", "ai.onnx")} |
+                         {node.op_type for node in model.graph.node} - SUPPORTED_OPS)  # fmt: skip
+    if unsupported:
+        raise UnsupportedOperationError(f"{fp32_path} uses ops quantization cannot handle: {unsupported}", field="model")
+    images = _check_calibration(calibration_images, model)
+    method, extra_options = CALIBRATION_METHODS[calibration]
+    output_path = Path(output_path)
+    # Work next to the output and rename at the end: a failure never leaves a half-made model behind.
+    with tempfile.TemporaryDirectory(prefix=".fedzoo-quant-", dir=output_path.parent) as scratch:
+        preprocessed = Path(scratch) / "preprocessed.onnx"
+        quantized = Path(scratch) / "quantized.onnx"
+        quant_pre_process(str(fp32_path), str(preprocessed))
+        excluded = [] if per_channel else _depthwise_conv_names(onnx.load(str(preprocessed)))
+        with contextlib.redirect_stdout(io.StringIO()):  # the histogram calibrators print progress
+            quantize_static(
+                str(preprocessed),
+                str(quantized),
+                _ArrayReader(model.graph.input[0].name, images),
+                quant_format=QUANT_FORMATS[quant_format],
+                per_channel=per_channel,
+                reduce_range=reduce_range,
+                activation_type=QuantType.QUInt8,
+                weight_type=QuantType.QInt8,
+                calibrate_method=method,
+                nodes_to_exclude=excluded,
+                extra_options={"ActivationSymmetric": False, "WeightSymmetric": True, **extra_options},
+            )
+        _compact_names(quantized)
+        check_quantized(quantized)
+        os.replace(quantized, output_path)
+    return QuantizationRecipe(
+        format=quant_format,
+        calibration=calibration,
+        per_channel=per_channel,
+        reduce_range=reduce_range,
+        calibration_images=len(images),
+        excluded_nodes=tuple(excluded),
+    )
+
+
+def _compact_names(path: Path) -> None:
+    """Shorten node and tensor names: the quantizer's long generated names cost as many bytes as the int8
+    weights of a small model. The graph's input and output keep their names (devices feed them by name)."""
+    model = onnx.load(str(path))
+    graph = model.graph
+    kept = {value.name for value in [*graph.input, *graph.output]}
+    renamed: dict[str, str] = {}
+
+    def short(name: str) -> str:
+        if not name or name in kept:
+            return name
+        return renamed.setdefault(name, f"t{len(renamed)}")
+
+    for tensor in graph.initializer:
+        tensor.name = short(tensor.name)
+    for value in graph.value_info:
+        value.name = short(value.name)
+    for index, node in enumerate(graph.node):
+        node.name = f"n{index}"
+        node.doc_string = ""
+        node.input[:] = [short(name) for name in node.input]
+        node.output[:] = [short(name) for name in node.output]
+    onnx.save(model, str(path))
+
+
+def check_quantized(path: Path) -> None:
+    """The result must pass the checker, load in ORT, actually contain int8 ops and no slow integer ops."""
+    model = load_onnx_file(path)
+    op_types = {node.op_type for node in model.graph.node}
+    slow = sorted(op_types & SLOW_INTEGER_OPS)
+    if slow:
+        raise UnsupportedOperationError(f"quantized model {path} contains {slow}, which ORT CPU runs slowly", field="model")
+    if not op_types & {"QuantizeLinear", "QLinearConv", "QLinearMatMul"}:
+        raise UnsupportedOperationError(f"quantization left {path} without any int8 op; nothing was quantized", field="model")
+    ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])

@@ -1,0 +1,105 @@
+"""The Flask application: settings, registry and blob store wired to the v1 blueprints.
+
+Blueprints are registered from `BLUEPRINTS`, one place. Every error leaves as
+`{"error": {"code", "message", "field"}}` with a 4xx status (500 `internal_error` for bugs).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask, Response, json
+from werkzeug.exceptions import HTTPException
+
+from fedzoo.errors import FedzooError
+from fedzoo.server import migrations, registry
+from fedzoo.server.blobstore import FileBlobStore
+from fedzoo.server.config import ServerConfig
+from fedzoo.server.context import ServerContext
+from fedzoo.server.db import Database
+from fedzoo.server.errors import APIError, from_domain_error
+from fedzoo.server.fl import routes as fl_routes
+from fedzoo.server.latency import LatencyEstimator, default_estimator
+from fedzoo.server.routes import blobs, devices, lookup, meta, models
+from fedzoo.server.routes.common import EXTENSION_KEY
+
+BLUEPRINTS = [
+    meta.blueprint,
+    models.blueprint,
+    blobs.blueprint,
+    devices.blueprint,
+    lookup.blueprint,
+    fl_routes.blueprint,
+]
+
+# HTTP errors raised by Flask/werkzeug itself (routing, size limit), as API error codes.
+WERKZEUG_CODES = {
+    400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large",
+    415: "unsupported_media_type", 416: "range_not_satisfiable",
+}
+
+log = logging.getLogger(__name__)
+
+
+def _error_response(error: APIError) -> Response:
+    response = Response(json.dumps(error.to_dict()), status=error.status, mimetype="application/json")
+    response.headers.update(error.headers())
+    return response
+
+
+def _register_error_handlers(app: Flask) -> None:
+    @app.errorhandler(FedzooError)
+    def domain_error(error: FedzooError) -> Response:
+        return _error_response(from_domain_error(error))
+
+    @app.errorhandler(HTTPException)
+    def http_error(error: HTTPException) -> Response:
+        status = error.code or 500
+        api_error = APIError(error.description or error.name, code=WERKZEUG_CODES.get(status, "http_error"))
+        api_error.status = status
+        response = _error_response(api_error)
+        if status == 405 and error.valid_methods:
+            response.headers["Allow"] = ", ".join(error.valid_methods)
+        return response
+
+    @app.errorhandler(Exception)
+    def unexpected_error(error: Exception) -> Response:
+        log.exception("unhandled error")
+        api_error = APIError("the server failed; the request did not change anything", code="internal_error")
+        api_error.status = 500
+        return _error_response(api_error)
+
+
+def prepare_registry(config: ServerConfig, estimator: LatencyEstimator) -> tuple[int, int]:
+    """Once per start, before serving: migrate to head, then recompute latency estimates a different
+    estimator made; returns (models, devices) recomputed."""
+    migrations.upgrade(config.database_url)
+    database = Database(config.database_url)
+    try:
+        with database.session() as session:
+            return registry.refresh_latency_estimates(session, FileBlobStore(config.blob_dir), estimator)
+    finally:
+        database.dispose()
+
+
+def create_app(config: ServerConfig | None = None, estimator: LatencyEstimator | None = None,
+               migrate: bool = True) -> Flask:
+    """The server for `config` (default: from the environment). `migrate` runs `prepare_registry` first;
+    gunicorn workers pass False because the master already did."""
+    config = config or ServerConfig.from_env()
+    estimator = estimator or default_estimator()
+    if migrate:
+        prepare_registry(config, estimator)
+    app = Flask(__name__, static_folder=None)  # no static route: nothing but the blob store serves files
+    app.config["MAX_CONTENT_LENGTH"] = config.max_request_bytes
+    app.json.sort_keys = False
+    app.extensions[EXTENSION_KEY] = ServerContext(
+        config=config,
+        db=Database(config.database_url),
+        store=FileBlobStore(config.blob_dir),
+        estimator=estimator,
+    )
+    for blueprint in BLUEPRINTS:
+        app.register_blueprint(blueprint)
+    _register_error_handlers(app)
+    return app

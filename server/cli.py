@@ -1,0 +1,111 @@
+"""`fedzoo serve`: migrate the registry, import a zoo, then run gunicorn with several workers.
+
+Gunicorn (not Flask's development server) runs the app: `--workers` processes with `--threads`
+threads each (gthread workers, so clients keep connections alive). Shutdown is graceful on SIGTERM
+and on SIGINT (Ctrl-C) alike: the master stops accepting, workers finish the requests in flight
+(up to `GRACEFUL_TIMEOUT_S`), then exit.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import click
+from gunicorn.app.base import BaseApplication
+from gunicorn.arbiter import Arbiter
+
+from fedzoo.server import registry
+from fedzoo.server.app import create_app, prepare_registry
+from fedzoo.server.blobstore import FileBlobStore
+from fedzoo.server.config import ServerConfig
+from fedzoo.server.db import Database
+from fedzoo.server.latency import LatencyEstimator, default_estimator
+
+GRACEFUL_TIMEOUT_S = 20
+REQUEST_TIMEOUT_S = 60
+
+
+class GracefulArbiter(Arbiter):
+    """Gunicorn's master, with SIGINT meaning the same graceful stop as SIGTERM."""
+
+    def handle_int(self) -> None:
+        self.handle_term()
+
+
+def _graceful_worker_signals(worker: Any) -> None:
+    # Gunicorn workers quit at once on SIGINT; a Ctrl-C reaches them too, so make it finish requests.
+    signal.signal(signal.SIGINT, worker.handle_exit)
+
+
+class ServerApplication(BaseApplication):
+    """Gunicorn configured in code; each worker builds its own app (own database connections)."""
+
+    def __init__(self, config: ServerConfig, options: dict[str, Any]) -> None:
+        self.server_config = config
+        self.options = options
+        super().__init__()
+
+    def load_config(self) -> None:
+        for key, value in self.options.items():
+            self.cfg.set(key, value)
+
+    def load(self):  # called in each worker after the fork
+        return create_app(self.server_config, migrate=False)
+
+    def run(self) -> None:
+        GracefulArbiter(self).run()
+
+
+def import_zoo_into_registry(config: ServerConfig, estimator: LatencyEstimator, zoo_dir: Path) -> tuple[int, int]:
+    """Publish every card of a zoo directory; returns (cards in the zoo, newly published)."""
+    database = Database(config.database_url)
+    try:
+        with database.session() as session:
+            results = registry.import_zoo(session, FileBlobStore(config.blob_dir), estimator, zoo_dir)
+    finally:
+        database.dispose()
+    return len(results), sum(result.created for result in results)
+
+
+@click.command("serve")
+@click.option("--zoo", "zoo_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Import this zoo directory (cards + blobs) before serving.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 64), help="Worker processes.")
+@click.option("--threads", default=2, show_default=True, type=click.IntRange(1, 256), help="Threads per worker.")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Registry database and blobs (default $FEDZOO_DATA_DIR or ~/.fedzoo/server).")
+@click.option("--import-only", is_flag=True, help="Migrate and import the zoo, then exit without serving.")
+@click.option("--access-log", is_flag=True, help="Log every request to stderr.")
+def serve(zoo_dir: Path | None, host: str, port: int, workers: int, threads: int, data_dir: Path | None,
+          import_only: bool, access_log: bool) -> None:
+    """Run the model server: registry, blobs, lookup, telemetry and FL rounds over REST."""
+    config = ServerConfig.from_env(data_dir=data_dir)
+    estimator = default_estimator()
+    refreshed_models, refreshed_devices = prepare_registry(config, estimator)
+    if refreshed_models or refreshed_devices:
+        click.echo(f"recomputed latency estimates of {refreshed_models} models and {refreshed_devices} devices")
+    if zoo_dir is not None:
+        total, created = import_zoo_into_registry(config, estimator, zoo_dir)
+        click.echo(f"imported {zoo_dir}: {total} models ({created} new)")
+    if import_only:
+        return
+    options = {
+        "bind": f"{host}:{port}",
+        "workers": workers,
+        "worker_class": "gthread",
+        "threads": threads,
+        "graceful_timeout": GRACEFUL_TIMEOUT_S,
+        "timeout": REQUEST_TIMEOUT_S,
+        "keepalive": 30,
+        "post_worker_init": _graceful_worker_signals,
+        "accesslog": "-" if access_log else None,
+        "errorlog": "-",
+        "proc_name": "fedzoo-serve",
+        "control_socket_disable": True,  # one fixed socket path would clash between servers on one machine
+    }
+    click.echo(f"serving {config.data_dir} on http://{host}:{port} with {workers} workers x {threads} threads")
+    ServerApplication(config, options).run()

@@ -1,0 +1,1 @@
+"""Federated fine-tuning driven by the server: rounds, selection, strategies, update routes."""

@@ -1,0 +1,76 @@
+"""Tables of federated rounds, on the registry's `Base` so one Alembic history covers the server.
+
+Nothing about a round lives only in memory: the round row holds its state, configuration and
+deadline; a participant row records each selected device; an update row is written, in the same
+transaction as the check that admits it, after the update's bytes are safely in the blob store. A
+server restarted mid-round therefore finds every accepted update where it left it and carries on.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from fedzoo.server.db import Base
+from fedzoo.server.models import utc_now
+
+ROUND_STATES = ("open", "collecting", "aggregating", "closed", "failed")
+ACTIVE_STATES = ("open", "collecting")
+
+
+class FLRound(Base):
+    """One round: its base model, configuration, strategy, state and outcome."""
+
+    __tablename__ = "fl_rounds"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task: Mapped[str] = mapped_column(String(128))
+    family: Mapped[str] = mapped_column(String(200))
+    number: Mapped[int] = mapped_column(Integer, doc="1 for the first round of a plan, then 2, 3, ...")
+    rounds_remaining: Mapped[int] = mapped_column(Integer, doc="rounds of the plan still to run, this one included")
+    previous_round_id: Mapped[int | None] = mapped_column(ForeignKey("fl_rounds.id"), nullable=True)
+    state: Mapped[str] = mapped_column(String(16), default="open")
+    base_model_id: Mapped[str] = mapped_column(ForeignKey("models.id"))
+    base_version: Mapped[int] = mapped_column(Integer)
+    config_json: Mapped[str] = mapped_column(Text, doc="the RoundConfig, as JSON")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+    deadline_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    aggregation_lease_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    result_model_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    strategy_state_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    outcome_json: Mapped[str | None] = mapped_column(Text, nullable=True, doc="metrics or the failure reason")
+
+    __table_args__ = (Index("ix_fl_rounds_task_state", "task", "state"),)
+
+
+class FLParticipant(Base):
+    """A device selected for a round at check-in."""
+
+    __tablename__ = "fl_participants"
+
+    round_id: Mapped[int] = mapped_column(ForeignKey("fl_rounds.id", ondelete="CASCADE"), primary_key=True)
+    device_id: Mapped[str] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"), primary_key=True)
+    selected_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+
+
+class FLUpdate(Base):
+    """An accepted update: its bytes (a blob), weight, norm and the client's metrics."""
+
+    __tablename__ = "fl_updates"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("fl_rounds.id", ondelete="CASCADE"))
+    device_id: Mapped[str] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
+    blob_sha256: Mapped[str] = mapped_column(String(64))
+    encoding: Mapped[str] = mapped_column(String(8))
+    upload_bytes: Mapped[int] = mapped_column(Integer)
+    num_examples: Mapped[int] = mapped_column(Integer)
+    delta_norm: Mapped[float] = mapped_column(Float)
+    metrics_json: Mapped[str] = mapped_column(Text, default="{}")
+    received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+
+    # the database itself refuses a second update from one device in one round, even under races
+    __table_args__ = (UniqueConstraint("round_id", "device_id", name="uq_fl_updates_round_device"),)

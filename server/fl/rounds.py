@@ -1,0 +1,562 @@
+"""The round service: the server drives federated rounds, after Bonawitz et al. 2019 ("Towards
+Federated Learning at Scale").
+
+A round moves `open → collecting → aggregating → closed | failed`:
+
+- **open** (selection): devices check in with `GET /v1/fl/task`; an eligible device (its task and,
+  if it says so, model family match the round) is selected until `target x (1 + over_selection)`
+  devices are, then the round is **collecting**. Devices not selected are told when to come back
+  (pace steering: `retry_after_s`).
+- **reporting** (open or collecting): each selected device uploads one delta against the round's
+  base version. Duplicates and stale deltas are refused with 409; deltas are validated (names,
+  shapes, dtypes, finite values, size) before they count. An accepted update's bytes go to the
+  blob store and its row to the database before the device hears "accepted", so a restart loses
+  none.
+- **aggregating**: when `target_clients` updates are in, or at the deadline with at least
+  `min_clients`, one worker claims the round (a conditional UPDATE with a lease, so two workers never
+  aggregate the same round and a crashed one's round is taken over when the lease runs out), runs
+  the strategy over the updates streamed from the blob store, and publishes the result as a new
+  model version. Uploads arriving after that (stragglers, surplus over-selected devices) get 409.
+- **failed**: the deadline passed with fewer than `min_clients` updates (or aggregation produced
+  non-finite weights). Either way, if the plan has rounds left, the next round opens at once.
+
+Deadlines are enforced lazily: every call into the service first advances the rounds whose deadline
+or lease has passed (`advance`), so the state is right whenever anyone looks.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sqlalchemy import func, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from fedzoo.cards import Metrics, ModelCard
+from fedzoo.clients.update_codec import decode_update
+from fedzoo.edge.onnx_initializers import read_float_initializers, replace_initializers
+from fedzoo.errors import FedzooError, InvalidInputError, NotFoundError
+from fedzoo.server.blobstore import BlobStore
+from fedzoo.server.db import Database
+from fedzoo.server.errors import Conflict, Forbidden, PayloadTooLarge
+from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLRound, FLUpdate
+from fedzoo.server.fl.schemas import RoundConfig, Task, TaskResponse, TrainingConfig, UpdateMetadata, UploadSpec
+from fedzoo.server.fl.strategies import ClientUpdate, Parameters, Strategy, make_strategy
+from fedzoo.server.latency import LatencyEstimator
+from fedzoo.server import registry
+
+TRAINING_GRAPH_DATA_INPUTS = ("x", "y")
+AGGREGATION_LEASE_S = 300.0
+IDLE_RETRY_AFTER_S = 30.0
+UPLOAD_OVERHEAD_BYTES = 64 * 1024  # npz headers and int8 scales on top of the raw float32 deltas
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def as_utc(moment: datetime) -> datetime:
+    """SQLite hands datetimes back without a zone; they were stored as UTC."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True)
+class RoundBase:
+    """What the round needs to know about its base model: the trainable parameters and where the blobs are."""
+
+    card: ModelCard
+    onnx_bytes: bytes
+    parameters: Parameters
+
+    @property
+    def float32_bytes(self) -> int:
+        return sum(value.size * 4 for value in self.parameters.values())
+
+
+def trainable_parameter_names(training_graph: bytes) -> list[str]:
+    """The training graph's parameter inputs: every input but `x` and `y` (see DESIGN.md)."""
+    import onnx
+
+    graph = onnx.load_model_from_string(training_graph).graph
+    return [value.name for value in graph.input if value.name not in TRAINING_GRAPH_DATA_INPUTS]
+
+
+def validate_delta(delta: Parameters, base: Parameters) -> float:
+    """Check a decoded delta against the base parameters and return its L2 norm; errors name the tensor."""
+    missing, unexpected = sorted(set(base) - set(delta)), sorted(set(delta) - set(base))
+    if missing or unexpected:
+        raise InvalidInputError(
+            f"the delta must hold exactly the round's trainable parameters; missing {missing}, unexpected {unexpected}",
+            field=(missing or unexpected)[0],
+        )
+    squared = 0.0
+    for name, value in delta.items():
+        if value.shape != base[name].shape:
+            raise InvalidInputError(f"delta {name!r} has shape {value.shape}, the parameter {base[name].shape}", field=name)
+        if value.dtype != np.float32:
+            raise InvalidInputError(f"delta {name!r} has dtype {value.dtype}, expected float32", field=name)
+        if not np.all(np.isfinite(value)):
+            raise InvalidInputError(f"delta {name!r} holds NaN or infinite values", field=name)
+        squared += float(np.vdot(value, value))
+    return math.sqrt(squared)
+
+
+def evaluate(onnx_bytes: bytes, card: ModelCard, evaluation_npz: bytes) -> Metrics:
+    """Accuracy and cross-entropy of a model on a held-out `.npz` (x in [0, 1], y), run as a device runs it."""
+    from fedzoo.edge.runtime import EdgeSession
+
+    with np.load(io.BytesIO(evaluation_npz), allow_pickle=False) as archive:
+        features, targets = archive["x"].astype(np.float32), archive["y"].astype(np.int64)
+    session = EdgeSession(onnx_bytes, card)  # applies the card's normalisation
+    logits = np.concatenate([session.run(features[start : start + 256]) for start in range(0, len(features), 256)])
+    logits = logits.astype(np.float64)
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_probabilities = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    loss = float(-log_probabilities[np.arange(len(targets)), targets].mean())
+    accuracy = float((logits.argmax(axis=1) == targets).mean())
+    return Metrics(accuracy=accuracy, loss=max(loss, 0.0), split="evaluation", num_examples=len(targets))
+
+
+class RoundService:
+    """Creates rounds, selects devices, admits updates and aggregates; all state in the database."""
+
+    def __init__(
+        self,
+        database: Database,
+        store: BlobStore,
+        estimator: LatencyEstimator,
+        clock: Callable[[], datetime] = utc_now,
+        aggregation_lease_s: float = AGGREGATION_LEASE_S,
+        spill_dir: Path | None = None,
+    ) -> None:
+        self.database, self.store, self.estimator, self.clock = database, store, estimator, clock
+        self.aggregation_lease_s = aggregation_lease_s
+        self.spill_dir = spill_dir
+        if spill_dir is not None:
+            spill_dir.mkdir(parents=True, exist_ok=True)
+        self._base_models: dict[str, RoundBase] = {}
+
+    # base models ---------------------------------------------------------------------------------
+
+    def base_model(self, session: Session, model_id: str) -> RoundBase:
+        """The card, ONNX bytes and trainable parameters of a published model (cached: blobs are immutable)."""
+        card = ModelCard.from_dict(registry.get_card(session, model_id))
+        cached = self._base_models.get(card.sha256)
+        if cached is not None:
+            return cached
+        if card.training_graph is None:
+            raise InvalidInputError(
+                f"model {model_id!r} has no training graph, so devices cannot fine-tune it", field="model_id"
+            )
+        with self.store.open(card.sha256) as stream:
+            onnx_bytes = stream.read()
+        with self.store.open(card.training_graph) as stream:
+            names = trainable_parameter_names(stream.read())
+        initializers = read_float_initializers(onnx_bytes)
+        missing = [name for name in names if name not in initializers]
+        if missing:
+            raise InvalidInputError(
+                f"the training graph of {model_id!r} trains {missing}, which are not initializers of its model",
+                field="model_id",
+            )
+        base = RoundBase(card, onnx_bytes, {name: initializers[name] for name in names})
+        if len(self._base_models) >= 8:
+            self._base_models.pop(next(iter(self._base_models)))
+        self._base_models[card.sha256] = base
+        return base
+
+    # admin: rounds --------------------------------------------------------------------------------
+
+    def create_round(self, config: RoundConfig) -> int:
+        """Open the first round of a plan of `config.num_rounds` rounds; returns its id."""
+        make_strategy(config.strategy)  # refuse a bad strategy now, not at aggregation
+        with self.database.session() as session:
+            base = self.base_model(session, config.model_id)
+            if config.evaluation_sha256 is not None:
+                self._check_evaluation_set(config.evaluation_sha256, base.card)
+            round_row = self._open_round(session, config, base.card, number=1, remaining=config.num_rounds, previous=None)
+            return round_row.id
+
+    def _check_evaluation_set(self, sha256: str, card: ModelCard) -> None:
+        """The evaluation blob must be an `.npz` of images `x` shaped like the model's input and labels `y`."""
+        if not self.store.exists(sha256):
+            raise InvalidInputError(f"evaluation_sha256 names blob {sha256}, which is not uploaded",
+                                    field="evaluation_sha256")
+        try:
+            with self.store.open(sha256) as stream, np.load(io.BytesIO(stream.read()), allow_pickle=False) as archive:
+                x_shape, y_shape = archive["x"].shape, archive["y"].shape
+        except (KeyError, ValueError, OSError) as error:
+            raise InvalidInputError(f"the evaluation blob is not an .npz with arrays 'x' and 'y': {error}",
+                                    field="evaluation_sha256") from None
+        expected = tuple(dim for dim in card.input.shape[1:])
+        if len(x_shape) != len(card.input.shape) or x_shape[1:] != expected or y_shape != x_shape[:1] or not y_shape[0]:
+            raise InvalidInputError(
+                f"the evaluation set has x {x_shape} and y {y_shape}; the model needs x (N, {', '.join(map(str, expected))}) "
+                "and y (N,) with N >= 1", field="evaluation_sha256")
+
+    def _open_round(
+        self, session: Session, config: RoundConfig, card: ModelCard, number: int, remaining: int, previous: FLRound | None
+    ) -> FLRound:
+        now = self.clock()
+        round_row = FLRound(
+            task=card.task,
+            family=card.family,
+            number=number,
+            rounds_remaining=remaining,
+            previous_round_id=previous.id if previous else None,
+            state="open",
+            base_model_id=card.id,
+            base_version=card.version,
+            config_json=config.model_copy(update={"model_id": card.id}).model_dump_json(),
+            created_at=now,
+            deadline_at=now + timedelta(seconds=config.deadline_s),
+            strategy_state_sha256=previous.strategy_state_sha256 if previous else None,
+        )
+        session.add(round_row)
+        session.flush()
+        return round_row
+
+    # devices: check-in ---------------------------------------------------------------------------
+
+    def check_in(self, device_id: str, task: str, family: str | None = None) -> TaskResponse:
+        """Select the device for an eligible round and return its task, or tell it when to come back."""
+        self.advance()
+        with self.database.session() as session:
+            query = select(FLRound).where(FLRound.task == task, FLRound.state.in_(ACTIVE_STATES)).order_by(FLRound.id)
+            if family is not None:
+                query = query.where(FLRound.family == family)
+            rounds = list(session.scalars(query))
+            for round_row in rounds:
+                if self._has_update(session, round_row.id, device_id):
+                    continue
+                if session.get(FLParticipant, (round_row.id, device_id)) is not None:
+                    return TaskResponse(task=self._task(session, round_row), retry_after_s=None)
+                if round_row.state == "open":
+                    self._select(session, round_row, device_id)
+                    return TaskResponse(task=self._task(session, round_row), retry_after_s=None)
+            if rounds:
+                config = RoundConfig.model_validate_json(rounds[0].config_json)
+                remaining_s = (as_utc(rounds[0].deadline_at) - self.clock()).total_seconds()
+                return TaskResponse(
+                    task=None,
+                    retry_after_s=round(max(0.1, min(config.poll_interval_s, remaining_s)), 3),
+                    reason="the current round has selected its devices; ask again for the next one",
+                )
+            return TaskResponse(task=None, retry_after_s=IDLE_RETRY_AFTER_S, reason=f"no round is running for task {task!r}")
+
+    @staticmethod
+    def _has_update(session: Session, round_id: int, device_id: str) -> bool:
+        return session.scalar(
+            select(func.count()).select_from(FLUpdate).where(FLUpdate.round_id == round_id, FLUpdate.device_id == device_id)
+        ) > 0
+
+    def _select(self, session: Session, round_row: FLRound, device_id: str) -> None:
+        """Seat the device; at the selection goal the round stops selecting. Concurrent check-ins may seat a
+        device or two past the goal, which is harmless: reports beyond the target are refused anyway."""
+        config = RoundConfig.model_validate_json(round_row.config_json)
+        goal = math.ceil(config.target_clients * (1 + config.over_selection))
+        session.add(FLParticipant(round_id=round_row.id, device_id=device_id, selected_at=self.clock()))
+        session.flush()
+        if self._count(session, FLParticipant, round_row.id) >= goal:
+            round_row.state = "collecting"
+
+    @staticmethod
+    def _count(session: Session, table: type, round_id: int) -> int:
+        return session.scalar(select(func.count()).select_from(table).where(table.round_id == round_id)) or 0
+
+    def _task(self, session: Session, round_row: FLRound) -> Task:
+        config = RoundConfig.model_validate_json(round_row.config_json)
+        base = self.base_model(session, round_row.base_model_id)
+        strategy_fields = make_strategy(config.strategy).configure_fit(round_row.number)
+        return Task(
+            round_id=round_row.id,
+            round_number=round_row.number,
+            model_id=base.card.id,
+            base_version=round_row.base_version,
+            model_sha256=base.card.sha256,
+            model_url=f"/v1/models/{base.card.id}/blob",
+            training_graph_sha256=base.card.training_graph,
+            training_graph_url=f"/v1/blobs/{base.card.training_graph}",
+            deadline_at=as_utc(round_row.deadline_at),
+            training=TrainingConfig(
+                local_epochs=config.local_epochs,
+                batch_size=config.batch_size,
+                learning_rate=config.learning_rate,
+                optimizer=config.optimizer,
+                momentum=config.momentum,
+                **strategy_fields,
+            ),
+            upload=UploadSpec(
+                url=f"/v1/fl/rounds/{round_row.id}/updates",
+                encodings=["fp32", "int8"],
+                max_bytes=self.max_upload_bytes(base),
+            ),
+        )
+
+    @staticmethod
+    def max_upload_bytes(base: RoundBase) -> int:
+        return base.float32_bytes + UPLOAD_OVERHEAD_BYTES
+
+    # devices: reporting --------------------------------------------------------------------------
+
+    def submit_update(self, device_id: str, round_id: int, metadata: UpdateMetadata, data: bytes) -> dict[str, Any]:
+        """Admit one device's delta, or refuse it naming why; aggregates when the target is reached."""
+        self.advance()
+        with self.database.session() as session:
+            round_row = session.get(FLRound, round_id)
+            if round_row is None:
+                raise NotFoundError(f"no federated round {round_id}")
+            if session.get(FLParticipant, (round_id, device_id)) is None:
+                raise Forbidden(f"device {device_id!r} was not selected for round {round_id}; ask GET /v1/fl/task",
+                                code="not_selected")
+            if self._has_update(session, round_id, device_id):
+                raise self._duplicate(device_id, round_id)
+            if round_row.state not in ACTIVE_STATES:
+                raise self._not_accepting(round_id, round_row.state)
+            if metadata.base_version != round_row.base_version:
+                raise Conflict(
+                    f"the update was computed against version {metadata.base_version}, but round {round_id} "
+                    f"fine-tunes version {round_row.base_version} of {round_row.base_model_id!r}",
+                    field="base_version", code="stale_update",
+                )
+            base = self.base_model(session, round_row.base_model_id)
+            target = RoundConfig.model_validate_json(round_row.config_json).target_clients
+        limit = self.max_upload_bytes(base)
+        if len(data) > limit:
+            raise PayloadTooLarge(f"the update has {len(data)} bytes; this round's model allows at most {limit}",
+                                  field="delta")
+        delta, encoding = decode_update(data, max_decoded_bytes=limit)
+        norm = validate_delta(delta, base.parameters)
+        for name, value in metadata.metrics.items():
+            if not math.isfinite(value):
+                raise InvalidInputError(f"metric {name!r} is {value}; metrics must be finite", field=f"metrics.{name}")
+        blob = self.store.put(data)  # content-addressed: a refused upload leaves at most an unreferenced blob
+        with self.database.session() as session:
+            # Re-check the state in the same write as the insert: this conditional UPDATE and the aggregation
+            # claim both write the round row, so they serialise, and an update that gets 201 is always one
+            # the aggregation reads.
+            still_active = session.execute(
+                update(FLRound)
+                .where(FLRound.id == round_id, FLRound.state.in_(ACTIVE_STATES), FLRound.deadline_at > self.clock())
+                .values(state=FLRound.state)
+            ).rowcount
+            if not still_active:
+                raise self._not_accepting(round_id, session.get(FLRound, round_id).state)
+            session.add(FLUpdate(
+                round_id=round_id, device_id=device_id, blob_sha256=blob, encoding=encoding, upload_bytes=len(data),
+                num_examples=metadata.num_examples, delta_norm=norm, metrics_json=json.dumps(metadata.metrics),
+                received_at=self.clock(),
+            ))
+            try:
+                session.flush()
+            except IntegrityError:
+                raise self._duplicate(device_id, round_id) from None
+            accepted = self._count(session, FLUpdate, round_id)
+        if accepted >= target:
+            self._aggregate_if_claimed(round_id)
+        with self.database.session() as session:
+            state = session.get(FLRound, round_id).state
+        return {"round_id": round_id, "device_id": device_id, "accepted_updates": accepted,
+                "upload_bytes": len(data), "encoding": encoding, "round_state": state}
+
+    @staticmethod
+    def _duplicate(device_id: str, round_id: int) -> Conflict:
+        return Conflict(f"device {device_id!r} already sent its update for round {round_id}", code="duplicate_update")
+
+    @staticmethod
+    def _not_accepting(round_id: int, state: str) -> Conflict:
+        return Conflict(
+            f"round {round_id} is {state} and takes no more updates (its deadline passed or it has its target)",
+            code="round_not_accepting", round_state=state,
+        )
+
+    # deadlines, aggregation ----------------------------------------------------------------------
+
+    def advance(self) -> None:
+        """Move every round whose deadline or aggregation lease has passed to its next state."""
+        now = self.clock()
+        with self.database.session() as session:
+            due = list(session.scalars(
+                select(FLRound.id).where(or_(
+                    FLRound.state.in_(ACTIVE_STATES) & (FLRound.deadline_at <= now),
+                    (FLRound.state == "aggregating") & (FLRound.aggregation_lease_until <= now),
+                ))
+            ))
+        for round_id in due:
+            with self.database.session() as session:
+                round_row = session.get(FLRound, round_id)
+                accepted = self._count(session, FLUpdate, round_id)
+                config = RoundConfig.model_validate_json(round_row.config_json)
+                if round_row.state in ACTIVE_STATES and accepted < config.min_clients:
+                    self._fail(session, round_row, f"only {accepted} of the minimum {config.min_clients} updates "
+                                                    f"arrived by the deadline")
+                    continue
+            self._aggregate_if_claimed(round_id)
+
+    def _aggregate_if_claimed(self, round_id: int) -> None:
+        now = self.clock()
+        lease_until = now + timedelta(seconds=self.aggregation_lease_s)
+        with self.database.session() as session:
+            claimed = session.execute(
+                update(FLRound)
+                .where(FLRound.id == round_id, or_(
+                    FLRound.state.in_(ACTIVE_STATES),
+                    (FLRound.state == "aggregating") & (FLRound.aggregation_lease_until <= now),
+                ))
+                .values(state="aggregating", aggregation_lease_until=lease_until)
+            ).rowcount
+        if claimed:
+            self._aggregate(round_id)
+
+    def _aggregate(self, round_id: int) -> None:
+        with self.database.session() as session:
+            round_row = session.get(FLRound, round_id)
+            config = RoundConfig.model_validate_json(round_row.config_json)
+            base = self.base_model(session, round_row.base_model_id)
+            rows = list(session.scalars(select(FLUpdate).where(FLUpdate.round_id == round_id).order_by(FLUpdate.id)))
+            previous_state = round_row.strategy_state_sha256
+        strategy = make_strategy(config.strategy, self.spill_dir)
+        if previous_state is not None:
+            strategy.load_state(self._load_npz(previous_state))
+        updates = [
+            ClientUpdate(row.device_id, row.num_examples, self._delta_loader(row.blob_sha256), row.delta_norm,
+                         json.loads(row.metrics_json))
+            for row in rows
+        ]
+        parameters = strategy.aggregate_fit(base.parameters, updates)
+        try:
+            with self.database.session() as session:
+                round_row = session.get(FLRound, round_id)
+                if not all(np.all(np.isfinite(value)) for value in parameters.values()):
+                    raise InvalidInputError(f"the {strategy.name} aggregate holds NaN or infinite weights")
+                card = self._publish(session, round_row, config, base, parameters, updates, strategy.name)
+                self._close(session, round_row, card, strategy, rows)
+        except FedzooError as error:  # a bad result, not a crash: fail the round cleanly and go on
+            with self.database.session() as session:
+                self._fail(session, session.get(FLRound, round_id), f"aggregation failed: {error}")
+
+    def _close(
+        self, session: Session, round_row: FLRound, card: ModelCard, strategy: Strategy, rows: list[FLUpdate]
+    ) -> None:
+        config = RoundConfig.model_validate_json(round_row.config_json)
+        round_row.state = "closed"
+        round_row.result_model_id = card.id
+        round_row.finished_at = self.clock()
+        round_row.aggregation_lease_until = None
+        state = strategy.state()
+        if state:
+            round_row.strategy_state_sha256 = self._save_npz(state)
+        round_row.outcome_json = json.dumps({
+            "metrics": card.metrics.model_dump(), "accepted_updates": len(rows),
+            "upload_bytes": sum(row.upload_bytes for row in rows), "strategy": strategy.name,
+        })
+        self._open_next(session, round_row, config, card)
+
+    def _delta_loader(self, blob_sha256: str) -> Callable[[], Parameters]:
+        def load() -> Parameters:
+            with self.store.open(blob_sha256) as stream:
+                return decode_update(stream.read())[0]
+
+        return load
+
+    def _load_npz(self, sha256: str) -> Parameters:
+        with self.store.open(sha256) as stream, np.load(io.BytesIO(stream.read()), allow_pickle=False) as archive:
+            return {key: archive[key] for key in archive.files}
+
+    def _save_npz(self, arrays: Parameters) -> str:
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        return self.store.put(buffer.getvalue())
+
+    def _publish(
+        self, session: Session, round_row: FLRound, config: RoundConfig, base: RoundBase, parameters: Parameters,
+        updates: list[ClientUpdate], strategy_name: str,
+    ) -> ModelCard:
+        onnx_bytes = replace_initializers(base.onnx_bytes, parameters)
+        sha256 = self.store.put(onnx_bytes)
+        if config.evaluation_sha256 is not None:
+            with self.store.open(config.evaluation_sha256) as stream:
+                metrics = evaluate(onnx_bytes, base.card, stream.read())
+            metrics_source = "evaluation set (held-out, server side)"
+        else:
+            metrics = client_metrics(updates, fallback=base.card.metrics)
+            metrics_source = "example-weighted mean of the clients' reported metrics on their local data"
+        version = base.card.version + 1
+        card = base.card.model_copy(update={
+            "id": f"{base.card.family}-v{version}-r{round_row.id}"[:128],
+            "version": version,
+            "parent_id": base.card.id,
+            "sha256": sha256,
+            "size_bytes": len(onnx_bytes),
+            "metrics": metrics,
+            "created_at": self.clock(),
+            "details": {**base.card.details, "federated": {
+                "round_id": round_row.id, "round_number": round_row.number, "strategy": strategy_name,
+                "accepted_updates": len(updates), "num_examples": sum(u.num_examples for u in updates),
+                "metrics_source": metrics_source, "base_model_id": base.card.id,
+            }},
+        })
+        card = ModelCard.from_dict(card.model_dump())
+        registry.publish(session, self.store, self.estimator, card)
+        return card
+
+    def _fail(self, session: Session, round_row: FLRound, reason: str) -> None:
+        round_row.state = "failed"
+        round_row.finished_at = self.clock()
+        round_row.aggregation_lease_until = None
+        round_row.outcome_json = json.dumps({"failure": reason})
+        config = RoundConfig.model_validate_json(round_row.config_json)
+        card = ModelCard.from_dict(registry.get_card(session, round_row.base_model_id))
+        self._open_next(session, round_row, config, card)
+
+    def _open_next(self, session: Session, round_row: FLRound, config: RoundConfig, card: ModelCard) -> None:
+        if round_row.rounds_remaining > 1:
+            self._open_round(session, config, card, round_row.number + 1, round_row.rounds_remaining - 1, round_row)
+
+    # reading -------------------------------------------------------------------------------------
+
+    def round_view(self, round_id: int) -> dict[str, Any]:
+        """Everything about one round: state, configuration, counts, bytes on the wire and outcome."""
+        self.advance()
+        with self.database.session() as session:
+            round_row = session.get(FLRound, round_id)
+            if round_row is None:
+                raise NotFoundError(f"no federated round {round_id}")
+            upload_bytes = session.scalar(
+                select(func.coalesce(func.sum(FLUpdate.upload_bytes), 0)).where(FLUpdate.round_id == round_id)
+            )
+            next_round = session.scalar(select(FLRound.id).where(FLRound.previous_round_id == round_id))
+            return {
+                "id": round_row.id, "number": round_row.number, "rounds_remaining": round_row.rounds_remaining,
+                "state": round_row.state, "task": round_row.task, "family": round_row.family,
+                "base_model_id": round_row.base_model_id, "base_version": round_row.base_version,
+                "config": json.loads(round_row.config_json), "created_at": as_utc(round_row.created_at),
+                "deadline_at": as_utc(round_row.deadline_at),
+                "finished_at": as_utc(round_row.finished_at) if round_row.finished_at else None,
+                "selected_devices": self._count(session, FLParticipant, round_id),
+                "accepted_updates": self._count(session, FLUpdate, round_id), "upload_bytes": int(upload_bytes),
+                "result_model_id": round_row.result_model_id,
+                "outcome": json.loads(round_row.outcome_json) if round_row.outcome_json else None,
+                "next_round_id": next_round,
+            }
+
+
+def client_metrics(updates: list[ClientUpdate], fallback: Metrics) -> Metrics:
+    """The example-weighted mean of the clients' `accuracy` and `loss`, when they reported them."""
+    reporting = [u for u in updates if "accuracy" in u.metrics]
+    if not reporting:
+        return fallback.model_copy(update={"split": "inherited"})
+    examples = sum(u.num_examples for u in reporting)
+    accuracy = sum(u.metrics["accuracy"] * u.num_examples for u in reporting) / examples
+    losses = [u for u in reporting if "loss" in u.metrics]
+    loss = sum(u.metrics["loss"] * u.num_examples for u in losses) / sum(u.num_examples for u in losses) if losses else None
+    return Metrics(accuracy=min(1.0, max(0.0, accuracy)), loss=max(0.0, loss) if loss is not None else None,
+                   split="clients", num_examples=examples)

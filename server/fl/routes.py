@@ -1,0 +1,93 @@
+"""The federated-learning endpoints: a thin layer that parses, calls the round service, serialises.
+
+Update upload wire format (`POST /v1/fl/rounds/<id>/updates`, device token): `multipart/form-data`
+with two parts,
+
+- `metadata`: JSON `{"base_version", "num_examples", "metrics"}` (see `UpdateMetadata`);
+- `delta`: the `.npz` of `fedzoo.clients.update_codec` (float32 or INT8 deltas keyed by initializer
+  name), at most `task.upload.max_bytes` bytes.
+
+201 means the update is stored and counts. Refusals: 403 `not_selected`; 409 `duplicate_update`,
+`stale_update` (wrong `base_version`), `round_not_accepting` (deadline passed, target reached, or
+closed); 413 over the size limit; 422 naming the tensor whose name, shape, dtype or values are wrong.
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, current_app, request
+from pydantic import Field, ValidationError
+
+from fedzoo.server.errors import BadRequest
+from fedzoo.server.fl.rounds import RoundService
+from fedzoo.server.fl.schemas import RoundConfig, RoundView, TaskQuery, TaskResponse, UpdateMetadata, UpdateReceipt
+from fedzoo.server.openapi import documented
+from fedzoo.server.routes.common import (
+    EXTENSION_KEY, calling_device, json_body, json_response, query_args, require_admin_token, validation_error,
+)
+from fedzoo.server.schemas import StrictRequest
+
+blueprint = Blueprint("fl", __name__)
+SERVICE_KEY = "fedzoo.fl"
+ROUND_ID = {"round_id": {"type": "integer", "minimum": 1}}
+MULTIPART = "multipart/form-data"
+
+
+class UpdateUpload(StrictRequest):
+    """The two parts of an update upload."""
+
+    metadata: str = Field(description="JSON UpdateMetadata: base_version, num_examples, metrics")
+    delta: bytes = Field(description="the .npz of weight deltas (fp32 or int8, see fedzoo.clients.update_codec)")
+
+
+@blueprint.record_once
+def _create_service(state) -> None:
+    server = state.app.extensions[EXTENSION_KEY]
+    state.app.extensions[SERVICE_KEY] = RoundService(server.db, server.store, server.estimator,
+                                                     spill_dir=server.config.data_dir / "fl-spill")
+
+
+def service() -> RoundService:
+    return current_app.extensions[SERVICE_KEY]
+
+
+@documented(blueprint, "POST", "/v1/fl/rounds", summary="Start a plan of federated rounds on a published model",
+            auth="admin", request=RoundConfig, response=RoundView, status=201, errors=(403, 404, 422))
+def create_round() -> Response:
+    require_admin_token()
+    config = json_body(RoundConfig, strict=False)
+    round_id = service().create_round(config)
+    return json_response(RoundView(**service().round_view(round_id)), status=201)
+
+
+@documented(blueprint, "GET", "/v1/fl/rounds/<int:round_id>", summary="A round's state, counts, bytes and outcome",
+            response=RoundView, path_params=ROUND_ID, errors=(404,))
+def get_round(round_id: int) -> Response:
+    return json_response(RoundView(**service().round_view(round_id)))
+
+
+@documented(blueprint, "GET", "/v1/fl/task",
+            summary="Check in: be selected for a round of this task, or learn when to ask again (pace steering)",
+            auth="device", query=TaskQuery, response=TaskResponse, errors=(422,))
+def get_task() -> Response:
+    device = calling_device()
+    query = query_args(TaskQuery)
+    return json_response(service().check_in(device.id, query.task, query.family))
+
+
+@documented(blueprint, "POST", "/v1/fl/rounds/<int:round_id>/updates",
+            summary="Upload this device's weight delta for a round (multipart: metadata JSON + delta .npz)",
+            auth="device", request=UpdateUpload, request_media_type=MULTIPART, response=UpdateReceipt, status=201,
+            path_params=ROUND_ID, errors=(403, 404, 409, 413, 422))
+def upload_update(round_id: int) -> Response:
+    device = calling_device()
+    if request.mimetype != MULTIPART:
+        raise BadRequest(f"send the update as {MULTIPART} with parts 'metadata' and 'delta'", field="Content-Type")
+    if "metadata" not in request.form or "delta" not in request.files:
+        raise BadRequest("the upload needs a 'metadata' form field and a 'delta' file part", field="delta")
+    try:
+        metadata = UpdateMetadata.model_validate_json(request.form["metadata"])
+    except ValidationError as error:
+        raise validation_error(error, "metadata") from None
+    data = request.files["delta"].read()
+    receipt = service().submit_update(device.id, round_id, metadata, data)
+    return json_response(UpdateReceipt(**receipt), status=201)

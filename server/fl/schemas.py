@@ -1,0 +1,134 @@
+"""Bodies of the federated-learning endpoints (pydantic): validated and documented by the same models."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fedzoo.cards import IDENTIFIER_PATTERN, SHA256_PATTERN
+
+RoundStateName = Literal["open", "collecting", "aggregating", "closed", "failed"]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RoundConfig(_Request):
+    """What an admin asks for: the model to fine-tune, how clients train, how many and by when."""
+
+    model_id: str = Field(pattern=IDENTIFIER_PATTERN, description="the published model the round starts from")
+    min_clients: int = Field(ge=1, le=100_000, description="fewer accepted updates by the deadline fail the round")
+    target_clients: int = Field(ge=1, le=100_000, description="the round aggregates as soon as this many arrive")
+    over_selection: float = Field(default=0.3, ge=0.0, le=4.0,
+                                  description="select target x (1 + this) devices, as stragglers drop out")
+    deadline_s: float = Field(gt=0, le=7 * 24 * 3600, description="seconds from the round's start to its deadline")
+    num_rounds: int = Field(default=1, ge=1, le=10_000, description="rounds to run, each from the previous result")
+    local_epochs: int = Field(default=1, ge=1, le=100)
+    batch_size: int = Field(default=32, ge=1, le=4096)
+    learning_rate: float = Field(default=0.05, gt=0, le=10)
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    momentum: float = Field(default=0.0, ge=0, lt=1)
+    strategy: dict[str, Any] = Field(default_factory=lambda: {"name": "fedavg"},
+                                     description='e.g. {"name": "trimmed_mean", "trim_fraction": 0.2}')
+    evaluation_sha256: str | None = Field(
+        default=None, pattern=SHA256_PATTERN,
+        description="blob of an .npz with held-out `x` (N,C,H,W in [0,1]) and `y`; the new version's metrics "
+                    "are measured on it, else they are the example-weighted mean of the clients' metrics")
+    poll_interval_s: float = Field(default=5.0, gt=0, le=3600, description="pace steering: how soon devices ask again")
+
+    @model_validator(mode="after")
+    def _target_at_least_minimum(self) -> RoundConfig:
+        if self.target_clients < self.min_clients:
+            raise ValueError(f"target_clients ({self.target_clients}) must be at least min_clients ({self.min_clients})")
+        return self
+
+
+class TaskQuery(_Request):
+    """A device checking in: what it can work on."""
+
+    task: str = Field(pattern=IDENTIFIER_PATTERN, description="the task the device has data for, e.g. mnist")
+    family: str | None = Field(default=None, min_length=1, max_length=200,
+                               description="only rounds of this model family")
+
+
+class TrainingConfig(_Response):
+    local_epochs: int
+    batch_size: int
+    learning_rate: float
+    optimizer: str
+    momentum: float
+    proximal_mu: float = Field(default=0.0, description="FedProx: add mu * (w - w_global) to every gradient")
+
+
+class UploadSpec(_Response):
+    url: str
+    encodings: list[str] = Field(description="fp32 or int8 (see fedzoo.clients.update_codec)")
+    max_bytes: int
+
+
+class Task(_Response):
+    """Work for one device: download the model and training graph, train, upload the delta by the deadline."""
+
+    round_id: int
+    round_number: int
+    model_id: str
+    base_version: int
+    model_sha256: str
+    model_url: str
+    training_graph_sha256: str
+    training_graph_url: str
+    deadline_at: datetime
+    training: TrainingConfig
+    upload: UploadSpec
+
+
+class TaskResponse(_Response):
+    task: Task | None
+    retry_after_s: float | None = Field(description="pace steering: when to ask again (no task) or null")
+    reason: str | None = None
+
+
+class UpdateMetadata(_Request):
+    """The JSON part `metadata` of an update upload (the other part, `delta`, is the .npz)."""
+
+    base_version: int = Field(ge=1, description="the version the delta was computed against")
+    num_examples: int = Field(ge=1, le=1_000_000_000)
+    metrics: dict[str, float] = Field(default_factory=dict, max_length=16,
+                                      description="the client's own figures, e.g. loss, accuracy on local data")
+
+
+class UpdateReceipt(_Response):
+    round_id: int
+    device_id: str
+    accepted_updates: int
+    upload_bytes: int
+    encoding: str
+    round_state: RoundStateName
+
+
+class RoundView(_Response):
+    id: int
+    number: int
+    rounds_remaining: int
+    state: RoundStateName
+    task: str
+    family: str
+    base_model_id: str
+    base_version: int
+    config: dict[str, Any]
+    created_at: datetime
+    deadline_at: datetime
+    finished_at: datetime | None
+    selected_devices: int
+    accepted_updates: int
+    upload_bytes: int
+    result_model_id: str | None
+    outcome: dict[str, Any] | None
+    next_round_id: int | None

@@ -1,0 +1,178 @@
+"""The lookup: the most accurate model for a task that fits one device's latency and memory budgets.
+
+Latency per (device, model) follows `fedzoo.server.latency`: this device's measured median, else the
+card's latency for the device's class, else the predictor's group costs of the model dotted with the
+device's group scales. All three are columns already in the database, so the whole choice is one
+query: filter by task (index `ix_models_task_accuracy`), compute the latency with COALESCE, keep
+what fits, order by accuracy (then latency, then id) and take two rows: the choice and the runner-up.
+
+Memory: `estimate_memory_mb(card)` = weights twice (the file's bytes as loaded, plus the runtime's
+prepacked copy) + peak activations + a fixed runtime overhead. Peak activations are the card's
+`details["peak_activation_bytes"]` when the cloud recorded it, else `ACTIVATION_WIDENING` x the
+input's float32 bytes (MobileNet-style stems widen the input ~16x at full resolution, and an op's
+input and output are alive together, hence 2 x 16). When the request has no `memory_budget_mb`, the
+device's `memory_mb` is the budget.
+
+Failure answers: no model at all for the task is 404 `no_model_for_task`; models exist but none fits
+is 409 `no_model_fits`, naming the closest one (the smallest worst overshoot of any budget).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, text
+from sqlalchemy.orm import Session
+
+from fedzoo.cards import ModelCard
+from fedzoo.server.devices import AuthenticatedDevice
+from fedzoo.server.errors import NoModelFits, NotFound
+from fedzoo.server.models import COST_COLUMNS, SCALE_COLUMNS
+
+BYTES_PER_MB = 1024 * 1024
+RUNTIME_OVERHEAD_MB = 16.0
+WEIGHT_COPIES = 2
+ACTIVATION_WIDENING = 32
+FLOAT32_BYTES = 4
+
+
+def estimate_memory_mb(card: ModelCard) -> float:
+    """Working memory (MiB) to run the card's model at batch 1; see the module docstring."""
+    peak_activation_bytes = card.details.get("peak_activation_bytes")
+    if not isinstance(peak_activation_bytes, (int, float)) or peak_activation_bytes <= 0:
+        input_elements = math.prod(dim if isinstance(dim, int) else 1 for dim in card.input.shape)
+        peak_activation_bytes = ACTIVATION_WIDENING * FLOAT32_BYTES * input_elements
+    return RUNTIME_OVERHEAD_MB + (WEIGHT_COPIES * card.size_bytes + peak_activation_bytes) / BYTES_PER_MB
+
+
+@dataclass(frozen=True)
+class LookupQuery:
+    task: str
+    latency_budget_ms: float
+    memory_budget_mb: float | None = None
+    min_accuracy: float | None = None
+    precision: str | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    model_id: str
+    accuracy: float
+    latency_ms: float
+    latency_basis: str
+    memory_mb: float
+    card_json: str
+
+    @property
+    def latency_source(self) -> str:
+        return "measured" if self.latency_basis == "device_telemetry" else "predicted"
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "model_id": self.model_id,
+            "accuracy": self.accuracy,
+            "latency_ms": self.latency_ms,
+            "latency_source": self.latency_source,
+            "latency_basis": self.latency_basis,
+            "memory_mb": round(self.memory_mb, 3),
+        }
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    chosen: Candidate
+    runner_up: Candidate | None
+    reason: str
+
+    def card(self) -> dict[str, Any]:
+        return json.loads(self.chosen.card_json)
+
+
+# What the latency of each basis reads like in a reason.
+BASIS_WORDING = {
+    "device_telemetry": "this device's own measured median",
+    "card_device_class": "the card's latency for this device class",
+    "predictor": "the latency predictor calibrated for this device",
+}
+
+
+def _candidates_sql(precision_filter: bool) -> str:
+    """Every model of the task with this device's latency and its basis (the rules of the module
+    docstring). Plain SQL, compiled once per variant: building it per request cost more than running it."""
+    predicted = " + ".join(f"m.{cost} * :{scale}" for cost, scale in zip(COST_COLUMNS, SCALE_COLUMNS))
+    return f"""
+        SELECT m.id AS model_id, m.accuracy AS accuracy,
+               COALESCE(measured.median_ms, by_class.median_ms, {predicted}) AS latency_ms,
+               CASE WHEN measured.median_ms IS NOT NULL THEN 'device_telemetry'
+                    WHEN by_class.median_ms IS NOT NULL THEN 'card_device_class'
+                    ELSE 'predictor' END AS latency_basis,
+               m.memory_mb AS memory_mb, m.card_json AS card_json
+        FROM models AS m
+        LEFT JOIN measured_latency AS measured ON measured.model_id = m.id AND measured.device_id = :device_id
+        LEFT JOIN model_class_latency AS by_class ON by_class.model_id = m.id AND by_class.device_class = :device_class
+        WHERE m.task = :task {"AND m.precision = :precision" if precision_filter else ""}"""
+
+
+CANDIDATES = {flag: text(_candidates_sql(flag)) for flag in (False, True)}
+BEST_TWO = {
+    flag: text(f"""SELECT * FROM ({_candidates_sql(flag)}) AS candidates
+        WHERE latency_ms <= :latency_budget_ms AND memory_mb <= :memory_budget_mb AND accuracy >= :min_accuracy
+        ORDER BY accuracy DESC, latency_ms, model_id LIMIT 2""")
+    for flag in (False, True)
+}
+
+
+def memory_budget_mb(device: AuthenticatedDevice, query: LookupQuery) -> float:
+    return float(device.memory_mb) if query.memory_budget_mb is None else query.memory_budget_mb
+
+
+def lookup(session: Session | Connection, device: AuthenticatedDevice, query: LookupQuery) -> LookupResult:
+    """The best fitting model and the runner-up; NotFound / NoModelFits when there is none."""
+    budget_mb = memory_budget_mb(device, query)
+    parameters = {
+        "device_id": device.id, "device_class": device.device_class or "", "task": query.task,
+        "precision": query.precision, **dict(zip(SCALE_COLUMNS, device.scales)),
+    }
+    precision_filter = query.precision is not None
+    rows = [Candidate(*row) for row in session.execute(BEST_TWO[precision_filter], {
+        **parameters, "latency_budget_ms": query.latency_budget_ms, "memory_budget_mb": budget_mb,
+        "min_accuracy": query.min_accuracy if query.min_accuracy is not None else 0.0,
+    })]
+    if not rows:
+        candidates = [Candidate(*row) for row in session.execute(CANDIDATES[precision_filter], parameters)]
+        raise _nothing_fits(candidates, query, budget_mb)
+    chosen = rows[0]
+    runner_up = rows[1] if len(rows) > 1 else None
+    reason = (
+        f"most accurate {query.task} model that fits: accuracy {chosen.accuracy:.4f}, "
+        f"{chosen.latency_ms:.3f} ms <= {query.latency_budget_ms:g} ms budget by {BASIS_WORDING[chosen.latency_basis]}, "
+        f"{chosen.memory_mb:.1f} MB <= {budget_mb:g} MB"
+    )
+    return LookupResult(chosen, runner_up, reason)
+
+
+def _overshoot(candidate: Candidate, query: LookupQuery, budget_mb: float) -> float:
+    """How far a candidate misses its worst budget, as a ratio (1.0 = exactly at the budget)."""
+    ratios = [candidate.latency_ms / query.latency_budget_ms, candidate.memory_mb / budget_mb]
+    if query.min_accuracy:
+        ratios.append(query.min_accuracy / max(candidate.accuracy, 1e-9))
+    return max(ratios)
+
+
+def _nothing_fits(candidates: list[Candidate], query: LookupQuery, budget_mb: float) -> Exception:
+    if not candidates:
+        precision = f" in precision {query.precision}" if query.precision else ""
+        return NotFound(f"no model is published for task {query.task!r}{precision}", field="task",
+                        code="no_model_for_task")
+    closest = min(candidates, key=lambda candidate: (_overshoot(candidate, query, budget_mb), -candidate.accuracy))
+    return NoModelFits(
+        f"none of the {len(candidates)} {query.task} models fits: the closest, {closest.model_id!r}, needs "
+        f"{closest.latency_ms:.3f} ms (budget {query.latency_budget_ms:g}), {closest.memory_mb:.1f} MB "
+        f"(budget {budget_mb:g}) and has accuracy {closest.accuracy:.4f}"
+        + (f" (minimum {query.min_accuracy:g})" if query.min_accuracy is not None else ""),
+        field="latency_budget_ms",
+        closest=closest.summary(),
+    )

@@ -1,0 +1,109 @@
+"""Request parsing shared by every blueprint: JSON bodies, query strings, tokens, the server context."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, TypeVar
+
+from flask import Response, current_app, request
+from pydantic import BaseModel, ValidationError
+from sqlalchemy.orm import Session
+
+from fedzoo.server.auth import bearer_token, require_admin
+from fedzoo.server.context import ServerContext
+from fedzoo.server.devices import AuthenticatedDevice, authenticate
+from fedzoo.server.errors import MalformedJSON, PayloadTooLarge, UnsupportedMediaType, ValidationFailed
+
+Model = TypeVar("Model", bound=BaseModel)
+EXTENSION_KEY = "fedzoo"
+
+
+def context() -> ServerContext:
+    return current_app.extensions[EXTENSION_KEY]
+
+
+def validation_error(error: ValidationError, where: str) -> ValidationFailed:
+    """One error naming the first bad field, with pydantic's explanation."""
+    first = error.errors()[0]
+    field = ".".join(str(part) for part in first["loc"]) or None
+    return ValidationFailed(f"{where} field '{field}': {first['msg']}", field=field)
+
+
+def raw_body(limit_bytes: int) -> bytes:
+    """The request body, refused with 413 beyond `limit_bytes` (also when it is sent chunked)."""
+    if request.content_length is not None and request.content_length > limit_bytes:
+        raise PayloadTooLarge(f"the body has {request.content_length} bytes; this endpoint takes at most {limit_bytes}")
+    data = request.stream.read(limit_bytes + 1)
+    if len(data) > limit_bytes:
+        raise PayloadTooLarge(f"the body is larger than the {limit_bytes} bytes this endpoint takes")
+    return data
+
+
+def _json_number(text: str) -> int | float:
+    """JSON has one number type: 61.0 is the integer 61 (as JSON Schema says); non-finite numbers are refused."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return int(value) if value.is_integer() and abs(value) < 2**53 else value
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_json(data: bytes) -> Any:
+    """Decode UTF-8 JSON; MalformedJSON (400) saying where it broke."""
+    if not data.strip():
+        raise MalformedJSON("the body is empty; send a JSON object")
+    try:
+        return json.loads(data.decode("utf-8"), parse_float=_json_number, parse_constant=_refuse_constant)
+    except UnicodeDecodeError as error:
+        raise MalformedJSON(f"the body is not UTF-8: {error.reason} at byte {error.start}") from None
+    except ValueError as error:  # json.JSONDecodeError is a ValueError
+        raise MalformedJSON(f"the body is not valid JSON: {error}") from None
+
+
+def json_body(model: type[Model], strict: bool = True) -> Model:
+    """The body parsed as `model`; 415 unless JSON, 400 for malformed JSON, 422 naming a bad field.
+    `strict` refuses coercions ("10" for a number); integral numbers (61.0) count as integers."""
+    if request.mimetype != "application/json":
+        raise UnsupportedMediaType(f"send the body as application/json, not {request.mimetype or 'nothing'!r}",
+                                   field="Content-Type")
+    document = parse_json(raw_body(context().config.max_json_bytes))
+    try:
+        return model.model_validate(document, strict=strict)
+    except ValidationError as error:
+        raise validation_error(error, "body") from None
+
+
+def query_args(model: type[Model]) -> Model:
+    """The query string parsed as `model` (repeated keys are refused)."""
+    values: dict[str, Any] = {}
+    for key in request.args:
+        items = request.args.getlist(key)
+        if len(items) > 1:
+            raise ValidationFailed(f"query parameter '{key}' is given {len(items)} times", field=key)
+        values[key] = items[0]
+    try:
+        return model.model_validate(values)
+    except ValidationError as error:
+        raise validation_error(error, "query") from None
+
+
+def calling_device(session: Session | None = None) -> AuthenticatedDevice:
+    """The device whose token is in the Authorization header (looked up in `session`, or in a new one)."""
+    token = bearer_token(request.headers.get("Authorization"))
+    if session is not None:
+        return authenticate(session, token)
+    with context().db.session() as own_session:
+        return authenticate(own_session, token)
+
+
+def require_admin_token() -> None:
+    require_admin(request.headers.get("Authorization"), context().config.admin_token)
+
+
+def json_response(model: BaseModel, status: int = 200) -> Response:
+    """Serialise a response model (pydantic's JSON, no re-encoding through dicts)."""
+    return Response(model.model_dump_json(), status=status, mimetype="application/json")

@@ -1,0 +1,157 @@
+"""Request and response bodies of the REST API (pydantic). The OpenAPI document is generated from
+these, so what is validated and what is documented are the same thing.
+
+Request models are strict: a string where a number belongs is an error, not a coercion, and unknown
+fields are refused, so a misspelt `latency_budget_ms` cannot silently mean "no budget".
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedzoo.cards import IDENTIFIER_PATTERN, SHA256_PATTERN, ModelCard
+from fedzoo.device import DeviceProfile
+
+Precision = Literal["fp32", "int8"]
+
+
+class StrictRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Response(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# errors ------------------------------------------------------------------------------------------
+
+class ErrorDetail(Response):
+    code: str = Field(description="stable machine-readable code, e.g. invalid_field, no_model_fits")
+    message: str = Field(description="what was wrong, with the offending value")
+    field: str | None = Field(description="the request field at fault (dotted path), or null")
+    closest: CandidateSummary | None = Field(default=None, description="no_model_fits only: the nearest miss")
+
+
+class ErrorResponse(Response):
+    error: ErrorDetail
+
+
+# bounded versions of the shared contracts ---------------------------------------------------------
+# Numbers the registry stores in 64-bit columns get upper bounds, so no request can overflow them.
+MAX_STORED_INTEGER = 2**62
+
+
+class DeviceProfileRequest(DeviceProfile):
+    """`fedzoo.device.DeviceProfile` as POST /v1/devices takes it."""
+
+    memory_mb: int = Field(ge=1, le=1_048_576 * 1024, description="device memory (MiB)")
+
+
+class ModelCardRequest(ModelCard):
+    """`fedzoo.cards.ModelCard` as POST /v1/models takes it."""
+
+    version: int = Field(default=1, ge=1, le=2**31 - 1)
+    macs: int = Field(ge=0, le=MAX_STORED_INTEGER)
+    params: int = Field(ge=0, le=MAX_STORED_INTEGER)
+    size_bytes: int = Field(ge=1, le=MAX_STORED_INTEGER)
+
+
+# devices -----------------------------------------------------------------------------------------
+
+class DeviceRegistration(Response):
+    device_id: str
+    token: str = Field(description="send as 'Authorization: Bearer <token>'; shown only once")
+    latency_scales: dict[str, float] = Field(
+        description="per latency-predictor cost group, device time / reference time (from its calibration benchmarks)"
+    )
+    latency_scales_basis: str
+
+
+# models ------------------------------------------------------------------------------------------
+
+class ModelListQuery(StrictRequest):
+    model_config = ConfigDict(extra="forbid", strict=False)  # query strings are text: "50" means 50
+
+    task: str | None = Field(default=None, pattern=IDENTIFIER_PATTERN)
+    precision: Precision | None = None
+    limit: int = Field(default=50, ge=1, le=200)
+    offset: int = Field(default=0, ge=0, le=10_000_000)
+
+
+class ModelList(Response):
+    models: list[ModelCard]
+    total: int
+    limit: int
+    offset: int
+    next_offset: int | None = Field(description="offset of the next page, or null on the last page")
+
+
+class PublishResponse(Response):
+    card: ModelCard
+    created: bool = Field(description="false when this exact card was already published")
+
+
+class BlobUploadResponse(Response):
+    sha256: str = Field(pattern=SHA256_PATTERN)
+    size_bytes: int
+    created: bool = Field(description="false when the blob was already stored")
+
+
+# lookup ------------------------------------------------------------------------------------------
+
+class LookupRequest(StrictRequest):
+    task: str = Field(pattern=IDENTIFIER_PATTERN)
+    latency_budget_ms: float = Field(gt=0.0, le=3_600_000.0)
+    memory_budget_mb: float | None = Field(default=None, gt=0.0, le=1_048_576.0,
+                                           description="defaults to the device's memory_mb")
+    min_accuracy: float | None = Field(default=None, ge=0.0, le=1.0)
+    precision: Precision | None = None
+
+
+class CandidateSummary(Response):
+    model_id: str
+    accuracy: float
+    latency_ms: float
+    latency_source: Literal["measured", "predicted"]
+    latency_basis: Literal["device_telemetry", "card_device_class", "predictor"]
+    memory_mb: float
+
+
+class LookupResponse(Response):
+    model: ModelCard
+    latency_ms: float
+    latency_source: Literal["measured", "predicted"] = Field(
+        description="measured: this device's telemetry; predicted: card device-class latency or the predictor"
+    )
+    latency_basis: Literal["device_telemetry", "card_device_class", "predictor"]
+    memory_mb: float
+    reason: str
+    runner_up: CandidateSummary | None
+
+
+# telemetry ---------------------------------------------------------------------------------------
+
+class TelemetryRequest(StrictRequest):
+    model_id: str = Field(pattern=IDENTIFIER_PATTERN)
+    median_ms: float = Field(gt=0.0, le=3_600_000.0)
+    p90_ms: float | None = Field(default=None, gt=0.0, le=3_600_000.0)
+    threads: int | None = Field(default=None, ge=1, le=1024)
+
+
+class TelemetryResponse(Response):
+    device_id: str
+    model_id: str
+    measured_median_ms: float = Field(description="the median of this device's recent reports, used by lookups")
+    reports: int
+
+
+ErrorDetail.model_rebuild()
+
+__all__ = [
+    "BlobUploadResponse", "CandidateSummary", "DeviceProfile", "DeviceProfileRequest", "DeviceRegistration",
+    "ErrorResponse", "ModelCardRequest",
+    "LookupRequest", "LookupResponse", "ModelCard", "ModelList", "ModelListQuery", "PublishResponse",
+    "TelemetryRequest", "TelemetryResponse",
+]

@@ -1,0 +1,226 @@
+"""The reverse sweep on whole exported models: the training-graph contract, agreement with torch autograd,
+freezing, and errors that name the problem."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).parent))  # the shared helpers next to this file (importlib mode)
+from autodiff_reference import initializers, relative_error, run_training_graph, torch_reference_gradients
+from fedzoo.cloud.autodiff import build_training_graph, depthwise_parameters, head_parameters, parameter_candidates
+from fedzoo.compress.export import export_onnx
+from fedzoo.errors import InvalidInputError
+from fedzoo.nas.subnet import build_subnet
+
+torch.set_num_threads(1)
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, channels: int, expand: int, kernel: int, activation: type[nn.Module]) -> None:
+        super().__init__()
+        mid = channels * expand
+        self.layers = nn.Sequential(
+            nn.Conv2d(channels, mid, 1, bias=False), nn.BatchNorm2d(mid), activation(),
+            nn.Conv2d(mid, mid, kernel, 1, kernel // 2, groups=mid, bias=False), nn.BatchNorm2d(mid), activation(),
+            nn.Conv2d(mid, channels, 1, bias=False), nn.BatchNorm2d(channels),
+        )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.layers(x)
+
+
+def mobilenet_like(num_classes: int = 10) -> nn.Module:
+    """Conv, strided depthwise, residual adds, ReLU6 and HardSwish, GAP, flatten, Gemm: our zoo's op set."""
+    model = nn.Sequential(
+        nn.Conv2d(1, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU6(),
+        InvertedResidual(8, 2, 3, nn.ReLU6),
+        nn.Conv2d(8, 8, 3, 2, 1, groups=8, bias=False), nn.BatchNorm2d(8), nn.Hardswish(),
+        nn.Conv2d(8, 12, 1, bias=False), nn.BatchNorm2d(12),
+        InvertedResidual(12, 2, 5, nn.Hardswish),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(12, num_classes),
+    )  # fmt: skip
+    generator = torch.Generator().manual_seed(0)
+    for module in model.modules():  # non-trivial BN statistics, so folding changes the weights
+        if isinstance(module, nn.BatchNorm2d):
+            module.running_mean.copy_(torch.rand(module.num_features, generator=generator) - 0.5)
+            module.running_var.copy_(torch.rand(module.num_features, generator=generator) + 0.5)
+            module.weight.data.copy_(torch.rand(module.num_features, generator=generator) + 0.5)
+            module.bias.data.copy_(torch.rand(module.num_features, generator=generator) - 0.5)
+    return model
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> onnx.ModelProto:
+    torch.manual_seed(0)
+    return export_onnx(mobilenet_like(), (1, 1, 16, 16), tmp_path_factory.mktemp("model") / "model.onnx")
+
+
+def batch(size: int = 6, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((size, 1, 16, 16)).astype(np.float32), rng.integers(0, 10, size).astype(np.int64)
+
+
+def test_training_graph_contract(exported):
+    graph = build_training_graph(exported)
+    onnx.checker.check_model(graph, full_check=True)
+    assert all(node.domain == "" for node in graph.graph.node)
+    parameters = parameter_candidates(exported)
+    inputs = {value.name: value for value in graph.graph.input}
+    assert list(inputs) == ["x", "y", *parameters]
+    assert inputs["y"].type.tensor_type.elem_type == onnx.TensorProto.INT64
+    assert inputs["x"].type.tensor_type.shape.dim[0].dim_param == "batch"
+    assert [value.name for value in graph.graph.output] == ["loss", *(f"grad.{name}" for name in parameters)]
+    assert not {init.name for init in graph.graph.initializer} & set(parameters)
+
+
+def test_whole_model_gradients_match_torch_autograd(exported):
+    x, y = batch()
+    params = initializers(exported)
+    trainable = parameter_candidates(exported)
+    loss, grads = run_training_graph(build_training_graph(exported), x, y, params)
+    expected_loss, expected = torch_reference_gradients(exported, x, y, "cross_entropy", trainable)
+    assert loss == pytest.approx(expected_loss, rel=1e-5)
+    for name in trainable:
+        assert relative_error(grads[name], expected[name]) < 1e-4, name
+
+
+def test_symbolic_batch_runs_any_batch_size(exported):
+    graph = build_training_graph(exported)
+    for size in (1, 9):
+        x, y = batch(size, seed=size)
+        loss, grads = run_training_graph(graph, x, y, initializers(exported))
+        assert np.isfinite(loss) and all(np.isfinite(g).all() for g in grads.values())
+
+
+def test_gradients_match_the_torch_module_itself(tmp_path):
+    # Without BN nothing is folded, so the ONNX initializers are the module's own parameters.
+    torch.manual_seed(1)
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3, 2, 1), nn.ReLU(), nn.Conv2d(4, 4, 3, 1, 1, groups=4), nn.Hardswish(),
+        nn.Conv2d(4, 6, 1), nn.Hardsigmoid(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 3),
+    )  # fmt: skip
+    proto = export_onnx(model, (1, 1, 12, 12), tmp_path / "plain.onnx")
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((5, 1, 12, 12)).astype(np.float32), rng.integers(0, 3, 5)
+    loss, grads = run_training_graph(build_training_graph(proto), x, y, initializers(proto))
+    torch_loss = nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
+    torch_loss.backward()
+    assert loss == pytest.approx(float(torch_loss.detach()), rel=1e-5)
+    for name, parameter in model.named_parameters():
+        assert relative_error(grads[name], parameter.grad.numpy()) < 1e-4, name
+
+
+def test_mse_loss_on_logits(exported):
+    x, _ = batch()
+    targets = np.random.default_rng(4).standard_normal((6, 10)).astype(np.float32)
+    graph = build_training_graph(exported, loss="mse")
+    y_input = next(value for value in graph.graph.input if value.name == "y")
+    assert y_input.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    loss, grads = run_training_graph(graph, x, targets, initializers(exported))
+    expected_loss, expected = torch_reference_gradients(exported, x, targets, "mse", parameter_candidates(exported))
+    assert loss == pytest.approx(expected_loss, rel=1e-5)
+    for name, grad in grads.items():
+        assert relative_error(grad, expected[name]) < 1e-4, name
+
+
+def test_freezing_trains_only_the_head(exported):
+    head = head_parameters(exported)
+    assert head == ["12.weight", "12.bias"]
+    graph = build_training_graph(exported, trainable="head")
+    assert [value.name for value in graph.graph.input] == ["x", "y", *head]
+    frozen = {init.name for init in graph.graph.initializer}
+    assert set(parameter_candidates(exported)) - set(head) <= frozen
+    x, y = batch()
+    _, head_grads = run_training_graph(graph, x, y, initializers(exported))
+    _, all_grads = run_training_graph(build_training_graph(exported), x, y, initializers(exported))
+    assert sorted(head_grads) == sorted(head)
+    for name in head:
+        np.testing.assert_allclose(head_grads[name], all_grads[name], rtol=1e-5, atol=1e-7)
+    # Freezing the backbone leaves no ConvTranspose (no input gradients flow into frozen convs).
+    assert not any(node.op_type == "ConvTranspose" for node in graph.graph.node)
+
+
+def test_any_subset_can_be_trainable(exported):
+    subset = parameter_candidates(exported)[2:5]
+    graph = build_training_graph(exported, trainable=subset)
+    x, y = batch()
+    _, grads = run_training_graph(graph, x, y, initializers(exported))
+    _, expected = torch_reference_gradients(exported, x, y, "cross_entropy", subset)
+    assert sorted(grads) == sorted(subset)
+    for name in subset:
+        assert relative_error(grads[name], expected[name]) < 1e-4, name
+
+
+def test_depthwise_convolutions_can_be_frozen(exported):
+    frozen = depthwise_parameters(exported)
+    assert len(frozen) == 6  # weight and folded-BN bias of each of the three depthwise convs
+    graph = build_training_graph(exported, trainable="all_but_depthwise")
+    trainable = [value.name for value in graph.graph.input][2:]
+    assert trainable == [name for name in parameter_candidates(exported) if name not in frozen]
+    assert set(frozen) <= {init.name for init in graph.graph.initializer}
+    x, y = batch()
+    _, grads = run_training_graph(graph, x, y, initializers(exported))
+    _, expected = torch_reference_gradients(exported, x, y, "cross_entropy", trainable)
+    for name in trainable:
+        assert relative_error(grads[name], expected[name]) < 1e-4, name
+
+
+def test_real_nas_subnet(tmp_path):
+    arch = {
+        "family": "ofa-mbv2", "resolution": 16, "stem_channels": 8, "stem_stride": 1, "stem_activation": "relu6",
+        "head_channels": 16, "head_activation": "hswish",
+        "stages": [
+            {"out_channels": 8, "stride": 1, "activation": "relu6", "kernels": [3, 5], "expand_ratios": [2, 3]},
+            {"out_channels": 12, "stride": 2, "activation": "hswish", "kernels": [5], "expand_ratios": [2]},
+        ],
+    }  # fmt: skip
+    torch.manual_seed(2)
+    model = build_subnet(arch, num_classes=10, in_channels=1)
+    model.train()
+    with torch.no_grad():  # give BN real statistics before folding
+        model(torch.randn(32, 1, 16, 16))
+    proto = export_onnx(model, (1, 1, 16, 16), tmp_path / "subnet.onnx")
+    x, y = batch(4, seed=5)
+    trainable = parameter_candidates(proto)
+    _, grads = run_training_graph(build_training_graph(proto), x, y, initializers(proto))
+    _, expected = torch_reference_gradients(proto, x, y, "cross_entropy", trainable)
+    for name in trainable:
+        assert relative_error(grads[name], expected[name]) < 1e-4, name
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"trainable": ["no-such-weight"]}, "no-such-weight"),
+        ({"trainable": []}, "no parameter selected"),
+        ({"trainable": "everything"}, "'all', 'all_but_depthwise', 'head'"),
+        ({"loss": "hinge"}, "unknown loss 'hinge'"),
+    ],
+)
+def test_bad_arguments_are_named(exported, kwargs, message):
+    with pytest.raises(InvalidInputError, match=message):
+        build_training_graph(exported, **kwargs)
+
+
+def test_cross_entropy_needs_two_dimensional_logits(tmp_path):
+    proto = export_onnx(nn.Sequential(nn.Conv2d(1, 2, 3)), (1, 1, 6, 6), tmp_path / "conv.onnx")
+    with pytest.raises(InvalidInputError, match="cross-entropy needs logits"):
+        build_training_graph(proto)
+
+
+def test_reserved_names_in_the_model_are_refused(exported):
+    renamed = onnx.ModelProto()
+    renamed.CopyFrom(exported)
+    old = renamed.graph.node[0].output[0]
+    for node in renamed.graph.node:
+        node.input[:] = ["y" if name == old else name for name in node.input]
+        node.output[:] = ["y" if name == old else name for name in node.output]
+    with pytest.raises(InvalidInputError, match="already uses the name 'y'"):
+        build_training_graph(renamed)

@@ -1,0 +1,273 @@
+"""Every gradient rule against torch autograd on the same one-op graph, plus finite-difference property
+tests over conv geometries and broadcasting."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, str(Path(__file__).parent))  # the shared helpers next to this file (importlib mode)
+from autodiff_reference import initializers, relative_error, run_training_graph, torch_reference_gradients
+from fedzoo.cloud.autodiff import build_training_graph
+from fedzoo.cloud.gradient_rules import GRADIENT_RULES, MissingGradientRuleError
+
+torch.set_num_threads(1)
+ZOO_OPS = {"Conv", "Gemm", "MatMul", "Add", "Relu", "Clip", "HardSwish", "HardSigmoid", "GlobalAveragePool", "Flatten",
+           "Reshape", "Identity"}  # fmt: skip
+
+
+def make_model(nodes, x_shape, params: dict[str, np.ndarray], output="out", constants=()) -> onnx.ModelProto:
+    inits = [numpy_helper.from_array(value.astype(np.float32), name) for name, value in params.items()]
+    inits += [numpy_helper.from_array(np.asarray(value), name) for name, value in constants]
+    graph = helper.make_graph(
+        nodes, "case", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", *x_shape[1:]])],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)], inits,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def node(op, inputs, output, **attributes):
+    return helper.make_node(op, inputs, [output], **attributes)
+
+
+rng = np.random.default_rng(0)
+
+
+def randn(*shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def scaled(op_nodes, channels=3):
+    """input * s (a per-channel parameter) feeding `op_nodes`: so the op's own rule carries s's gradient."""
+    return [node("Mul", ["input", "s"], "h"), *op_nodes], {"s": randn(1, channels, 1, 1, scale=2.0)}
+
+
+def _conv_case(x_shape, weight_shape, with_scale=True, **attributes):
+    params = {"w": randn(*weight_shape), "b": randn(weight_shape[0])}
+    nodes = [node("Conv", ["h" if with_scale else "input", "w", "b"], "out", **attributes)]
+    if with_scale:
+        nodes, scale = scaled(nodes, x_shape[1])
+        params.update(scale)
+    return make_model(nodes, x_shape, params), x_shape
+
+
+def _gemm_case(trans_a, trans_b, alpha, beta, bias_shape):
+    a = randn(4, 3) if trans_a else randn(3, 4)
+    b = randn(5, 4) if trans_b else randn(4, 5)
+    attributes = dict(transA=trans_a, transB=trans_b, alpha=alpha, beta=beta)
+    nodes = [node("Gemm", ["a", "b", "c"], "g", **attributes), node("Add", ["g", "input"], "out")]
+    return make_model(nodes, (3, 5), {"a": a, "b": b, "c": randn(*bias_shape)}), (3, 5)
+
+
+def _activation_case(op_nodes, constants=(), x_scale=4.0):
+    nodes, params = scaled(op_nodes)
+    return make_model(nodes, (4, 3, 5, 5), params, constants=constants), (4, 3, 5, 5), x_scale
+
+
+CASES = {
+    "conv": lambda: _conv_case((2, 3, 7, 7), (4, 3, 3, 3), pads=[1, 1, 1, 1]),
+    "conv_strided_dilated_asymmetric": lambda: _conv_case(
+        (2, 3, 9, 8), (4, 3, 3, 2), strides=[2, 3], dilations=[2, 1], pads=[0, 1, 2, 0]
+    ),
+    "conv_depthwise_strided": lambda: _conv_case((2, 6, 9, 9), (6, 1, 3, 3), group=6, strides=[2, 2], pads=[1, 1, 1, 1]),
+    "conv_depthwise_5x5": lambda: _conv_case((2, 4, 8, 8), (4, 1, 5, 5), group=4, pads=[2, 2, 2, 2]),
+    "conv_grouped": lambda: _conv_case((2, 4, 6, 6), (6, 2, 3, 3), group=2, pads=[1, 0, 1, 0]),
+    "conv_pointwise": lambda: _conv_case((3, 5, 4, 4), (7, 5, 1, 1)),
+    "conv_first_layer_no_input_gradient": lambda: _conv_case((2, 1, 8, 8), (4, 1, 3, 3), with_scale=False, strides=[2, 2]),
+    "gemm": lambda: _gemm_case(0, 0, 1.0, 1.0, (5,)),
+    "gemm_transB_alpha_beta": lambda: _gemm_case(0, 1, 0.5, 2.0, (1, 5)),
+    "gemm_transA": lambda: _gemm_case(1, 0, 1.5, 1.0, (3, 5)),
+    "gemm_transA_transB": lambda: _gemm_case(1, 1, 1.0, 0.5, (3, 1)),
+    "matmul_broadcast_weight": lambda: (
+        make_model([node("MatMul", ["input", "w"], "out")], (2, 3, 4, 6), {"w": randn(6, 5)}), (2, 3, 4, 6)),
+    "matmul_weight_first": lambda: (
+        make_model([node("MatMul", ["w", "input"], "out")], (2, 4, 6), {"w": randn(3, 4)}), (2, 4, 6)),
+    "add_broadcast": lambda: (
+        make_model([node("Add", ["input", "b"], "out")], (2, 3, 4, 4), {"b": randn(3, 1, 1)}), (2, 3, 4, 4)),
+    "add_both_sides_residual": lambda: (
+        make_model([node("Mul", ["input", "s"], "h"), node("Add", ["h", "input"], "r"), node("Add", ["r", "h"], "out")],
+                   (2, 3, 4, 4), {"s": randn(1, 3, 1, 1)}), (2, 3, 4, 4)),
+    "sub_broadcast": lambda: (
+        make_model([node("Sub", ["b", "input"], "out")], (2, 3, 4), {"b": randn(1, 4)}), (2, 3, 4)),
+    "mul_broadcast": lambda: (
+        make_model([node("Mul", ["input", "s"], "h"), node("Mul", ["h", "t"], "out")], (2, 3, 4),
+                   {"s": randn(3, 1), "t": randn(4)}), (2, 3, 4)),
+    "relu": lambda: _activation_case([node("Relu", ["h"], "out")])[:2],
+    "clip_relu6_constants": lambda: _activation_case(
+        [node("Constant", [], "lo", value=numpy_helper.from_array(np.float32(0.0))),
+         node("Constant", [], "hi", value=numpy_helper.from_array(np.float32(6.0))),
+         node("Clip", ["h", "lo", "hi"], "out")])[:2],
+    "clip_min_only_initializer": lambda: _activation_case(
+        [node("Clip", ["h", "lo"], "out")], constants=[("lo", np.float32(-1.0))])[:2],
+    "hard_sigmoid_default": lambda: _activation_case([node("HardSigmoid", ["h"], "out")])[:2],
+    "hard_sigmoid_torch": lambda: _activation_case([node("HardSigmoid", ["h"], "out", alpha=1 / 6)])[:2],
+    "hard_swish": lambda: _activation_case([node("HardSwish", ["h"], "out")])[:2],
+    "global_average_pool_flatten": lambda: (
+        make_model([node("Mul", ["input", "s"], "h"), node("GlobalAveragePool", ["h"], "p"),
+                    node("Flatten", ["p"], "out", axis=1)], (2, 3, 5, 4), {"s": randn(1, 3, 1, 1)}), (2, 3, 5, 4)),
+    "squeeze": lambda: (
+        make_model([node("Mul", ["input", "s"], "h"), node("GlobalAveragePool", ["h"], "p"),
+                    node("Squeeze", ["p", "axes"], "out")], (2, 3, 4, 4), {"s": randn(1, 3, 1, 1)},
+                   constants=[("axes", np.array([2, 3], np.int64))]), (2, 3, 4, 4)),
+    "unsqueeze": lambda: (
+        make_model([node("Mul", ["input", "s"], "h"), node("Unsqueeze", ["h", "axes"], "out")], (2, 3, 4),
+                   {"s": randn(3, 1)}, constants=[("axes", np.array([1, -1], np.int64))]), (2, 3, 4)),
+    "reshape_identity": lambda: (
+        make_model([node("Mul", ["input", "s"], "h"), node("Reshape", ["h", "shape"], "r"), node("Identity", ["r"], "out")],
+                   (2, 3, 4, 4), {"s": randn(1, 3, 1, 1)}, constants=[("shape", np.array([0, -1, 8], np.int64))]),
+        (2, 3, 4, 4)),
+}  # fmt: skip
+
+
+def _output_shape(model: onnx.ModelProto, x: np.ndarray) -> tuple[int, ...]:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"input": x})[0].shape
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_rule_matches_torch_autograd(case):
+    model, x_shape = CASES[case]()
+    x = randn(*x_shape, scale=4.0)
+    y = randn(*_output_shape(model, x))
+    params = initializers(model)
+    trainable = [name for name, value in params.items() if value.dtype == np.float32 and value.ndim > 0]
+    graph = build_training_graph(model, trainable, loss="mse")
+    loss, grads = run_training_graph(graph, x, y, params)
+    expected_loss, expected = torch_reference_gradients(model, x, y, "mse", trainable)
+    assert loss == pytest.approx(expected_loss, rel=1e-5)
+    assert sorted(grads) == sorted(trainable)
+    for name in trainable:
+        assert grads[name].shape == params[name].shape
+        assert relative_error(grads[name], expected[name]) < 1e-4, name
+
+
+FROZEN_KERNEL_CASES = {  # a stride-1 conv with a frozen kernel takes its input gradient through a flipped-kernel Conv
+    "dense": ((2, 3, 7, 7), (4, 3, 3, 3), dict(pads=[1, 1, 1, 1])),
+    "depthwise_5x5": ((2, 4, 8, 8), (4, 1, 5, 5), dict(group=4, pads=[2, 2, 2, 2])),
+    "grouped_dilated_asymmetric": ((2, 4, 9, 8), (6, 2, 3, 2), dict(group=2, dilations=[2, 1], pads=[1, 0, 2, 1])),
+    "pointwise": ((2, 5, 4, 4), (3, 5, 1, 1), {}),
+    "strided_uses_conv_transpose": ((2, 4, 9, 9), (4, 1, 3, 3), dict(group=4, strides=[2, 2], pads=[1, 1, 1, 1])),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FROZEN_KERNEL_CASES))
+def test_input_gradient_through_a_frozen_kernel_matches_torch(case):
+    x_shape, weight_shape, attributes = FROZEN_KERNEL_CASES[case]
+    model, _ = _conv_case(x_shape, weight_shape, **attributes)
+    x = randn(*x_shape)
+    y = randn(*_output_shape(model, x))
+    graph = build_training_graph(model, ["s", "b"], loss="mse")
+    uses_transpose = any(n.op_type == "ConvTranspose" for n in graph.graph.node)
+    assert uses_transpose == case.startswith("strided")
+    _, grads = run_training_graph(graph, x, y, initializers(model))
+    _, expected = torch_reference_gradients(model, x, y, "mse", ["s", "b"])
+    for name in ("s", "b"):
+        assert relative_error(grads[name], expected[name]) < 1e-4, name
+
+
+def test_every_rule_is_checked_against_torch():
+    covered = {n.op_type for build in CASES.values() for n in build()[0].graph.node}
+    assert set(GRADIENT_RULES) <= covered, set(GRADIENT_RULES) - covered
+
+
+def test_every_zoo_op_has_a_rule():
+    assert ZOO_OPS <= set(GRADIENT_RULES)
+
+
+def test_op_without_rule_on_the_gradient_path_is_named():
+    nodes, params = scaled([node("Sigmoid", ["h"], "out")])
+    model = make_model(nodes, (2, 3, 4, 4), params)
+    with pytest.raises(MissingGradientRuleError, match="'Sigmoid'"):
+        build_training_graph(model, loss="mse")
+
+
+def test_op_without_rule_before_the_trainable_part_is_fine():
+    nodes = [node("Sigmoid", ["input"], "h"), node("Mul", ["h", "s"], "out")]
+    model = make_model(nodes, (2, 3), {"s": randn(3)})
+    graph = build_training_graph(model, loss="mse")
+    x, y = randn(2, 3), randn(2, 3)
+    _, grads = run_training_graph(graph, x, y, initializers(model))
+    _, expected = torch_reference_gradients(
+        make_model([node("Mul", ["input", "s"], "out")], (2, 3), initializers(model)), 1 / (1 + np.exp(-x)), y, "mse", ["s"]
+    )
+    assert relative_error(grads["s"], expected["s"]) < 1e-4
+
+
+# finite differences ------------------------------------------------------------------------------
+
+
+def _directional_check(model: onnx.ModelProto, x: np.ndarray, y: np.ndarray, seed: int) -> None:
+    """For each parameter p and a random direction v: (L(p + e v) - L(p - e v)) / 2e equals <grad p, v>."""
+    params = initializers(model)
+    graph = build_training_graph(model, loss="mse")
+    loss_at = lambda values: run_training_graph(graph, x, y, values)[0]  # noqa: E731
+    _, grads = run_training_graph(graph, x, y, params)
+    direction_rng = np.random.default_rng(seed)
+    step = 0.05
+    for name, grad in grads.items():
+        direction = direction_rng.standard_normal(grad.shape).astype(np.float32)
+        plus = {**params, name: params[name] + step * direction}
+        minus = {**params, name: params[name] - step * direction}
+        finite_difference = (loss_at(plus) - loss_at(minus)) / (2 * step)
+        analytic = float(np.sum(grad.astype(np.float64) * direction))
+        # The loss is quadratic in each single parameter, so the central difference is exact up to rounding.
+        assert finite_difference == pytest.approx(analytic, rel=3e-3, abs=3e-3), name
+
+
+@st.composite
+def conv_geometries(draw):
+    groups = draw(st.integers(1, 3))
+    in_per_group, out_per_group = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    kernel = [draw(st.integers(1, 3)), draw(st.integers(1, 3))]
+    strides = [draw(st.integers(1, 3)), draw(st.integers(1, 3))]
+    dilations = [draw(st.integers(1, 2)), draw(st.integers(1, 2))]
+    pads = [draw(st.integers(0, 2)) for _ in range(4)]
+    spatial = []
+    for axis in range(2):
+        reach = dilations[axis] * (kernel[axis] - 1) + 1
+        spatial.append(draw(st.integers(max(reach - pads[axis] - pads[axis + 2], 1) + 1, 9)))
+    return groups, in_per_group, out_per_group, kernel, strides, dilations, pads, spatial, draw(st.integers(1, 2))
+
+
+@settings(max_examples=15, deadline=None)
+@given(conv_geometries(), st.integers(0, 2**16))
+def test_conv_gradients_match_finite_differences(geometry, seed):
+    groups, in_per_group, out_per_group, kernel, strides, dilations, pads, spatial, batch = geometry
+    local = np.random.default_rng(seed)
+    channels = groups * in_per_group
+    params = {
+        "s": local.standard_normal((1, channels, 1, 1)),
+        "w": local.standard_normal((groups * out_per_group, in_per_group, *kernel)),
+        "b": local.standard_normal(groups * out_per_group),
+    }
+    nodes = [node("Mul", ["input", "s"], "h"),
+             node("Conv", ["h", "w", "b"], "out", group=groups, strides=strides, dilations=dilations, pads=pads)]  # fmt: skip
+    model = make_model(nodes, (batch, channels, *spatial), params)
+    x = local.standard_normal((batch, channels, *spatial)).astype(np.float32)
+    y = local.standard_normal(_output_shape(model, x)).astype(np.float32)
+    _directional_check(model, x, y, seed)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=4), st.data())
+def test_broadcast_gradients_match_finite_differences(shape, data):
+    # The parameter keeps a suffix of the output's dims, some of them squeezed to 1.
+    kept = data.draw(st.integers(1, len(shape)))
+    param_shape = [dim if data.draw(st.booleans()) else 1 for dim in shape[len(shape) - kept :]]
+    op = data.draw(st.sampled_from(["Add", "Sub", "Mul"]))
+    seed = data.draw(st.integers(0, 2**16))
+    local = np.random.default_rng(seed)
+    x_shape = (2, *shape)
+    model = make_model([node(op, ["input", "p"], "out")], x_shape, {"p": local.standard_normal(param_shape)})
+    x = local.standard_normal(x_shape).astype(np.float32)
+    y = local.standard_normal(x_shape).astype(np.float32)
+    _directional_check(model, x, y, seed)

@@ -1,0 +1,143 @@
+"""The zoo build end to end on a tiny configuration: cards, blobs, resume, seeds and the later stages."""
+
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from fedzoo.cloud import pipeline
+from fedzoo.cloud.executors import InProcessExecutor, make_executor
+from fedzoo.cloud.pipeline import BuildConfig, BuildInterrupted, build_zoo
+from fedzoo.errors import InvalidInputError
+from fedzoo.nas.latency import MacsLatencyModel
+from fedzoo.nas.pareto import dominates
+from fedzoo.nas.subnet import build_subnet, count_macs, count_params
+from fedzoo.zoo import Zoo, sha256_of_file
+
+torch.set_num_threads(1)
+
+
+def tiny_config(out, **overrides):
+    settings = dict(dataset="digits", out=out, preset="tiny", latency_source="macs", compress=False, training_graphs=False)
+    return BuildConfig(**{**settings, **overrides})
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    return build_zoo(tiny_config(tmp_path_factory.mktemp("zoo") / "zoo"))
+
+
+@pytest.mark.slow
+def test_build_writes_at_least_eight_cards_that_rebuild_and_run(built):
+    zoo = Zoo(built.zoo.root)
+    cards = zoo.cards()
+    assert len(cards) >= 8
+    test = built.normalised["test"]
+    for card in cards:
+        assert card.id == f"digits-ofa-{card.id.rsplit('-', 1)[1]}" and card.family == "ofa-mbv2"
+        assert card.input.shape == ["batch", 1, 8, 8] and card.input.normalisation.mean == built.split.mean
+        assert card.precision == "fp32" and card.labels == [str(d) for d in range(10)]
+        assert card.metrics.split == "test" and card.metrics.num_examples == len(test.y)
+        latency = card.latency_ms["cloud-x86-1t"]
+        assert latency.source == "measured" and latency.threads == 1 and latency.median_ms > 0
+        assert sha256_of_file(zoo.model_path(card)) == card.sha256
+        assert card.size_bytes == zoo.model_path(card).stat().st_size
+        # the compression helper's loading recipe
+        model = build_subnet(card.arch, len(card.labels), card.input.shape[1])
+        model.load_state_dict(torch.load(zoo.blob_path(card.artifacts["torch_state"])))
+        model.eval()
+        assert count_params(model) == card.params and count_macs(model, (1, 1, 8, 8)) == card.macs
+        session = ort.InferenceSession(str(zoo.model_path(card)), providers=["CPUExecutionProvider"])
+        (logits,) = session.run(None, {"input": test.x})
+        np.testing.assert_allclose(logits, model(torch.from_numpy(test.x)).detach().numpy(), rtol=1e-3, atol=1e-3)
+        assert np.mean(logits.argmax(axis=1) == test.y) == pytest.approx(card.metrics.accuracy, abs=1e-9)
+
+
+@pytest.mark.slow
+def test_zoo_learned_something_and_is_a_spread_of_the_tradeoff(built):
+    accuracies = [card.metrics.accuracy for card in built.cards]
+    assert max(accuracies) > 0.3  # chance is 0.1 on ten digits, after two tiny epochs
+    search_points = [(card.details["search"]["validation_accuracy"], card.details["search"]["latency_ms"]) for card in built.cards]
+    front_size = sum(not any(dominates(other, point) for other in search_points) for point in search_points)
+    assert front_size >= 2
+    assert len({card.macs for card in built.cards}) >= 4
+
+
+@pytest.mark.slow
+def test_same_seed_builds_the_same_zoo_and_an_interrupted_build_resumes_to_it(built, tmp_path):
+    out = tmp_path / "resumed"
+    with pytest.raises(BuildInterrupted, match="after epoch 1"):
+        build_zoo(tiny_config(out, stop_after_epoch=1))
+    assert (out / ".checkpoint" / "supernet.pt").is_file() and not (out / "cards").exists()
+    with pytest.raises(BuildInterrupted, match="generation 1"):
+        build_zoo(tiny_config(out, stop_after_generation=1))
+    resumed = build_zoo(tiny_config(out))
+    assert [c.id for c in resumed.cards] == [c.id for c in built.cards]
+    assert [c.artifacts["torch_state"] for c in resumed.cards] == [c.artifacts["torch_state"] for c in built.cards]
+    assert [c.metrics.accuracy for c in resumed.cards] == [c.metrics.accuracy for c in built.cards]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_from_other_settings_is_refused(tmp_path):
+    out = tmp_path / "zoo"
+    with pytest.raises(BuildInterrupted):
+        build_zoo(tiny_config(out, stop_after_epoch=1))
+    with pytest.raises(InvalidInputError, match="other settings"):
+        build_zoo(tiny_config(out, seed=1))
+
+
+@pytest.mark.slow
+def test_constraints_are_met_by_every_card(tmp_path):
+    estimator = MacsLatencyModel()
+    budget_ms = 0.05 + 0.05 * 0.12  # the tiny space's subnets span about 0.09 to 0.35 MMACs
+    result = build_zoo(tiny_config(tmp_path / "zoo", latency_budget_ms=budget_ms, max_params=12000), latency_estimator=estimator)
+    assert result.cards
+    for card in result.cards:
+        assert card.params <= 12000
+        assert card.details["search"]["latency_ms"] <= budget_ms
+
+
+def test_unreachable_budget_fails_before_training(tmp_path):
+    with pytest.raises(InvalidInputError, match="no subnet fits --latency-budget-ms"):
+        build_zoo(tiny_config(tmp_path / "zoo", latency_budget_ms=0.01))
+    with pytest.raises(InvalidInputError, match="no subnet fits --max-params 10"):
+        build_zoo(tiny_config(tmp_path / "zoo", max_params=10))
+    assert not (tmp_path / "zoo" / ".checkpoint").exists()
+
+
+def test_bad_output_folder_and_dataset(tmp_path):
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("keep me")
+    with pytest.raises(InvalidInputError, match="is a file"):
+        build_zoo(tiny_config(a_file))
+    assert a_file.read_text() == "keep me"
+    with pytest.raises(InvalidInputError, match="unknown data set 'cifar'"):
+        build_zoo(tiny_config(tmp_path / "zoo", dataset="cifar"))
+
+
+@pytest.mark.slow
+def test_compress_and_training_graph_stages_run_after_the_cards(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(pipeline, "compress_zoo", lambda zoo_dir, split: calls.append(("compress", zoo_dir, len(split.test))))
+    monkeypatch.setattr(pipeline, "attach_training_graphs", lambda zoo_dir: calls.append(("graphs", zoo_dir)))
+    out = tmp_path / "zoo"
+    result = build_zoo(tiny_config(out, compress=True, training_graphs=True, evaluations=10))
+    assert calls == [("compress", out, len(result.split.test)), ("graphs", out)]
+
+
+def test_unknown_executor_is_refused_and_in_process_maps_in_order():
+    with pytest.raises(InvalidInputError, match="unknown executor 'dask'"):
+        make_executor("dask")
+    done = []
+    assert InProcessExecutor().map(lambda offset, item: item * item + offset, 1, [3, 1, 2], on_result=done.append) == [10, 2, 5]
+    assert done == [1, 2, 3]
+
+
+def test_ray_executor_without_ray_names_the_extra(monkeypatch):
+    from fedzoo.cloud.executors import ExecutorUnavailableError
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # makes `import ray` fail as if it were not installed
+    with pytest.raises(ExecutorUnavailableError, match=r"pip install 'fedzoo\[ray\]'"):
+        make_executor("ray")

@@ -1,0 +1,80 @@
+"""The federated simulation harness: federations from Dirichlet shards, a centralized baseline, and
+virtual devices (honest and poisoning) against a real loopback server, in-process and on Ray."""
+
+import hashlib
+import importlib.util
+
+import numpy as np
+import pytest
+
+from fedzoo.cloud.simulation import (
+    LoopbackServer,
+    ScaledUpdateAttack,
+    Simulation,
+    centralized_baseline,
+    prepare_federation,
+)
+
+
+@pytest.fixture(scope="module")
+def federation():
+    return prepare_federation("digits", num_clients=4, alpha=0.5, hidden_units=16, pretrain_epochs=10, seed=3)
+
+
+def test_federation_spreads_every_pooled_example_to_exactly_one_device(federation):
+    combined = np.concatenate(federation.shards)
+    assert len(combined) == len(federation.pool) == len(np.unique(combined))
+    assert all(len(shard) > 0 for shard in federation.shards)
+    # Dirichlet(0.5) skews labels: the devices' label histograms differ
+    histograms = [np.bincount(federation.pool.y[shard], minlength=10) / len(shard) for shard in federation.shards]
+    assert max(np.abs(a - b).sum() for a in histograms for b in histograms) > 0.3
+    card = federation.card
+    assert hashlib.sha256(federation.model).hexdigest() == card.sha256
+    assert hashlib.sha256(federation.training_graph).hexdigest() == card.training_graph
+    assert card.metrics.accuracy > 0.2  # pre-trained on the cloud's share: better than chance
+
+
+def test_centralized_baseline_improves_the_pretrained_model(federation):
+    accuracies = centralized_baseline(federation, epochs=3, batch_size=16, learning_rate=0.05)
+    assert len(accuracies) == 3 and max(accuracies) > federation.card.metrics.accuracy
+
+
+def test_scaled_update_attack_scales_every_tensor():
+    delta = {"w": np.array([1.0, -2.0], np.float32)}
+    assert ScaledUpdateAttack(-10.0)(delta)["w"].tolist() == [-10.0, 20.0]
+
+
+def _run(federation, tmp_path, executor, strategy, attackers=frozenset()):
+    with LoopbackServer(tmp_path / "server") as server:
+        with Simulation(federation, server.url, executor=executor, cache_root=tmp_path / "devices",
+                        attackers=attackers, seed=0) as sim:
+            sim.publish_base_model()
+            sim.register_devices()
+            return sim.run({"min_clients": 3, "target_clients": 3, "over_selection": 0.34, "deadline_s": 60,
+                            "num_rounds": 2, "batch_size": 16, "strategy": strategy})
+
+
+@pytest.mark.slow
+def test_in_process_simulation_reports_accuracy_per_round(federation, tmp_path):
+    records = _run(federation, tmp_path, "in-process", {"name": "fedavg"})
+    assert [(r.number, r.state, r.accepted_updates) for r in records] == [(1, "closed", 3), (2, "closed", 3)]
+    assert all(0 < r.accuracy <= 1 and r.upload_bytes > 0 for r in records)
+    assert sum(r.refused for r in records) == 2  # the over-selected fourth device is refused each round
+
+
+@pytest.mark.slow
+def test_median_resists_a_poisoning_device_that_wrecks_fedavg(federation, tmp_path):
+    attackers = frozenset({0})
+    fedavg = _run(federation, tmp_path / "fedavg", "in-process", {"name": "fedavg"}, attackers)
+    median = _run(federation, tmp_path / "median", "in-process", {"name": "median"}, attackers)
+    poisoned_rounds = [r for r in fedavg if r.accuracy is not None]
+    assert median[-1].accuracy > poisoned_rounds[-1].accuracy
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install 'fedzoo[ray]')")
+def test_ray_executor_runs_devices_as_parallel_tasks(federation, tmp_path):
+    records = _run(federation, tmp_path, "ray", {"name": "fedavg"})
+    assert [r.state for r in records] == ["closed", "closed"]
+    # parallel uploads may land a fourth update before aggregation starts; every accepted one is aggregated
+    assert all(r.outcome["accepted_updates"] == r.accepted_updates >= 3 for r in records)

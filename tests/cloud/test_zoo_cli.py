@@ -1,0 +1,80 @@
+"""`fedzoo zoo build|list|show` through the real CLI entry point: help, a tiny build, and clear errors."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from fedzoo.cli import cli, main
+from fedzoo.zoo import Zoo
+
+TINY = ["--preset", "tiny", "--no-compress", "--no-training-graphs"]
+
+
+def run_main(argv, capsys):
+    """Run `fedzoo.cli.main` and return (exit code, stdout, stderr)."""
+    code = 0
+    try:
+        main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("command", [["zoo"], ["zoo", "build"], ["zoo", "list"], ["zoo", "show"]])
+def test_every_zoo_command_has_help(command):
+    result = CliRunner().invoke(cli, [*command, "--help"])
+    assert result.exit_code == 0
+    assert "Usage:" in result.output
+
+
+def test_build_help_names_the_options():
+    output = CliRunner().invoke(cli, ["zoo", "build", "--help"]).output
+    for option in ("--dataset", "--out", "--latency-budget-ms", "--max-params", "--executor", "--no-compress", "--seed"):
+        assert option in output
+    assert "--stop-after-epoch" not in output  # testing hook, hidden
+
+
+@pytest.mark.slow
+def test_build_then_list_and_show(tmp_path, capsys):
+    out = tmp_path / "zoo"
+    code, stdout, stderr = run_main(["zoo", "build", "--dataset", "digits", "--out", str(out), *TINY], capsys)
+    assert code == 0, stderr
+    cards = Zoo(out).cards()
+    assert len(cards) >= 8
+    assert "compress" not in stderr  # skipped on request, not reported as missing
+    code, stdout, _ = run_main(["zoo", "list", "--zoo", str(out)], capsys)
+    assert code == 0 and all(card.id in stdout for card in cards)
+    code, stdout, _ = run_main(["zoo", "show", cards[0].id, "--zoo", str(out)], capsys)
+    assert code == 0 and json.loads(stdout)["id"] == cards[0].id
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--dataset", "cifar"], "unknown data set 'cifar'"),
+        (["--dataset", "digits", "--latency-budget-ms", "0.0001"], "no subnet fits --latency-budget-ms"),
+        (["--dataset", "digits", "--max-params", "5"], "no subnet fits --max-params 5"),
+    ],
+)
+def test_bad_build_input_gives_one_line_errors(tmp_path, capsys, arguments, message):
+    code, _, stderr = run_main(["zoo", "build", "--out", str(tmp_path / "zoo"), *TINY, *arguments], capsys)
+    assert code == 1
+    assert message in stderr and "Traceback" not in stderr
+
+
+def test_out_pointing_to_a_file_is_refused(tmp_path, capsys):
+    target = tmp_path / "zoo.txt"
+    target.write_text("not a zoo")
+    code, _, stderr = run_main(["zoo", "build", "--dataset", "digits", "--out", str(target), *TINY], capsys)
+    assert code == 1 and "is a file" in stderr
+    assert target.read_text() == "not a zoo"
+
+
+def test_show_and_list_of_missing_things(tmp_path, capsys):
+    code, _, stderr = run_main(["zoo", "list", "--zoo", str(tmp_path)], capsys)
+    assert code == 1 and "is not a fedzoo zoo" in stderr
+    Zoo.create(tmp_path / "empty")
+    code, _, stderr = run_main(["zoo", "show", "nope", "--zoo", str(tmp_path / "empty")], capsys)
+    assert code == 1 and "no model card 'nope'" in stderr

@@ -1,0 +1,37 @@
+from fedzoo.compress.gate import LATENCY_MARGIN, judge
+from fedzoo.compress.measure import Measurement
+
+
+def measured(accuracy=0.95, latency_ms=1.0, size_bytes=1000) -> Measurement:
+    return Measurement(accuracy, 0.2, 500, latency_ms, latency_ms * 1.1, size_bytes)
+
+
+def test_within_tolerance_and_smaller_is_accepted_even_if_not_faster():
+    decision = judge(measured(accuracy=0.942, latency_ms=1.2, size_bytes=300), measured(), tolerance_points=1.0)
+    assert decision.accepted and decision.reasons == []
+    assert any("size only" in note for note in decision.notes)
+
+
+def test_faster_but_not_smaller_is_accepted():
+    assert judge(measured(latency_ms=0.5, size_bytes=1200), measured()).accepted
+
+
+def test_too_large_an_accuracy_drop_is_rejected_with_the_numbers():
+    decision = judge(measured(accuracy=0.93, size_bytes=300), measured(accuracy=0.95), tolerance_points=1.0)
+    assert not decision.accepted
+    assert decision.reasons == ["accuracy 93.00% is 2.00 points below the parent's 95.00% (tolerance 1.00)"]
+
+
+def test_neither_faster_nor_smaller_is_rejected():
+    slightly_faster = 1.0 - LATENCY_MARGIN / 2  # within measurement noise: does not count
+    decision = judge(measured(latency_ms=slightly_faster, size_bytes=1000), measured())
+    assert not decision.accepted and "neither faster" in decision.reasons[0]
+
+
+def test_both_rules_can_fail_at_once():
+    decision = judge(measured(accuracy=0.5, latency_ms=2.0, size_bytes=2000), measured())
+    assert len(decision.reasons) == 2
+
+
+def test_a_better_variant_passes_a_zero_tolerance():
+    assert judge(measured(accuracy=0.96, size_bytes=10), measured(accuracy=0.95), tolerance_points=0.0).accepted

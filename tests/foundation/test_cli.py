@@ -1,0 +1,59 @@
+"""The one `fedzoo` command: help on every subcommand, one-line errors instead of tracebacks."""
+
+import subprocess
+import sys
+
+import click
+import pytest
+
+from fedzoo.cli import SUBCOMMANDS, cli
+
+
+def all_command_paths(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    context = click.Context(group)
+    paths = []
+    for name in group.list_commands(context):
+        command = group.get_command(context, name)
+        paths.append((*prefix, name))
+        if isinstance(command, click.Group):
+            paths.extend(all_command_paths(command, (*prefix, name)))
+    return paths
+
+
+def run_fedzoo(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", "from fedzoo.cli import main; main()", *args],
+        capture_output=True, text=True, timeout=300,
+    )
+
+
+def test_every_table_entry_is_listed():
+    assert set(SUBCOMMANDS) <= {path[0] for path in all_command_paths(cli)}
+
+
+@pytest.mark.parametrize("path", all_command_paths(cli), ids=" ".join)
+def test_help_on_every_subcommand(path):
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(cli, [*path, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage:" in result.output and "unavailable" not in result.output
+
+
+def test_bad_input_is_a_message_not_a_traceback():
+    result = run_fedzoo("data", "describe", "cifar")
+    assert result.returncode == 1
+    assert "error: unknown data set 'cifar'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_option_is_a_usage_error():
+    result = run_fedzoo("data", "describe", "--no-such-flag")
+    assert result.returncode == 2
+    assert "No such option" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_data_describe_prints_the_split():
+    result = run_fedzoo("data", "describe", "digits")
+    assert result.returncode == 0, result.stderr
+    assert "1797 images" in result.stdout and "validation" in result.stdout

@@ -1,0 +1,108 @@
+"""Latency estimators: the fallback's arithmetic, the edge predictor behind the same interface, and the
+start-up refresh that recomputes what another estimator stored."""
+
+from __future__ import annotations
+
+import pytest
+from server_helpers import REFERENCE_CALIBRATION_MS, device_profile, make_card, tiny_onnx_model
+from sqlalchemy import select
+
+from fedzoo.device import DeviceProfile
+from fedzoo.server import devices, migrations, registry
+from fedzoo.server.blobstore import FileBlobStore
+from fedzoo.server.db import Database
+from fedzoo.server.devices import DeviceCache
+from fedzoo.server.errors import Unauthorized
+from fedzoo.server.latency import CalibrationScalingEstimator, KernelPredictorEstimator
+from fedzoo.server.lookup import LookupQuery, lookup
+from fedzoo.server.models import DeviceRecord, ModelRecord
+
+
+def test_calibration_scaling_is_the_geometric_mean_of_the_ratios():
+    estimator = CalibrationScalingEstimator({"a": 1.0, "b": 4.0})
+    profile = DeviceProfile.model_validate({**device_profile("d"), "benchmarks": [
+        {"model": "a", "median_ms": 2.0}, {"model": "b", "median_ms": 32.0}, {"model": "unknown", "median_ms": 9.0}]})
+    scales = estimator.device_scales(profile)
+    assert scales.scales == (pytest.approx(4.0),) and "2 calibration ratios" in scales.basis  # sqrt(2 * 8)
+    unknown = estimator.device_scales(DeviceProfile.model_validate({**device_profile("e"), "benchmarks": []}))
+    assert unknown.scales == (1.0,) and "assumed reference speed" in unknown.basis
+
+
+def test_the_fallback_costs_a_card_by_its_reference_latency_else_its_macs():
+    estimator = CalibrationScalingEstimator()
+    blob = tiny_onnx_model(seed=1)
+    measured = make_card(blob, "m", 0.9, 5_000_000, latency_ms={"reference": {"median_ms": 2.5, "source": "measured"}})
+    assert estimator.model_costs(measured, blob).reference_ms == 2.5
+    assert estimator.model_costs(make_card(blob, "n", 0.9, 5_000_000), blob).reference_ms == pytest.approx(5.05)
+
+
+def kernel_estimator() -> KernelPredictorEstimator:
+    try:
+        return KernelPredictorEstimator()
+    except Exception as error:  # the edge predictor is optional for the server
+        pytest.skip(f"the edge latency predictor is not usable here: {error}")
+
+
+def test_the_kernel_predictor_costs_models_in_its_groups_and_scales_slower_devices_up():
+    estimator = kernel_estimator()
+    blob = tiny_onnx_model(seed=2, hidden=64)
+    costs = estimator.model_costs(make_card(blob, "m", 0.9, 1000), blob)
+    assert len(costs.costs_ms) == len(estimator.groups) and costs.reference_ms > 0
+    from fedzoo.edge.latency_predictor import KernelLatencyPredictor
+
+    predicted_ms = KernelLatencyPredictor.load().predict_ms(blob)
+    if predicted_ms > 0:
+        assert costs.reference_ms == pytest.approx(predicted_ms) and costs.basis == "kernel predictor"
+    else:  # a predictor that says 0 ms would let the model fit any budget: the card's figures are used
+        assert costs.basis.startswith("fallback") and costs.reference_ms == pytest.approx(0.05 + 1000 / 1e6)
+    from fedzoo.edge.calibration_models import CALIBRATION_MODEL_NAMES
+
+    def profile(slowdown: float) -> DeviceProfile:
+        return DeviceProfile.model_validate({**device_profile("d"), "benchmarks": [
+            {"model": name, "median_ms": (1.0 + index / 4) * slowdown} for index, name in enumerate(CALIBRATION_MODEL_NAMES)]})
+
+    fast, slow = estimator.device_scales(profile(1.0)), estimator.device_scales(profile(3.0))
+    fast_ms = sum(c * s for c, s in zip(costs.costs_ms, fast.scales))
+    slow_ms = sum(c * s for c, s in zip(costs.costs_ms, slow.scales))
+    assert 2 * fast_ms < slow_ms < 4 * fast_ms and "calibrated on 8" in slow.basis  # timings 3x slower
+
+
+def test_refresh_recomputes_what_another_estimator_stored(tmp_path):
+    url = f"sqlite:///{tmp_path / 'registry.db'}"
+    migrations.upgrade(url)
+    database = Database(url)
+    store = FileBlobStore(tmp_path / "blobs")
+    old = CalibrationScalingEstimator()
+    new = CalibrationScalingEstimator(REFERENCE_CALIBRATION_MS)  # now knows the calibration timings
+    blob = tiny_onnx_model(seed=3)
+    store.put(blob)
+    with database.session() as session:
+        registry.publish(session, store, old, make_card(blob, "m", 0.9, 4_000_000))  # 4.05 ms on the reference
+        token = devices.register(session, old, DeviceProfile.model_validate(device_profile("d", slowdown=3.0))).token
+    query = LookupQuery(task="digits", latency_budget_ms=5.0)
+    with database.session() as session:
+        assert lookup(session, devices.authenticate(session, token), query).chosen.latency_ms == pytest.approx(4.05)
+        assert registry.refresh_latency_estimates(session, store, new) == (1, 1)
+        assert registry.refresh_latency_estimates(session, store, new) == (0, 0)
+    with database.session() as session:
+        assert session.scalar(select(DeviceRecord.scale_0)) == pytest.approx(3.0)
+        assert session.scalar(select(ModelRecord.latency_signature)) == new.signature
+        with pytest.raises(Exception, match="none of the 1 digits models fits"):
+            lookup(session, devices.authenticate(session, token), query)  # 12.15 ms now
+    database.dispose()
+
+
+def test_the_device_cache_answers_known_tokens_and_still_refuses_unknown_ones(tmp_path):
+    url = f"sqlite:///{tmp_path / 'registry.db'}"
+    migrations.upgrade(url)
+    database = Database(url)
+    with database.session() as session:
+        token = devices.register(session, CalibrationScalingEstimator(),
+                                 DeviceProfile.model_validate(device_profile("d"))).token
+    cache = DeviceCache(max_entries=1)
+    with database.read() as connection:
+        first = cache.authenticate(connection, token)
+        assert cache.authenticate(connection, token) is first  # served from the cache
+        with pytest.raises(Unauthorized):
+            cache.authenticate(connection, "not-a-token")
+    database.dispose()

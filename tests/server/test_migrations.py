@@ -1,0 +1,81 @@
+"""Schema migrations: the head schema equals the models, upgrading keeps every row, and the SQLite
+registry runs in WAL mode with foreign keys enforced."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from server_helpers import REFERENCE_CALIBRATION_MS, device_profile, make_card, tiny_onnx_model
+from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
+
+from fedzoo.device import DeviceProfile
+from fedzoo.server import devices, migrations, registry
+from fedzoo.server.blobstore import FileBlobStore
+from fedzoo.server.db import Base, Database
+from fedzoo.server.latency import CalibrationScalingEstimator
+from fedzoo.server.models import LatencyReport
+
+INITIAL = "0001_registry"
+
+
+def load_all_tables() -> None:
+    importlib.import_module("fedzoo.server.models")
+    importlib.import_module("fedzoo.server.fl.models")
+
+
+def test_head_schema_matches_the_table_definitions(tmp_path):
+    url = f"sqlite:///{tmp_path / 'registry.db'}"
+    migrations.upgrade(url)
+    load_all_tables()
+    database = Database(url)
+    with database.engine.connect() as connection:
+        differences = compare_metadata(MigrationContext.configure(connection), Base.metadata)
+    database.dispose()
+    assert differences == []
+
+
+def test_upgrading_from_the_initial_revision_keeps_every_row(tmp_path):
+    url = f"sqlite:///{tmp_path / 'registry.db'}"
+    migrations.upgrade(url, INITIAL)
+    database = Database(url)
+    store = FileBlobStore(tmp_path / "blobs")
+    estimator = CalibrationScalingEstimator(REFERENCE_CALIBRATION_MS)
+    blob = tiny_onnx_model(seed=5)
+    card = make_card(blob, "kept", 0.9, 1000, latency_ms={"pi4": {"median_ms": 2.0, "source": "measured"}})
+    store.put(blob)
+    with database.session() as session:
+        registry.publish(session, store, estimator, card)
+        registration = devices.register(session, estimator, DeviceProfile.model_validate(device_profile("d1")))
+        devices.report_latency(session, "d1", "kept", 3.0, None, 1)
+    with database.engine.connect() as connection:
+        before = {table: connection.execute(text(f"SELECT * FROM {table} ORDER BY 1")).all()
+                  for table in ("models", "model_class_latency", "devices", "latency_reports", "measured_latency")}
+    assert migrations.current_revision(database.engine) == INITIAL
+
+    migrations.upgrade(url)
+    migrations.upgrade(url)  # a second upgrade at head is a no-op
+    assert migrations.current_revision(database.engine) == migrations.head_revision()
+    with database.engine.connect() as connection:
+        after = {table: connection.execute(text(f"SELECT * FROM {table} ORDER BY 1")).all() for table in before}
+    assert after == before and all(before.values())
+    with database.session() as session:
+        assert devices.authenticate(session, registration.token).id == "d1"
+        assert registry.get_card(session, "kept")["sha256"] == card.sha256
+    database.dispose()
+
+
+def test_sqlite_runs_in_wal_mode_and_enforces_foreign_keys(tmp_path):
+    url = f"sqlite:///{tmp_path / 'registry.db'}"
+    migrations.upgrade(url)
+    database = Database(url)
+    with database.engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+    with pytest.raises(IntegrityError):
+        with database.session() as session:
+            session.add(LatencyReport(device_id="ghost", model_id="ghost", median_ms=1.0))
+    database.dispose()

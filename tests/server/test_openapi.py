@@ -1,0 +1,80 @@
+"""The OpenAPI document matches the routes: every /v1 rule is documented and every documented
+operation exists; the document is valid OpenAPI; responses conform to the documented schemas."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+from server_helpers import device_profile, make_card, tiny_onnx_model
+
+from fedzoo.server.openapi import openapi_document
+
+IMPLICIT_METHODS = {"HEAD", "OPTIONS"}
+
+
+def rule_operations(app) -> set[tuple[str, str]]:
+    operations = set()
+    for rule in app.url_map.iter_rules():
+        if not rule.rule.startswith("/v1/"):
+            continue
+        path = re.sub(r"<(?:[a-z_]+:)?([A-Za-z_][A-Za-z0-9_]*)>", r"{\1}", rule.rule)
+        operations |= {(method, path) for method in rule.methods - IMPLICIT_METHODS}
+    return operations
+
+
+def document_operations(document) -> set[tuple[str, str]]:
+    return {(method.upper(), path) for path, item in document["paths"].items() for method in item}
+
+
+def test_every_route_is_documented_and_every_documented_route_exists(live_server):
+    with live_server.client() as client:
+        document = client.get("/v1/openapi.json").json()
+    routes = rule_operations(live_server.app)
+    assert routes == document_operations(document)
+    assert {("POST", "/v1/lookup"), ("GET", "/v1/models/{model_id}/blob"), ("PUT", "/v1/blobs/{sha256}")} <= routes
+    assert not any(rule.rule.startswith("/static") for rule in live_server.app.url_map.iter_rules())
+
+
+def test_the_document_is_valid_openapi_and_its_references_resolve(live_server):
+    document = openapi_document(live_server.app)
+    assert document["openapi"].startswith("3.1")
+    schemas = document["components"]["schemas"]
+    text = repr(document)
+    for name in set(re.findall(r"#/components/schemas/([A-Za-z0-9_]+)", text)):
+        assert name in schemas, f"dangling reference to {name}"
+    lookup = document["paths"]["/v1/lookup"]["post"]
+    assert lookup["security"] == [{"deviceToken": []}]
+    assert {"200", "401", "404", "409", "413", "415", "422"} <= set(lookup["responses"])
+    blob = document["paths"]["/v1/models/{model_id}/blob"]["get"]
+    assert {"200", "206", "304", "416"} <= set(blob["responses"])
+    jsonschema_rs = pytest.importorskip("jsonschema_rs")  # installed with schemathesis
+    definitions = pytest.importorskip("schemathesis.specs.openapi.definitions")
+    jsonschema_rs.validator_for(definitions.OPENAPI_31).validate(document)
+
+
+def test_responses_conform_to_the_documented_schemas(live_server):
+    jsonschema_rs = pytest.importorskip("jsonschema_rs")
+
+    document = openapi_document(live_server.app)
+    blob = tiny_onnx_model(seed=3)
+    card = make_card(blob, "m1", 0.9, 1000)
+    assert live_server.publish(card, blob).status_code == 201
+    token = live_server.register(device_profile("d1"))
+    with httpx.Client(base_url=live_server.base_url, headers={"Authorization": f"Bearer {token}"}) as client:
+        exchanges = [
+            ("/v1/models", "get", client.get("/v1/models")),
+            ("/v1/models/{model_id}", "get", client.get("/v1/models/m1")),
+            ("/v1/lookup", "post", client.post("/v1/lookup", json={"task": "digits", "latency_budget_ms": 50})),
+            ("/v1/lookup", "post", client.post("/v1/lookup", json={"task": "digits", "latency_budget_ms": 1e-3})),
+            ("/v1/telemetry", "post", client.post("/v1/telemetry", json={"model_id": "m1", "median_ms": 1.5})),
+            ("/v1/devices", "post", client.post("/v1/devices", json=device_profile("d2"))),
+            ("/v1/models/{model_id}", "get", client.get("/v1/models/none")),
+        ]
+    for path, method, response in exchanges:
+        documented = document["paths"][path][method]["responses"]
+        assert str(response.status_code) in documented, (path, response.status_code)
+        schema = documented[str(response.status_code)]["content"]["application/json"]["schema"]
+        validator = jsonschema_rs.validator_for({**schema, "components": document["components"]})
+        validator.validate(response.json())
