@@ -9,14 +9,13 @@ outside the store.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import tempfile
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import BinaryIO
 
 from fedzoo.errors import InvalidInputError, NotFoundError
+from fedzoo.zoo import atomic_write_bytes
 
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _CHUNK_BYTES = 1 << 20
@@ -71,17 +70,7 @@ class FileBlobStore(BlobStore):
         target = self._path(digest)
         if target.is_file():
             return digest
-        target.parent.mkdir(parents=True, exist_ok=True)
-        descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=".upload.", suffix=".tmp")
-        try:
-            with os.fdopen(descriptor, "wb") as stream:
-                stream.write(data)
-                stream.flush()
-                os.fsync(stream.fileno())
-            os.replace(temporary, target)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
+        atomic_write_bytes(target, data)
         return digest
 
     def put_file(self, path: str | Path, expected_sha256: str | None = None) -> str:

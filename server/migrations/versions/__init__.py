@@ -1,0 +1,1 @@
+"""Alembic revisions of the registry schema, applied in order at start-up."""
