@@ -24,9 +24,12 @@ def context() -> ServerContext:
 
 
 def validation_error(error: ValidationError, where: str) -> ValidationFailed:
-    """One error naming the first bad field, with pydantic's explanation."""
+    """One error naming the first bad field, with pydantic's explanation; when the whole part is bad
+    (e.g. not JSON at all), the field named is the part itself (`where`)."""
     first = error.errors()[0]
-    field = ".".join(str(part) for part in first["loc"]) or None
+    field = ".".join(str(part) for part in first["loc"])
+    if not field:
+        return ValidationFailed(f"{where}: {first['msg']}", field=where)
     return ValidationFailed(f"{where} field '{field}': {first['msg']}", field=field)
 
 

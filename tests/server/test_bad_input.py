@@ -39,7 +39,7 @@ CASES = [
     ("not utf-8", "device", "POST", "/v1/lookup", {"content": b"\xff\xfe{", "headers": JSON_HEADERS},
      400, "malformed_json", None),
     ("json array", "device", "POST", "/v1/lookup", {"content": b"[1, 2]", "headers": JSON_HEADERS},
-     422, "invalid_field", None),
+     422, "invalid_field", "body"),
     ("form body", "device", "POST", "/v1/lookup", {"content": b"task=digits",
      "headers": {"Content-Type": "application/x-www-form-urlencoded"}}, 415, "unsupported_media_type", "Content-Type"),
     ("device profile as text", None, "POST", "/v1/devices",
@@ -200,3 +200,16 @@ def test_a_registry_that_refused_everything_still_serves(live_server, seeded):
         download = client.get("/v1/models/good/blob")
     assert answer.status_code == 200 and answer.json()["model"]["id"] == "good"
     assert hashlib.sha256(download.content).hexdigest() == CARD.sha256
+
+
+@pytest.mark.parametrize("text", ["", "not json", "[1, 2]"])
+def test_a_part_that_is_not_an_object_names_the_part_itself(text):
+    from pydantic import ValidationError
+
+    from fedzoo.server.fl.schemas import UpdateMetadata
+    from fedzoo.server.routes.common import validation_error
+
+    with pytest.raises(ValidationError) as invalid:
+        UpdateMetadata.model_validate_json(text)
+    failure = validation_error(invalid.value, "metadata")
+    assert failure.field == "metadata" and "None" not in str(failure)
