@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -44,7 +44,6 @@ class DemoRun:
     split: DatasetSplit | None = None
     server: subprocess.Popen | None = None
     server_url: str = ""
-    results: dict[str, object] = field(default_factory=dict)
 
     @property
     def zoo_dir(self) -> Path:
@@ -108,9 +107,9 @@ def stage_serve(run: DemoRun) -> str:
     run.server_url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-c", "from fedzoo.cli import main; main()", "serve", "--zoo", str(run.zoo_dir),
                "--port", str(port), "--data-dir", str(run.workdir / "server")]
-    log = open(run.workdir / "server.log", "wb")  # noqa: SIM115  (closed with the process at the end)
-    run.server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                  env={**os.environ, "FEDZOO_ADMIN_TOKEN": run.admin_token})
+    with open(run.workdir / "server.log", "wb") as log:  # the child keeps its own copy of the descriptor
+        run.server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                      env={**os.environ, "FEDZOO_ADMIN_TOKEN": run.admin_token})
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
     while time.monotonic() < deadline:
         if run.server.poll() is not None:
