@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 from fedzoo.cards import ModelCard
@@ -91,14 +90,6 @@ class Zoo:
             raise NotFoundError(f"blob {sha256!r} is not in the zoo at {self.root}")
         return path
 
-    def has_blob(self, sha256: str) -> bool:
-        """True when a blob with this digest is stored."""
-        try:
-            self.blob_path(sha256)
-        except NotFoundError:
-            return False
-        return True
-
     def add_blob_bytes(self, data: bytes) -> str:
         """Store bytes as a blob and return their sha256 (storing the same bytes twice is a no-op)."""
         digest = hashlib.sha256(data).hexdigest()
@@ -133,9 +124,6 @@ class Zoo:
     def cards(self) -> list[ModelCard]:
         """All cards, sorted by id so listings are stable."""
         return [ModelCard.from_json(path.read_bytes()) for path in sorted((self.root / "cards").glob("*.json"))]
-
-    def __iter__(self) -> Iterator[ModelCard]:
-        return iter(self.cards())
 
     def __len__(self) -> int:
         return len(list((self.root / "cards").glob("*.json")))
