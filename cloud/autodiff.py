@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from fedzoo.cloud.depthwise_lowering import is_lowerable, lower_depthwise
 from fedzoo.cloud.gradient_rules import GRADIENT_RULES, ForwardNode, GraphBuilder, StaticShape, rule_for
 from fedzoo.errors import InvalidInputError
 
@@ -241,6 +242,29 @@ def _single_input_and_output(model: onnx.ModelProto) -> tuple[onnx.ValueInfoProt
     return data_inputs[0], graph.output[0].name
 
 
+def _lower_trainable_depthwise(
+    nodes: list[onnx.NodeProto], shapes: dict[str, StaticShape], parameters: set[str], taken: set[str]
+) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """Depthwise convs with a trainable kernel as MatMuls (`fedzoo.cloud.depthwise_lowering` says why)."""
+    def fresh_name(hint: str) -> str:
+        counter = 0
+        while f"{hint}/{counter}" in taken:
+            counter += 1
+        taken.add(f"{hint}/{counter}")
+        return f"{hint}/{counter}"
+
+    lowered: list[onnx.NodeProto] = []
+    constants: list[onnx.TensorProto] = []
+    for node in nodes:
+        if node.input[1:2] and node.input[1] in parameters and is_lowerable(node, shapes):
+            replacement, new_constants = lower_depthwise(node, shapes, fresh_name)
+            lowered.extend(replacement)
+            constants.extend(new_constants)
+        else:
+            lowered.append(node)
+    return lowered, constants
+
+
 def _reverse_sweep(
     ctx: _TrainingGraphBuilder, forward_nodes: list[onnx.NodeProto], output_name: str, output_gradient: str,
     parameters: list[str],
@@ -309,6 +333,13 @@ def build_training_graph(
         opset_imports=list(model.opset_import),
     )
     shapes = _infer_shapes(forward)
+    forward_nodes, lowering_constants = _lower_trainable_depthwise(forward_nodes, shapes, set(parameters), taken)
+    if lowering_constants:
+        frozen = [*frozen, *lowering_constants]
+        del forward.graph.node[:]
+        forward.graph.node.extend(forward_nodes)
+        forward.graph.initializer.extend(lowering_constants)
+        shapes = _infer_shapes(forward)
     batch_dim = x_info.type.tensor_type.shape.dim[0]
     batch = batch_dim.dim_param if batch_dim.HasField("dim_param") else (batch_dim.dim_value or "batch")
 

@@ -230,6 +230,13 @@ def _back_to_input_shape(
     return [ctx.emit("Reshape", [grads[0], ctx.shape_of(node.inputs[0])])]
 
 
+@gradient_rule("Transpose")
+def _transpose(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], needs: list[bool]) -> list[str | None]:
+    rank = len(ctx.static_shape(node.inputs[0]))
+    perm = list(node.attributes.get("perm", reversed(range(rank))))
+    return [ctx.emit("Transpose", [grads[0]], perm=[perm.index(axis) for axis in range(rank)])]
+
+
 gradient_rule("Flatten")(_back_to_input_shape)
 gradient_rule("Reshape")(_back_to_input_shape)
 gradient_rule("Squeeze")(_back_to_input_shape)

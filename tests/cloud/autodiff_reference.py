@@ -64,6 +64,9 @@ TORCH_OPS = {
         _unsqueezed_shape(inputs[0].shape, [int(axis) for axis in inputs[1]])
     ),
     "Identity": lambda inputs, attributes: inputs[0],
+    "Transpose": lambda inputs, attributes: inputs[0].permute(
+        attributes.get("perm", list(reversed(range(inputs[0].dim()))))
+    ),
 }
 
 

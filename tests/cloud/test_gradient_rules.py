@@ -80,6 +80,9 @@ CASES = {
     ),
     "conv_depthwise_strided": lambda: _conv_case((2, 6, 9, 9), (6, 1, 3, 3), group=6, strides=[2, 2], pads=[1, 1, 1, 1]),
     "conv_depthwise_5x5": lambda: _conv_case((2, 4, 8, 8), (4, 1, 5, 5), group=4, pads=[2, 2, 2, 2]),
+    "conv_depthwise_dilated_large_plane_stays_conv": lambda: _conv_case(
+        (2, 3, 15, 14), (3, 1, 3, 2), group=3, strides=[1, 2], dilations=[2, 1], pads=[1, 0, 2, 1]
+    ),
     "conv_grouped": lambda: _conv_case((2, 4, 6, 6), (6, 2, 3, 3), group=2, pads=[1, 0, 1, 0]),
     "conv_pointwise": lambda: _conv_case((3, 5, 4, 4), (7, 5, 1, 1)),
     "conv_first_layer_no_input_gradient": lambda: _conv_case((2, 1, 8, 8), (4, 1, 3, 3), with_scale=False, strides=[2, 2]),
@@ -121,6 +124,9 @@ CASES = {
     "unsqueeze": lambda: (
         make_model([node("Mul", ["input", "s"], "h"), node("Unsqueeze", ["h", "axes"], "out")], (2, 3, 4),
                    {"s": randn(3, 1)}, constants=[("axes", np.array([1, -1], np.int64))]), (2, 3, 4)),
+    "transpose": lambda: (
+        make_model([node("Mul", ["input", "s"], "h"), node("Transpose", ["h"], "out", perm=[0, 2, 3, 1])],
+                   (2, 3, 4, 5), {"s": randn(1, 3, 1, 1)}), (2, 3, 4, 5)),
     "reshape_identity": lambda: (
         make_model([node("Mul", ["input", "s"], "h"), node("Reshape", ["h", "shape"], "r"), node("Identity", ["r"], "out")],
                    (2, 3, 4, 4), {"s": randn(1, 3, 1, 1)}, constants=[("shape", np.array([0, -1, 8], np.int64))]),
