@@ -450,6 +450,44 @@ def _conv_weight_gradient_size(geometry: _ConvGeometry) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+def _is_depthwise(geometry: _ConvGeometry) -> bool:
+    channels = geometry.input_shape[1]
+    return geometry.groups == channels > 1 and geometry.weight_shape[:2] == (channels, 1) and len(geometry.kernel) == 2
+
+
+def _depthwise_weight_gradient(ctx: GraphBuilder, node: ForwardNode, geometry: _ConvGeometry, dy: str) -> str:
+    """dW of a depthwise conv one kernel row a at a time: G_a[c] = rows_a(x)[c]^T @ dy[c], the (padded W, OW)
+    products of the input rows that kernel row a reads with the output rows (channels leading, so one
+    MatMul batched over the channels), then dW[c, a, b] = sum_j G_a[c, j*stride + b*dilation, j].
+
+    onnxruntime runs the grouped Conv of `_conv_weight_gradient` as one tiny GEMM per channel: measured
+    about 3x slower on a 14x14 plane with a 5x5 kernel."""
+    channels = geometry.input_shape[1]
+    (kernel_height, kernel_width), (stride_h, stride_w) = geometry.kernel, geometry.strides
+    (dilation_h, dilation_w), out_height, out_width = geometry.dilations, *geometry.output_shape[2:]
+    padded_width = geometry.input_shape[3] + geometry.pads[1] + geometry.pads[3]
+    x_channels_first = ctx.emit("Transpose", [node.inputs[0]], perm=[1, 0, 2, 3])
+    pads = [0, 0, geometry.pads[0], geometry.pads[1], 0, 0, geometry.pads[2], geometry.pads[3]]
+    padded = ctx.emit("Pad", [x_channels_first, _int64s(ctx, pads)]) if any(pads) else x_channels_first
+    dy_rows = ctx.emit("Reshape", [ctx.emit("Transpose", [dy], perm=[1, 0, 2, 3]), _int64s(ctx, [channels, -1, out_width])])
+    products = []
+    for a in range(kernel_height):
+        first = a * dilation_h
+        rows = ctx.emit(
+            "Slice", [padded, _int64s(ctx, [first]), _int64s(ctx, [first + stride_h * (out_height - 1) + 1]),
+                      _int64s(ctx, [2]), _int64s(ctx, [stride_h])],
+        )  # fmt: skip
+        rows = ctx.emit("Transpose", [ctx.emit("Reshape", [rows, _int64s(ctx, [channels, -1, padded_width])])], perm=[0, 2, 1])
+        products.append(ctx.emit("MatMul", [rows, dy_rows]))  # (C, padded W, OW)
+    stacked = ctx.emit("Concat", products, axis=1) if len(products) > 1 else products[0]
+    stacked = ctx.emit("Reshape", [stacked, _int64s(ctx, [channels, kernel_height, padded_width * out_width])])
+    diagonals = np.zeros((padded_width, out_width, kernel_width), np.float32)
+    for b in range(kernel_width):
+        diagonals[np.arange(out_width) * stride_w + b * dilation_w, np.arange(out_width), b] = 1.0
+    summed = ctx.emit("MatMul", [stacked, ctx.constant(diagonals.reshape(padded_width * out_width, kernel_width))])
+    return ctx.emit("Reshape", [summed, _int64s(ctx, list(geometry.weight_shape))])
+
+
 def _is_pointwise(geometry: _ConvGeometry) -> bool:
     return (
         geometry.groups == 1
@@ -475,7 +513,11 @@ def _conv(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], needs: 
     grad_x = _conv_input_gradient(ctx, node, geometry, dy) if needs[0] else None
     grad_w = None
     if needs[1]:
-        weight_gradient = _pointwise_weight_gradient if _is_pointwise(geometry) else _conv_weight_gradient
+        weight_gradient = _conv_weight_gradient
+        if _is_pointwise(geometry):
+            weight_gradient = _pointwise_weight_gradient
+        elif _is_depthwise(geometry):
+            weight_gradient = _depthwise_weight_gradient
         grad_w = weight_gradient(ctx, node, geometry, dy)
     grad_b = None
     if len(needs) > 2 and needs[2]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import onnx
@@ -17,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).parent))  # the shared helpers next to this file (importlib mode)
 from autodiff_reference import initializers, relative_error, run_training_graph, torch_reference_gradients
+from fedzoo.cloud import depthwise_lowering
 from fedzoo.cloud.autodiff import build_training_graph
 from fedzoo.cloud.gradient_rules import GRADIENT_RULES, MissingGradientRuleError
 
@@ -244,9 +246,15 @@ def conv_geometries(draw):
     return groups, in_per_group, out_per_group, kernel, strides, dilations, pads, spatial, draw(st.integers(1, 2))
 
 
-@settings(max_examples=15, deadline=None)
-@given(conv_geometries(), st.integers(0, 2**16))
-def test_conv_gradients_match_finite_differences(geometry, seed):
+@settings(max_examples=20, deadline=None)
+@given(conv_geometries(), st.integers(0, 2**16), st.booleans())
+def test_conv_gradients_match_finite_differences(geometry, seed, lower_depthwise):
+    # Without the lowering a trainable depthwise conv goes through the Conv rule (its large-plane path).
+    with mock.patch.object(depthwise_lowering, "MAX_PLANE_PRODUCT", depthwise_lowering.MAX_PLANE_PRODUCT if lower_depthwise else 0):
+        _check_conv_geometry(geometry, seed)
+
+
+def _check_conv_geometry(geometry, seed):
     groups, in_per_group, out_per_group, kernel, strides, dilations, pads, spatial, batch = geometry
     local = np.random.default_rng(seed)
     channels = groups * in_per_group
