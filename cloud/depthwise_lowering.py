@@ -2,7 +2,7 @@
 
 onnxruntime's fast depthwise kernel (NCHWc) needs a constant weight; with the weight as a graph input it
 loops over the channels with tiny GEMMs, and so do the ConvTranspose and grouped Conv of the backward
-(bench/train_benchmark.py measured them at about two thirds of a training step). A depthwise conv is,
+(profiled at about two thirds of a training step of the bench/train_benchmark.py subnet). A depthwise conv is,
 per channel c, a linear map of the flattened input plane: y[n, c, :] = x[n, c, :] @ M[c], where the
 (H*W, OH*OW) matrix M[c] = sum over taps t of w[c, t] * E[t] and E[t] is a constant 0/1 matrix that
 holds the padding, stride and dilation. The rewrite builds M with one MatMul and applies it with one

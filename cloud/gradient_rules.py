@@ -497,20 +497,31 @@ def _is_pointwise(geometry: _ConvGeometry) -> bool:
 
 
 def _pointwise_weight_gradient(ctx: GraphBuilder, node: ForwardNode, geometry: _ConvGeometry, dy: str) -> str:
-    """dW of a 1x1 conv as one GEMM, dy (C_out, N*HW) @ x^T (N*HW, C_in): much faster than a Conv
-    whose kernel is the whole feature map."""
+    """dW of a 1x1 conv as per-sample GEMMs dy[n] (C_out, HW) @ x[n]^T (HW, C_in) summed over the batch:
+    much faster than a Conv whose kernel is the whole feature map, and no feature map is transposed."""
     out_channels, in_channels = geometry.weight_shape[0], geometry.weight_shape[1]
-    spatial_axes = list(range(2, len(geometry.input_shape)))
-    dy_rows = ctx.emit("Reshape", [ctx.emit("Transpose", [dy], perm=[1, 0, *spatial_axes]), _int64s(ctx, [out_channels, -1])])
-    x_columns = ctx.emit("Reshape", [ctx.emit("Transpose", [node.inputs[0]], perm=[0, *spatial_axes, 1]), _int64s(ctx, [-1, in_channels])])
-    return ctx.emit("Reshape", [ctx.emit("MatMul", [dy_rows, x_columns]), _int64s(ctx, list(geometry.weight_shape))])
+    dy_rows = ctx.emit("Reshape", [dy, _int64s(ctx, [0, out_channels, -1])])
+    x_columns = ctx.emit("Transpose", [ctx.emit("Reshape", [node.inputs[0], _int64s(ctx, [0, in_channels, -1])])], perm=[0, 2, 1])
+    summed = ctx.emit("ReduceSum", [ctx.emit("MatMul", [dy_rows, x_columns]), _int64s(ctx, [0])], keepdims=0)
+    return ctx.emit("Reshape", [summed, _int64s(ctx, list(geometry.weight_shape))])
+
+
+def _pointwise_input_gradient(ctx: GraphBuilder, node: ForwardNode, geometry: _ConvGeometry, dy: str) -> str:
+    """dx of a 1x1 conv as W^T (C_in, C_out) @ dy[n] (C_out, HW), one GEMM per sample."""
+    out_channels, in_channels = geometry.weight_shape[0], geometry.weight_shape[1]
+    weight_t = ctx.emit("Transpose", [ctx.emit("Reshape", [node.inputs[1], _int64s(ctx, [out_channels, in_channels])])], perm=[1, 0])
+    product = ctx.emit("MatMul", [weight_t, ctx.emit("Reshape", [dy, _int64s(ctx, [0, out_channels, -1])])])
+    return ctx.emit("Reshape", [product, ctx.shape_of(node.inputs[0])])
 
 
 @gradient_rule("Conv", differentiable_inputs=(0, 1, 2))
 def _conv(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], needs: list[bool]) -> list[str | None]:
     geometry = _conv_geometry(ctx, node)
     dy = grads[0]
-    grad_x = _conv_input_gradient(ctx, node, geometry, dy) if needs[0] else None
+    # A frozen kernel is better served by `_conv_input_gradient` (a constant-kernel Conv, run blocked).
+    trainable_pointwise = _is_pointwise(geometry) and not ctx.is_constant(node.inputs[1])
+    input_gradient = _pointwise_input_gradient if trainable_pointwise else _conv_input_gradient
+    grad_x = input_gradient(ctx, node, geometry, dy) if needs[0] else None
     grad_w = None
     if needs[1]:
         weight_gradient = _conv_weight_gradient

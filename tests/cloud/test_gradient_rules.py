@@ -182,6 +182,18 @@ def test_input_gradient_through_a_frozen_kernel_matches_torch(case):
         assert relative_error(grads[name], expected[name]) < 1e-4, name
 
 
+@pytest.mark.parametrize("case, lowered", [("conv_depthwise_5x5", True), ("conv_depthwise_strided", True),
+                                           ("conv_depthwise_dilated_large_plane_stays_conv", False)])
+def test_trainable_depthwise_on_small_planes_becomes_matmuls(case, lowered):
+    model, _ = CASES[case]()
+    graph = build_training_graph(model, ["w", "b"], loss="mse")
+    grouped = [n for n in graph.graph.node if n.op_type == "Conv" and any(a.name == "group" and a.i > 1 for a in n.attribute)]
+    assert (not grouped) == lowered
+    # Frozen, the depthwise kernel is a constant and stays a Conv, which onnxruntime runs fastest.
+    frozen = build_training_graph(model, ["s"], loss="mse")
+    assert any(n.op_type == "Conv" and n.input[1] == "w" for n in frozen.graph.node)
+
+
 def test_every_rule_is_checked_against_torch():
     covered = {n.op_type for build in CASES.values() for n in build()[0].graph.node}
     assert set(GRADIENT_RULES) <= covered, set(GRADIENT_RULES) - covered
