@@ -8,7 +8,8 @@ per channel c, a linear map of the flattened input plane: y[n, c, :] = x[n, c, :
 holds the padding, stride and dilation. The rewrite builds M with one MatMul and applies it with one
 batched MatMul over the channels; the backward is then that of MatMul, Reshape and Transpose, exact
 like every other rule. M costs H*W/(kernel taps) times the multiply-adds of the direct conv, so it is
-used only while the planes are small (`MAX_PLANE_PRODUCT`); larger depthwise layers stay Conv.
+used only while the planes are small (`MAX_PLANE_PRODUCT`); larger depthwise layers stay Conv (whose
+weight gradient the Conv rule computes with per-kernel-row MatMuls instead).
 """
 
 from __future__ import annotations
