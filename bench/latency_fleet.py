@@ -161,7 +161,9 @@ def main() -> None:
         measured = np.array([first[f"zoo:{n}"].median_ms for n in names])
         remeasured = np.array([timings[f"b:zoo:{n}"].median_ms for n in names])
         calibration_ms = [first[f"cal:{n}"].median_ms for n in calibration]
-        predictor = reference.calibrated_from_features(calibration_features[False], calibration_ms, calibration_features[True])
+        predictor = reference.calibrated_from_features(
+            calibration_features[False], calibration_ms, calibration_features[True], list(calibration)
+        )
         predicted = np.array([predictor.predict_from_features(f) for f in zoo_features[predictor.all_plain_layout]])
         uncalibrated = np.array([reference.predict_from_features(f) for f in zoo_features[False]])
         scales = ", ".join(f"{g}={s:.2f}" for g, s in predictor.group_scales.items())
