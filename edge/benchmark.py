@@ -113,9 +113,13 @@ def benchmark_models_interleaved(
     runs_per_round: int = 20,
     warmup_runs: int = 10,
     graph_optimization: str = "all",
+    rewarm_runs: int = 3,
 ) -> dict[str, LatencyMeasurement]:
     """Latency of several models measured in interleaved rounds (every model a few runs, then the next round),
-    so slow spells of a shared CPU hit all models alike instead of whichever model was running then."""
+    so slow spells of a shared CPU hit all models alike instead of whichever model was running then.
+    Each turn starts with `rewarm_runs` untimed runs, since caches hold the previous model: the first timed
+    run after a switch was 3.5% slower than the fourth with one re-warm run, 1.1% with two, 0.7% with three
+    (medians over 64 models; a bias of the interleaving itself, which the median of 2 runs a turn keeps)."""
     sessions = {name: create_session(model, threads, graph_optimization) for name, model in models.items()}
     feeds = {name: _random_feeds(session) for name, session in sessions.items()}
     timings: dict[str, list[float]] = {name: [] for name in sessions}
@@ -124,7 +128,8 @@ def benchmark_models_interleaved(
             session.run(None, feeds[name])
     for _ in range(rounds):
         for name, session in sessions.items():
-            session.run(None, feeds[name])  # re-warm caches after the other models ran
+            for _ in range(rewarm_runs):  # re-warm caches after the other models ran
+                session.run(None, feeds[name])
             for _ in range(runs_per_round):
                 start = time.perf_counter()
                 session.run(None, feeds[name])

@@ -12,13 +12,18 @@ Gemm, pools, ...). The *reference* predictor gives each kernel type a linear cos
 `per_kernel + per_mac * MACs + per_padded_mac * MACs-with-channels-in-blocks-of-16 + per_pixel * output
 pixels + per_element * (inputs + outputs) + per_weight * weights`, plus one
 per-inference overhead; the coefficients are fitted (non-negative least squares on relative error) to whole
-models measured on the reference device, and shipped as `reference_latency_model.json` beside this file.
+models measured on the reference device, once as it runs them (NCHWc convs) and once with the NCHWc kernels
+off (where the runtime also fuses less: see `fedzoo.edge.kernels`), and shipped as `reference_latency_model.json`
+beside this file, with the reference's own timings of the calibration models (its "anchors").
 A new device only times the handful of calibration models (`fedzoo.edge.calibration_models`): `calibrated`
 then scales the reference's cost *groups* (the per-inference overhead; dense and depthwise convs, each in fp32
 and INT8; everything else), since threads, runtime builds and CPUs speed these up by different factors. That
 is 6 numbers, fitted in milliseconds from 8 timings, pulled toward a single common scale so few timings
-cannot overfit; calibration also decides from the timings whether the device runs fp32 convs in onnxruntime's
-x86 NCHWc layout (like the reference) or all in plain NCHW (ARM builds, lower optimisation levels).
+cannot overfit. Each calibration model's cost is anchored to its measured reference median, so the scales
+compare the device with the reference's measurements, not with its predictions (the reference's residuals on
+the calibration models biased INT8 predictions by -6% before). Calibration also decides from the timings
+whether the device runs fp32 convs in onnxruntime's x86 NCHWc layout (like the reference) or all in plain
+NCHW (ARM builds, lower optimisation levels).
 """
 
 from __future__ import annotations
@@ -114,6 +119,9 @@ class KernelLatencyPredictor(LatencyPredictor):
     group_scales: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CALIBRATION_GROUPS, 1.0))
     reference_device: dict[str, Any] = field(default_factory=dict)
     all_plain_layout: bool = False  # the device runs every fp32 conv in plain NCHW (found by calibration)
+    # The calibration models' medians measured on the reference device, by layout ("nchwc", "plain"): a
+    # device's timings are compared with these, so the reference's own residuals on them do not bias a device.
+    calibration_anchors_ms: dict[str, dict[str, float]] = field(default_factory=dict)
 
     # ---- fitting the reference -------------------------------------------------------------------------
     def fit(self, models: Sequence[ModelSource], latencies_ms: Sequence[float]) -> KernelLatencyPredictor:
@@ -193,32 +201,46 @@ class KernelLatencyPredictor(LatencyPredictor):
                 else _calibration_model_features(name, plain)
                 for name in timings
             ]
-        return self.calibrated_from_features(features[False], list(timings.values()), features[True])
+        return self.calibrated_from_features(features[False], list(timings.values()), features[True], list(timings))
 
     def calibrated_from_features(
         self,
         features: Sequence[Mapping[str, np.ndarray]],
         latencies_ms: Sequence[float],
         plain_layout_features: Sequence[Mapping[str, np.ndarray]] | None = None,
+        names: Sequence[str] | None = None,
     ) -> KernelLatencyPredictor:
         """`calibrated` from precomputed calibration-model features and their timings on the device. Given the
         features also as a runtime without NCHWc kernels would run the models, it keeps whichever of the two
-        explains the timings better: a device's layout is found from its timings, not declared."""
+        explains the timings better: a device's layout is found from its timings, not declared. Given the
+        models' `names`, each one's predicted cost is anchored to its measured reference median (see
+        `calibration_anchors_ms`): the scales then say only how this device differs from the reference."""
         targets = _positive_latencies(latencies_ms, len(features))
         candidates = [(False, features)] + ([(True, plain_layout_features)] if plain_layout_features else [])
-        fits = [(self._fit_group_scales(rows, targets), plain) for plain, rows in candidates]
+        fits = [
+            (self._fit_group_scales(rows, targets, self._anchors(names, plain)), plain) for plain, rows in candidates
+        ]
         (scales, _), plain = min(fits, key=lambda fit: fit[0][1])  # the smaller residual
         return KernelLatencyPredictor(
             self.coefficients, self.overhead_ms, dict(zip(CALIBRATION_GROUPS, scales.tolist())),
-            self.reference_device, plain,
+            self.reference_device, plain, self.calibration_anchors_ms,
         )
 
+    def _anchors(self, names: Sequence[str] | None, all_plain_layout: bool) -> np.ndarray | None:
+        """Reference medians of the named calibration models in that layout; None unless all are known."""
+        anchors = self.calibration_anchors_ms.get("plain" if all_plain_layout else "nchwc", {})
+        if names is None or not all(name in anchors for name in names):
+            return None
+        return np.array([anchors[name] for name in names])
+
     def _fit_group_scales(
-        self, features: Sequence[Mapping[str, np.ndarray]], targets: np.ndarray
+        self, features: Sequence[Mapping[str, np.ndarray]], targets: np.ndarray, anchors_ms: np.ndarray | None
     ) -> tuple[np.ndarray, float]:
         """Group scales for these timings, and the squared relative error they leave on them."""
         reference = KernelLatencyPredictor(self.coefficients, self.overhead_ms, reference_device=self.reference_device)
         costs = np.array([[reference.group_costs_ms(row)[g] for g in CALIBRATION_GROUPS] for row in features])
+        if anchors_ms is not None:  # each model's cost split by group, summing to what the reference measured
+            costs = costs * (anchors_ms / np.maximum(costs.sum(axis=1), 1e-12))[:, None]
         ratios = costs.sum(axis=1) / targets
         common_scale = float(np.sum(ratios) / np.sum(ratios**2))  # best single scale on relative error
         # Relative-error rows, plus prior rows pulling each scale toward the common one.
@@ -244,6 +266,7 @@ class KernelLatencyPredictor(LatencyPredictor):
                 "group_scales": self.group_scales,
                 "reference_device": self.reference_device,
                 "all_plain_layout": self.all_plain_layout,
+                "calibration_anchors_ms": self.calibration_anchors_ms,
             },
             indent=1,
             sort_keys=True,
@@ -256,7 +279,7 @@ class KernelLatencyPredictor(LatencyPredictor):
             raise InvalidInputError(f"predictor features {data.get('features')} != {list(FEATURES)}", "features")
         return cls(
             data["coefficients"], data["overhead_ms"], data["group_scales"], data.get("reference_device", {}),
-            bool(data.get("all_plain_layout", False)),
+            bool(data.get("all_plain_layout", False)), data.get("calibration_anchors_ms", {}),
         )
 
     def save(self, path: str | Path) -> None:
@@ -272,46 +295,70 @@ def fit_reference_predictor(
 ) -> tuple[KernelLatencyPredictor, dict[str, float]]:
     """Fit the reference predictor on `device_class` (default: the fleet's first class) from random
     MobileNet-style models (half broad, half sampled around the zoo's search space), fp32 and INT8, measured
-    there in interleaved rounds at real-time priority.
+    there in interleaved rounds at real-time priority, twice: as the class runs them (NCHWc) and with the
+    runtime's NCHWc kernels off, so plain-layout kernels get costs measured in their own fusions.
     With `holdout_every` = k, every k-th architecture is held out and the returned figures say how well the
     fit predicts them; the shipped reference is fitted on all of them."""
+    from dataclasses import replace
+
     from fedzoo.edge.calibration_models import build_model, calibration_models, random_architecture, zoo_like_architecture
     from fedzoo.edge.fleet import DEFAULT_FLEET, run_on_device_class
 
     device_class = device_class or DEFAULT_FLEET[0]
+    plain_class = replace(device_class, name=f"{device_class.name}-no-nchwc", graph_optimization="extended")
     models: dict[str, bytes] = {}
     for index in range(architectures):  # half broad MobileNet-style, half around the zoo's search space
         sampler = random_architecture if index % 2 else zoo_like_architecture
         architecture = sampler(seed + index)
         for precision in ("fp32", "int8"):
             models[f"random-{index}-{precision}"] = build_model(architecture, precision, seed + index)  # type: ignore[arg-type]
-    models.update(calibration_models())
-    measured = run_on_device_class(device_class, models, rounds=30, runs_per_round=2, realtime=True)
+    calibration = calibration_models()
+    models.update(calibration)
     names = list(models)
-    features = [kernel_features(models[name]) for name in names]
-    latencies = [measured[name].median_ms for name in names]
-    figures: dict[str, float] = {"models": float(len(names))}
+    features, latencies = {}, {}
+    for layout, measured_class in (("nchwc", device_class), ("plain", plain_class)):
+        measured = run_on_device_class(measured_class, models, rounds=30, runs_per_round=2, realtime=True)
+        features[layout] = [kernel_features(models[name], layout == "plain") for name in names]
+        latencies[layout] = [measured[name].median_ms for name in names]
+    figures: dict[str, float] = {"models": float(len(names)), "layouts": 2.0}
     if holdout_every:
         held_out = [name.startswith("random-") and int(name.split("-")[1]) % holdout_every == 0 for name in names]
         train = [index for index, out in enumerate(held_out) if not out]
         test = [index for index, out in enumerate(held_out) if out]
-        trial = KernelLatencyPredictor().fit_features([features[i] for i in train], [latencies[i] for i in train])
-        errors = np.array([trial.predict_from_features(features[i]) / latencies[i] - 1.0 for i in test])
-        figures.update(
-            holdout_models=float(len(test)),
-            holdout_within_10pct=float(np.mean(np.abs(errors) <= 0.10)),
-            holdout_within_20pct=float(np.mean(np.abs(errors) <= 0.20)),
-            holdout_median_abs_error=float(np.median(np.abs(errors))),
+        trial = fit_reference_from_measurements(
+            {layout: [rows[i] for i in train] for layout, rows in features.items()},
+            {layout: [values[i] for i in train] for layout, values in latencies.items()},
         )
-    predictor = KernelLatencyPredictor().fit_features(features, latencies)
+        for layout in features:
+            errors = np.array([trial.predict_from_features(features[layout][i]) / latencies[layout][i] - 1.0 for i in test])
+            figures.update({
+                f"{layout}_holdout_models": float(len(test)),
+                f"{layout}_holdout_within_10pct": float(np.mean(np.abs(errors) <= 0.10)),
+                f"{layout}_holdout_within_20pct": float(np.mean(np.abs(errors) <= 0.20)),
+                f"{layout}_holdout_median_abs_error": float(np.median(np.abs(errors))),
+            })
+    predictor = fit_reference_from_measurements(features, latencies)
+    predictor.calibration_anchors_ms = {
+        layout: {name: latencies[layout][names.index(name)] for name in calibration} for layout in latencies
+    }
     predictor.reference_device = {
         "device_class": device_class.name,
         "threads": device_class.threads,
-        "graph_optimization": device_class.graph_optimization,
+        "graph_optimization": f"{device_class.graph_optimization} and extended (no NCHWc)",
         "models": len(names),
         "architecture_seeds": [seed, seed + architectures],
     }
     return predictor, figures
+
+
+def fit_reference_from_measurements(
+    features: Mapping[str, Sequence[Mapping[str, np.ndarray]]], latencies_ms: Mapping[str, Sequence[float]]
+) -> KernelLatencyPredictor:
+    """One predictor fitted jointly to models measured in each layout ("nchwc", "plain"): kernel types both
+    layouts run alike (INT8 element-wise ops, pools, the classifier) share costs, the rest are keyed apart."""
+    rows = [row for layout in features for row in features[layout]]
+    targets = [value for layout in features for value in latencies_ms[layout]]
+    return KernelLatencyPredictor().fit_features(rows, targets)
 
 
 def predict_for_device(model: ModelSource, benchmarks: Iterable[Any]) -> float:

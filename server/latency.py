@@ -177,7 +177,7 @@ class KernelPredictorEstimator(LatencyEstimator):
             return DeviceScales((1.0,) * len(self.groups),
                                 "fewer than 2 known calibration benchmarks; assumed reference speed")
         calibrated = self.reference.calibrated_from_features([features[name] for name in known],
-                                                             [timings[name] for name in known])
+                                                             [timings[name] for name in known], names=known)
         scales = tuple(max(float(calibrated.group_scales.get(group, 1.0)), 1e-6) for group in self.groups)
         return DeviceScales(scales, f"kernel predictor calibrated on {len(known)} benchmarks")
 

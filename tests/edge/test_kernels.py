@@ -52,6 +52,26 @@ def test_int8_qdq_graph_folds_quantization_into_its_kernels() -> None:
     assert all(k.layout == "" for k in kernels)
 
 
+def test_a_runtime_without_nchwc_runs_residual_adds_and_hardswish_apart() -> None:
+    """Below the NCHWc level onnxruntime's FusedConv takes Relu/Clip but not a residual Add or a HardSwish,
+    and INT8 convs lose their NHWC kernels: those convs get their own plain-layout keys."""
+    architecture = Architecture((1, 8, 8), 8, (Block(1, 8, activation="hardswish"),), 16)
+    kernels = split_kernels(build_model(architecture, "fp32"), all_plain_layout=True)
+    assert [(k.ops, k.key) for k in kernels] == [
+        (("Conv", "Clip"), "conv-stem+clip:nchw/fp32"),
+        (("Conv",), "conv-dw:nchw/fp32"),
+        (("HardSwish",), "activation+hardswish/fp32"),
+        (("Conv",), "conv-pw:nchw/fp32"),
+        (("Add",), "elementwise/fp32"),
+        (("Conv", "Clip"), "conv-pw+clip:nchw/fp32"),
+        (("GlobalAveragePool",), "global-pool/fp32"),
+        (("Flatten",), "shape/fp32"),
+        (("Gemm",), "gemm/fp32"),
+    ]
+    int8 = split_kernels(build_model(TINY, "int8"), all_plain_layout=True)
+    assert {k.layout for k in int8 if k.ops[0] == "Conv"} == {"nchw"}
+
+
 def _graph_with(nodes: list, initializers: list, input_shape: list, output: str, output_shape: list) -> bytes:
     graph = helper.make_graph(
         nodes,

@@ -99,10 +99,9 @@ def test_calibration_finds_the_group_a_device_is_slow_at(
 
 
 def test_for_device_takes_profile_benchmarks_and_predicts(reference: KernelLatencyPredictor) -> None:
-    benchmarks = [
-        {"model": name, "median_ms": 2.0 * reference.predict_ms(calibration_model(name))}
-        for name in CALIBRATION_MODEL_NAMES
-    ]
+    """A device twice as slow as the reference was when it measured the calibration models."""
+    anchors = reference.calibration_anchors_ms["nchwc"]
+    benchmarks = [{"model": name, "median_ms": 2.0 * anchors[name]} for name in CALIBRATION_MODEL_NAMES]
     model = build_model(width_family(8))
     assert predict_for_device(model, benchmarks) == pytest.approx(2.0 * reference.predict_ms(model), rel=1e-3)
     as_objects = [CalibrationBenchmark(**benchmark) for benchmark in benchmarks]
@@ -165,3 +164,22 @@ def test_calibration_tells_a_device_without_nchwc_kernels_from_timings(reference
     assert device.predict_ms(model) == pytest.approx(expected, rel=1e-3)
     nchwc_device_ms = [1.2 * reference.predict_from_features(f) for f in nchwc]
     assert not reference.calibrated_from_features(nchwc, nchwc_device_ms, plain).all_plain_layout
+
+
+def test_calibration_is_anchored_to_the_reference_measurements(
+    reference: KernelLatencyPredictor, calibration_features: dict
+) -> None:
+    """The reference device itself calibrates to scale 1 everywhere, whatever the reference's own residuals on
+    the calibration models; without the names (no anchors) those residuals would leak into the scales."""
+    names = list(calibration_features)
+    features = [calibration_features[name] for name in names]
+    anchors = reference.calibration_anchors_ms["nchwc"]
+    assert set(anchors) == set(CALIBRATION_MODEL_NAMES)
+    timings = [anchors[name] for name in names]
+    same = reference.calibrated_from_features(features, timings, names=names)
+    assert same.group_scales == pytest.approx(dict.fromkeys(CALIBRATION_GROUPS, 1.0), abs=1e-6)
+    residuals = [reference.predict_from_features(f) / t - 1.0 for f, t in zip(features, timings)]
+    unanchored = reference.calibrated_from_features(features, timings)
+    assert max(map(abs, residuals)) > 1e-3 and unanchored.group_scales != same.group_scales
+    loaded = KernelLatencyPredictor.from_json(same.to_json())
+    assert loaded.calibration_anchors_ms == reference.calibration_anchors_ms
