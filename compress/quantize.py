@@ -1,5 +1,11 @@
-"""INT8 post-training static quantization with onnxruntime.quantization, configured for what speeds up
-on our CPUs (DESIGN.md, "Known facts"): QDQ, uint8 activations, int8 weights per channel, reduce_range.
+"""INT8 post-training static quantization with onnxruntime.quantization: int8 weights per channel with
+reduce_range, uint8 or int8 activations, in QDQ or QOperator form (`INT8_RECIPES`).
+
+Which form is fastest depends on the CPU (U8S8 is the fast x86 path, with or without VNNI; S8S8 is the
+one ARM kernels prefer), so the pipeline quantizes with several recipes and keeps the one it measures
+best. `reduce_range` (7-bit weights) avoids the int16 saturation of U8S8 on x86 CPUs without VNNI; we
+keep it on because the model is built once and run on devices of either kind, and on a VNNI CPU it
+measured neither slower nor less accurate.
 
 Pitfalls handled here rather than left to the gate:
 - per-tensor weights collapse depthwise convs (one scale for channels of very different range):
@@ -24,6 +30,7 @@ import onnxruntime as ort
 from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
+from fedzoo.compress.compact import compact_model
 from fedzoo.compress.errors import CalibrationDataError, UnsupportedOperationError
 from fedzoo.compress.export import load_onnx_file
 from fedzoo.errors import InvalidInputError
@@ -34,6 +41,13 @@ CALIBRATION_METHODS = {
     "percentile": (CalibrationMethod.Percentile, {"CalibPercentile": 99.999}),
 }
 QUANT_FORMATS = {"qdq": QuantFormat.QDQ, "qoperator": QuantFormat.QOperator}
+ACTIVATION_TYPES = {"uint8": QuantType.QUInt8, "int8": QuantType.QInt8}
+# name -> (format, activation type). QOperator S8S8 is left out: ORT warns it is slow on x64.
+INT8_RECIPES = {
+    "qoperator-u8s8": ("qoperator", "uint8"),
+    "qdq-u8s8": ("qdq", "uint8"),
+    "qdq-s8s8": ("qdq", "int8"),
+}
 
 # Ops of an fp32 classifier we know how to quantize or pass through untouched; anything else is refused
 # up front rather than producing a model nobody has measured the behaviour of.
@@ -112,6 +126,7 @@ def quantize_int8(
     per_channel: bool = True,
     quant_format: str = "qdq",
     reduce_range: bool = True,
+    activation_type: str = "uint8",
 ) -> QuantizationRecipe:
     """Write a statically quantized copy of the ONNX model at `fp32_path` to `output_path`.
 
@@ -122,6 +137,8 @@ def quantize_int8(
         raise InvalidInputError(f"unknown calibration method {calibration!r}; use one of {sorted(CALIBRATION_METHODS)}", field="calibration")
     if quant_format not in QUANT_FORMATS:
         raise InvalidInputError(f"unknown quantization format {quant_format!r}; use one of {sorted(QUANT_FORMATS)}", field="format")
+    if activation_type not in ACTIVATION_TYPES:
+        raise InvalidInputError(f"unknown activation type {activation_type!r}; use one of {sorted(ACTIVATION_TYPES)}", field="activation_type")
     model = load_onnx_file(fp32_path)
     unsupported = sorted({node.op_type for node in model.graph.node if node.domain not in ("", "ai.onnx")} |
                          {node.op_type for node in model.graph.node} - SUPPORTED_OPS)  # fmt: skip
@@ -144,13 +161,13 @@ def quantize_int8(
                 quant_format=QUANT_FORMATS[quant_format],
                 per_channel=per_channel,
                 reduce_range=reduce_range,
-                activation_type=QuantType.QUInt8,
+                activation_type=ACTIVATION_TYPES[activation_type],
                 weight_type=QuantType.QInt8,
                 calibrate_method=method,
                 nodes_to_exclude=excluded,
                 extra_options={"ActivationSymmetric": False, "WeightSymmetric": True, **extra_options},
             )
-        _compact_names(quantized)
+        onnx.save(compact_model(onnx.load(str(quantized))), str(quantized))
         check_quantized(quantized)
         os.replace(quantized, output_path)
     return QuantizationRecipe(
@@ -158,34 +175,10 @@ def quantize_int8(
         calibration=calibration,
         per_channel=per_channel,
         reduce_range=reduce_range,
+        activation_type=activation_type,
         calibration_images=len(images),
         excluded_nodes=tuple(excluded),
     )
-
-
-def _compact_names(path: Path) -> None:
-    """Shorten node and tensor names: the quantizer's long generated names cost as many bytes as the int8
-    weights of a small model. The graph's input and output keep their names (devices feed them by name)."""
-    model = onnx.load(str(path))
-    graph = model.graph
-    kept = {value.name for value in [*graph.input, *graph.output]}
-    renamed: dict[str, str] = {}
-
-    def short(name: str) -> str:
-        if not name or name in kept:
-            return name
-        return renamed.setdefault(name, f"t{len(renamed)}")
-
-    for tensor in graph.initializer:
-        tensor.name = short(tensor.name)
-    for value in graph.value_info:
-        value.name = short(value.name)
-    for index, node in enumerate(graph.node):
-        node.name = f"n{index}"
-        node.doc_string = ""
-        node.input[:] = [short(name) for name in node.input]
-        node.output[:] = [short(name) for name in node.output]
-    onnx.save(model, str(path))
 
 
 def check_quantized(path: Path) -> None:

@@ -119,3 +119,13 @@ def test_a_dynamic_quantized_conv_model_is_refused(trained_mobilenet, tmp_path):
     assert "ConvInteger" in op_types(tmp_path / "dynamic.onnx")
     with pytest.raises(UnsupportedOperationError, match="ConvInteger"):
         check_quantized(tmp_path / "dynamic.onnx")
+
+
+def test_int8_activations_give_signed_quantize_ops(trained_mobilenet, digits, tmp_path):
+    _model, fp32 = trained_mobilenet
+    recipe = quantize_int8(fp32, tmp_path / "int8.onnx", digits[1][:32], activation_type="int8")
+    model = onnx.load(str(tmp_path / "int8.onnx"))
+    initializers = {tensor.name: tensor for tensor in model.graph.initializer}
+    zero_points = [initializers[node.input[2]] for node in model.graph.node if node.op_type == "QuantizeLinear"]
+    assert recipe.activation_type == "int8" and zero_points
+    assert all(tensor.data_type == TensorProto.INT8 for tensor in zero_points)
