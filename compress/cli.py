@@ -12,7 +12,7 @@ from fedzoo.cloud.data import load_dataset, split_dataset
 from fedzoo.compress.finetune import FineTuning
 from fedzoo.compress.pipeline import REPORT_NAME, CompressionReport, compress_zoo
 from fedzoo.compress.pruning import IMPORTANCE_CRITERIA, SCOPES
-from fedzoo.compress.quantize import CALIBRATION_METHODS, QUANT_FORMATS
+from fedzoo.compress.quantize import CALIBRATION_METHODS, INT8_RECIPES
 from fedzoo.errors import InvalidInputError
 from fedzoo.zoo import Zoo
 
@@ -51,13 +51,14 @@ def print_report(report: CompressionReport, console: Console) -> None:
               help="Channel pruning ratios to try, largest first (repeat the option).")  # fmt: skip
 @click.option("--method", type=click.Choice(sorted(IMPORTANCE_CRITERIA)), default="l1", show_default=True)
 @click.option("--scope", type=click.Choice(SCOPES), default="layer", show_default=True)
-@click.option("--epochs", default=4, show_default=True, help="Fine-tuning epochs after pruning.")
+@click.option("--epochs", default=8, show_default=True, help="Fine-tuning epochs after pruning.")
 @click.option("--calibration", type=click.Choice(sorted(CALIBRATION_METHODS)), default="minmax", show_default=True)
-@click.option("--format", "quant_format", type=click.Choice(sorted(QUANT_FORMATS)), default="qdq", show_default=True,
-              help="INT8 graph form: QDQ (portable) or QOperator (QLinearConv, smaller files).")  # fmt: skip
+@click.option("--int8-recipe", "int8_recipes", multiple=True, type=click.Choice(list(INT8_RECIPES)),
+              default=tuple(INT8_RECIPES), show_default=True,
+              help="INT8 forms to try (repeat the option); the fastest measured, then the smallest, is gated.")  # fmt: skip
 def compress(
     zoo_dir: str, dataset: str | None, tolerance: float, seed: int, ratios: tuple[float, ...], method: str, scope: str,
-    epochs: int, calibration: str, quant_format: str,
+    epochs: int, calibration: str, int8_recipes: tuple[str, ...],
 ) -> None:
     """Prune, quantize and gate every root fp32 model in ZOO_DIR; accepted variants become new cards."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -66,7 +67,7 @@ def compress(
     report = compress_zoo(
         zoo_dir, split, accuracy_tolerance_points=tolerance, pruning_ratios=ratios, pruning_method=method,
         pruning_scope=scope, fine_tuning=FineTuning(epochs=epochs, seed=seed), calibration=calibration,
-        quant_format=quant_format,
+        int8_recipes=int8_recipes,
     )  # fmt: skip
     console = Console()
     print_report(report, console)

@@ -14,7 +14,7 @@ from torch import nn
 
 @dataclass(frozen=True)
 class FineTuning:
-    epochs: int = 4
+    epochs: int = 8  # 4 left the smallest MNIST model 1.3 points down at 30% pruning; 8 recovered it to 0.5
     learning_rate: float = 3e-3
     batch_size: int = 64
     distillation_weight: float = 0.5  # share of the loss from the teacher; 0 = labels only

@@ -63,3 +63,14 @@ def judge(variant: Measurement, parent: Measurement, tolerance_points: float = 1
     if not reasons and not _is_faster(variant, parent):
         notes.append("not faster than its parent: kept for its size only")
     return GateDecision(accepted=not reasons, reasons=reasons, notes=notes)
+
+
+def pick_fastest(candidates: dict[str, Measurement], parent: Measurement, tolerance_points: float = 1.0) -> str:
+    """The candidate to put before the gate: among those within the accuracy tolerance, the fastest, and of
+    those within LATENCY_MARGIN of it the smallest; if none is accurate enough, the most accurate."""
+    accurate = {name: m for name, m in candidates.items() if _accuracy_drop_points(m, parent) <= tolerance_points}
+    if not accurate:
+        return max(candidates, key=lambda name: candidates[name].accuracy)
+    fastest = min(m.latency_median_ms for m in accurate.values())
+    close = [name for name, m in accurate.items() if m.latency_median_ms <= fastest * (1.0 + LATENCY_MARGIN)]
+    return min(close, key=lambda name: accurate[name].size_bytes)

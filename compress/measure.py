@@ -11,10 +11,11 @@ import numpy as np
 import onnxruntime as ort
 
 from fedzoo.cards import Normalisation
-from fedzoo.edge.benchmark import benchmark_model
+from fedzoo.edge.benchmark import benchmark_model, benchmark_models_interleaved
 
 DEVICE_CLASS = "cloud-x86-1t"
 _EVALUATION_BATCH = 256
+_ROUNDS = 5  # side-by-side latency: this many interleaved rounds
 
 
 @dataclass(frozen=True)
@@ -65,3 +66,23 @@ def measure(path: str | Path, images: np.ndarray, labels: np.ndarray, timed_runs
         latency_p90_ms=latency.p90_ms,
         size_bytes=Path(path).stat().st_size,
     )
+
+
+def measure_side_by_side(
+    paths: dict[str, Path], images: np.ndarray, labels: np.ndarray, timed_runs: int = 50
+) -> dict[str, Measurement]:
+    """`measure` for several models, their latency taken in interleaved rounds so that a busy spell of a
+    shared CPU hits them all alike: the figures are fit for ratios between them."""
+    latency = benchmark_models_interleaved(paths, threads=1, rounds=_ROUNDS, runs_per_round=max(1, timed_runs // _ROUNDS))
+    measurements = {}
+    for name, path in paths.items():
+        accuracy, loss = evaluate_onnx(path, images, labels)
+        measurements[name] = Measurement(
+            accuracy=accuracy,
+            loss=loss,
+            num_examples=len(labels),
+            latency_median_ms=latency[name].median_ms,
+            latency_p90_ms=latency[name].p90_ms,
+            size_bytes=Path(path).stat().st_size,
+        )
+    return measurements

@@ -4,8 +4,9 @@ side with its parent, and publish only those the gate accepts.
 For each fp32 card without a parent:
   1. pruned: rebuild the torch model from `arch` + `torch_state`, prune channels (largest ratio first),
      fine-tune with distillation from the parent, export (BN folded, checked equal to torch);
-  2. int8: quantize the parent and the accepted pruned variant (static QDQ U8S8 per-channel, calibrated on
-     train images normalised as the card says).
+  2. int8: quantize the parent and the accepted pruned variant (static, per-channel, calibrated on train
+     images normalised as the card says) with each of the `int8_recipes`, measure them side by side with
+     the parent and put the fastest (then smallest) before the gate: which form is fastest depends on the CPU.
 Every variant is staged in a temporary folder; blobs and cards reach the zoo only after all variants are
 measured and judged, so any error leaves the zoo as it was. Rejections and their reasons are logged and
 written to `zoo/compress_report.json`.
@@ -30,10 +31,10 @@ from fedzoo.cards import Latency, Metrics, ModelCard, Pruning
 from fedzoo.cloud.data import DatasetSplit
 from fedzoo.compress.export import DEFAULT_TOLERANCE, ExportMismatchError, export_checked, load_onnx_file, max_abs_difference
 from fedzoo.compress.finetune import FineTuning, fine_tune
-from fedzoo.compress.gate import judge
-from fedzoo.compress.measure import DEVICE_CLASS, Measurement, measure, normalise
+from fedzoo.compress.gate import judge, pick_fastest
+from fedzoo.compress.measure import DEVICE_CLASS, Measurement, measure, measure_side_by_side, normalise
 from fedzoo.compress.pruning import prune_channels, resize_to_state_dict
-from fedzoo.compress.quantize import quantize_int8
+from fedzoo.compress.quantize import INT8_RECIPES, quantize_int8
 from fedzoo.errors import FedzooError, InvalidInputError
 from fedzoo.zoo import Zoo, atomic_write_bytes, sha256_of_file
 
@@ -153,7 +154,7 @@ class _Settings:
     fine_tuning: FineTuning
     calibration: str
     calibration_count: int
-    quant_format: str
+    int8_recipes: tuple[str, ...]
     timed_runs: int
 
 
@@ -262,19 +263,30 @@ class _Compressor:
         train_images, _ = self._train_data(parent.card)
         order = np.random.default_rng(settings.fine_tuning.seed).permutation(len(train_images))
         calibration_images = train_images[order[: settings.calibration_count]]
-        path = self.staging / f"{variant_id}.onnx"
-        recipe = quantize_int8(parent.onnx_path, path, calibration_images, settings.calibration, quant_format=settings.quant_format)
-        measurement = self._measure(parent.card, path)
-        decision = judge(measurement, parent.measurement, settings.tolerance_points)
-        self.report.record(VariantOutcome(variant_id, parent.card.id, "int8", decision.accepted, decision.reasons, decision.notes,
-                                          asdict(measurement), asdict(parent.measurement)))  # fmt: skip
+        paths, recipes = {}, {}
+        for name in settings.int8_recipes:
+            quant_format, activation_type = INT8_RECIPES[name]
+            paths[name] = self.staging / f"{variant_id}.{name}.onnx"
+            recipes[name] = quantize_int8(parent.onnx_path, paths[name], calibration_images, settings.calibration,
+                                          quant_format=quant_format, activation_type=activation_type)  # fmt: skip
+        images, labels = self._test_data(parent.card)
+        measured = measure_side_by_side({"parent": parent.onnx_path, **paths}, images, labels, settings.timed_runs)
+        parent_measurement = measured.pop("parent")
+        chosen = pick_fastest(measured, parent_measurement, settings.tolerance_points)
+        path, recipe, measurement = paths[chosen], recipes[chosen], measured[chosen]
+        tried = [f"{name}: {m.latency_median_ms:.3f} ms, {m.size_bytes} bytes, accuracy {m.accuracy:.2%}" for name, m in measured.items()]
+        decision = judge(measurement, parent_measurement, settings.tolerance_points)
+        self.report.record(VariantOutcome(variant_id, parent.card.id, "int8", decision.accepted, decision.reasons,
+                                          [f"recipe {chosen} (tried {'; '.join(tried)})", *decision.notes],
+                                          asdict(measurement), asdict(parent_measurement)))  # fmt: skip
         if not decision.accepted:
             return
         card = _variant_card(
             parent.card, variant_id, path, measurement,
             precision="int8",
             details={
-                "quantization": {**recipe.as_details(), "calibration_split": "train", "gate": decision.notes},
+                "quantization": {**recipe.as_details(), "recipe": chosen, "recipes_tried": tried, "calibration_split": "train",
+                                 "gate": decision.notes},
                 "fine_tuning": (
                     f"train the fp32 parent {parent.card.id} (its training graph); the cloud re-quantizes the updated "
                     "parent with this recipe, gates it again and devices receive the new quantized version. "
@@ -305,7 +317,7 @@ def compress_zoo(
     fine_tuning: FineTuning = FineTuning(),
     calibration: str = "minmax",
     calibration_count: int = 256,
-    quant_format: str = "qdq",
+    int8_recipes: Sequence[str] = tuple(INT8_RECIPES),
     build_model: ModelBuilder | None = None,
     timed_runs: int = 50,
 ) -> CompressionReport:
@@ -314,10 +326,13 @@ def compress_zoo(
         raise InvalidInputError(f"accuracy tolerance must be a non-negative number of points, got {accuracy_tolerance_points}", field="tolerance")
     if calibration_count < 1:
         raise InvalidInputError(f"calibration_count must be at least 1, got {calibration_count}", field="calibration_count")
+    unknown = sorted(set(int8_recipes) - set(INT8_RECIPES))
+    if unknown or not int8_recipes:
+        raise InvalidInputError(f"int8_recipes must name some of {sorted(INT8_RECIPES)}, got {list(int8_recipes)}", field="int8_recipes")
     zoo = Zoo(zoo_dir)
     settings = _Settings(
         accuracy_tolerance_points, tuple(sorted(pruning_ratios, reverse=True)), pruning_method, pruning_scope,
-        fine_tuning, calibration, calibration_count, quant_format, timed_runs,
+        fine_tuning, calibration, calibration_count, tuple(int8_recipes), timed_runs,
     )  # fmt: skip
     roots = [card for card in zoo.cards() if card.precision == "fp32" and card.parent_id is None]
     with tempfile.TemporaryDirectory(prefix="fedzoo-compress-") as staging:

@@ -1,4 +1,4 @@
-from fedzoo.compress.gate import LATENCY_MARGIN, judge
+from fedzoo.compress.gate import LATENCY_MARGIN, judge, pick_fastest
 from fedzoo.compress.measure import Measurement
 
 
@@ -35,3 +35,19 @@ def test_both_rules_can_fail_at_once():
 
 def test_a_better_variant_passes_a_zero_tolerance():
     assert judge(measured(accuracy=0.96, size_bytes=10), measured(accuracy=0.95), tolerance_points=0.0).accepted
+
+
+def test_pick_fastest_prefers_speed_then_size_within_the_noise_margin():
+    parent = measured()
+    candidates = {
+        "slow-small": measured(latency_ms=2.0, size_bytes=100),
+        "fast-big": measured(latency_ms=1.0, size_bytes=400),
+        "as-fast-smaller": measured(latency_ms=1.0 + LATENCY_MARGIN / 2, size_bytes=300),
+        "fastest-inaccurate": measured(accuracy=0.90, latency_ms=0.5, size_bytes=50),
+    }
+    assert pick_fastest(candidates, parent, tolerance_points=1.0) == "as-fast-smaller"
+
+
+def test_pick_fastest_falls_back_to_the_most_accurate_when_none_is_within_tolerance():
+    candidates = {"a": measured(accuracy=0.80, latency_ms=0.5), "b": measured(accuracy=0.85, latency_ms=3.0)}
+    assert pick_fastest(candidates, measured(accuracy=0.95), tolerance_points=1.0) == "b"

@@ -119,3 +119,30 @@ def test_a_dynamic_quantized_conv_model_is_refused(trained_mobilenet, tmp_path):
     assert "ConvInteger" in op_types(tmp_path / "dynamic.onnx")
     with pytest.raises(UnsupportedOperationError, match="ConvInteger"):
         check_quantized(tmp_path / "dynamic.onnx")
+
+
+def test_int8_activations_give_signed_quantize_ops(trained_mobilenet, digits, tmp_path):
+    _model, fp32 = trained_mobilenet
+    recipe = quantize_int8(fp32, tmp_path / "int8.onnx", digits[1][:32], activation_type="int8")
+    model = onnx.load(str(tmp_path / "int8.onnx"))
+    initializers = {tensor.name: tensor for tensor in model.graph.initializer}
+    zero_points = [initializers[node.input[2]] for node in model.graph.node if node.op_type == "QuantizeLinear"]
+    assert recipe.activation_type == "int8" and zero_points
+    assert all(tensor.data_type == TensorProto.INT8 for tensor in zero_points)
+
+
+def test_hardswish_split_by_pre_processing_is_fused_back_and_left_fp32(digits, tmp_path):
+    """ORT has no int8 HardSwish: one fp32 HardSwish between a DQ/Q pair, not HardSigmoid + QLinearMul."""
+    from zoo_factory import make_arch
+
+    from fedzoo.compress.export import export_checked, onnx_outputs
+    from fedzoo.nas.subnet import build_subnet
+
+    arch = make_arch(8, 32, [(8, 1, "hswish", [3], [2]), (16, 2, "hswish", [3], [3])])
+    model = build_subnet(arch, 10, 1).eval()
+    export_checked(model, (1, 1, 8, 8), tmp_path / "fp32.onnx", digits[2][:4])
+    quantize_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", digits[1][:32], quant_format="qoperator")
+    ops = op_types(tmp_path / "int8.onnx")
+    assert "HardSwish" in ops and "HardSigmoid" not in ops and "QLinearMul" not in ops
+    fp32_logits = onnx_outputs(tmp_path / "fp32.onnx", digits[2][:64])
+    assert np.abs(onnx_outputs(tmp_path / "int8.onnx", digits[2][:64]) - fp32_logits).max() < 0.1 * np.abs(fp32_logits).max()

@@ -1,0 +1,44 @@
+import numpy as np
+import onnx
+import pytest
+from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+from fedzoo.compress.compact import compact_model
+from fedzoo.compress.export import onnx_outputs
+from fedzoo.compress.quantize import _ArrayReader
+
+
+@pytest.fixture(scope="module")
+def uncompacted_int8(trained_mobilenet, digits, tmp_path_factory):
+    """The quantizer's raw output, long names and zero-point vectors included, in both graph forms."""
+    _model, fp32 = trained_mobilenet
+    paths = {}
+    for name, quant_format in (("qdq", QuantFormat.QDQ), ("qoperator", QuantFormat.QOperator)):
+        paths[name] = tmp_path_factory.mktemp(name) / "int8.onnx"
+        quantize_static(str(fp32), str(paths[name]), _ArrayReader("input", digits[1][:32]), quant_format=quant_format,
+                        per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)  # fmt: skip
+    return paths
+
+
+@pytest.mark.parametrize("form", ["fp32", "qdq", "qoperator"])
+def test_compacting_shrinks_the_file_and_keeps_every_output(form, trained_mobilenet, uncompacted_int8, digits, tmp_path):
+    path = trained_mobilenet[1] if form == "fp32" else uncompacted_int8[form]
+    compacted = tmp_path / "compact.onnx"
+    onnx.save(compact_model(onnx.load(str(path))), str(compacted))
+    onnx.checker.check_model(str(compacted), full_check=True)
+    assert compacted.stat().st_size < path.stat().st_size
+    images = digits[2][:64]
+    np.testing.assert_array_equal(onnx_outputs(compacted, images), onnx_outputs(path, images))
+    graph = onnx.load(str(compacted)).graph
+    assert [v.name for v in graph.input] == ["input"] and [v.name for v in graph.output] == ["logits"]
+    assert not graph.value_info and max(len(node.name) for node in graph.node) <= 6
+
+
+def test_all_zero_weight_zero_points_are_dropped(uncompacted_int8):
+    compact = {form: compact_model(onnx.load(str(path))) for form, path in uncompacted_int8.items()}
+    weight_dequantizers = [node for node in compact["qdq"].graph.node if node.op_type == "DequantizeLinear"
+                           and node.input[0] in {t.name for t in compact["qdq"].graph.initializer}]  # fmt: skip
+    assert weight_dequantizers and all(len(node.input) == 2 for node in weight_dequantizers)
+    initializers = {tensor.name: tensor for tensor in compact["qoperator"].graph.initializer}
+    weight_zero_points = {node.input[5] for node in compact["qoperator"].graph.node if node.op_type == "QLinearConv"}
+    assert len(weight_zero_points) == 1 and list(initializers[weight_zero_points.pop()].dims) == []
