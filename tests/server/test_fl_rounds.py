@@ -1,6 +1,7 @@
 """Federated rounds against a real server on loopback: selection, refusals, deadlines, restarts, lineage."""
 
 import hashlib
+import sqlite3
 import threading
 import time
 from datetime import datetime, timezone
@@ -162,6 +163,30 @@ def test_a_round_short_of_its_minimum_fails_at_the_deadline_and_the_next_starts(
     assert late.value.code == "round_not_accepting"
     following = simulation.admin.fl_round(view["next_round_id"])
     assert (following["state"], following["number"], following["base_model_id"]) == ("open", 2, federation.card.id)
+
+
+def _round_rows(server):
+    """The rounds as the database holds them, read without a request (a request would advance them itself)."""
+    with sqlite3.connect(server.data_dir / "registry.db") as connection:
+        return connection.execute("SELECT number, state, result_model_id FROM fl_rounds ORDER BY id").fetchall()
+
+
+@pytest.mark.slow
+def test_the_background_check_finishes_overdue_rounds_with_no_traffic(simulation, federation, server):
+    simulation.start_plan(_config(min_clients=2, target_clients=3, deadline_s=1.5, num_rounds=2))
+    devices = [_device(simulation, index) for index in range(2)]
+    tasks = [device.fl_task("digits")["task"] for device in devices]
+    for device, task in zip(devices, tasks):
+        _upload(device, task, _honest_delta(federation))
+    assert [row[:2] for row in _round_rows(server)] == [(1, "open")]  # 2 of 3 seats taken
+    # no request from here on: round 1 (2 updates, the minimum) must close at its deadline, round 2 open
+    # at once and, with no updates, fail at its own deadline
+    waited = time.monotonic()
+    while [row[1] for row in _round_rows(server)] != ["closed", "failed"] and time.monotonic() - waited < 30:
+        time.sleep(0.2)
+    (first, second) = _round_rows(server)
+    assert first[:2] == (1, "closed") and first[2] is not None
+    assert second == (2, "failed", None)
 
 
 @pytest.mark.slow
