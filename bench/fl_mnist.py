@@ -1,6 +1,6 @@
 """Federated fine-tuning of a zoo subnet on MNIST-5k against a real server on loopback, all figures from one run.
 
-The cloud builds a zoo with the tiny preset (supernet training and search on the first 768 training
+The cloud builds a zoo with the tiny preset (8 supernet epochs and the search on the first 768 training
 examples only) and the smallest subnet of it, a CNN from the NAS space with its standard-op training
 graph, is the base model. The other training examples are spread over 20 devices as Dirichlet(0.5)
 shards; each round selects 10 (+30% over-selection) and the server measures every new version on
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import tempfile
@@ -35,11 +36,13 @@ from fedzoo.cloud.simulation import (
 from fedzoo.zoo import Zoo
 
 ZOO_PRESET = "tiny"
+ZOO_EPOCHS = 8  # the tiny preset's 2 supernet epochs leave a weak base (~0.66); 8 take ~1 minute
 
 
 def zoo_federation(folder: Path, num_clients: int, alpha: float) -> Federation:
     """Build the tiny zoo on MNIST-5k and federate its smallest subnet over the examples the build never saw."""
-    build_zoo(BuildConfig(dataset="mnist", out=folder, preset=ZOO_PRESET, latency_source="macs", compress=False))
+    build_zoo(BuildConfig(dataset="mnist", out=folder, preset=ZOO_PRESET, epochs=ZOO_EPOCHS, latency_source="macs",
+                          compress=False))
     roots = [card for card in Zoo(folder).cards() if card.parent_id is None and card.training_graph is not None]
     base = min(roots, key=lambda card: (card.macs, card.id))
     split = split_dataset(load_dataset("mnist"), seed=0)  # the split the build made (same dataset and seed)
@@ -56,16 +59,24 @@ def run_plan(federation, round_config, executor, attackers=frozenset(), encoding
                 sim.publish_base_model()
                 sim.register_devices()
                 started = time.perf_counter()
-                records = sim.run(round_config)
+                records = sim.run(round_config, stop_after_failed_rounds=3)
                 elapsed = time.perf_counter() - started
+    # a failed round publishes nothing (the global model stays); a plan cut short after 3 failed rounds in
+    # a row (every device's model diverged) has no accuracy to report for the rest
     accuracies = [r.accuracy if r.accuracy is not None else float("nan") for r in records]
+    accuracies += [float("nan")] * (round_config["num_rounds"] - len(records))
     upload_bytes = sum(r.upload_bytes for r in records)
     accepted = sum(r.accepted_updates for r in records)
     passes = sum((r.outcome or {}).get("num_examples", 0) for r in records) * round_config["local_epochs"]
-    print(f"  {label:<34} {elapsed:5.1f} s, {sum(r.state == 'failed' for r in records)} failed, final "
-          f"{accuracies[-1]:.4f}, best {max(accuracies):.4f}, last-3 mean {tail_mean(accuracies):.4f}, "
+    print(f"  {label:<34} {elapsed:5.1f} s, {len(records)} rounds run, {sum(r.state == 'failed' for r in records)} "
+          f"failed, final {accuracies[-1]:.4f}, best {best(accuracies):.4f}, last-3 mean {tail_mean(accuracies):.4f}, "
           f"{upload_bytes / max(accepted, 1) / 1024:.1f} KiB/update", flush=True)
     return accuracies, upload_bytes, accepted, passes
+
+
+def best(values):
+    finite = [value for value in values if math.isfinite(value)]
+    return max(finite) if finite else float("nan")
 
 
 def tail_mean(values, count=3):
@@ -78,10 +89,12 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--per-round", type=int, default=10)
     parser.add_argument("--alpha", type=float, default=0.5)
-    parser.add_argument("--learning-rate", type=float, default=0.02)
-    parser.add_argument("--proximal-mu", type=float, default=0.001)
+    # 0.02 and 0.01 made each device forget the classes it lacks within one round (its local model fell to
+    # 0.3-0.6 and the average below the base); 0.005 keeps local models near the base
+    parser.add_argument("--learning-rate", type=float, default=0.005)
+    parser.add_argument("--proximal-mu", type=float, default=0.01)
     parser.add_argument("--robust", default=json.dumps([
-        {"name": "median", "server_learning_rate": 2.0},
+        {"name": "median"},
         {"name": "trimmed_mean", "trim_fraction": 0.2},
         {"name": "norm_clipping"},
     ]), help="JSON list of the robust strategy specs to compare")
@@ -101,7 +114,7 @@ def main() -> None:
     print(f"MNIST-5k: {len(federation.pool.y)} examples the zoo never trained on over {args.clients} devices "
           f"(Dirichlet {args.alpha}: {sizes[0]}..{sizes[-1]} each), test {len(federation.split.test)}")
     config = {"min_clients": max(1, args.per_round * 8 // 10), "target_clients": args.per_round, "over_selection": 0.3,
-              "deadline_s": 300, "num_rounds": args.rounds, "local_epochs": 2, "batch_size": 20,
+              "deadline_s": 20, "num_rounds": args.rounds, "local_epochs": 2, "batch_size": 20,
               "learning_rate": args.learning_rate}
     print(f"rounds: {json.dumps(config)}")
 
@@ -123,7 +136,7 @@ def main() -> None:
             print(f"  {label:<11} " + " ".join(f"{value:6.4f}" for value in sampled))
         print("  (central: after the epoch holding as many example-passes as that round)")
         for label, values in (("FedAvg", fedavg), ("FedProx", fedprox)):
-            gap = (max(central) - max(values)) * 100
+            gap = (max(central) - best(values)) * 100
             final_gap = (central[-1] - values[-1]) * 100
             print(f"  {label}: best within {args.rounds} rounds is {gap:+.2f} points below centralized's best "
                   f"(goal <= 1.5): {'met' if gap <= 1.5 else 'NOT met'}; final vs final {final_gap:+.2f} points")

@@ -406,8 +406,10 @@ class Simulation:
                            accuracy, view["result_model_id"], sum(r.outcome != "accepted" for r in results),
                            view["outcome"])
 
-    def run(self, round_config: dict[str, Any], progress=None) -> list[RoundRecord]:
-        """Run a whole plan; returns one record per round, in order."""
+    def run(self, round_config: dict[str, Any], progress=None, stop_after_failed_rounds: int | None = None
+            ) -> list[RoundRecord]:
+        """Run a whole plan; returns one record per round, in order. With `stop_after_failed_rounds`, stop
+        early once that many rounds in a row failed (a collapsed model: each failure waits out a deadline)."""
         round_id: int | None = self.start_plan(round_config)
         records = []
         while round_id is not None:
@@ -415,6 +417,9 @@ class Simulation:
             records.append(record)
             if progress is not None:
                 progress(record)
+            recent = records[-stop_after_failed_rounds:] if stop_after_failed_rounds else []
+            if recent and len(recent) == stop_after_failed_rounds and all(r.state == "failed" for r in recent):
+                break
             round_id = self.admin.fl_round(round_id)["next_round_id"]
         return records
 

@@ -1,11 +1,13 @@
 """Federated rounds against a real server on loopback: selection, refusals, deadlines, restarts, lineage."""
 
 import hashlib
+import json
 import sqlite3
 import threading
 import time
 from datetime import datetime, timezone
 
+import httpx
 import numpy as np
 import pytest
 
@@ -236,8 +238,25 @@ def test_openapi_documents_the_federated_routes(simulation):
     paths = simulation.admin.http.get_json("/v1/openapi.json")["paths"]
     assert {"/v1/fl/task", "/v1/fl/rounds", "/v1/fl/rounds/{round_id}", "/v1/fl/rounds/{round_id}/updates"} <= set(paths)
     upload = paths["/v1/fl/rounds/{round_id}/updates"]["post"]
-    assert "multipart/form-data" in upload["requestBody"]["content"]
+    multipart = upload["requestBody"]["content"]["multipart/form-data"]
+    assert multipart["encoding"]["metadata"] == {"contentType": "application/json"}
+    assert multipart["schema"]["$ref"].endswith("/UpdateUpload")
     assert {"409", "413", "422"} <= set(upload["responses"])
+
+
+def test_the_metadata_part_may_come_as_an_application_json_file_part(simulation, federation):
+    simulation.start_plan(_config())
+    device = _device(simulation, 0)
+    task = device.fl_task("digits")["task"]
+    metadata = json.dumps({"base_version": task["base_version"], "num_examples": 10, "metrics": {}})
+    delta = encode_update(_honest_delta(federation), "fp32")
+    url = f"{simulation.server_url}{task['upload']['url']}"
+    headers = {"Authorization": f"Bearer {simulation.tokens[0]}"}
+    files = {"metadata": ("metadata.json", metadata, "application/json"), "delta": ("delta.npz", delta)}
+    answer = httpx.post(url, files=files, headers=headers)
+    assert answer.status_code == 201 and answer.json()["accepted_updates"] == 1
+    refused = httpx.post(url, files={"delta": ("delta.npz", delta)}, headers=headers)
+    assert refused.status_code == 400 and refused.json()["error"]["field"] == "delta"
 
 
 def test_an_evaluation_set_that_does_not_fit_the_model_is_refused(simulation, federation):
