@@ -16,6 +16,7 @@ upload means the server already has the update, so it counts as delivered.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable
@@ -59,7 +60,7 @@ class ParticipationResult:
     """What one check-in came to."""
 
     round_id: int | None
-    outcome: str  # "accepted", "refused: <code>", or "no task"
+    outcome: str  # "accepted", "refused: <code>", "diverged" (nothing sent) or "no task"
     upload_bytes: int = 0
     num_examples: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
@@ -120,9 +121,12 @@ def run_task(
     delta, metrics = train_locally(graph, model, card, work["training"], data, seed)
     if transform is not None:
         delta = transform(delta)
+    metadata = {"base_version": work["base_version"], "num_examples": len(data), "metrics": metrics}
+    if not all(np.all(np.isfinite(value)) for value in delta.values()) or not all(map(math.isfinite, metrics.values())):
+        # the server would refuse it (422); a model that diverged here is no update worth the bytes
+        return ParticipationResult(work["round_id"], "diverged", 0, len(data), metrics)
     chosen = encoding if encoding in work["upload"]["encodings"] else "fp32"
     payload = encode_update(delta, chosen)
-    metadata = {"base_version": work["base_version"], "num_examples": len(data), "metrics": metrics}
     result = ParticipationResult(work["round_id"], "accepted", len(payload), len(data), metrics)
     try:
         client.upload_update(work["upload"]["url"], metadata, payload)

@@ -46,11 +46,13 @@ DEFAULT_ADMIN_TOKEN = "simulation-admin-token"
 
 
 class LoopbackServer:
-    """The real fedzoo server on 127.0.0.1 (a free port), in a thread; `restart()` keeps its data directory."""
+    """The real fedzoo server on 127.0.0.1 (a free port), in a thread, with the background deadline check
+    `fedzoo serve` runs (every `deadline_check_s`); `restart()` keeps its data directory."""
 
-    def __init__(self, data_dir: str | Path, admin_token: str = DEFAULT_ADMIN_TOKEN) -> None:
+    def __init__(self, data_dir: str | Path, admin_token: str = DEFAULT_ADMIN_TOKEN, deadline_check_s: float = 1.0) -> None:
         self.data_dir = Path(data_dir)
         self.admin_token = admin_token
+        self.deadline_check_s = deadline_check_s
         self.port: int | None = None
         self._server = None
         self._thread: threading.Thread | None = None
@@ -65,6 +67,7 @@ class LoopbackServer:
 
         from fedzoo.server.app import create_app
         from fedzoo.server.config import ServerConfig
+        from fedzoo.server.fl.deadlines import start_deadline_watcher
 
         class _QuietHandler(WSGIRequestHandler):
             def log_request(self, *args: Any, **kwargs: Any) -> None:  # a simulation makes thousands of requests
@@ -73,12 +76,14 @@ class LoopbackServer:
         app = create_app(ServerConfig.from_env(environ={}, data_dir=self.data_dir, admin_token=self.admin_token))
         self._server = make_server("127.0.0.1", self.port or 0, app, threaded=True, request_handler=_QuietHandler)
         self.port = self._server.server_port
+        self._deadlines = start_deadline_watcher(app, self.deadline_check_s)
         self._thread = threading.Thread(target=self._server.serve_forever, name="fedzoo-loopback", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
         if self._server is not None:
+            self._deadlines.stop()
             self._server.shutdown()
             self._server.server_close()
             self._thread.join(timeout=10)
@@ -215,19 +220,26 @@ def prepare_federation(
 
 
 def federation_from_zoo(zoo_dir: str | Path, card_id: str, split: DatasetSplit, num_clients: int = 5,
-                        alpha: float = 0.5, seed: int = 0) -> Federation:
+                        alpha: float = 0.5, seed: int = 0, cloud_examples: int = 0) -> Federation:
     """A federation that fine-tunes a zoo model (which must carry a training graph) on Dirichlet(alpha)
-    shards of `split`'s training part; `split` must be the one the zoo was built with."""
+    shards of `split`'s training part; `split` must be the one the zoo was built with. The first
+    `cloud_examples` training examples are the cloud's own (a capped build such as the tiny preset
+    trained on just those): they stay out of the devices' pool, so devices bring data the model never saw."""
     from fedzoo.zoo import Zoo
 
+    if not 0 <= cloud_examples < len(split.train):
+        raise InvalidInputError(f"cloud_examples must lie in [0, {len(split.train)}), got {cloud_examples}",
+                                field="cloud_examples")
     zoo = Zoo(zoo_dir)
     card = zoo.card(card_id)
     if card.training_graph is None:
         raise InvalidInputError(f"model {card_id} has no training graph; run the zoo build's training-graph stage",
                                 field="card_id")
-    pool = LocalData(split.train.x, split.train.y)
+    pool = LocalData(split.train.x[cloud_examples:], split.train.y[cloud_examples:])
     shards = dirichlet_partition(pool.y, num_clients, alpha, seed=seed)
-    blobs = {digest: zoo.blob_path(digest).read_bytes() for digest in (card.sha256, card.training_graph)}
+    # every blob the card names, so a fresh server accepts the card (artifacts such as the torch state included)
+    digests = {card.sha256, card.training_graph, *card.artifacts.values()}
+    blobs = {digest: zoo.blob_path(digest).read_bytes() for digest in digests}
     buffer = io.BytesIO()
     np.savez(buffer, x=split.test.x, y=split.test.y)
     return Federation(split, pool, shards, card, blobs, buffer.getvalue())
@@ -394,8 +406,10 @@ class Simulation:
                            accuracy, view["result_model_id"], sum(r.outcome != "accepted" for r in results),
                            view["outcome"])
 
-    def run(self, round_config: dict[str, Any], progress=None) -> list[RoundRecord]:
-        """Run a whole plan; returns one record per round, in order."""
+    def run(self, round_config: dict[str, Any], progress=None, stop_after_failed_rounds: int | None = None
+            ) -> list[RoundRecord]:
+        """Run a whole plan; returns one record per round, in order. With `stop_after_failed_rounds`, stop
+        early once that many rounds in a row failed (a collapsed model: each failure waits out a deadline)."""
         round_id: int | None = self.start_plan(round_config)
         records = []
         while round_id is not None:
@@ -403,6 +417,9 @@ class Simulation:
             records.append(record)
             if progress is not None:
                 progress(record)
+            recent = records[-stop_after_failed_rounds:] if stop_after_failed_rounds else []
+            if recent and len(recent) == stop_after_failed_rounds and all(r.state == "failed" for r in recent):
+                break
             round_id = self.admin.fl_round(round_id)["next_round_id"]
         return records
 

@@ -21,6 +21,7 @@ from fedzoo.server.app import create_app, prepare_registry
 from fedzoo.server.blobstore import FileBlobStore
 from fedzoo.server.config import ServerConfig
 from fedzoo.server.db import Database
+from fedzoo.server.fl.deadlines import start_deadline_watcher
 from fedzoo.server.latency import LatencyEstimator, default_estimator
 
 GRACEFUL_TIMEOUT_S = 20
@@ -52,7 +53,9 @@ class ServerApplication(BaseApplication):
             self.cfg.set(key, value)
 
     def load(self):  # called in each worker after the fork
-        return create_app(self.server_config, migrate=False)
+        app = create_app(self.server_config, migrate=False)
+        start_deadline_watcher(app)  # a daemon thread: it ends with the worker
+        return app
 
     def run(self) -> None:
         GracefulArbiter(self).run()

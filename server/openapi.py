@@ -19,7 +19,8 @@ pydantic model classes (`query`'s fields become query parameters); `path_params`
 per `<name>` of the rule (default: from the converter, e.g. `<int:round_id>` is an integer); `errors` lists the 4xx statuses the route may return (documented with the
 common `ErrorResponse` body; 400/413/415 are added to every route with a body). `auth` is None,
 "device" or "admin" (both bearer tokens). Binary bodies: `request_media_type` /
-`response_media_type="application/octet-stream"`. A test walks `app.url_map` and fails when a /v1
+`response_media_type="application/octet-stream"`; a multipart body's parts get their content types from
+`request_encoding` (OpenAPI's `encoding` object). A test walks `app.url_map` and fails when a /v1
 rule is missing from the document or the document names a route the app does not have.
 """
 
@@ -73,6 +74,7 @@ class RouteDoc:
     path_params: dict[str, dict[str, Any]] = field(default_factory=dict)
     errors: tuple[int, ...] = ()
     request_media_type: str = JSON
+    request_encoding: dict[str, dict[str, Any]] = field(default_factory=dict)  # multipart: each part's contentType
     response_media_type: str = JSON
     extra_responses: dict[int, str] = field(default_factory=dict)
     response_headers: dict[str, str] = field(default_factory=dict)
@@ -135,7 +137,10 @@ def _operation(doc: RouteDoc, references: dict[type[BaseModel], dict[str, Any]])
     if doc.request is not None or (doc.request_media_type == OCTET_STREAM and doc.method in ("POST", "PUT")):
         errors |= {400, 413, 415}
         content_schema = references[doc.request] if doc.request is not None else {"type": "string", "format": "binary"}
-        operation["requestBody"] = {"required": True, "content": {doc.request_media_type: {"schema": content_schema}}}
+        media: dict[str, Any] = {"schema": content_schema}
+        if doc.request_encoding:
+            media["encoding"] = doc.request_encoding
+        operation["requestBody"] = {"required": True, "content": {doc.request_media_type: media}}
     if doc.auth is not None:
         operation["security"] = [{f"{doc.auth}Token": []}]
         errors.add(401)

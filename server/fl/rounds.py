@@ -20,8 +20,10 @@ A round moves `open → collecting → aggregating → closed | failed`:
 - **failed**: the deadline passed with fewer than `min_clients` updates (or aggregation produced
   non-finite weights). Either way, if the plan has rounds left, the next round opens at once.
 
-Deadlines are enforced lazily: every call into the service first advances the rounds whose deadline
-or lease has passed (`advance`), so the state is right whenever anyone looks.
+Deadlines are enforced twice: every call into the service first advances the rounds whose deadline
+or lease has passed (`advance`), so the state is right whenever anyone looks, and the serving process
+runs `advance` in the background (`fedzoo.server.fl.deadlines`), so an overdue round closes or fails,
+and the next one opens, with no traffic at all.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ from fedzoo.server import registry
 TRAINING_GRAPH_DATA_INPUTS = ("x", "y")
 AGGREGATION_LEASE_S = 300.0
 IDLE_RETRY_AFTER_S = 30.0
-UPLOAD_OVERHEAD_BYTES = 64 * 1024  # npz headers and int8 scales on top of the raw float32 deltas
+UPLOAD_OVERHEAD_BYTES = 64 * 1024
+MAX_ROUND_ID = 2**63 - 1  # SQL BIGINT  # npz headers and int8 scales on top of the raw float32 deltas
 
 
 def utc_now() -> datetime:
@@ -123,6 +126,14 @@ def evaluate(onnx_bytes: bytes, card: ModelCard, evaluation_npz: bytes) -> Metri
     loss = float(-log_probabilities[np.arange(len(targets)), targets].mean())
     accuracy = float((logits.argmax(axis=1) == targets).mean())
     return Metrics(accuracy=accuracy, loss=max(loss, 0.0), split="evaluation", num_examples=len(targets))
+
+
+def _find_round(session: Session, round_id: int) -> FLRound:
+    """The round with this id, or 404; ids past the database's 64-bit integers name no round (not a 500)."""
+    round_row = session.get(FLRound, round_id) if 1 <= round_id <= MAX_ROUND_ID else None
+    if round_row is None:
+        raise NotFoundError(f"no federated round {round_id}")
+    return round_row
 
 
 class RoundService:
@@ -311,9 +322,7 @@ class RoundService:
         """Admit one device's delta, or refuse it naming why; aggregates when the target is reached."""
         self.advance()
         with self.database.session() as session:
-            round_row = session.get(FLRound, round_id)
-            if round_row is None:
-                raise NotFoundError(f"no federated round {round_id}")
+            round_row = _find_round(session, round_id)
             if session.get(FLParticipant, (round_id, device_id)) is None:
                 raise Forbidden(f"device {device_id!r} was not selected for round {round_id}; ask GET /v1/fl/task",
                                 code="not_selected")
@@ -396,8 +405,16 @@ class RoundService:
                 accepted = self._count(session, FLUpdate, round_id)
                 config = RoundConfig.model_validate_json(round_row.config_json)
                 if round_row.state in ACTIVE_STATES and accepted < config.min_clients:
-                    self._fail(session, round_row, f"only {accepted} of the minimum {config.min_clients} updates "
-                                                    f"arrived by the deadline")
+                    # claim the failure with a conditional UPDATE: of several workers (or the background
+                    # deadline check and a request) exactly one fails the round and opens the next
+                    claimed = session.execute(
+                        update(FLRound).where(FLRound.id == round_id, FLRound.state.in_(ACTIVE_STATES))
+                        .values(state="failed")
+                    ).rowcount
+                    if claimed:
+                        session.refresh(round_row)
+                        self._fail(session, round_row, f"only {accepted} of the minimum {config.min_clients} "
+                                                        f"updates arrived by the deadline")
                     continue
             self._aggregate_if_claimed(round_id)
 
@@ -456,6 +473,7 @@ class RoundService:
             round_row.strategy_state_sha256 = self._save_npz(state)
         round_row.outcome_json = json.dumps({
             "metrics": card.metrics.model_dump(), "accepted_updates": len(rows),
+            "num_examples": sum(row.num_examples for row in rows),
             "upload_bytes": sum(row.upload_bytes for row in rows), "strategy": strategy.name,
         })
         self._open_next(session, round_row, config, card)
@@ -527,9 +545,7 @@ class RoundService:
         """Everything about one round: state, configuration, counts, bytes on the wire and outcome."""
         self.advance()
         with self.database.session() as session:
-            round_row = session.get(FLRound, round_id)
-            if round_row is None:
-                raise NotFoundError(f"no federated round {round_id}")
+            round_row = _find_round(session, round_id)
             upload_bytes = session.scalar(
                 select(func.coalesce(func.sum(FLUpdate.upload_bytes), 0)).where(FLUpdate.round_id == round_id)
             )

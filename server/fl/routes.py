@@ -3,7 +3,8 @@
 Update upload wire format (`POST /v1/fl/rounds/<id>/updates`, device token): `multipart/form-data`
 with two parts,
 
-- `metadata`: JSON `{"base_version", "num_examples", "metrics"}` (see `UpdateMetadata`);
+- `metadata`: JSON `{"base_version", "num_examples", "metrics"}` (see `UpdateMetadata`), as a form field
+  or a part of type `application/json`;
 - `delta`: the `.npz` of `fedzoo.clients.update_codec` (float32 or INT8 deltas keyed by initializer
   name), at most `task.upload.max_bytes` bytes.
 
@@ -18,7 +19,7 @@ from flask import Blueprint, Response, current_app, request
 from pydantic import Field, ValidationError
 
 from fedzoo.server.errors import BadRequest
-from fedzoo.server.fl.rounds import RoundService
+from fedzoo.server.fl.rounds import MAX_ROUND_ID, RoundService
 from fedzoo.server.fl.schemas import RoundConfig, RoundView, TaskQuery, TaskResponse, UpdateMetadata, UpdateReceipt
 from fedzoo.server.openapi import documented
 from fedzoo.server.routes.common import (
@@ -28,15 +29,20 @@ from fedzoo.server.schemas import StrictRequest
 
 blueprint = Blueprint("fl", __name__)
 SERVICE_KEY = "fedzoo.fl"
-ROUND_ID = {"round_id": {"type": "integer", "minimum": 1}}
+ROUND_ID = {"round_id": {"type": "integer", "minimum": 1, "maximum": MAX_ROUND_ID}}
 MULTIPART = "multipart/form-data"
 
 
 class UpdateUpload(StrictRequest):
     """The two parts of an update upload."""
 
-    metadata: str = Field(description="JSON UpdateMetadata: base_version, num_examples, metrics")
+    metadata: UpdateMetadata = Field(description="a JSON part: sent as a form field or as a part of type "
+                                                 "application/json")
     delta: bytes = Field(description="the .npz of weight deltas (fp32 or int8, see fedzoo.clients.update_codec)")
+
+
+# OpenAPI `encoding`: what each part of the multipart upload holds
+UPLOAD_ENCODING = {"metadata": {"contentType": "application/json"}, "delta": {"contentType": "application/octet-stream"}}
 
 
 @blueprint.record_once
@@ -76,16 +82,21 @@ def get_task() -> Response:
 
 @documented(blueprint, "POST", "/v1/fl/rounds/<int:round_id>/updates",
             summary="Upload this device's weight delta for a round (multipart: metadata JSON + delta .npz)",
-            auth="device", request=UpdateUpload, request_media_type=MULTIPART, response=UpdateReceipt, status=201,
+            auth="device", request=UpdateUpload, request_media_type=MULTIPART, request_encoding=UPLOAD_ENCODING,
+            response=UpdateReceipt, status=201,
             path_params=ROUND_ID, errors=(403, 404, 409, 413, 422))
 def upload_update(round_id: int) -> Response:
     device = calling_device()
     if request.mimetype != MULTIPART:
         raise BadRequest(f"send the update as {MULTIPART} with parts 'metadata' and 'delta'", field="Content-Type")
-    if "metadata" not in request.form or "delta" not in request.files:
-        raise BadRequest("the upload needs a 'metadata' form field and a 'delta' file part", field="delta")
+    # the JSON part arrives as a plain form field (our SDK) or, with a filename, as a file part (other clients)
+    raw_metadata = request.form.get("metadata")
+    if raw_metadata is None and "metadata" in request.files:
+        raw_metadata = request.files["metadata"].read()
+    if raw_metadata is None or "delta" not in request.files:
+        raise BadRequest("the upload needs a 'metadata' JSON part and a 'delta' file part", field="delta")
     try:
-        metadata = UpdateMetadata.model_validate_json(request.form["metadata"])
+        metadata = UpdateMetadata.model_validate_json(raw_metadata)
     except ValidationError as error:
         raise validation_error(error, "metadata") from None
     data = request.files["delta"].read()

@@ -94,8 +94,17 @@ def weighted_mean_delta(
     return {name: (value / total_examples).astype(np.float32) for name, value in total.items()}
 
 
-def _apply(global_parameters: Parameters, delta: Parameters) -> Parameters:
-    return {name: (value + delta[name]).astype(np.float32) for name, value in global_parameters.items()}
+def _apply(global_parameters: Parameters, delta: Parameters, server_learning_rate: float = 1.0) -> Parameters:
+    return {name: (value + server_learning_rate * delta[name]).astype(np.float32)
+            for name, value in global_parameters.items()}
+
+
+def _checked_server_learning_rate(value: float) -> float:
+    """Robust rules shrink the aggregate (a median of label-skewed deltas is smaller than their mean); a
+    server step size above 1 gives the length back, as the server learning rate of Reddi et al. 2021."""
+    if not math.isfinite(value) or not 0 < value <= 10:
+        raise InvalidInputError(f"server_learning_rate must lie in (0, 10], got {value}", field="server_learning_rate")
+    return value
 
 
 class FedAvg(Strategy):
@@ -167,14 +176,16 @@ class FedAdam(Strategy):
 
 
 class NormClipping(Strategy):
-    """Sun et al. 2019: clip each delta to L2 norm `max_norm` (default: the round's median norm), then FedAvg."""
+    """Sun et al. 2019: clip each delta to L2 norm `max_norm` (default: the round's median norm), then FedAvg,
+    applied with `server_learning_rate`."""
 
     name = "norm_clipping"
 
-    def __init__(self, max_norm: float | None = None) -> None:
+    def __init__(self, max_norm: float | None = None, server_learning_rate: float = 1.0) -> None:
         if max_norm is not None and (not math.isfinite(max_norm) or max_norm <= 0):
             raise InvalidInputError(f"max_norm must be a positive number, got {max_norm}", field="max_norm")
         self.max_norm = max_norm
+        self.server_learning_rate = _checked_server_learning_rate(server_learning_rate)
 
     def clip_norm(self, updates: Sequence[ClientUpdate]) -> float:
         """The clipping bound for this round: fixed, or the median of the updates' norms (recorded at upload)."""
@@ -188,7 +199,8 @@ class NormClipping(Strategy):
         def clip_factor(update: ClientUpdate) -> float:
             return min(1.0, bound / update.norm) if update.norm > 0 else 1.0
 
-        return _apply(global_parameters, weighted_mean_delta(global_parameters, updates, clip_factor))
+        return _apply(global_parameters, weighted_mean_delta(global_parameters, updates, clip_factor),
+                      self.server_learning_rate)
 
 
 def _blocks(total_size: int, block_columns: int) -> list[tuple[int, int]]:
@@ -197,15 +209,18 @@ def _blocks(total_size: int, block_columns: int) -> list[tuple[int, int]]:
 
 class _SpilledUpdates(Strategy):
     """Rules that need every update at once: spill the flattened deltas to a memory map on disk (n x P
-    float32) and read it back in column blocks of at most `working_memory_bytes`."""
+    float32) and read it back in column blocks of at most `working_memory_bytes`; the reduced delta is
+    applied with `server_learning_rate`."""
 
-    def __init__(self, working_memory_bytes: int = DEFAULT_WORKING_MEMORY_BYTES, spill_dir: str | Path | None = None) -> None:
+    def __init__(self, working_memory_bytes: int = DEFAULT_WORKING_MEMORY_BYTES, spill_dir: str | Path | None = None,
+                 server_learning_rate: float = 1.0) -> None:
         if working_memory_bytes < 1024:
             raise InvalidInputError(
                 f"working_memory_bytes must be at least 1024, got {working_memory_bytes}", field="working_memory_bytes"
             )
         self.working_memory_bytes = working_memory_bytes
         self.spill_dir = spill_dir
+        self.server_learning_rate = _checked_server_learning_rate(server_learning_rate)
 
     @abstractmethod
     def reduce(self, spill: np.ndarray, updates: Sequence[ClientUpdate], block_columns: int) -> np.ndarray:
@@ -230,10 +245,9 @@ class _SpilledUpdates(Strategy):
             block_columns = max(1, self.working_memory_bytes // (2 * 4 * len(updates)))
             reduced = self.reduce(spill, updates, block_columns)
             del spill
-        return {
-            name: (global_parameters[name] + reduced[start:stop].reshape(global_parameters[name].shape)).astype(np.float32)
-            for name, start, stop in zip(names, offsets[:-1], offsets[1:])
-        }
+        delta = {name: reduced[start:stop].reshape(global_parameters[name].shape)
+                 for name, start, stop in zip(names, offsets[:-1], offsets[1:])}
+        return _apply(global_parameters, delta, self.server_learning_rate)
 
 
 class _CoordinateWise(_SpilledUpdates):

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from fedzoo.clients.cli import client as client_cli
 from fedzoo.clients.client import FedzooClient
-from fedzoo.clients.participation import participation_loop, train_locally
+from fedzoo.clients.participation import participation_loop, run_task, train_locally
 from fedzoo.cloud.simulation import LoopbackServer, Simulation, prepare_federation
 
 TRAINING = {"local_epochs": 2, "batch_size": 16, "learning_rate": 0.1, "optimizer": "sgd", "momentum": 0.0}
@@ -73,6 +73,18 @@ def test_participation_loop_waits_as_told_then_trains_and_uploads(running, feder
     view = sim.admin.fl_round(results[0].round_id)
     assert view["state"] == "closed" and view["upload_bytes"] == results[0].upload_bytes
     assert device.uploaded_bytes == results[0].upload_bytes and device.downloaded_bytes > 0
+
+
+def test_a_device_whose_model_diverged_sends_nothing(running, federation, tmp_path):
+    server, sim = running
+    sim.register_devices()
+    device = FedzooClient(server.url, token=sim.tokens[0], cache_dir=tmp_path / "cache")
+    round_id = sim.start_plan({"min_clients": 1, "target_clients": 1, "deadline_s": 60, "batch_size": 16})
+    task = device.fl_task("digits")["task"]
+    diverged = lambda delta: {name: value * np.float32("nan") for name, value in delta.items()}  # noqa: E731
+    result = run_task(device, task, federation.client_data(0), transform=diverged)
+    assert (result.outcome, result.upload_bytes, device.uploaded_bytes) == ("diverged", 0, 0)
+    assert sim.admin.fl_round(round_id)["accepted_updates"] == 0
 
 
 def test_cli_registers_downloads_runs_and_participates(running, federation, tmp_path):

@@ -77,16 +77,36 @@ def test_garbage_and_wrong_dtype_are_refused_with_the_field_named():
     assert error.value.field == "w"
 
 
-def test_int8_archive_missing_its_scales_is_refused():
+def _int8_archive(**arrays):
     buffer = io.BytesIO()
-    np.savez(buffer, w=np.zeros(3, dtype=np.int8), **{"@names": np.array(["w"])})
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def test_int8_archive_missing_its_scales_or_with_a_wrong_layout_is_refused():
+    layout = np.array('[["w", [3]]]')
     with pytest.raises(UpdateFormatError, match="@scales"):
-        decode_update(buffer.getvalue())
+        decode_update(_int8_archive(**{"@layout": layout, "@values": np.zeros(3, np.int8)}))
+    scales = np.ones(1, np.float32)
+    with pytest.raises(UpdateFormatError, match="3 int8 values"):
+        decode_update(_int8_archive(**{"@layout": layout, "@scales": scales, "@values": np.zeros(4, np.int8)}))
+    with pytest.raises(UpdateFormatError, match="distinct"):
+        decode_update(_int8_archive(**{"@layout": np.array("not json"), "@scales": scales,
+                                       "@values": np.zeros(3, np.int8)}))
+
+
+def test_int8_is_over_four_times_smaller_even_for_many_small_tensors():
+    rng = np.random.default_rng(1)  # a zoo CNN's shapes: 24 tensors, 4,098 weights, most tensors tiny
+    shapes = [(10, 32), (10,), (8, 1, 3, 3), (8,), (16, 8, 1, 1), (16,), (16, 1, 3, 3), (16,), (8, 16, 1, 1), (8,),
+              (16, 8, 1, 1), (16,), (16, 1, 3, 3), (16,), (16, 16, 1, 1), (16,), (32, 16, 1, 1), (32,), (32, 1, 3, 3),
+              (32,), (24, 32, 1, 1), (24,), (32, 24, 1, 1), (32,)]
+    delta = {f"p{index}": rng.normal(0, 0.01, size=shape).astype(np.float32) for index, shape in enumerate(shapes)}
+    assert len(encode_update(delta, "fp32")) / len(encode_update(delta, "int8")) > 4
 
 
 def test_reserved_names_and_unknown_encodings_are_refused():
     with pytest.raises(ValueError, match="reserved"):
-        encode_update({"@names": np.zeros(1, dtype=np.float32)})
+        encode_update({"@layout": np.zeros(1, dtype=np.float32)})
     with pytest.raises(ValueError, match="unknown update encoding"):
         encode_update({"w": np.zeros(1, dtype=np.float32)}, "int4")  # type: ignore[arg-type]
 
@@ -94,4 +114,4 @@ def test_reserved_names_and_unknown_encodings_are_refused():
 def test_archive_is_a_plain_npz_without_pickles():
     data = encode_update({"w": np.ones(2, dtype=np.float32)}, "int8")
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
-        assert sorted(archive.namelist()) == ["@names.npy", "@scales.npy", "w.npy"]
+        assert sorted(archive.namelist()) == ["@layout.npy", "@scales.npy", "@values.npy"]

@@ -78,3 +78,25 @@ def test_ray_executor_runs_devices_as_parallel_tasks(federation, tmp_path):
     assert [r.state for r in records] == ["closed", "closed"]
     # parallel uploads may land a fourth update before aggregation starts; every accepted one is aggregated
     assert all(r.outcome["accepted_updates"] == r.accepted_updates >= 3 for r in records)
+
+
+@pytest.mark.slow
+def test_a_zoo_subnet_fine_tunes_on_data_the_build_never_saw(tmp_path):
+    from fedzoo.cloud.data import load_dataset, split_dataset
+    from fedzoo.cloud.pipeline import PRESETS, BuildConfig, build_zoo
+    from fedzoo.cloud.simulation import federation_from_zoo
+
+    build = build_zoo(BuildConfig(dataset="digits", out=tmp_path / "zoo", preset="tiny", latency_source="macs",
+                                  compress=False))
+    base = min(build.cards, key=lambda card: card.macs)
+    split = split_dataset(load_dataset("digits"), seed=0)
+    held = PRESETS["tiny"].max_train_examples
+    federation = federation_from_zoo(tmp_path / "zoo", base.id, split, num_clients=4, cloud_examples=held)
+    assert len(federation.pool) == len(split.train) - held
+    np.testing.assert_array_equal(federation.pool.x, split.train.x[held:])
+    # the card names its torch state as an artifact: the federation carries that blob too, so a fresh server
+    # (one that never imported the zoo) accepts the card
+    assert set(base.artifacts.values()) <= set(federation.blobs)
+    records = _run(federation, tmp_path / "run", "in-process", {"name": "fedavg"})
+    assert [r.state for r in records] == ["closed", "closed"] and all(0 < r.accuracy <= 1 for r in records)
+    assert records[-1].outcome["num_examples"] > 0

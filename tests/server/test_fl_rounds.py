@@ -1,10 +1,13 @@
 """Federated rounds against a real server on loopback: selection, refusals, deadlines, restarts, lineage."""
 
 import hashlib
+import json
+import sqlite3
 import threading
 import time
 from datetime import datetime, timezone
 
+import httpx
 import numpy as np
 import pytest
 
@@ -164,6 +167,30 @@ def test_a_round_short_of_its_minimum_fails_at_the_deadline_and_the_next_starts(
     assert (following["state"], following["number"], following["base_model_id"]) == ("open", 2, federation.card.id)
 
 
+def _round_rows(server):
+    """The rounds as the database holds them, read without a request (a request would advance them itself)."""
+    with sqlite3.connect(server.data_dir / "registry.db") as connection:
+        return connection.execute("SELECT number, state, result_model_id FROM fl_rounds ORDER BY id").fetchall()
+
+
+@pytest.mark.slow
+def test_the_background_check_finishes_overdue_rounds_with_no_traffic(simulation, federation, server):
+    simulation.start_plan(_config(min_clients=2, target_clients=3, deadline_s=1.5, num_rounds=2))
+    devices = [_device(simulation, index) for index in range(2)]
+    tasks = [device.fl_task("digits")["task"] for device in devices]
+    for device, task in zip(devices, tasks):
+        _upload(device, task, _honest_delta(federation))
+    assert [row[:2] for row in _round_rows(server)] == [(1, "open")]  # 2 of 3 seats taken
+    # no request from here on: round 1 (2 updates, the minimum) must close at its deadline, round 2 open
+    # at once and, with no updates, fail at its own deadline
+    waited = time.monotonic()
+    while [row[1] for row in _round_rows(server)] != ["closed", "failed"] and time.monotonic() - waited < 30:
+        time.sleep(0.2)
+    (first, second) = _round_rows(server)
+    assert first[:2] == (1, "closed") and first[2] is not None
+    assert second == (2, "failed", None)
+
+
 @pytest.mark.slow
 def test_a_restart_mid_round_keeps_every_accepted_update(simulation, federation, server):
     round_id = simulation.start_plan(_config(min_clients=3, target_clients=3))
@@ -211,8 +238,25 @@ def test_openapi_documents_the_federated_routes(simulation):
     paths = simulation.admin.http.get_json("/v1/openapi.json")["paths"]
     assert {"/v1/fl/task", "/v1/fl/rounds", "/v1/fl/rounds/{round_id}", "/v1/fl/rounds/{round_id}/updates"} <= set(paths)
     upload = paths["/v1/fl/rounds/{round_id}/updates"]["post"]
-    assert "multipart/form-data" in upload["requestBody"]["content"]
+    multipart = upload["requestBody"]["content"]["multipart/form-data"]
+    assert multipart["encoding"]["metadata"] == {"contentType": "application/json"}
+    assert multipart["schema"]["$ref"].endswith("/UpdateUpload")
     assert {"409", "413", "422"} <= set(upload["responses"])
+
+
+def test_the_metadata_part_may_come_as_an_application_json_file_part(simulation, federation):
+    simulation.start_plan(_config())
+    device = _device(simulation, 0)
+    task = device.fl_task("digits")["task"]
+    metadata = json.dumps({"base_version": task["base_version"], "num_examples": 10, "metrics": {}})
+    delta = encode_update(_honest_delta(federation), "fp32")
+    url = f"{simulation.server_url}{task['upload']['url']}"
+    headers = {"Authorization": f"Bearer {simulation.tokens[0]}"}
+    files = {"metadata": ("metadata.json", metadata, "application/json"), "delta": ("delta.npz", delta)}
+    answer = httpx.post(url, files=files, headers=headers)
+    assert answer.status_code == 201 and answer.json()["accepted_updates"] == 1
+    refused = httpx.post(url, files={"delta": ("delta.npz", delta)}, headers=headers)
+    assert refused.status_code == 400 and refused.json()["error"]["field"] == "delta"
 
 
 def test_an_evaluation_set_that_does_not_fit_the_model_is_refused(simulation, federation):

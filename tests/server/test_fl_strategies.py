@@ -127,6 +127,19 @@ def test_norm_clipping_scales_long_deltas_down_to_the_bound():
     assert NormClipping().clip_norm([long, short, short]) == 1.0
 
 
+@pytest.mark.parametrize("strategy_class", [CoordinateMedian, TrimmedMean, NormClipping, MultiKrum])
+def test_a_server_learning_rate_scales_the_robust_aggregate_delta(strategy_class):
+    base = _global_parameters()
+    updates, _ = _updates(count=9)
+    plain = strategy_class().aggregate_fit(base, updates)
+    doubled = strategy_class(server_learning_rate=2.0).aggregate_fit(base, updates)
+    for name in base:
+        np.testing.assert_allclose(doubled[name] - base[name], 2 * (plain[name] - base[name]), rtol=1e-5, atol=1e-6)
+    with pytest.raises(InvalidInputError, match="server_learning_rate") as error:
+        strategy_class(server_learning_rate=0.0)
+    assert error.value.field == "server_learning_rate"
+
+
 def test_make_strategy_builds_from_json_and_names_bad_options():
     assert isinstance(make_strategy({"name": "trimmed_mean", "trim_fraction": 0.1}), TrimmedMean)
     assert isinstance(make_strategy({}), FedAvg)

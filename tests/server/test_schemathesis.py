@@ -25,11 +25,7 @@ MAX_EXAMPLES = 15
 # app, not a server, so it can be made at collection time.
 _document_app = create_app(ServerConfig.from_env({}, data_dir=tempfile.mkdtemp(prefix="fedzoo-openapi-")),
                            estimator=CalibrationScalingEstimator(), migrate=False)
-# The federated-learning routes are fuzzed by their own tests (tests/server/test_fl*.py); these are the registry's.
-# (The upload's `metadata` part is documented as a string, though it must hold JSON: schemathesis sends
-# non-JSON strings that the server rightly refuses with 422 field `metadata`.)
-schema = schemathesis.openapi.from_dict(openapi_document(_document_app)).exclude(path_regex=r"^/v1/fl/")
-
+schema = schemathesis.openapi.from_dict(openapi_document(_document_app))
 
 @pytest.fixture(scope="module")
 def fuzzed_server(tmp_path_factory):
