@@ -6,7 +6,7 @@ Stages, in order::
     data      load, split (seeded), normalise with the train split's statistics
     check     the smallest subnet must fit the constraints, else fail before any training
     train     the supernet, sandwich rule + in-place distillation; checkpoint after every epoch
-    search    evolutionary search on validation accuracy and latency; checkpoint after every generation
+    search    evolutionary search on validation loss and latency; checkpoint after every generation
     cards     extract, recalibrate BN, test accuracy, export ONNX, measure latency, write cards
     compress  pruned and INT8 variants behind the accuracy gate (fedzoo.compress.pipeline)   (skippable)
     graphs    a standard-op training graph for every model (fedzoo.cloud.training_graphs)   (skippable)
@@ -97,7 +97,7 @@ class BuildConfig:
     executor: str = "in-process"
     num_workers: int | None = None
     zoo_min_size: int = 8
-    zoo_max_size: int = 12
+    zoo_max_size: int = 16
     compress: bool = True
     training_graphs: bool = True
     torch_threads: int = 1
@@ -220,6 +220,7 @@ def _search_fingerprint(config: BuildConfig, space: SearchSpace, strategy: str) 
             "population": config.search_population_size,
             "constraints": asdict(config.constraints),
             "latency_source": config.latency_source,
+            "objective": "validation-loss",  # Candidate.point; earlier builds ranked by validation accuracy
         }
     )
 
@@ -315,8 +316,9 @@ def search_architectures(
         atomic_write_bytes(checkpoint, json.dumps({"fingerprint": fingerprint, "state": new_state.to_dict()}).encode())
         feasible = [c for c in new_state.evaluated if constraints.fits(c)]
         best = max((c.accuracy for c in feasible), default=float("nan"))
+        lowest_loss = min((c.loss for c in feasible), default=float("nan"))
         reporter.note(f"{strategy_name} generation {new_state.generation}: {len(new_state.evaluated)} evaluated, "
-                      f"{len(feasible)} feasible, best validation accuracy {best:.4f}")
+                      f"{len(feasible)} feasible, best validation accuracy {best:.4f}, lowest validation loss {lowest_loss:.4f}")
         if config.stop_after_generation is not None and new_state.generation >= config.stop_after_generation and len(new_state.evaluated) < total:
             raise BuildInterrupted(f"stopped after search generation {new_state.generation} as asked; run the same build again to resume")
 

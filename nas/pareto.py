@@ -1,11 +1,11 @@
-"""Pareto fronts of (accuracy up, latency down), the non-dominated sorting and crowding distance of
+"""Pareto fronts of (score up, latency down) - accuracy, or the search's minus validation loss - the non-dominated sorting and crowding distance of
 NSGA-II (Deb et al. 2002), and the 2-D hypervolume that scores a front."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-Point = tuple[float, float]  # (accuracy, latency_ms)
+Point = tuple[float, float]  # (accuracy or another higher-is-better score, latency_ms)
 
 
 def dominates(first: Point, second: Point) -> bool:

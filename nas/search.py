@@ -1,5 +1,5 @@
 """Architecture search under constraints: an evolutionary search (NSGA-II selection over validation
-accuracy and latency) and random search, its baseline, behind one small interface. Both spend the same
+loss and latency, `Candidate.point`) and random search, its baseline, behind one small interface. Both spend the same
 evaluation budget through `run_search`, which checkpoints after every generation."""
 
 from __future__ import annotations
@@ -171,8 +171,8 @@ def run_search(
     return state
 
 
-def select_zoo(candidates: list[Candidate], constraints: Constraints, min_size: int = 8, max_size: int = 12) -> list[Candidate]:
-    """The zoo: the feasible Pareto front (topped up from the next fronts if it has fewer than
+def select_zoo(candidates: list[Candidate], constraints: Constraints, min_size: int = 8, max_size: int = 16) -> list[Candidate]:
+    """The zoo: the feasible Pareto front of `Candidate.point` (topped up from the next fronts if it has fewer than
     `min_size` members, thinned evenly along latency if more than `max_size`), fastest first."""
     feasible = [candidate for candidate in candidates if constraints.fits(candidate)]
     if not feasible:

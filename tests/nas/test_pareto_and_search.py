@@ -70,7 +70,7 @@ def synthetic_evaluate(archs):
         work = sum(k * k * e for stage in arch["stages"] for k, e in zip(stage["kernels"], stage["expand_ratios"]))
         depth = sum(len(stage["kernels"]) for stage in arch["stages"])
         accuracy = 1.0 - 0.5 * np.exp(-work / 150.0) - 0.02 * (depth % 2)
-        results.append(Candidate(arch, float(accuracy), 0.1, 0.01 * work + 0.05 * depth, work, 100 * work))
+        results.append(Candidate(arch, float(accuracy), float(-np.log(accuracy)), 0.01 * work + 0.05 * depth, work, 100 * work))
     return results
 
 
@@ -139,3 +139,11 @@ def test_evolution_starts_from_both_ends_of_the_tradeoff():
     state = run_search(EvolutionarySearch(population_size=4), SPACE, synthetic_evaluate, 4, 4, Constraints(), seed=0)
     keys = [arch_key(candidate.arch) for candidate in state.evaluated]
     assert keys[:2] == [arch_key(SPACE.min_arch()), arch_key(SPACE.max_arch())]
+
+
+def test_zoo_front_is_drawn_on_validation_loss_not_on_tied_accuracy():
+    arch = SPACE.min_arch()
+    # two subnets tie on accuracy (the same count of validation images right); the slower one is more confident
+    fast = Candidate(arch, accuracy=0.99, loss=0.05, latency_ms=1.0, macs=1, params=1)
+    slow = Candidate(SPACE.max_arch(), accuracy=0.99, loss=0.03, latency_ms=2.0, macs=2, params=2)
+    assert select_zoo([slow, fast], Constraints(), min_size=1) == [fast, slow]
