@@ -34,7 +34,7 @@ from fedzoo.compress.finetune import FineTuning, fine_tune
 from fedzoo.compress.macs import count_cost
 from fedzoo.compress.measure import DEVICE_CLASS, evaluate_onnx, normalise
 from fedzoo.compress.pipeline import CompressionReport, VariantOutcome, compress_zoo
-from fedzoo.compress.quantize import INT8_RECIPES, quantize_int8
+from fedzoo.compress.quantize import DEFAULT_INT8_RECIPES, quantize_int8
 from fedzoo.edge.benchmark import benchmark_model
 from fedzoo.nas.subnet import build_subnet
 from fedzoo.zoo import Zoo
@@ -153,7 +153,7 @@ def outcome(report: CompressionReport, variant_id: str) -> VariantOutcome | None
 
 def print_tables(zoo: Zoo, report: CompressionReport, roots: list[ModelCard], scratch: Path) -> None:
     print(f"\nINT8 (static, per-channel int8 weights with reduce_range, MinMax on 256 train images; recipe picked per model "
-          f"by measurement among {', '.join(INT8_RECIPES)}) vs fp32, ORT CPU 1 thread, batch 1; {load_average()}")  # fmt: skip
+          f"by measurement among {', '.join(DEFAULT_INT8_RECIPES)}) vs fp32, ORT CPU 1 thread, batch 1; {load_average()}")  # fmt: skip
     print("fp32 KB: the zoo's file; fp32c KB: the same model compacted like the INT8 file (size = int8 / fp32c)")
     header = (f"{'model':<14} {'MMACs':>6} {'recipe':<15} {'fp32 KB':>8} {'fp32c KB':>8} {'int8 KB':>8} {'size':>6} {'fp32 ms':>8} "
               f"{'int8 ms':>8} {'latency':>8} {'fp32 acc':>9} {'int8 acc':>9} {'drop pt':>8}  verdict")  # fmt: skip

@@ -12,7 +12,7 @@ from fedzoo.cloud.data import load_dataset, split_dataset
 from fedzoo.compress.finetune import FineTuning
 from fedzoo.compress.pipeline import REPORT_NAME, CompressionReport, compress_zoo
 from fedzoo.compress.pruning import IMPORTANCE_CRITERIA, SCOPES
-from fedzoo.compress.quantize import CALIBRATION_METHODS, INT8_RECIPES
+from fedzoo.compress.quantize import CALIBRATION_METHODS, DEFAULT_INT8_RECIPES, INT8_RECIPES
 from fedzoo.errors import InvalidInputError
 from fedzoo.zoo import Zoo
 
@@ -54,7 +54,7 @@ def print_report(report: CompressionReport, console: Console) -> None:
 @click.option("--epochs", default=8, show_default=True, help="Fine-tuning epochs after pruning.")
 @click.option("--calibration", type=click.Choice(sorted(CALIBRATION_METHODS)), default="minmax", show_default=True)
 @click.option("--int8-recipe", "int8_recipes", multiple=True, type=click.Choice(list(INT8_RECIPES)),
-              default=tuple(INT8_RECIPES), show_default=True,
+              default=DEFAULT_INT8_RECIPES, show_default=True,
               help="INT8 forms to try (repeat the option); the fastest measured, then the smallest, is gated.")  # fmt: skip
 def compress(
     zoo_dir: str, dataset: str | None, tolerance: float, seed: int, ratios: tuple[float, ...], method: str, scope: str,

@@ -34,7 +34,7 @@ from fedzoo.compress.finetune import FineTuning, fine_tune
 from fedzoo.compress.gate import judge, pick_fastest
 from fedzoo.compress.measure import DEVICE_CLASS, Measurement, measure, measure_side_by_side, normalise
 from fedzoo.compress.pruning import prune_channels, resize_to_state_dict
-from fedzoo.compress.quantize import INT8_RECIPES, quantize_int8
+from fedzoo.compress.quantize import DEFAULT_INT8_RECIPES, INT8_RECIPES, quantize_int8
 from fedzoo.errors import FedzooError, InvalidInputError
 from fedzoo.zoo import Zoo, atomic_write_bytes, sha256_of_file
 
@@ -317,7 +317,7 @@ def compress_zoo(
     fine_tuning: FineTuning = FineTuning(),
     calibration: str = "minmax",
     calibration_count: int = 256,
-    int8_recipes: Sequence[str] = tuple(INT8_RECIPES),
+    int8_recipes: Sequence[str] = DEFAULT_INT8_RECIPES,
     build_model: ModelBuilder | None = None,
     timed_runs: int = 50,
 ) -> CompressionReport:

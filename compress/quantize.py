@@ -53,6 +53,10 @@ INT8_RECIPES = {
     "qdq-u8s8": ("qdq", "uint8"),
     "qdq-s8s8": ("qdq", "int8"),
 }
+# What `zoo compress` tries unless told otherwise. QOperator files are 12-15% smaller at the same speed, but
+# their com.microsoft ops (QGemm, QLinearAdd, ...) are opaque to the kernel-level latency predictor
+# (fedzoo.edge.kernels reads QDQ graphs), so the server could only fall back to the card's latency for them.
+DEFAULT_INT8_RECIPES = ("qdq-u8s8", "qdq-s8s8")
 
 # Ops of an fp32 classifier we know how to quantize or pass through untouched; anything else is refused
 # up front rather than producing a model nobody has measured the behaviour of.

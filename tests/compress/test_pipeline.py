@@ -14,7 +14,7 @@ from fedzoo.compress.errors import CalibrationDataError, UnsupportedOperationErr
 from fedzoo.compress.export import export_onnx
 from fedzoo.compress.finetune import FineTuning
 from fedzoo.compress.pipeline import REPORT_NAME, compress_zoo, default_model_builder
-from fedzoo.compress.quantize import INT8_RECIPES
+from fedzoo.compress.quantize import DEFAULT_INT8_RECIPES, INT8_RECIPES
 from fedzoo.zoo import Zoo, sha256_of_file
 from fedzoo.errors import InvalidInputError
 
@@ -70,7 +70,7 @@ def test_compress_adds_gated_variants_with_lineage_and_records_rejections(zoo_di
         quantization = card.details["quantization"]
         assert quantization["per_channel"] and quantization["calibration"] == "minmax"
         assert (quantization["format"], quantization["activation_type"]) == INT8_RECIPES[quantization["recipe"]]
-        assert [tried.split(":")[0] for tried in quantization["recipes_tried"]] == list(INT8_RECIPES)
+        assert [tried.split(":")[0] for tried in quantization["recipes_tried"]] == list(DEFAULT_INT8_RECIPES)
         assert quantization["calibration_images"] == 256 and quantization["calibration_split"] == "train"
         assert f"train the fp32 parent {card.parent_id}" in card.details["fine_tuning"]
     assert pruned.details["compression"]["fine_tuning"]["distilled_from"] == "digits-a"

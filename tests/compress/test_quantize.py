@@ -5,7 +5,8 @@ from onnx import TensorProto, helper
 
 from fedzoo.compress.errors import CalibrationDataError, UnsupportedOperationError
 from fedzoo.compress.measure import evaluate_onnx
-from fedzoo.compress.quantize import CALIBRATION_METHODS, quantize_int8
+from fedzoo.compress.quantize import CALIBRATION_METHODS, DEFAULT_INT8_RECIPES, INT8_RECIPES, quantize_int8
+from fedzoo.edge.latency_predictor import kernel_features
 from fedzoo.errors import InvalidInputError
 
 
@@ -146,3 +147,14 @@ def test_hardswish_split_by_pre_processing_is_fused_back_and_left_fp32(digits, t
     assert "HardSwish" in ops and "HardSigmoid" not in ops and "QLinearMul" not in ops
     fp32_logits = onnx_outputs(tmp_path / "fp32.onnx", digits[2][:64])
     assert np.abs(onnx_outputs(tmp_path / "int8.onnx", digits[2][:64]) - fp32_logits).max() < 0.1 * np.abs(fp32_logits).max()
+
+
+@pytest.mark.parametrize("recipe_name", DEFAULT_INT8_RECIPES)
+def test_default_recipes_are_readable_by_the_latency_predictor(recipe_name, trained_mobilenet, digits, tmp_path):
+    """The server costs every published model with the kernel-level predictor; a default INT8 form it cannot
+    read would leave INT8 lookups on the fallback."""
+    _model, fp32 = trained_mobilenet
+    quant_format, activation_type = INT8_RECIPES[recipe_name]
+    quantize_int8(fp32, tmp_path / "int8.onnx", digits[1][:32], quant_format=quant_format, activation_type=activation_type)
+    features = kernel_features(tmp_path / "int8.onnx")
+    assert any(key.endswith("/int8") for key in features), sorted(features)
