@@ -132,23 +132,6 @@ def test_int8_activations_give_signed_quantize_ops(trained_mobilenet, digits, tm
     assert all(tensor.data_type == TensorProto.INT8 for tensor in zero_points)
 
 
-def test_hardswish_split_by_pre_processing_is_fused_back_and_left_fp32(digits, tmp_path):
-    """ORT has no int8 HardSwish: one fp32 HardSwish between a DQ/Q pair, not HardSigmoid + QLinearMul."""
-    from zoo_factory import make_arch
-
-    from fedzoo.compress.export import export_checked, onnx_outputs
-    from fedzoo.nas.subnet import build_subnet
-
-    arch = make_arch(8, 32, [(8, 1, "hswish", [3], [2]), (16, 2, "hswish", [3], [3])])
-    model = build_subnet(arch, 10, 1).eval()
-    export_checked(model, (1, 1, 8, 8), tmp_path / "fp32.onnx", digits[2][:4])
-    quantize_int8(tmp_path / "fp32.onnx", tmp_path / "int8.onnx", digits[1][:32], quant_format="qoperator")
-    ops = op_types(tmp_path / "int8.onnx")
-    assert "HardSwish" in ops and "HardSigmoid" not in ops and "QLinearMul" not in ops
-    fp32_logits = onnx_outputs(tmp_path / "fp32.onnx", digits[2][:64])
-    assert np.abs(onnx_outputs(tmp_path / "int8.onnx", digits[2][:64]) - fp32_logits).max() < 0.1 * np.abs(fp32_logits).max()
-
-
 @pytest.mark.parametrize("recipe_name", DEFAULT_INT8_RECIPES)
 def test_default_recipes_are_readable_by_the_latency_predictor(recipe_name, trained_mobilenet, digits, tmp_path):
     """The server costs every published model with the kernel-level predictor; a default INT8 form it cannot
