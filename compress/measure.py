@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 
 from fedzoo.cards import Normalisation
-from fedzoo.edge.benchmark import benchmark_model, benchmark_models_interleaved
+from fedzoo.edge.benchmark import LatencyMeasurement, benchmark_model, benchmark_models_interleaved
 
 DEVICE_CLASS = "cloud-x86-1t"
 _EVALUATION_BATCH = 256
@@ -54,10 +54,9 @@ def evaluate_onnx(path: str | Path, images: np.ndarray, labels: np.ndarray) -> t
     return correct / len(labels), loss_sum / len(labels)
 
 
-def measure(path: str | Path, images: np.ndarray, labels: np.ndarray, timed_runs: int = 50) -> Measurement:
-    """Accuracy on (normalised) `images`, batch-1 single-thread ORT latency and size of the file at `path`."""
+def _measurement(path: str | Path, images: np.ndarray, labels: np.ndarray, latency: LatencyMeasurement) -> Measurement:
+    """A model's accuracy and size on top of its already-taken `latency`."""
     accuracy, loss = evaluate_onnx(path, images, labels)
-    latency = benchmark_model(path, threads=1, timed_runs=timed_runs)
     return Measurement(
         accuracy=accuracy,
         loss=loss,
@@ -68,21 +67,15 @@ def measure(path: str | Path, images: np.ndarray, labels: np.ndarray, timed_runs
     )
 
 
+def measure(path: str | Path, images: np.ndarray, labels: np.ndarray, timed_runs: int = 50) -> Measurement:
+    """Accuracy on (normalised) `images`, batch-1 single-thread ORT latency and size of the file at `path`."""
+    return _measurement(path, images, labels, benchmark_model(path, threads=1, timed_runs=timed_runs))
+
+
 def measure_side_by_side(
     paths: dict[str, Path], images: np.ndarray, labels: np.ndarray, timed_runs: int = 50
 ) -> dict[str, Measurement]:
     """`measure` for several models, their latency taken in interleaved rounds so that a busy spell of a
     shared CPU hits them all alike: the figures are fit for ratios between them."""
     latency = benchmark_models_interleaved(paths, threads=1, rounds=_ROUNDS, runs_per_round=max(1, timed_runs // _ROUNDS))
-    measurements = {}
-    for name, path in paths.items():
-        accuracy, loss = evaluate_onnx(path, images, labels)
-        measurements[name] = Measurement(
-            accuracy=accuracy,
-            loss=loss,
-            num_examples=len(labels),
-            latency_median_ms=latency[name].median_ms,
-            latency_p90_ms=latency[name].p90_ms,
-            size_bytes=Path(path).stat().st_size,
-        )
-    return measurements
+    return {name: _measurement(path, images, labels, latency[name]) for name, path in paths.items()}
