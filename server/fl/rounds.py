@@ -58,8 +58,8 @@ from fedzoo.server import registry
 TRAINING_GRAPH_DATA_INPUTS = ("x", "y")
 AGGREGATION_LEASE_S = 300.0
 IDLE_RETRY_AFTER_S = 30.0
-UPLOAD_OVERHEAD_BYTES = 64 * 1024
-MAX_ROUND_ID = 2**63 - 1  # SQL BIGINT  # npz headers and int8 scales on top of the raw float32 deltas
+UPLOAD_OVERHEAD_BYTES = 64 * 1024  # npz headers and int8 scales on top of the raw float32 deltas
+MAX_ROUND_ID = 2**63 - 1  # SQL BIGINT
 
 
 def utc_now() -> datetime:
