@@ -40,25 +40,35 @@ def gradient_name(parameter: str) -> str:
     return GRADIENT_PREFIX + parameter
 
 
-class _TrainingGraphBuilder(GraphBuilder):
-    """Collects the nodes and constants of the training graph and answers shape questions about the forward."""
+class _FreshNames:
+    """Hands out `hint/<n>` names the graph does not use yet; every name handed out is taken from then on."""
 
-    def __init__(self, shapes: dict[str, StaticShape], taken_names: set[str], constants: set[str]) -> None:
-        self.nodes: list[onnx.NodeProto] = []
-        self.constants: list[onnx.TensorProto] = []
-        self._shapes = shapes
-        self._taken = taken_names
-        self._constant_names = constants
-        self._shape_names: dict[str, str] = {}
+    def __init__(self, taken: set[str]) -> None:
+        self._taken = taken
         self._counter = 0
 
-    def fresh_name(self, hint: str) -> str:
+    def __call__(self, hint: str) -> str:
         while True:
             self._counter += 1
             name = f"{hint}/{self._counter}"
             if name not in self._taken:
                 self._taken.add(name)
                 return name
+
+
+class _TrainingGraphBuilder(GraphBuilder):
+    """Collects the nodes and constants of the training graph and answers shape questions about the forward."""
+
+    def __init__(self, shapes: dict[str, StaticShape], fresh_names: _FreshNames, constants: set[str]) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.constants: list[onnx.TensorProto] = []
+        self._shapes = shapes
+        self._fresh_names = fresh_names
+        self._constant_names = constants
+        self._shape_names: dict[str, str] = {}
+
+    def fresh_name(self, hint: str) -> str:
+        return self._fresh_names(hint)
 
     def emit(self, op_type: str, inputs: Sequence[str], **attributes: Any) -> str:
         output = self.fresh_name(f"grad/{op_type}")
@@ -244,16 +254,9 @@ def _single_input_and_output(model: onnx.ModelProto) -> tuple[onnx.ValueInfoProt
 
 
 def _lower_trainable_depthwise(
-    nodes: list[onnx.NodeProto], shapes: dict[str, StaticShape], parameters: set[str], taken: set[str]
+    nodes: list[onnx.NodeProto], shapes: dict[str, StaticShape], parameters: set[str], fresh_name: _FreshNames
 ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     """Depthwise convs with a trainable kernel as MatMuls (`fedzoo.cloud.depthwise_lowering` says why)."""
-    def fresh_name(hint: str) -> str:
-        counter = 0
-        while f"{hint}/{counter}" in taken:
-            counter += 1
-        taken.add(f"{hint}/{counter}")
-        return f"{hint}/{counter}"
-
     lowered: list[onnx.NodeProto] = []
     constants: list[onnx.TensorProto] = []
     for node in nodes:
@@ -334,7 +337,8 @@ def build_training_graph(
         opset_imports=list(model.opset_import),
     )
     shapes = _infer_shapes(forward)
-    forward_nodes, lowering_constants = _lower_trainable_depthwise(forward_nodes, shapes, set(parameters), taken)
+    fresh_names = _FreshNames(taken | {INPUT_NAME, TARGET_NAME, LOSS_NAME})
+    forward_nodes, lowering_constants = _lower_trainable_depthwise(forward_nodes, shapes, set(parameters), fresh_names)
     if lowering_constants:
         frozen = [*frozen, *lowering_constants]
         del forward.graph.node[:]
@@ -348,7 +352,7 @@ def build_training_graph(
     for node in forward_nodes:  # Constant nodes, and Identity aliases of frozen initializers
         if node.op_type == "Constant" or (node.op_type == "Identity" and node.input[0] in constants):
             constants.update(node.output)
-    ctx = _TrainingGraphBuilder(shapes, taken | {INPUT_NAME, TARGET_NAME, LOSS_NAME}, constants)
+    ctx = _TrainingGraphBuilder(shapes, fresh_names, constants)
     _, output_gradient, target_info = LOSSES[loss](ctx, output_name, shapes[output_name], batch)
     gradients = _reverse_sweep(ctx, forward_nodes, output_name, output_gradient, parameters)
 
