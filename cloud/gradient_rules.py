@@ -194,7 +194,9 @@ def _relu(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], needs: 
 def _clip(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], needs: list[bool]) -> list[str | None]:
     low = node.input(1) or _scalar(ctx, float(np.finfo(np.float32).min))
     high = node.input(2) or _scalar(ctx, float(np.finfo(np.float32).max))
-    return [_mask_gradient(ctx, grads[0], _between(ctx, node.inputs[0], low, high))]
+    # low < x < high exactly when low < clip(x) < high; reading the output leaves the input with its one
+    # consumer, so onnxruntime fuses the producing Conv with the Clip (FusedConv).
+    return [_mask_gradient(ctx, grads[0], _between(ctx, node.outputs[0], low, high))]
 
 
 @gradient_rule("HardSigmoid")
