@@ -460,10 +460,10 @@ def _is_depthwise(geometry: _ConvGeometry) -> bool:
 def _depthwise_weight_gradient(ctx: GraphBuilder, node: ForwardNode, geometry: _ConvGeometry, dy: str) -> str:
     """dW of a depthwise conv one kernel row a at a time: G_a[c] = rows_a(x)[c]^T @ dy[c], the (padded W, OW)
     products of the input rows that kernel row a reads with the output rows (channels leading, so one
-    MatMul batched over the channels), then dW[c, a, b] = sum_j G_a[c, j*stride + b*dilation, j].
+    MatMul batched over the channels), then dW[c, a, b] = sum_j G_a[c, j*stride + b*dilation - pad_left, j].
 
-    Only the height is padded; a column the width padding would add is left out of the (W, OW) products and
-    of the diagonals (it is zero), as onnxruntime pads along the last axis several times slower.
+    Only the height is padded: a column of the width padding is zero, so it is left out of the (W, OW)
+    products and of that sum (onnxruntime pads along the last axis several times slower).
     onnxruntime runs the grouped Conv of `_conv_weight_gradient` as one tiny GEMM per channel: measured
     about 3x slower on a 14x14 plane with a 5x5 kernel."""
     channels = geometry.input_shape[1]
