@@ -175,7 +175,7 @@ def depthwise_parameters(model: onnx.ModelProto) -> list[str]:
 
 def _all_but_depthwise(model: onnx.ModelProto) -> list[str]:
     # onnxruntime's fast depthwise kernels (NCHWc) need a constant weight and bias: freezing the depthwise
-    # convolutions (a small share of the parameters) still makes a training step about 2.5x faster on CPU,
+    # convolutions (a small share of the parameters) still makes a training step about 2x faster on CPU,
     # even with trainable depthwise convs lowered to MatMuls (bench/train_benchmark.py).
     frozen = set(depthwise_parameters(model))
     return [name for name in parameter_candidates(model) if name not in frozen]

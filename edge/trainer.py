@@ -54,14 +54,18 @@ class Trainer:
         parameters: Mapping[str, np.ndarray],
         optimizer: Optimizer,
         threads: int = 1,
-        memory_arena: bool = False,
+        memory_arena: bool = True,
     ) -> None:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
-        # Without the arena, freed activations go back to the system: measured 155 -> 129 MB peak over ten
-        # steps of a zoo-sized model for a few percent of step time, the right trade on a small device.
+        # The arena keeps the activations' memory from step to step; without it, malloc hands much of it back
+        # and the next step page-faults it in again (6-7k faults per step of bench/train_benchmark.py's subnet).
+        # A memory pattern would size the arena for a whole run at once. Measured over 20 steps, 1 thread:
+        # arena without pattern 61 ms/step, 108 MB peak RSS; no arena 81-87 ms, 120 MB; arena with pattern
+        # 55-68 ms, 146 MB. `memory_arena=False` gives part of it back between steps, for those page faults.
         options.enable_cpu_mem_arena = memory_arena
+        options.enable_mem_pattern = False
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         try:
             self._session = ort.InferenceSession(
@@ -96,7 +100,7 @@ class Trainer:
         inference_model: str | Path | bytes,
         optimizer: Optimizer,
         threads: int = 1,
-        memory_arena: bool = False,
+        memory_arena: bool = True,
     ) -> Trainer:
         """A trainer starting from the parameters stored in the inference model the graph was built from."""
         parameters = read_float_initializers(_model_bytes(inference_model))
