@@ -23,9 +23,10 @@ _ZERO_POINT_OPTIONAL_TYPES = (onnx.TensorProto.INT8, onnx.TensorProto.INT32)
 # QLinearConv accepts a scalar weight zero point with per-channel scales; one shared scalar replaces the
 # per-channel zero vectors (QGemm does not: its scale and zero point must have the same shape).
 _SCALAR_ZERO_POINT_INPUT = {"QLinearConv": 5}
-# QLinearConv also takes a scalar weight scale; a vector of equal scales (the dense-per-tensor recipe writes
-# them through the quantizer's per-channel path) is stored as that scalar.
-_SCALAR_SCALE_INPUT = {"QLinearConv": 4}
+# Weight (scale, zero point) slots of ops that also take per-tensor weights: a vector of equal scales (the
+# dense-per-tensor recipe writes them through the quantizer's per-channel path) is stored as that scalar,
+# and so is the zero point (QGemm needs both of one shape).
+_WEIGHT_SCALE_INPUTS = {"QLinearConv": (4, 5), "QGemm": (4, 5)}
 NAME_ALPHABET = string.ascii_letters + string.digits
 # Where a conv's weight is: its kernel_shape, when equal to the weight's spatial dims, is implied by it.
 _CONV_WEIGHT_INPUT = {"Conv": 1, "QLinearConv": 3}
@@ -40,7 +41,8 @@ def compact_model(model: onnx.ModelProto) -> onnx.ModelProto:
     graph = model.graph
     del graph.value_info[:]
     del model.metadata_props[:]
-    model.doc_string = graph.doc_string = ""
+    model.doc_string = graph.doc_string = model.producer_name = model.producer_version = ""
+    graph.name = "g"  # required to be non-empty; nothing reads it
     used_domains = {node.domain or "" for node in graph.node} | {""}
     kept_opsets = [opset for opset in model.opset_import if (opset.domain or "") in used_domains or opset.domain == "ai.onnx"]
     del model.opset_import[:]
@@ -81,17 +83,27 @@ def _drop_zero_points(graph: onnx.GraphProto) -> None:
 
 def _collapse_equal_scales(graph: onnx.GraphProto) -> None:
     initializers = {tensor.name: tensor for tensor in graph.initializer}
+
+    def scalar_of(name: str) -> onnx.TensorProto | None:
+        """The one value of an initializer vector whose entries are all equal (or the scalar itself)."""
+        tensor = initializers.get(name)
+        if tensor is None or len(tensor.dims) > 1:
+            return None
+        values = numpy_helper.to_array(tensor).reshape(-1)
+        if not len(values) or not np.all(values == values[0]):
+            return None
+        return numpy_helper.from_array(values[:1].reshape(()), f"{name}.scalar")
+
     for node in graph.node:
-        slot = _SCALAR_SCALE_INPUT.get(node.op_type)
-        scale = initializers.get(node.input[slot]) if slot is not None and len(node.input) > slot else None
-        if scale is None or len(scale.dims) != 1:
+        slots = _WEIGHT_SCALE_INPUTS.get(node.op_type)
+        if slots is None or len(node.input) <= max(slots):
             continue
-        values = numpy_helper.to_array(scale)
-        if len(values) and np.all(values == values[0]):
-            collapsed = numpy_helper.from_array(values[:1].reshape(()), f"{scale.name}.scalar")
-            graph.initializer.append(collapsed)
-            initializers[collapsed.name] = collapsed
-            node.input[slot] = collapsed.name
+        collapsed = [scalar_of(node.input[slot]) for slot in slots]
+        if all(tensor is not None for tensor in collapsed):
+            for slot, tensor in zip(slots, collapsed):
+                graph.initializer.append(tensor)
+                initializers[tensor.name] = tensor
+                node.input[slot] = tensor.name
     used = {name for node in graph.node for name in node.input} | {value.name for value in graph.output}
     kept = [tensor for tensor in graph.initializer if tensor.name in used]
     del graph.initializer[:]

@@ -144,7 +144,7 @@ def test_default_recipes_are_readable_by_the_latency_predictor(recipe_name, trai
     assert any(key.endswith("/int8") for key in features), sorted(features)
 
 
-def test_dense_per_tensor_gives_dense_convs_one_scale_and_keeps_depthwise_per_channel(trained_mobilenet, digits, tmp_path):
+def test_dense_per_tensor_gives_dense_weights_one_scale_and_keeps_depthwise_per_channel(trained_mobilenet, digits, tmp_path):
     _model, fp32 = trained_mobilenet
     split, train_x, test_x = digits
     per_channel, dense_pt = tmp_path / "per-channel.onnx", tmp_path / "dense-pt.onnx"
@@ -157,6 +157,8 @@ def test_dense_per_tensor_gives_dense_convs_one_scale_and_keeps_depthwise_per_ch
         for node in model.graph.node if node.op_type == "QLinearConv"
     }  # fmt: skip
     assert {(False, ())} < scale_shapes and all(dims for grouped, dims in scale_shapes if grouped)
+    classifier = next(node for node in model.graph.node if node.op_type == "QGemm")
+    assert list(initializers[classifier.input[4]].dims) == list(initializers[classifier.input[5]].dims) == []
     assert recipe.weight_scales == "dense-per-tensor" and dense_pt.stat().st_size < per_channel.stat().st_size
     fp32_accuracy, _ = evaluate_onnx(fp32, test_x, split.test.y)
     assert evaluate_onnx(dense_pt, test_x, split.test.y)[0] >= fp32_accuracy - 0.02
