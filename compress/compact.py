@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import string
+from collections.abc import Iterator
 
 import numpy as np
 import onnx
@@ -171,7 +172,7 @@ def _deduplicate_initializers(graph: onnx.GraphProto) -> None:
         node.input[:] = [alias.get(name, name) for name in node.input]
 
 
-def _short_names(taken: set[str]):
+def _short_names(taken: set[str]) -> Iterator[str]:
     """Names a, b, ..., Z, 0.., then aa, ab, ...: one character for the first 62 tensors, two for 3,844 more."""
     for length in range(1, 8):
         for name in itertools.product(NAME_ALPHABET, repeat=length):

@@ -166,8 +166,9 @@ def quantize_int8(
     """Write a statically quantized copy of the ONNX model at `fp32_path` to `output_path`.
 
     `calibration_images` are already-normalised train images (N, C, H, W); `weight_scales` is one of
-    WEIGHT_SCALES (with `per_channel`; "dense-per-tensor" gives dense convs one scale). Raises InvalidInputError for
-    a corrupt model, UnsupportedOperationError for ops we cannot handle, CalibrationDataError for bad data.
+    WEIGHT_SCALES ("dense-per-tensor" gives each dense conv and Gemm weight one scale; needs `per_channel`).
+    Raises InvalidInputError for a corrupt model, UnsupportedOperationError for ops we cannot handle,
+    CalibrationDataError for bad data.
     """
     if calibration not in CALIBRATION_METHODS:
         raise InvalidInputError(f"unknown calibration method {calibration!r}; use one of {sorted(CALIBRATION_METHODS)}", field="calibration")
