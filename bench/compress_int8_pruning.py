@@ -162,7 +162,7 @@ def print_tables(zoo: Zoo, report: CompressionReport, roots: list[ModelCard], sc
     print(f"\nINT8 (static, per-channel int8 weights with reduce_range, MinMax on 256 train images; recipe picked per model "
           f"by measurement among {', '.join(DEFAULT_INT8_RECIPES)}) vs fp32, ORT CPU 1 thread, batch 1; {load_average()}")  # fmt: skip
     print("fp32 KB: the zoo's file; fp32c KB: the same model compacted like the INT8 file (size = int8 / fp32c)")
-    header = (f"{'model':<14} {'MMACs':>6} {'recipe':<23} {'fp32 KB':>8} {'fp32c KB':>8} {'int8 KB':>8} {'size':>6} {'fp32 ms':>8} "
+    header = (f"{'model':<18} {'MMACs':>6} {'recipe':<23} {'fp32 KB':>8} {'fp32c KB':>8} {'int8 KB':>8} {'size':>7} {'fp32 ms':>8} "
               f"{'int8 ms':>8} {'latency':>8} {'fp32 acc':>9} {'int8 acc':>9} {'drop pt':>8}  verdict")  # fmt: skip
     print(header)
     breakdowns = {}
@@ -184,8 +184,8 @@ def print_tables(zoo: Zoo, report: CompressionReport, roots: list[ModelCard], sc
         verdict = "accepted" if int8.accepted else "rejected: " + "; ".join(int8.reasons)
         compact_bytes = fp32_compact.stat().st_size
         print(
-            f"{root.id:<14} {root.macs / 1e6:>6.2f} {recipe:<23} {fp32_measured['size_bytes'] / 1024:>8.1f} {compact_bytes / 1024:>8.1f} "
-            f"{int8_measured['size_bytes'] / 1024:>8.1f} {int8_measured['size_bytes'] / compact_bytes:>5.2f}x {fp32_ms:>8.3f} {int8_ms:>8.3f} "
+            f"{root.id:<18} {root.macs / 1e6:>6.2f} {recipe:<23} {fp32_measured['size_bytes'] / 1024:>8.1f} {compact_bytes / 1024:>8.1f} "
+            f"{int8_measured['size_bytes'] / 1024:>8.1f} {int8_measured['size_bytes'] / compact_bytes:>6.3f}x {fp32_ms:>8.3f} {int8_ms:>8.3f} "
             f"{int8_ms / fp32_ms:>7.2f}x {fp32_measured['accuracy']:>9.2%} {int8_measured['accuracy']:>9.2%} {drop:>8.2f}  {verdict}"
         )  # fmt: skip
         print(f"{'':<14} recipes tried: {int8.notes[0].split('(tried ', 1)[1].rstrip(')')}")
