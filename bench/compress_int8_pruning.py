@@ -2,7 +2,7 @@
 (MACs removed within a 1-point accuracy drop) on a zoo of MNIST models, all measured in this one run.
 
     .venv/bin/python bench/compress_int8_pruning.py            # builds a 3-model MNIST zoo first
-    .venv/bin/python bench/compress_int8_pruning.py --zoo DIR  # or compresses a copy of an existing zoo
+    .venv/bin/python bench/compress_int8_pruning.py --zoo DIR  # or compresses a copy of an existing zoo's roots
 
 Every figure is printed next to `os.getloadavg()`: the machine is shared and timings move with its load.
 
@@ -134,6 +134,13 @@ def build_zoo(root: Path, split: DatasetSplit) -> None:
               f"({time.perf_counter() - started:.0f} s)")  # fmt: skip
 
 
+def drop_variants(zoo: Zoo) -> None:
+    """Remove the cards of compressed variants a copied zoo already holds, so every figure comes from this run."""
+    for card in zoo.cards():
+        if card.parent_id is not None:
+            (zoo.root / "cards" / f"{card.id}.json").unlink()
+
+
 def side_by_side_latency_ms(first: Path, second: Path) -> tuple[float, float]:
     """Median batch-1 latency of two models, benchmarked alternately so both see the same machine load."""
     first_runs, second_runs = [], []
@@ -155,7 +162,7 @@ def print_tables(zoo: Zoo, report: CompressionReport, roots: list[ModelCard], sc
     print(f"\nINT8 (static, per-channel int8 weights with reduce_range, MinMax on 256 train images; recipe picked per model "
           f"by measurement among {', '.join(DEFAULT_INT8_RECIPES)}) vs fp32, ORT CPU 1 thread, batch 1; {load_average()}")  # fmt: skip
     print("fp32 KB: the zoo's file; fp32c KB: the same model compacted like the INT8 file (size = int8 / fp32c)")
-    header = (f"{'model':<14} {'MMACs':>6} {'recipe':<15} {'fp32 KB':>8} {'fp32c KB':>8} {'int8 KB':>8} {'size':>6} {'fp32 ms':>8} "
+    header = (f"{'model':<18} {'MMACs':>6} {'recipe':<23} {'fp32 KB':>8} {'fp32c KB':>8} {'int8 KB':>8} {'size':>7} {'fp32 ms':>8} "
               f"{'int8 ms':>8} {'latency':>8} {'fp32 acc':>9} {'int8 acc':>9} {'drop pt':>8}  verdict")  # fmt: skip
     print(header)
     breakdowns = {}
@@ -177,8 +184,8 @@ def print_tables(zoo: Zoo, report: CompressionReport, roots: list[ModelCard], sc
         verdict = "accepted" if int8.accepted else "rejected: " + "; ".join(int8.reasons)
         compact_bytes = fp32_compact.stat().st_size
         print(
-            f"{root.id:<14} {root.macs / 1e6:>6.2f} {recipe:<15} {fp32_measured['size_bytes'] / 1024:>8.1f} {compact_bytes / 1024:>8.1f} "
-            f"{int8_measured['size_bytes'] / 1024:>8.1f} {int8_measured['size_bytes'] / compact_bytes:>5.2f}x {fp32_ms:>8.3f} {int8_ms:>8.3f} "
+            f"{root.id:<18} {root.macs / 1e6:>6.2f} {recipe:<23} {fp32_measured['size_bytes'] / 1024:>8.1f} {compact_bytes / 1024:>8.1f} "
+            f"{int8_measured['size_bytes'] / 1024:>8.1f} {int8_measured['size_bytes'] / compact_bytes:>6.3f}x {fp32_ms:>8.3f} {int8_ms:>8.3f} "
             f"{int8_ms / fp32_ms:>7.2f}x {fp32_measured['accuracy']:>9.2%} {int8_measured['accuracy']:>9.2%} {drop:>8.2f}  {verdict}"
         )  # fmt: skip
         print(f"{'':<14} recipes tried: {int8.notes[0].split('(tried ', 1)[1].rstrip(')')}")
@@ -234,6 +241,7 @@ def main() -> None:
         root = Path(scratch) / "zoo"
         if arguments.zoo is not None:
             shutil.copytree(arguments.zoo, root)
+            drop_variants(Zoo(root))
         else:
             build_zoo(root, split)
         zoo = Zoo(root)

@@ -3,7 +3,7 @@ parent and beats it on latency or on size. Rules are a table; every failed rule 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 
 from fedzoo.compress.measure import Measurement
@@ -65,12 +65,27 @@ def judge(variant: Measurement, parent: Measurement, tolerance_points: float = 1
     return GateDecision(accepted=not reasons, reasons=reasons, notes=notes)
 
 
-def pick_fastest(candidates: dict[str, Measurement], parent: Measurement, tolerance_points: float = 1.0) -> str:
+def pick_fastest(
+    candidates: dict[str, Measurement],
+    parent: Measurement,
+    tolerance_points: float = 1.0,
+    kernel_signatures: Mapping[str, Hashable] | None = None,
+) -> str:
     """The candidate to put before the gate: among those within the accuracy tolerance, the fastest, and of
-    those within LATENCY_MARGIN of it the smallest; if none is accurate enough, the most accurate."""
+    those within LATENCY_MARGIN of it the smallest; if none is accurate enough, the most accurate.
+
+    Candidates with equal `kernel_signatures` run the same kernels, so they are credited the best latency
+    measured among them: a gap between two timings of one kernel list is machine noise (on the zoo it
+    exceeded LATENCY_MARGIN), and it must not hand the pick to the larger file."""
     accurate = {name: m for name, m in candidates.items() if _accuracy_drop_points(m, parent) <= tolerance_points}
     if not accurate:
         return max(candidates, key=lambda name: candidates[name].accuracy)
-    fastest = min(m.latency_median_ms for m in accurate.values())
-    close = [name for name, m in accurate.items() if m.latency_median_ms <= fastest * (1.0 + LATENCY_MARGIN)]
+    signatures = kernel_signatures or {}
+
+    def latency_ms(name: str) -> float:
+        signature = signatures.get(name, (name,))
+        return min(m.latency_median_ms for other, m in accurate.items() if signatures.get(other, (other,)) == signature)
+
+    fastest = min(latency_ms(name) for name in accurate)
+    close = [name for name in accurate if latency_ms(name) <= fastest * (1.0 + LATENCY_MARGIN)]
     return min(close, key=lambda name: accurate[name].size_bytes)

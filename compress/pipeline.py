@@ -6,7 +6,8 @@ For each fp32 card without a parent:
      fine-tune with distillation from the parent, export (BN folded, checked equal to torch);
   2. int8: quantize the parent and the accepted pruned variant (static, per-channel, calibrated on train
      images normalised as the card says) with each of the `int8_recipes`, measure them side by side with
-     the parent and put the fastest (then smallest) before the gate: which form is fastest depends on the CPU.
+     the parent and put the fastest (then smallest) before the gate: which form is fastest depends on the CPU;
+     recipes that run the same kernels (`kernel_signature`) count as equally fast, so the smaller one wins.
 Every variant is staged in a temporary folder; blobs and cards reach the zoo only after all variants are
 measured and judged, so any error leaves the zoo as it was. Rejections and their reasons are logged and
 written to `zoo/compress_report.json`.
@@ -19,7 +20,7 @@ import json
 import logging
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from fedzoo.compress.gate import judge, pick_fastest
 from fedzoo.compress.measure import DEVICE_CLASS, Measurement, measure, measure_side_by_side, normalise
 from fedzoo.compress.pruning import prune_channels, resize_to_state_dict
 from fedzoo.compress.quantize import DEFAULT_INT8_RECIPES, INT8_RECIPES, quantize_int8
+from fedzoo.edge.kernels import split_kernels
 from fedzoo.errors import FedzooError, InvalidInputError
 from fedzoo.zoo import Zoo, atomic_write_bytes, sha256_of_file
 
@@ -76,6 +78,12 @@ class CompressionReport:
 
     def to_dict(self) -> dict:
         return {"created_at": datetime.now(timezone.utc).isoformat(), **asdict(self)}
+
+
+def kernel_signature(path: Path, activation_type: str) -> tuple:
+    """What onnxruntime runs for an INT8 file: its fused kernels (names aside) and the activation type, which
+    the kernel list does not show but which picks MLAS's U8S8 or S8S8 path (S8S8 is slower without VNNI)."""
+    return activation_type, tuple(replace(kernel, name="") for kernel in split_kernels(path))
 
 
 def default_model_builder(zoo: Zoo) -> ModelBuilder:
@@ -265,14 +273,16 @@ class _Compressor:
         calibration_images = train_images[order[: settings.calibration_count]]
         paths, recipes = {}, {}
         for name in settings.int8_recipes:
-            quant_format, activation_type = INT8_RECIPES[name]
+            quant_format, activation_type, weight_scales = INT8_RECIPES[name]
             paths[name] = self.staging / f"{variant_id}.{name}.onnx"
             recipes[name] = quantize_int8(parent.onnx_path, paths[name], calibration_images, settings.calibration,
-                                          quant_format=quant_format, activation_type=activation_type)  # fmt: skip
+                                          quant_format=quant_format, activation_type=activation_type,
+                                          weight_scales=weight_scales)  # fmt: skip
         images, labels = self._test_data(parent.card)
         measured = measure_side_by_side({"parent": parent.onnx_path, **paths}, images, labels, settings.timed_runs)
         parent_measurement = measured.pop("parent")
-        chosen = pick_fastest(measured, parent_measurement, settings.tolerance_points)
+        signatures = {name: kernel_signature(paths[name], INT8_RECIPES[name][1]) for name in paths}
+        chosen = pick_fastest(measured, parent_measurement, settings.tolerance_points, signatures)
         path, recipe, measurement = paths[chosen], recipes[chosen], measured[chosen]
         tried = [f"{name}: {m.latency_median_ms:.3f} ms, {m.size_bytes} bytes, accuracy {m.accuracy:.2%}" for name, m in measured.items()]
         decision = judge(measurement, parent_measurement, settings.tolerance_points)

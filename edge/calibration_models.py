@@ -104,9 +104,11 @@ def build_model(architecture: Architecture, precision: Precision = "fp32", seed:
     return quantize_int8(fp32, architecture.input_shape, seed)
 
 
-def quantize_int8(model_bytes: bytes, input_shape: tuple[int, ...], seed: int = 0, samples: int = 4) -> bytes:
-    """INT8 QDQ version of an fp32 model, quantized the way the compression stage publishes (per-channel U8S8,
-    reduce_range), calibrated on `samples` deterministic random inputs."""
+def quantize_int8(
+    model_bytes: bytes, input_shape: tuple[int, ...], seed: int = 0, samples: int = 4, quant_format: str = "qdq"
+) -> bytes:
+    """INT8 version of an fp32 model in QDQ (or "qoperator") form, quantized the way the compression stage
+    publishes (per-channel U8S8, reduce_range), calibrated on `samples` deterministic random inputs."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -129,7 +131,7 @@ def quantize_int8(model_bytes: bytes, input_shape: tuple[int, ...], seed: int = 
             str(prepared),
             str(target),
             _Reader(),
-            quant_format=QuantFormat.QDQ,
+            quant_format=QuantFormat.QOperator if quant_format == "qoperator" else QuantFormat.QDQ,
             per_channel=True,
             activation_type=QuantType.QUInt8,
             weight_type=QuantType.QInt8,

@@ -4,7 +4,9 @@ In the manner of nn-Meter, latency is predicted per kernel, not per ONNX node: t
 Conv + BatchNormalization + activation (+ the residual Add, in fp32) into one kernel, and folds a QDQ
 sandwich (DequantizeLinear -> Conv -> QuantizeLinear) into one QLinearConv. So the splitter looks through
 Q/DQ nodes to the compute nodes, marks those fed through a DequantizeLinear as int8, and then greedily
-fuses each Conv/Gemm with its sole consumers by the rules in `FUSIBLE_AFTER`.
+fuses each Conv/Gemm with its sole consumers by the rules in `FUSIBLE_AFTER`. A model in QOperator form
+(QLinearConv, com.microsoft QGemm, QLinearAdd, ...) is read as its QDQ twin (`fedzoo.edge.qoperator`): the
+runtime runs both forms as the same kernels.
 
 fp32 convs also carry the memory layout onnxruntime gives them: on x86 its NCHWc kernels take most convs,
 but not all (it depends on channel counts, kernel and fused activation in ways that change between
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedzoo.edge.qoperator import is_qoperator, qoperator_as_qdq
 from fedzoo.errors import InvalidInputError
 
 QUANTIZE_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
@@ -163,6 +166,8 @@ def _load_with_shapes(model: Any) -> Any:
             raise InvalidInputError(f"expected an ONNX path, bytes or ModelProto, got {type(model).__name__}", "model")
     except (DecodeError, OSError) as error:
         raise InvalidInputError(f"not a readable ONNX model: {error}", field="model") from None
+    if is_qoperator(proto):  # onnxruntime runs it as the kernels of its QDQ twin
+        proto = qoperator_as_qdq(proto)
     initializer_names = {initializer.name for initializer in proto.graph.initializer}
     for value in proto.graph.input:
         if value.name in initializer_names:

@@ -51,3 +51,22 @@ def test_pick_fastest_prefers_speed_then_size_within_the_noise_margin():
 def test_pick_fastest_falls_back_to_the_most_accurate_when_none_is_within_tolerance():
     candidates = {"a": measured(accuracy=0.80, latency_ms=0.5), "b": measured(accuracy=0.85, latency_ms=3.0)}
     assert pick_fastest(candidates, measured(accuracy=0.95), tolerance_points=1.0) == "b"
+
+
+def test_recipes_with_the_same_kernels_tie_on_latency_so_the_smaller_wins():
+    """A timing gap between two files of one kernel list is noise: it must not pick the larger file."""
+    parent = measured()
+    candidates = {
+        "per-channel": measured(latency_ms=1.0, size_bytes=400),
+        "per-tensor": measured(latency_ms=1.0 + 3 * LATENCY_MARGIN, size_bytes=380),
+        "other-kernels": measured(latency_ms=1.0 + 2 * LATENCY_MARGIN, size_bytes=100),
+    }
+    assert pick_fastest(candidates, parent) == "per-channel"  # timed apart, the noise decides
+    signatures = {"per-channel": "kernels-a", "per-tensor": "kernels-a", "other-kernels": "kernels-b"}
+    assert pick_fastest(candidates, parent, kernel_signatures=signatures) == "per-tensor"
+
+
+def test_a_same_kernel_tie_does_not_rescue_an_inaccurate_candidate():
+    parent = measured()
+    candidates = {"accurate": measured(latency_ms=1.0, size_bytes=400), "inaccurate": measured(accuracy=0.90, size_bytes=10)}
+    assert pick_fastest(candidates, parent, kernel_signatures={"accurate": 1, "inaccurate": 1}) == "accurate"

@@ -69,7 +69,7 @@ def test_compress_adds_gated_variants_with_lineage_and_records_rejections(zoo_di
     for card in (root_int8, pruned_int8):
         quantization = card.details["quantization"]
         assert quantization["per_channel"] and quantization["calibration"] == "minmax"
-        assert (quantization["format"], quantization["activation_type"]) == INT8_RECIPES[quantization["recipe"]]
+        assert (quantization["format"], quantization["activation_type"], quantization["weight_scales"]) == INT8_RECIPES[quantization["recipe"]]
         assert [tried.split(":")[0] for tried in quantization["recipes_tried"]] == list(DEFAULT_INT8_RECIPES)
         assert quantization["calibration_images"] == 256 and quantization["calibration_split"] == "train"
         assert f"train the fp32 parent {card.parent_id}" in card.details["fine_tuning"]
