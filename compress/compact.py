@@ -50,6 +50,7 @@ def compact_model(model: onnx.ModelProto) -> onnx.ModelProto:
     model.opset_import.extend(kept_opsets)
     _drop_zero_points(graph)
     _collapse_equal_scales(graph)
+    _drop_unused_initializers(graph)
     _deduplicate_initializers(graph)
     _shorten_names(graph)
     _drop_default_attributes(graph, {opset.domain or "": opset.version for opset in model.opset_import})
@@ -76,10 +77,6 @@ def _drop_zero_points(graph: onnx.GraphProto) -> None:
                 shared_zero = "weight_zero"
                 graph.initializer.append(numpy_helper.from_array(np.zeros((), numpy_helper.to_array(zero).dtype), shared_zero))
             node.input[slot] = shared_zero
-    used = {name for node in graph.node for name in node.input}
-    kept = [tensor for tensor in graph.initializer if tensor.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
 
 
 def _collapse_equal_scales(graph: onnx.GraphProto) -> None:
@@ -105,6 +102,10 @@ def _collapse_equal_scales(graph: onnx.GraphProto) -> None:
                 graph.initializer.append(tensor)
                 initializers[tensor.name] = tensor
                 node.input[slot] = tensor.name
+
+
+def _drop_unused_initializers(graph: onnx.GraphProto) -> None:
+    """Remove the constants no node reads any more (the zero points and scale vectors replaced above)."""
     used = {name for node in graph.node for name in node.input} | {value.name for value in graph.output}
     kept = [tensor for tensor in graph.initializer if tensor.name in used]
     del graph.initializer[:]
