@@ -127,8 +127,10 @@ def main() -> None:
           f"{card.params} params, {card.macs / 1e6:.2f} MMACs, test accuracy {card.metrics.accuracy:.4f}")
     print(f"MNIST-5k: {len(federation.pool.y)} examples the zoo never trained on over {args.clients} devices "
           f"(Dirichlet {args.alpha}: {sizes[0]}..{sizes[-1]} each), test {len(federation.split.test)}")
+    # A round closes as soon as its target of reports is in, so the deadline only bounds the stragglers' wait:
+    # 20 s failed 5 of 30 FedAvg rounds on a loaded machine (clients short of CPU, not of accuracy)
     config = {"min_clients": max(1, args.per_round * 8 // 10), "target_clients": args.per_round, "over_selection": 0.3,
-              "deadline_s": 20, "num_rounds": args.rounds, "local_epochs": 2, "batch_size": 20,
+              "deadline_s": 60, "num_rounds": args.rounds, "local_epochs": 2, "batch_size": 20,
               "learning_rate": args.learning_rate}
     print(f"rounds: {json.dumps(config)}")
 

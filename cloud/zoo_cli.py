@@ -73,6 +73,8 @@ def build(no_compress: bool, no_training_graphs: bool, **options) -> None:
     with Progress(*columns, console=console, transient=True) as progress:
         result = build_zoo(config, RichReporter(progress))
     _print_cards(result.cards, title=f"zoo {config.out}: {len(result.cards)} models")
+    stages = ", ".join(f"{stage} {seconds:.0f}" for stage, seconds in result.stage_seconds.items())
+    console.print(f"stage times, wall s: {stages}; total {sum(result.stage_seconds.values()):.0f}")
 
 
 def _print_cards(cards, title: str) -> None:

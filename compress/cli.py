@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import click
+import torch
 from rich.console import Console
 from rich.table import Table
 
@@ -56,12 +57,15 @@ def print_report(report: CompressionReport, console: Console) -> None:
 @click.option("--int8-recipe", "int8_recipes", multiple=True, type=click.Choice(list(INT8_RECIPES)),
               default=DEFAULT_INT8_RECIPES, show_default=True,
               help="INT8 forms to try (repeat the option); the fastest measured, then the smallest, is gated.")  # fmt: skip
+@click.option("--threads", "torch_threads", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Torch threads for the fine-tuning after pruning.")  # fmt: skip
 def compress(
     zoo_dir: str, dataset: str | None, tolerance: float, seed: int, ratios: tuple[float, ...], method: str, scope: str,
-    epochs: int, calibration: str, int8_recipes: tuple[str, ...],
+    epochs: int, calibration: str, int8_recipes: tuple[str, ...], torch_threads: int,
 ) -> None:
     """Prune, quantize and gate every root fp32 model in ZOO_DIR; accepted variants become new cards."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    torch.set_num_threads(torch_threads)  # as `zoo build --threads`: one per core oversubscribes a busy machine
     zoo = Zoo(zoo_dir)
     split = split_dataset(load_dataset(dataset or _dataset_of(zoo)), seed=seed)
     report = compress_zoo(

@@ -44,6 +44,7 @@ def test_build_then_list_and_show(tmp_path, capsys):
     cards = Zoo(out).cards()
     assert len(cards) >= 8
     assert "compress" not in stderr  # skipped on request, not reported as missing
+    assert "stage times, wall s: data" in stderr and "search" in stderr
     code, stdout, _ = run_main(["zoo", "list", "--zoo", str(out)], capsys)
     assert code == 0 and all(card.id in stdout for card in cards)
     code, stdout, _ = run_main(["zoo", "show", cards[0].id, "--zoo", str(out)], capsys)

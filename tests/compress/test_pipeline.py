@@ -101,7 +101,7 @@ def report_parent_accuracy(report, variant_id: str) -> float:
 
 
 def test_cli_compresses_with_the_cards_task_as_data_set(zoo_dir):
-    result = CliRunner().invoke(compress, [str(zoo_dir), "--ratio", "0.25", "--tolerance", "3", "--epochs", "4"])
+    result = CliRunner().invoke(compress, [str(zoo_dir), "--ratio", "0.25", "--tolerance", "3", "--epochs", "4", "--threads", "1"])
     assert result.exit_code == 0, result.output
     assert "3 accepted, 0 rejected" in result.output
     assert len(Zoo(zoo_dir)) == 4 and (zoo_dir / REPORT_NAME).is_file()
