@@ -107,6 +107,7 @@ def main() -> None:
     # 0.3-0.6 and the average below the base); 0.005 keeps local models near the base
     parser.add_argument("--learning-rate", type=float, default=0.005)
     parser.add_argument("--proximal-mu", type=float, default=0.01)
+    parser.add_argument("--server-learning-rate", type=float, default=1.0, help="FedAvg's and FedProx's server step size")
     parser.add_argument("--robust", default=json.dumps([
         {"name": "median"},
         {"name": "trimmed_mean", "trim_fraction": 0.2},
@@ -133,13 +134,15 @@ def main() -> None:
               "deadline_s": 60, "num_rounds": args.rounds, "local_epochs": 2, "batch_size": 20,
               "learning_rate": args.learning_rate}
     print(f"rounds: {json.dumps(config)}")
+    fedavg_spec = {"name": "fedavg", "server_learning_rate": args.server_learning_rate}
 
     print("\n1. clean runs (test accuracy of each round's published version)")
-    fedavg, fp32_bytes, fp32_updates, passes = run_plan(federation, {**config, "strategy": {"name": "fedavg"}},
+    fedavg, fp32_bytes, fp32_updates, passes = run_plan(federation, {**config, "strategy": fedavg_spec},
                                                         args.executor, label="FedAvg fp32")
     if "1" in parts:
-        fedprox, _, _, _ = run_plan(federation, {**config, "strategy": {"name": "fedprox", "proximal_mu": args.proximal_mu}},
-                                    args.executor, label=f"FedProx mu={args.proximal_mu}")
+        fedprox_spec = {**fedavg_spec, "name": "fedprox", "proximal_mu": args.proximal_mu}
+        fedprox, _, _, _ = run_plan(federation, {**config, "strategy": fedprox_spec}, args.executor,
+                                    label=f"FedProx mu={args.proximal_mu}")
         epochs = max(1, round(passes / len(federation.pool.y)))
         central = centralized_baseline(federation, epochs=epochs, batch_size=config["batch_size"],
                                        learning_rate=config["learning_rate"])
@@ -163,7 +166,7 @@ def main() -> None:
               "(mean accuracy of the last 3 rounds)")
         clean = tail_mean(fedavg)
         rows = []
-        fedavg_poisoned, _, _, _ = run_plan(federation, {**config, "strategy": {"name": "fedavg"}}, args.executor,
+        fedavg_poisoned, _, _, _ = run_plan(federation, {**config, "strategy": fedavg_spec}, args.executor,
                                             attackers=attackers, label="FedAvg poisoned")
         rows.append(("FedAvg", clean, tail_mean(fedavg_poisoned)))
         for strategy in json.loads(args.robust):
@@ -181,7 +184,7 @@ def main() -> None:
 
     if "3" in parts:
         print("\n3. INT8 deltas (clean FedAvg)")
-        int8, int8_bytes, int8_updates, _ = run_plan(federation, {**config, "strategy": {"name": "fedavg"}},
+        int8, int8_bytes, int8_updates, _ = run_plan(federation, {**config, "strategy": fedavg_spec},
                                                      args.executor, encoding="int8", label="FedAvg int8")
         ratio = (fp32_bytes / fp32_updates) / (int8_bytes / int8_updates)
         loss = (tail_mean(fedavg) - tail_mean(int8)) * 100

@@ -100,8 +100,9 @@ def _apply(global_parameters: Parameters, delta: Parameters, server_learning_rat
 
 
 def _checked_server_learning_rate(value: float) -> float:
-    """Robust rules shrink the aggregate (a median of label-skewed deltas is smaller than their mean); a
-    server step size above 1 gives the length back, as the server learning rate of Reddi et al. 2021."""
+    """The server step size of Reddi et al. 2021. Above 1 it gives back length the aggregate loses: a mean
+    of label-skewed deltas moves about as far as one client's local steps, not the cohort's, and a median
+    is shorter still."""
     if not math.isfinite(value) or not 0 < value <= 10:
         raise InvalidInputError(f"server_learning_rate must lie in (0, 10], got {value}", field="server_learning_rate")
     return value
@@ -112,8 +113,11 @@ class FedAvg(Strategy):
 
     name = "fedavg"
 
+    def __init__(self, server_learning_rate: float = 1.0) -> None:
+        self.server_learning_rate = _checked_server_learning_rate(server_learning_rate)
+
     def aggregate_fit(self, global_parameters: Parameters, updates: Sequence[ClientUpdate]) -> Parameters:
-        return _apply(global_parameters, weighted_mean_delta(global_parameters, updates))
+        return _apply(global_parameters, weighted_mean_delta(global_parameters, updates), self.server_learning_rate)
 
 
 class FedProx(FedAvg):
@@ -121,7 +125,8 @@ class FedProx(FedAvg):
 
     name = "fedprox"
 
-    def __init__(self, proximal_mu: float = 0.01) -> None:
+    def __init__(self, proximal_mu: float = 0.01, server_learning_rate: float = 1.0) -> None:
+        super().__init__(server_learning_rate)
         if not math.isfinite(proximal_mu) or proximal_mu < 0:
             raise InvalidInputError(f"proximal_mu must be a non-negative number, got {proximal_mu}", field="proximal_mu")
         self.proximal_mu = proximal_mu

@@ -127,8 +127,8 @@ def test_norm_clipping_scales_long_deltas_down_to_the_bound():
     assert NormClipping().clip_norm([long, short, short]) == 1.0
 
 
-@pytest.mark.parametrize("strategy_class", [CoordinateMedian, TrimmedMean, NormClipping, MultiKrum])
-def test_a_server_learning_rate_scales_the_robust_aggregate_delta(strategy_class):
+@pytest.mark.parametrize("strategy_class", [FedAvg, FedProx, CoordinateMedian, TrimmedMean, NormClipping, MultiKrum])
+def test_a_server_learning_rate_scales_the_aggregate_delta(strategy_class):
     base = _global_parameters()
     updates, _ = _updates(count=9)
     plain = strategy_class().aggregate_fit(base, updates)
