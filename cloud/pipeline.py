@@ -439,8 +439,8 @@ def build_zoo(
         seconds["cards"] = time.perf_counter() - started
         cpu_seconds["cards"] = time.process_time() - started_cpu
 
-        # the fine-tuning after pruning is training too: with torch's default of one thread per core it
-        # oversubscribed a busy 2-core machine (97% of the compress stage's time, measured)
+        # the fine-tuning after pruning (97% of the compress stage's time, measured) is training too: it runs
+        # with the build's thread count, not torch's default of one thread per core
         if config.compress:
             started, started_cpu = time.perf_counter(), time.process_time()
             reporter.start_stage("compress", None)
