@@ -65,9 +65,12 @@ def _all_zero_vector(tensor: onnx.TensorProto | None) -> bool:
 
 def _drop_zero_points(graph: onnx.GraphProto) -> None:
     initializers = {tensor.name: tensor for tensor in graph.initializer}
+    # onnxruntime 1.32 fuses DequantizeLinear -> Gemm into QGemm only if the weight's zero point is there
+    # (without it the Gemm ran in float: other logits, and slower); Conv fuses either way
+    feeds_gemm = {name for node in graph.node if node.op_type == "Gemm" for name in node.input}
     shared_zero: str | None = None
     for node in graph.node:
-        if node.op_type == "DequantizeLinear" and len(node.input) == 3:
+        if node.op_type == "DequantizeLinear" and len(node.input) == 3 and node.output[0] not in feeds_gemm:
             quantized = initializers.get(node.input[0])
             if quantized is not None and quantized.data_type in _ZERO_POINT_OPTIONAL_TYPES and _all_zero_vector(initializers.get(node.input[2])):
                 del node.input[2]

@@ -72,9 +72,15 @@ def test_equal_per_channel_scales_become_one_scalar(uncompacted_int8, digits, tm
 
 def test_all_zero_weight_zero_points_are_dropped(uncompacted_int8):
     compact = {form: compact_model(onnx.load(str(path))) for form, path in uncompacted_int8.items()}
-    weight_dequantizers = [node for node in compact["qdq"].graph.node if node.op_type == "DequantizeLinear"
-                           and node.input[0] in {t.name for t in compact["qdq"].graph.initializer}]  # fmt: skip
-    assert weight_dequantizers and all(len(node.input) == 2 for node in weight_dequantizers)
+    graph = compact["qdq"].graph
+    weight_dequantizers = [node for node in graph.node if node.op_type == "DequantizeLinear"
+                           and node.input[0] in {t.name for t in graph.initializer}]  # fmt: skip
+    gemm_inputs = {name for node in graph.node if node.op_type == "Gemm" for name in node.input}
+    for_gemm = [node for node in weight_dequantizers if node.output[0] in gemm_inputs]
+    for_convs = [node for node in weight_dequantizers if node.output[0] not in gemm_inputs]
+    assert for_convs and all(len(node.input) == 2 for node in for_convs)
+    # kept where onnxruntime needs them to fuse the classifier into QGemm
+    assert for_gemm and all(len(node.input) == 3 for node in for_gemm)
     initializers = {tensor.name: tensor for tensor in compact["qoperator"].graph.initializer}
     weight_zero_points = {node.input[5] for node in compact["qoperator"].graph.node if node.op_type == "QLinearConv"}
     assert len(weight_zero_points) == 1 and list(initializers[weight_zero_points.pop()].dims) == []
