@@ -4,6 +4,7 @@ uses is its preset's choice; zoo cards always carry measured latency."""
 
 from __future__ import annotations
 
+import json
 import re
 import tempfile
 from abc import ABC, abstractmethod
@@ -14,7 +15,6 @@ import numpy as np
 from torch import nn
 
 from fedzoo.errors import InvalidInputError
-from fedzoo.nas.space import Arch, arch_key
 from fedzoo.nas.subnet import Subnet, count_macs
 
 THIS_MACHINE_DEVICE_CLASS = "cloud-x86-1t"
@@ -62,8 +62,8 @@ class KernelPredictedLatency(LatencyEstimator):
     measurements): no timing noise, so the same seed gives the same search, and no benchmark runs.
 
     The predictor sums costs over a model's fused kernels, and a subnet's kernels are those of its fixed
-    parts (stem, head, classifier) plus each block's own, which depend only on the block's stage, position,
-    kernel and expand ratio. So the kernel features of each part are kept in a table, filled from the
+    parts (stem, head, classifier) plus each block's own, which depend only on the block's layers and input
+    resolution (`subnet_part_keys`). So the kernel features of each part are kept in a table, filled from the
     exported ONNX of the first subnet that has it; later subnets made of known parts are estimated without an
     export (~4 ms instead of ~150 ms), and get the estimate the predictor gives on their exported ONNX.
     """
@@ -89,7 +89,7 @@ class KernelPredictedLatency(LatencyEstimator):
         if not isinstance(model, Subnet):  # no parts to tabulate: predict on its export
             with tempfile.TemporaryDirectory() as folder:
                 return float(self.predictor.predict_ms(_exported(model, input_shape, folder)))
-        keys = subnet_part_keys(model.arch, input_shape, model.classifier.out_features)
+        keys = subnet_part_keys(model, input_shape)
         if any(key not in self.part_features for key in keys):
             self._add_parts(model, input_shape, keys)
         total: dict[str, np.ndarray] = {}
@@ -118,20 +118,29 @@ class KernelPredictedLatency(LatencyEstimator):
 _BLOCK_NODE = re.compile(r"/blocks/blocks\.(\d+)/")
 
 
-def subnet_part_keys(arch: Arch, input_shape: tuple[int, ...], num_classes: int) -> list[str]:
-    """Keys of a subnet's parts: its fixed parts first, then each block in order (see KernelPredictedLatency)."""
-    fixed = {
-        **{name: value for name, value in arch.items() if name != "stages"},
-        "stages": [{name: value for name, value in stage.items() if name not in ("kernels", "expand_ratios")} for stage in arch["stages"]],
-        "input_shape": list(input_shape[1:]),
-        "num_classes": num_classes,
-    }
-    fixed_key = arch_key(fixed)
-    keys = [fixed_key]
-    for stage_index, stage in enumerate(arch["stages"]):
-        for block_index, (kernel, ratio) in enumerate(zip(stage["kernels"], stage["expand_ratios"])):
-            keys.append(f"{fixed_key} block {stage_index}.{block_index} kernel {kernel} expand {ratio}")
-    return keys
+def subnet_part_keys(model: Subnet, input_shape: tuple[int, ...]) -> list[str]:
+    """Keys of a subnet's parts, its fixed parts first, then each block in order. A key spells out what the
+    part's kernels depend on: its layers (conv weight shapes, strides, groups, activations), its input
+    resolution and whether it adds a residual; read off the modules, so a pruned subnet keys as it is."""
+    resolution = int(input_shape[-1])
+
+    def describe(module: nn.Module) -> list:
+        nonlocal resolution
+        layers: list = [resolution]
+        for layer in module.modules():
+            if isinstance(layer, nn.Conv2d):
+                layers.append([list(layer.weight.shape), list(layer.stride), layer.groups])
+                resolution = -(-resolution // layer.stride[0])  # padding kernel // 2: ceil(resolution / stride)
+            elif isinstance(layer, nn.Linear):
+                layers.append(list(layer.weight.shape))
+            elif not list(layer.children()):
+                layers.append(type(layer).__name__)
+        return layers
+
+    stem = describe(model.stem)
+    blocks = [describe(block) + [block.use_residual] for block in model.blocks]
+    fixed = json.dumps([list(input_shape[1:]), stem, describe(model.head), describe(model.classifier)])
+    return [fixed] + [f"{fixed} {json.dumps(block)}" for block in blocks]
 
 
 def _exported(model: nn.Module, input_shape: tuple[int, ...], folder: str) -> Path:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fedzoo.compress.export import export_onnx
+from fedzoo.compress.pruning import prune_channels
 
 from fedzoo.errors import InvalidInputError
 from fedzoo.nas.latency import KernelPredictedLatency, MacsLatencyModel, MeasuredOnnxLatency, make_latency_estimator
@@ -45,6 +46,12 @@ def test_predicted_latency_works_or_says_what_is_missing():
     assert 0 < small < large
 
 
+def _predicted_on_export(estimator, model):
+    with tempfile.TemporaryDirectory() as folder:
+        export_onnx(model, (1, 1, 8, 8), Path(folder) / "subnet.onnx")
+        return estimator.predictor.predict_ms(Path(folder) / "subnet.onnx")
+
+
 def test_predicted_latency_from_the_part_table_equals_the_prediction_on_the_export():
     estimator = KernelPredictedLatency()
     depth = SPACE.max_depth
@@ -56,12 +63,13 @@ def test_predicted_latency_from_the_part_table_equals_the_prediction_on_the_expo
     rng = np.random.default_rng(3)
     for arch in [SPACE.min_arch()] + [SPACE.sample_arch(rng) for _ in range(4)]:
         model = build_subnet(arch, 10, 1).eval()
-        from_table = estimator.latency_ms(model, (1, 1, 8, 8))
-        with tempfile.TemporaryDirectory() as folder:
-            export_onnx(model, (1, 1, 8, 8), Path(folder) / "subnet.onnx")
-            on_export = estimator.predictor.predict_ms(Path(folder) / "subnet.onnx")
-        assert from_table == pytest.approx(on_export, rel=1e-9)
+        assert estimator.latency_ms(model, (1, 1, 8, 8)) == pytest.approx(_predicted_on_export(estimator, model), rel=1e-9)
     assert estimator.exports == filled  # none of them was exported to be estimated
+    # a pruned subnet has parts of other shapes: they are keyed apart, not mistaken for the unpruned ones
+    unpruned = build_subnet(SPACE.max_arch(), 10, 1).eval()
+    pruned = prune_channels(unpruned, (1, 1, 8, 8), 0.5).model.eval()
+    assert estimator.latency_ms(pruned, (1, 1, 8, 8)) == pytest.approx(_predicted_on_export(estimator, pruned), rel=1e-9)
+    assert estimator.latency_ms(pruned, (1, 1, 8, 8)) < estimator.latency_ms(unpruned, (1, 1, 8, 8))
 
 
 def test_unknown_latency_source_is_refused():
