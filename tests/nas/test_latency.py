@@ -10,7 +10,6 @@ import torch
 
 from fedzoo.compress.export import export_onnx
 from fedzoo.compress.pruning import prune_channels
-
 from fedzoo.errors import InvalidInputError
 from fedzoo.nas.latency import KernelPredictedLatency, MacsLatencyModel, MeasuredOnnxLatency, make_latency_estimator
 from fedzoo.nas.space import tiny_space
