@@ -13,7 +13,6 @@ Structure, regular on purpose::
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator
 
 import numpy as np
@@ -64,7 +63,6 @@ class Subnet(nn.Module):
 
     def __init__(self, arch: Arch, num_classes: int, in_channels: int) -> None:
         super().__init__()
-        self.arch = copy.deepcopy(arch)  # what the layers were built from, for estimators that tabulate parts
         try:
             stem_channels = int(arch["stem_channels"])
             self.stem = nn.Sequential(
