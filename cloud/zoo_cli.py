@@ -51,9 +51,10 @@ def zoo() -> None:
 @click.option("--latency-budget-ms", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Only keep subnets at most this slow on this machine (cloud-x86-1t).")
 @click.option("--max-params", type=click.IntRange(min=1), default=None, help="Only keep subnets with at most this many parameters.")
-@click.option("--latency-source", type=click.Choice(["measured", "predicted", "macs"]), default="measured", show_default=True,
-              help="Latency the search ranks by: measured ONNX Runtime time, the kernel-level predictor, "
-                   "or a deterministic MACs model. Cards always carry measured latency.")
+@click.option("--latency-source", type=click.Choice(["measured", "predicted", "macs"]), default=None,
+              help="Latency the search ranks by: measured ONNX Runtime time, the kernel-level predictor, or a "
+                   "deterministic MACs model (default: the preset's, predicted for default, measured for tiny). "
+                   "Cards always carry measured latency.")
 @click.option("--executor", type=click.Choice(["in-process", "ray"]), default="in-process", show_default=True,
               help="Where candidate evaluations run (ray needs the 'ray' extra).")
 @click.option("--workers", "num_workers", type=click.IntRange(min=1), default=None, help="CPUs Ray may use (default: all).")

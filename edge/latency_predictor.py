@@ -65,8 +65,14 @@ def kernel_features(model: ModelSource, all_plain_layout: bool = False) -> dict[
     (`all_plain_layout`: as a runtime without NCHWc kernels would run them)."""
     from fedzoo.edge.kernels import split_kernels
 
+    return features_of_kernels(split_kernels(model, all_plain_layout))
+
+
+def features_of_kernels(kernels: Iterable[Any]) -> dict[str, np.ndarray]:
+    """`kernel_features` of a list of kernels (`fedzoo.edge.kernels.Kernel`): a model's features are the
+    sum of its parts', so NAS can tabulate them per block."""
     features: dict[str, np.ndarray] = {}
-    for kernel in split_kernels(model, all_plain_layout):
+    for kernel in kernels:
         row = np.array(
             [
                 1.0,

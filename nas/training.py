@@ -2,7 +2,10 @@
 
 Sandwich rule (Yu & Huang, "Universally Slimmable Networks", 2019; BigNAS 2020): every step trains the
 largest subnet on the labels, then the smallest and a few random subnets on the largest one's soft
-predictions (in-place distillation), accumulating all gradients into one optimiser step.
+predictions (in-place distillation), accumulating all gradients into one optimiser step. As in
+Once-for-All's progressive shrinking, the first `largest_only_epochs` may train the largest subnet alone:
+its soft predictions are worth distilling only once it has learnt something, and those epochs cost about
+half a sandwich epoch.
 
 Every epoch draws its shuffling, augmentation and subnet samples from generators seeded by
 (seed, epoch), so a run resumed from an epoch checkpoint repeats the uninterrupted run exactly.
@@ -31,6 +34,7 @@ class TrainingConfig:
     momentum: float = 0.9
     weight_decay: float = 4e-5
     sandwich_random_subnets: int = 2
+    largest_only_epochs: int = 0  # warm-up epochs training only the largest subnet, before the sandwich rule
     distillation_temperature: float = 1.0
     max_shift_pixels: int = 2
 
@@ -87,7 +91,8 @@ def train_supernet_epoch(
     epoch: int,
     on_step: Callable[[int, int], None] | None = None,
 ) -> float:
-    """One sandwich-rule epoch over normalised images `x`; returns the largest subnet's mean loss."""
+    """One sandwich-rule epoch over normalised images `x` (the largest subnet alone during the
+    `largest_only_epochs`); returns the largest subnet's mean loss."""
     torch_generator, numpy_generator = epoch_generators(seed, epoch)
     space = supernet.space
     per_epoch = steps_per_epoch(len(y), config.batch_size)
@@ -103,8 +108,11 @@ def train_supernet_epoch(
         loss = F.cross_entropy(teacher_logits, labels)
         loss.backward()
         loss_sum += float(loss.detach())
+        if epoch < config.largest_only_epochs:
+            students = []
+        else:
+            students = [space.min_arch()] + [space.sample_arch(numpy_generator) for _ in range(config.sandwich_random_subnets)]
         soft_targets = F.softmax(teacher_logits.detach() / config.distillation_temperature, dim=1)
-        students = [space.min_arch()] + [space.sample_arch(numpy_generator) for _ in range(config.sandwich_random_subnets)]
         for arch in students:
             supernet.set_active(arch)
             student_log_probs = F.log_softmax(supernet(images) / config.distillation_temperature, dim=1)

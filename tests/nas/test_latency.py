@@ -1,8 +1,15 @@
 """Latency estimators: measured ONNX Runtime time, the kernel predictor (when shipped) and the MACs model."""
 
+import itertools
+import tempfile
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 
+from fedzoo.compress.export import export_onnx
+from fedzoo.compress.pruning import prune_channels
 from fedzoo.errors import InvalidInputError
 from fedzoo.nas.latency import KernelPredictedLatency, MacsLatencyModel, MeasuredOnnxLatency, make_latency_estimator
 from fedzoo.nas.space import tiny_space
@@ -36,6 +43,32 @@ def test_predicted_latency_works_or_says_what_is_missing():
     small = estimator.latency_ms(build_subnet(SPACE.min_arch(), 10, 1), (1, 1, 8, 8))
     large = estimator.latency_ms(build_subnet(SPACE.max_arch(), 10, 1), (1, 1, 8, 8))
     assert 0 < small < large
+
+
+def _predicted_on_export(estimator, model):
+    with tempfile.TemporaryDirectory() as folder:
+        export_onnx(model, (1, 1, 8, 8), Path(folder) / "subnet.onnx")
+        return estimator.predictor.predict_ms(Path(folder) / "subnet.onnx")
+
+
+def test_predicted_latency_from_the_part_table_equals_the_prediction_on_the_export():
+    estimator = KernelPredictedLatency()
+    depth = SPACE.max_depth
+    for kernel, ratio in itertools.product(SPACE.kernel_choices, SPACE.expand_ratio_choices):  # every part once
+        uniform = SPACE.make_arch([depth] * 3, [[kernel] * depth] * 3, [[ratio] * depth] * 3)
+        estimator.latency_ms(build_subnet(uniform, 10, 1), (1, 1, 8, 8))
+    filled = estimator.exports
+    assert filled == len(SPACE.kernel_choices) * len(SPACE.expand_ratio_choices)
+    rng = np.random.default_rng(3)
+    for arch in [SPACE.min_arch()] + [SPACE.sample_arch(rng) for _ in range(4)]:
+        model = build_subnet(arch, 10, 1).eval()
+        assert estimator.latency_ms(model, (1, 1, 8, 8)) == pytest.approx(_predicted_on_export(estimator, model), rel=1e-9)
+    assert estimator.exports == filled  # none of them was exported to be estimated
+    # a pruned subnet has parts of other shapes: they are keyed apart, not mistaken for the unpruned ones
+    unpruned = build_subnet(SPACE.max_arch(), 10, 1).eval()
+    pruned = prune_channels(unpruned, (1, 1, 8, 8), 0.5).model.eval()
+    assert estimator.latency_ms(pruned, (1, 1, 8, 8)) == pytest.approx(_predicted_on_export(estimator, pruned), rel=1e-9)
+    assert estimator.latency_ms(pruned, (1, 1, 8, 8)) < estimator.latency_ms(unpruned, (1, 1, 8, 8))
 
 
 def test_unknown_latency_source_is_refused():

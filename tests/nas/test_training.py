@@ -1,5 +1,7 @@
 """Sandwich-rule supernet training: seeded epochs repeat exactly, and training teaches every subnet."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -36,6 +38,22 @@ def test_seeded_training_repeats_exactly(digits):
     first = _trained_supernet(train_x[:128], train_y[:128], 1).state_dict()
     second = _trained_supernet(train_x[:128], train_y[:128], 1).state_dict()
     assert all(torch.equal(first[name], second[name]) for name in first)
+
+
+def test_largest_only_epochs_train_no_smaller_subnet(digits):
+    train_x, train_y, _, _ = digits
+    config = replace(CONFIG, largest_only_epochs=1)
+    torch.manual_seed(0)
+    supernet = Supernet(tiny_space(8), 10, 1)
+    optimizer = make_optimizer(supernet, config)
+
+    def transforms_are_identity() -> bool:  # the 3x3 kernel transforms run only in subnets smaller than the largest
+        return all(torch.equal(p, torch.eye(p.shape[0])) for name, p in supernet.named_parameters() if "kernel_transforms" in name)
+
+    train_supernet_epoch(supernet, optimizer, train_x[:128], train_y[:128], config, seed=0, epoch=0)
+    assert transforms_are_identity()
+    train_supernet_epoch(supernet, optimizer, train_x[:128], train_y[:128], config, seed=0, epoch=1)
+    assert not transforms_are_identity()
 
 
 @pytest.mark.slow
