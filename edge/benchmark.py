@@ -27,6 +27,7 @@ class LatencyMeasurement:
     warmup_runs: int = 0
     graph_optimization: str = "all"
     input_shape: tuple[int, ...] = ()
+    runs_per_sample: int = 1  # back-to-back runs averaged into each of the `runs` timed samples
 
     def to_dict(self) -> dict:
         """The measurement as plain JSON-ready values."""
@@ -61,7 +62,12 @@ def benchmark_model(
 
 
 def _measurement(
-    timings_ms: np.ndarray, threads: int, warmup_runs: int, graph_optimization: str, input_shape: tuple[int, ...]
+    timings_ms: np.ndarray,
+    threads: int,
+    warmup_runs: int,
+    graph_optimization: str,
+    input_shape: tuple[int, ...],
+    runs_per_sample: int = 1,
 ) -> LatencyMeasurement:
     return LatencyMeasurement(
         median_ms=float(np.median(timings_ms)),
@@ -74,6 +80,7 @@ def _measurement(
         warmup_runs=warmup_runs,
         graph_optimization=graph_optimization,
         input_shape=input_shape,
+        runs_per_sample=runs_per_sample,
     )
 
 
@@ -114,27 +121,40 @@ def benchmark_models_interleaved(
     warmup_runs: int = 10,
     graph_optimization: str = "all",
     rewarm_runs: int = 3,
+    min_sample_ms: float = 0.0,
 ) -> dict[str, LatencyMeasurement]:
     """Latency of several models measured in interleaved rounds (every model a few runs, then the next round),
     so slow spells of a shared CPU hit all models alike instead of whichever model was running then.
     Each turn starts with `rewarm_runs` untimed runs, since caches hold the previous model: the first timed
     run after a switch was 3.5% slower than the fourth with one re-warm run, 1.1% with two, 0.7% with three
-    (medians over 64 models; a bias of the interleaving itself, which the median of 2 runs a turn keeps)."""
+    (medians over 64 models; a bias of the interleaving itself, which the median of 2 runs a turn keeps).
+    With `min_sample_ms`, each timed sample is the mean of as many back-to-back runs as take at least that
+    long (counted from the warm-up runs): under a CPU quota a single short run either fits in the quota or
+    waits out a throttled gap, and only a sample spanning many quota periods shows the device's speed."""
     sessions = {name: create_session(model, threads, graph_optimization) for name, model in models.items()}
     feeds = {name: _random_feeds(session) for name, session in sessions.items()}
     timings: dict[str, list[float]] = {name: [] for name in sessions}
+    runs_per_sample: dict[str, int] = {}
     for name, session in sessions.items():
-        for _ in range(warmup_runs):
+        warmup_ms = []
+        for _ in range(max(warmup_runs, 1 if min_sample_ms > 0 else 0)):
+            start = time.perf_counter()
             session.run(None, feeds[name])
+            warmup_ms.append((time.perf_counter() - start) * 1000.0)
+        typical_ms = float(np.median(warmup_ms)) if warmup_ms else 0.0
+        runs_per_sample[name] = max(1, int(np.ceil(min_sample_ms / typical_ms))) if min_sample_ms > 0 else 1
     for _ in range(rounds):
         for name, session in sessions.items():
             for _ in range(rewarm_runs):  # re-warm caches after the other models ran
                 session.run(None, feeds[name])
             for _ in range(runs_per_round):
                 start = time.perf_counter()
-                session.run(None, feeds[name])
-                timings[name].append((time.perf_counter() - start) * 1000.0)
+                for _ in range(runs_per_sample[name]):
+                    session.run(None, feeds[name])
+                timings[name].append((time.perf_counter() - start) * 1000.0 / runs_per_sample[name])
     return {
-        name: _measurement(np.asarray(values), threads, warmup_runs, graph_optimization, _feed_shape(feeds[name]))
+        name: _measurement(
+            np.asarray(values), threads, warmup_runs, graph_optimization, _feed_shape(feeds[name]), runs_per_sample[name]
+        )
         for name, values in timings.items()
     }

@@ -43,6 +43,16 @@ def test_interleaved_benchmark_measures_every_model() -> None:
     assert results["cal-dense-fp32"].median_ms > results["cal-tiny-fp32"].median_ms
 
 
+def test_a_minimum_sample_time_averages_back_to_back_runs_per_sample() -> None:
+    models = {"tiny": calibration_model("cal-tiny-fp32")}
+    single = benchmark_models_interleaved(models, rounds=2, runs_per_round=2, warmup_runs=3)["tiny"]
+    averaged = benchmark_models_interleaved(models, rounds=2, runs_per_round=2, warmup_runs=3, min_sample_ms=5.0)["tiny"]
+    assert single.runs_per_sample == 1 and averaged.runs == 4
+    # cal-tiny runs in well under a millisecond: 5 ms of runs is many of them, each sample their mean.
+    assert averaged.runs_per_sample >= 5.0 / (3 * single.median_ms)
+    assert averaged.median_ms < 5.0
+
+
 def test_device_profile_describes_this_machine(tmp_path) -> None:
     models = {name: calibration_model(name) for name in CALIBRATION_MODEL_NAMES[:2]}
     profile = collect_device_profile("bench-device", threads=1, device_class="x86-1t", calibration_models=models)

@@ -7,7 +7,17 @@ import os
 import pytest
 
 from fedzoo.edge.calibration_models import calibration_model
-from fedzoo.edge.fleet import CGROUP_V1_CPU, DeviceClass, FleetError, available_fleet, quota_support, run_on_device_class
+from fedzoo.edge.fleet import (
+    CGROUP_V1_CPU,
+    QUOTA_PERIOD_US,
+    QUOTA_SAMPLE_PERIODS,
+    DeviceClass,
+    FleetError,
+    available_fleet,
+    quota_sample_ms,
+    quota_support,
+    run_on_device_class,
+)
 
 MODELS = {"tiny": calibration_model("cal-tiny-fp32"), "tiny-int8": calibration_model("cal-tiny-int8")}
 
@@ -42,7 +52,8 @@ def test_quota_class_runs_in_its_own_cgroup_and_cleans_up() -> None:
     results = run_on_device_class(
         DeviceClass("quota", cpus=(min(os.sched_getaffinity(0)),), cpu_quota=0.5), MODELS, rounds=2, runs_per_round=2
     )
-    assert all(m.median_ms > 0 for m in results.values())
+    # Each sample averages back-to-back runs over QUOTA_SAMPLE_PERIODS periods' worth of quota.
+    assert all(m.median_ms > 0 and m.runs == 4 and m.runs_per_sample > 1 for m in results.values())
     after = set(os.listdir(CGROUP_V1_CPU)) if CGROUP_V1_CPU.exists() else set()
     assert not {name for name in after - before if name.startswith("fedzoo-")}
 
@@ -50,3 +61,9 @@ def test_quota_class_runs_in_its_own_cgroup_and_cleans_up() -> None:
 def test_quota_support_answers_with_none_or_a_reason() -> None:
     answer = quota_support()
     assert answer is None or "cgroup" in answer
+
+
+def test_quota_samples_span_whole_quota_periods_and_other_classes_time_single_runs() -> None:
+    half_core = DeviceClass("half", cpu_quota=0.5)
+    assert quota_sample_ms(half_core) == pytest.approx(QUOTA_SAMPLE_PERIODS * 0.5 * QUOTA_PERIOD_US / 1000)
+    assert quota_sample_ms(DeviceClass("whole")) == 0.0
