@@ -13,11 +13,12 @@ Zoo: /work/main/zoo (or $FEDZOO_ZOO) if it has cards, else MobileNetV2-style sub
 search space built here with torch (random weights, some with pruned widths) and INT8 copies made by the
 compression stage's `quantize_int8`; then "accuracy" is synthetic (grows with MACs, plus noise).
 
-Run: .venv/bin/python bench/latency_fleet.py
+Run: .venv/bin/python bench/latency_fleet.py [timings.json]   (the optional file gets every class's medians)
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -28,10 +29,11 @@ from pathlib import Path
 import numpy as np
 
 from fedzoo.edge.calibration_models import calibration_models
-from fedzoo.edge.fleet import available_fleet, run_on_device_class
+from fedzoo.edge.fleet import DeviceClass, available_fleet, run_on_device_class
 from fedzoo.edge.latency_predictor import KernelLatencyPredictor, kernel_features
 
 ROUNDS, RUNS_PER_ROUND = 30, 2
+QUOTA_ROUNDS, QUOTA_RUNS_PER_ROUND = 10, 1
 BUDGET_DRAWS = 2000
 GENERATED_ARCHITECTURES = 28
 
@@ -104,29 +106,55 @@ def accuracy_figures(predicted: np.ndarray, measured: np.ndarray) -> str:
     )
 
 
+def within_10_percent(estimate: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    return np.abs(estimate / measured - 1.0) <= 0.10
+
+
+def choose(latency_ms: np.ndarray, accuracy: np.ndarray, names: list[str], budget_ms: float) -> int | None:
+    """The server's lookup rule (`fedzoo.server.lookup.BEST_TWO`): of the models whose latency fits the
+    budget, the most accurate; ties go to the faster, then to the smaller id. None if nothing fits."""
+    fitting = np.flatnonzero(latency_ms <= budget_ms)
+    if fitting.size == 0:
+        return None
+    return int(min(fitting, key=lambda index: (-accuracy[index], latency_ms[index], names[index])))
+
+
 def lookup_regret(
-    predicted: np.ndarray, measured: np.ndarray, accuracy: np.ndarray, rng: np.random.Generator, margin: float = 0.0
+    estimate_ms: np.ndarray, measured_ms: np.ndarray, accuracy: np.ndarray, names: list[str],
+    rng: np.random.Generator, margin: float = 0.0,
 ) -> tuple[float, float, float, int]:
-    """Share of budgets where the predicted-best differs from the truly best, share where the chosen model
-    misses its budget, mean accuracy lost; over log-uniform budgets. `margin` picks only models predicted to
-    fit with that much room (a safety margin trades misses for a worse choice)."""
-    predicted = predicted * (1.0 + margin)
-    budgets = np.exp(rng.uniform(np.log(measured.min()), np.log(measured.max() * 1.2), BUDGET_DRAWS))
+    """Over log-uniform budgets: share where the model chosen by `estimate_ms` differs from the truly best
+    (chosen by the measured medians), share where it misses its budget, mean accuracy lost. `margin` picks
+    only models estimated to fit with that much room (a safety margin trades misses for a worse choice)."""
+    budgets = np.exp(rng.uniform(np.log(measured_ms.min()), np.log(measured_ms.max() * 1.2), BUDGET_DRAWS))
     differ = miss = 0
     accuracy_lost = 0.0
     for budget in budgets:
-        truly_fits = measured <= budget
-        best = int(np.argmax(np.where(truly_fits, accuracy, -np.inf)))
-        predicted_fits = predicted <= budget
-        if not predicted_fits.any():
-            differ += 1  # the predictor finds nothing though something fits
+        best = choose(measured_ms, accuracy, names, budget)
+        assert best is not None  # the budgets start at the fastest measured model
+        chosen = choose(estimate_ms * (1.0 + margin), accuracy, names, budget)
+        if chosen is None:  # the estimate finds nothing though something fits
+            differ += 1
             accuracy_lost += accuracy[best]
             continue
-        chosen = int(np.argmax(np.where(predicted_fits, accuracy, -np.inf)))
         differ += chosen != best
-        miss += measured[chosen] > budget
+        miss += measured_ms[chosen] > budget
         accuracy_lost += max(0.0, accuracy[best] - accuracy[chosen])
     return differ / len(budgets), miss / len(budgets), accuracy_lost / len(budgets), len(budgets)
+
+
+def measure_class(device_class: DeviceClass, models: dict[str, bytes], calibration: dict[str, bytes]) -> dict:
+    """Two sessions of every zoo and calibration model, "a" and "b", measured in the same interleaved rounds:
+    "b" is an independent re-measurement under the same conditions (the noise ceiling), "a" the truth."""
+    everything = {
+        f"{copy}:{kind}:{name}": source[name]
+        for copy in ("a", "b")
+        for kind, source in (("zoo", models), ("cal", calibration))
+        for name in source
+    }
+    # A quota class's samples each average runs over QUOTA_SAMPLE_PERIODS quota periods: fewer are needed.
+    rounds, runs = (QUOTA_ROUNDS, QUOTA_RUNS_PER_ROUND) if device_class.cpu_quota else (ROUNDS, RUNS_PER_ROUND)
+    return run_on_device_class(device_class, everything, rounds, runs, realtime=True)
 
 
 def main() -> None:
@@ -140,26 +168,17 @@ def main() -> None:
     for reason in dropped:
         print(f"  not emulated: {reason}")
     reference = KernelLatencyPredictor.load()
-    print(f"reference predictor: fitted on {reference.reference_device}")
+    print(f"reference predictor: fitted on {reference.reference_device}, overhead {reference.overhead_ms * 1000:.1f} us")
     names = list(models)
     zoo_features = {plain: [kernel_features(models[n], plain) for n in names] for plain in (False, True)}
     calibration_features = {plain: [kernel_features(calibration[n], plain) for n in calibration] for plain in (False, True)}
     accuracy = np.array([accuracy_by_name[name] for name in names])
     precision = np.array([precision_by_name[name] for name in names])
     rng = np.random.default_rng(0)
-    totals: dict[str, list] = {
-        "calibrated": [], "repeat": [], "differ": [], "miss": [], "miss_margin": [], "differ_repeat": [], "miss_repeat": []
-    }
+    rows, saved = [], {}
     for device_class in fleet:
-        # Two sessions of every model, "a" and "b", measured in the same interleaved rounds: "b" is an
-        # independent re-measurement under the same machine conditions (the noise ceiling), "a" the truth.
-        everything = {
-            f"{copy}:{kind}:{name}": source[name]
-            for copy in ("a", "b")
-            for kind, source in (("zoo", models), ("cal", calibration))
-            for name in source
-        }
-        timings = run_on_device_class(device_class, everything, ROUNDS, RUNS_PER_ROUND, realtime=True)
+        class_start = time.time()
+        timings = measure_class(device_class, models, calibration)
         first = {key[2:]: value for key, value in timings.items() if key.startswith("a:")}
         measured = np.array([first[f"zoo:{n}"].median_ms for n in names])
         remeasured = np.array([timings[f"b:zoo:{n}"].median_ms for n in names])
@@ -171,9 +190,12 @@ def main() -> None:
         uncalibrated = np.array([reference.predict_from_features(f) for f in zoo_features[False]])
         scales = ", ".join(f"{g}={s:.2f}" for g, s in predictor.group_scales.items())
         print(f"\n[{device_class.name}] threads={device_class.threads} cpus={device_class.cpus} "
-              f"quota={device_class.cpu_quota} graph_optimization={device_class.graph_optimization}")
+              f"quota={device_class.cpu_quota} graph_optimization={device_class.graph_optimization} "
+              f"({time.time() - class_start:.0f} s)")
         print(f"  measured median: {measured.min():.3f}..{measured.max():.3f} ms (zoo), "
-              f"p90/median {np.median([first[f'zoo:{n}'].p90_ms / first[f'zoo:{n}'].median_ms for n in names]):.2f}")
+              f"p90/median {np.median([first[f'zoo:{n}'].p90_ms / first[f'zoo:{n}'].median_ms for n in names]):.2f}, "
+              f"runs per sample {min(first[f'zoo:{n}'].runs_per_sample for n in names)}.."
+              f"{max(first[f'zoo:{n}'].runs_per_sample for n in names)}")
         print(f"  calibration scales: {scales}; fp32 convs all in plain NCHW: {predictor.all_plain_layout}")
         print(f"  measurement vs re-measurement      {accuracy_figures(remeasured, measured)}")
         print(f"  reference, uncalibrated            {accuracy_figures(uncalibrated, measured)}")
@@ -181,31 +203,53 @@ def main() -> None:
         for kind in ("fp32", "int8"):
             mask = precision == kind
             print(f"  calibrated predictor ({kind})        {accuracy_figures(predicted[mask], measured[mask])}")
-        differ, miss, lost, draws = lookup_regret(predicted, measured, accuracy, rng)
-        differ_repeat, miss_repeat, _, _ = lookup_regret(remeasured, measured, accuracy, rng)
-        differ_margin, miss_margin, lost_margin, _ = lookup_regret(predicted, measured, accuracy, rng, margin=0.10)
+        differ, miss, lost, draws = lookup_regret(predicted, measured, accuracy, names, rng)
+        differ_margin, miss_margin, lost_margin, _ = lookup_regret(predicted, measured, accuracy, names, rng, 0.10)
+        differ_repeat, miss_repeat, _, _ = lookup_regret(remeasured, measured, accuracy, names, rng)
         print(f"  lookup over {draws} budgets: predicted-best != truly-best {differ:6.1%}, chosen misses budget "
               f"{miss:6.1%}, mean accuracy lost {lost * 100:.3f} pt")
         print(f"  with a 10% safety margin: differs {differ_margin:6.1%}, misses {miss_margin:6.1%}, "
               f"accuracy lost {lost_margin * 100:.3f} pt")
         print(f"  (choosing by a re-measurement instead: differs {differ_repeat:6.1%}, misses {miss_repeat:6.1%})")
-        errors = np.abs(predicted / measured - 1.0)
-        totals["calibrated"].extend((errors <= 0.10).tolist())
-        totals["repeat"].extend((np.abs(remeasured / measured - 1.0) <= 0.10).tolist())
-        totals["differ"].append(differ)
-        totals["miss"].append(miss)
-        totals["miss_margin"].append(miss_margin)
-        totals["differ_repeat"].append(differ_repeat)
-        totals["miss_repeat"].append(miss_repeat)
-    print("\nover all classes:")
-    print(f"  predictions within ±10% of measured median: {np.mean(totals['calibrated']):.1%} (goal >= 95%)")
-    print(f"  re-measurements within ±10% (the noise ceiling): {np.mean(totals['repeat']):.1%}")
-    print(f"  lookup: predicted-best differs {np.mean(totals['differ']):.1%} (goal <= 5%), "
-          f"misses budget {np.mean(totals['miss']):.1%} (goal <= 2%); "
-          f"with a 10% margin misses {np.mean(totals['miss_margin']):.1%}")
-    print(f"  lookup by a re-measurement (the noise ceiling of regret): differs {np.mean(totals['differ_repeat']):.1%}, "
-          f"misses budget {np.mean(totals['miss_repeat']):.1%}")
+        within = within_10_percent(predicted, measured)
+        rows.append({
+            "class": device_class.name, "within": within, "precision": precision,
+            "repeat": within_10_percent(remeasured, measured), "differ": differ, "miss": miss,
+            "differ_margin": differ_margin, "miss_margin": miss_margin,
+            "differ_repeat": differ_repeat, "miss_repeat": miss_repeat,
+        })
+        saved[device_class.name] = {
+            "models": names, "accuracy": accuracy.tolist(), "precision": precision.tolist(),
+            "measured_ms": measured.tolist(), "remeasured_ms": remeasured.tolist(), "predicted_ms": predicted.tolist(),
+            "calibration_ms": dict(zip(calibration, calibration_ms)),
+        }
+    print_summary(rows)
+    if len(sys.argv) > 1:
+        Path(sys.argv[1]).write_text(json.dumps(saved, indent=1))
     print(f"bench time {time.time() - start:.0f} s")
+
+
+def print_summary(rows: list[dict]) -> None:
+    """Per class and over all classes: shares within ±10% (fp32, INT8, the re-measurement) and lookup regret."""
+    header = (f"{'class':<24} {'fp32 ±10%':>9} {'int8 ±10%':>9} {'repeat':>7} {'differs':>8} {'misses':>7} "
+              f"{'+10% differs':>12} {'+10% misses':>11} {'repeat differs/misses':>22}")
+    print("\nper class (within ±10% of the measured median; lookup regret; with a 10% margin; by a re-measurement):")
+    print(header)
+    for row in rows:
+        fp32, int8 = row["within"][row["precision"] == "fp32"], row["within"][row["precision"] == "int8"]
+        print(f"{row['class']:<24} {np.mean(fp32):9.1%} {np.mean(int8):9.1%} {np.mean(row['repeat']):7.1%} "
+              f"{row['differ']:8.1%} {row['miss']:7.1%} {row['differ_margin']:12.1%} {row['miss_margin']:11.1%} "
+              f"{row['differ_repeat']:11.1%}/{row['miss_repeat']:.1%}")
+    within = np.concatenate([row["within"] for row in rows])
+    repeat = np.concatenate([row["repeat"] for row in rows])
+    mean = {key: np.mean([row[key] for row in rows]) for key in rows[0] if key not in ("class", "within", "precision", "repeat")}
+    print("\nover all classes:")
+    print(f"  predictions within ±10% of measured median: {np.mean(within):.1%} (goal >= 95%)")
+    print(f"  re-measurements within ±10% (the noise ceiling): {np.mean(repeat):.1%}")
+    print(f"  lookup: predicted-best differs {mean['differ']:.1%} (goal <= 5%), misses budget {mean['miss']:.1%} "
+          f"(goal <= 2%); with a 10% margin differs {mean['differ_margin']:.1%}, misses {mean['miss_margin']:.1%}")
+    print(f"  lookup by a re-measurement (the noise ceiling of regret): differs {mean['differ_repeat']:.1%}, "
+          f"misses budget {mean['miss_repeat']:.1%}")
 
 
 if __name__ == "__main__":
