@@ -7,9 +7,10 @@ times slower) and, where the kernel lets us, a CPU quota (a cgroup's `cpu.cfs_qu
 `cpu.max` under v2) over `QUOTA_PERIOD_US` periods. A sub-millisecond inference under a quota either fits
 in what is left of the period's quota (and runs at full speed) or waits out the throttled rest of the period,
 so the median of single runs measured the unrestricted machine plus noise (a class's re-measurement agreed
-within 10% on only 60% of the models). So on a quota class every timed sample is the mean of back-to-back
+within 10% on only 60% of the zoo). So on a quota class every timed sample is the mean of back-to-back
 runs that use `QUOTA_SAMPLE_PERIODS` periods' worth of quota: the sample then sees the device's sustained
-speed (a half-core class measured 2.2-2.5x slower than the unrestricted core, as a half-core should).
+speed (a half-core class measured a median 1.9-2.0x slower than the unrestricted core on 48 zoo models, as
+a half-core should; its re-measurement agreed within 10% on 79% of them at load 4-6).
 
 Every measurement runs in a fresh worker subprocess that puts itself under the restrictions *before*
 onnxruntime starts its thread pool (optionally at real-time priority, so the other processes of a shared
