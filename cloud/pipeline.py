@@ -22,7 +22,8 @@ import io
 import json
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -390,6 +391,15 @@ def write_card(
     return card
 
 
+@contextmanager
+def _timed(stage: str, seconds: dict[str, float], cpu_seconds: dict[str, float]) -> Iterator[None]:
+    """Record the wall and CPU seconds the block takes as `stage` (kept only if the block succeeds)."""
+    started, started_cpu = time.perf_counter(), time.process_time()
+    yield
+    seconds[stage] = time.perf_counter() - started
+    cpu_seconds[stage] = time.process_time() - started_cpu
+
+
 def build_zoo(
     config: BuildConfig, reporter: BuildReporter | None = None, latency_estimator: LatencyEstimator | None = None
 ) -> BuildResult:
@@ -405,68 +415,56 @@ def build_zoo(
     seconds: dict[str, float] = {}
     cpu_seconds: dict[str, float] = {}
     try:
-        started, started_cpu = time.perf_counter(), time.process_time()
-        reporter.start_stage("load data", None)
-        split, parts = prepare_data(config)
-        channels, height, width = split.dataset.image_shape
-        if height != width:
-            raise InvalidInputError(f"the search space needs square images, got {height}x{width}", field="dataset")
-        space = preset.make_space(height)
-        num_classes = split.dataset.num_classes
-        check_constraints_reachable(space, num_classes, channels, config.constraints, estimator)
-        config.out.mkdir(parents=True, exist_ok=True)
-        seconds["data"] = time.perf_counter() - started
-        cpu_seconds["data"] = time.process_time() - started_cpu
+        with _timed("data", seconds, cpu_seconds):
+            reporter.start_stage("load data", None)
+            split, parts = prepare_data(config)
+            channels, height, width = split.dataset.image_shape
+            if height != width:
+                raise InvalidInputError(f"the search space needs square images, got {height}x{width}", field="dataset")
+            space = preset.make_space(height)
+            num_classes = split.dataset.num_classes
+            check_constraints_reachable(space, num_classes, channels, config.constraints, estimator)
+            config.out.mkdir(parents=True, exist_ok=True)
 
-        started, started_cpu = time.perf_counter(), time.process_time()
-        supernet = train_supernet(config, space, parts, num_classes, channels, reporter)
-        seconds["train"] = time.perf_counter() - started
-        cpu_seconds["train"] = time.process_time() - started_cpu
+        with _timed("train", seconds, cpu_seconds):
+            supernet = train_supernet(config, space, parts, num_classes, channels, reporter)
 
-        started, started_cpu = time.perf_counter(), time.process_time()
-        context = EvaluationContext(supernet, parts["train"].x[: preset.calibration_examples], parts["validation"].x, parts["validation"].y, estimator)
-        executor = make_executor(config.executor, config.num_workers)
-        try:
-            state = search_architectures(config, config.strategy, context, executor, reporter)
-        finally:
-            executor.close()
-        chosen = select_zoo(state.evaluated, config.constraints, config.zoo_min_size, config.zoo_max_size)
-        if not chosen:
-            raise InvalidInputError(
-                f"no evaluated subnet met the constraints ({asdict(config.constraints)}); relax --latency-budget-ms or --max-params",
-                field="latency_budget_ms",
-            )
-        seconds["search"] = time.perf_counter() - started
-        cpu_seconds["search"] = time.process_time() - started_cpu
+        with _timed("search", seconds, cpu_seconds):
+            context = EvaluationContext(supernet, parts["train"].x[: preset.calibration_examples], parts["validation"].x, parts["validation"].y, estimator)
+            executor = make_executor(config.executor, config.num_workers)
+            try:
+                state = search_architectures(config, config.strategy, context, executor, reporter)
+            finally:
+                executor.close()
+            chosen = select_zoo(state.evaluated, config.constraints, config.zoo_min_size, config.zoo_max_size)
+            if not chosen:
+                raise InvalidInputError(
+                    f"no evaluated subnet met the constraints ({asdict(config.constraints)}); relax --latency-budget-ms or --max-params",
+                    field="latency_budget_ms",
+                )
 
-        started, started_cpu = time.perf_counter(), time.process_time()
-        zoo = Zoo.create(config.out)
-        details = {
-            "build": {"seed": config.seed, "preset": config.preset, "strategy": config.strategy, "epochs": config.training.epochs,
-                      "evaluations": len(state.evaluated), "search_latency_source": estimator.source},
-        }
-        reporter.start_stage("write cards", len(chosen))
-        cards = []
-        for index, candidate in enumerate(chosen):
-            cards.append(write_card(zoo, config, split, parts, supernet, candidate, estimator.device_class, details))
-            reporter.advance(index + 1)
-        seconds["cards"] = time.perf_counter() - started
-        cpu_seconds["cards"] = time.process_time() - started_cpu
+        with _timed("cards", seconds, cpu_seconds):
+            zoo = Zoo.create(config.out)
+            details = {
+                "build": {"seed": config.seed, "preset": config.preset, "strategy": config.strategy, "epochs": config.training.epochs,
+                          "evaluations": len(state.evaluated), "search_latency_source": estimator.source},
+            }
+            reporter.start_stage("write cards", len(chosen))
+            cards = []
+            for index, candidate in enumerate(chosen):
+                cards.append(write_card(zoo, config, split, parts, supernet, candidate, estimator.device_class, details))
+                reporter.advance(index + 1)
 
         # the fine-tuning after pruning (97% of the compress stage's time, measured) is training too: it runs
         # with the build's thread count, not torch's default of one thread per core
         if config.compress:
-            started, started_cpu = time.perf_counter(), time.process_time()
-            reporter.start_stage("compress", None)
-            compress_zoo(config.out, split)
-            seconds["compress"] = time.perf_counter() - started
-            cpu_seconds["compress"] = time.process_time() - started_cpu
+            with _timed("compress", seconds, cpu_seconds):
+                reporter.start_stage("compress", None)
+                compress_zoo(config.out, split)
         if config.training_graphs:
-            started, started_cpu = time.perf_counter(), time.process_time()
-            reporter.start_stage("training graphs", None)
-            attach_training_graphs(config.out)
-            seconds["training graphs"] = time.perf_counter() - started
-            cpu_seconds["training graphs"] = time.process_time() - started_cpu
+            with _timed("training graphs", seconds, cpu_seconds):
+                reporter.start_stage("training graphs", None)
+                attach_training_graphs(config.out)
     finally:
         torch.set_num_threads(previous_threads)
     return BuildResult(zoo, cards, state, supernet, split, parts, seconds, cpu_seconds)
