@@ -3,7 +3,8 @@ side with its parent, and publish only those the gate accepts.
 
 For each fp32 card without a parent:
   1. pruned: rebuild the torch model from `arch` + `torch_state`, prune channels (largest ratio first),
-     fine-tune with distillation from the parent, export (BN folded, checked equal to torch);
+     fine-tune with distillation from the parent, export (BN folded, checked equal to torch); the largest
+     ratio's fine-tuning runs for all roots first, in `workers` processes, before anything is timed;
   2. int8: quantize the parent and the accepted pruned variant (static, per-channel, calibrated on train
      images normalised as the card says) with each of the `int8_recipes`, measure them side by side with
      the parent and put the fastest (then smallest) before the gate: which form is fastest depends on the CPU;
@@ -18,8 +19,10 @@ from __future__ import annotations
 import io
 import json
 import logging
+import multiprocessing
 import tempfile
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,11 +33,12 @@ from torch import nn
 
 from fedzoo.cards import Latency, Metrics, ModelCard, Pruning
 from fedzoo.cloud.data import DatasetSplit
+from fedzoo.compress.errors import CalibrationDataError
 from fedzoo.compress.export import DEFAULT_TOLERANCE, ExportMismatchError, export_checked, load_onnx_file, max_abs_difference
 from fedzoo.compress.finetune import FineTuning, fine_tune
 from fedzoo.compress.gate import judge, pick_fastest
 from fedzoo.compress.measure import DEVICE_CLASS, Measurement, measure, measure_side_by_side, normalise
-from fedzoo.compress.pruning import prune_channels, resize_to_state_dict
+from fedzoo.compress.pruning import PruningResult, prune_channels, resize_to_state_dict
 from fedzoo.compress.quantize import DEFAULT_INT8_RECIPES, INT8_RECIPES, quantize_int8
 from fedzoo.edge.kernels import split_kernels
 from fedzoo.errors import FedzooError, InvalidInputError
@@ -166,6 +170,52 @@ class _Settings:
     timed_runs: int
 
 
+def _pruned_id(parent: ModelCard, ratio: float) -> str:
+    return f"{parent.id}-p{round(ratio * 100):02d}"
+
+
+@dataclass(frozen=True)
+class _PruningJob:
+    """One prune-and-fine-tune, self-contained so that a worker process can run it."""
+
+    teacher: nn.Module
+    input_shape: tuple[int, ...]  # without the batch dimension
+    ratio: float
+    method: str
+    scope: str
+    images: np.ndarray  # normalised train split
+    labels: np.ndarray
+    fine_tuning: FineTuning
+
+
+@dataclass(frozen=True)
+class _PruningPlan:
+    ratios: tuple[float, ...]  # not yet in the zoo, largest first
+    first_job: _PruningJob  # the largest ratio's, run for every root before any variant is measured
+
+
+def _prune_and_fine_tune(job: _PruningJob) -> PruningResult:
+    result = prune_channels(job.teacher, (1, *job.input_shape), job.ratio, job.method, job.scope)
+    fine_tune(result.model, job.images, job.labels, job.fine_tuning, teacher=job.teacher)
+    return result
+
+
+def _set_torch_threads(threads: int) -> None:
+    torch.set_num_threads(threads)
+
+
+def _run_pruning_jobs(jobs: Sequence[_PruningJob], workers: int) -> list[PruningResult]:
+    """Run the jobs in `workers` processes (in this one if 1). Fine-tuning is 97% of the compress stage's time
+    and single-threaded by default, so a 2-core machine runs two at once. Workers use this process's torch
+    thread count and each job is seeded, so the results do not depend on `workers`."""
+    if workers == 1 or len(jobs) <= 1:
+        return [_prune_and_fine_tune(job) for job in jobs]
+    # spawned, not forked: a forked child of a process that has run torch's thread pool can hang
+    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_set_torch_threads, initargs=(torch.get_num_threads(),)) as pool:  # fmt: skip
+        return list(pool.map(_prune_and_fine_tune, jobs))
+
+
 class _Compressor:
     """The work of one `compress_zoo` call; holds the data, the staging folder and the report."""
 
@@ -200,8 +250,9 @@ class _Compressor:
         load_onnx_file(path)
         return _Parent(card, path, self._measure(card, path))
 
-    def prune(self, parent: _Parent) -> _Parent | None:
-        """Try each pruning ratio, largest first; stage and return the first variant the gate accepts."""
+    def pruning_plan(self, parent: _Parent) -> _PruningPlan | None:
+        """The teacher and the new ratios to try for `parent`, or None (recorded) when it is not pruned: the
+        zoo already holds a pruned child, or its torch model cannot be rebuilt or does not match its ONNX blob."""
         settings = self.settings
         existing = [card.id for card in self.zoo.cards() if card.parent_id == parent.card.id and card.pruning is not None]
         if existing:
@@ -218,14 +269,24 @@ class _Compressor:
             self.report.record(VariantOutcome(f"{parent.card.id}-pruned", parent.card.id, "pruned", False,
                                               ["the card's torch_state does not compute what its ONNX blob computes"]))  # fmt: skip
             return None
-        input_shape = tuple(int(dim) for dim in parent.card.input.shape[1:])
+        ratios = tuple(ratio for ratio in settings.pruning_ratios if self._is_new(_pruned_id(parent.card, ratio)))
+        if not ratios:
+            return None
         train_images, train_labels = self._train_data(parent.card)
-        for ratio in settings.pruning_ratios:
-            variant_id = f"{parent.card.id}-p{round(ratio * 100):02d}"
-            if not self._is_new(variant_id):
-                continue
-            result = prune_channels(teacher, (1, *input_shape), ratio, settings.pruning_method, settings.pruning_scope)
-            model = fine_tune(result.model, train_images, train_labels, settings.fine_tuning, teacher=teacher)
+        input_shape = tuple(int(dim) for dim in parent.card.input.shape[1:])
+        return _PruningPlan(ratios, _PruningJob(teacher, input_shape, ratios[0], settings.pruning_method, settings.pruning_scope,
+                                                train_images, train_labels, settings.fine_tuning))  # fmt: skip
+
+    def prune(self, parent: _Parent, plan: _PruningPlan, first: PruningResult) -> _Parent | None:
+        """Gate each ratio of the plan, largest first (`first` is the largest, already fine-tuned); stage and
+        return the first variant the gate accepts. Smaller ratios are fine-tuned here, only when needed."""
+        settings = self.settings
+        test_images, _ = self._test_data(parent.card)
+        input_shape = plan.first_job.input_shape
+        for ratio in plan.ratios:
+            variant_id = _pruned_id(parent.card, ratio)
+            result = first if ratio == plan.first_job.ratio else _prune_and_fine_tune(replace(plan.first_job, ratio=ratio))
+            model = result.model
             path = self.staging / f"{variant_id}.onnx"
             try:
                 export_checked(model, (1, *input_shape), path, test_images[:16])
@@ -330,12 +391,17 @@ def compress_zoo(
     int8_recipes: Sequence[str] = DEFAULT_INT8_RECIPES,
     build_model: ModelBuilder | None = None,
     timed_runs: int = 50,
+    workers: int = 1,
 ) -> CompressionReport:
     """Add pruned and INT8 variants of every root fp32 card in the zoo at `zoo_dir`; see the module docstring."""
     if not accuracy_tolerance_points >= 0:
         raise InvalidInputError(f"accuracy tolerance must be a non-negative number of points, got {accuracy_tolerance_points}", field="tolerance")
     if calibration_count < 1:
         raise InvalidInputError(f"calibration_count must be at least 1, got {calibration_count}", field="calibration_count")
+    if len(split.train) == 0:  # checked before the fine-tuning, which runs ahead of any calibration
+        raise CalibrationDataError("calibration data is empty: the data set's train split has no images", field="dataset")
+    if workers < 1:
+        raise InvalidInputError(f"workers must be at least 1, got {workers}", field="workers")
     unknown = sorted(set(int8_recipes) - set(INT8_RECIPES))
     if unknown or not int8_recipes:
         raise InvalidInputError(f"int8_recipes must name some of {sorted(INT8_RECIPES)}, got {list(int8_recipes)}", field="int8_recipes")
@@ -347,11 +413,16 @@ def compress_zoo(
     roots = [card for card in zoo.cards() if card.precision == "fp32" and card.parent_id is None]
     with tempfile.TemporaryDirectory(prefix="fedzoo-compress-") as staging:
         compressor = _Compressor(zoo, split, build_model or default_model_builder(zoo), settings, Path(staging))
-        for card in roots:
-            parent = compressor.root(card)
+        parents = [compressor.root(card) for card in roots]
+        plans = {parent.card.id: compressor.pruning_plan(parent) for parent in parents} if settings.pruning_ratios else {}
+        planned = [parent_id for parent_id, plan in plans.items() if plan is not None]
+        # the first ratio's fine-tuning runs for every root up front, in parallel when workers > 1, so that
+        # no variant is timed while another trains beside it
+        first_results = dict(zip(planned, _run_pruning_jobs([plans[parent_id].first_job for parent_id in planned], workers)))
+        for parent in parents:
             compressor.quantize(parent)
-            if settings.pruning_ratios:
-                pruned = compressor.prune(parent)
+            if parent.card.id in first_results:
+                pruned = compressor.prune(parent, plans[parent.card.id], first_results[parent.card.id])
                 if pruned is not None:
                     compressor.quantize(pruned)
         compressor.commit()
