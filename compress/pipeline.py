@@ -3,12 +3,14 @@ side with its parent, and publish only those the gate accepts.
 
 For each fp32 card without a parent:
   1. pruned: rebuild the torch model from `arch` + `torch_state`, prune channels (largest ratio first),
-     fine-tune with distillation from the parent, export (BN folded, checked equal to torch); the largest
-     ratio's fine-tuning runs for all roots first, in `workers` processes, before anything is timed;
+     fine-tune with distillation from the parent, export (BN folded, checked equal to torch);
   2. int8: quantize the parent and the accepted pruned variant (static, per-channel, calibrated on train
      images normalised as the card says) with each of the `int8_recipes`, measure them side by side with
      the parent and put the fastest (then smallest) before the gate: which form is fastest depends on the CPU;
      recipes that run the same kernels (`kernel_signature`) count as equally fast, so the smaller one wins.
+Fine-tuning and quantizing, which time nothing, run in `workers` processes, in two batches (the roots' INT8
+files with every root's largest-ratio fine-tuning, then the accepted pruned variants' INT8 files); each
+batch's measurements wait until it is done, so no timing shares the CPU with them.
 Every variant is staged in a temporary folder; blobs and cards reach the zoo only after all variants are
 measured and judged, so any error leaves the zoo as it was. Rejections and their reasons are logged and
 written to `zoo/compress_report.json`.
@@ -21,11 +23,12 @@ import json
 import logging
 import multiprocessing
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,7 +42,7 @@ from fedzoo.compress.finetune import FineTuning, fine_tune
 from fedzoo.compress.gate import judge, pick_fastest
 from fedzoo.compress.measure import DEVICE_CLASS, Measurement, measure, measure_side_by_side, normalise
 from fedzoo.compress.pruning import PruningResult, prune_channels, resize_to_state_dict
-from fedzoo.compress.quantize import DEFAULT_INT8_RECIPES, INT8_RECIPES, quantize_int8
+from fedzoo.compress.quantize import DEFAULT_INT8_RECIPES, INT8_RECIPES, QuantizationRecipe, quantize_int8
 from fedzoo.edge.kernels import split_kernels
 from fedzoo.errors import FedzooError, InvalidInputError
 from fedzoo.zoo import Zoo, atomic_write_bytes, sha256_of_file
@@ -200,20 +203,39 @@ def _prune_and_fine_tune(job: _PruningJob) -> PruningResult:
     return result
 
 
+@dataclass(frozen=True)
+class _QuantizationJob:
+    """One INT8 recipe applied to one parent, self-contained like `_PruningJob`."""
+
+    recipe: str
+    fp32_path: Path
+    output_path: Path
+    calibration_images: np.ndarray
+    calibration: str
+
+
+def _quantize(job: _QuantizationJob) -> QuantizationRecipe:
+    quant_format, activation_type, weight_scales = INT8_RECIPES[job.recipe]
+    return quantize_int8(job.fp32_path, job.output_path, job.calibration_images, job.calibration,
+                         quant_format=quant_format, activation_type=activation_type, weight_scales=weight_scales)  # fmt: skip
+
+
 def _set_torch_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _run_pruning_jobs(jobs: Sequence[_PruningJob], workers: int) -> list[PruningResult]:
-    """Run the jobs in `workers` processes (in this one if 1). Fine-tuning is 97% of the compress stage's time
-    and single-threaded by default, so a 2-core machine runs two at once. Workers use this process's torch
-    thread count and each job is seeded, so the results do not depend on `workers`."""
-    if workers == 1 or len(jobs) <= 1:
-        return [_prune_and_fine_tune(job) for job in jobs]
+def _run_jobs(calls: dict[Hashable, tuple[Callable[[Any], Any], Any]], workers: int) -> dict[Hashable, Any]:
+    """`{key: function(job)}` for `calls = {key: (function, job)}`, in `workers` processes (in this one if 1),
+    in the order given (put the longest first). Fine-tuning and quantizing time nothing and each is
+    single-threaded by default, so a 2-core machine runs two at once. Workers use this process's torch thread
+    count and every job is seeded, so the results do not depend on `workers`."""
+    if workers == 1 or len(calls) <= 1:
+        return {key: function(job) for key, (function, job) in calls.items()}
     # spawned, not forked: a forked child of a process that has run torch's thread pool can hang
-    with ProcessPoolExecutor(min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn"),
+    with ProcessPoolExecutor(min(workers, len(calls)), mp_context=multiprocessing.get_context("spawn"),
                              initializer=_set_torch_threads, initargs=(torch.get_num_threads(),)) as pool:  # fmt: skip
-        return list(pool.map(_prune_and_fine_tune, jobs))
+        futures = {key: pool.submit(function, job) for key, (function, job) in calls.items()}
+        return {key: future.result() for key, future in futures.items()}
 
 
 class _Compressor:
@@ -251,7 +273,7 @@ class _Compressor:
         return _Parent(card, path, self._measure(card, path))
 
     def pruning_plan(self, parent: _Parent) -> _PruningPlan | None:
-        """The teacher and the new ratios to try for `parent`, or None (recorded) when it is not pruned: the
+        """The new ratios to try for `parent` and its first job, or None (recorded) when it is not pruned: the
         zoo already holds a pruned child, or its torch model cannot be rebuilt or does not match its ONNX blob."""
         settings = self.settings
         existing = [card.id for card in self.zoo.cards() if card.parent_id == parent.card.id and card.pruning is not None]
@@ -324,21 +346,25 @@ class _Compressor:
             return _Parent(card, path, measurement)
         return None
 
-    def quantize(self, parent: _Parent) -> None:
+    def quantization_jobs(self, parent: _Parent) -> list[_QuantizationJob]:
+        """One job per INT8 recipe for `parent`, none if the zoo already holds its INT8 variant."""
         variant_id = f"{parent.card.id}-int8"
         if not self._is_new(variant_id):
-            return
+            return []
         settings = self.settings
         train_images, _ = self._train_data(parent.card)
         order = np.random.default_rng(settings.fine_tuning.seed).permutation(len(train_images))
         calibration_images = train_images[order[: settings.calibration_count]]
-        paths, recipes = {}, {}
-        for name in settings.int8_recipes:
-            quant_format, activation_type, weight_scales = INT8_RECIPES[name]
-            paths[name] = self.staging / f"{variant_id}.{name}.onnx"
-            recipes[name] = quantize_int8(parent.onnx_path, paths[name], calibration_images, settings.calibration,
-                                          quant_format=quant_format, activation_type=activation_type,
-                                          weight_scales=weight_scales)  # fmt: skip
+        return [_QuantizationJob(name, parent.onnx_path, self.staging / f"{variant_id}.{name}.onnx", calibration_images, settings.calibration)
+                for name in settings.int8_recipes]  # fmt: skip
+
+    def judge_int8(self, parent: _Parent, jobs: list[_QuantizationJob], recipes: dict[str, QuantizationRecipe]) -> None:
+        """Measure the quantized files of `jobs` side by side with `parent`, gate the fastest and stage it."""
+        if not jobs:
+            return
+        settings = self.settings
+        variant_id = f"{parent.card.id}-int8"
+        paths = {job.recipe: job.output_path for job in jobs}
         images, labels = self._test_data(parent.card)
         measured = measure_side_by_side({"parent": parent.onnx_path, **paths}, images, labels, settings.timed_runs)
         parent_measurement = measured.pop("parent")
@@ -378,6 +404,14 @@ class _Compressor:
         atomic_write_bytes(self.zoo.root / REPORT_NAME, json.dumps(self.report.to_dict(), indent=2).encode())
 
 
+def _quantization_calls(jobs: dict[str, list[_QuantizationJob]]) -> dict[Hashable, tuple[Callable, _QuantizationJob]]:
+    return {("int8", parent_id, job.recipe): (_quantize, job) for parent_id, parent_jobs in jobs.items() for job in parent_jobs}
+
+
+def _recipes(done: dict[Hashable, Any], parent_id: str) -> dict[str, QuantizationRecipe]:
+    return {key[2]: recipe for key, recipe in done.items() if key[:2] == ("int8", parent_id)}
+
+
 def compress_zoo(
     zoo_dir: str | Path,
     split: DatasetSplit,
@@ -415,15 +449,21 @@ def compress_zoo(
         compressor = _Compressor(zoo, split, build_model or default_model_builder(zoo), settings, Path(staging))
         parents = [compressor.root(card) for card in roots]
         plans = {parent.card.id: compressor.pruning_plan(parent) for parent in parents} if settings.pruning_ratios else {}
-        planned = [parent_id for parent_id, plan in plans.items() if plan is not None]
-        # the first ratio's fine-tuning runs for every root up front, in parallel when workers > 1, so that
-        # no variant is timed while another trains beside it
-        first_results = dict(zip(planned, _run_pruning_jobs([plans[parent_id].first_job for parent_id in planned], workers)))
+        # two batches of worker jobs (module docstring), the longest fine-tuning first; each measured once done
+        by_size = sorted(parents, key=lambda parent: -parent.card.macs)
+        int8_jobs = {parent.card.id: compressor.quantization_jobs(parent) for parent in parents}
+        done = _run_jobs({**{("tune", p.card.id): (_prune_and_fine_tune, plans[p.card.id].first_job) for p in by_size if plans.get(p.card.id)},
+                          **_quantization_calls(int8_jobs)}, workers)  # fmt: skip
+        pruned = []
         for parent in parents:
-            compressor.quantize(parent)
-            if parent.card.id in first_results:
-                pruned = compressor.prune(parent, plans[parent.card.id], first_results[parent.card.id])
-                if pruned is not None:
-                    compressor.quantize(pruned)
+            compressor.judge_int8(parent, int8_jobs[parent.card.id], _recipes(done, parent.card.id))
+            if ("tune", parent.card.id) in done:
+                variant = compressor.prune(parent, plans[parent.card.id], done["tune", parent.card.id])
+                if variant is not None:
+                    pruned.append(variant)
+        int8_jobs = {variant.card.id: compressor.quantization_jobs(variant) for variant in pruned}
+        done = _run_jobs(_quantization_calls(int8_jobs), workers)
+        for variant in pruned:
+            compressor.judge_int8(variant, int8_jobs[variant.card.id], _recipes(done, variant.card.id))
         compressor.commit()
     return compressor.report
