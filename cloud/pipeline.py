@@ -8,7 +8,7 @@ Stages, in order::
     train     the supernet, sandwich rule + in-place distillation; checkpoint after every epoch
     search    evolutionary search on validation loss and latency (the preset's estimator); checkpoint after every generation
     cards     extract, recalibrate BN, test accuracy, export ONNX, measure latency, write cards
-    compress  pruned and INT8 variants behind the accuracy gate (fedzoo.compress.pipeline)   (skippable)
+    compress  pruned and INT8 variants behind the accuracy gate, fine-tuned on every core (fedzoo.compress.pipeline)   (skippable)
     graphs    a standard-op training graph for every model (fedzoo.cloud.training_graphs)   (skippable)
 
 Checkpoints live in `<out>/.checkpoint/`; running the same build again resumes from them. Every random
@@ -36,6 +36,7 @@ from fedzoo.cloud.data import DatasetSplit, Subset, load_dataset, split_dataset
 from fedzoo.cloud.executors import Executor, make_executor
 from fedzoo.cloud.training_graphs import attach_training_graphs
 from fedzoo.compress.pipeline import compress_zoo
+from fedzoo.edge.device_profile import usable_cores
 from fedzoo.errors import FedzooError, InvalidInputError
 from fedzoo.nas.evaluation import Candidate, EvaluationContext, evaluate_candidate, prepare_subnet
 from fedzoo.nas.latency import LatencyEstimator, make_latency_estimator
@@ -106,7 +107,7 @@ class BuildConfig:
     max_params: int | None = None
     latency_source: str | None = None
     executor: str = "in-process"
-    num_workers: int | None = None
+    num_workers: int | None = None  # CPUs for parallel work: Ray's for the search, processes for compression; None = all
     zoo_min_size: int = 8
     zoo_max_size: int = 16
     compress: bool = True
@@ -460,7 +461,7 @@ def build_zoo(
         if config.compress:
             with _timed("compress", seconds, cpu_seconds):
                 reporter.start_stage("compress", None)
-                compress_zoo(config.out, split)
+                compress_zoo(config.out, split, workers=config.num_workers or usable_cores())
         if config.training_graphs:
             with _timed("training graphs", seconds, cpu_seconds):
                 reporter.start_stage("training graphs", None)

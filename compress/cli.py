@@ -14,6 +14,7 @@ from fedzoo.compress.finetune import FineTuning
 from fedzoo.compress.pipeline import REPORT_NAME, CompressionReport, compress_zoo
 from fedzoo.compress.pruning import IMPORTANCE_CRITERIA, SCOPES
 from fedzoo.compress.quantize import CALIBRATION_METHODS, DEFAULT_INT8_RECIPES, INT8_RECIPES
+from fedzoo.edge.device_profile import usable_cores
 from fedzoo.errors import InvalidInputError
 from fedzoo.zoo import Zoo
 
@@ -59,9 +60,10 @@ def print_report(report: CompressionReport, console: Console) -> None:
               help="INT8 forms to try (repeat the option); the fastest measured, then the smallest, is gated.")  # fmt: skip
 @click.option("--threads", "torch_threads", type=click.IntRange(min=1), default=1, show_default=True,
               help="Torch threads for the fine-tuning after pruning.")  # fmt: skip
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="Processes fine-tuning pruned models at once (default: one per core).")
 def compress(
     zoo_dir: str, dataset: str | None, tolerance: float, seed: int, ratios: tuple[float, ...], method: str, scope: str,
-    epochs: int, calibration: str, int8_recipes: tuple[str, ...], torch_threads: int,
+    epochs: int, calibration: str, int8_recipes: tuple[str, ...], torch_threads: int, workers: int | None,
 ) -> None:
     """Prune, quantize and gate every root fp32 model in ZOO_DIR; accepted variants become new cards."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -71,7 +73,7 @@ def compress(
     report = compress_zoo(
         zoo_dir, split, accuracy_tolerance_points=tolerance, pruning_ratios=ratios, pruning_method=method,
         pruning_scope=scope, fine_tuning=FineTuning(epochs=epochs, seed=seed), calibration=calibration,
-        int8_recipes=int8_recipes,
+        int8_recipes=int8_recipes, workers=workers or usable_cores(),
     )  # fmt: skip
     console = Console()
     print_report(report, console)

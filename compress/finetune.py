@@ -12,6 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 
+_TEACHER_BATCH = 512
+
+
 @dataclass(frozen=True)
 class FineTuning:
     epochs: int = 8  # 4 left the smallest MNIST model 1.3 points down at 30% pruning; 8 recovered it to 0.5
@@ -22,15 +25,27 @@ class FineTuning:
     seed: int = 0
 
 
+def _soft_targets(teacher: nn.Module, x: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The teacher's softened outputs for every image, computed once: the teacher runs in eval mode on images
+    that are not augmented, so every epoch would compute the same values (per batch, it cost 40% of the
+    fine-tuning time of a 2.8 MMAC subnet)."""
+    teacher = copy.deepcopy(teacher).eval()
+    with torch.no_grad():
+        logits = torch.cat([teacher(x[start : start + _TEACHER_BATCH]) for start in range(0, len(x), _TEACHER_BATCH)])
+    return F.softmax(logits / temperature, dim=1)
+
+
 def fine_tune(
     model: nn.Module, images: np.ndarray, labels: np.ndarray, config: FineTuning = FineTuning(),
     teacher: nn.Module | None = None,
 ) -> nn.Module:
     """Train `model` in place on normalised `images` with Adam and a cosine schedule; return it in eval mode."""
     generator = torch.Generator().manual_seed(config.seed)
-    x = torch.from_numpy(images.astype(np.float32))
+    # channels-last: oneDNN's convolution backward on CPU ran a 2.8 MMAC subnet's step 1.6x faster in this layout
+    model.to(memory_format=torch.channels_last)
+    x = torch.from_numpy(images.astype(np.float32)).contiguous(memory_format=torch.channels_last)
     y = torch.from_numpy(labels.astype(np.int64))
-    teacher = copy.deepcopy(teacher).eval() if teacher is not None and config.distillation_weight > 0 else None
+    soft_targets = _soft_targets(teacher, x, config.temperature) if teacher is not None and config.distillation_weight > 0 else None
     optimizer = torch.optim.Adam(model.parameters(), lr=config.learning_rate)
     steps = config.epochs * ((len(x) + config.batch_size - 1) // config.batch_size)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, max(1, steps))
@@ -41,13 +56,11 @@ def fine_tune(
             batch = order[start : start + config.batch_size]
             logits = model(x[batch])
             loss = F.cross_entropy(logits, y[batch])
-            if teacher is not None:
-                with torch.no_grad():
-                    soft_targets = F.softmax(teacher(x[batch]) / config.temperature, dim=1)
-                distillation = F.kl_div(F.log_softmax(logits / config.temperature, dim=1), soft_targets, reduction="batchmean")
+            if soft_targets is not None:
+                distillation = F.kl_div(F.log_softmax(logits / config.temperature, dim=1), soft_targets[batch], reduction="batchmean")
                 loss = (1 - config.distillation_weight) * loss + config.distillation_weight * config.temperature**2 * distillation
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             schedule.step()
-    return model.eval()
+    return model.to(memory_format=torch.contiguous_format).eval()

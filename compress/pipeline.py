@@ -8,6 +8,9 @@ For each fp32 card without a parent:
      images normalised as the card says) with each of the `int8_recipes`, measure them side by side with
      the parent and put the fastest (then smallest) before the gate: which form is fastest depends on the CPU;
      recipes that run the same kernels (`kernel_signature`) count as equally fast, so the smaller one wins.
+Fine-tuning and quantizing, which time nothing, run in `workers` processes, in two batches (the roots' INT8
+files with every root's largest-ratio fine-tuning, then the accepted pruned variants' INT8 files); each
+batch's measurements wait until it is done, so no timing shares the CPU with them.
 Every variant is staged in a temporary folder; blobs and cards reach the zoo only after all variants are
 measured and judged, so any error leaves the zoo as it was. Rejections and their reasons are logged and
 written to `zoo/compress_report.json`.
@@ -18,11 +21,14 @@ from __future__ import annotations
 import io
 import json
 import logging
+import multiprocessing
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,12 +36,13 @@ from torch import nn
 
 from fedzoo.cards import Latency, Metrics, ModelCard, Pruning
 from fedzoo.cloud.data import DatasetSplit
+from fedzoo.compress.errors import CalibrationDataError
 from fedzoo.compress.export import DEFAULT_TOLERANCE, ExportMismatchError, export_checked, load_onnx_file, max_abs_difference
 from fedzoo.compress.finetune import FineTuning, fine_tune
 from fedzoo.compress.gate import judge, pick_fastest
 from fedzoo.compress.measure import DEVICE_CLASS, Measurement, measure, measure_side_by_side, normalise
-from fedzoo.compress.pruning import prune_channels, resize_to_state_dict
-from fedzoo.compress.quantize import DEFAULT_INT8_RECIPES, INT8_RECIPES, quantize_int8
+from fedzoo.compress.pruning import PruningResult, prune_channels, resize_to_state_dict
+from fedzoo.compress.quantize import DEFAULT_INT8_RECIPES, INT8_RECIPES, QuantizationRecipe, quantize_int8
 from fedzoo.edge.kernels import split_kernels
 from fedzoo.errors import FedzooError, InvalidInputError
 from fedzoo.zoo import Zoo, atomic_write_bytes, sha256_of_file
@@ -166,6 +173,71 @@ class _Settings:
     timed_runs: int
 
 
+def _pruned_id(parent: ModelCard, ratio: float) -> str:
+    return f"{parent.id}-p{round(ratio * 100):02d}"
+
+
+@dataclass(frozen=True)
+class _PruningJob:
+    """One prune-and-fine-tune, self-contained so that a worker process can run it."""
+
+    teacher: nn.Module
+    input_shape: tuple[int, ...]  # without the batch dimension
+    ratio: float
+    method: str
+    scope: str
+    images: np.ndarray  # normalised train split
+    labels: np.ndarray
+    fine_tuning: FineTuning
+
+
+@dataclass(frozen=True)
+class _PruningPlan:
+    ratios: tuple[float, ...]  # not yet in the zoo, largest first
+    first_job: _PruningJob  # the largest ratio's, run for every root before any variant is measured
+
+
+def _prune_and_fine_tune(job: _PruningJob) -> PruningResult:
+    result = prune_channels(job.teacher, (1, *job.input_shape), job.ratio, job.method, job.scope)
+    fine_tune(result.model, job.images, job.labels, job.fine_tuning, teacher=job.teacher)
+    return result
+
+
+@dataclass(frozen=True)
+class _QuantizationJob:
+    """One INT8 recipe applied to one parent, self-contained like `_PruningJob`."""
+
+    recipe: str
+    fp32_path: Path
+    output_path: Path
+    calibration_images: np.ndarray
+    calibration: str
+
+
+def _quantize(job: _QuantizationJob) -> QuantizationRecipe:
+    quant_format, activation_type, weight_scales = INT8_RECIPES[job.recipe]
+    return quantize_int8(job.fp32_path, job.output_path, job.calibration_images, job.calibration,
+                         quant_format=quant_format, activation_type=activation_type, weight_scales=weight_scales)  # fmt: skip
+
+
+def _set_torch_threads(threads: int) -> None:
+    torch.set_num_threads(threads)
+
+
+def _run_jobs(calls: dict[Hashable, tuple[Callable[[Any], Any], Any]], workers: int) -> dict[Hashable, Any]:
+    """`{key: function(job)}` for `calls = {key: (function, job)}`, in `workers` processes (in this one if 1),
+    in the order given (put the longest first). Fine-tuning and quantizing time nothing and each is
+    single-threaded by default, so a 2-core machine runs two at once. Workers use this process's torch thread
+    count and every job is seeded, so the results do not depend on `workers`."""
+    if workers == 1 or len(calls) <= 1:
+        return {key: function(job) for key, (function, job) in calls.items()}
+    # spawned, not forked: a forked child of a process that has run torch's thread pool can hang
+    with ProcessPoolExecutor(min(workers, len(calls)), mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_set_torch_threads, initargs=(torch.get_num_threads(),)) as pool:  # fmt: skip
+        futures = {key: pool.submit(function, job) for key, (function, job) in calls.items()}
+        return {key: future.result() for key, future in futures.items()}
+
+
 class _Compressor:
     """The work of one `compress_zoo` call; holds the data, the staging folder and the report."""
 
@@ -200,8 +272,9 @@ class _Compressor:
         load_onnx_file(path)
         return _Parent(card, path, self._measure(card, path))
 
-    def prune(self, parent: _Parent) -> _Parent | None:
-        """Try each pruning ratio, largest first; stage and return the first variant the gate accepts."""
+    def pruning_plan(self, parent: _Parent) -> _PruningPlan | None:
+        """The new ratios to try for `parent` and its first job, or None (recorded) when it is not pruned: the
+        zoo already holds a pruned child, or its torch model cannot be rebuilt or does not match its ONNX blob."""
         settings = self.settings
         existing = [card.id for card in self.zoo.cards() if card.parent_id == parent.card.id and card.pruning is not None]
         if existing:
@@ -218,14 +291,24 @@ class _Compressor:
             self.report.record(VariantOutcome(f"{parent.card.id}-pruned", parent.card.id, "pruned", False,
                                               ["the card's torch_state does not compute what its ONNX blob computes"]))  # fmt: skip
             return None
-        input_shape = tuple(int(dim) for dim in parent.card.input.shape[1:])
+        ratios = tuple(ratio for ratio in settings.pruning_ratios if self._is_new(_pruned_id(parent.card, ratio)))
+        if not ratios:
+            return None
         train_images, train_labels = self._train_data(parent.card)
-        for ratio in settings.pruning_ratios:
-            variant_id = f"{parent.card.id}-p{round(ratio * 100):02d}"
-            if not self._is_new(variant_id):
-                continue
-            result = prune_channels(teacher, (1, *input_shape), ratio, settings.pruning_method, settings.pruning_scope)
-            model = fine_tune(result.model, train_images, train_labels, settings.fine_tuning, teacher=teacher)
+        input_shape = tuple(int(dim) for dim in parent.card.input.shape[1:])
+        return _PruningPlan(ratios, _PruningJob(teacher, input_shape, ratios[0], settings.pruning_method, settings.pruning_scope,
+                                                train_images, train_labels, settings.fine_tuning))  # fmt: skip
+
+    def prune(self, parent: _Parent, plan: _PruningPlan, first: PruningResult) -> _Parent | None:
+        """Gate each ratio of the plan, largest first (`first` is the largest, already fine-tuned); stage and
+        return the first variant the gate accepts. Smaller ratios are fine-tuned here, only when needed."""
+        settings = self.settings
+        test_images, _ = self._test_data(parent.card)
+        input_shape = plan.first_job.input_shape
+        for ratio in plan.ratios:
+            variant_id = _pruned_id(parent.card, ratio)
+            result = first if ratio == plan.first_job.ratio else _prune_and_fine_tune(replace(plan.first_job, ratio=ratio))
+            model = result.model
             path = self.staging / f"{variant_id}.onnx"
             try:
                 export_checked(model, (1, *input_shape), path, test_images[:16])
@@ -263,21 +346,25 @@ class _Compressor:
             return _Parent(card, path, measurement)
         return None
 
-    def quantize(self, parent: _Parent) -> None:
+    def quantization_jobs(self, parent: _Parent) -> list[_QuantizationJob]:
+        """One job per INT8 recipe for `parent`, none if the zoo already holds its INT8 variant."""
         variant_id = f"{parent.card.id}-int8"
         if not self._is_new(variant_id):
-            return
+            return []
         settings = self.settings
         train_images, _ = self._train_data(parent.card)
         order = np.random.default_rng(settings.fine_tuning.seed).permutation(len(train_images))
         calibration_images = train_images[order[: settings.calibration_count]]
-        paths, recipes = {}, {}
-        for name in settings.int8_recipes:
-            quant_format, activation_type, weight_scales = INT8_RECIPES[name]
-            paths[name] = self.staging / f"{variant_id}.{name}.onnx"
-            recipes[name] = quantize_int8(parent.onnx_path, paths[name], calibration_images, settings.calibration,
-                                          quant_format=quant_format, activation_type=activation_type,
-                                          weight_scales=weight_scales)  # fmt: skip
+        return [_QuantizationJob(name, parent.onnx_path, self.staging / f"{variant_id}.{name}.onnx", calibration_images, settings.calibration)
+                for name in settings.int8_recipes]  # fmt: skip
+
+    def judge_int8(self, parent: _Parent, jobs: list[_QuantizationJob], recipes: dict[str, QuantizationRecipe]) -> None:
+        """Measure the quantized files of `jobs` side by side with `parent`, gate the fastest and stage it."""
+        if not jobs:
+            return
+        settings = self.settings
+        variant_id = f"{parent.card.id}-int8"
+        paths = {job.recipe: job.output_path for job in jobs}
         images, labels = self._test_data(parent.card)
         measured = measure_side_by_side({"parent": parent.onnx_path, **paths}, images, labels, settings.timed_runs)
         parent_measurement = measured.pop("parent")
@@ -317,6 +404,14 @@ class _Compressor:
         atomic_write_bytes(self.zoo.root / REPORT_NAME, json.dumps(self.report.to_dict(), indent=2).encode())
 
 
+def _quantization_calls(jobs: dict[str, list[_QuantizationJob]]) -> dict[Hashable, tuple[Callable, _QuantizationJob]]:
+    return {("int8", parent_id, job.recipe): (_quantize, job) for parent_id, parent_jobs in jobs.items() for job in parent_jobs}
+
+
+def _recipes(done: dict[Hashable, Any], parent_id: str) -> dict[str, QuantizationRecipe]:
+    return {key[2]: recipe for key, recipe in done.items() if key[:2] == ("int8", parent_id)}
+
+
 def compress_zoo(
     zoo_dir: str | Path,
     split: DatasetSplit,
@@ -330,12 +425,17 @@ def compress_zoo(
     int8_recipes: Sequence[str] = DEFAULT_INT8_RECIPES,
     build_model: ModelBuilder | None = None,
     timed_runs: int = 50,
+    workers: int = 1,
 ) -> CompressionReport:
     """Add pruned and INT8 variants of every root fp32 card in the zoo at `zoo_dir`; see the module docstring."""
     if not accuracy_tolerance_points >= 0:
         raise InvalidInputError(f"accuracy tolerance must be a non-negative number of points, got {accuracy_tolerance_points}", field="tolerance")
     if calibration_count < 1:
         raise InvalidInputError(f"calibration_count must be at least 1, got {calibration_count}", field="calibration_count")
+    if len(split.train) == 0:  # checked before the fine-tuning, which runs ahead of any calibration
+        raise CalibrationDataError("calibration data is empty: the data set's train split has no images", field="dataset")
+    if workers < 1:
+        raise InvalidInputError(f"workers must be at least 1, got {workers}", field="workers")
     unknown = sorted(set(int8_recipes) - set(INT8_RECIPES))
     if unknown or not int8_recipes:
         raise InvalidInputError(f"int8_recipes must name some of {sorted(INT8_RECIPES)}, got {list(int8_recipes)}", field="int8_recipes")
@@ -347,12 +447,23 @@ def compress_zoo(
     roots = [card for card in zoo.cards() if card.precision == "fp32" and card.parent_id is None]
     with tempfile.TemporaryDirectory(prefix="fedzoo-compress-") as staging:
         compressor = _Compressor(zoo, split, build_model or default_model_builder(zoo), settings, Path(staging))
-        for card in roots:
-            parent = compressor.root(card)
-            compressor.quantize(parent)
-            if settings.pruning_ratios:
-                pruned = compressor.prune(parent)
-                if pruned is not None:
-                    compressor.quantize(pruned)
+        parents = [compressor.root(card) for card in roots]
+        plans = {parent.card.id: compressor.pruning_plan(parent) for parent in parents} if settings.pruning_ratios else {}
+        # two batches of worker jobs (module docstring), the longest fine-tuning first; each measured once done
+        by_size = sorted(parents, key=lambda parent: -parent.card.macs)
+        int8_jobs = {parent.card.id: compressor.quantization_jobs(parent) for parent in parents}
+        done = _run_jobs({**{("tune", p.card.id): (_prune_and_fine_tune, plans[p.card.id].first_job) for p in by_size if plans.get(p.card.id)},
+                          **_quantization_calls(int8_jobs)}, workers)  # fmt: skip
+        pruned = []
+        for parent in parents:
+            compressor.judge_int8(parent, int8_jobs[parent.card.id], _recipes(done, parent.card.id))
+            if ("tune", parent.card.id) in done:
+                variant = compressor.prune(parent, plans[parent.card.id], done["tune", parent.card.id])
+                if variant is not None:
+                    pruned.append(variant)
+        int8_jobs = {variant.card.id: compressor.quantization_jobs(variant) for variant in pruned}
+        done = _run_jobs(_quantization_calls(int8_jobs), workers)
+        for variant in pruned:
+            compressor.judge_int8(variant, int8_jobs[variant.card.id], _recipes(done, variant.card.id))
         compressor.commit()
     return compressor.report

@@ -121,17 +121,17 @@ def test_bad_output_folder_and_dataset(tmp_path):
 def test_compress_and_training_graph_stages_run_after_the_cards(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(pipeline, "compress_zoo",
-                        lambda zoo_dir, split: calls.append(("compress", zoo_dir, len(split.test), torch.get_num_threads())))
+                        lambda zoo_dir, split, workers: calls.append(("compress", zoo_dir, len(split.test), torch.get_num_threads(), workers)))
     monkeypatch.setattr(pipeline, "attach_training_graphs", lambda zoo_dir: calls.append(("graphs", zoo_dir)))
     out = tmp_path / "zoo"
     torch.set_num_threads(2)
     try:
-        result = build_zoo(tiny_config(out, compress=True, training_graphs=True, evaluations=10, torch_threads=1))
+        result = build_zoo(tiny_config(out, compress=True, training_graphs=True, evaluations=10, torch_threads=1, num_workers=3))
         assert torch.get_num_threads() == 2  # the caller's setting is restored
     finally:
         torch.set_num_threads(1)
-    # the compress stage fine-tunes with the build's thread count, not torch's default
-    assert calls == [("compress", out, len(result.split.test), 1), ("graphs", out)]
+    # the compress stage fine-tunes with the build's thread count, not torch's default, in the build's workers
+    assert calls == [("compress", out, len(result.split.test), 1, 3), ("graphs", out)]
     assert {"compress", "training graphs"} <= set(result.stage_seconds)
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from torch import nn
-from zoo_factory import add_trained_model, digits_arch, digits_split, snapshot
+from zoo_factory import add_trained_model, digits_arch, digits_split, make_arch, snapshot
 
 from fedzoo.cloud.data import DatasetSplit, Subset
 from fedzoo.compress.cli import compress
@@ -98,6 +98,30 @@ def test_compress_adds_gated_variants_with_lineage_and_records_rejections(zoo_di
 def report_parent_accuracy(report, variant_id: str) -> float:
     outcome = next(outcome for outcome in report.accepted if outcome.variant_id == variant_id)
     return outcome.parent_measurement["accuracy"]
+
+
+def test_fine_tuning_in_worker_processes_publishes_the_same_variants(split, tmp_path):
+    torch.set_num_threads(1)
+    zoo = Zoo.create(tmp_path / "sequential")
+    add_trained_model(zoo, split, "digits-a", digits_arch(), epochs=2, workdir=tmp_path)
+    smaller = make_arch(16, 64, [(16, 1, "relu6", [3], [2]), (24, 2, "relu6", [3, 3], [4, 2])])
+    add_trained_model(zoo, split, "digits-b", smaller, epochs=2, workdir=tmp_path)
+    shutil.copytree(zoo.root, tmp_path / "parallel")
+    settings = dict(pruning_ratios=(0.25,), fine_tuning=FineTuning(epochs=2), int8_recipes=DEFAULT_INT8_RECIPES[:1], timed_runs=5)
+    sequential = compress_zoo(zoo.root, split, TOLERANCE_POINTS, workers=1, **settings)
+    parallel = compress_zoo(tmp_path / "parallel", split, TOLERANCE_POINTS, workers=2, **settings)
+
+    pruned = {"digits-a-p25", "digits-b-p25"}
+    assert pruned <= {outcome.variant_id for outcome in sequential.accepted}
+    assert [outcome.variant_id for outcome in parallel.accepted] == [outcome.variant_id for outcome in sequential.accepted]
+    for variant_id in pruned:  # the same fine-tuned weights, byte for byte, and each root's own
+        assert Zoo(tmp_path / "parallel").card(variant_id).sha256 == zoo.card(variant_id).sha256
+    assert zoo.card("digits-a-p25").macs != zoo.card("digits-b-p25").macs
+
+
+def test_workers_below_one_is_a_clear_error(zoo_dir, split):
+    with pytest.raises(InvalidInputError, match="workers must be at least 1"):
+        compress_zoo(zoo_dir, split, workers=0)
 
 
 def test_cli_compresses_with_the_cards_task_as_data_set(zoo_dir):
