@@ -64,12 +64,12 @@ def zoo_federation(folder: Path, num_clients: int, alpha: float) -> Federation:
                                cloud_examples=PRESETS[ZOO_PRESET].max_train_examples)
 
 
-def run_plan(federation, round_config, executor, attackers=frozenset(), encoding="fp32", label=""):
+def run_plan(federation, round_config, executor, attackers=frozenset(), encoding="fp32", label="", seed=1):
     """One plan of rounds on a fresh server; returns accuracy per round, upload bytes, updates and example-passes."""
     with tempfile.TemporaryDirectory(prefix="fedzoo-bench-") as folder:
         with LoopbackServer(Path(folder) / "server") as server:
             with Simulation(federation, server.url, executor=executor, cache_root=Path(folder) / "devices",
-                            attackers=attackers, attack=ScaledUpdateAttack(-10.0), encoding=encoding, seed=1) as sim:
+                            attackers=attackers, attack=ScaledUpdateAttack(-10.0), encoding=encoding, seed=seed) as sim:
                 sim.publish_base_model()
                 sim.register_devices()
                 started = time.perf_counter()
@@ -106,6 +106,9 @@ def main() -> None:
     # 0.02 and 0.01 made each device forget the classes it lacks within one round (its local model fell to
     # 0.3-0.6 and the average below the base); 0.005 keeps local models near the base
     parser.add_argument("--learning-rate", type=float, default=0.005)
+    parser.add_argument("--learning-rate-decay", type=float, default=1.0, help="devices' rate x this each round")
+    parser.add_argument("--local-epochs", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=20)
     parser.add_argument("--proximal-mu", type=float, default=0.01)
     parser.add_argument("--server-learning-rate", type=float, default=1.0, help="FedAvg's and FedProx's server step size")
     parser.add_argument("--robust", default=json.dumps([
@@ -114,6 +117,8 @@ def main() -> None:
         {"name": "norm_clipping"},
     ]), help="JSON list of the robust strategy specs to compare")
     parser.add_argument("--parts", default="1,2,3", help="which of the three comparisons to run")
+    parser.add_argument("--skip-fedprox", action="store_true", help="part 1 without its FedProx plan (for exploring)")
+    parser.add_argument("--seed", type=int, default=1, help="the simulation's seed: device selection and local shuffles")
     parser.add_argument("--executor", default="in-process", choices=["in-process", "ray"])
     args = parser.parse_args()
     parts = set(args.parts.split(","))
@@ -131,18 +136,20 @@ def main() -> None:
     # A round closes as soon as its target of reports is in, so the deadline only bounds the stragglers' wait:
     # 20 s failed 5 of 30 FedAvg rounds on a loaded machine (clients short of CPU, not of accuracy)
     config = {"min_clients": max(1, args.per_round * 8 // 10), "target_clients": args.per_round, "over_selection": 0.3,
-              "deadline_s": 60, "num_rounds": args.rounds, "local_epochs": 2, "batch_size": 20,
-              "learning_rate": args.learning_rate}
+              "deadline_s": 60, "num_rounds": args.rounds, "local_epochs": args.local_epochs, "batch_size": args.batch_size,
+              "learning_rate": args.learning_rate, "learning_rate_decay": args.learning_rate_decay}
     print(f"rounds: {json.dumps(config)}")
     fedavg_spec = {"name": "fedavg", "server_learning_rate": args.server_learning_rate}
 
     print("\n1. clean runs (test accuracy of each round's published version)")
     fedavg, fp32_bytes, fp32_updates, passes = run_plan(federation, {**config, "strategy": fedavg_spec},
-                                                        args.executor, label="FedAvg fp32")
+                                                        args.executor, seed=args.seed, label="FedAvg fp32")
     if "1" in parts:
         fedprox_spec = {**fedavg_spec, "name": "fedprox", "proximal_mu": args.proximal_mu}
-        fedprox, _, _, _ = run_plan(federation, {**config, "strategy": fedprox_spec}, args.executor,
-                                    label=f"FedProx mu={args.proximal_mu}")
+        fedprox = [float("nan")] * args.rounds
+        if not args.skip_fedprox:
+            fedprox, _, _, _ = run_plan(federation, {**config, "strategy": fedprox_spec}, args.executor,
+                                        seed=args.seed, label=f"FedProx mu={args.proximal_mu}")
         epochs = max(1, round(passes / len(federation.pool.y)))
         central = centralized_baseline(federation, epochs=epochs, batch_size=config["batch_size"],
                                        learning_rate=config["learning_rate"])
@@ -167,14 +174,14 @@ def main() -> None:
         clean = tail_mean(fedavg)
         rows = []
         fedavg_poisoned, _, _, _ = run_plan(federation, {**config, "strategy": fedavg_spec}, args.executor,
-                                            attackers=attackers, label="FedAvg poisoned")
+                                            attackers=attackers, seed=args.seed, label="FedAvg poisoned")
         rows.append(("FedAvg", clean, tail_mean(fedavg_poisoned)))
         for strategy in json.loads(args.robust):
             label = json.dumps(strategy)
             clean_run, _, _, _ = run_plan(federation, {**config, "strategy": strategy}, args.executor,
-                                          label=f"{strategy['name']} clean")
+                                          seed=args.seed, label=f"{strategy['name']} clean")
             poisoned_run, _, _, _ = run_plan(federation, {**config, "strategy": strategy}, args.executor,
-                                             attackers=attackers, label=f"{strategy['name']} poisoned")
+                                             attackers=attackers, seed=args.seed, label=f"{strategy['name']} poisoned")
             rows.append((label, tail_mean(clean_run), tail_mean(poisoned_run)))
         print(f"  clean FedAvg: {clean:.4f}")
         for label, rule_clean, rule_poisoned in rows:
@@ -185,7 +192,7 @@ def main() -> None:
     if "3" in parts:
         print("\n3. INT8 deltas (clean FedAvg)")
         int8, int8_bytes, int8_updates, _ = run_plan(federation, {**config, "strategy": fedavg_spec},
-                                                     args.executor, encoding="int8", label="FedAvg int8")
+                                                     args.executor, encoding="int8", seed=args.seed, label="FedAvg int8")
         ratio = (fp32_bytes / fp32_updates) / (int8_bytes / int8_updates)
         loss = (tail_mean(fedavg) - tail_mean(int8)) * 100
         print(f"  upload bytes per update: fp32 {fp32_bytes / fp32_updates:,.0f}, int8 {int8_bytes / int8_updates:,.0f} "

@@ -33,6 +33,10 @@ class RoundConfig(_Request):
     local_epochs: int = Field(default=1, ge=1, le=100)
     batch_size: int = Field(default=32, ge=1, le=4096)
     learning_rate: float = Field(default=0.05, gt=0, le=10)
+    learning_rate_decay: float = Field(
+        default=1.0, gt=0, le=1,
+        description="round n of the plan trains at learning_rate x this^(n-1): with label-skewed devices a fixed rate "
+                    "leaves the global model oscillating with each round's mix of devices (Li et al. 2020)")
     optimizer: Literal["sgd", "adam"] = "sgd"
     momentum: float = Field(default=0.0, ge=0, lt=1)
     strategy: dict[str, Any] = Field(default_factory=lambda: {"name": "fedavg"},
