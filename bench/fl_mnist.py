@@ -107,8 +107,8 @@ def main() -> None:
     # 0.3-0.6 and the average below the base); 0.005 keeps local models near the base
     parser.add_argument("--learning-rate", type=float, default=0.005)
     parser.add_argument("--learning-rate-decay", type=float, default=1.0, help="devices' rate x this each round")
-    parser.add_argument("--local-epochs", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=20)
+    parser.add_argument("--local-epochs", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=10)
     parser.add_argument("--proximal-mu", type=float, default=0.01)
     parser.add_argument("--server-learning-rate", type=float, default=1.0, help="FedAvg's and FedProx's server step size")
     parser.add_argument("--robust", default=json.dumps([
