@@ -6,16 +6,25 @@ standard-op training graph). The other training examples are spread over 20 devi
 shards; each round selects 10 (+30% over-selection) and the server measures every new version on
 the test split.
 
-Why the median subnet: the smallest (~4k parameters, 0.19 MMACs) does not federate. From 0.891, FedAvg
-stayed at 0.89-0.90 for 30 rounds whatever the devices did (SGD lr 0.005 or 0.01, 1 or 2 local
-epochs, Adam lr 0.001; SGD lr 0.02, even decayed x0.9 a round, collapsed it to 0.48), while pooled
-training of it reached 0.915-0.927: 1.6-2.7 points apart. The median (~13k parameters, ~0.4 MMACs) gained
-1.5 points federated with the same settings, 1.3 below centralized; the largest (~22k, 1.05 MMACs) was
-1.1 below, but each of the bench's ten plans costs it 1.5-2x the median's time. Device training
-stays at SGD lr 0.005, 2 local epochs, batch 20: larger rates made devices forget the classes they lack
-(on the smallest subnet), and on the median lr 0.0075 left FedAvg where it was (best 0.929) while
-centralized, trained at the same rate, rose to 0.944 (1.5 apart). The centralized baseline always trains
-at the devices' rate and batch size for FedAvg's example-passes.
+Why the median subnet (measured with 2 local epochs at batch 20): the smallest (~4k parameters, 0.19 MMACs)
+does not federate. From 0.891, FedAvg stayed at 0.89-0.90 for 30 rounds whatever the devices did (SGD lr 0.005
+or 0.01, 1 or 2 local epochs, Adam lr 0.001; SGD lr 0.02, even decayed x0.9 a round, collapsed it to 0.48),
+while pooled training of it reached 0.915-0.927: 1.6-2.7 points apart. The median (~13k parameters, ~0.4 MMACs)
+gained about a point federated; the largest (~22k, 1.05 MMACs) costs each of the bench's ten plans 1.5-2x the
+median's time.
+
+Why 5 local epochs at batch 10 (McMahan et al. 2017's E=5, B=10) at SGD lr 0.005: with 2 epochs at batch 20,
+FedAvg on the median stayed at 0.928-0.935 for 30 rounds, 2.3 points below centralized (0.958). At equal
+example-passes the mean of 10 label-skewed deltas moves about as far as one device's ~14 local steps, so
+FedAvg took ~10x fewer sequential steps than pooled training; server lr 3 narrowed that to 1.8 points but
+oscillated, 6 collapsed, and a larger device rate (0.0075-0.02) made devices forget the classes they lack.
+Five epochs at batch 10 give each device ~5x the steps per round at the same rate: FedAvg best 0.947 and
+0.946 with two simulation seeds (1 and 2), 1.1-1.2 points below centralized. 3 epochs at batch 10 with server
+lr 2 oscillated (0.91-0.94, best 0.941, 1.7 apart); 5 epochs with server lr 1.5 and the device rate decayed
+x0.95 a round reached 0.945 (1.3 apart), no better than plain FedAvg. Centralized trains at the devices' rate
+and batch for FedAvg's example-passes, so the extra local epochs train it longer too, but it saturates (best
+0.958 for the 2-epoch budget at batch 20 as after 45 or 76 epochs at batch 10), and FedAvg is measured
+against its best epoch.
 
 Printed side by side:
 
@@ -28,6 +37,7 @@ Printed side by side:
 3. INT8 deltas: upload bytes and accuracy vs float32 (goal: >= 3.5x fewer bytes, <= 0.5 point loss).
 
     .venv/bin/python bench/fl_mnist.py [--rounds 30] [--executor ray] [--parts 1,2,3]
+    (exploring: --local-epochs, --batch-size, --server-learning-rate, --learning-rate-decay, --seed, --skip-fedprox)
 """
 
 from __future__ import annotations
@@ -118,7 +128,7 @@ def main() -> None:
     ]), help="JSON list of the robust strategy specs to compare")
     parser.add_argument("--parts", default="1,2,3", help="which of the three comparisons to run")
     parser.add_argument("--skip-fedprox", action="store_true", help="part 1 without its FedProx plan (for exploring)")
-    parser.add_argument("--seed", type=int, default=1, help="the simulation's seed: device selection and local shuffles")
+    parser.add_argument("--seed", type=int, default=1, help="the simulation's: device selection, local shuffles")
     parser.add_argument("--executor", default="in-process", choices=["in-process", "ray"])
     args = parser.parse_args()
     parts = set(args.parts.split(","))
@@ -136,7 +146,8 @@ def main() -> None:
     # A round closes as soon as its target of reports is in, so the deadline only bounds the stragglers' wait:
     # 20 s failed 5 of 30 FedAvg rounds on a loaded machine (clients short of CPU, not of accuracy)
     config = {"min_clients": max(1, args.per_round * 8 // 10), "target_clients": args.per_round, "over_selection": 0.3,
-              "deadline_s": 60, "num_rounds": args.rounds, "local_epochs": args.local_epochs, "batch_size": args.batch_size,
+              "deadline_s": 60, "num_rounds": args.rounds, "local_epochs": args.local_epochs,
+              "batch_size": args.batch_size,
               "learning_rate": args.learning_rate, "learning_rate_decay": args.learning_rate_decay}
     print(f"rounds: {json.dumps(config)}")
     fedavg_spec = {"name": "fedavg", "server_learning_rate": args.server_learning_rate}
@@ -191,8 +202,8 @@ def main() -> None:
 
     if "3" in parts:
         print("\n3. INT8 deltas (clean FedAvg)")
-        int8, int8_bytes, int8_updates, _ = run_plan(federation, {**config, "strategy": fedavg_spec},
-                                                     args.executor, encoding="int8", seed=args.seed, label="FedAvg int8")
+        int8, int8_bytes, int8_updates, _ = run_plan(federation, {**config, "strategy": fedavg_spec}, args.executor,
+                                                     encoding="int8", seed=args.seed, label="FedAvg int8")
         ratio = (fp32_bytes / fp32_updates) / (int8_bytes / int8_updates)
         loss = (tail_mean(fedavg) - tail_mean(int8)) * 100
         print(f"  upload bytes per update: fp32 {fp32_bytes / fp32_updates:,.0f}, int8 {int8_bytes / int8_updates:,.0f} "
