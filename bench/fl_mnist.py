@@ -95,6 +95,9 @@ def run_plan(federation, round_config, executor, attackers=frozenset(), encoding
     print(f"  {label:<34} {elapsed:5.1f} s, {len(records)} rounds run, {sum(r.state == 'failed' for r in records)} "
           f"failed, final {accuracies[-1]:.4f}, best {best(accuracies):.4f}, last-3 mean {tail_mean(accuracies):.4f}, "
           f"{upload_bytes / max(accepted, 1) / 1024:.1f} KiB/update", flush=True)
+    for record in records:
+        if record.state == "failed":  # load (devices short of CPU by the deadline) or divergence: the server says
+            print(f"    round {record.number} failed: {(record.outcome or {}).get('failure')}", flush=True)
     return accuracies, upload_bytes, accepted, passes
 
 
