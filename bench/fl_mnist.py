@@ -150,8 +150,8 @@ def main() -> None:
     # 20 s failed 5 of 30 FedAvg rounds on a loaded machine (clients short of CPU, not of accuracy)
     config = {"min_clients": max(1, args.per_round * 8 // 10), "target_clients": args.per_round, "over_selection": 0.3,
               "deadline_s": 60, "num_rounds": args.rounds, "local_epochs": args.local_epochs,
-              "batch_size": args.batch_size,
-              "learning_rate": args.learning_rate, "learning_rate_decay": args.learning_rate_decay}
+              "batch_size": args.batch_size, "learning_rate": args.learning_rate,
+              "learning_rate_decay": args.learning_rate_decay}
     print(f"rounds: {json.dumps(config)}")
     fedavg_spec = {"name": "fedavg", "server_learning_rate": args.server_learning_rate}
 
