@@ -6,16 +6,25 @@ standard-op training graph). The other training examples are spread over 20 devi
 shards; each round selects 10 (+30% over-selection) and the server measures every new version on
 the test split.
 
-Why the median subnet: the smallest (~4k parameters, 0.19 MMACs) does not federate. From 0.891, FedAvg
-stayed at 0.89-0.90 for 30 rounds whatever the devices did (SGD lr 0.005 or 0.01, 1 or 2 local
-epochs, Adam lr 0.001; SGD lr 0.02, even decayed x0.9 a round, collapsed it to 0.48), while pooled
-training of it reached 0.915-0.927: 1.6-2.7 points apart. The median (~13k parameters, ~0.4 MMACs) gained
-1.5 points federated with the same settings, 1.3 below centralized; the largest (~22k, 1.05 MMACs) was
-1.1 below, but each of the bench's ten plans costs it 1.5-2x the median's time. Device training
-stays at SGD lr 0.005, 2 local epochs, batch 20: larger rates made devices forget the classes they lack
-(on the smallest subnet), and on the median lr 0.0075 left FedAvg where it was (best 0.929) while
-centralized, trained at the same rate, rose to 0.944 (1.5 apart). The centralized baseline always trains
-at the devices' rate and batch size for FedAvg's example-passes.
+Why the median subnet (measured with 2 local epochs at batch 20): the smallest (~4k parameters, 0.19 MMACs)
+does not federate. From 0.891, FedAvg stayed at 0.89-0.90 for 30 rounds whatever the devices did (SGD lr 0.005
+or 0.01, 1 or 2 local epochs, Adam lr 0.001; SGD lr 0.02, even decayed x0.9 a round, collapsed it to 0.48),
+while pooled training of it reached 0.915-0.927: 1.6-2.7 points apart. The median (~13k parameters, ~0.4 MMACs)
+gained about a point federated; the largest (~22k, 1.05 MMACs) costs each of the bench's ten plans 1.5-2x the
+median's time.
+
+Why 5 local epochs at batch 10 (McMahan et al. 2017's E=5, B=10) at SGD lr 0.005: with 2 epochs at batch 20,
+FedAvg on the median stayed at 0.928-0.935 for 30 rounds, 2.3 points below centralized (0.958). At equal
+example-passes the mean of 10 label-skewed deltas moves about as far as one device's ~14 local steps, so
+FedAvg took ~10x fewer sequential steps than pooled training; server lr 3 narrowed that to 1.8 points but
+oscillated, 6 collapsed, and a larger device rate (0.0075-0.02) made devices forget the classes they lack.
+Five epochs at batch 10 give each device ~5x the steps per round at the same rate: FedAvg best 0.947 and
+0.946 with two simulation seeds (1 and 2), 1.1-1.2 points below centralized. 3 epochs at batch 10 with server
+lr 2 oscillated (0.91-0.94, best 0.941, 1.7 apart); 5 epochs with server lr 1.5 and the device rate decayed
+x0.95 a round reached 0.945 (1.3 apart), no better than plain FedAvg. Centralized trains at the devices' rate
+and batch for FedAvg's example-passes, so the extra local epochs train it longer too, but it saturates (best
+0.958 for the 2-epoch budget at batch 20 as after 45 or 76 epochs at batch 10), and FedAvg is measured
+against its best epoch.
 
 Printed side by side:
 
@@ -28,6 +37,7 @@ Printed side by side:
 3. INT8 deltas: upload bytes and accuracy vs float32 (goal: >= 3.5x fewer bytes, <= 0.5 point loss).
 
     .venv/bin/python bench/fl_mnist.py [--rounds 30] [--executor ray] [--parts 1,2,3]
+    (exploring: --local-epochs, --batch-size, --server-learning-rate, --learning-rate-decay, --seed, --skip-fedprox)
 """
 
 from __future__ import annotations
@@ -64,12 +74,12 @@ def zoo_federation(folder: Path, num_clients: int, alpha: float) -> Federation:
                                cloud_examples=PRESETS[ZOO_PRESET].max_train_examples)
 
 
-def run_plan(federation, round_config, executor, attackers=frozenset(), encoding="fp32", label=""):
+def run_plan(federation, round_config, executor, attackers=frozenset(), encoding="fp32", label="", seed=1):
     """One plan of rounds on a fresh server; returns accuracy per round, upload bytes, updates and example-passes."""
     with tempfile.TemporaryDirectory(prefix="fedzoo-bench-") as folder:
         with LoopbackServer(Path(folder) / "server") as server:
             with Simulation(federation, server.url, executor=executor, cache_root=Path(folder) / "devices",
-                            attackers=attackers, attack=ScaledUpdateAttack(-10.0), encoding=encoding, seed=1) as sim:
+                            attackers=attackers, attack=ScaledUpdateAttack(-10.0), encoding=encoding, seed=seed) as sim:
                 sim.publish_base_model()
                 sim.register_devices()
                 started = time.perf_counter()
@@ -85,6 +95,9 @@ def run_plan(federation, round_config, executor, attackers=frozenset(), encoding
     print(f"  {label:<34} {elapsed:5.1f} s, {len(records)} rounds run, {sum(r.state == 'failed' for r in records)} "
           f"failed, final {accuracies[-1]:.4f}, best {best(accuracies):.4f}, last-3 mean {tail_mean(accuracies):.4f}, "
           f"{upload_bytes / max(accepted, 1) / 1024:.1f} KiB/update", flush=True)
+    for record in records:
+        if record.state == "failed":  # load (devices short of CPU by the deadline) or divergence: the server says
+            print(f"    round {record.number} failed: {(record.outcome or {}).get('failure')}", flush=True)
     return accuracies, upload_bytes, accepted, passes
 
 
@@ -106,6 +119,9 @@ def main() -> None:
     # 0.02 and 0.01 made each device forget the classes it lacks within one round (its local model fell to
     # 0.3-0.6 and the average below the base); 0.005 keeps local models near the base
     parser.add_argument("--learning-rate", type=float, default=0.005)
+    parser.add_argument("--learning-rate-decay", type=float, default=1.0, help="devices' rate x this each round")
+    parser.add_argument("--local-epochs", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=10)
     parser.add_argument("--proximal-mu", type=float, default=0.01)
     parser.add_argument("--server-learning-rate", type=float, default=1.0, help="FedAvg's and FedProx's server step size")
     parser.add_argument("--robust", default=json.dumps([
@@ -114,6 +130,8 @@ def main() -> None:
         {"name": "norm_clipping"},
     ]), help="JSON list of the robust strategy specs to compare")
     parser.add_argument("--parts", default="1,2,3", help="which of the three comparisons to run")
+    parser.add_argument("--skip-fedprox", action="store_true", help="part 1 without its FedProx plan (for exploring)")
+    parser.add_argument("--seed", type=int, default=1, help="the simulation's: device selection, local shuffles")
     parser.add_argument("--executor", default="in-process", choices=["in-process", "ray"])
     args = parser.parse_args()
     parts = set(args.parts.split(","))
@@ -131,18 +149,21 @@ def main() -> None:
     # A round closes as soon as its target of reports is in, so the deadline only bounds the stragglers' wait:
     # 20 s failed 5 of 30 FedAvg rounds on a loaded machine (clients short of CPU, not of accuracy)
     config = {"min_clients": max(1, args.per_round * 8 // 10), "target_clients": args.per_round, "over_selection": 0.3,
-              "deadline_s": 60, "num_rounds": args.rounds, "local_epochs": 2, "batch_size": 20,
-              "learning_rate": args.learning_rate}
+              "deadline_s": 60, "num_rounds": args.rounds, "local_epochs": args.local_epochs,
+              "batch_size": args.batch_size, "learning_rate": args.learning_rate,
+              "learning_rate_decay": args.learning_rate_decay}
     print(f"rounds: {json.dumps(config)}")
     fedavg_spec = {"name": "fedavg", "server_learning_rate": args.server_learning_rate}
 
     print("\n1. clean runs (test accuracy of each round's published version)")
     fedavg, fp32_bytes, fp32_updates, passes = run_plan(federation, {**config, "strategy": fedavg_spec},
-                                                        args.executor, label="FedAvg fp32")
+                                                        args.executor, seed=args.seed, label="FedAvg fp32")
     if "1" in parts:
         fedprox_spec = {**fedavg_spec, "name": "fedprox", "proximal_mu": args.proximal_mu}
-        fedprox, _, _, _ = run_plan(federation, {**config, "strategy": fedprox_spec}, args.executor,
-                                    label=f"FedProx mu={args.proximal_mu}")
+        fedprox = [float("nan")] * args.rounds
+        if not args.skip_fedprox:
+            fedprox, _, _, _ = run_plan(federation, {**config, "strategy": fedprox_spec}, args.executor,
+                                        seed=args.seed, label=f"FedProx mu={args.proximal_mu}")
         epochs = max(1, round(passes / len(federation.pool.y)))
         central = centralized_baseline(federation, epochs=epochs, batch_size=config["batch_size"],
                                        learning_rate=config["learning_rate"])
@@ -167,14 +188,14 @@ def main() -> None:
         clean = tail_mean(fedavg)
         rows = []
         fedavg_poisoned, _, _, _ = run_plan(federation, {**config, "strategy": fedavg_spec}, args.executor,
-                                            attackers=attackers, label="FedAvg poisoned")
+                                            attackers=attackers, seed=args.seed, label="FedAvg poisoned")
         rows.append(("FedAvg", clean, tail_mean(fedavg_poisoned)))
         for strategy in json.loads(args.robust):
             label = json.dumps(strategy)
             clean_run, _, _, _ = run_plan(federation, {**config, "strategy": strategy}, args.executor,
-                                          label=f"{strategy['name']} clean")
+                                          seed=args.seed, label=f"{strategy['name']} clean")
             poisoned_run, _, _, _ = run_plan(federation, {**config, "strategy": strategy}, args.executor,
-                                             attackers=attackers, label=f"{strategy['name']} poisoned")
+                                             attackers=attackers, seed=args.seed, label=f"{strategy['name']} poisoned")
             rows.append((label, tail_mean(clean_run), tail_mean(poisoned_run)))
         print(f"  clean FedAvg: {clean:.4f}")
         for label, rule_clean, rule_poisoned in rows:
@@ -184,8 +205,8 @@ def main() -> None:
 
     if "3" in parts:
         print("\n3. INT8 deltas (clean FedAvg)")
-        int8, int8_bytes, int8_updates, _ = run_plan(federation, {**config, "strategy": fedavg_spec},
-                                                     args.executor, encoding="int8", label="FedAvg int8")
+        int8, int8_bytes, int8_updates, _ = run_plan(federation, {**config, "strategy": fedavg_spec}, args.executor,
+                                                     encoding="int8", seed=args.seed, label="FedAvg int8")
         ratio = (fp32_bytes / fp32_updates) / (int8_bytes / int8_updates)
         loss = (tail_mean(fedavg) - tail_mean(int8)) * 100
         print(f"  upload bytes per update: fp32 {fp32_bytes / fp32_updates:,.0f}, int8 {int8_bytes / int8_updates:,.0f} "

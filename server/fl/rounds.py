@@ -300,7 +300,7 @@ class RoundService:
             training=TrainingConfig(
                 local_epochs=config.local_epochs,
                 batch_size=config.batch_size,
-                learning_rate=config.learning_rate,
+                learning_rate=config.learning_rate * config.learning_rate_decay ** (round_row.number - 1),
                 optimizer=config.optimizer,
                 momentum=config.momentum,
                 **strategy_fields,

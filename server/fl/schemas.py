@@ -33,6 +33,10 @@ class RoundConfig(_Request):
     local_epochs: int = Field(default=1, ge=1, le=100)
     batch_size: int = Field(default=32, ge=1, le=4096)
     learning_rate: float = Field(default=0.05, gt=0, le=10)
+    learning_rate_decay: float = Field(
+        default=1.0, gt=0, le=1,
+        description="round n of the plan trains at learning_rate x this^(n-1): on label-skewed devices FedAvg at a "
+                    "fixed rate stalls short of the optimum (Li et al. 2020, On the Convergence of FedAvg on Non-IID Data)")
     optimizer: Literal["sgd", "adam"] = "sgd"
     momentum: float = Field(default=0.0, ge=0, lt=1)
     strategy: dict[str, Any] = Field(default_factory=lambda: {"name": "fedavg"},

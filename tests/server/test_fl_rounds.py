@@ -149,6 +149,18 @@ def test_admin_only_and_bad_round_configs_are_refused(simulation, federation):
         simulation.admin.create_rounds({"model_id": federation.card.id, **_config(min_clients=5)}, ADMIN)
 
 
+def test_the_learning_rate_decays_by_the_plans_factor_each_round(simulation, federation):
+    round_id = simulation.start_plan(_config(min_clients=1, target_clients=1, num_rounds=2, learning_rate_decay=0.5))
+    first = _device(simulation, 0).fl_task("digits")["task"]
+    _upload(_device(simulation, 0), first, _honest_delta(federation))
+    give_up = time.monotonic() + 10
+    while simulation.admin.fl_round(round_id)["next_round_id"] is None and time.monotonic() < give_up:
+        time.sleep(0.05)  # the target is in: the server aggregates and opens round 2
+    second = _device(simulation, 1).fl_task("digits")["task"]
+    assert (first["round_number"], second["round_number"]) == (1, 2)
+    assert (first["training"]["learning_rate"], second["training"]["learning_rate"]) == (0.05, 0.025)
+
+
 @pytest.mark.slow
 def test_a_round_short_of_its_minimum_fails_at_the_deadline_and_the_next_starts(simulation, federation):
     round_id = simulation.start_plan(_config(min_clients=2, target_clients=2, deadline_s=3, num_rounds=2))
