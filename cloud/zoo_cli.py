@@ -58,7 +58,7 @@ def zoo() -> None:
 @click.option("--executor", type=click.Choice(["in-process", "ray"]), default="in-process", show_default=True,
               help="Where candidate evaluations run (ray needs the 'ray' extra).")
 @click.option("--workers", "num_workers", type=click.IntRange(min=1), default=None,
-              help="CPUs for parallel work: Ray's for the search, processes for the compress stage's fine-tuning (default: all).")
+              help="CPUs for parallel work: Ray's for the search, processes for the compress stage's fine-tuning and quantizing (default: all).")
 @click.option("--threads", "torch_threads", type=click.IntRange(min=1), default=1, show_default=True, help="Torch threads for training.")
 @click.option("--no-compress", is_flag=True, help="Skip the compression stage (pruning, INT8).")
 @click.option("--no-training-graphs", is_flag=True, help="Skip attaching on-device training graphs.")

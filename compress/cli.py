@@ -60,7 +60,7 @@ def print_report(report: CompressionReport, console: Console) -> None:
               help="INT8 forms to try (repeat the option); the fastest measured, then the smallest, is gated.")  # fmt: skip
 @click.option("--threads", "torch_threads", type=click.IntRange(min=1), default=1, show_default=True,
               help="Torch threads for the fine-tuning after pruning.")  # fmt: skip
-@click.option("--workers", type=click.IntRange(min=1), default=None, help="Processes fine-tuning pruned models at once (default: one per core).")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="Processes fine-tuning and quantizing at once (default: one per core).")
 def compress(
     zoo_dir: str, dataset: str | None, tolerance: float, seed: int, ratios: tuple[float, ...], method: str, scope: str,
     epochs: int, calibration: str, int8_recipes: tuple[str, ...], torch_threads: int, workers: int | None,
