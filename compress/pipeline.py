@@ -427,7 +427,8 @@ def compress_zoo(
     timed_runs: int = 50,
     workers: int = 1,
 ) -> CompressionReport:
-    """Add pruned and INT8 variants of every root fp32 card in the zoo at `zoo_dir`; see the module docstring."""
+    """Add pruned and INT8 variants of every root fp32 card in the zoo at `zoo_dir`; see the module docstring.
+    `workers` > 1 spawns processes, so a script calling it needs the `if __name__ == "__main__":` guard."""
     if not accuracy_tolerance_points >= 0:
         raise InvalidInputError(f"accuracy tolerance must be a non-negative number of points, got {accuracy_tolerance_points}", field="tolerance")
     if calibration_count < 1:
