@@ -408,8 +408,8 @@ def _quantization_calls(jobs: dict[str, list[_QuantizationJob]]) -> dict[Hashabl
     return {("int8", parent_id, job.recipe): (_quantize, job) for parent_id, parent_jobs in jobs.items() for job in parent_jobs}
 
 
-def _recipes(done: dict[Hashable, Any], parent_id: str) -> dict[str, QuantizationRecipe]:
-    return {key[2]: recipe for key, recipe in done.items() if key[:2] == ("int8", parent_id)}
+def _recipes(done: dict[Hashable, Any], parent_id: str, jobs: list[_QuantizationJob]) -> dict[str, QuantizationRecipe]:
+    return {job.recipe: done["int8", parent_id, job.recipe] for job in jobs}
 
 
 def compress_zoo(
@@ -457,7 +457,8 @@ def compress_zoo(
                           **_quantization_calls(int8_jobs)}, workers)  # fmt: skip
         pruned = []
         for parent in parents:
-            compressor.judge_int8(parent, int8_jobs[parent.card.id], _recipes(done, parent.card.id))
+            jobs = int8_jobs[parent.card.id]
+            compressor.judge_int8(parent, jobs, _recipes(done, parent.card.id, jobs))
             if ("tune", parent.card.id) in done:
                 variant = compressor.prune(parent, plans[parent.card.id], done["tune", parent.card.id])
                 if variant is not None:
@@ -465,6 +466,7 @@ def compress_zoo(
         int8_jobs = {variant.card.id: compressor.quantization_jobs(variant) for variant in pruned}
         done = _run_jobs(_quantization_calls(int8_jobs), workers)
         for variant in pruned:
-            compressor.judge_int8(variant, int8_jobs[variant.card.id], _recipes(done, variant.card.id))
+            jobs = int8_jobs[variant.card.id]
+            compressor.judge_int8(variant, jobs, _recipes(done, variant.card.id, jobs))
         compressor.commit()
     return compressor.report
