@@ -13,11 +13,14 @@ Zoo: /work/main/zoo (or $FEDZOO_ZOO) if it has cards, else MobileNetV2-style sub
 search space built here with torch (random weights, some with pruned widths) and INT8 copies made by the
 compression stage's `quantize_int8`; then "accuracy" is synthetic (grows with MACs, plus noise).
 
-Run: .venv/bin/python bench/latency_fleet.py [timings.json]   (the optional file gets every class's medians)
+Run: .venv/bin/python bench/latency_fleet.py [--timings timings.json] [--reference candidate.json ...]
+(--timings gets every class's medians; each --reference is a refitted reference predictor judged on the same
+timings as the shipped one, side by side)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -30,7 +33,7 @@ import numpy as np
 
 from fedzoo.edge.calibration_models import calibration_models
 from fedzoo.edge.fleet import DeviceClass, available_fleet, run_on_device_class
-from fedzoo.edge.latency_predictor import KernelLatencyPredictor, kernel_features
+from fedzoo.edge.latency_predictor import REFERENCE_MODEL_PATH, KernelLatencyPredictor, kernel_features
 
 ROUNDS, RUNS_PER_ROUND = 30, 2
 QUOTA_ROUNDS, QUOTA_RUNS_PER_ROUND = 10, 1
@@ -157,7 +160,49 @@ def measure_class(device_class: DeviceClass, models: dict[str, bytes], calibrati
     return run_on_device_class(device_class, everything, rounds, runs, realtime=True)
 
 
+def judge(
+    label: str, reference: KernelLatencyPredictor, zoo_features: dict, calibration_features: dict, calibration_names: list[str],
+    calibration_ms: list[float], measured: np.ndarray, remeasured: np.ndarray, accuracy: np.ndarray, precision: np.ndarray,
+    names: list[str], rng: np.random.Generator,
+) -> tuple[dict, np.ndarray]:
+    """Calibrate `reference` with one class's calibration timings, print how it predicts the zoo there, and
+    return its summary row and predictions."""
+    predictor = reference.calibrated_from_features(
+        calibration_features[False], calibration_ms, calibration_features[True], calibration_names
+    )
+    predicted = np.array([predictor.predict_from_features(f) for f in zoo_features[predictor.all_plain_layout]])
+    uncalibrated = np.array([reference.predict_from_features(f) for f in zoo_features[False]])
+    scales = ", ".join(f"{g}={s:.2f}" for g, s in predictor.group_scales.items())
+    print(f"  -- reference {label}")
+    print(f"  calibration scales: {scales}; fp32 convs all in plain NCHW: {predictor.all_plain_layout}")
+    print(f"  reference, uncalibrated            {accuracy_figures(uncalibrated, measured)}")
+    print(f"  calibrated predictor (all)         {accuracy_figures(predicted, measured)}")
+    for kind in ("fp32", "int8"):
+        mask = precision == kind
+        print(f"  calibrated predictor ({kind})        {accuracy_figures(predicted[mask], measured[mask])}")
+    differ, miss, lost, draws = lookup_regret(predicted, measured, accuracy, names, rng)
+    differ_margin, miss_margin, lost_margin, _ = lookup_regret(predicted, measured, accuracy, names, rng, 0.10)
+    differ_repeat, miss_repeat, _, _ = lookup_regret(remeasured, measured, accuracy, names, rng)
+    print(f"  lookup over {draws} budgets: predicted-best != truly-best {differ:6.1%}, chosen misses budget "
+          f"{miss:6.1%}, mean accuracy lost {lost * 100:.3f} pt")
+    print(f"  with a 10% safety margin: differs {differ_margin:6.1%}, misses {miss_margin:6.1%}, "
+          f"accuracy lost {lost_margin * 100:.3f} pt")
+    print(f"  (choosing by a re-measurement instead: differs {differ_repeat:6.1%}, misses {miss_repeat:6.1%})")
+    row = {
+        "within": within_10_percent(predicted, measured), "precision": precision,
+        "repeat": within_10_percent(remeasured, measured), "differ": differ, "miss": miss,
+        "differ_margin": differ_margin, "miss_margin": miss_margin,
+        "differ_repeat": differ_repeat, "miss_repeat": miss_repeat,
+    }
+    return row, predicted
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--timings", type=Path, help="write every class's medians to this JSON file")
+    parser.add_argument("--reference", type=Path, action="append", default=[],
+                        help="a refitted reference predictor to judge beside the shipped one (repeatable)")
+    arguments = parser.parse_args()
     start = time.time()
     fleet, dropped = available_fleet()
     with tempfile.TemporaryDirectory() as folder:
@@ -167,15 +212,17 @@ def main() -> None:
     print(f"device classes: {', '.join(c.name for c in fleet)}")
     for reason in dropped:
         print(f"  not emulated: {reason}")
-    reference = KernelLatencyPredictor.load()
-    print(f"reference predictor: fitted on {reference.reference_device}, overhead {reference.overhead_ms * 1000:.1f} us")
+    references = {"shipped": KernelLatencyPredictor.load(REFERENCE_MODEL_PATH)}
+    references.update({str(path): KernelLatencyPredictor.load(path) for path in arguments.reference})
+    for label, reference in references.items():
+        print(f"reference {label}: fitted on {reference.reference_device}, overhead {reference.overhead_ms * 1000:.1f} us")
     names = list(models)
     zoo_features = {plain: [kernel_features(models[n], plain) for n in names] for plain in (False, True)}
     calibration_features = {plain: [kernel_features(calibration[n], plain) for n in calibration] for plain in (False, True)}
     accuracy = np.array([accuracy_by_name[name] for name in names])
     precision = np.array([precision_by_name[name] for name in names])
-    rng = np.random.default_rng(0)
-    rows, saved = [], {}
+    rows: dict[str, list[dict]] = {label: [] for label in references}
+    saved = {}
     for device_class in fleet:
         class_start = time.time()
         timings = measure_class(device_class, models, calibration)
@@ -183,12 +230,6 @@ def main() -> None:
         measured = np.array([first[f"zoo:{n}"].median_ms for n in names])
         remeasured = np.array([timings[f"b:zoo:{n}"].median_ms for n in names])
         calibration_ms = [first[f"cal:{n}"].median_ms for n in calibration]
-        predictor = reference.calibrated_from_features(
-            calibration_features[False], calibration_ms, calibration_features[True], list(calibration)
-        )
-        predicted = np.array([predictor.predict_from_features(f) for f in zoo_features[predictor.all_plain_layout]])
-        uncalibrated = np.array([reference.predict_from_features(f) for f in zoo_features[False]])
-        scales = ", ".join(f"{g}={s:.2f}" for g, s in predictor.group_scales.items())
         print(f"\n[{device_class.name}] threads={device_class.threads} cpus={device_class.cpus} "
               f"quota={device_class.cpu_quota} graph_optimization={device_class.graph_optimization} "
               f"({time.time() - class_start:.0f} s)")
@@ -196,36 +237,26 @@ def main() -> None:
               f"p90/median {np.median([first[f'zoo:{n}'].p90_ms / first[f'zoo:{n}'].median_ms for n in names]):.2f}, "
               f"runs per sample {min(first[f'zoo:{n}'].runs_per_sample for n in names)}.."
               f"{max(first[f'zoo:{n}'].runs_per_sample for n in names)}")
-        print(f"  calibration scales: {scales}; fp32 convs all in plain NCHW: {predictor.all_plain_layout}")
         print(f"  measurement vs re-measurement      {accuracy_figures(remeasured, measured)}")
-        print(f"  reference, uncalibrated            {accuracy_figures(uncalibrated, measured)}")
-        print(f"  calibrated predictor (all)         {accuracy_figures(predicted, measured)}")
-        for kind in ("fp32", "int8"):
-            mask = precision == kind
-            print(f"  calibrated predictor ({kind})        {accuracy_figures(predicted[mask], measured[mask])}")
-        differ, miss, lost, draws = lookup_regret(predicted, measured, accuracy, names, rng)
-        differ_margin, miss_margin, lost_margin, _ = lookup_regret(predicted, measured, accuracy, names, rng, 0.10)
-        differ_repeat, miss_repeat, _, _ = lookup_regret(remeasured, measured, accuracy, names, rng)
-        print(f"  lookup over {draws} budgets: predicted-best != truly-best {differ:6.1%}, chosen misses budget "
-              f"{miss:6.1%}, mean accuracy lost {lost * 100:.3f} pt")
-        print(f"  with a 10% safety margin: differs {differ_margin:6.1%}, misses {miss_margin:6.1%}, "
-              f"accuracy lost {lost_margin * 100:.3f} pt")
-        print(f"  (choosing by a re-measurement instead: differs {differ_repeat:6.1%}, misses {miss_repeat:6.1%})")
-        within = within_10_percent(predicted, measured)
-        rows.append({
-            "class": device_class.name, "within": within, "precision": precision,
-            "repeat": within_10_percent(remeasured, measured), "differ": differ, "miss": miss,
-            "differ_margin": differ_margin, "miss_margin": miss_margin,
-            "differ_repeat": differ_repeat, "miss_repeat": miss_repeat,
-        })
+        predictions = {}
+        for label, reference in references.items():
+            # the same budget draws for every reference, so their regrets differ only by their predictions
+            row, predictions[label] = judge(
+                label, reference, zoo_features, calibration_features, list(calibration), calibration_ms,
+                measured, remeasured, accuracy, precision, names, np.random.default_rng(len(rows[label])),
+            )
+            rows[label].append({"class": device_class.name, **row})
         saved[device_class.name] = {
             "models": names, "accuracy": accuracy.tolist(), "precision": precision.tolist(),
-            "measured_ms": measured.tolist(), "remeasured_ms": remeasured.tolist(), "predicted_ms": predicted.tolist(),
+            "measured_ms": measured.tolist(), "remeasured_ms": remeasured.tolist(),
+            "predicted_ms": {label: values.tolist() for label, values in predictions.items()},
             "calibration_ms": dict(zip(calibration, calibration_ms)),
         }
-    print_summary(rows)
-    if len(sys.argv) > 1:
-        Path(sys.argv[1]).write_text(json.dumps(saved, indent=1))
+    for label, label_rows in rows.items():
+        print(f"\n===== reference {label}")
+        print_summary(label_rows)
+    if arguments.timings is not None:
+        arguments.timings.write_text(json.dumps(saved, indent=1))
     print(f"bench time {time.time() - start:.0f} s")
 
 

@@ -441,7 +441,9 @@ def _nonnegative_least_squares(matrix: np.ndarray, target: np.ndarray, max_itera
     return solution
 
 
-if __name__ == "__main__":  # python -m fedzoo.edge.latency_predictor: refit and save the shipped reference
+if __name__ == "__main__":  # python -m fedzoo.edge.latency_predictor [out.json]: refit the reference (default: the shipped one)
+    import sys
+
     fitted, fit_figures = fit_reference_predictor(holdout_every=4)
-    fitted.save(REFERENCE_MODEL_PATH)
+    fitted.save(sys.argv[1] if len(sys.argv) > 1 else REFERENCE_MODEL_PATH)
     print(json.dumps(fit_figures, indent=1))
