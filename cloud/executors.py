@@ -1,15 +1,19 @@
-"""Where the pipeline's parallel work runs: in this process (the default) or on a Ray cluster.
+"""Where the pipeline's parallel work runs: in this process, in worker processes on this machine (the
+build's default), or on a Ray cluster.
 
-Both map a plain function `function(context, item)` over items; the context (a trained supernet and
-data arrays) is shipped to the workers once per map, not once per item.
+Each maps a plain function `function(context, item)` over items; the context (a trained supernet and
+data arrays) is shipped to the workers once, not once per item.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, TypeVar
 
+from fedzoo.edge.device_profile import usable_cores
 from fedzoo.errors import FedzooError, InvalidInputError
 
 Context = TypeVar("Context")
@@ -52,6 +56,58 @@ class InProcessExecutor(Executor):
             if on_result is not None:
                 on_result(len(results))
         return results
+
+
+_worker_context: Any = None  # a ProcessExecutor worker's copy of the context, set once when it starts
+
+
+def _receive_context(context: Any) -> None:
+    global _worker_context
+    _worker_context = context
+
+
+def _call_with_worker_context(function: Callable[[Any, Any], Any], item: Any) -> Any:
+    return function(_worker_context, item)
+
+
+class ProcessExecutor(Executor):
+    """Items spread over `num_workers` spawned processes on this machine (inline when it is 1).
+
+    The pool lives across maps with the same context, so the search's generations pay for starting the
+    workers and copying the supernet once. Functions must be importable (module level), as for Ray."""
+
+    name = "processes"
+
+    def __init__(self, num_workers: int) -> None:
+        self.num_workers = num_workers
+        self._pool: ProcessPoolExecutor | None = None
+        self._context: Any = None
+
+    def _pool_for(self, context: Any) -> ProcessPoolExecutor:
+        if self._pool is None or context is not self._context:
+            self.close()
+            # spawned, not forked: a forked child of a process that has run torch's thread pool can hang
+            self._pool = ProcessPoolExecutor(self.num_workers, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_receive_context, initargs=(context,))  # fmt: skip
+            self._context = context
+        return self._pool
+
+    def map(self, function, context, items, on_result=None):
+        if self.num_workers == 1:
+            return InProcessExecutor().map(function, context, items, on_result)
+        pool = self._pool_for(context)
+        futures = {pool.submit(_call_with_worker_context, function, item): index for index, item in enumerate(items)}
+        results: list[Any] = [None] * len(futures)
+        for done, future in enumerate(as_completed(futures), start=1):
+            results[futures[future]] = future.result()
+            if on_result is not None:
+                on_result(done)
+        return results
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool, self._context = None, None
 
 
 class RayExecutor(Executor):
@@ -97,13 +153,16 @@ class RayExecutor(Executor):
             self._ray.shutdown()
 
 
-EXECUTORS: dict[str, Callable[..., Executor]] = {"in-process": InProcessExecutor, "ray": RayExecutor}
+EXECUTORS: dict[str, Callable[..., Executor]] = {"in-process": InProcessExecutor, "processes": ProcessExecutor, "ray": RayExecutor}
 
 
 def make_executor(name: str, num_workers: int | None = None) -> Executor:
-    """The executor registered under `name`; `num_workers` is the CPU count Ray may use."""
+    """The executor registered under `name`; `num_workers` is the CPU count it may use (None: Ray's
+    default, all usable cores for processes)."""
     if name not in EXECUTORS:
         raise InvalidInputError(f"unknown executor {name!r}; use one of {sorted(EXECUTORS)}", field="executor")
     if name == "ray":
         return RayExecutor(num_cpus=num_workers)
+    if name == "processes":
+        return ProcessExecutor(num_workers or usable_cores())
     return InProcessExecutor()

@@ -55,10 +55,10 @@ def zoo() -> None:
               help="Latency the search ranks by: measured ONNX Runtime time, the kernel-level predictor, or a "
                    "deterministic MACs model (default: the preset's, predicted for default, measured for tiny). "
                    "Cards always carry measured latency.")
-@click.option("--executor", type=click.Choice(["in-process", "ray"]), default="in-process", show_default=True,
-              help="Where candidate evaluations run (ray needs the 'ray' extra).")
+@click.option("--executor", type=click.Choice(["processes", "in-process", "ray"]), default="processes", show_default=True,
+              help="Where candidate evaluations run: one process per worker on this machine, this process, or Ray (needs the 'ray' extra).")
 @click.option("--workers", "num_workers", type=click.IntRange(min=1), default=None,
-              help="CPUs for parallel work: Ray's for the search, processes for the compress stage's fine-tuning and quantizing (default: all).")
+              help="CPUs for parallel work: the search's processes or Ray CPUs, and the compress stage's fine-tuning and quantizing processes (default: all).")
 @click.option("--threads", "torch_threads", type=click.IntRange(min=1), default=1, show_default=True, help="Torch threads for training.")
 @click.option("--no-compress", is_flag=True, help="Skip the compression stage (pruning, INT8).")
 @click.option("--no-training-graphs", is_flag=True, help="Skip attaching on-device training graphs.")

@@ -53,7 +53,7 @@ def print_report(report: CompressionReport, console: Console) -> None:
               help="Channel pruning ratios to try, largest first (repeat the option).")  # fmt: skip
 @click.option("--method", type=click.Choice(sorted(IMPORTANCE_CRITERIA)), default="l1", show_default=True)
 @click.option("--scope", type=click.Choice(SCOPES), default="layer", show_default=True)
-@click.option("--epochs", default=8, show_default=True, help="Fine-tuning epochs after pruning.")
+@click.option("--epochs", default=FineTuning().epochs, show_default=True, help="Fine-tuning epochs after pruning.")
 @click.option("--calibration", type=click.Choice(sorted(CALIBRATION_METHODS)), default="minmax", show_default=True)
 @click.option("--int8-recipe", "int8_recipes", multiple=True, type=click.Choice(list(INT8_RECIPES)),
               default=DEFAULT_INT8_RECIPES, show_default=True,

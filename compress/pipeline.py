@@ -226,14 +226,15 @@ def _set_torch_threads(threads: int) -> None:
 
 def _run_jobs(calls: dict[Hashable, tuple[Callable[[Any], Any], Any]], workers: int) -> dict[Hashable, Any]:
     """`{key: function(job)}` for `calls = {key: (function, job)}`, in `workers` processes (in this one if 1),
-    in the order given (put the longest first). Fine-tuning and quantizing time nothing and each is
-    single-threaded by default, so a 2-core machine runs two at once. Workers use this process's torch thread
-    count and every job is seeded, so the results do not depend on `workers`."""
+    in the order given (put the longest first). Fine-tuning and quantizing time nothing, so a 2-core
+    machine runs two at once. The workers share this process's torch threads (at least one each, so two
+    processes of one thread rather than two of two on 2 cores), and every job is seeded, so the results do not
+    depend on `workers`."""
     if workers == 1 or len(calls) <= 1:
         return {key: function(job) for key, (function, job) in calls.items()}
     # spawned, not forked: a forked child of a process that has run torch's thread pool can hang
     with ProcessPoolExecutor(min(workers, len(calls)), mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_set_torch_threads, initargs=(torch.get_num_threads(),)) as pool:  # fmt: skip
+                             initializer=_set_torch_threads, initargs=(max(1, torch.get_num_threads() // workers),)) as pool:  # fmt: skip
         futures = {key: pool.submit(function, job) for key, (function, job) in calls.items()}
         return {key: future.result() for key, future in futures.items()}
 

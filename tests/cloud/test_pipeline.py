@@ -1,5 +1,6 @@
 """The zoo build end to end on a tiny configuration: cards, blobs, resume, seeds and the later stages."""
 
+import operator
 import sys
 
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from fedzoo.cloud import pipeline
-from fedzoo.cloud.executors import InProcessExecutor, make_executor
+from fedzoo.cloud.executors import InProcessExecutor, ProcessExecutor, make_executor
 from fedzoo.cloud.pipeline import BuildConfig, BuildInterrupted, build_zoo
 from fedzoo.errors import InvalidInputError
 from fedzoo.nas.latency import MacsLatencyModel
@@ -20,7 +21,8 @@ torch.set_num_threads(1)
 
 
 def tiny_config(out, **overrides):
-    settings = dict(dataset="digits", out=out, preset="tiny", latency_source="macs", compress=False, training_graphs=False)
+    settings = dict(dataset="digits", out=out, preset="tiny", latency_source="macs", compress=False, training_graphs=False,
+                    executor="in-process")
     return BuildConfig(**{**settings, **overrides})
 
 
@@ -141,6 +143,44 @@ def test_unknown_executor_is_refused_and_in_process_maps_in_order():
     done = []
     assert InProcessExecutor().map(lambda offset, item: item * item + offset, 1, [3, 1, 2], on_result=done.append) == [10, 2, 5]
     assert done == [1, 2, 3]
+
+
+def test_process_executor_maps_in_item_order_in_its_workers_and_raises_their_errors():
+    executor = make_executor("processes", num_workers=2)
+    assert isinstance(executor, ProcessExecutor) and executor.num_workers == 2
+    done = []
+    try:
+        assert executor.map(operator.add, 10, [3, 1, 2], on_result=done.append) == [13, 11, 12]
+        assert done == [1, 2, 3]
+        with pytest.raises(ZeroDivisionError):
+            executor.map(operator.truediv, 1, [1, 0])
+    finally:
+        executor.close()
+    # one worker runs inline: no process to start, and a function the workers could not import still runs
+    assert ProcessExecutor(1).map(lambda offset, item: item + offset, 1, [1, 2]) == [2, 3]
+
+
+@pytest.mark.slow
+def test_build_on_worker_processes_matches_the_in_process_build(tmp_path):
+    settings = dict(evaluations=10, population_size=5)
+    local = build_zoo(tiny_config(tmp_path / "local", **settings))
+    spread = build_zoo(tiny_config(tmp_path / "processes", executor="processes", num_workers=2, **settings))
+    assert [(c.arch, c.accuracy, c.loss, c.latency_ms) for c in spread.search.evaluated] == [
+        (c.arch, c.accuracy, c.loss, c.latency_ms) for c in local.search.evaluated
+    ]
+    assert [c.id for c in spread.cards] == [c.id for c in local.cards]
+
+
+def test_measured_latency_search_times_candidates_one_at_a_time(tmp_path, monkeypatch):
+    asked = []
+
+    def recording_executor(name, num_workers=None):
+        asked.append((name, num_workers))
+        return InProcessExecutor()
+
+    monkeypatch.setattr(pipeline, "make_executor", recording_executor)
+    build_zoo(tiny_config(tmp_path / "zoo", executor="processes", num_workers=2, latency_source="measured", evaluations=4, population_size=2))
+    assert asked == [("processes", 1)]
 
 
 def test_ray_executor_without_ray_names_the_extra(monkeypatch):

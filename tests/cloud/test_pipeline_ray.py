@@ -32,7 +32,7 @@ def test_ray_executor_maps_in_item_order_and_reports_progress(local_ray):
 
 def test_build_on_ray_matches_the_in_process_build(tmp_path, local_ray):
     settings = dict(dataset="digits", preset="tiny", latency_source="macs", compress=False, training_graphs=False, evaluations=10, population_size=5)
-    local = build_zoo(BuildConfig(out=tmp_path / "local", **settings))
+    local = build_zoo(BuildConfig(out=tmp_path / "local", executor="in-process", **settings))
     remote = build_zoo(BuildConfig(out=tmp_path / "ray", executor="ray", num_workers=2, **settings))
     assert [(c.arch, c.accuracy, c.latency_ms) for c in remote.search.evaluated] == [
         (c.arch, c.accuracy, c.latency_ms) for c in local.search.evaluated

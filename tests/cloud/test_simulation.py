@@ -87,7 +87,7 @@ def test_a_zoo_subnet_fine_tunes_on_data_the_build_never_saw(tmp_path):
     from fedzoo.cloud.simulation import federation_from_zoo
 
     build = build_zoo(BuildConfig(dataset="digits", out=tmp_path / "zoo", preset="tiny", latency_source="macs",
-                                  compress=False))
+                                  compress=False, executor="in-process"))
     base = min(build.cards, key=lambda card: card.macs)
     split = split_dataset(load_dataset("digits"), seed=0)
     held = PRESETS["tiny"].max_train_examples
