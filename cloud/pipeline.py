@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -157,7 +158,7 @@ class BuildResult:
     split: DatasetSplit
     normalised: dict[str, Subset]
     stage_seconds: dict[str, float] = field(default_factory=dict)
-    # CPU time of this process per stage: steadier than wall time on a shared machine (in-process executor)
+    # CPU time per stage of this process and its worker processes: steadier than wall time on a shared machine
     stage_cpu_seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -395,19 +396,27 @@ def write_card(
     return card
 
 
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its child processes that have ended (a stage's workers end with it)."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
 @contextmanager
 def _timed(stage: str, seconds: dict[str, float], cpu_seconds: dict[str, float]) -> Iterator[None]:
     """Record the wall and CPU seconds the block takes as `stage` (kept only if the block succeeds)."""
-    started, started_cpu = time.perf_counter(), time.process_time()
+    started, started_cpu = time.perf_counter(), _cpu_seconds()
     yield
     seconds[stage] = time.perf_counter() - started
-    cpu_seconds[stage] = time.process_time() - started_cpu
+    cpu_seconds[stage] = _cpu_seconds() - started_cpu
 
 
 def build_zoo(
     config: BuildConfig, reporter: BuildReporter | None = None, latency_estimator: LatencyEstimator | None = None
 ) -> BuildResult:
-    """Run every stage of the build (see the module docstring) and return the zoo and its cards."""
+    """Run every stage of the build (see the module docstring) and return the zoo and its cards. The
+    search's "processes" executor and the compress stage spawn processes, so a script calling this needs the
+    `if __name__ == "__main__":` guard (without it, the spawned workers run the script again)."""
     reporter = reporter or BuildReporter()
     _check_output_folder(config.out)
     preset = config.resolved_preset()
