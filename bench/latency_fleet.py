@@ -223,7 +223,7 @@ def main() -> None:
     precision = np.array([precision_by_name[name] for name in names])
     rows: dict[str, list[dict]] = {label: [] for label in references}
     saved = {}
-    for device_class in fleet:
+    for class_index, device_class in enumerate(fleet):
         class_start = time.time()
         timings = measure_class(device_class, models, calibration)
         first = {key[2:]: value for key, value in timings.items() if key.startswith("a:")}
@@ -243,7 +243,7 @@ def main() -> None:
             # the same budget draws for every reference, so their regrets differ only by their predictions
             row, predictions[label] = judge(
                 label, reference, zoo_features, calibration_features, list(calibration), calibration_ms,
-                measured, remeasured, accuracy, precision, names, np.random.default_rng(len(rows[label])),
+                measured, remeasured, accuracy, precision, names, np.random.default_rng(class_index),
             )
             rows[label].append({"class": device_class.name, **row})
         saved[device_class.name] = {
