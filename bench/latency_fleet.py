@@ -37,7 +37,7 @@ from fedzoo.edge.latency_predictor import REFERENCE_MODEL_PATH, KernelLatencyPre
 
 # 300 rounds, not 30: with 30, this VM's speed spells moved two sessions of the same model apart by up to 28%
 # (re-measurement within ±10%: 54-89% per class); with 300 they repeated within ±10% for 96-100% of the zoo
-# on the classes without a quota. The quota class repeated 56-83% with 10 rounds.
+# on the classes without a quota. The quota class repeated 56-83% with 10 rounds, 88% with 30 (one run).
 ROUNDS, RUNS_PER_ROUND = 300, 2
 QUOTA_ROUNDS, QUOTA_RUNS_PER_ROUND = 30, 1
 BUDGET_DRAWS = 2000
