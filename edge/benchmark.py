@@ -129,8 +129,9 @@ def benchmark_models_interleaved(
     run after a switch was 3.5% slower than the fourth with one re-warm run, 1.1% with two, 0.7% with three
     (medians over 64 models; a bias of the interleaving itself, which the median of 2 runs a turn keeps).
     With `min_sample_ms`, each timed sample is the mean of as many back-to-back runs as take at least that
-    long (counted from the warm-up runs): under a CPU quota a single short run either fits in the quota or
-    waits out a throttled gap, and only a sample spanning many quota periods shows the device's speed."""
+    long (counted from the fastest warm-up run: a new session's first runs are slow, and a run throttled by a
+    quota is slow by its wait): under a CPU quota a single short run either fits in the quota or waits out a
+    throttled gap, and only a sample spanning many quota periods shows the device's speed."""
     sessions = {name: create_session(model, threads, graph_optimization) for name, model in models.items()}
     feeds = {name: _random_feeds(session) for name, session in sessions.items()}
     timings: dict[str, list[float]] = {name: [] for name in sessions}
@@ -141,8 +142,8 @@ def benchmark_models_interleaved(
             start = time.perf_counter()
             session.run(None, feeds[name])
             warmup_ms.append((time.perf_counter() - start) * 1000.0)
-        typical_ms = float(np.median(warmup_ms)) if warmup_ms else 0.0
-        runs_per_sample[name] = max(1, int(np.ceil(min_sample_ms / typical_ms))) if min_sample_ms > 0 else 1
+        fastest_ms = min(warmup_ms, default=0.0)
+        runs_per_sample[name] = max(1, int(np.ceil(min_sample_ms / fastest_ms))) if min_sample_ms > 0 else 1
     for _ in range(rounds):
         for name, session in sessions.items():
             for _ in range(rewarm_runs):  # re-warm caches after the other models ran
