@@ -8,7 +8,9 @@ zoo model (fp32 and INT8) together with the calibration models, in interleaved r
 priority (not for the quota class). Every class is measured in two passes, minutes apart (pass "b" starts
 after every class's pass "a"), and judged in each: the predictor for a class and pass is the shipped
 reference (fitted on random synthetic models, never on zoo models, in both conv layouts) calibrated *only*
-with that pass's calibration-model timings, compared with the reference's own timings of them.
+with that pass's calibration-model timings, compared with the reference's own timings of them. The
+server's lookup stores the predictor without its similarity correction (group costs times device scales,
+`fedzoo.server.latency`): that form is judged beside it.
 
 The noise ceiling: the other pass's timings of the zoo models themselves, rescaled by how much that pass's
 calibration models ran faster or slower. This is the best a reference measured at another time can do if
@@ -50,7 +52,8 @@ QUOTA_ROUNDS, QUOTA_RUNS_PER_ROUND = 30, 1
 BUDGET_DRAWS = 2000
 GENERATED_ARCHITECTURES = 28
 PASSES = ("a", "b")
-REGRET_KEYS = ("differ", "miss", "differ_margin", "miss_margin", "differ_ceiling", "miss_ceiling")
+REGRET_KEYS = ("differ", "miss", "differ_margin", "miss_margin", "differ_server", "miss_server", "differ_ceiling",
+               "miss_ceiling")
 
 
 def zoo_models(folder: Path) -> tuple[dict[str, bytes], dict[str, float], dict[str, str], str]:
@@ -182,14 +185,18 @@ def judge(
     predictor = reference.calibrated_from_features(
         calibration_features[False], list(calibration_ms), calibration_features[True], calibration_names
     )
-    predicted = np.array([predictor.predict_from_features(f) for f in zoo_features[predictor.all_plain_layout]])
+    layout_features = zoo_features[predictor.all_plain_layout]
+    predicted = np.array([predictor.predict_from_features(f) for f in layout_features])
+    server_form = np.array([sum(predictor.group_costs_ms(f).values()) for f in layout_features])
     scales = ", ".join(f"{g}={s:.2f}" for g, s in predictor.group_scales.items())
     print(f"    reference {label}: calibration scales {scales}; fp32 convs all in plain NCHW: {predictor.all_plain_layout}")
     for kind in ("fp32", "int8"):
         mask = precision == kind
         print(f"      calibrated predictor ({kind})   {accuracy_figures(predicted[mask], measured[mask])}")
+        print(f"      server's form, scales only ({kind}) {accuracy_figures(server_form[mask], measured[mask])}")
     differ, miss, lost, draws = lookup_regret(predicted, measured, accuracy, names, rng)
     differ_margin, miss_margin, lost_margin, _ = lookup_regret(predicted, measured, accuracy, names, rng, 0.10)
+    differ_server, miss_server, _, _ = lookup_regret(server_form, measured, accuracy, names, rng)
     differ_ceiling, miss_ceiling, _, _ = lookup_regret(ceiling, measured, accuracy, names, rng)
     print(f"      lookup over {draws} budgets: predicted-best != truly-best {differ:6.1%}, chosen misses budget "
           f"{miss:6.1%}, mean accuracy lost {lost * 100:.3f} pt; with a 10% safety margin: differs "
@@ -198,6 +205,7 @@ def judge(
         "within": within_10_percent(predicted, measured), "precision": precision,
         "ceiling": within_10_percent(ceiling, measured), "differ": differ, "miss": miss,
         "differ_margin": differ_margin, "miss_margin": miss_margin,
+        "within_server": within_10_percent(server_form, measured), "differ_server": differ_server, "miss_server": miss_server,
         "differ_ceiling": differ_ceiling, "miss_ceiling": miss_ceiling,
     }
     return row, predicted
@@ -295,6 +303,9 @@ def print_summary(rows: list[dict]) -> None:
     print("\nover all classes and passes:")
     print(f"  predictions within ±10% of measured median: {np.mean(within):.1%} (goal >= 95%)")
     print(f"  the other pass's zoo timings, calibrated, within ±10% (the noise ceiling): {np.mean(ceiling):.1%}")
+    print(f"  the server's form (scales only, no similarity correction) within ±10%: "
+          f"{np.mean(np.concatenate([row['within_server'] for row in rows])):.1%}; lookup differs "
+          f"{mean['differ_server']:.1%}, misses {mean['miss_server']:.1%}")
     print(f"  lookup: predicted-best differs {mean['differ']:.1%} (goal <= 5%), misses budget {mean['miss']:.1%} "
           f"(goal <= 2%); with a 10% margin differs {mean['differ_margin']:.1%}, misses {mean['miss_margin']:.1%}")
     print(f"  lookup by the other pass's calibrated timings (the noise ceiling of regret): differs "

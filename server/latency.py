@@ -13,7 +13,9 @@ group. So the costs are computed once when a model is published and the scales o
 registers, both stored in slot columns (slot i = the estimator's i-th group), and a lookup is one
 indexed query with a short dot product. Rows carry the estimator's `signature`; when the estimator
 changes (new groups, new reference coefficients) `fedzoo.server.registry.refresh_latency_estimates`
-recomputes them at start-up.
+recomputes them at start-up. This form leaves out the edge predictor's similarity correction (a factor per
+model *and* device, from the calibration models like the model), which a dot product over stored columns
+cannot hold; `bench/latency_fleet.py` judges the predictor with and without it.
 
 `LatencyEstimator` is that seam. `KernelPredictorEstimator` uses the edge predictor;
 `CalibrationScalingEstimator` is the fallback when it cannot be used (no reference model file, a

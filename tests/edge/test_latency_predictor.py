@@ -99,14 +99,41 @@ def test_calibration_finds_the_group_a_device_is_slow_at(
 
 
 def test_for_device_takes_profile_benchmarks_and_predicts(reference: KernelLatencyPredictor) -> None:
-    """A device twice as slow as the reference was when it measured the calibration models."""
+    """A device twice as slow as the reference was when it measured the calibration models: twice what the
+    reference device predicts for itself (its scales are 1; its similarity correction carries the
+    reference's own residuals on the calibration models)."""
     anchors = reference.calibration_anchors_ms["nchwc"]
+    itself = [{"model": name, "median_ms": anchors[name]} for name in CALIBRATION_MODEL_NAMES]
     benchmarks = [{"model": name, "median_ms": 2.0 * anchors[name]} for name in CALIBRATION_MODEL_NAMES]
     model = build_model(width_family(8))
-    assert predict_for_device(model, benchmarks) == pytest.approx(2.0 * reference.predict_ms(model), rel=1e-3)
+    on_reference = predict_for_device(model, itself)
+    assert on_reference == pytest.approx(reference.predict_ms(model), rel=0.15)
+    assert predict_for_device(model, benchmarks) == pytest.approx(2.0 * on_reference, rel=1e-3)
     as_objects = [CalibrationBenchmark(**benchmark) for benchmark in benchmarks]
     device = KernelLatencyPredictor.for_device(as_objects)
-    assert device.predict_ms(model) == pytest.approx(2.0 * reference.predict_ms(model), rel=1e-3)
+    assert device.predict_ms(model) == pytest.approx(2.0 * on_reference, rel=1e-3)
+
+
+def test_similarity_correction_follows_the_calibration_models_like_the_model(
+    reference: KernelLatencyPredictor, calibration_features: dict
+) -> None:
+    """A device where only the zoo-like fp32 calibration model runs 30% slower than the reference predicts:
+    the group scales alone miss it, the correction follows it there and leaves unlike (INT8) models alone."""
+    names = list(calibration_features)
+    features = [calibration_features[name] for name in names]
+    timings = [reference.predict_from_features(f) * (1.3 if name == "cal-mobilenet-fp32" else 1.0)
+               for name, f in zip(names, features)]
+    device = reference.calibrated_from_features(features, timings)
+    assert all(reference.similarity_correction(f) == 1.0 for f in features)  # nothing to correct before calibration
+    slow = names.index("cal-mobilenet-fp32")
+    scales_only = sum(device.group_costs_ms(features[slow]).values())
+    assert scales_only < 0.85 * timings[slow]
+    assert device.predict_from_features(features[slow]) == pytest.approx(timings[slow], rel=0.10)
+    for name, f in zip(names, features):
+        if name.endswith("-int8"):
+            assert device.similarity_correction(f) == pytest.approx(1.0, abs=0.01)
+    loaded = KernelLatencyPredictor.from_json(device.to_json())
+    assert loaded.predict_from_features(features[slow]) == pytest.approx(device.predict_from_features(features[slow]))
 
 
 @pytest.mark.parametrize(
