@@ -28,7 +28,7 @@ Last, the calibrated predictor corrects each prediction by the calibration model
 measured / predicted ratios on the device, averaged with Gaussian weights over how close each one's mix of
 group costs (and size) is to the model's. A device's speed changes unevenly across kernels (a shared VM's
 slow spells hit small zoo models harder than the dense calibration model), and the scales alone cannot
-follow that: judged offline on the timings of five fleet-bench runs, it raised the zoo's predictions
+follow that: judged offline on the timings of six fleet-bench runs, it raised the zoo's predictions
 within ±10% from 79% to 86%.
 """
 

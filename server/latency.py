@@ -14,8 +14,9 @@ registers, both stored in slot columns (slot i = the estimator's i-th group), an
 indexed query with a short dot product. Rows carry the estimator's `signature`; when the estimator
 changes (new groups, new reference coefficients) `fedzoo.server.registry.refresh_latency_estimates`
 recomputes them at start-up. This form leaves out the edge predictor's similarity correction (a factor per
-model *and* device, from the calibration models like the model), which a dot product over stored columns
-cannot hold; `bench/latency_fleet.py` judges the predictor with and without it.
+model *and* device, from the calibration models like the model): storing it would take per-model weights
+over the calibration models and per-device ratios beside the slots. `bench/latency_fleet.py` judges the
+predictor with and without it.
 
 `LatencyEstimator` is that seam. `KernelPredictorEstimator` uses the edge predictor;
 `CalibrationScalingEstimator` is the fallback when it cannot be used (no reference model file, a
