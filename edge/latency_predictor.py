@@ -174,14 +174,15 @@ class KernelLatencyPredictor(LatencyPredictor):
     def predict_from_features(self, features: Mapping[str, np.ndarray]) -> float:
         """`predict_ms` from precomputed `kernel_features`."""
         costs = self._reference_group_costs_ms(features)
-        scaled = sum(cost * self.group_scales.get(group, 1.0) for group, cost in costs.items())
-        return float(scaled) * self._similarity_factor(costs)
+        return float(sum(self._scaled(costs).values())) * self._similarity_factor(costs)
 
     def group_costs_ms(self, features: Mapping[str, np.ndarray]) -> dict[str, float]:
         """The prediction split by calibration group (reference cost times that group's scale), before the
         similarity correction."""
-        costs = self._reference_group_costs_ms(features)
-        return {group: cost * self.group_scales.get(group, 1.0) for group, cost in costs.items()}
+        return self._scaled(self._reference_group_costs_ms(features))
+
+    def _scaled(self, reference_costs: Mapping[str, float]) -> dict[str, float]:
+        return {group: cost * self.group_scales.get(group, 1.0) for group, cost in reference_costs.items()}
 
     def similarity_correction(self, features: Mapping[str, np.ndarray]) -> float:
         """The factor calibration found for models like this one (1.0 before calibration): the calibration
