@@ -78,6 +78,19 @@ class Latency(_Strict):
     threads: int | None = Field(default=None, ge=1)
 
 
+class CardSignature(_Strict):
+    """An ed25519 signature over the card's identity and blob digests (see `fedzoo.signing`).
+
+    The signed bytes travel with it, base64-encoded, so a verifier in any language checks exactly those bytes
+    and then compares the fields they hold with the card, with no canonical re-encoding to agree on.
+    """
+
+    key_id: str = Field(pattern=r"^[0-9a-f]{16}$")
+    algorithm: Literal["ed25519"] = "ed25519"
+    payload: str = Field(min_length=1, description="base64 of the signed JSON fields")
+    signature: str = Field(min_length=1, description="base64 of the 64-byte ed25519 signature")
+
+
 class ModelCard(_Strict):
     """Everything a server needs to choose this model for a device, and a device needs to run it."""
 
@@ -104,6 +117,7 @@ class ModelCard(_Strict):
     )
     details: dict[str, Any] = Field(default_factory=dict, description="provenance: quantization, lineage")
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+    signature: CardSignature | None = Field(default=None, description="by the publisher's key; null if unsigned")
 
     @field_validator("schema_version")
     @classmethod

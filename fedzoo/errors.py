@@ -15,3 +15,15 @@ class InvalidInputError(FedzooError, ValueError):
 
 class NotFoundError(FedzooError, LookupError):
     """A model, blob, device or round that was asked for does not exist."""
+
+
+class CardSignatureError(FedzooError):
+    """A model card's signature is missing, invalid, expired, or would roll the family back.
+
+    `reason` is one stable word (`unsigned`, `unknown_key`, `bad_signature`, `field_mismatch`, `expired`,
+    `rollback`) that both SDKs report the same way, from the same test vectors.
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -1,0 +1,237 @@
+"""Ed25519 signatures on model cards, so that a device trusts a model by its fleet's keys, not by TLS alone.
+
+The publisher signs a small JSON payload that binds the card's identity (id, version, family, task), the
+sha256 of every blob the card references, the model's size, and a validity window. The card carries the
+signed bytes themselves (base64, as DSSE envelopes do): a verifier checks the signature over exactly those
+bytes, then parses them and requires every field to equal the card's. No canonical re-encoding has to agree
+between the signer and a verifier in another language; the Java SDK reads the same test vectors
+(`tests/vectors/card_signatures.json`).
+
+A verifier pins a set of public keys by key id (the first 16 hex digits of the sha256 of the raw 32-byte
+public key), so keys can be rotated by adding a new id before retiring the old one.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+
+from fedzoo.cards import CardSignature, ModelCard
+from fedzoo.errors import CardSignatureError, InvalidInputError
+
+SIGNATURE_DOMAIN = b"fedzoo-card-v1\n"
+"""Prefixed to the payload before signing, so a card signature can never be replayed as another message."""
+
+DEFAULT_CARD_LIFETIME = timedelta(days=365)
+TIMESTAMP_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def key_id_of(public_key_raw: bytes) -> str:
+    """The id a key set files a public key under: 16 hex digits of the sha256 of its 32 raw bytes."""
+    return hashlib.sha256(public_key_raw).hexdigest()[:16]
+
+
+def _raw_public(public_key: Ed25519PublicKey) -> bytes:
+    return public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+@dataclass(frozen=True)
+class CardSigningKey:
+    """A publisher's private key; kept by the operator (`fedzoo keys`) or the server, never sent anywhere."""
+
+    private_key: Ed25519PrivateKey
+
+    @classmethod
+    def generate(cls) -> CardSigningKey:
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_seed(cls, seed: bytes) -> CardSigningKey:
+        """The key whose 32-byte private seed is `seed` (test vectors use fixed seeds)."""
+        return cls(Ed25519PrivateKey.from_private_bytes(seed))
+
+    @property
+    def public_key_raw(self) -> bytes:
+        return _raw_public(self.private_key.public_key())
+
+    @property
+    def key_id(self) -> str:
+        return key_id_of(self.public_key_raw)
+
+    def save(self, path: Path) -> None:
+        """Write the key as JSON readable by its owner only (mode 0600)."""
+        seed = self.private_key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+        text = json.dumps({"key_id": self.key_id, "algorithm": "ed25519", "private_key": _b64(seed)}, indent=2)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            file.write(text + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> CardSigningKey:
+        data = _read_json(path)
+        try:
+            return cls.from_seed(_unb64(data["private_key"], "private_key"))
+        except (KeyError, TypeError, ValueError) as error:
+            raise InvalidInputError(f"{path} is not a fedzoo signing key: {error}", field="private_key") from None
+
+
+class TrustedKeys:
+    """The public keys a device or server accepts card signatures from, by key id."""
+
+    def __init__(self, public_keys_raw: list[bytes]) -> None:
+        self._keys = {key_id_of(raw): Ed25519PublicKey.from_public_bytes(raw) for raw in public_keys_raw}
+
+    @property
+    def key_ids(self) -> list[str]:
+        return sorted(self._keys)
+
+    def get(self, key_id: str) -> Ed25519PublicKey | None:
+        return self._keys.get(key_id)
+
+    def to_json(self) -> dict[str, Any]:
+        """`{"keys": [{"key_id", "algorithm", "public_key"}]}`, the form SDKs pin and servers publish."""
+        return {
+            "keys": [
+                {"key_id": key_id, "algorithm": "ed25519", "public_key": _b64(_raw_public(self._keys[key_id]))}
+                for key_id in self.key_ids
+            ]
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TrustedKeys:
+        """Parse a key set; a listed key id must match its key, so a typo cannot pin the wrong key."""
+        if not isinstance(data, dict) or not isinstance(data.get("keys"), list):
+            raise InvalidInputError('a key set is {"keys": [...]}', field="keys")
+        raws = []
+        for index, entry in enumerate(data["keys"]):
+            raw = _unb64(entry.get("public_key") if isinstance(entry, dict) else None, f"keys[{index}].public_key")
+            if len(raw) != 32:
+                raise InvalidInputError(f"keys[{index}]: an ed25519 public key has 32 bytes, got {len(raw)}",
+                                        field=f"keys[{index}].public_key")
+            if entry.get("key_id") not in (None, key_id_of(raw)):
+                raise InvalidInputError(f"keys[{index}]: key_id {entry.get('key_id')!r} is not this key's "
+                                        f"({key_id_of(raw)})", field=f"keys[{index}].key_id")
+            raws.append(raw)
+        return cls(raws)
+
+    @classmethod
+    def load(cls, path: Path) -> TrustedKeys:
+        return cls.from_json(_read_json(path))
+
+
+def signed_fields(card: ModelCard, key_id: str, expires_at: datetime) -> dict[str, Any]:
+    """What a signature binds: the card's identity, each referenced blob's digest, size and validity."""
+    return {
+        "id": card.id,
+        "version": card.version,
+        "family": card.family,
+        "task": card.task,
+        "blobs": card_blobs(card),
+        "size_bytes": card.size_bytes,
+        "created_at": _timestamp(card.created_at),
+        "expires_at": _timestamp(expires_at),
+        "key_id": key_id,
+    }
+
+
+def card_blobs(card: ModelCard) -> dict[str, str]:
+    """Every blob the card references, by role: `model`, `training_graph`, `artifact.<kind>`."""
+    blobs = {"model": card.sha256}
+    if card.training_graph:
+        blobs["training_graph"] = card.training_graph
+    blobs.update({f"artifact.{kind}": digest for kind, digest in card.artifacts.items()})
+    return blobs
+
+
+def sign_card(
+    card: ModelCard, key: CardSigningKey, lifetime: timedelta = DEFAULT_CARD_LIFETIME, now: datetime | None = None
+) -> ModelCard:
+    """A copy of `card` signed by `key`, valid for `lifetime` from `now`."""
+    now = now or datetime.now(timezone.utc)
+    fields = signed_fields(card, key.key_id, now + lifetime)
+    payload = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    signature = key.private_key.sign(SIGNATURE_DOMAIN + payload)
+    block = CardSignature(key_id=key.key_id, payload=_b64(payload), signature=_b64(signature))
+    return card.model_copy(update={"signature": block})
+
+
+def verify_card(
+    card: ModelCard,
+    trusted: TrustedKeys,
+    now: datetime | None = None,
+    last_accepted_version: int | None = None,
+) -> None:
+    """Raise `CardSignatureError` unless a trusted key signed this very card, it has not expired, and its
+    version is not below the last one this device accepted for the family (no rollback)."""
+    block = card.signature
+    if block is None:
+        raise CardSignatureError(f"card {card.id!r} is not signed", reason="unsigned")
+    public_key = trusted.get(block.key_id)
+    if public_key is None:
+        raise CardSignatureError(
+            f"card {card.id!r} is signed by key {block.key_id}, which is not among the trusted keys "
+            f"{trusted.key_ids}", reason="unknown_key")
+    try:
+        payload = base64.b64decode(block.payload, validate=True)
+        public_key.verify(base64.b64decode(block.signature, validate=True), SIGNATURE_DOMAIN + payload)
+        fields = json.loads(payload)
+    except (InvalidSignature, ValueError):
+        raise CardSignatureError(f"card {card.id!r}: the signature does not verify", reason="bad_signature") from None
+    if not isinstance(fields, dict) or not isinstance(fields.get("expires_at"), str):
+        raise CardSignatureError(f"card {card.id!r}: the signed payload has no expires_at", reason="field_mismatch")
+    expires_at = _parse_timestamp(fields["expires_at"])
+    expected = signed_fields(card, block.key_id, expires_at)
+    if fields != expected:
+        differing = sorted(name for name in set(fields) | set(expected) if fields.get(name) != expected.get(name))
+        raise CardSignatureError(f"card {card.id!r}: the signed fields differ from the card's: {differing}",
+                                 reason="field_mismatch")
+    now = now or datetime.now(timezone.utc)
+    if now >= expires_at:
+        raise CardSignatureError(f"card {card.id!r}: the signature expired at {fields['expires_at']}",
+                                 reason="expired")
+    if last_accepted_version is not None and card.version < last_accepted_version:
+        raise CardSignatureError(
+            f"card {card.id!r}: version {card.version} of family {card.family!r} is older than version "
+            f"{last_accepted_version}, already accepted (rollback refused)", reason="rollback")
+
+
+def _timestamp(moment: datetime) -> str:
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc).strftime(TIMESTAMP_FORMAT)
+
+
+def _parse_timestamp(text: str) -> datetime:
+    try:
+        return datetime.strptime(text, TIMESTAMP_FORMAT).replace(tzinfo=timezone.utc)
+    except ValueError:
+        raise CardSignatureError(f"signed timestamp {text!r} is not {TIMESTAMP_FORMAT}", reason="field_mismatch")
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: Any, field: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (TypeError, ValueError):
+        raise InvalidInputError(f"{field} must be base64, got {text!r}", field=field) from None
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as error:
+        raise InvalidInputError(f"cannot read {path}: {error}") from None

@@ -1,0 +1,77 @@
+"""Signed model cards: the shared test vectors, key files and key sets (fedzoo.signing)."""
+
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "vectors"))  # the vector writer (importlib mode)
+from card_signature_vectors import VECTORS_PATH, card_signature_vectors, fleet_key, vectors_text
+
+from fedzoo.cards import ModelCard
+from fedzoo.errors import CardSignatureError, InvalidInputError
+from fedzoo.signing import CardSigningKey, TrustedKeys, key_id_of, sign_card, verify_card
+
+VECTORS = card_signature_vectors()
+
+
+def test_the_committed_vectors_are_what_the_writer_writes():
+    assert VECTORS_PATH.read_text() == vectors_text()
+
+
+@pytest.mark.parametrize("case", VECTORS["cases"], ids=lambda case: case["name"])
+def test_each_vector_gets_its_expected_verdict(case):
+    trusted = TrustedKeys.from_json(VECTORS["trusted_keys"])
+    card = ModelCard.from_dict(case["card"])
+    now = datetime.strptime(case["now"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    if case["expect"] == "ok":
+        verify_card(card, trusted, now=now, last_accepted_version=case["last_accepted_version"])
+    else:
+        with pytest.raises(CardSignatureError) as caught:
+            verify_card(card, trusted, now=now, last_accepted_version=case["last_accepted_version"])
+        assert caught.value.reason == case["expect"]
+
+
+def test_the_vectors_cover_every_reason():
+    reasons = {case["expect"] for case in VECTORS["cases"]}
+    assert reasons == {"ok", "unsigned", "unknown_key", "bad_signature", "field_mismatch", "expired", "rollback"}
+
+
+def test_a_card_survives_its_json_round_trip_still_verifying():
+    valid = next(case for case in VECTORS["cases"] if case["name"] == "valid")
+    card = ModelCard.from_json(ModelCard.from_dict(valid["card"]).to_json())
+    now = datetime(2026, 12, 2, tzinfo=timezone.utc)
+    verify_card(card, TrustedKeys.from_json(VECTORS["trusted_keys"]), now=now)
+
+
+def test_a_saved_key_loads_back_owner_readable_only(tmp_path):
+    key = CardSigningKey.generate()
+    path = tmp_path / "keys" / "signing.json"
+    key.save(path)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert CardSigningKey.load(path).key_id == key.key_id
+    assert json.loads(path.read_text())["key_id"] == key_id_of(key.public_key_raw)
+
+
+def test_a_new_key_added_to_the_set_lets_both_old_and_new_cards_verify():
+    old, new = fleet_key(), CardSigningKey.generate()
+    trusted = TrustedKeys.from_json(TrustedKeys([old.public_key_raw, new.public_key_raw]).to_json())
+    card = ModelCard.from_dict(VECTORS["cases"][0]["card"]).model_copy(update={"signature": None})
+    now = datetime(2026, 12, 2, tzinfo=timezone.utc)
+    for key in (old, new):
+        verify_card(sign_card(card, key, now=now), trusted, now=now)
+
+
+def test_a_key_set_whose_id_does_not_match_its_key_is_refused():
+    entry = dict(VECTORS["trusted_keys"]["keys"][0], key_id="0" * 16)
+    with pytest.raises(InvalidInputError, match="key_id"):
+        TrustedKeys.from_json({"keys": [entry]})
+
+
+@pytest.mark.parametrize("bad", [{}, {"keys": "x"}, {"keys": [{"public_key": "not base64!"}]},
+                                 {"keys": [{"public_key": "AAAA"}]}])
+def test_a_malformed_key_set_is_refused_with_a_clear_error(bad):
+    with pytest.raises(InvalidInputError):
+        TrustedKeys.from_json(bad)
