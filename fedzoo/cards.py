@@ -1,4 +1,4 @@
-"""The model card: the versioned JSON contract between cloud, server and devices (see DESIGN.md)."""
+"""The model card: the versioned JSON contract between cloud, server and devices (see docs/design.md)."""
 
 from __future__ import annotations
 

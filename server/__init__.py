@@ -1,4 +1,4 @@
-"""The model server devices talk to (REST v1, see shared DESIGN.md).
+"""The model server devices talk to (REST v1, see docs/design.md).
 
 Layout, web layer to storage:
     cli.py          `fedzoo serve`: migrate, import a zoo, run gunicorn (graceful SIGTERM/SIGINT)
