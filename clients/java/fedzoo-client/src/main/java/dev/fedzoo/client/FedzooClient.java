@@ -1,0 +1,247 @@
+package dev.fedzoo.client;
+
+import java.io.ByteArrayOutputStream;
+import java.io.File;
+import java.util.Collections;
+import java.util.LinkedHashMap;
+import java.util.Map;
+import java.util.UUID;
+
+import org.json.JSONException;
+import org.json.JSONObject;
+
+import dev.fedzoo.FedzooException;
+import dev.fedzoo.ModelCard;
+import dev.fedzoo.edge.DeviceProfile;
+import dev.fedzoo.edge.EdgeSession;
+
+/**
+ * One device's session with one fedzoo server, as {@code fedzoo.clients.client.FedzooClient}: register, look up
+ * the best model, download it (resumable, sha256-checked, cached), run it, report its latency, and the
+ * federated-learning calls. Every call blocks: call it off Android's main thread. The SDK starts no threads.
+ *
+ * <pre>{@code
+ * FedzooClient client = new FedzooClient("https://models.example", null, new File(context.getCacheDir(), "fedzoo"));
+ * client.register(DeviceProfile.collect("phone-17", 1, null, calibrationModels), enrollmentToken);
+ * JSONObject choice = client.lookup("mnist", 5.0, null, null);
+ * ModelCard card = new ModelCard(choice.getJSONObject("model"));
+ * EdgeSession session = client.session(card, 1);            // signature (if pinned), sha256, then onnxruntime
+ * int[] classes = session.predict(images);
+ * }</pre>
+ */
+public final class FedzooClient {
+    /** The SDK's version, sent in the User-Agent. */
+    public static final String VERSION = "0.1.0";
+    private static final int DOWNLOAD_ATTEMPTS = 5;
+
+    private final FedzooHttp http;
+    private final BlobCache cache;
+    private CardVerifier verifier;
+    private StateStore versions;
+    private long downloadedBytes;
+    private long uploadedBytes;
+
+    /** A client of {@code baseUrl} with a device token (null before registering) and a blob cache directory. */
+    public FedzooClient(String baseUrl, String token, File cacheDir) {
+        this(baseUrl, token, cacheDir, new RetryPolicy(), 30_000);
+    }
+
+    public FedzooClient(String baseUrl, String token, File cacheDir, RetryPolicy retry, int timeoutMs) {
+        this.http = new FedzooHttp(baseUrl, token, retry, timeoutMs);
+        this.cache = new BlobCache(cacheDir);
+    }
+
+    /**
+     * Verify every card against {@code verifier}'s pinned keys before its model is downloaded or loaded, refusing
+     * versions below the newest one {@code versions} recorded for the family (it records each accepted one).
+     */
+    public FedzooClient requireSignedCards(CardVerifier verifier, StateStore versions) {
+        this.verifier = verifier;
+        this.versions = versions;
+        return this;
+    }
+
+    /** Whether cards must verify against pinned keys ({@link #requireSignedCards}). */
+    public boolean signedCardsRequired() {
+        return verifier != null;
+    }
+
+    public FedzooHttp http() {
+        return http;
+    }
+
+    public BlobCache cache() {
+        return cache;
+    }
+
+    public String token() {
+        return http.token();
+    }
+
+    public long downloadedBytes() {
+        return downloadedBytes;
+    }
+
+    public long uploadedBytes() {
+        return uploadedBytes;
+    }
+
+    // registry ----------------------------------------------------------------------------------------
+
+    /**
+     * Registers this device, with the fleet's enrollment token (null where the server enrolls openly); the token
+     * in the answer is kept for every later call (save it with {@link StateStore}). Not re-sent after an
+     * ambiguous failure: a second registration would be refused as a duplicate.
+     */
+    public JSONObject register(DeviceProfile profile, String enrollmentToken) {
+        Map<String, String> headers = enrollmentToken == null ? null
+                : Collections.singletonMap("Authorization", "Bearer " + enrollmentToken);
+        String deviceToken = http.token();
+        http.setToken(null); // an old device token is no enrollment credential
+        JSONObject registration;
+        try {
+            registration = http.request("POST", "/v1/devices", profile.toJson().toString().getBytes(FedzooHttp.UTF8),
+                    "application/json", headers, FedzooHttp.Resend.UNSAFE, 201).json();
+        } finally {
+            http.setToken(deviceToken);
+        }
+        http.setToken(registration.optString("token"));
+        return registration;
+    }
+
+    /** One page of published models ({@code task} may be null): {@code {"models": [...], ...}}. */
+    public JSONObject listModels(String task, int limit, int offset) {
+        Map<String, String> query = new LinkedHashMap<String, String>();
+        query.put("limit", String.valueOf(limit));
+        query.put("offset", String.valueOf(offset));
+        if (task != null) {
+            query.put("task", task);
+        }
+        return http.getJson("/v1/models", query);
+    }
+
+    public ModelCard card(String modelId) {
+        return new ModelCard(http.getJson("/v1/models/" + modelId, null));
+    }
+
+    /**
+     * The server's choice for this device: {@code model} (the card), {@code latency_ms}, {@code reason},
+     * {@code runner_up}. The memory budget and minimum accuracy may be null.
+     */
+    public JSONObject lookup(String task, double latencyBudgetMs, Double memoryBudgetMb, Double minAccuracy) {
+        JSONObject body = new JSONObject();
+        try {
+            body.put("task", task).put("latency_budget_ms", latencyBudgetMs);
+            if (memoryBudgetMb != null) {
+                body.put("memory_budget_mb", memoryBudgetMb.doubleValue());
+            }
+            if (minAccuracy != null) {
+                body.put("min_accuracy", minAccuracy.doubleValue());
+            }
+        } catch (JSONException error) {
+            throw new FedzooException("invalid lookup value: " + error.getMessage());
+        }
+        return http.postJson("/v1/lookup", body, FedzooHttp.Resend.SAFE, 200); // a lookup changes nothing
+    }
+
+    // blobs -------------------------------------------------------------------------------------------
+
+    /**
+     * Checks the card's signature when signed cards are required; otherwise does nothing. Called before any
+     * byte of the card's model is fetched or loaded.
+     */
+    public void verifyCard(ModelCard card) {
+        if (verifier == null) {
+            return;
+        }
+        verifier.verify(card, System.currentTimeMillis(), versions.acceptedVersion(card.family()));
+        versions.recordAcceptedVersion(card.family(), card.version());
+    }
+
+    /** The model's ONNX file in the cache (card verified if required, then downloaded, resumed or reused). */
+    public File downloadModel(ModelCard card) {
+        verifyCard(card);
+        return download("/v1/models/" + card.id() + "/blob", card.sha256());
+    }
+
+    /** Any blob (a training graph, an artifact) by digest, through the cache. */
+    public File downloadBlob(String sha256) {
+        return download("/v1/blobs/" + sha256, sha256);
+    }
+
+    /** The blob at {@code urlPath} (expected to hash to {@code sha256}) through the cache. */
+    public File download(String urlPath, String sha256) {
+        BlobCache.Fetched fetched = cache.fetch(http, urlPath, sha256, DOWNLOAD_ATTEMPTS);
+        downloadedBytes += fetched.transferredBytes;
+        return fetched.path;
+    }
+
+    // inference and telemetry ------------------------------------------------------------------------------
+
+    /** An {@link EdgeSession} of the card's model (downloaded if needed), applying the card's normalisation. */
+    public EdgeSession session(ModelCard card, int threads) {
+        return new EdgeSession(StateStore.readFile(downloadModel(card)), card, threads);
+    }
+
+    /** Tells the server how fast the model ran here, so later lookups use this device's own figure. */
+    public JSONObject reportLatency(String modelId, double medianMs, Double p90Ms, Integer threads) {
+        JSONObject body = new JSONObject();
+        try {
+            body.put("model_id", modelId).put("median_ms", medianMs);
+            if (p90Ms != null) {
+                body.put("p90_ms", p90Ms.doubleValue());
+            }
+            if (threads != null) {
+                body.put("threads", threads.intValue());
+            }
+        } catch (JSONException error) {
+            throw new FedzooException("invalid telemetry value: " + error.getMessage());
+        }
+        return http.postJson("/v1/telemetry", body, FedzooHttp.Resend.UNSAFE, 201);
+    }
+
+    // federated learning ----------------------------------------------------------------------------------
+
+    /** Checks in: {@code {"task": {...} | null, "retry_after_s": ...}}; {@code family} may be null. */
+    public JSONObject flTask(String task, String family) {
+        Map<String, String> query = new LinkedHashMap<String, String>();
+        query.put("task", task);
+        if (family != null) {
+            query.put("family", family);
+        }
+        return http.getJson("/v1/fl/task", query);
+    }
+
+    public JSONObject flRound(long roundId) {
+        return http.getJson("/v1/fl/rounds/" + roundId, null);
+    }
+
+    /**
+     * Sends one update (multipart: {@code metadata} JSON field + {@code delta} .npz file); returns the server's
+     * receipt. Re-sent after an ambiguous failure: the server answers a repeat with 409 {@code duplicate_update}.
+     */
+    public JSONObject uploadUpdate(String uploadUrl, JSONObject metadata, byte[] deltaNpz) {
+        String boundary = "fedzoo-" + UUID.randomUUID();
+        ByteArrayOutputStream body = new ByteArrayOutputStream(deltaNpz.length + 1024);
+        writeText(body, "--" + boundary + "\r\nContent-Disposition: form-data; name=\"metadata\"\r\n\r\n"
+                + metadata + "\r\n--" + boundary + "\r\nContent-Disposition: form-data; name=\"delta\"; "
+                + "filename=\"delta.npz\"\r\nContent-Type: application/octet-stream\r\n\r\n");
+        body.write(deltaNpz, 0, deltaNpz.length);
+        writeText(body, "\r\n--" + boundary + "--\r\n");
+        JSONObject receipt = http.request("POST", uploadUrl, body.toByteArray(), "multipart/form-data; boundary=" + boundary,
+                null, FedzooHttp.Resend.SAFE, 201).json();
+        uploadedBytes += deltaNpz.length;
+        return receipt;
+    }
+
+    /** Admin: starts a plan of rounds ({@code POST /v1/fl/rounds}). */
+    public JSONObject createRounds(JSONObject config, String adminToken) {
+        return http.request("POST", "/v1/fl/rounds", config.toString().getBytes(FedzooHttp.UTF8), "application/json",
+                Collections.singletonMap("Authorization", "Bearer " + adminToken), FedzooHttp.Resend.UNSAFE, 201).json();
+    }
+
+    private static void writeText(ByteArrayOutputStream out, String text) {
+        byte[] bytes = text.getBytes(FedzooHttp.UTF8);
+        out.write(bytes, 0, bytes.length);
+    }
+}

@@ -1,0 +1,188 @@
+package dev.fedzoo.client;
+
+import java.io.File;
+import java.io.FileInputStream;
+import java.io.FileOutputStream;
+import java.io.IOException;
+import java.io.InputStream;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+
+import org.json.JSONException;
+import org.json.JSONObject;
+
+import dev.fedzoo.FedzooException;
+
+/**
+ * What a device must remember across process death, in one app-private directory (on Android,
+ * {@code context.getFilesDir()}), each file replaced atomically (written aside, then renamed):
+ * <ul>
+ * <li>{@code state.json}: {@code server}, {@code device_id}, {@code token} (as the Python CLI's
+ * {@code ~/.config/fedzoo/client.json}) and {@code accepted_versions} (family → the newest signed card version
+ * accepted, which {@link CardVerifier} refuses to roll back from);</li>
+ * <li>{@code pending/<round>.npz} + {@code pending/<round>.json}: an update trained but not yet confirmed by
+ * the server, re-sent by the next participation (a 409 {@code duplicate_update} then counts as delivered).</li>
+ * </ul>
+ * The token is stored in plain app storage; apps that need more wrap it with the Android Keystore.
+ */
+public final class StateStore {
+    private final File directory;
+    private final File pendingDirectory;
+
+    /** A trained update waiting for the server's receipt. */
+    public static final class PendingUpdate {
+        public final long roundId;
+        public final String uploadUrl;
+        public final JSONObject metadata;
+        public final String deadlineAt;
+        public final String encoding;
+        public final byte[] delta;
+
+        public PendingUpdate(long roundId, String uploadUrl, JSONObject metadata, String deadlineAt, String encoding,
+                             byte[] delta) {
+            this.roundId = roundId;
+            this.uploadUrl = uploadUrl;
+            this.metadata = metadata;
+            this.deadlineAt = deadlineAt;
+            this.encoding = encoding;
+            this.delta = delta;
+        }
+    }
+
+    public StateStore(File directory) {
+        this.directory = directory;
+        this.pendingDirectory = new File(directory, "pending");
+        BlobCache.mkdirs(pendingDirectory);
+    }
+
+    public File directory() {
+        return directory;
+    }
+
+    /** The saved state ({@code {}} when nothing was saved yet). */
+    public synchronized JSONObject load() {
+        File file = new File(directory, "state.json");
+        if (!file.isFile()) {
+            return new JSONObject();
+        }
+        try {
+            return new JSONObject(new String(readFile(file), FedzooHttp.UTF8));
+        } catch (JSONException error) {
+            throw new FedzooException("client state " + file + " is not valid JSON (" + error.getMessage()
+                    + "); delete it and register again");
+        }
+    }
+
+    /** Replaces the saved state atomically. */
+    public synchronized void save(JSONObject state) {
+        writeAtomically(new File(directory, "state.json"), state.toString().getBytes(FedzooHttp.UTF8));
+    }
+
+    /** Sets one key of the saved state and saves it. */
+    public synchronized void put(String key, Object value) {
+        JSONObject state = load();
+        try {
+            state.put(key, value);
+        } catch (JSONException error) {
+            throw new FedzooException("cannot store " + key + ": " + error.getMessage());
+        }
+        save(state);
+    }
+
+    /** The newest card version accepted for {@code family}, or null. */
+    public synchronized Integer acceptedVersion(String family) {
+        JSONObject versions = load().optJSONObject("accepted_versions");
+        return versions == null || !versions.has(family) ? null : versions.optInt(family);
+    }
+
+    /** Records that {@code version} of {@code family} was accepted (never lowers the recorded version). */
+    public synchronized void recordAcceptedVersion(String family, int version) {
+        JSONObject state = load();
+        try {
+            JSONObject versions = state.optJSONObject("accepted_versions");
+            if (versions == null) {
+                versions = new JSONObject();
+                state.put("accepted_versions", versions);
+            }
+            versions.put(family, Math.max(version, versions.optInt(family, version)));
+        } catch (JSONException error) {
+            throw new FedzooException("cannot record version of " + family + ": " + error.getMessage());
+        }
+        save(state);
+    }
+
+    /** Keeps an update until {@link #removePending} (the delta first, so a half-written pair never looks complete). */
+    public synchronized void savePending(PendingUpdate update) {
+        writeAtomically(new File(pendingDirectory, update.roundId + ".npz"), update.delta);
+        JSONObject description = new JSONObject();
+        try {
+            description.put("round_id", update.roundId).put("upload_url", update.uploadUrl)
+                    .put("metadata", update.metadata).put("deadline_at", update.deadlineAt).put("encoding", update.encoding);
+        } catch (JSONException error) {
+            throw new FedzooException("cannot describe the pending update: " + error.getMessage());
+        }
+        writeAtomically(new File(pendingDirectory, update.roundId + ".json"), description.toString().getBytes(FedzooHttp.UTF8));
+    }
+
+    /** Every complete pending update, oldest round first. */
+    public synchronized List<PendingUpdate> pending() {
+        List<PendingUpdate> updates = new ArrayList<PendingUpdate>();
+        String[] names = pendingDirectory.list();
+        if (names == null) {
+            return updates;
+        }
+        Arrays.sort(names);
+        for (String name : names) {
+            if (!name.endsWith(".json")) {
+                continue;
+            }
+            File delta = new File(pendingDirectory, name.replace(".json", ".npz"));
+            if (!delta.isFile()) {
+                continue;
+            }
+            try {
+                JSONObject description = new JSONObject(new String(readFile(new File(pendingDirectory, name)), FedzooHttp.UTF8));
+                updates.add(new PendingUpdate(description.getLong("round_id"), description.getString("upload_url"),
+                        description.getJSONObject("metadata"), description.getString("deadline_at"),
+                        description.getString("encoding"), readFile(delta)));
+            } catch (JSONException corrupt) {
+                removePending(Long.parseLong(name.replace(".json", "")));
+            }
+        }
+        return updates;
+    }
+
+    public synchronized void removePending(long roundId) {
+        BlobCache.deleteQuietly(new File(pendingDirectory, roundId + ".json"));
+        BlobCache.deleteQuietly(new File(pendingDirectory, roundId + ".npz"));
+    }
+
+    static byte[] readFile(File file) {
+        try {
+            InputStream in = new FileInputStream(file);
+            return FedzooHttp.readAll(in);
+        } catch (IOException error) {
+            throw new FedzooException("cannot read " + file + ": " + error.getMessage(), error);
+        }
+    }
+
+    /** Writes {@code data} to a temporary file beside {@code target}, syncs it, then renames it over the target. */
+    static void writeAtomically(File target, byte[] data) {
+        File temporary = new File(target.getParentFile(), "." + target.getName() + ".tmp");
+        try {
+            FileOutputStream out = new FileOutputStream(temporary);
+            try {
+                out.write(data);
+                out.getFD().sync();
+            } finally {
+                out.close();
+            }
+        } catch (IOException error) {
+            throw new FedzooException("cannot write " + target + ": " + error.getMessage(), error);
+        }
+        if (!temporary.renameTo(target)) {
+            throw new FedzooException("cannot replace " + target);
+        }
+    }
+}

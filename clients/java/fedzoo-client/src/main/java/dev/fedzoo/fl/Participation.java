@@ -1,0 +1,370 @@
+package dev.fedzoo.fl;
+
+import java.util.Collections;
+import java.util.HashMap;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Random;
+
+import org.json.JSONArray;
+import org.json.JSONException;
+import org.json.JSONObject;
+
+import dev.fedzoo.FedzooException;
+import dev.fedzoo.InvalidInputException;
+import dev.fedzoo.ModelCard;
+import dev.fedzoo.client.ApiException;
+import dev.fedzoo.client.CardSignatureException;
+import dev.fedzoo.client.FedzooClient;
+import dev.fedzoo.client.StateStore;
+import dev.fedzoo.client.StopSignal;
+import dev.fedzoo.client.Timestamps;
+import dev.fedzoo.codec.UpdateCodec;
+import dev.fedzoo.edge.Adam;
+import dev.fedzoo.edge.EdgeSession;
+import dev.fedzoo.edge.FloatTensor;
+import dev.fedzoo.edge.OnnxInitializers;
+import dev.fedzoo.edge.Optimizer;
+import dev.fedzoo.edge.Sgd;
+import dev.fedzoo.edge.Trainer;
+
+/**
+ * The device's part of federated learning, as {@code fedzoo.clients.participation}: check in, download the
+ * round's model and training graph, train locally on private data, send back only the weight delta.
+ *
+ * <p>{@link #participateOnce} does one check-in and returns instead of sleeping: with no task, the result carries
+ * the server's {@code retry_after_s}, so an Android job can finish and be rescheduled. A {@link StopSignal} is
+ * checked between batches and between requests. With a {@link StateStore}, a trained update is saved before it is
+ * sent and removed only once the server confirmed it, so an update trained before the process died is re-sent by
+ * the next check-in (a 409 {@code duplicate_update} then means an earlier attempt got through: delivered).
+ */
+public final class Participation {
+    /** The batch order of each epoch: a permutation of {@code 0..size-1}. */
+    public interface BatchOrder {
+        int[] permutation(int epoch, int size);
+    }
+
+    /** The training result: the delta ({@code trained - global}) per parameter and the local loss and accuracy. */
+    public static final class TrainingResult {
+        public final Map<String, FloatTensor> delta;
+        public final Map<String, Double> metrics;
+
+        TrainingResult(Map<String, FloatTensor> delta, Map<String, Double> metrics) {
+            this.delta = delta;
+            this.metrics = metrics;
+        }
+    }
+
+    /** Thrown inside training when the stop signal is set; {@link Participation} turns it into outcome "stopped". */
+    public static final class StoppedException extends FedzooException {
+        private static final long serialVersionUID = 1L;
+
+        StoppedException() {
+            super("stopped by the stop signal");
+        }
+    }
+
+    private final FedzooClient client;
+    private final StateStore state;
+    private final Random random = new Random();
+    private int threads = 1;
+
+    /** Participation of {@code client}'s device; {@code state} (may be null) keeps unsent updates across restarts. */
+    public Participation(FedzooClient client, StateStore state) {
+        this.client = client;
+        this.state = state;
+    }
+
+    /** Intra-op threads for training (default 1, as the Python trainer). */
+    public Participation threads(int threads) {
+        this.threads = threads;
+        return this;
+    }
+
+    /** Epoch orders drawn from one {@link Random} seeded with {@code seed} (Fisher–Yates). */
+    public static BatchOrder shuffled(long seed) {
+        final Random random = new Random(seed);
+        return new BatchOrder() {
+            public int[] permutation(int epoch, int size) {
+                int[] order = new int[size];
+                for (int i = 0; i < size; i++) {
+                    order[i] = i;
+                }
+                for (int i = size - 1; i > 0; i--) {
+                    int j = random.nextInt(i + 1);
+                    int swap = order[i];
+                    order[i] = order[j];
+                    order[j] = swap;
+                }
+                return order;
+            }
+        };
+    }
+
+    /** The optimizer a round's {@code training} config names ({@code sgd} with momentum, or {@code adam}). */
+    public static Optimizer optimizerFor(JSONObject training) {
+        String name = training.optString("optimizer");
+        double learningRate = training.optDouble("learning_rate");
+        if (name.equals("sgd")) {
+            return new Sgd(learningRate, training.optDouble("momentum", 0.0));
+        }
+        if (name.equals("adam")) {
+            return new Adam(learningRate);
+        }
+        throw new InvalidInputException("unknown optimizer '" + name + "'; this client knows [adam, sgd]", "optimizer");
+    }
+
+    /**
+     * Fine-tunes the model's trainable parameters on local data with the round's optimizer, epochs and batch size,
+     * adding FedProx's {@code proximal_mu * (w - w_global)} to every gradient; returns the delta and local metrics.
+     */
+    public static TrainingResult trainLocally(byte[] trainingGraph, byte[] model, ModelCard card, JSONObject training,
+                                              LocalData data, BatchOrder order, StopSignal stop, int threads) {
+        Optimizer optimizer = optimizerFor(training);
+        int epochs = training.optInt("local_epochs", 1);
+        int batchSize = training.optInt("batch_size", 32);
+        float proximalMu = (float) training.optDouble("proximal_mu", 0.0);
+        if (batchSize < 1 || epochs < 1) {
+            throw new InvalidInputException("local_epochs and batch_size must be >= 1", "training");
+        }
+        Trainer trainer = Trainer.fromInferenceModel(trainingGraph, model, optimizer, threads);
+        try {
+            Map<String, FloatTensor> global = new LinkedHashMap<String, FloatTensor>();
+            for (String name : trainer.parameterNames()) {
+                global.put(name, trainer.parameters().get(name).copy());
+            }
+            FloatTensor features = EdgeSession.normalise(data.x, card.normalisationMean(), card.normalisationStd());
+            double weightedLoss = 0.0;
+            for (int epoch = 0; epoch < epochs; epoch++) {
+                int[] permutation = order.permutation(epoch, data.size());
+                for (int start = 0; start < permutation.length; start += batchSize) {
+                    if (stop != null && stop.isStopped()) {
+                        throw new StoppedException();
+                    }
+                    int end = Math.min(start + batchSize, permutation.length);
+                    Trainer.LossAndGradients result = trainer.lossAndGradients(gather(features, permutation, start, end),
+                            gatherLabels(data.y, permutation, start, end));
+                    if (proximalMu != 0f) {
+                        for (String name : trainer.parameterNames()) {
+                            float[] gradient = result.gradients.get(name).data();
+                            float[] parameter = trainer.parameters().get(name).data();
+                            float[] anchor = global.get(name).data();
+                            for (int i = 0; i < gradient.length; i++) {
+                                gradient[i] += proximalMu * (parameter[i] - anchor[i]);
+                            }
+                        }
+                    }
+                    optimizer.step(trainer.parameters(), result.gradients);
+                    weightedLoss += (double) result.loss * (end - start);
+                }
+            }
+            Map<String, FloatTensor> delta = new LinkedHashMap<String, FloatTensor>();
+            for (String name : trainer.parameterNames()) {
+                float[] trained = trainer.parameters().get(name).data();
+                float[] anchor = global.get(name).data();
+                float[] difference = new float[trained.length];
+                for (int i = 0; i < trained.length; i++) {
+                    difference[i] = trained[i] - anchor[i];
+                }
+                delta.put(name, new FloatTensor(global.get(name).shape(), difference));
+            }
+            EdgeSession session = new EdgeSession(OnnxInitializers.replace(model, trainer.parameters()), null, threads);
+            int correct = 0;
+            try {
+                int[] predicted = EdgeSession.argmax(session.run(features, false));
+                for (int i = 0; i < predicted.length; i++) {
+                    correct += predicted[i] == data.y[i] ? 1 : 0;
+                }
+            } finally {
+                session.close();
+            }
+            Map<String, Double> metrics = new LinkedHashMap<String, Double>();
+            metrics.put("loss", weightedLoss / ((double) data.size() * epochs));
+            metrics.put("accuracy", correct / (double) data.size());
+            return new TrainingResult(delta, metrics);
+        } finally {
+            trainer.close();
+        }
+    }
+
+    /** One check-in: first any update kept from an earlier attempt, else the task's work if this device was selected. */
+    public ParticipationResult participateOnce(String task, LocalData data, UpdateCodec.Encoding encoding, String family,
+                                               StopSignal stop) {
+        if (stopped(stop)) {
+            return outcome(null, "stopped");
+        }
+        if (state != null) {
+            List<StateStore.PendingUpdate> pending = state.pending();
+            if (!pending.isEmpty()) {
+                return deliver(pending.get(0));
+            }
+        }
+        JSONObject answer = client.flTask(task, family);
+        JSONObject work = answer.optJSONObject("task");
+        if (work == null) {
+            Double retryAfterS = answer.isNull("retry_after_s") ? null : answer.optDouble("retry_after_s");
+            return new ParticipationResult(null, "no task", 0, 0, Collections.<String, Double>emptyMap(), retryAfterS);
+        }
+        return runTask(work, data, encoding, random.nextLong(), stop);
+    }
+
+    /** The work of one task: download, train locally (batch order from {@code seed}), upload. */
+    public ParticipationResult runTask(JSONObject work, LocalData data, UpdateCodec.Encoding encoding, long seed,
+                                       StopSignal stop) {
+        try {
+            long roundId = work.getLong("round_id");
+            ModelCard card = client.card(work.getString("model_id"));
+            client.verifyCard(card);
+            if (client.signedCardsRequired() && (!card.sha256().equals(work.getString("model_sha256"))
+                    || !work.getString("training_graph_sha256").equals(card.trainingGraph()))) {
+                throw new CardSignatureException("round " + roundId + " names blobs its signed card "
+                        + card.id() + " does not", "field_mismatch");
+            }
+            if (stopped(stop)) {
+                return outcome(roundId, "stopped");
+            }
+            byte[] model = readBytes(client.download(work.getString("model_url"), work.getString("model_sha256")));
+            if (stopped(stop)) {
+                return outcome(roundId, "stopped");
+            }
+            byte[] graph = readBytes(client.download(work.getString("training_graph_url"), work.getString("training_graph_sha256")));
+            TrainingResult trained;
+            try {
+                trained = trainLocally(graph, model, card, work.getJSONObject("training"), data, shuffled(seed), stop, threads);
+            } catch (StoppedException stoppedInTraining) {
+                return outcome(roundId, "stopped");
+            }
+            JSONObject metadata = new JSONObject().put("base_version", work.getInt("base_version"))
+                    .put("num_examples", data.size()).put("metrics", new JSONObject(trained.metrics));
+            if (!finite(trained)) {
+                // the server would refuse it (422); a model that diverged here is no update worth the bytes
+                return new ParticipationResult(roundId, "diverged", 0, data.size(), trained.metrics, null);
+            }
+            JSONArray accepted = work.getJSONObject("upload").getJSONArray("encodings");
+            UpdateCodec.Encoding chosen = contains(accepted, encoding.wireName()) ? encoding : UpdateCodec.Encoding.FP32;
+            StateStore.PendingUpdate update = new StateStore.PendingUpdate(roundId, work.getJSONObject("upload").getString("url"),
+                    metadata, work.getString("deadline_at"), chosen.wireName(), UpdateCodec.encode(trained.delta, chosen));
+            if (state != null) {
+                state.savePending(update);
+            }
+            if (stopped(stop)) {
+                return outcome(roundId, "stopped"); // the saved update goes out at the next check-in
+            }
+            return deliver(update);
+        } catch (JSONException error) {
+            throw new FedzooException("the server's task is not what this client understands: " + error.getMessage(), error);
+        }
+    }
+
+    /**
+     * Sends a trained update and forgets it once the server decided: accepted (201, or 409 {@code duplicate_update}
+     * for an earlier attempt that got through) or refused. Kept when the server could not be reached.
+     */
+    public ParticipationResult deliver(StateStore.PendingUpdate update) {
+        int examples = update.metadata.optInt("num_examples");
+        Map<String, Double> metrics = metricsOf(update.metadata.optJSONObject("metrics"));
+        String outcome = "accepted";
+        if (System.currentTimeMillis() >= Timestamps.parseMillis(update.deadlineAt)) {
+            outcome = "expired";
+        } else {
+            try {
+                client.uploadUpdate(update.uploadUrl, update.metadata, update.delta);
+            } catch (ApiException.Conflict conflict) {
+                if (!conflict.code().equals("duplicate_update")) {
+                    outcome = "refused: " + conflict.code();
+                }
+            } catch (ApiException.Authentication unauthenticated) {
+                throw unauthenticated; // the update stays: it goes out once the device has a valid token again
+            } catch (ApiException refused) {
+                outcome = "refused: " + refused.code();
+            }
+        }
+        if (state != null) {
+            state.removePending(update.roundId);
+        }
+        long bytes = outcome.equals("accepted") ? update.delta.length : 0;
+        return new ParticipationResult(update.roundId, outcome, bytes, examples, metrics, null);
+    }
+
+    static FloatTensor gather(FloatTensor features, int[] order, int start, int end) {
+        long[] shape = features.shape();
+        int rowSize = features.size() / (int) shape[0];
+        float[] rows = new float[(end - start) * rowSize];
+        for (int i = start; i < end; i++) {
+            System.arraycopy(features.data(), order[i] * rowSize, rows, (i - start) * rowSize, rowSize);
+        }
+        shape[0] = end - start;
+        return new FloatTensor(shape, rows);
+    }
+
+    static long[] gatherLabels(long[] labels, int[] order, int start, int end) {
+        long[] out = new long[end - start];
+        for (int i = start; i < end; i++) {
+            out[i - start] = labels[order[i]];
+        }
+        return out;
+    }
+
+    private static boolean finite(TrainingResult trained) {
+        for (FloatTensor value : trained.delta.values()) {
+            for (float v : value.data()) {
+                if (Float.isNaN(v) || Float.isInfinite(v)) {
+                    return false;
+                }
+            }
+        }
+        for (double metric : trained.metrics.values()) {
+            if (Double.isNaN(metric) || Double.isInfinite(metric)) {
+                return false;
+            }
+        }
+        return true;
+    }
+
+    private static Map<String, Double> metricsOf(JSONObject metrics) {
+        Map<String, Double> out = new HashMap<String, Double>();
+        if (metrics != null) {
+            for (java.util.Iterator<String> names = metrics.keys(); names.hasNext();) {
+                String name = names.next();
+                out.put(name, metrics.optDouble(name));
+            }
+        }
+        return out;
+    }
+
+    private static boolean contains(JSONArray values, String wanted) {
+        for (int i = 0; i < values.length(); i++) {
+            if (wanted.equals(values.optString(i))) {
+                return true;
+            }
+        }
+        return false;
+    }
+
+    private static boolean stopped(StopSignal stop) {
+        return stop != null && stop.isStopped();
+    }
+
+    private static ParticipationResult outcome(Long roundId, String outcome) {
+        return new ParticipationResult(roundId, outcome, 0, 0, Collections.<String, Double>emptyMap(), null);
+    }
+
+    private static byte[] readBytes(java.io.File file) {
+        try {
+            java.io.InputStream in = new java.io.FileInputStream(file);
+            try {
+                byte[] data = new byte[(int) file.length()];
+                int offset = 0;
+                for (int read = 0; offset < data.length && read >= 0; offset += Math.max(read, 0)) {
+                    read = in.read(data, offset, data.length - offset);
+                }
+                return data;
+            } finally {
+                in.close();
+            }
+        } catch (java.io.IOException error) {
+            throw new FedzooException("cannot read " + file + ": " + error.getMessage(), error);
+        }
+    }
+}
