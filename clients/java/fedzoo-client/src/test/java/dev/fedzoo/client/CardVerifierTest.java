@@ -1,0 +1,82 @@
+package dev.fedzoo.client;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.fail;
+
+import java.io.File;
+
+import org.json.JSONArray;
+import org.json.JSONObject;
+import org.junit.jupiter.api.Test;
+
+import dev.fedzoo.InvalidInputException;
+import dev.fedzoo.ModelCard;
+import dev.fedzoo.TestSupport;
+
+/** Signed cards: every case of the shared vectors ({@code tests/vectors/card_signatures.json}) as Python decides it. */
+class CardVerifierTest {
+    private static JSONObject vectors() throws Exception {
+        File file = new File(TestSupport.repository(), "tests/vectors/card_signatures.json");
+        return new JSONObject(new String(TestSupport.read(file), TestSupport.UTF8));
+    }
+
+    @Test
+    void everySharedVectorIsDecidedAsPythonDecidesIt() throws Exception {
+        JSONObject vectors = vectors();
+        CardVerifier verifier = CardVerifier.fromJson(vectors.getJSONObject("trusted_keys"));
+        JSONArray cases = vectors.getJSONArray("cases");
+        assertEquals(true, cases.length() >= 10, "the vectors hold every refusal reason");
+        for (int i = 0; i < cases.length(); i++) {
+            JSONObject vector = cases.getJSONObject(i);
+            ModelCard card = new ModelCard(vector.getJSONObject("card"));
+            long now = Timestamps.parseMillis(vector.getString("now"));
+            Integer last = vector.isNull("last_accepted_version") ? null : vector.getInt("last_accepted_version");
+            String reason = null;
+            try {
+                verifier.verify(card, now, last);
+            } catch (CardSignatureException refused) {
+                reason = refused.reason();
+            }
+            String expected = vector.getString("expect");
+            if (expected.equals("ok")) {
+                assertNull(reason, vector.getString("name"));
+            } else {
+                assertEquals(expected, reason, vector.getString("name"));
+            }
+        }
+    }
+
+    @Test
+    void aKeySetWhoseIdDoesNotMatchItsKeyIsRefused() throws Exception {
+        JSONObject keys = vectors().getJSONObject("trusted_keys");
+        keys.getJSONArray("keys").getJSONObject(0).put("key_id", "0000000000000000");
+        assertThrows(InvalidInputException.class, () -> CardVerifier.fromJson(keys));
+    }
+
+    @Test
+    void aRolledBackCardIsRefusedAfterTheNewerOneWasAcceptedAndRemembered() throws Exception {
+        JSONObject vectors = vectors();
+        CardVerifier verifier = CardVerifier.fromJson(vectors.getJSONObject("trusted_keys"));
+        JSONObject valid = null;
+        for (int i = 0; i < vectors.getJSONArray("cases").length(); i++) {
+            JSONObject vector = vectors.getJSONArray("cases").getJSONObject(i);
+            if (vector.getString("name").equals("valid")) {
+                valid = vector;
+            }
+        }
+        if (valid == null) {
+            fail("no 'valid' vector");
+        }
+        StateStore state = new StateStore(TestSupport.workDirectory("verifier-state"));
+        ModelCard card = new ModelCard(valid.getJSONObject("card"));
+        long now = Timestamps.parseMillis(valid.getString("now"));
+        verifier.verify(card, now, state.acceptedVersion(card.family()));
+        state.recordAcceptedVersion(card.family(), card.version() + 1); // a newer version arrived since
+        StateStore reopened = new StateStore(state.directory());
+        CardSignatureException refused = assertThrows(CardSignatureException.class,
+                () -> verifier.verify(card, now, reopened.acceptedVersion(card.family())));
+        assertEquals("rollback", refused.reason());
+    }
+}
