@@ -1,0 +1,252 @@
+package dev.fedzoo.client;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertNotNull;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.io.File;
+import java.util.Arrays;
+import java.util.Collections;
+import java.util.List;
+import java.util.Map;
+
+import org.json.JSONObject;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.MethodOrderer;
+import org.junit.jupiter.api.Order;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.TestMethodOrder;
+
+import dev.fedzoo.FaultProxy;
+import dev.fedzoo.LiveServer;
+import dev.fedzoo.ModelCard;
+import dev.fedzoo.TestSupport;
+import dev.fedzoo.codec.UpdateCodec;
+import dev.fedzoo.edge.DeviceProfile;
+import dev.fedzoo.edge.EdgeSession;
+import dev.fedzoo.fl.LocalData;
+import dev.fedzoo.fl.Participation;
+import dev.fedzoo.fl.ParticipationResult;
+
+/**
+ * The Java SDK against the real Python server on loopback: registry, resumable download, inference equal to
+ * Python's, federated rounds of Java devices and of Java and Python devices together, typed errors, pacing, and an
+ * update delivered exactly once across a server restart. The tests share one server and run in order: rounds of
+ * one task follow each other.
+ */
+@TestMethodOrder(MethodOrderer.OrderAnnotation.class)
+class LiveServerTest {
+    private static final RetryPolicy QUICK = new RetryPolicy(3, 0.05, 0.5);
+    private static LiveServer server;
+    private static int devices;
+
+    @BeforeAll
+    static void startServer() {
+        server = LiveServer.start();
+    }
+
+    @AfterAll
+    static void stopServer() {
+        server.close();
+    }
+
+    private static FedzooClient registeredDevice(String url) {
+        FedzooClient client = new FedzooClient(url, null, TestSupport.workDirectory("device-cache"), QUICK, 30_000);
+        client.register(DeviceProfile.collect("java-device-" + (devices++), 1, null, null), null);
+        return client;
+    }
+
+    private static long startRound(int targetClients, String extra) throws Exception {
+        FedzooClient admin = new FedzooClient(server.url, null, TestSupport.workDirectory("admin"));
+        JSONObject config = new JSONObject().put("model_id", server.ready.getString("model_id")).put("min_clients", targetClients)
+                .put("target_clients", targetClients).put("over_selection", 0.0).put("deadline_s", 120)
+                .put("local_epochs", 1).put("batch_size", 16).put("learning_rate", 0.05).put("optimizer", "sgd")
+                .put("momentum", 0.9).put("evaluation_sha256", server.ready.getString("evaluation_sha256"));
+        if (extra != null) {
+            JSONObject more = new JSONObject(extra);
+            for (java.util.Iterator<String> keys = more.keys(); keys.hasNext();) {
+                String key = keys.next();
+                config.put(key, more.get(key));
+            }
+        }
+        return admin.createRounds(config, server.ready.getString("admin_token")).getLong("id");
+    }
+
+    private static JSONObject waitUntilFinished(long roundId) throws Exception {
+        FedzooClient observer = new FedzooClient(server.url, null, TestSupport.workDirectory("observer"));
+        long giveUp = System.currentTimeMillis() + 60_000;
+        JSONObject view = observer.flRound(roundId);
+        while (Arrays.asList("open", "collecting", "aggregating").contains(view.getString("state"))
+                && System.currentTimeMillis() < giveUp) {
+            Thread.sleep(100);
+            view = observer.flRound(roundId);
+        }
+        return view;
+    }
+
+    @Test
+    @Order(1)
+    void idleCheckInReturnsTheServersRetryDelayWithoutSleeping() {
+        FedzooClient device = registeredDevice(server.url);
+        long start = System.currentTimeMillis();
+        ParticipationResult result = new Participation(device, null).participateOnce(server.ready.optString("task"),
+                server.shard(0), UpdateCodec.Encoding.FP32, null, null);
+        assertEquals("no task", result.outcome);
+        assertNull(result.roundId);
+        assertNotNull(result.retryAfterS);
+        assertTrue(result.retryAfterS > 0);
+        assertTrue(System.currentTimeMillis() - start < result.retryAfterS * 1000, "participateOnce returned, not slept");
+        long next = result.nextCheckInMs(new java.util.Random(1));
+        assertTrue(next >= result.retryAfterS * 800 - 1 && next <= result.retryAfterS * 1200 + 1, "jitter within ±20%");
+    }
+
+    @Test
+    @Order(2)
+    void aBadTokenIsATypedAuthenticationError() {
+        FedzooClient stranger = new FedzooClient(server.url, "not-a-token", TestSupport.workDirectory("stranger"), QUICK, 30_000);
+        ApiException.Authentication refused = assertThrows(ApiException.Authentication.class,
+                () -> stranger.flTask("digits", null));
+        assertEquals(401, refused.status());
+        assertTrue(refused.code().length() > 0 && !refused.code().startsWith("http_"), "the server's own code: " + refused.code());
+    }
+
+    @Test
+    @Order(3)
+    void registerLookupResumedDownloadAndInferenceEqualToPythons() throws Exception {
+        FaultProxy proxy = new FaultProxy(server.url);
+        try {
+            Map<String, byte[]> calibration = Collections.singletonMap("cal-tiny-fp32",
+                    TestSupport.read(new File(TestSupport.vectors(), "calibration/cal-tiny-fp32.onnx")));
+            FedzooClient client = new FedzooClient(proxy.url(), null, TestSupport.workDirectory("cache"), QUICK, 30_000);
+            JSONObject registration = client.register(DeviceProfile.collect("java-phone", 1, null, calibration), null);
+            assertEquals("java-phone", registration.getString("device_id"));
+            assertNotNull(client.token());
+            JSONObject choice = client.lookup("digits", 50.0, null, null);
+            ModelCard card = new ModelCard(choice.getJSONObject("model"));
+            assertEquals(server.ready.getString("model_id"), card.id());
+            assertTrue(client.listModels("digits", 10, 0).getJSONArray("models").length() >= 1);
+
+            proxy.cutNextBlobAfter(1000);
+            File model = client.downloadModel(card);
+            assertEquals(card.sha256(), BlobCache.sha256Of(model));
+            assertEquals(card.sizeBytes(), client.downloadedBytes(), "the cut's 1000 bytes were kept, the rest resumed");
+            assertTrue(proxy.requests.contains("GET /v1/models/" + card.id() + "/blob bytes=1000-"), proxy.requests.toString());
+
+            LocalData test = server.testSplit();
+            EdgeSession session = client.session(card, 1);
+            int[] predicted = session.predict(test.x);
+            session.close();
+            int correct = 0;
+            for (int i = 0; i < predicted.length; i++) {
+                correct += predicted[i] == test.y[i] ? 1 : 0;
+            }
+            assertEquals(server.ready.getDouble("python_accuracy"), correct / (double) test.size(), 0.0);
+            JSONObject telemetry = client.reportLatency(card.id(), 0.5, 0.7, 1);
+            assertEquals(card.id(), telemetry.getString("model_id"));
+        } finally {
+            proxy.close();
+        }
+    }
+
+    @Test
+    @Order(4)
+    void aRoundOfJavaDevicesUploadingFp32AndInt8ClosesAndPublishesANewVersion() throws Exception {
+        long roundId = startRound(2, null);
+        List<UpdateCodec.Encoding> encodings = Arrays.asList(UpdateCodec.Encoding.FP32, UpdateCodec.Encoding.INT8);
+        for (int i = 0; i < encodings.size(); i++) {
+            FedzooClient device = registeredDevice(server.url);
+            ParticipationResult result = new Participation(device, null).participateOnce("digits", server.shard(i),
+                    encodings.get(i), null, null);
+            assertEquals("accepted", result.outcome, result.toString());
+            assertEquals(Long.valueOf(roundId), result.roundId);
+            assertTrue(result.uploadBytes > 0);
+        }
+        JSONObject view = waitUntilFinished(roundId);
+        assertEquals("closed", view.getString("state"), view.toString());
+        assertEquals(2, view.getInt("accepted_updates"));
+        ModelCard published = new FedzooClient(server.url, null, TestSupport.workDirectory("reader")).card(view.getString("result_model_id"));
+        assertEquals(2, published.version());
+    }
+
+    @Test
+    @Order(5)
+    void aMixedRoundOfJavaAndPythonDevicesCloses() throws Exception {
+        long roundId = startRound(3, null);
+        for (int i = 0; i < 2; i++) {
+            FedzooClient device = registeredDevice(server.url);
+            UpdateCodec.Encoding encoding = i == 0 ? UpdateCodec.Encoding.INT8 : UpdateCodec.Encoding.FP32;
+            assertEquals("accepted", new Participation(device, null).participateOnce("digits", server.shard(i), encoding, null,
+                    null).outcome);
+        }
+        JSONObject python = server.command(new JSONObject().put("cmd", "python_device").put("device_id", "python-device-1")
+                .put("shard", 2).put("encoding", "int8"));
+        assertEquals("accepted", python.getString("outcome"), python.toString());
+        assertEquals(roundId, python.getLong("round_id"));
+        JSONObject view = waitUntilFinished(roundId);
+        assertEquals("closed", view.getString("state"), view.toString());
+        assertEquals(3, view.getInt("accepted_updates"));
+        assertNotNull(view.getString("result_model_id"));
+    }
+
+    @Test
+    @Order(6)
+    void anUpdateWhoseAnswerWasLostIsDeliveredExactlyOnceAfterAServerRestart() throws Exception {
+        long roundId = startRound(1, "{\"local_epochs\": 2}");
+        File stateDirectory = TestSupport.workDirectory("device-state");
+        FaultProxy proxy = new FaultProxy(server.url);
+        String token;
+        try {
+            FedzooClient device = new FedzooClient(proxy.url(), null, TestSupport.workDirectory("cache"),
+                    new RetryPolicy(1, 0.05, 0.5), 30_000);
+            token = device.register(DeviceProfile.collect("java-restart", 1, null, null), null).getString("token");
+            proxy.dropNextUploadAnswer();
+            assertThrows(ServerUnavailableException.class, () -> new Participation(device, new StateStore(stateDirectory))
+                    .participateOnce("digits", server.shard(3), UpdateCodec.Encoding.INT8, null, null));
+        } finally {
+            proxy.close();
+        }
+        assertEquals(1, new StateStore(stateDirectory).pending().size(), "the trained update was kept on disk");
+        server.command(new JSONObject().put("cmd", "restart"));
+
+        // a new process: new objects, the same state directory
+        FedzooClient restarted = new FedzooClient(server.url, token, TestSupport.workDirectory("cache"), QUICK, 30_000);
+        ParticipationResult result = new Participation(restarted, new StateStore(stateDirectory))
+                .participateOnce("digits", server.shard(3), UpdateCodec.Encoding.INT8, null, null);
+        assertEquals("accepted", result.outcome, "409 duplicate_update counts as delivered");
+        assertEquals(Long.valueOf(roundId), result.roundId);
+        assertTrue(new StateStore(stateDirectory).pending().isEmpty());
+        JSONObject view = waitUntilFinished(roundId);
+        assertEquals(1, view.getInt("accepted_updates"), "delivered exactly once");
+        assertEquals("closed", view.getString("state"));
+    }
+
+    @Test
+    @Order(7)
+    void aStopSignalEndsTheWorkBetweenBatchesAndNothingIsSent() throws Exception {
+        long roundId = startRound(1, "{\"local_epochs\": 50, \"batch_size\": 1}");
+        FedzooClient device = registeredDevice(server.url);
+        final StopSignal stop = new StopSignal();
+        Thread stopper = new Thread(new Runnable() {
+            public void run() {
+                try {
+                    Thread.sleep(500);
+                } catch (InterruptedException ignored) {
+                    return;
+                }
+                stop.stop();
+            }
+        });
+        stopper.start();
+        long start = System.currentTimeMillis();
+        ParticipationResult result = new Participation(device, null).participateOnce("digits", server.shard(1),
+                UpdateCodec.Encoding.FP32, null, stop);
+        stopper.join();
+        assertEquals("stopped", result.outcome);
+        assertEquals(Long.valueOf(roundId), result.roundId);
+        assertTrue(System.currentTimeMillis() - start < 20_000);
+        assertEquals(0, device.uploadedBytes());
+    }
+}
