@@ -1,0 +1,225 @@
+package dev.fedzoo.client;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.io.File;
+import java.io.IOException;
+import java.io.OutputStream;
+import java.net.InetSocketAddress;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.List;
+import java.util.concurrent.ConcurrentLinkedQueue;
+
+import org.json.JSONObject;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+
+import com.sun.net.httpserver.HttpExchange;
+import com.sun.net.httpserver.HttpServer;
+
+import dev.fedzoo.TestSupport;
+import dev.fedzoo.edge.DeviceProfile;
+import dev.fedzoo.fl.Participation;
+import dev.fedzoo.fl.ParticipationResult;
+
+/** Network faults scripted with the JDK's HttpServer: each test queues the answers the server gives, in order. */
+class ScriptedFaultsTest {
+    private interface Answer {
+        void send(HttpExchange exchange) throws IOException;
+    }
+
+    private HttpServer server;
+    private final ConcurrentLinkedQueue<Answer> script = new ConcurrentLinkedQueue<Answer>();
+    private final List<String> seen = Collections.synchronizedList(new ArrayList<String>());
+    private final List<Long> sleepsMs = Collections.synchronizedList(new ArrayList<Long>());
+
+    @BeforeEach
+    void start() throws IOException {
+        server = HttpServer.create(new InetSocketAddress("127.0.0.1", 0), 0);
+        server.createContext("/", exchange -> {
+            String range = exchange.getRequestHeaders().getFirst("Range");
+            seen.add(exchange.getRequestMethod() + " " + exchange.getRequestURI().getPath() + (range != null ? " " + range : ""));
+            TestSupport.readAll(exchange.getRequestBody());
+            Answer answer = script.poll();
+            if (answer == null) {
+                send(exchange, 500, "{\"error\": {\"code\": \"unscripted\", \"message\": \"no answer scripted\"}}", null);
+            } else {
+                answer.send(exchange);
+            }
+        });
+        server.start();
+    }
+
+    @AfterEach
+    void stop() {
+        server.stop(0);
+    }
+
+    private FedzooClient client(int attempts) {
+        FedzooClient client = new FedzooClient("http://127.0.0.1:" + server.getAddress().getPort(), "token",
+                TestSupport.workDirectory("faults"), new RetryPolicy(attempts, 0.01, 5.0), 5_000);
+        client.http().setSleeper(millis -> sleepsMs.add(millis));
+        return client;
+    }
+
+    private static void send(HttpExchange exchange, int status, String body, String retryAfter) throws IOException {
+        byte[] bytes = body.getBytes(TestSupport.UTF8);
+        if (retryAfter != null) {
+            exchange.getResponseHeaders().add("Retry-After", retryAfter);
+        }
+        exchange.getResponseHeaders().add("Content-Type", "application/json");
+        exchange.sendResponseHeaders(status, bytes.length == 0 ? -1 : bytes.length);
+        OutputStream out = exchange.getResponseBody();
+        out.write(bytes);
+        out.close();
+    }
+
+    private static Answer json(int status, String body) {
+        return exchange -> send(exchange, status, body, null);
+    }
+
+    private static Answer bytes(int status, byte[] data, int sendOnly, String contentRange) {
+        return exchange -> {
+            if (contentRange != null) {
+                exchange.getResponseHeaders().add("Content-Range", contentRange);
+            }
+            exchange.sendResponseHeaders(status, data.length);
+            OutputStream out = exchange.getResponseBody();
+            out.write(data, 0, sendOnly);
+            out.flush();
+            if (sendOnly < data.length) {
+                throw new IOException("scripted cut"); // HttpServer drops the connection mid-body
+            }
+            out.close();
+        };
+    }
+
+    @Test
+    void a503WithRetryAfterIsWaitedOutAsTheServerSays() throws Exception {
+        script.add(exchange -> send(exchange, 503, "{\"error\": {\"code\": \"busy\", \"message\": \"busy\"}}", "1.5"));
+        script.add(json(200, "{\"task\": null, \"retry_after_s\": 30}"));
+        JSONObject answer = client(3).flTask("digits", null);
+        assertEquals(30.0, answer.getDouble("retry_after_s"), 0.0);
+        assertEquals(Collections.singletonList(1500L), sleepsMs);
+        assertEquals(2, seen.size());
+    }
+
+    @Test
+    void a429OnRegistrationIsRetriedBecauseNothingWasProcessed() {
+        script.add(exchange -> send(exchange, 429, "{\"error\": {\"code\": \"rate_limited\", \"message\": \"slow down\"}}", "2"));
+        script.add(json(201, "{\"device_id\": \"d\", \"token\": \"fresh\"}"));
+        FedzooClient client = client(3);
+        client.register(new DeviceProfile("d", "linux-x86_64", null, "cpu", 1, 1024, "1.29.0", 1,
+                Collections.<DeviceProfile.CalibrationBenchmark>emptyList()), "enrollment-secret");
+        assertEquals("fresh", client.token());
+        assertEquals(Collections.singletonList(2000L), sleepsMs);
+    }
+
+    @Test
+    void aRegistrationThatMayHaveBeenAppliedIsNotSentAgain() {
+        script.add(json(502, "bad gateway"));
+        assertThrows(ServerUnavailableException.class, () -> client(5).register(new DeviceProfile("d", "p", null, "cpu", 1, 1,
+                "v", 1, Collections.<DeviceProfile.CalibrationBenchmark>emptyList()), null));
+        assertEquals(1, seen.size(), "one POST only");
+    }
+
+    @Test
+    void aServerThatKeepsFailingRaisesServerUnavailableAfterEveryAttempt() {
+        for (int i = 0; i < 3; i++) {
+            script.add(json(503, "{}"));
+        }
+        ServerUnavailableException error = assertThrows(ServerUnavailableException.class, () -> client(3).card("m"));
+        assertTrue(error.getMessage().contains("3 times"), error.getMessage());
+        assertEquals(2, sleepsMs.size());
+    }
+
+    @Test
+    void errorBodiesBecomeTypedExceptionsWithTheServersCodeAndField() {
+        script.add(json(404, "{\"error\": {\"code\": \"model_not_found\", \"message\": \"no model m\", \"field\": \"model_id\"}}"));
+        ApiException.NotFound error = assertThrows(ApiException.NotFound.class, () -> client(3).card("m"));
+        assertEquals("model_not_found", error.code());
+        assertEquals("model_id", error.field());
+        assertEquals(404, error.status());
+        script.add(json(422, "<html>proxy says no</html>"));
+        ApiException.BadRequest text = assertThrows(ApiException.BadRequest.class, () -> client(3).card("m"));
+        assertEquals("http_422", text.code());
+    }
+
+    @Test
+    void aTruncatedDownloadResumesWithRangeAndVerifies() {
+        byte[] blob = new byte[50_000];
+        new java.util.Random(3).nextBytes(blob);
+        String sha = BlobCache.sha256Of(blob);
+        byte[] rest = java.util.Arrays.copyOfRange(blob, 20_000, blob.length);
+        script.add(bytes(200, blob, 20_000, null));
+        script.add(bytes(206, rest, rest.length, "bytes 20000-49999/50000"));
+        FedzooClient client = client(3);
+        File file = client.downloadBlob(sha);
+        assertArrayEquals(blob, TestSupport.read(file));
+        assertEquals("GET /v1/blobs/" + sha + " bytes=20000-", seen.get(1));
+        assertEquals(50_000, client.downloadedBytes());
+        assertFalse(client.cache().partialPath(sha).exists());
+    }
+
+    @Test
+    void bytesThatDoNotHashToTheSha256AreDiscarded() {
+        byte[] blob = "the bytes the server promised".getBytes(TestSupport.UTF8);
+        byte[] other = "something else entirely, arrived".getBytes(TestSupport.UTF8);
+        String sha = BlobCache.sha256Of(blob);
+        script.add(bytes(200, other, other.length, null));
+        FedzooClient client = client(3);
+        assertThrows(IntegrityException.class, () -> client.downloadBlob(sha));
+        assertNull(client.cache().get(sha));
+        assertFalse(client.cache().partialPath(sha).exists());
+    }
+
+    @Test
+    void anUploadRetriedAfterA502ThatTheServerAlreadyHadCountsAsDelivered() throws Exception {
+        script.add(json(502, "{}"));
+        script.add(json(409, "{\"error\": {\"code\": \"duplicate_update\", \"message\": \"already have it\"}}"));
+        StateStore state = new StateStore(TestSupport.workDirectory("state"));
+        StateStore.PendingUpdate update = new StateStore.PendingUpdate(7, "/v1/fl/rounds/7/updates",
+                new JSONObject().put("base_version", 1).put("num_examples", 5).put("metrics", new JSONObject().put("loss", 0.5)),
+                "2999-01-01T00:00:00Z", "fp32", new byte[] {1, 2, 3});
+        state.savePending(update);
+        ParticipationResult result = new Participation(client(3), state).deliver(state.pending().get(0));
+        assertEquals("accepted", result.outcome);
+        assertEquals(2, seen.size());
+        assertTrue(state.pending().isEmpty());
+    }
+
+    @Test
+    void aStaleUpdateIsRefusedAndForgotten() throws Exception {
+        script.add(json(409, "{\"error\": {\"code\": \"stale_update\", \"message\": \"old base\"}}"));
+        StateStore state = new StateStore(TestSupport.workDirectory("state"));
+        state.savePending(new StateStore.PendingUpdate(8, "/v1/fl/rounds/8/updates", new JSONObject().put("num_examples", 5),
+                "2999-01-01T00:00:00Z", "int8", new byte[] {4}));
+        assertEquals("refused: stale_update", new Participation(client(3), state).deliver(state.pending().get(0)).outcome);
+        assertTrue(state.pending().isEmpty());
+    }
+
+    @Test
+    void anUpdatePastItsDeadlineIsDroppedWithoutSending() throws Exception {
+        StateStore state = new StateStore(TestSupport.workDirectory("state"));
+        state.savePending(new StateStore.PendingUpdate(9, "/v1/fl/rounds/9/updates", new JSONObject().put("num_examples", 5),
+                "2020-01-01T00:00:00.5+00:00", "fp32", new byte[] {4}));
+        assertEquals("expired", new Participation(client(3), state).participateOnce("digits", null, null, null, null).outcome);
+        assertTrue(seen.isEmpty());
+        assertTrue(state.pending().isEmpty());
+    }
+
+    @Test
+    void timestampsParseTheServersForms() {
+        assertEquals(0L, Timestamps.parseMillis("1970-01-01T00:00:00Z"));
+        assertEquals(1_500L, Timestamps.parseMillis("1970-01-01T00:00:01.500123"));
+        assertEquals(-3_600_000L, Timestamps.parseMillis("1970-01-01T00:00:00+01:00"));
+        assertEquals("2026-12-01T12:00:00Z", Timestamps.formatSeconds(Timestamps.parseMillis("2026-12-01T12:00:00.999+00:00")));
+    }
+}
