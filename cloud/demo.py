@@ -3,13 +3,16 @@
 It builds a zoo (supernet training and search), compresses it behind the accuracy gate, attaches
 training graphs, serves it with the production server (`fedzoo serve`, gunicorn on loopback), then
 acts as a device (register with calibration timings, look up the best model under a budget,
-download, run, report latency) and finally runs federated rounds that fine-tune a zoo model from
-virtual devices' Dirichlet shards and publish new versions.
+download, run, report latency), runs federated rounds that fine-tune a zoo model from virtual devices'
+Dirichlet shards and publish new versions, and finally lets a device of the Java (Android) SDK run a model and
+take part in a round beside a Python device, when a JDK and Maven are present (it says so when it skips).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -44,6 +47,8 @@ class DemoRun:
     split: DatasetSplit | None = None
     server: subprocess.Popen | None = None
     server_url: str = ""
+    federation: object = None  # the federated stage's Federation, which the Java device's round reuses
+    latest_model_id: str = ""
 
     @property
     def zoo_dir(self) -> Path:
@@ -163,12 +168,68 @@ def stage_federated(run: DemoRun) -> str:
         simulation.publish_base_model()
         simulation.register_devices(prefix=f"demo-fl-{os.getpid()}")
         records = simulation.run(config)
+    run.federation = federation
+    run.latest_model_id = next((r.result_model_id for r in reversed(records) if r.result_model_id), base.id)
     rounds = ", ".join(
         f"round {record.number}: {record.state}, {record.accepted_updates} updates"
         + (f", accuracy {record.accuracy:.4f} -> {record.result_model_id}" if record.accuracy is not None else "")
         for record in records
     )
     return f"fine-tuned {base.id} (accuracy {base.metrics.accuracy:.4f}) with 5 virtual devices: {rounds}"
+
+
+def _java_sdk_command(run: DemoRun) -> list[str] | None:
+    """`java -cp <fedzoo-client and its dependencies> dev.fedzoo.Cli`, built with Maven; None without a JDK and Maven."""
+    pom = Path(__file__).resolve().parent.parent / "clients" / "java" / "pom.xml"
+    if not (shutil.which("java") and shutil.which("mvn") and pom.is_file()):
+        return None
+    classpath_file = run.workdir / "java-classpath.txt"
+    subprocess.run(["mvn", "-B", "-q", "-Dstyle.color=never", "-f", str(pom), "-pl", "fedzoo-client", "-DskipTests", "package",
+                    "dependency:build-classpath", "-DincludeScope=compile", f"-Dmdep.outputFile={classpath_file}"],
+                   check=True, stdout=subprocess.DEVNULL)
+    jar = next((pom.parent / "fedzoo-client" / "target").glob("fedzoo-client-*.jar"))
+    return ["java", "-cp", f"{jar}{os.pathsep}{classpath_file.read_text().strip()}", "dev.fedzoo.Cli"]
+
+
+def stage_java_device(run: DemoRun) -> str:
+    """A Java SDK device (the Android SDK on the JVM) beside a Python one: it looks up and runs a model, then both
+    take part in one federated round."""
+    from fedzoo.clients.client import FedzooClient
+    from fedzoo.clients.participation import participate_once
+    from fedzoo.edge.device_profile import collect_device_profile
+
+    task = run.federation.card.task
+    java = _java_sdk_command(run)
+    if java is None:
+        return "skipped: the Java device needs a JDK and Maven on PATH and the source tree's clients/java (not found)"
+    state, data = run.workdir / "java-device", run.workdir / "java-data"
+    data.mkdir(parents=True, exist_ok=True)
+    np.savez(data / "test.npz", x=run.split.test.x, y=run.split.test.y)
+    shard = run.federation.client_data(0)
+    np.savez(data / "shard.npz", x=shard.x, y=shard.y)
+    cli = lambda *args: json.loads(subprocess.run([*java, *args, "--state", str(state)], check=True,  # noqa: E731
+                                                  capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    cli("register", "--server", run.server_url, "--device-id", f"demo-java-{os.getpid()}")
+    ran = cli("run", "--task", task, "--latency-budget-ms", "1000", "--inputs", str(data / "test.npz"))
+    admin = FedzooClient(run.server_url, cache_dir=run.workdir / "java-round-admin")
+    round_id = admin.create_rounds({"model_id": run.latest_model_id, "min_clients": 2, "target_clients": 2,
+                                    "over_selection": 0.0, "deadline_s": 300, "local_epochs": 1, "batch_size": 32,
+                                    "learning_rate": 0.01}, run.admin_token)["id"]
+    java_device = subprocess.Popen([*java, "participate", "--task", task, "--data", str(data / "shard.npz"),
+                                    "--encoding", "int8", "--max-idle-s", "60", "--state", str(state)],
+                                   stdout=subprocess.PIPE, text=True)
+    with FedzooClient(run.server_url, cache_dir=run.workdir / "python-device") as python_device:
+        python_device.register(collect_device_profile(f"demo-python-{os.getpid()}", run_calibration=False))
+        python_result = participate_once(python_device, task, run.federation.client_data(1), "fp32")
+    java_result = json.loads(java_device.communicate(timeout=300)[0].strip().splitlines()[-1])
+    view = admin.fl_round(round_id)
+    while view["state"] in ("open", "collecting", "aggregating"):
+        time.sleep(0.2)
+        view = admin.fl_round(round_id)
+    admin.close()
+    return (f"Java device ran {ran['model_id']} at test accuracy {ran['accuracy']:.4f}; round {round_id} with it "
+            f"(int8: {java_result['outcome']}) and a Python device (fp32: {python_result.outcome}) {view['state']} "
+            f"with {view['accepted_updates']} updates -> {view['result_model_id']}")
 
 
 # (title, function) in data-flow order
@@ -180,6 +241,7 @@ STAGES: list[tuple[str, Callable[[DemoRun], str]]] = [
     ("model server: import the zoo and serve it", stage_serve),
     ("device: register, look up, download, run, report latency", stage_client),
     ("federated rounds driven by the server", stage_federated),
+    ("a Java SDK device beside a Python one", stage_java_device),
 ]
 
 

@@ -1,0 +1,144 @@
+package dev.fedzoo;
+
+import java.io.File;
+import java.io.FileInputStream;
+import java.io.IOException;
+import java.io.InputStream;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Random;
+
+import org.json.JSONException;
+import org.json.JSONObject;
+
+import dev.fedzoo.client.FedzooClient;
+import dev.fedzoo.client.StateStore;
+import dev.fedzoo.codec.Npy;
+import dev.fedzoo.codec.Npz;
+import dev.fedzoo.codec.UpdateCodec;
+import dev.fedzoo.edge.DeviceProfile;
+import dev.fedzoo.edge.EdgeSession;
+import dev.fedzoo.edge.FloatTensor;
+import dev.fedzoo.fl.LocalData;
+import dev.fedzoo.fl.Participation;
+import dev.fedzoo.fl.ParticipationResult;
+
+/**
+ * The device side from a shell on the JVM, as Python's {@code fedzoo client}: the server URL and token live in a
+ * {@link StateStore} directory after {@code register}. Each command prints one JSON object per result.
+ *
+ * <pre>
+ * java -cp ... dev.fedzoo.Cli register --state DIR --server URL --device-id ID [--enrollment-token T]
+ * java -cp ... dev.fedzoo.Cli run --state DIR --task mnist --latency-budget-ms 5 --inputs test.npz
+ * java -cp ... dev.fedzoo.Cli participate --state DIR --task mnist --data shard.npz [--encoding int8] [--rounds 1] [--max-idle-s 300]
+ * </pre>
+ */
+public final class Cli {
+    private Cli() {
+    }
+
+    public static void main(String[] arguments) throws Exception {
+        if (arguments.length == 0) {
+            throw new InvalidInputException("usage: Cli register|run|participate --state DIR ... (see the class javadoc)");
+        }
+        Map<String, String> options = new HashMap<String, String>();
+        for (int i = 1; i + 1 < arguments.length; i += 2) {
+            options.put(arguments[i].replaceFirst("^--", ""), arguments[i + 1]);
+        }
+        StateStore state = new StateStore(new File(required(options, "state")));
+        String command = arguments[0];
+        if (command.equals("register")) {
+            FedzooClient client = new FedzooClient(required(options, "server"), null, new File(state.directory(), "cache"));
+            JSONObject registration = client.register(DeviceProfile.collect(required(options, "device-id"), 1,
+                    options.get("device-class"), null), options.get("enrollment-token"));
+            state.save(new JSONObject().put("server", client.http().baseUrl())
+                    .put("device_id", registration.getString("device_id")).put("token", registration.getString("token")));
+            System.out.println(new JSONObject().put("registered", registration.getString("device_id")));
+        } else if (command.equals("run")) {
+            FedzooClient client = client(state);
+            JSONObject choice = client.lookup(required(options, "task"), Double.parseDouble(required(options, "latency-budget-ms")),
+                    null, null);
+            ModelCard card = new ModelCard(choice.getJSONObject("model"));
+            LocalData data = read(new File(required(options, "inputs")));
+            EdgeSession session = client.session(card, 1);
+            int[] predicted = session.predict(data.x);
+            session.close();
+            int correct = 0;
+            for (int i = 0; i < predicted.length; i++) {
+                correct += predicted[i] == data.y[i] ? 1 : 0;
+            }
+            System.out.println(new JSONObject().put("model_id", card.id()).put("accuracy", correct / (double) data.size())
+                    .put("examples", data.size()));
+        } else if (command.equals("participate")) {
+            participate(client(state), state, options);
+        } else {
+            throw new InvalidInputException("unknown command '" + command + "'; use register, run or participate", "command");
+        }
+    }
+
+    private static void participate(FedzooClient client, StateStore state, Map<String, String> options) throws IOException, JSONException,
+            InterruptedException {
+        LocalData data = read(new File(required(options, "data")));
+        UpdateCodec.Encoding encoding = UpdateCodec.Encoding.fromWireName(options.containsKey("encoding")
+                ? options.get("encoding") : "fp32");
+        int rounds = Integer.parseInt(options.containsKey("rounds") ? options.get("rounds") : "1");
+        long maxIdleMs = (long) (1000 * Double.parseDouble(options.containsKey("max-idle-s") ? options.get("max-idle-s") : "300"));
+        Participation participation = new Participation(client, state);
+        Random random = new Random();
+        List<ParticipationResult> results = new ArrayList<ParticipationResult>();
+        long idleSince = System.currentTimeMillis();
+        while (results.size() < rounds && System.currentTimeMillis() - idleSince < maxIdleMs) {
+            ParticipationResult result = participation.participateOnce(required(options, "task"), data, encoding,
+                    options.get("family"), null);
+            if (result.roundId == null) {
+                Thread.sleep(result.nextCheckInMs(random));
+                continue;
+            }
+            results.add(result);
+            idleSince = System.currentTimeMillis();
+            System.out.println(new JSONObject().put("round_id", result.roundId).put("outcome", result.outcome)
+                    .put("upload_bytes", result.uploadBytes).put("metrics", new JSONObject(result.metrics)));
+        }
+        if (results.isEmpty()) {
+            System.out.println(new JSONObject().put("outcome", "no task").put("max_idle_s", maxIdleMs / 1000.0));
+        }
+    }
+
+    private static FedzooClient client(StateStore state) {
+        JSONObject saved = state.load();
+        if (!saved.has("server") || !saved.has("token")) {
+            throw new InvalidInputException("no server and token in " + state.directory() + ": register first", "state");
+        }
+        return new FedzooClient(saved.optString("server"), saved.optString("token"), new File(state.directory(), "cache"));
+    }
+
+    /** {@code x} (N, C, H, W) float32 in [0, 1] and {@code y} int64 labels from an {@code .npz}. */
+    static LocalData read(File file) throws IOException {
+        InputStream in = new FileInputStream(file);
+        byte[] bytes;
+        try {
+            bytes = new byte[(int) file.length()];
+            int offset = 0;
+            for (int read = 0; read >= 0 && offset < bytes.length; offset += Math.max(read, 0)) {
+                read = in.read(bytes, offset, bytes.length - offset);
+            }
+        } finally {
+            in.close();
+        }
+        Map<String, Npy.Array> arrays = Npz.read(bytes);
+        if (!arrays.containsKey("x") || !arrays.containsKey("y")) {
+            throw new InvalidInputException(file + " must hold 'x' and 'y'; it holds " + arrays.keySet(), "data");
+        }
+        return new LocalData(new FloatTensor(arrays.get("x").shape, arrays.get("x").floats()), arrays.get("y").longs());
+    }
+
+    private static String required(Map<String, String> options, String name) {
+        String value = options.get(name);
+        if (value == null) {
+            throw new InvalidInputException("--" + name + " is required", name);
+        }
+        return value;
+    }
+}
