@@ -1,0 +1,136 @@
+"""The Java (Android) SDK's trainer beside the Python SDK's, on the same zoo model and batch.
+
+1. Training-step time (loss and gradients from the standard-op training graph in onnxruntime, then the
+   SGD-momentum step; batch 32 of MNIST 28x28, 1 intra-op thread) of the MobileNetV2-style NAS subnet of
+   `bench/train_benchmark.py`: the Python `fedzoo.edge.trainer.Trainer` and the Java `dev.fedzoo.edge.Trainer`
+   (onnxruntime-java from Maven Central), each in its own process, alternating, median over rounds.
+   Goal: Java within 1.2x of Python.
+2. Peak RSS (VmHWM) of a client process of each that loads the shard and trains 20 steps over it.
+3. The `fedzoo-client` jar's size, without ONNX Runtime (goal: at most 200 KB).
+
+Needs a JDK and Maven on PATH. Run: .venv/bin/python bench/java_client.py [--rounds 5] [--steps-per-round 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_benchmark import ARCH, BATCH_SIZE, MEMORY_STEPS  # noqa: E402  (the same model, batch and client steps)
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+POM = REPOSITORY / "clients" / "java" / "pom.xml"
+
+
+def java_command(folder: Path) -> list[str]:
+    """`java -cp <fedzoo-client jar and its dependencies>`, after building the jar with Maven."""
+    classpath = folder / "classpath.txt"
+    subprocess.run(["mvn", "-B", "-q", "-Dstyle.color=never", "-f", str(POM), "-pl", "fedzoo-client", "-DskipTests",
+                    "package", "dependency:build-classpath", "-DincludeScope=compile", f"-Dmdep.outputFile={classpath}"],
+                   check=True, stdout=subprocess.DEVNULL)
+    return ["java", "-cp", f"{jar_path()}{os.pathsep}{classpath.read_text().strip()}"]
+
+
+def jar_path() -> Path:
+    return next((POM.parent / "fedzoo-client" / "target").glob("fedzoo-client-*.jar"))
+
+
+def python_step_ms(folder: Path, rounds: int, steps: int) -> list[float]:
+    """Median step time per round of the Python trainer, in a fresh process like the Java one."""
+    code = (
+        "import json, sys, time, numpy as np\n"
+        "from fedzoo.edge.optimizers import SGD\nfrom fedzoo.edge.trainer import Trainer\n"
+        f"folder = {str(folder)!r}\nshard = np.load(folder + '/shard.npz')\n"
+        f"x, y = shard['x'][:{BATCH_SIZE}], shard['y'][:{BATCH_SIZE}]\n"
+        "trainer = Trainer.from_inference_model(folder + '/train.onnx', folder + '/model.onnx', SGD(0.01, momentum=0.9))\n"
+        "for _ in range(5): trainer.step(x, y)\n"
+        "medians = []\n"
+        f"for _ in range({rounds}):\n"
+        "    times = []\n"
+        f"    for _ in range({steps}):\n"
+        "        start = time.perf_counter(); trainer.step(x, y); times.append((time.perf_counter() - start) * 1e3)\n"
+        "    medians.append(sorted(times)[len(times) // 2])\n"
+        "print(json.dumps({'step_ms': medians}))\n"
+    )
+    output = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    return json.loads(output)["step_ms"]
+
+
+def java_run(java: list[str], *args: str) -> dict:
+    source = Path(__file__).resolve().parent / "JavaTrainingStep.java"
+    output = subprocess.run([*java, str(source), *args], check=True, capture_output=True, text=True).stdout
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per runtime")
+    parser.add_argument("--steps-per-round", type=int, default=10)
+    arguments = parser.parse_args()
+
+    import onnx
+    import onnxruntime
+    import torch
+
+    from fedzoo.cloud.autodiff import build_training_graph
+    from fedzoo.cloud.data import load_dataset
+    from fedzoo.compress.export import export_onnx
+    from fedzoo.nas.subnet import build_subnet
+
+    torch.manual_seed(0)
+    dataset = load_dataset("mnist")
+    mean, std = float(dataset.x.mean()), float(dataset.x.std())
+    order = np.random.default_rng(0).permutation(len(dataset.x))[:640]
+    shard_x, shard_y = ((dataset.x[order] - mean) / std).astype(np.float32), dataset.y[order].astype(np.int64)
+    model = build_subnet(ARCH, num_classes=10, in_channels=1)
+    model.train()
+    with torch.no_grad():  # real BN statistics, so folding changes the weights
+        for start in range(0, len(shard_x), 64):
+            model(torch.from_numpy(shard_x[start : start + 64]))
+    with tempfile.TemporaryDirectory() as directory:
+        folder = Path(directory)
+        proto = export_onnx(model, (1, 1, 28, 28), folder / "model.onnx")
+        onnx.save(build_training_graph(proto), folder / "train.onnx")
+        np.savez(folder / "shard.npz", x=shard_x, y=shard_y)
+        java = java_command(folder)
+        java_version = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[0]
+        parameters = sum(int(np.prod(init.dims)) for init in proto.graph.initializer)
+        print(f"model: NAS subnet of bench/train_benchmark.py, {parameters} parameters; batch {BATCH_SIZE} x 1x28x28, "
+              f"SGD momentum 0.9, 1 thread")
+        java_ort = re.search(r"onnxruntime-([0-9.]+)\.jar", java[2]).group(1)
+        print(f"Python: onnxruntime {onnxruntime.__version__}; Java: {java_version}, onnxruntime-java {java_ort}")
+
+        python_ms, java_ms = [], []
+        started = time.perf_counter()
+        for _ in range(2):  # alternate, so drift on a shared machine hits both
+            python_ms += python_step_ms(folder, arguments.rounds, arguments.steps_per_round)
+            java_ms += java_run(java, "time", str(folder), str(arguments.rounds), str(arguments.steps_per_round))["step_ms"]
+        python_median, java_median = statistics.median(python_ms), statistics.median(java_ms)
+        print(f"training step: Python {python_median:.2f} ms, Java {java_median:.2f} ms -> Java/Python "
+              f"{java_median / python_median:.2f}x (goal <= 1.2x; medians of {len(python_ms)} rounds x "
+              f"{arguments.steps_per_round} steps each, {time.perf_counter() - started:.0f} s)")
+
+        python_memory = json.loads(subprocess.run(
+            [sys.executable, "-c", f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+                                   f"from train_benchmark import ort_client; from pathlib import Path; "
+                                   f"print(json.dumps(ort_client(Path({str(folder)!r}))))"],
+            check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+        java_memory = java_run(java, "memory", str(folder), str(MEMORY_STEPS))
+        print(f"peak RSS of a client training {MEMORY_STEPS} steps: Python {python_memory['peak_rss_mb']:.0f} MB, "
+              f"Java {java_memory['peak_rss_mb']:.0f} MB (JVM defaults)")
+        print(f"fedzoo-client jar without ONNX Runtime: {jar_path().stat().st_size / 1024:.0f} KB (goal <= 200 KB)")
+
+
+if __name__ == "__main__":
+    main()
