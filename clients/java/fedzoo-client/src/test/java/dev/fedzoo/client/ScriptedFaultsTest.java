@@ -216,6 +216,36 @@ class ScriptedFaultsTest {
     }
 
     @Test
+    void aCardIsVerifiedBeforeAnyByteOfItsModelIsFetched() throws Exception {
+        JSONObject vectors = new JSONObject(new String(TestSupport.read(new File(TestSupport.repository(),
+                "tests/vectors/card_signatures.json")), TestSupport.UTF8));
+        JSONObject valid = null;
+        JSONObject tampered = null;
+        for (int i = 0; i < vectors.getJSONArray("cases").length(); i++) {
+            JSONObject vector = vectors.getJSONArray("cases").getJSONObject(i);
+            valid = vector.getString("name").equals("valid") ? vector : valid;
+            tampered = vector.getString("name").equals("model_sha256_swapped") ? vector : tampered;
+        }
+        StateStore state = new StateStore(TestSupport.workDirectory("signed"));
+        FedzooClient client = client(1).requireSignedCards(CardVerifier.fromJson(vectors.getJSONObject("trusted_keys")), state);
+        dev.fedzoo.ModelCard bad = new dev.fedzoo.ModelCard(tampered.getJSONObject("card"));
+        CardSignatureException refused = assertThrows(CardSignatureException.class, () -> client.downloadModel(bad));
+        assertEquals("field_mismatch", refused.reason());
+        assertTrue(seen.isEmpty(), "nothing was fetched for a card that failed verification");
+
+        dev.fedzoo.ModelCard good = new dev.fedzoo.ModelCard(valid.getJSONObject("card"));
+        long expires = Timestamps.parseMillis("2026-12-31T12:00:00Z");
+        if (System.currentTimeMillis() < expires) { // the vectors' validity window, in real time
+            script.add(json(404, "{\"error\": {\"code\": \"not_found\", \"message\": \"no blob\"}}"));
+            assertThrows(ApiException.NotFound.class, () -> client.downloadModel(good));
+            assertEquals(1, seen.size(), "a verified card's model is fetched");
+            assertEquals(Integer.valueOf(good.version()), state.acceptedVersion(good.family()));
+        } else {
+            assertEquals("expired", assertThrows(CardSignatureException.class, () -> client.downloadModel(good)).reason());
+        }
+    }
+
+    @Test
     void timestampsParseTheServersForms() {
         assertEquals(0L, Timestamps.parseMillis("1970-01-01T00:00:00Z"));
         assertEquals(1_500L, Timestamps.parseMillis("1970-01-01T00:00:01.500123"));
