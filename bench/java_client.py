@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_benchmark import ARCH, BATCH_SIZE, MEMORY_STEPS  # noqa: E402  (the same model, batch and client steps)
+from train_benchmark import BATCH_SIZE, MEMORY_STEPS, subnet_and_shard  # noqa: E402  (the same model, batch, steps)
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 POM = REPOSITORY / "clients" / "java" / "pom.xml"
@@ -81,28 +81,16 @@ def main() -> None:
 
     import onnx
     import onnxruntime
-    import torch
 
     from fedzoo.cloud.autodiff import build_training_graph
-    from fedzoo.cloud.data import load_dataset
     from fedzoo.compress.export import export_onnx
-    from fedzoo.nas.subnet import build_subnet
 
-    torch.manual_seed(0)
-    dataset = load_dataset("mnist")
-    mean, std = float(dataset.x.mean()), float(dataset.x.std())
-    order = np.random.default_rng(0).permutation(len(dataset.x))[:640]
-    shard_x, shard_y = ((dataset.x[order] - mean) / std).astype(np.float32), dataset.y[order].astype(np.int64)
-    model = build_subnet(ARCH, num_classes=10, in_channels=1)
-    model.train()
-    with torch.no_grad():  # real BN statistics, so folding changes the weights
-        for start in range(0, len(shard_x), 64):
-            model(torch.from_numpy(shard_x[start : start + 64]))
+    model, shard_x, shard_y = subnet_and_shard()
     with tempfile.TemporaryDirectory() as directory:
         folder = Path(directory)
         proto = export_onnx(model, (1, 1, 28, 28), folder / "model.onnx")
         onnx.save(build_training_graph(proto), folder / "train.onnx")
-        np.savez(folder / "shard.npz", x=shard_x, y=shard_y)
+        np.savez(folder / "shard.npz", x=shard_x, y=shard_y.astype(np.int64))
         java = java_command(folder)
         java_version = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[0]
         parameters = sum(int(np.prod(init.dims)) for init in proto.graph.initializer)

@@ -146,6 +146,26 @@ def time_steps(steps: dict, rounds: int, steps_per_round: int) -> dict[str, floa
     return {name: statistics.median(values) for name, values in timings.items()}
 
 
+def subnet_and_shard():
+    """The NAS subnet of `ARCH` (torch, train mode, BN statistics from the shard) and a normalised MNIST shard of 640."""
+    import torch
+
+    from fedzoo.cloud.data import load_dataset
+    from fedzoo.nas.subnet import build_subnet
+
+    torch.manual_seed(0)
+    dataset = load_dataset("mnist")
+    mean, std = float(dataset.x.mean()), float(dataset.x.std())
+    order = np.random.default_rng(0).permutation(len(dataset.x))[:640]
+    shard_x, shard_y = ((dataset.x[order] - mean) / std).astype(np.float32), dataset.y[order]
+    model = build_subnet(ARCH, num_classes=10, in_channels=1)
+    model.train()
+    with torch.no_grad():  # real BN statistics, so folding changes the weights
+        for start in range(0, len(shard_x), 64):
+            model(torch.from_numpy(shard_x[start : start + 64]))
+    return model, shard_x, shard_y
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--client", choices=sorted(CLIENTS))
@@ -163,22 +183,11 @@ def main() -> None:
     import torch
 
     from fedzoo.cloud.autodiff import build_training_graph
-    from fedzoo.cloud.data import load_dataset
     from fedzoo.compress.export import export_onnx
     from fedzoo.edge.optimizers import SGD
     from fedzoo.edge.trainer import Trainer
-    from fedzoo.nas.subnet import build_subnet
 
-    torch.manual_seed(0)
-    dataset = load_dataset("mnist")
-    mean, std = float(dataset.x.mean()), float(dataset.x.std())
-    order = np.random.default_rng(0).permutation(len(dataset.x))[:640]
-    shard_x, shard_y = ((dataset.x[order] - mean) / std).astype(np.float32), dataset.y[order]
-    model = build_subnet(ARCH, num_classes=10, in_channels=1)
-    model.train()
-    with torch.no_grad():  # real BN statistics, so folding changes the weights
-        for start in range(0, len(shard_x), 64):
-            model(torch.from_numpy(shard_x[start : start + 64]))
+    model, shard_x, shard_y = subnet_and_shard()
     with tempfile.TemporaryDirectory() as directory:
         folder = Path(directory)
         proto = export_onnx(model, (1, 1, 28, 28), folder / "model.onnx")

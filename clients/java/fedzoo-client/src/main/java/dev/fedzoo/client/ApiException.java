@@ -111,6 +111,7 @@ public class ApiException extends FedzooException {
         }
     }
 
+    /** Builds the exception of one status (each subclass's constructor). */
     private interface Factory {
         ApiException create(int status, String code, String message, String field);
     }
@@ -118,42 +119,14 @@ public class ApiException extends FedzooException {
     private static final Map<Integer, Factory> BY_STATUS = new HashMap<Integer, Factory>();
 
     static {
-        BY_STATUS.put(400, new Factory() {
-            public ApiException create(int s, String c, String m, String f) {
-                return new BadRequest(s, c, m, f);
-            }
-        });
-        BY_STATUS.put(422, BY_STATUS.get(400));
-        BY_STATUS.put(401, new Factory() {
-            public ApiException create(int s, String c, String m, String f) {
-                return new Authentication(s, c, m, f);
-            }
-        });
-        BY_STATUS.put(403, new Factory() {
-            public ApiException create(int s, String c, String m, String f) {
-                return new PermissionDenied(s, c, m, f);
-            }
-        });
-        BY_STATUS.put(404, new Factory() {
-            public ApiException create(int s, String c, String m, String f) {
-                return new NotFound(s, c, m, f);
-            }
-        });
-        BY_STATUS.put(409, new Factory() {
-            public ApiException create(int s, String c, String m, String f) {
-                return new Conflict(s, c, m, f);
-            }
-        });
-        BY_STATUS.put(413, new Factory() {
-            public ApiException create(int s, String c, String m, String f) {
-                return new PayloadTooLarge(s, c, m, f);
-            }
-        });
-        BY_STATUS.put(416, new Factory() {
-            public ApiException create(int s, String c, String m, String f) {
-                return new RangeNotSatisfiable(s, c, m, f);
-            }
-        });
+        BY_STATUS.put(400, BadRequest::new);
+        BY_STATUS.put(401, Authentication::new);
+        BY_STATUS.put(403, PermissionDenied::new);
+        BY_STATUS.put(404, NotFound::new);
+        BY_STATUS.put(409, Conflict::new);
+        BY_STATUS.put(413, PayloadTooLarge::new);
+        BY_STATUS.put(416, RangeNotSatisfiable::new);
+        BY_STATUS.put(422, BadRequest::new);
     }
 
     /** The exception for an error response, from its status and body (the server's JSON error, or any text). */

@@ -144,11 +144,7 @@ public final class DeviceProfile {
         } catch (OrtException error) {
             throw new FedzooException("onnxruntime failed timing a model: " + error.getMessage(), error);
         } finally {
-            try {
-                session.close();
-            } catch (OrtException ignored) {
-                // the timings are taken; a failed close leaks nothing the process keeps using
-            }
+            EdgeSession.closeSession(session);
         }
     }
 

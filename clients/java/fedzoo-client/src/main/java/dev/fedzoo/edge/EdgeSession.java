@@ -184,6 +184,11 @@ public final class EdgeSession implements AutoCloseable {
 
     @Override
     public void close() {
+        closeSession(session);
+    }
+
+    /** Closes an ONNX Runtime session; a failure to free native memory is a bug, not an input error. */
+    static void closeSession(OrtSession session) {
         try {
             session.close();
         } catch (OrtException error) {

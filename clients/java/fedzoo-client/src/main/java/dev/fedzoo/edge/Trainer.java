@@ -172,10 +172,6 @@ public final class Trainer implements AutoCloseable {
 
     @Override
     public void close() {
-        try {
-            session.close();
-        } catch (OrtException error) {
-            throw new IllegalStateException("closing the onnxruntime session failed", error);
-        }
+        EdgeSession.closeSession(session);
     }
 }
