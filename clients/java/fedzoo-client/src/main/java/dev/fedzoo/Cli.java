@@ -1,9 +1,6 @@
 package dev.fedzoo;
 
 import java.io.File;
-import java.io.FileInputStream;
-import java.io.IOException;
-import java.io.InputStream;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
@@ -13,6 +10,7 @@ import java.util.Random;
 import org.json.JSONException;
 import org.json.JSONObject;
 
+import dev.fedzoo.client.BlobCache;
 import dev.fedzoo.client.FedzooClient;
 import dev.fedzoo.client.StateStore;
 import dev.fedzoo.codec.Npy;
@@ -39,6 +37,7 @@ public final class Cli {
     private Cli() {
     }
 
+    /** Runs one command: {@code register}, {@code run} or {@code participate} (see the class comment). */
     public static void main(String[] arguments) throws Exception {
         if (arguments.length == 0) {
             throw new InvalidInputException("usage: Cli register|run|participate --state DIR ... (see the class javadoc)");
@@ -78,7 +77,7 @@ public final class Cli {
         }
     }
 
-    private static void participate(FedzooClient client, StateStore state, Map<String, String> options) throws IOException, JSONException,
+    private static void participate(FedzooClient client, StateStore state, Map<String, String> options) throws JSONException,
             InterruptedException {
         LocalData data = read(new File(required(options, "data")));
         UpdateCodec.Encoding encoding = UpdateCodec.Encoding.fromWireName(options.containsKey("encoding")
@@ -115,19 +114,8 @@ public final class Cli {
     }
 
     /** {@code x} (N, C, H, W) float32 in [0, 1] and {@code y} int64 labels from an {@code .npz}. */
-    static LocalData read(File file) throws IOException {
-        InputStream in = new FileInputStream(file);
-        byte[] bytes;
-        try {
-            bytes = new byte[(int) file.length()];
-            int offset = 0;
-            for (int read = 0; read >= 0 && offset < bytes.length; offset += Math.max(read, 0)) {
-                read = in.read(bytes, offset, bytes.length - offset);
-            }
-        } finally {
-            in.close();
-        }
-        Map<String, Npy.Array> arrays = Npz.read(bytes);
+    static LocalData read(File file) {
+        Map<String, Npy.Array> arrays = Npz.read(BlobCache.readBytes(file));
         if (!arrays.containsKey("x") || !arrays.containsKey("y")) {
             throw new InvalidInputException(file + " must hold 'x' and 'y'; it holds " + arrays.keySet(), "data");
         }

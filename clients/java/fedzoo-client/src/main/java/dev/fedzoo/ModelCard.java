@@ -18,6 +18,7 @@ import org.json.JSONObject;
 public final class ModelCard {
     private final JSONObject json;
 
+    /** Wraps a card as the server sent it (needs at least id, sha256 and input). */
     public ModelCard(JSONObject json) {
         if (json == null || !json.has("id") || !json.has("sha256") || !json.has("input")) {
             throw new InvalidInputException("not a model card (needs id, sha256 and input): " + json, "card");
@@ -30,22 +31,27 @@ public final class ModelCard {
         return json;
     }
 
+    /** The card's id, e.g. {@code mnist-ofa-3}. */
     public String id() {
         return json.optString("id");
     }
 
+    /** The model family versions belong to; signed versions never go backwards within one. */
     public String family() {
         return json.optString("family");
     }
 
+    /** The version within the family (1 when absent). */
     public int version() {
         return json.optInt("version", 1);
     }
 
+    /** What the model does, e.g. {@code mnist}. */
     public String task() {
         return json.optString("task");
     }
 
+    /** The ONNX model blob's size in bytes. */
     public long sizeBytes() {
         return json.optLong("size_bytes");
     }
@@ -73,6 +79,7 @@ public final class ModelCard {
         return artifacts;
     }
 
+    /** The name of the model's single input. */
     public String inputName() {
         return json.optJSONObject("input").optString("name");
     }
@@ -114,6 +121,7 @@ public final class ModelCard {
         }
     }
 
+    /** The class labels, by output index. */
     public List<String> labels() {
         JSONArray labels = json.optJSONArray("labels");
         List<String> out = new ArrayList<String>();

@@ -21,6 +21,7 @@ public class ApiException extends FedzooException {
     private final String serverMessage;
     private final String field;
 
+    /** An error of HTTP {@code status} with the server's code, message and (nullable) field. */
     public ApiException(int status, String code, String message, String field) {
         super(message + " (HTTP " + status + " " + code + (field != null ? ", field '" + field + "'" : "") + ")");
         this.status = status;
@@ -29,6 +30,7 @@ public class ApiException extends FedzooException {
         this.field = field;
     }
 
+    /** The HTTP status. */
     public int status() {
         return status;
     }

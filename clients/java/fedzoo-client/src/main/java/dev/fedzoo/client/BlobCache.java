@@ -31,6 +31,7 @@ public final class BlobCache {
 
     private final File root;
 
+    /** A cache under {@code root} (created if missing). */
     public BlobCache(File root) {
         this.root = root;
         mkdirs(new File(root, "blobs"));
@@ -48,14 +49,17 @@ public final class BlobCache {
         }
     }
 
+    /** The cache's directory. */
     public File root() {
         return root;
     }
 
+    /** Where the verified blob {@code sha256} lives (whether or not it is there yet). */
     public File blobPath(String sha256) {
         return new File(new File(root, "blobs"), check(sha256));
     }
 
+    /** Where an interrupted download of {@code sha256} keeps its bytes. */
     public File partialPath(String sha256) {
         return new File(new File(root, "partial"), check(sha256) + ".part");
     }
@@ -161,6 +165,15 @@ public final class BlobCache {
             throw new FedzooException("cannot read " + file + ": " + error.getMessage(), error);
         }
         return hex(digest.digest());
+    }
+
+    /** A whole file's bytes (models and training graphs are small enough to hold in memory on a device). */
+    public static byte[] readBytes(File file) {
+        try {
+            return FedzooHttp.readAll(new FileInputStream(file));
+        } catch (IOException error) {
+            throw new FedzooException("cannot read " + file + ": " + error.getMessage(), error);
+        }
     }
 
     /** Lowercase hex sha256 of {@code data}. */

@@ -11,11 +11,13 @@ public class CardSignatureException extends FedzooException {
     private static final long serialVersionUID = 1L;
     private final String reason;
 
+    /** A refusal naming its {@code reason} (see the class comment). */
     public CardSignatureException(String message, String reason) {
         super(message);
         this.reason = reason;
     }
 
+    /** Why the card was refused: unsigned, unknown_key, bad_signature, field_mismatch, expired or rollback. */
     public String reason() {
         return reason;
     }

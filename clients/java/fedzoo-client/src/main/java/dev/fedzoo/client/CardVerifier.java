@@ -1,7 +1,12 @@
 package dev.fedzoo.client;
 
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.Collections;
 import java.util.Iterator;
+import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.TreeMap;
 import java.util.TreeSet;
 
@@ -47,7 +52,7 @@ public final class CardVerifier {
         if (entries == null) {
             throw new InvalidInputException("a key set is {\"keys\": [...]}", "keys");
         }
-        java.util.List<byte[]> raws = new java.util.ArrayList<byte[]>();
+        List<byte[]> raws = new ArrayList<byte[]>();
         for (int i = 0; i < entries.length(); i++) {
             JSONObject entry = entries.optJSONObject(i);
             byte[] raw = decodeBase64(entry == null ? null : entry.optString("public_key", null), "keys[" + i + "].public_key");
@@ -66,8 +71,9 @@ public final class CardVerifier {
         return BlobCache.sha256Of(publicKeyRaw).substring(0, 16);
     }
 
-    public java.util.Set<String> keyIds() {
-        return java.util.Collections.unmodifiableSet(keys.keySet());
+    /** The ids of the pinned keys. */
+    public Set<String> keyIds() {
+        return Collections.unmodifiableSet(keys.keySet());
     }
 
     /**
@@ -146,7 +152,7 @@ public final class CardVerifier {
         TreeSet<String> differing = new TreeSet<String>();
         for (Iterator<String> names = fields.keys(); names.hasNext();) {
             String name = names.next();
-            if (!java.util.Arrays.asList(SIGNED_FIELDS).contains(name)) {
+            if (!Arrays.asList(SIGNED_FIELDS).contains(name)) {
                 differing.add(name);
             }
         }

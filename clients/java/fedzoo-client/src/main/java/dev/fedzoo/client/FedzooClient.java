@@ -46,6 +46,7 @@ public final class FedzooClient {
         this(baseUrl, token, cacheDir, new RetryPolicy(), 30_000);
     }
 
+    /** A client with its own retry policy and connect/read timeout (milliseconds). */
     public FedzooClient(String baseUrl, String token, File cacheDir, RetryPolicy retry, int timeoutMs) {
         this.http = new FedzooHttp(baseUrl, token, retry, timeoutMs);
         this.cache = new BlobCache(cacheDir);
@@ -66,22 +67,27 @@ public final class FedzooClient {
         return verifier != null;
     }
 
+    /** The HTTP layer (token, retries, sleeper). */
     public FedzooHttp http() {
         return http;
     }
 
+    /** The blob cache downloads go through. */
     public BlobCache cache() {
         return cache;
     }
 
+    /** The device token in use, or null before registering. */
     public String token() {
         return http.token();
     }
 
+    /** Bytes this client transferred in downloads (0 for cache hits). */
     public long downloadedBytes() {
         return downloadedBytes;
     }
 
+    /** Bytes of update archives this client uploaded and the server accepted. */
     public long uploadedBytes() {
         return uploadedBytes;
     }
@@ -120,6 +126,7 @@ public final class FedzooClient {
         return http.getJson("/v1/models", query);
     }
 
+    /** A published model's card ({@code GET /v1/models/<id>}). */
     public ModelCard card(String modelId) {
         return new ModelCard(http.getJson("/v1/models/" + modelId, null));
     }
@@ -180,7 +187,7 @@ public final class FedzooClient {
 
     /** An {@link EdgeSession} of the card's model (downloaded if needed), applying the card's normalisation. */
     public EdgeSession session(ModelCard card, int threads) {
-        return new EdgeSession(StateStore.readFile(downloadModel(card)), card, threads);
+        return new EdgeSession(BlobCache.readBytes(downloadModel(card)), card, threads);
     }
 
     /** Tells the server how fast the model ran here, so later lookups use this device's own figure. */
@@ -212,6 +219,7 @@ public final class FedzooClient {
         return http.getJson("/v1/fl/task", query);
     }
 
+    /** A round's state, counts and outcome ({@code GET /v1/fl/rounds/<id>}). */
     public JSONObject flRound(long roundId) {
         return http.getJson("/v1/fl/rounds/" + roundId, null);
     }

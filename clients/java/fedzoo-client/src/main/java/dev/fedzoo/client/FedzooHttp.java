@@ -11,6 +11,7 @@ import java.net.URL;
 import java.net.URLEncoder;
 import java.nio.charset.Charset;
 import java.util.LinkedHashMap;
+import java.util.Locale;
 import java.util.Map;
 import java.util.Random;
 
@@ -52,10 +53,12 @@ public final class FedzooHttp {
             this.body = body;
         }
 
+        /** The body as UTF-8 text. */
         public String text() {
             return new String(body, UTF8);
         }
 
+        /** The body as a JSON object; a {@link FedzooException} if it is not one. */
         public JSONObject json() {
             try {
                 return new JSONObject(text());
@@ -81,6 +84,7 @@ public final class FedzooHttp {
         }
     };
 
+    /** Requests to {@code baseUrl} with {@code token} (nullable), {@code retry} (null: the defaults) and a connect/read timeout. */
     public FedzooHttp(String baseUrl, String token, RetryPolicy retry, int timeoutMs) {
         this.baseUrl = baseUrl.replaceAll("/+$", "");
         this.token = token;
@@ -88,22 +92,27 @@ public final class FedzooHttp {
         this.timeoutMs = timeoutMs;
     }
 
+    /** The server's URL, without a trailing slash. */
     public String baseUrl() {
         return baseUrl;
     }
 
+    /** The bearer token sent with every request, or null. */
     public String token() {
         return token;
     }
 
+    /** Replaces the bearer token (after registering, or to drop it). */
     public void setToken(String token) {
         this.token = token;
     }
 
+    /** The retry policy of this connection. */
     public RetryPolicy retry() {
         return retry;
     }
 
+    /** Waits between retries through {@code sleeper} (e.g. a {@link StopSignal}). */
     public void setSleeper(Sleeper sleeper) {
         this.sleeper = sleeper;
     }
@@ -202,10 +211,12 @@ public final class FedzooHttp {
         return connection;
     }
 
+    /** A GET (query may be null), retried as safe; the JSON object of its 200 answer. */
     public JSONObject getJson(String path, Map<String, String> query) {
         return request("GET", path + queryString(query), null, null, null, Resend.SAFE, 200).json();
     }
 
+    /** A JSON POST; the JSON object of its answer of an {@code expected} status. */
     public JSONObject postJson(String path, JSONObject body, Resend resend, int... expected) {
         return request("POST", path, body.toString().getBytes(UTF8), "application/json", null, resend, expected).json();
     }
@@ -257,7 +268,7 @@ public final class FedzooHttp {
         Map<String, String> headers = new LinkedHashMap<String, String>();
         for (String name : connection.getHeaderFields().keySet()) {
             if (name != null) {
-                headers.put(name.toLowerCase(java.util.Locale.ROOT), connection.getHeaderField(name));
+                headers.put(name.toLowerCase(Locale.ROOT), connection.getHeaderField(name));
             }
         }
         return headers;

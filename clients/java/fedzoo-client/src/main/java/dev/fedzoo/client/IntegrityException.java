@@ -6,6 +6,7 @@ import dev.fedzoo.FedzooException;
 public class IntegrityException extends FedzooException {
     private static final long serialVersionUID = 1L;
 
+    /** An integrity failure described by {@code message}. */
     public IntegrityException(String message) {
         super(message);
     }

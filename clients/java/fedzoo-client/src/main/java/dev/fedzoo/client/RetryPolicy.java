@@ -17,6 +17,7 @@ public final class RetryPolicy {
         this(5, 0.2, 10.0);
     }
 
+    /** At most {@code maxAttempts} attempts, backoff from {@code baseDelayS} up to {@code maxDelayS} seconds. */
     public RetryPolicy(int maxAttempts, double baseDelayS, double maxDelayS) {
         if (maxAttempts < 1) {
             throw new IllegalArgumentException("maxAttempts must be >= 1, got " + maxAttempts);

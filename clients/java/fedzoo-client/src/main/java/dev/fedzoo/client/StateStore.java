@@ -1,10 +1,8 @@
 package dev.fedzoo.client;
 
 import java.io.File;
-import java.io.FileInputStream;
 import java.io.FileOutputStream;
 import java.io.IOException;
-import java.io.InputStream;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
@@ -39,6 +37,7 @@ public final class StateStore {
         public final String encoding;
         public final byte[] delta;
 
+        /** An update for round {@code roundId}: where to send it, its metadata, the round's deadline, encoding and archive. */
         public PendingUpdate(long roundId, String uploadUrl, JSONObject metadata, String deadlineAt, String encoding,
                              byte[] delta) {
             this.roundId = roundId;
@@ -50,12 +49,14 @@ public final class StateStore {
         }
     }
 
+    /** State kept in {@code directory} (created if missing). */
     public StateStore(File directory) {
         this.directory = directory;
         this.pendingDirectory = new File(directory, "pending");
         BlobCache.mkdirs(pendingDirectory);
     }
 
+    /** The directory the state lives in. */
     public File directory() {
         return directory;
     }
@@ -67,7 +68,7 @@ public final class StateStore {
             return new JSONObject();
         }
         try {
-            return new JSONObject(new String(readFile(file), FedzooHttp.UTF8));
+            return new JSONObject(new String(BlobCache.readBytes(file), FedzooHttp.UTF8));
         } catch (JSONException error) {
             throw new FedzooException("client state " + file + " is not valid JSON (" + error.getMessage()
                     + "); delete it and register again");
@@ -142,10 +143,10 @@ public final class StateStore {
                 continue;
             }
             try {
-                JSONObject description = new JSONObject(new String(readFile(new File(pendingDirectory, name)), FedzooHttp.UTF8));
+                JSONObject description = new JSONObject(new String(BlobCache.readBytes(new File(pendingDirectory, name)), FedzooHttp.UTF8));
                 updates.add(new PendingUpdate(description.getLong("round_id"), description.getString("upload_url"),
                         description.getJSONObject("metadata"), description.getString("deadline_at"),
-                        description.getString("encoding"), readFile(delta)));
+                        description.getString("encoding"), BlobCache.readBytes(delta)));
             } catch (JSONException corrupt) {
                 removePending(Long.parseLong(name.replace(".json", "")));
             }
@@ -153,18 +154,10 @@ public final class StateStore {
         return updates;
     }
 
+    /** Forgets round {@code roundId}'s pending update (the server decided on it). */
     public synchronized void removePending(long roundId) {
         BlobCache.deleteQuietly(new File(pendingDirectory, roundId + ".json"));
         BlobCache.deleteQuietly(new File(pendingDirectory, roundId + ".npz"));
-    }
-
-    static byte[] readFile(File file) {
-        try {
-            InputStream in = new FileInputStream(file);
-            return FedzooHttp.readAll(in);
-        } catch (IOException error) {
-            throw new FedzooException("cannot read " + file + ": " + error.getMessage(), error);
-        }
     }
 
     /** Writes {@code data} to a temporary file beside {@code target}, syncs it, then renames it over the target. */

@@ -14,6 +14,7 @@ public final class StopSignal implements FedzooHttp.Sleeper {
         notifyAll();
     }
 
+    /** Whether {@link #stop()} was called. */
     public boolean isStopped() {
         return stopped;
     }

@@ -38,12 +38,14 @@ public final class Npy {
         public final long[] shape;
         public final byte[] data;
 
+        /** An array of dtype {@code descr} and {@code shape} with raw little-endian {@code data}. */
         public Array(String descr, long[] shape, byte[] data) {
             this.descr = descr;
             this.shape = shape;
             this.data = data;
         }
 
+        /** The values of a {@code <f4} array. */
         public float[] floats() {
             require(FLOAT32);
             float[] values = new float[data.length / 4];
@@ -51,6 +53,7 @@ public final class Npy {
             return values;
         }
 
+        /** The values of an {@code <i8} array. */
         public long[] longs() {
             require(INT64);
             long[] values = new long[data.length / 8];
@@ -58,6 +61,7 @@ public final class Npy {
             return values;
         }
 
+        /** The values of an {@code |i1} array (a copy). */
         public byte[] int8s() {
             require(INT8);
             return data.clone();
@@ -80,18 +84,21 @@ public final class Npy {
         }
     }
 
+    /** The {@code .npy} bytes of a float32 array. */
     public static byte[] float32(long[] shape, float[] values) {
         ByteBuffer buffer = ByteBuffer.allocate(values.length * 4).order(ByteOrder.LITTLE_ENDIAN);
         buffer.asFloatBuffer().put(values);
         return write(FLOAT32, shape, buffer.array());
     }
 
+    /** The {@code .npy} bytes of an int64 array. */
     public static byte[] int64(long[] shape, long[] values) {
         ByteBuffer buffer = ByteBuffer.allocate(values.length * 8).order(ByteOrder.LITTLE_ENDIAN);
         buffer.asLongBuffer().put(values);
         return write(INT64, shape, buffer.array());
     }
 
+    /** The {@code .npy} bytes of an int8 array. */
     public static byte[] int8(long[] shape, byte[] values) {
         return write(INT8, shape, values);
     }

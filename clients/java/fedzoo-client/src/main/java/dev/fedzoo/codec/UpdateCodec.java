@@ -41,10 +41,12 @@ public final class UpdateCodec {
             this.wireName = wireName;
         }
 
+        /** The name the server uses: {@code fp32} or {@code int8}. */
         public String wireName() {
             return wireName;
         }
 
+        /** The encoding the server calls {@code name}. */
         public static Encoding fromWireName(String name) {
             for (Encoding encoding : values()) {
                 if (encoding.wireName.equals(name)) {

@@ -14,10 +14,12 @@ public final class Adam extends Optimizer {
     private final Map<String, float[]> secondMoment = new HashMap<String, float[]>();
     private final Map<String, Integer> steps = new HashMap<String, Integer>();
 
+    /** Adam with torch's defaults: betas (0.9, 0.999), epsilon 1e-8, no weight decay. */
     public Adam(double learningRate) {
         this(learningRate, 0.9, 0.999, 1e-8, 0.0);
     }
 
+    /** Adam with every hyper-parameter given. */
     public Adam(double learningRate, double beta1, double beta2, double epsilon, double weightDecay) {
         super(learningRate, weightDecay);
         if (!(beta1 >= 0.0 && beta1 < 1.0 && beta2 >= 0.0 && beta2 < 1.0)) {

@@ -41,6 +41,7 @@ public final class DeviceProfile {
         public final double medianMs;
         public final double p90Ms;
 
+        /** Model {@code model} ran in a median {@code medianMs} and a 90th percentile of {@code p90Ms} milliseconds. */
         public CalibrationBenchmark(String model, double medianMs, double p90Ms) {
             this.model = model;
             this.medianMs = medianMs;
@@ -58,6 +59,7 @@ public final class DeviceProfile {
     public final int threads;
     public final List<CalibrationBenchmark> benchmarks;
 
+    /** A profile from known values ({@link #collect} measures them); {@code deviceClass} may be null. */
     public DeviceProfile(String deviceId, String platform, String deviceClass, String cpuModel, int cores, long memoryMb,
                          String onnxruntimeVersion, int threads, List<CalibrationBenchmark> benchmarks) {
         this.deviceId = deviceId;

@@ -85,6 +85,7 @@ public final class EdgeSession implements AutoCloseable {
         }
     }
 
+    /** The model's input name. */
     public String inputName() {
         return inputName;
     }

@@ -39,6 +39,7 @@ public final class FloatTensor {
         return count;
     }
 
+    /** The shape (a copy). */
     public long[] shape() {
         return shape.clone();
     }
@@ -48,10 +49,12 @@ public final class FloatTensor {
         return data;
     }
 
+    /** The number of values. */
     public int size() {
         return data.length;
     }
 
+    /** A tensor of the same shape with its own copy of the values. */
     public FloatTensor copy() {
         return new FloatTensor(shape, data.clone());
     }

@@ -5,6 +5,7 @@ import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.charset.Charset;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -85,11 +86,11 @@ public final class OnnxInitializers {
                 Tensor current = decodeTensor(field.payload(graph));
                 FloatTensor replacement = remaining.remove(current.name);
                 if (replacement != null) {
-                    if (current.value == null || !java.util.Arrays.equals(current.value.shape(), replacement.shape())) {
+                    if (current.value == null || !Arrays.equals(current.value.shape(), replacement.shape())) {
                         String old = current.value == null ? "not a float tensor"
-                                : "shape " + java.util.Arrays.toString(current.value.shape());
+                                : "shape " + Arrays.toString(current.value.shape());
                         throw new InvalidInputException("parameter '" + current.name + "' has shape "
-                                + java.util.Arrays.toString(replacement.shape()) + " but the model's initializer is " + old,
+                                + Arrays.toString(replacement.shape()) + " but the model's initializer is " + old,
                                 current.name);
                     }
                     writeBytes(newGraph, lengthDelimited(GRAPH_INITIALIZER, encodeTensor(current.name, replacement)));

@@ -15,6 +15,7 @@ public abstract class Optimizer {
     protected final double learningRate;
     protected final double weightDecay;
 
+    /** An optimizer with a positive learning rate and an L2 weight decay (0: none). */
     protected Optimizer(double learningRate, double weightDecay) {
         if (!(learningRate > 0.0)) {
             throw new InvalidInputException("learning_rate must be positive, got " + learningRate, "learning_rate");

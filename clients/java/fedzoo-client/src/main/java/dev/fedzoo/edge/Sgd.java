@@ -11,14 +11,17 @@ public final class Sgd extends Optimizer {
     private final boolean nesterov;
     private final Map<String, float[]> velocity = new HashMap<String, float[]>();
 
+    /** Plain SGD. */
     public Sgd(double learningRate) {
         this(learningRate, 0.0, 0.0, false);
     }
 
+    /** SGD with momentum in [0, 1). */
     public Sgd(double learningRate, double momentum) {
         this(learningRate, momentum, 0.0, false);
     }
 
+    /** SGD with momentum, L2 weight decay and optionally Nesterov momentum. */
     public Sgd(double learningRate, double momentum, double weightDecay, boolean nesterov) {
         super(learningRate, weightDecay);
         if (!(momentum >= 0.0 && momentum < 1.0)) {

@@ -115,6 +115,7 @@ public final class Trainer implements AutoCloseable {
         return Collections.unmodifiableMap(parameters);
     }
 
+    /** The optimizer stepping the parameters. */
     public Optimizer optimizer() {
         return optimizer;
     }

@@ -8,6 +8,7 @@ public final class LocalData {
     public final FloatTensor x;
     public final long[] y;
 
+    /** Images {@code x} (N, C, H, W) in [0, 1] and their N labels. */
     public LocalData(FloatTensor x, long[] y) {
         long[] shape = x.shape();
         if (shape.length < 2 || shape[0] != y.length || y.length == 0) {
@@ -18,6 +19,7 @@ public final class LocalData {
         this.y = y;
     }
 
+    /** The number of examples. */
     public int size() {
         return y.length;
     }

@@ -2,6 +2,7 @@ package dev.fedzoo.fl;
 
 import java.util.Collections;
 import java.util.HashMap;
+import java.util.Iterator;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -15,6 +16,7 @@ import dev.fedzoo.FedzooException;
 import dev.fedzoo.InvalidInputException;
 import dev.fedzoo.ModelCard;
 import dev.fedzoo.client.ApiException;
+import dev.fedzoo.client.BlobCache;
 import dev.fedzoo.client.CardSignatureException;
 import dev.fedzoo.client.FedzooClient;
 import dev.fedzoo.client.StateStore;
@@ -224,11 +226,11 @@ public final class Participation {
             if (stopped(stop)) {
                 return outcome(roundId, "stopped");
             }
-            byte[] model = readBytes(client.download(work.getString("model_url"), work.getString("model_sha256")));
+            byte[] model = BlobCache.readBytes(client.download(work.getString("model_url"), work.getString("model_sha256")));
             if (stopped(stop)) {
                 return outcome(roundId, "stopped");
             }
-            byte[] graph = readBytes(client.download(work.getString("training_graph_url"), work.getString("training_graph_sha256")));
+            byte[] graph = BlobCache.readBytes(client.download(work.getString("training_graph_url"), work.getString("training_graph_sha256")));
             TrainingResult trained;
             try {
                 trained = trainLocally(graph, model, card, work.getJSONObject("training"), data, shuffled(seed), stop, threads);
@@ -325,7 +327,7 @@ public final class Participation {
     private static Map<String, Double> metricsOf(JSONObject metrics) {
         Map<String, Double> out = new HashMap<String, Double>();
         if (metrics != null) {
-            for (java.util.Iterator<String> names = metrics.keys(); names.hasNext();) {
+            for (Iterator<String> names = metrics.keys(); names.hasNext();) {
                 String name = names.next();
                 out.put(name, metrics.optDouble(name));
             }
@@ -348,23 +350,5 @@ public final class Participation {
 
     private static ParticipationResult outcome(Long roundId, String outcome) {
         return new ParticipationResult(roundId, outcome, 0, 0, Collections.<String, Double>emptyMap(), null);
-    }
-
-    private static byte[] readBytes(java.io.File file) {
-        try {
-            java.io.InputStream in = new java.io.FileInputStream(file);
-            try {
-                byte[] data = new byte[(int) file.length()];
-                int offset = 0;
-                for (int read = 0; offset < data.length && read >= 0; offset += Math.max(read, 0)) {
-                    read = in.read(data, offset, data.length - offset);
-                }
-                return data;
-            } finally {
-                in.close();
-            }
-        } catch (java.io.IOException error) {
-            throw new FedzooException("cannot read " + file + ": " + error.getMessage(), error);
-        }
     }
 }

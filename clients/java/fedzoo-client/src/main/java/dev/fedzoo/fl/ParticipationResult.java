@@ -20,6 +20,7 @@ public final class ParticipationResult {
     /** The server's pacing when there was no task: ask again after this many seconds (null otherwise). */
     public final Double retryAfterS;
 
+    /** A result; see the fields. */
     public ParticipationResult(Long roundId, String outcome, long uploadBytes, int numExamples, Map<String, Double> metrics,
                                Double retryAfterS) {
         this.roundId = roundId;
