@@ -49,11 +49,10 @@ public final class Cli {
         StateStore state = new StateStore(new File(required(options, "state")));
         String command = arguments[0];
         if (command.equals("register")) {
-            FedzooClient client = new FedzooClient(required(options, "server"), null, new File(state.directory(), "cache"));
+            FedzooClient client = new FedzooClient(required(options, "server"), null, new File(state.directory(), "cache"))
+                    .keepStateIn(state);
             JSONObject registration = client.register(DeviceProfile.collect(required(options, "device-id"), 1,
                     options.get("device-class"), null), options.get("enrollment-token"));
-            state.save(new JSONObject().put("server", client.http().baseUrl())
-                    .put("device_id", registration.getString("device_id")).put("token", registration.getString("token")));
             System.out.println(new JSONObject().put("registered", registration.getString("device_id")));
         } else if (command.equals("run")) {
             FedzooClient client = client(state);
@@ -110,7 +109,7 @@ public final class Cli {
         if (!saved.has("server") || !saved.has("token")) {
             throw new InvalidInputException("no server and token in " + state.directory() + ": register first", "state");
         }
-        return new FedzooClient(saved.optString("server"), saved.optString("token"), new File(state.directory(), "cache"));
+        return new FedzooClient(saved.optString("server"), null, new File(state.directory(), "cache")).keepStateIn(state);
     }
 
     /** {@code x} (N, C, H, W) float32 in [0, 1] and {@code y} int64 labels from an {@code .npz}. */

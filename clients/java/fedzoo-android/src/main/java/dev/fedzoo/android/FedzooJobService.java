@@ -66,12 +66,12 @@ public abstract class FedzooJobService extends JobService {
         StateStore state = new StateStore(stateDirectory());
         JSONObject saved = state.load();
         if (!saved.has("server") || !saved.has("token")) {
-            Log.w(LOG_TAG, "not registered: save server and token in the StateStore before scheduling");
+            Log.w(LOG_TAG, "not registered: register with a client that keepStateIn(this state) before scheduling");
             jobFinished(params, false);
             return;
         }
-        FedzooClient client = new FedzooClient(saved.optString("server"), saved.optString("token"),
-                new File(stateDirectory(), "cache"));
+        FedzooClient client = new FedzooClient(saved.optString("server"), null, new File(stateDirectory(), "cache"))
+                .keepStateIn(state);
         client.http().setSleeper(signal);
         try {
             ParticipationResult result = new Participation(client, state).participateOnce(task, localData(),

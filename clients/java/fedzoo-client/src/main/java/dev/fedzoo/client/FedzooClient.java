@@ -21,7 +21,8 @@ import dev.fedzoo.edge.EdgeSession;
  * federated-learning calls. Every call blocks: call it off Android's main thread. The SDK starts no threads.
  *
  * <pre>{@code
- * FedzooClient client = new FedzooClient("https://models.example", null, new File(context.getCacheDir(), "fedzoo"));
+ * FedzooClient client = new FedzooClient("https://models.example", null, new File(context.getCacheDir(), "fedzoo"))
+ *         .keepStateIn(new StateStore(new File(context.getFilesDir(), "fedzoo")));   // token survives restarts
  * client.register(DeviceProfile.collect("phone-17", 1, null, calibrationModels), enrollmentToken);
  * JSONObject choice = client.lookup("mnist", 5.0, null, null);
  * ModelCard card = new ModelCard(choice.getJSONObject("model"));
@@ -36,8 +37,13 @@ public final class FedzooClient {
 
     private final FedzooHttp http;
     private final BlobCache cache;
+    /** Refresh the device token once this share of its lifetime has passed (as the Python SDK). */
+    private static final double REFRESH_AT_LIFETIME_FRACTION = 0.5;
+
     private CardVerifier verifier;
-    private StateStore versions;
+    private StateStore state;
+    private String deviceId;
+    private long tokenRefreshAtMs = -1;
     private long downloadedBytes;
     private long uploadedBytes;
 
@@ -53,12 +59,30 @@ public final class FedzooClient {
     }
 
     /**
-     * Verify every card against {@code verifier}'s pinned keys before its model is downloaded or loaded, refusing
-     * versions below the newest one {@code versions} recorded for the family (it records each accepted one).
+     * Keeps this device's identity in {@code state} (server, device id, token and when to refresh it, accepted card
+     * versions), and takes a token saved there earlier when none was given: a restarted app carries on.
      */
-    public FedzooClient requireSignedCards(CardVerifier verifier, StateStore versions) {
+    public FedzooClient keepStateIn(StateStore state) {
+        this.state = state;
+        JSONObject saved = state.load();
+        deviceId = saved.optString("device_id", null);
+        if (http.token() == null && saved.has("token")) {
+            http.setToken(saved.optString("token"));
+            tokenRefreshAtMs = saved.optLong("token_refresh_at_ms", -1);
+        }
+        return this;
+    }
+
+    /**
+     * Verify every card against {@code verifier}'s pinned keys before its model is downloaded or loaded, refusing
+     * versions below the newest one accepted for the family (kept in the {@link #keepStateIn state}, which this
+     * needs, so a restart cannot be used to roll a device back).
+     */
+    public FedzooClient requireSignedCards(CardVerifier verifier) {
+        if (state == null) {
+            throw new IllegalStateException("signed cards need keepStateIn(...) first: accepted versions must persist");
+        }
         this.verifier = verifier;
-        this.versions = versions;
         return this;
     }
 
@@ -96,8 +120,9 @@ public final class FedzooClient {
 
     /**
      * Registers this device, with the fleet's enrollment token (null where the server enrolls openly); the token
-     * in the answer is kept for every later call (save it with {@link StateStore}). Not re-sent after an
-     * ambiguous failure: a second registration would be refused as a duplicate.
+     * in the answer is kept for every later call (and in the {@link #keepStateIn state}), and refreshed at half its
+     * lifetime when the server says how long it lives. Not re-sent after an ambiguous failure: a second
+     * registration would be refused as a duplicate.
      */
     public JSONObject register(DeviceProfile profile, String enrollmentToken) {
         Map<String, String> headers = enrollmentToken == null ? null
@@ -111,8 +136,45 @@ public final class FedzooClient {
         } finally {
             http.setToken(deviceToken);
         }
-        http.setToken(registration.optString("token"));
+        deviceId = registration.optString("device_id");
+        keepToken(registration.optString("token"), registration.optLong("token_expires_in_s", -1));
         return registration;
+    }
+
+    /**
+     * Trades the device token for a fresh one ({@code POST /v1/devices/<id>/token}; the server keeps the old one
+     * valid for a short grace). Called by every device call once half the token's lifetime has passed.
+     */
+    public JSONObject refreshToken() {
+        if (deviceId == null) {
+            throw new IllegalStateException("register first: refreshing a token needs this device's id");
+        }
+        JSONObject answer = http.request("POST", "/v1/devices/" + deviceId + "/token", null, null, null,
+                FedzooHttp.Resend.UNSAFE, 201).json();
+        keepToken(answer.optString("token"), answer.optLong("token_expires_in_s", -1));
+        return answer;
+    }
+
+    private void keepToken(String token, long lifetimeS) {
+        // on this device's clock, so a skewed clock cannot make it refresh too late
+        http.setToken(token);
+        tokenRefreshAtMs = lifetimeS >= 0 ? System.currentTimeMillis() + Math.round(lifetimeS * 1000 * REFRESH_AT_LIFETIME_FRACTION) : -1;
+        if (state != null) {
+            JSONObject saved = state.load();
+            try {
+                saved.put("server", http.baseUrl()).put("device_id", deviceId).put("token", token)
+                        .put("token_refresh_at_ms", tokenRefreshAtMs);
+            } catch (JSONException error) {
+                throw new FedzooException("cannot save the token: " + error.getMessage());
+            }
+            state.save(saved);
+        }
+    }
+
+    private void refreshTokenIfDue() {
+        if (tokenRefreshAtMs >= 0 && deviceId != null && System.currentTimeMillis() >= tokenRefreshAtMs) {
+            refreshToken();
+        }
     }
 
     /** One page of published models ({@code task} may be null): {@code {"models": [...], ...}}. */
@@ -148,6 +210,7 @@ public final class FedzooClient {
         } catch (JSONException error) {
             throw new FedzooException("invalid lookup value: " + error.getMessage());
         }
+        refreshTokenIfDue();
         return http.postJson("/v1/lookup", body, FedzooHttp.Resend.SAFE, 200); // a lookup changes nothing
     }
 
@@ -161,8 +224,8 @@ public final class FedzooClient {
         if (verifier == null) {
             return;
         }
-        verifier.verify(card, System.currentTimeMillis(), versions.acceptedVersion(card.family()));
-        versions.recordAcceptedVersion(card.family(), card.version());
+        verifier.verify(card, System.currentTimeMillis(), state.acceptedVersion(card.family()));
+        state.recordAcceptedVersion(card.family(), card.version());
     }
 
     /** The model's ONNX file in the cache (card verified if required, then downloaded, resumed or reused). */
@@ -204,6 +267,7 @@ public final class FedzooClient {
         } catch (JSONException error) {
             throw new FedzooException("invalid telemetry value: " + error.getMessage());
         }
+        refreshTokenIfDue();
         return http.postJson("/v1/telemetry", body, FedzooHttp.Resend.UNSAFE, 201);
     }
 
@@ -216,6 +280,7 @@ public final class FedzooClient {
         if (family != null) {
             query.put("family", family);
         }
+        refreshTokenIfDue();
         return http.getJson("/v1/fl/task", query);
     }
 
@@ -229,6 +294,7 @@ public final class FedzooClient {
      * receipt. Re-sent after an ambiguous failure: the server answers a repeat with 409 {@code duplicate_update}.
      */
     public JSONObject uploadUpdate(String uploadUrl, JSONObject metadata, byte[] deltaNpz) {
+        refreshTokenIfDue();
         String boundary = "fedzoo-" + UUID.randomUUID();
         ByteArrayOutputStream body = new ByteArrayOutputStream(deltaNpz.length + 1024);
         writeText(body, "--" + boundary + "\r\nContent-Disposition: form-data; name=\"metadata\"\r\n\r\n"

@@ -39,6 +39,7 @@ class ScriptedFaultsTest {
     private final ConcurrentLinkedQueue<Answer> script = new ConcurrentLinkedQueue<Answer>();
     private final List<String> seen = Collections.synchronizedList(new ArrayList<String>());
     private final List<Long> sleepsMs = Collections.synchronizedList(new ArrayList<Long>());
+    private final List<String> authorizations = Collections.synchronizedList(new ArrayList<String>());
 
     @BeforeEach
     void start() throws IOException {
@@ -46,6 +47,7 @@ class ScriptedFaultsTest {
         server.createContext("/", exchange -> {
             String range = exchange.getRequestHeaders().getFirst("Range");
             seen.add(exchange.getRequestMethod() + " " + exchange.getRequestURI().getPath() + (range != null ? " " + range : ""));
+            authorizations.add(exchange.getRequestHeaders().getFirst("Authorization"));
             TestSupport.readAll(exchange.getRequestBody());
             Answer answer = script.poll();
             if (answer == null) {
@@ -227,7 +229,8 @@ class ScriptedFaultsTest {
             tampered = vector.getString("name").equals("model_sha256_swapped") ? vector : tampered;
         }
         StateStore state = new StateStore(TestSupport.workDirectory("signed"));
-        FedzooClient client = client(1).requireSignedCards(CardVerifier.fromJson(vectors.getJSONObject("trusted_keys")), state);
+        FedzooClient client = client(1).keepStateIn(state)
+                .requireSignedCards(CardVerifier.fromJson(vectors.getJSONObject("trusted_keys")));
         dev.fedzoo.ModelCard bad = new dev.fedzoo.ModelCard(tampered.getJSONObject("card"));
         CardSignatureException refused = assertThrows(CardSignatureException.class, () -> client.downloadModel(bad));
         assertEquals("field_mismatch", refused.reason());
@@ -243,6 +246,24 @@ class ScriptedFaultsTest {
         } else {
             assertEquals("expired", assertThrows(CardSignatureException.class, () -> client.downloadModel(good)).reason());
         }
+    }
+
+    @Test
+    void aTokenPastHalfItsLifetimeIsRefreshedBeforeTheNextCallAndKept() throws Exception {
+        script.add(json(201, "{\"device_id\": \"d\", \"token\": \"first\", \"token_expires_in_s\": 0}"));
+        script.add(json(201, "{\"device_id\": \"d\", \"token\": \"second\", \"token_expires_in_s\": 3600}"));
+        script.add(json(200, "{\"task\": null, \"retry_after_s\": 30}"));
+        StateStore state = new StateStore(TestSupport.workDirectory("tokens"));
+        FedzooClient client = new FedzooClient("http://127.0.0.1:" + server.getAddress().getPort(), null,
+                TestSupport.workDirectory("tokens-cache")).keepStateIn(state);
+        client.register(new DeviceProfile("d", "p", null, "cpu", 1, 1, "v", 1,
+                Collections.<DeviceProfile.CalibrationBenchmark>emptyList()), "enrollment-secret");
+        client.flTask("digits", null);
+        assertEquals(java.util.Arrays.asList("POST /v1/devices", "POST /v1/devices/d/token", "GET /v1/fl/task"), seen);
+        assertEquals(java.util.Arrays.asList("Bearer enrollment-secret", "Bearer first", "Bearer second"), authorizations);
+        FedzooClient restarted = new FedzooClient("http://127.0.0.1:" + server.getAddress().getPort(), null,
+                TestSupport.workDirectory("tokens-cache")).keepStateIn(new StateStore(state.directory()));
+        assertEquals("second", restarted.token());
     }
 
     @Test
