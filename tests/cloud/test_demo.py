@@ -1,5 +1,6 @@
 """`fedzoo demo`, the README's main job, end to end on the tiny preset: every stage must run."""
 
+import shutil
 import subprocess
 import sys
 
@@ -17,8 +18,12 @@ def test_demo_builds_serves_and_runs_a_client_and_federated_rounds(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     output = " ".join(result.stdout.split())
-    assert output.count("✓") == 7
+    assert output.count("✓") == 8
     assert "federated rounds driven by the server" in output and "round 2: closed" in output
+    if shutil.which("java") and shutil.which("mvn"):
+        assert "(int8: accepted)" in output and "(fp32: accepted)" in output and "closed with 2 updates" in output
+    else:
+        assert "skipped: the Java device needs a JDK and Maven" in output
     cards = Zoo(workdir / "zoo").cards()
     assert len([card for card in cards if card.parent_id is None]) == 4
     assert any(card.precision == "int8" for card in cards)

@@ -10,6 +10,7 @@ import java.net.HttpURLConnection;
 import java.net.URL;
 import java.net.URLEncoder;
 import java.nio.charset.Charset;
+import java.util.Arrays;
 import java.util.LinkedHashMap;
 import java.util.Locale;
 import java.util.Map;
@@ -160,7 +161,11 @@ public final class FedzooHttp {
                 boolean retriable = contains(PROCESSED_NOTHING, status)
                         || (resend == Resend.SAFE && contains(MAYBE_PROCESSED, status));
                 if (!retriable) {
-                    if (status < 400 || contains(MAYBE_PROCESSED, status)) {
+                    if (status < 400) {
+                        throw new FedzooException(method + " " + baseUrl + path + " answered HTTP " + status + ", expected "
+                                + Arrays.toString(expected));
+                    }
+                    if (contains(MAYBE_PROCESSED, status)) {
                         throw new ServerUnavailableException(method + " " + baseUrl + path + " answered HTTP " + status
                                 + "; it may have been applied, so it is not sent again");
                     }
