@@ -3,12 +3,14 @@
 1. Training-step time (loss and gradients from the standard-op training graph in onnxruntime, then the
    SGD-momentum step; batch 32 of MNIST 28x28, 1 intra-op thread) of the MobileNetV2-style NAS subnet of
    `bench/train_benchmark.py`: the Python `fedzoo.edge.trainer.Trainer` and the Java `dev.fedzoo.edge.Trainer`
-   (onnxruntime-java from Maven Central), each in its own process, alternating, median over rounds.
+   (onnxruntime-java from Maven Central), alternating round by round, each round a fresh process after 5 warm-up
+   steps; the median of the rounds' medians.
    Goal: Java within 1.2x of Python.
-2. Peak RSS (VmHWM) of a client process of each that loads the shard and trains 20 steps over it.
+2. Peak RSS (VmHWM) of a client process of each that loads the shard and trains 20 steps over it (the JVM with
+   its defaults and with a 64 MB heap).
 3. The `fedzoo-client` jar's size, without ONNX Runtime (goal: at most 200 KB).
 
-Needs a JDK and Maven on PATH. Run: .venv/bin/python bench/java_client.py [--rounds 5] [--steps-per-round 10]
+Needs a JDK and Maven on PATH. Run: .venv/bin/python bench/java_client.py [--rounds 9] [--steps-per-round 10]
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from train_benchmark import BATCH_SIZE, MEMORY_STEPS, subnet_and_shard  # noqa: 
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 POM = REPOSITORY / "clients" / "java" / "pom.xml"
+SMALL_HEAP = ("-Xmx64m", "-XX:+UseSerialGC")  # a heap nearer an app's budget than a server JVM's default
 
 
 def java_command(folder: Path) -> list[str]:
@@ -67,15 +70,16 @@ def python_step_ms(folder: Path, rounds: int, steps: int) -> list[float]:
     return json.loads(output)["step_ms"]
 
 
-def java_run(java: list[str], *args: str) -> dict:
+def java_run(java: list[str], *args: str, jvm_options: tuple[str, ...] = ()) -> dict:
     source = Path(__file__).resolve().parent / "JavaTrainingStep.java"
-    output = subprocess.run([*java, str(source), *args], check=True, capture_output=True, text=True).stdout
+    output = subprocess.run([java[0], *jvm_options, *java[1:], str(source), *args], check=True, capture_output=True,
+                            text=True).stdout
     return json.loads(output.strip().splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per runtime")
+    parser.add_argument("--rounds", type=int, default=9, help="alternating rounds (one process each) per runtime")
     parser.add_argument("--steps-per-round", type=int, default=10)
     arguments = parser.parse_args()
 
@@ -101,9 +105,9 @@ def main() -> None:
 
         python_ms, java_ms = [], []
         started = time.perf_counter()
-        for _ in range(2):  # alternate, so drift on a shared machine hits both
-            python_ms += python_step_ms(folder, arguments.rounds, arguments.steps_per_round)
-            java_ms += java_run(java, "time", str(folder), str(arguments.rounds), str(arguments.steps_per_round))["step_ms"]
+        for _ in range(arguments.rounds):  # alternate round by round, so drift on a shared machine hits both
+            python_ms += python_step_ms(folder, 1, arguments.steps_per_round)
+            java_ms += java_run(java, "time", str(folder), "1", str(arguments.steps_per_round))["step_ms"]
         python_median, java_median = statistics.median(python_ms), statistics.median(java_ms)
         print(f"training step: Python {python_median:.2f} ms, Java {java_median:.2f} ms -> Java/Python "
               f"{java_median / python_median:.2f}x (goal <= 1.2x; medians of {len(python_ms)} rounds x "
@@ -115,8 +119,10 @@ def main() -> None:
                                    f"print(json.dumps(ort_client(Path({str(folder)!r}))))"],
             check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
         java_memory = java_run(java, "memory", str(folder), str(MEMORY_STEPS))
+        small_heap = java_run(java, "memory", str(folder), str(MEMORY_STEPS), jvm_options=SMALL_HEAP)
         print(f"peak RSS of a client training {MEMORY_STEPS} steps: Python {python_memory['peak_rss_mb']:.0f} MB, "
-              f"Java {java_memory['peak_rss_mb']:.0f} MB (JVM defaults)")
+              f"Java {java_memory['peak_rss_mb']:.0f} MB with the JVM's defaults, {small_heap['peak_rss_mb']:.0f} MB "
+              f"with {' '.join(SMALL_HEAP)} (ONNX Runtime's native memory is outside the Java heap)")
         print(f"fedzoo-client jar without ONNX Runtime: {jar_path().stat().st_size / 1024:.0f} KB (goal <= 200 KB)")
 
 

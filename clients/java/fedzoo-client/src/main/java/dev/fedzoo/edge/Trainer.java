@@ -1,5 +1,7 @@
 package dev.fedzoo.edge;
 
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
 import java.nio.FloatBuffer;
 import java.nio.LongBuffer;
 import java.util.ArrayList;
@@ -50,6 +52,9 @@ public final class Trainer implements AutoCloseable {
     private final List<String> parameterNames = new ArrayList<String>();
     private final Map<String, FloatTensor> parameters = new LinkedHashMap<String, FloatTensor>();
     private final Set<String> outputNames = new LinkedHashSet<String>();
+    /** Native-order direct buffers ONNX Runtime reads the parameters from (no copy), refilled before each run. */
+    private final Map<String, FloatBuffer> parameterBuffers = new HashMap<String, FloatBuffer>();
+    private final Map<String, OnnxTensor> parameterTensors = new HashMap<String, OnnxTensor>();
     private final Optimizer optimizer;
 
     /**
@@ -97,6 +102,14 @@ public final class Trainer implements AutoCloseable {
             parameterNames.add(name);
             this.parameters.put(name, value.copy());
             outputNames.add(GRADIENT_PREFIX + name);
+            FloatBuffer buffer = ByteBuffer.allocateDirect(value.size() * 4).order(ByteOrder.nativeOrder()).asFloatBuffer();
+            parameterBuffers.put(name, buffer);
+            try {
+                parameterTensors.put(name, OnnxTensor.createTensor(environment, buffer, expected));
+            } catch (OrtException error) {
+                close();
+                throw new InvalidInputException("onnxruntime cannot hold parameter '" + name + "': " + error.getMessage(), name);
+            }
         }
     }
 
@@ -127,14 +140,17 @@ public final class Trainer implements AutoCloseable {
             throw new InvalidInputException("need as many targets as inputs (>0), got "
                     + (shape.length == 0 ? 0 : shape[0]) + " and " + y.length);
         }
-        Map<String, OnnxTensor> feeds = new HashMap<String, OnnxTensor>();
+        for (String name : parameterNames) {
+            FloatBuffer buffer = parameterBuffers.get(name);
+            buffer.clear();
+            buffer.put(parameters.get(name).data()); // the optimizer stepped the Java arrays: hand ORT the new values
+        }
+        Map<String, OnnxTensor> batch = new HashMap<String, OnnxTensor>();
         try {
-            feeds.put(INPUT_NAME, OnnxTensor.createTensor(environment, FloatBuffer.wrap(x.data()), shape));
-            feeds.put(TARGET_NAME, OnnxTensor.createTensor(environment, LongBuffer.wrap(y), new long[] {y.length}));
-            for (String name : parameterNames) {
-                FloatTensor parameter = parameters.get(name);
-                feeds.put(name, OnnxTensor.createTensor(environment, FloatBuffer.wrap(parameter.data()), parameter.shape()));
-            }
+            batch.put(INPUT_NAME, OnnxTensor.createTensor(environment, FloatBuffer.wrap(x.data()), shape));
+            batch.put(TARGET_NAME, OnnxTensor.createTensor(environment, LongBuffer.wrap(y), new long[] {y.length}));
+            Map<String, OnnxTensor> feeds = new HashMap<String, OnnxTensor>(parameterTensors);
+            feeds.putAll(batch);
             OrtSession.Result result = session.run(feeds, outputNames);
             try {
                 float loss = ((OnnxTensor) result.get(LOSS_NAME).get()).getFloatBuffer().get(0);
@@ -150,7 +166,7 @@ public final class Trainer implements AutoCloseable {
             // e.g. a label outside [0, classes) or images of the wrong shape
             throw new InvalidInputException("onnxruntime rejected the training batch: " + error.getMessage());
         } finally {
-            for (OnnxTensor tensor : feeds.values()) {
+            for (OnnxTensor tensor : batch.values()) {
                 tensor.close();
             }
         }
@@ -173,6 +189,9 @@ public final class Trainer implements AutoCloseable {
 
     @Override
     public void close() {
+        for (OnnxTensor tensor : parameterTensors.values()) {
+            tensor.close();
+        }
         EdgeSession.closeSession(session);
     }
 }
