@@ -61,14 +61,9 @@ public final class Cli {
             ModelCard card = new ModelCard(choice.getJSONObject("model"));
             LocalData data = read(new File(required(options, "inputs")));
             EdgeSession session = client.session(card, 1);
-            int[] predicted = session.predict(data.x);
+            double accuracy = EdgeSession.accuracy(session.predict(data.x), data.y);
             session.close();
-            int correct = 0;
-            for (int i = 0; i < predicted.length; i++) {
-                correct += predicted[i] == data.y[i] ? 1 : 0;
-            }
-            System.out.println(new JSONObject().put("model_id", card.id()).put("accuracy", correct / (double) data.size())
-                    .put("examples", data.size()));
+            System.out.println(new JSONObject().put("model_id", card.id()).put("accuracy", accuracy).put("examples", data.size()));
         } else if (command.equals("participate")) {
             participate(client(state), state, options);
         } else {

@@ -152,6 +152,15 @@ public final class EdgeSession implements AutoCloseable {
         return argmax(run(x));
     }
 
+    /** The share of {@code predicted} classes equal to their {@code labels}. */
+    public static double accuracy(int[] predicted, long[] labels) {
+        int correct = 0;
+        for (int i = 0; i < predicted.length; i++) {
+            correct += predicted[i] == labels[i] ? 1 : 0;
+        }
+        return correct / (double) predicted.length;
+    }
+
     /** The index of the largest value in each row of a [N, classes] tensor. */
     public static int[] argmax(FloatTensor logits) {
         long[] shape = logits.shape();

@@ -172,18 +172,15 @@ public final class Participation {
                 delta.put(name, new FloatTensor(global.get(name).shape(), difference));
             }
             EdgeSession session = new EdgeSession(OnnxInitializers.replace(model, trainer.parameters()), null, threads);
-            int correct = 0;
+            double accuracy;
             try {
-                int[] predicted = EdgeSession.argmax(session.run(features, false));
-                for (int i = 0; i < predicted.length; i++) {
-                    correct += predicted[i] == data.y[i] ? 1 : 0;
-                }
+                accuracy = EdgeSession.accuracy(EdgeSession.argmax(session.run(features, false)), data.y);
             } finally {
                 session.close();
             }
             Map<String, Double> metrics = new LinkedHashMap<String, Double>();
             metrics.put("loss", weightedLoss / ((double) data.size() * epochs));
-            metrics.put("accuracy", correct / (double) data.size());
+            metrics.put("accuracy", accuracy);
             return new TrainingResult(delta, metrics);
         } finally {
             trainer.close();

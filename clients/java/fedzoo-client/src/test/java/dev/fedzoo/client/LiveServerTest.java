@@ -137,13 +137,9 @@ class LiveServerTest {
 
             LocalData test = server.testSplit();
             EdgeSession session = client.session(card, 1);
-            int[] predicted = session.predict(test.x);
+            double accuracy = EdgeSession.accuracy(session.predict(test.x), test.y);
             session.close();
-            int correct = 0;
-            for (int i = 0; i < predicted.length; i++) {
-                correct += predicted[i] == test.y[i] ? 1 : 0;
-            }
-            assertEquals(server.ready.getDouble("python_accuracy"), correct / (double) test.size(), 0.0);
+            assertEquals(server.ready.getDouble("python_accuracy"), accuracy, 0.0);
             JSONObject telemetry = client.reportLatency(card.id(), 0.5, 0.7, 1);
             assertEquals(card.id(), telemetry.getString("model_id"));
         } finally {
