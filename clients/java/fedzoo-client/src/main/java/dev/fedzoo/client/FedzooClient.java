@@ -149,7 +149,7 @@ public final class FedzooClient {
         if (deviceId == null) {
             throw new IllegalStateException("register first: refreshing a token needs this device's id");
         }
-        JSONObject answer = http.request("POST", "/v1/devices/" + deviceId + "/token", null, null, null,
+        JSONObject answer = http.request("POST", "/v1/devices/" + deviceId + "/token", new byte[0], "application/json", null,
                 FedzooHttp.Resend.UNSAFE, 201).json();
         keepToken(answer.optString("token"), answer.optLong("token_expires_in_s", -1));
         return answer;
