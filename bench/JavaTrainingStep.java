@@ -1,4 +1,4 @@
-// The Java half of bench/java_client.py, run as a single source file (java -cp <SDK classpath> JavaTrainingStep.java):
+// The Java half of bench/java_client.py (compiled by it, then run as java -cp <classes and SDK classpath> JavaTrainingStep):
 // the fedzoo Java SDK's Trainer on the same model, training graph, batch and optimizer as the Python trainer.
 //   time   FOLDER ROUNDS STEPS  -> {"step_ms": [median per round...]} after 5 warm-up steps
 //   memory FOLDER STEPS         -> {"peak_rss_mb": VmHWM} after STEPS steps over the shard (as the Python client)

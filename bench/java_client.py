@@ -37,12 +37,18 @@ SMALL_HEAP = ("-Xmx64m", "-XX:+UseSerialGC")  # a heap nearer an app's budget th
 
 
 def java_command(folder: Path) -> list[str]:
-    """`java -cp <fedzoo-client jar and its dependencies>`, after building the jar with Maven."""
-    classpath = folder / "classpath.txt"
+    """`java -cp <the bench class, the fedzoo-client jar and its dependencies> JavaTrainingStep`, after building the
+    jar with Maven and compiling the bench class (ahead of time: the source launcher would keep javac in the
+    measured process)."""
+    classpath_file = folder / "classpath.txt"
     subprocess.run(["mvn", "-B", "-q", "-Dstyle.color=never", "-f", str(POM), "-pl", "fedzoo-client", "-DskipTests",
-                    "package", "dependency:build-classpath", "-DincludeScope=compile", f"-Dmdep.outputFile={classpath}"],
-                   check=True, stdout=subprocess.DEVNULL)
-    return ["java", "-cp", f"{jar_path()}{os.pathsep}{classpath.read_text().strip()}"]
+                    "package", "dependency:build-classpath", "-DincludeScope=compile",
+                    f"-Dmdep.outputFile={classpath_file}"], check=True, stdout=subprocess.DEVNULL)
+    classpath = f"{jar_path()}{os.pathsep}{classpath_file.read_text().strip()}"
+    classes = folder / "classes"
+    subprocess.run(["javac", "-d", str(classes), "-cp", classpath, str(Path(__file__).resolve().parent / "JavaTrainingStep.java")],
+                   check=True)
+    return ["java", "-cp", f"{classes}{os.pathsep}{classpath}", "JavaTrainingStep"]
 
 
 def jar_path() -> Path:
@@ -71,9 +77,7 @@ def python_step_ms(folder: Path, rounds: int, steps: int) -> list[float]:
 
 
 def java_run(java: list[str], *args: str, jvm_options: tuple[str, ...] = ()) -> dict:
-    source = Path(__file__).resolve().parent / "JavaTrainingStep.java"
-    output = subprocess.run([java[0], *jvm_options, *java[1:], str(source), *args], check=True, capture_output=True,
-                            text=True).stdout
+    output = subprocess.run([java[0], *jvm_options, *java[1:], *args], check=True, capture_output=True, text=True).stdout
     return json.loads(output.strip().splitlines()[-1])
 
 
