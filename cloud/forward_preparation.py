@@ -1,0 +1,194 @@
+"""Ready an exported inference model for the reverse sweep: symbolic batch, folded constants, explicit pads.
+
+Exporters leave things a gradient rule cannot use, although the values are fixed for a given input size:
+- a static batch dimension (an export traced at batch 1): made symbolic here, and refused with the fix
+  when the graph hard-codes it (a Reshape to (1, -1)), instead of failing on the device at batch 2;
+- small constant subgraphs (torch computes a Pad's pads with ConstantOfShape, Concat, Reshape, Slice,
+  Cast, and a chunk's split points from `Shape`): folded into Constant nodes, so rules see constant
+  pads, starts and indices and shape inference sees static shapes. Dims of `Shape` outputs that are
+  static fold even when the batch is symbolic. Nothing that reads a float initializer is folded (it may
+  be a trainable parameter);
+- `auto_pad` (SAME_UPPER, SAME_LOWER, VALID) on Conv and pooling: rewritten to explicit `pads`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+from fedzoo.errors import InvalidInputError
+
+StaticShape = tuple[int | None, ...]
+BATCH_DIM = "batch"
+_NOT_FOLDED = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli",
+               "If", "Loop", "Scan", "Dropout"}  # fmt: skip
+_PADDED_OPS = ("Conv", "MaxPool", "AveragePool")
+_MAX_FOLD_ROUNDS = 4
+
+
+def static_shape(value: onnx.ValueInfoProto) -> StaticShape:
+    """A value's dims, None where the dim is symbolic or unknown."""
+    return tuple(dim.dim_value if dim.HasField("dim_value") else None for dim in value.type.tensor_type.shape.dim)
+
+
+def infer_shapes(model: onnx.ModelProto) -> dict[str, StaticShape]:
+    """The static shape of every value shape inference (with data propagation through shape ops) can reach."""
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    graph = inferred.graph
+    shapes = {value.name: static_shape(value) for value in [*graph.input, *graph.value_info, *graph.output]}
+    shapes.update({init.name: tuple(init.dims) for init in graph.initializer})
+    return shapes
+
+
+def prepare_forward(model: onnx.ModelProto, input_name: str) -> onnx.ModelProto:
+    """A copy of `model` with a symbolic batch, its constant subgraphs folded and auto_pad made explicit."""
+    prepared = onnx.ModelProto()
+    prepared.CopyFrom(model)
+    exported_batch = _make_batch_symbolic(prepared, input_name)
+    for _ in range(_MAX_FOLD_ROUNDS):
+        if not _fold_constants(prepared, infer_shapes(prepared)):
+            break
+    _resolve_auto_pad(prepared, infer_shapes(prepared))
+    if exported_batch is not None:
+        _check_batch_follows_input(prepared, input_name, exported_batch)
+    return prepared
+
+
+# the batch -------------------------------------------------------------------------------------
+
+
+def _make_batch_symbolic(model: onnx.ModelProto, input_name: str) -> int | None:
+    """Make a static batch dim of the input (and the outputs) symbolic; returns the exported batch size, if static."""
+    graph = model.graph
+    input_dims = next(value for value in graph.input if value.name == input_name).type.tensor_type.shape.dim
+    if not input_dims or not input_dims[0].HasField("dim_value"):
+        return None
+    exported_batch = input_dims[0].dim_value
+    for dims in [input_dims, *(value.type.tensor_type.shape.dim for value in graph.output)]:
+        if dims and dims[0].HasField("dim_value") and dims[0].dim_value == exported_batch:
+            dims[0].dim_param = BATCH_DIM  # clears dim_value (a oneof)
+    del graph.value_info[:]  # inferred again from the symbolic input
+    return exported_batch
+
+
+def _check_batch_follows_input(model: onnx.ModelProto, input_name: str, exported_batch: int) -> None:
+    """Refuse a graph exported at a static batch whose output keeps a fixed batch size once the input's is symbolic."""
+    shapes = infer_shapes(model)
+    output = model.graph.output[0].name
+    if shapes.get(output, (None,))[:1] == (None,):
+        return
+    culprits = [
+        node.name or node.op_type
+        for node in model.graph.node
+        if node.input and shapes.get(node.input[0], (0,))[:1] == (None,)
+        and any(shapes.get(name, (None,))[:1] != (None,) for name in node.output)
+    ]  # fmt: skip
+    raise InvalidInputError(
+        f"the model was exported with a static batch of {exported_batch} and its output {output!r} keeps a fixed batch "
+        f"of {shapes[output][0]} when the input's batch varies: node(s) {culprits[:3]} hard-code the batch size of the export. Re-export with a dynamic batch, "
+        "e.g. torch.onnx.export(..., dynamic_axes={'input': {0: 'batch'}, 'output': {0: 'batch'}}), and reshape "
+        "with x.flatten(1) or x.reshape(x.shape[0], -1) rather than a literal batch size",
+        field=input_name,
+    )
+
+
+# constant folding ------------------------------------------------------------------------------
+
+
+def _evaluate(node: onnx.NodeProto, values: Sequence[np.ndarray], opset: int) -> list[np.ndarray]:
+    inputs = [name for name in node.input if name]
+    graph = helper.make_graph(
+        [node], "fold",
+        [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype), value.shape)
+         for name, value in zip(inputs, values)],
+        [helper.make_tensor_value_info(name, TensorProto.UNDEFINED, None) for name in node.output],
+    )  # fmt: skip
+    evaluator = ReferenceEvaluator(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]))
+    return evaluator.run(None, dict(zip(inputs, values)))
+
+
+def _shape_dims(node: onnx.NodeProto, shape: StaticShape) -> list[int | None]:
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return list(shape[attributes.get("start", 0) : attributes.get("end", len(shape))])
+
+
+def _fold_constants(model: onnx.ModelProto, shapes: dict[str, StaticShape]) -> bool:
+    """Replace every foldable node by a Constant node; True when anything was folded."""
+    graph = model.graph
+    opset = next(entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx"))
+    known = {init.name: numpy_helper.to_array(init) for init in graph.initializer if init.data_type != TensorProto.FLOAT}
+    partial_shapes: dict[str, list[int | None]] = {}  # Shape outputs with symbolic dims
+    graph_outputs = {value.name for value in graph.output}
+    folded_any = False
+    nodes = []
+    for node in graph.node:
+        values = None
+        if node.op_type == "Constant":
+            known[node.output[0]] = _evaluate(node, [], opset)[0]
+            nodes.append(node)
+            continue
+        if node.op_type == "Shape" and node.input[0] in shapes:
+            dims = _shape_dims(node, shapes[node.input[0]])
+            if None in dims:
+                partial_shapes[node.output[0]] = dims
+            else:
+                values = [np.asarray(dims, np.int64)]
+        elif node.op_type == "Gather" and node.input[0] in partial_shapes and node.input[1] in known:
+            picked = np.asarray(partial_shapes[node.input[0]], dtype=object)[known[node.input[1]]]
+            if None not in np.atleast_1d(picked).tolist():
+                values = [np.asarray(picked, np.int64)]
+        elif node.op_type not in _NOT_FOLDED and all(name in known for name in node.input if name):
+            values = _evaluate(node, [known[name] for name in node.input if name], opset)
+        if values is None or graph_outputs & set(node.output):
+            nodes.append(node)
+            continue
+        folded_any = True
+        for name, value in zip(node.output, values):
+            known[name] = np.asarray(value)
+            nodes.append(helper.make_node("Constant", [], [name], name=f"{name}/folded",
+                                          value=numpy_helper.from_array(np.asarray(value), name)))  # fmt: skip
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.value_info[:]
+    return folded_any
+
+
+# auto_pad --------------------------------------------------------------------------------------
+
+
+def _resolve_auto_pad(model: onnx.ModelProto, shapes: dict[str, StaticShape]) -> None:
+    for node in model.graph.node:
+        if node.op_type not in _PADDED_OPS:
+            continue
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        auto_pad = attributes.get("auto_pad", b"NOTSET").decode()
+        if auto_pad == "NOTSET":
+            continue
+        input_shape = shapes.get(node.input[0], ())
+        kernel = attributes.get("kernel_shape") or list(shapes.get(node.input[1], ())[2:])
+        spatial = len(input_shape) - 2
+        if spatial < 1 or len(kernel) != spatial or any(dim is None for dim in input_shape[2:]):
+            raise InvalidInputError(
+                f"{node.op_type} {node.name!r} uses auto_pad={auto_pad} and its input's spatial shape {input_shape} is "
+                "not static: export with a fixed input size (the batch may stay symbolic)"
+            )
+        strides = attributes.get("strides", [1] * spatial)
+        dilations = attributes.get("dilations", [1] * spatial)
+        begins, ends = [], []
+        for axis in range(spatial):
+            size = input_shape[2 + axis]
+            if auto_pad == "VALID":
+                total = 0
+            else:
+                out = -(-size // strides[axis])
+                total = max((out - 1) * strides[axis] + (kernel[axis] - 1) * dilations[axis] + 1 - size, 0)
+            small, large = total // 2, total - total // 2
+            begins.append(large if auto_pad == "SAME_LOWER" else small)
+            ends.append(small if auto_pad == "SAME_LOWER" else large)
+        kept = [a for a in node.attribute if a.name not in ("auto_pad", "pads")]
+        del node.attribute[:]
+        node.attribute.extend([*kept, helper.make_attribute("pads", [*begins, *ends])])
