@@ -8,7 +8,10 @@ Exporters leave things a gradient rule cannot use, although the values are fixed
   pads, starts and indices and shape inference sees static shapes. Dims of `Shape` outputs that are
   static fold even when the batch is symbolic. Nothing that reads a float initializer is folded (it may
   be a trainable parameter);
-- `auto_pad` (SAME_UPPER, SAME_LOWER, VALID) on Conv and pooling: rewritten to explicit `pads`.
+- `auto_pad` (SAME_UPPER, SAME_LOWER, VALID) on Conv and pooling: rewritten to explicit `pads`;
+- pooling with `ceil_mode`: rewritten to the equal floor-mode pooling with a larger end pad, because onnx's
+  shape inference sizes ceil-mode outputs differently from onnxruntime and torch (which drop a last
+  window that would start in the end padding), and the rules need the true shapes.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ def prepare_forward(model: onnx.ModelProto, input_name: str) -> onnx.ModelProto:
         if not _fold_constants(prepared, infer_shapes(prepared)):
             break
     _resolve_auto_pad(prepared, infer_shapes(prepared))
+    _resolve_ceil_mode(prepared, infer_shapes(prepared))
     if exported_batch is not None:
         _check_batch_follows_input(prepared, input_name, exported_batch)
     return prepared
@@ -192,3 +196,41 @@ def _resolve_auto_pad(model: onnx.ModelProto, shapes: dict[str, StaticShape]) ->
         kept = [a for a in node.attribute if a.name not in ("auto_pad", "pads")]
         del node.attribute[:]
         node.attribute.extend([*kept, helper.make_attribute("pads", [*begins, *ends])])
+
+
+# ceil_mode -------------------------------------------------------------------------------------
+
+
+def _ceil_mode_end_pads(size: int, kernel: int, stride: int, begin: int, end: int) -> int:
+    """The end pad with which floor-mode pooling yields the ceil-mode output (torch's and onnxruntime's size)."""
+    outputs = -(-(size + begin + end - kernel) // stride) + 1
+    if (outputs - 1) * stride >= size + begin:  # the last window would start in the end padding
+        outputs -= 1
+    return max(end, (outputs - 1) * stride + kernel - size - begin)
+
+
+def _resolve_ceil_mode(model: onnx.ModelProto, shapes: dict[str, StaticShape]) -> None:
+    for node in model.graph.node:
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type not in ("MaxPool", "AveragePool") or not attributes.get("ceil_mode", 0):
+            continue
+        input_shape = shapes.get(node.input[0], ())
+        if len(input_shape) < 3 or any(dim is None for dim in input_shape[2:]):
+            raise InvalidInputError(f"{node.op_type} {node.name!r} uses ceil_mode and needs a static input size, got {input_shape}")
+        kernel = attributes["kernel_shape"]
+        spatial = len(kernel)
+        strides = attributes.get("strides", [1] * spatial)
+        dilations = attributes.get("dilations", [1] * spatial)
+        pads = list(attributes.get("pads", [0] * 2 * spatial))
+        ends = [
+            _ceil_mode_end_pads(input_shape[2 + axis], (kernel[axis] - 1) * dilations[axis] + 1, strides[axis], pads[axis], pads[spatial + axis])
+            for axis in range(spatial)
+        ]  # fmt: skip
+        if ends != pads[spatial:] and node.op_type == "AveragePool" and attributes.get("count_include_pad", 0):
+            raise InvalidInputError(
+                f"AveragePool {node.name!r}: ceil_mode with count_include_pad makes windows that run past the padding; "
+                "no gradient rule for that: export with ceil_mode=False or count_include_pad=False"
+            )
+        kept = [a for a in node.attribute if a.name not in ("ceil_mode", "pads")]
+        del node.attribute[:]
+        node.attribute.extend([*kept, helper.make_attribute("pads", [*pads[:spatial], *ends])])

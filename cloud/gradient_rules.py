@@ -479,7 +479,7 @@ def _batch_normalization(ctx: GraphBuilder, node: ForwardNode, grads: list[str |
     """Inference mode: y = scale * (x - mean) / sqrt(var + eps) + bias with the stored statistics (constants)."""
     if node.attributes.get("training_mode", 0):
         raise InvalidInputError(f"BatchNormalization {node.name!r} is in training mode; export the model in eval mode")
-    x, scale, mean, variance = node.inputs[:4]
+    x, scale, _, mean, variance = node.inputs[:5]
     rank = len(ctx.static_shape(x))
     per_channel = int64s(ctx, [-1, *[1] * (rank - 2)])
     epsilon = float(node.attributes.get("epsilon", 1e-5))

@@ -187,8 +187,7 @@ def _resize(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], needs
     scales, sizes = constant_input(ctx, node, 2, "scales"), constant_input(ctx, node, 3, "sizes")
     if scales is not None and scales.size == 0:
         scales = None
-    resized = [axis for axis in range(rank) if shape[axis] != out_shape[axis] or shape[axis] is None]
-    static_dims(node, x, shape, resized)
+    resized = [axis for axis in range(rank) if shape[axis] is not None and shape[axis] != out_shape[axis]]
     gradient = grads[0]
     for axis in resized:
         sources = _resize_sources(node, axis, rank, shape[axis], scales, sizes)
