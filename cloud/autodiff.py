@@ -45,6 +45,9 @@ WEIGHT_POSITIONS: dict[str, tuple[int, ...]] = {
     "Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (0, 1, 2), "MatMul": (0, 1), "PRelu": (1,),
     "BatchNormalization": (1, 2), "LayerNormalization": (1, 2), "InstanceNormalization": (1, 2),
 }  # fmt: skip
+# Ops whose outputs are indices, shapes or booleans: no gradient flows through them.
+NON_DIFFERENTIABLE_OPS = {"Shape", "Size", "ArgMax", "ArgMin", "NonZero", "Equal", "Greater", "GreaterOrEqual", "Less",
+                          "LessOrEqual", "Not", "And", "Or", "Xor", "IsNaN", "IsInf"}  # fmt: skip
 # Output activations a loss already contains: a model ending in one of them would be trained wrongly.
 LOSS_ACTIVATIONS = {"cross_entropy": ("Softmax", "LogSoftmax"), "bce": ("Sigmoid",)}
 
@@ -338,7 +341,7 @@ def _values_needing_gradients(forward_nodes: list[onnx.NodeProto], parameters: l
     """Values that depend on a trainable parameter: only they need gradients."""
     requires_grad = set(parameters)
     for node in forward_nodes:
-        if any(name in requires_grad for name in node.input):
+        if node.op_type not in NON_DIFFERENTIABLE_OPS and any(name in requires_grad for name in node.input):
             requires_grad.update(node.output)
     return requires_grad
 
@@ -353,7 +356,8 @@ def _check_every_op_has_a_rule(forward_nodes: list[onnx.NodeProto], output_name:
             reaches_loss.update(node.input)
     missing = [
         node for node in forward_nodes
-        if node.op_type not in GRADIENT_RULES and requires_grad & set(node.input) and reaches_loss & set(node.output)
+        if node.op_type not in GRADIENT_RULES and node.op_type not in NON_DIFFERENTIABLE_OPS
+        and requires_grad & set(node.input) and reaches_loss & set(node.output)
     ]  # fmt: skip
     if not missing:
         return

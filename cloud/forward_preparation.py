@@ -30,21 +30,33 @@ BATCH_DIM = "batch"
 _NOT_FOLDED = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli",
                "If", "Loop", "Scan", "Dropout"}  # fmt: skip
 _PADDED_OPS = ("Conv", "MaxPool", "AveragePool")
-_MAX_FOLD_ROUNDS = 4
+_MAX_FOLD_ROUNDS = 64  # each round can resolve one more Reshape of a chain (one per ShuffleNet unit)
 
 
-def static_shape(value: onnx.ValueInfoProto) -> StaticShape:
-    """A value's dims, None where the dim is symbolic or unknown."""
-    return tuple(dim.dim_value if dim.HasField("dim_value") else None for dim in value.type.tensor_type.shape.dim)
+SymbolicShape = tuple[int | str | None, ...]  # a symbolic dim by its name ("batch"), None when unknown
+
+
+def _dims(value: onnx.ValueInfoProto) -> SymbolicShape:
+    return tuple(
+        dim.dim_value if dim.HasField("dim_value") else (dim.dim_param or None) for dim in value.type.tensor_type.shape.dim
+    )
+
+
+def infer_symbolic_shapes(model: onnx.ModelProto) -> dict[str, SymbolicShape]:
+    """The shape of every value shape inference (with data propagation through shape ops) can reach."""
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    graph = inferred.graph
+    shapes = {value.name: _dims(value) for value in [*graph.input, *graph.value_info, *graph.output]}
+    shapes.update({init.name: tuple(init.dims) for init in graph.initializer})
+    return shapes
 
 
 def infer_shapes(model: onnx.ModelProto) -> dict[str, StaticShape]:
-    """The static shape of every value shape inference (with data propagation through shape ops) can reach."""
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
-    graph = inferred.graph
-    shapes = {value.name: static_shape(value) for value in [*graph.input, *graph.value_info, *graph.output]}
-    shapes.update({init.name: tuple(init.dims) for init in graph.initializer})
-    return shapes
+    """The static shape of every value shape inference can reach; symbolic dims are None."""
+    return {
+        name: tuple(dim if isinstance(dim, int) else None for dim in shape)
+        for name, shape in infer_symbolic_shapes(model).items()
+    }
 
 
 def prepare_forward(model: onnx.ModelProto, input_name: str) -> onnx.ModelProto:
@@ -53,7 +65,7 @@ def prepare_forward(model: onnx.ModelProto, input_name: str) -> onnx.ModelProto:
     prepared.CopyFrom(model)
     exported_batch = _make_batch_symbolic(prepared, input_name)
     for _ in range(_MAX_FOLD_ROUNDS):
-        if not _fold_constants(prepared, infer_shapes(prepared)):
+        if not _fold_constants(prepared, infer_symbolic_shapes(prepared)):
             break
     _resolve_auto_pad(prepared, infer_shapes(prepared))
     _resolve_ceil_mode(prepared, infer_shapes(prepared))
@@ -115,19 +127,40 @@ def _evaluate(node: onnx.NodeProto, values: Sequence[np.ndarray], opset: int) ->
     return evaluator.run(None, dict(zip(inputs, values)))
 
 
-def _shape_dims(node: onnx.NodeProto, shape: StaticShape) -> list[int | None]:
+def _shape_dims(node: onnx.NodeProto, shape: SymbolicShape) -> list[int | str | None]:
     attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     return list(shape[attributes.get("start", 0) : attributes.get("end", len(shape))])
 
 
-def _fold_constants(model: onnx.ModelProto, shapes: dict[str, StaticShape]) -> bool:
-    """Replace every foldable node by a Constant node; True when anything was folded."""
+def _partial_result(node: onnx.NodeProto, partial: dict[str, np.ndarray], known: dict[str, np.ndarray]) -> np.ndarray | None:
+    """Shape arithmetic on vectors with symbolic entries (Gather, Unsqueeze, Concat), None for other nodes."""
+    inputs = [name for name in node.input if name]
+    if not any(name in partial for name in inputs) or not all(name in partial or name in known for name in inputs):
+        return None
+    values = [partial[name] if name in partial else np.asarray(known[name], dtype=object) for name in inputs]
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if node.op_type == "Gather" and inputs[0] in partial and attributes.get("axis", 0) == 0:
+        return values[0][np.asarray(known[inputs[1]], np.int64)]
+    if node.op_type == "Unsqueeze" and inputs[0] in partial:
+        return np.expand_dims(values[0], tuple(int(axis) for axis in known[inputs[1]]))
+    if node.op_type == "Concat":
+        return np.concatenate([np.atleast_1d(value) for value in values], axis=attributes["axis"])
+    return None
+
+
+def _constant_node(name: str, value: np.ndarray) -> onnx.NodeProto:
+    return helper.make_node("Constant", [], [name], name=f"{name}/folded", value=numpy_helper.from_array(value, name))
+
+
+def _fold_constants(model: onnx.ModelProto, shapes: dict[str, SymbolicShape]) -> bool:
+    """Replace every foldable node by a Constant node, and give Reshapes that copy the batch a constant shape
+    (0 = copy the input's dim); True when anything changed."""
     graph = model.graph
     opset = next(entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx"))
     known = {init.name: numpy_helper.to_array(init) for init in graph.initializer if init.data_type != TensorProto.FLOAT}
-    partial_shapes: dict[str, list[int | None]] = {}  # Shape outputs with symbolic dims
+    partial: dict[str, np.ndarray] = {}  # shape vectors with symbolic entries, as object arrays
     graph_outputs = {value.name for value in graph.output}
-    folded_any = False
+    changed = False
     nodes = []
     for node in graph.node:
         values = None
@@ -136,29 +169,43 @@ def _fold_constants(model: onnx.ModelProto, shapes: dict[str, StaticShape]) -> b
             nodes.append(node)
             continue
         if node.op_type == "Shape" and node.input[0] in shapes:
-            dims = _shape_dims(node, shapes[node.input[0]])
-            if None in dims:
-                partial_shapes[node.output[0]] = dims
-            else:
-                values = [np.asarray(dims, np.int64)]
-        elif node.op_type == "Gather" and node.input[0] in partial_shapes and node.input[1] in known:
-            picked = np.asarray(partial_shapes[node.input[0]], dtype=object)[known[node.input[1]]]
-            if None not in np.atleast_1d(picked).tolist():
-                values = [np.asarray(picked, np.int64)]
+            values = [np.asarray(_shape_dims(node, shapes[node.input[0]]), dtype=object)]
+        elif node.op_type == "Reshape" and node.input[1] in partial:
+            _reshape_copying_dims(node, partial[node.input[1]], shapes.get(node.input[0], ()), nodes)
+            changed |= node.input[1] not in partial
+        elif (result := _partial_result(node, partial, known)) is not None:
+            values = [np.asarray(result, dtype=object)]
         elif node.op_type not in _NOT_FOLDED and all(name in known for name in node.input if name):
-            values = _evaluate(node, [known[name] for name in node.input if name], opset)
+            values = [np.asarray(v) for v in _evaluate(node, [known[name] for name in node.input if name], opset)]
+        if values is not None and values[0].dtype == object and not all(isinstance(v, int) for v in values[0].ravel()):
+            partial[node.output[0]] = values[0]
+            values = None
         if values is None or graph_outputs & set(node.output):
             nodes.append(node)
             continue
-        folded_any = True
+        changed = True
         for name, value in zip(node.output, values):
-            known[name] = np.asarray(value)
-            nodes.append(helper.make_node("Constant", [], [name], name=f"{name}/folded",
-                                          value=numpy_helper.from_array(np.asarray(value), name)))  # fmt: skip
+            value = np.asarray(value, np.int64 if value.dtype == object else value.dtype)
+            known[name] = value
+            nodes.append(_constant_node(name, value))
     del graph.node[:]
     graph.node.extend(nodes)
     del graph.value_info[:]
-    return folded_any
+    return changed
+
+
+def _reshape_copying_dims(node: onnx.NodeProto, target: np.ndarray, input_shape: SymbolicShape, nodes: list) -> None:
+    """A Reshape to a shape made from the input's own symbolic dims (x.view(x.size(0), ...)) gets a constant
+    shape that copies those dims (entry 0), so shape inference can size its output."""
+    allow_zero = any(a.name == "allowzero" and a.i for a in node.attribute)
+    entries = list(target)
+    for position, entry in enumerate(entries):
+        if isinstance(entry, str) and position < len(input_shape) and input_shape[position] == entry and not allow_zero:
+            entries[position] = 0
+    if all(isinstance(entry, int) for entry in entries):
+        name = f"{node.output[0]}/shape"
+        nodes.append(_constant_node(name, np.asarray(entries, np.int64)))
+        node.input[1] = name
 
 
 # auto_pad --------------------------------------------------------------------------------------

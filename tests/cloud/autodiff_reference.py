@@ -139,7 +139,7 @@ def _gather(inputs, attributes):
     x, indices = inputs[0], inputs[1].long()
     axis = attributes.get("axis", 0) % x.dim()
     picked = x.index_select(axis, (indices.reshape(-1) % x.shape[axis]))
-    return picked.reshape(*x.shape[:axis], *indices.shape, *x.shape[axis + 1:])
+    return picked.reshape((*x.shape[:axis], *indices.shape, *x.shape[axis + 1:]))
 
 
 def _split(inputs, attributes):
