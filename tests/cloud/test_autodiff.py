@@ -14,7 +14,13 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))  # the shared helpers next to this file (importlib mode)
 from autodiff_reference import initializers, relative_error, run_training_graph, torch_reference_gradients
-from fedzoo.cloud.autodiff import build_training_graph, depthwise_parameters, head_parameters, parameter_candidates
+from fedzoo.cloud.autodiff import (
+    build_training_graph,
+    depthwise_parameters,
+    head_parameters,
+    nameable_parameters,
+    parameter_candidates,
+)
 from fedzoo.compress.export import export_onnx
 from fedzoo.errors import InvalidInputError
 from fedzoo.nas.subnet import build_subnet
@@ -224,3 +230,137 @@ def test_reserved_names_in_the_model_are_refused(exported):
         node.output[:] = ["y" if name == old else name for name in node.output]
     with pytest.raises(InvalidInputError, match="already uses the name 'y'"):
         build_training_graph(renamed)
+
+
+# what a user's own export brings -----------------------------------------------------------------
+
+
+class WithBuffer(nn.Module):
+    """A float buffer (register_buffer) used by an elementwise op: a constant, not a weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 3, 3, padding=1)
+        self.register_buffer("offset", torch.full((1, 3, 1, 1), 0.25))
+        self.head = nn.Linear(3, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(nn.functional.adaptive_avg_pool2d(self.conv(x) + self.offset, 1).flatten(1))
+
+
+def test_buffers_stay_constants_unless_named(tmp_path):
+    proto = export_onnx(WithBuffer(), (1, 1, 6, 6), tmp_path / "buffer.onnx")
+    graph = build_training_graph(proto)
+    trainable = [value.name for value in graph.graph.input][2:]
+    assert trainable == ["conv.weight", "conv.bias", "head.weight", "head.bias"]
+    assert "offset" in {init.name for init in graph.graph.initializer}
+    assert sorted(nameable_parameters(proto)) == ["conv.bias", "conv.weight", "head.bias", "head.weight", "offset"]
+    named = build_training_graph(proto, ["offset", "head.*"])  # names and glob patterns
+    assert [value.name for value in named.graph.input][2:] == ["offset", "head.weight", "head.bias"]
+    x, y = batch(3)
+    x = x[:, :, :6, :6].copy()
+    y = y % 4
+    _, grads = run_training_graph(named, x, y, initializers(proto))
+    _, expected = torch_reference_gradients(proto, x, y, "cross_entropy", ["offset", "head.weight", "head.bias"])
+    for name in expected:
+        assert relative_error(grads[name], expected[name]) < 1e-4, name
+    with pytest.raises(InvalidInputError, match=r"\['classifier\.\*'\] match no float parameter"):
+        build_training_graph(proto, ["classifier.*"])
+
+
+@pytest.mark.parametrize("final", [nn.Softmax(dim=1), nn.LogSoftmax(dim=1)])
+def test_a_trailing_softmax_is_refused_or_stripped(tmp_path, final):
+    torch.manual_seed(3)
+    classifier = nn.Sequential(nn.Flatten(), nn.Linear(16, 5))
+    proto = export_onnx(nn.Sequential(classifier, final), (1, 1, 4, 4), tmp_path / "softmax.onnx")
+    with pytest.raises(InvalidInputError, match=f"ends in {type(final).__name__}.*the cross_entropy loss expects logits"):
+        build_training_graph(proto)
+    graph = build_training_graph(proto, strip_output_activation=True)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((4, 1, 4, 4)).astype(np.float32), rng.integers(0, 5, 4)
+    loss, grads = run_training_graph(graph, x, y, initializers(proto))
+    torch_loss = nn.functional.cross_entropy(classifier(torch.from_numpy(x)), torch.from_numpy(y))
+    torch_loss.backward()
+    assert loss == pytest.approx(float(torch_loss), rel=1e-5)
+    assert relative_error(grads["0.1.weight"], classifier[1].weight.grad.numpy()) < 1e-4
+
+
+def test_a_static_batch_export_is_made_batch_dynamic(tmp_path):
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, 2, 1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 8 * 8, 3)).eval()
+    path = tmp_path / "static.onnx"
+    torch.onnx.export(model, (torch.randn(1, 1, 16, 16),), str(path), input_names=["input"], dynamo=False)
+    graph = build_training_graph(onnx.load(str(path)))
+    assert graph.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((5, 1, 16, 16)).astype(np.float32), rng.integers(0, 3, 5)
+    loss, grads = run_training_graph(graph, x, y, initializers(onnx.load(str(path))))
+    torch_loss = nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
+    torch_loss.backward()
+    assert loss == pytest.approx(float(torch_loss), rel=1e-5)
+    assert relative_error(grads["0.weight"], model[0].weight.grad.numpy()) < 1e-4
+
+
+class HardCodedBatch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.head = nn.Conv2d(1, 2, 3, padding=1), nn.Linear(2 * 4 * 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.conv(x).reshape(1, -1))
+
+
+def test_a_static_batch_baked_into_a_reshape_is_refused_with_the_fix(tmp_path):
+    path = tmp_path / "baked.onnx"
+    torch.onnx.export(HardCodedBatch().eval(), (torch.randn(1, 1, 4, 4),), str(path), dynamo=False)
+    with pytest.raises(InvalidInputError, match="static batch of 1.*Reshape.*dynamic_axes"):
+        build_training_graph(onnx.load(str(path)))
+
+
+@pytest.mark.parametrize("padding", [nn.ReflectionPad2d(1), nn.ReplicationPad2d((1, 2, 0, 1)), nn.ZeroPad2d((2, 0, 1, 1))])
+def test_padding_layers_train(tmp_path, padding):
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Conv2d(1, 3, 1), padding, nn.Conv2d(3, 2, 3), nn.Flatten(), nn.LazyLinear(4))
+    model(torch.randn(1, 1, 6, 6))
+    proto = export_onnx(model.eval(), (1, 1, 6, 6), tmp_path / "pad.onnx")
+    rng = np.random.default_rng(2)
+    x, y = rng.standard_normal((3, 1, 6, 6)).astype(np.float32), rng.integers(0, 4, 3)
+    loss, grads = run_training_graph(build_training_graph(proto), x, y, initializers(proto))
+    torch_loss = nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
+    torch_loss.backward()
+    assert loss == pytest.approx(float(torch_loss), rel=1e-5)
+    for name, parameter in model.named_parameters():
+        assert relative_error(grads[name], parameter.grad.numpy()) < 1e-4, name
+
+
+def test_binary_cross_entropy_for_multi_label_targets(exported):
+    x, _ = batch()
+    targets = (np.random.default_rng(6).random((6, 10)) < 0.3).astype(np.float32)
+    graph = build_training_graph(exported, loss="bce")
+    y_input = next(value for value in graph.graph.input if value.name == "y")
+    assert y_input.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert {prop.key: prop.value for prop in graph.metadata_props}["fedzoo.loss"] == "bce"
+    loss, grads = run_training_graph(graph, x, targets, initializers(exported))
+    expected_loss, expected = torch_reference_gradients(exported, x, targets, "bce", parameter_candidates(exported))
+    assert loss == pytest.approx(expected_loss, rel=1e-5)
+    for name, grad in grads.items():
+        assert relative_error(grad, expected[name]) < 1e-4, name
+
+
+def test_label_smoothing_matches_torch(exported):
+    x, y = batch()
+    graph = build_training_graph(exported, label_smoothing=0.1)
+    assert {prop.key: prop.value for prop in graph.metadata_props}["fedzoo.label_smoothing"] == "0.1"
+    loss, grads = run_training_graph(graph, x, y, initializers(exported))
+    expected_loss, expected = torch_reference_gradients(
+        exported, x, y, "cross_entropy", parameter_candidates(exported), label_smoothing=0.1
+    )
+    assert loss == pytest.approx(expected_loss, rel=1e-5)
+    for name, grad in grads.items():
+        assert relative_error(grad, expected[name]) < 1e-4, name
+
+
+@pytest.mark.parametrize("kwargs", [{"label_smoothing": 0.1, "loss": "mse"}, {"label_smoothing": 1.0}])
+def test_label_smoothing_is_checked(exported, kwargs):
+    with pytest.raises(InvalidInputError, match="label_smoothing must be in"):
+        build_training_graph(exported, **kwargs)
