@@ -67,6 +67,7 @@ def prepare_forward(model: onnx.ModelProto, input_name: str) -> onnx.ModelProto:
     for _ in range(_MAX_FOLD_ROUNDS):
         if not _fold_constants(prepared, infer_symbolic_shapes(prepared)):
             break
+    _drop_unused_constants(prepared)
     _resolve_auto_pad(prepared, infer_shapes(prepared))
     _resolve_ceil_mode(prepared, infer_shapes(prepared))
     if exported_batch is not None:
@@ -192,6 +193,15 @@ def _fold_constants(model: onnx.ModelProto, shapes: dict[str, SymbolicShape]) ->
     graph.node.extend(nodes)
     del graph.value_info[:]
     return changed
+
+
+def _drop_unused_constants(model: onnx.ModelProto) -> None:
+    """Remove the Constant nodes folding left without a reader (onnxruntime warns about each)."""
+    graph = model.graph
+    read = {name for node in graph.node for name in node.input} | {value.name for value in graph.output}
+    kept = [node for node in graph.node if node.op_type != "Constant" or node.output[0] in read]
+    del graph.node[:]
+    graph.node.extend(kept)
 
 
 def _reshape_copying_dims(node: onnx.NodeProto, target: np.ndarray, input_shape: SymbolicShape, nodes: list) -> None:

@@ -284,6 +284,28 @@ def _leaky_relu(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], n
     return [ctx.emit("Mul", [grads[0], slope])]
 
 
+@gradient_rule("PRelu", differentiable_inputs=(0, 1))
+def _prelu(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], needs: list[bool]) -> list[str | None]:
+    x, slope = node.inputs
+    positive = ctx.emit("Cast", [ctx.emit("Greater", [x, scalar(ctx, 0.0)])], to=_FLOAT)
+    negative = ctx.emit("Sub", [scalar(ctx, 1.0), positive])
+    out_shape = ctx.static_shape(node.outputs[0])
+    grad_x = grad_slope = None
+    if needs[0]:
+        local_slope = ctx.emit("Add", [positive, ctx.emit("Mul", [negative, slope])])
+        grad_x = reduce_to_shape(ctx, ctx.emit("Mul", [grads[0], local_slope]), out_shape, x)
+    if needs[1]:
+        negative_part = ctx.emit("Mul", [x, negative])
+        grad_slope = reduce_to_shape(ctx, ctx.emit("Mul", [grads[0], negative_part]), out_shape, slope)
+    return [grad_x, grad_slope]
+
+
+@gradient_rule("Sum", differentiable_inputs=EVERY_INPUT)
+def _sum(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], needs: list[bool]) -> list[str | None]:
+    out_shape = ctx.static_shape(node.outputs[0])
+    return [reduce_to_shape(ctx, grads[0], out_shape, name) if need else None for name, need in zip(node.inputs, needs)]
+
+
 def _exponential_slope(ctx: GraphBuilder, x: str, alpha: float, scale: float) -> str:
     """scale for x > 0, scale * alpha * exp(x) otherwise (Elu, Selu); exp of min(x, 0), so no inf * 0."""
     positive = ctx.emit("Cast", [ctx.emit("Greater", [x, scalar(ctx, 0.0)])], to=_FLOAT)

@@ -213,6 +213,8 @@ TORCH_OPS = {
     "Squeeze": lambda inputs, attributes: inputs[0].squeeze(tuple(int(axis) for axis in inputs[1])),
     "Identity": lambda inputs, attributes: inputs[0],
     "Sigmoid": lambda inputs, attributes: torch.sigmoid(inputs[0]),
+    "PRelu": lambda inputs, attributes: torch.where(inputs[0] > 0, inputs[0], inputs[0] * inputs[1]),
+    "Sum": lambda inputs, attributes: sum(inputs[1:], inputs[0]),
     "Tanh": lambda inputs, attributes: torch.tanh(inputs[0]),
     "LeakyRelu": lambda inputs, attributes: F.leaky_relu(inputs[0], attributes.get("alpha", 0.01)),
     "Elu": lambda inputs, attributes: F.elu(inputs[0], attributes.get("alpha", 1.0)),

@@ -3,6 +3,7 @@ tests over conv geometries and broadcasting."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from unittest import mock
@@ -165,6 +166,8 @@ CASES = {
                    (2, 3, 4, 4), {"s": randn(1, 3, 1, 1)}, constants=[("shape", np.array([0, -1, 8], np.int64))]),
         (2, 3, 4, 4)),
     "sigmoid": lambda: _case([node("Sigmoid", ["h"], "out")]),
+    "prelu_per_channel_slope": lambda: _case([node("PRelu", ["h", "slope"], "out")], extra={"slope": randn(3, 1, 1)}),
+    "sum_three_broadcast": lambda: _case([node("Sum", ["h", "t", "input"], "out")], extra={"t": randn(5)}),
     "tanh": lambda: _case([node("Tanh", ["h"], "out")]),
     "leaky_relu": lambda: _case([node("LeakyRelu", ["h"], "out", alpha=0.1)]),
     "elu": lambda: _case([node("Elu", ["h"], "out", alpha=0.7)]),
@@ -484,3 +487,11 @@ def test_broadcast_gradients_match_finite_differences(shape, data):
     x = local.standard_normal(x_shape).astype(np.float32)
     y = local.standard_normal(x_shape).astype(np.float32)
     _directional_check(model, x, y, seed)
+
+
+def test_every_rule_is_documented():
+    docs = (Path(__file__).parents[2] / "docs" / "training-graphs.md").read_text()
+    table = docs.split("## Supported operators and their gradient rules")[1].split("\n## ")[0]
+    rows = table.split("|---|---|")[1].strip().splitlines()
+    documented = {op.strip() for row in rows for op in re.sub(r"\(.*?\)", "", row.split("|")[1]).split(",")}
+    assert set(GRADIENT_RULES) == documented, set(GRADIENT_RULES) ^ documented
