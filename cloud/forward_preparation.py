@@ -42,20 +42,21 @@ def _dims(value: onnx.ValueInfoProto) -> SymbolicShape:
     )
 
 
-def infer_symbolic_shapes(model: onnx.ModelProto) -> dict[str, SymbolicShape]:
-    """The shape of every value shape inference (with data propagation through shape ops) can reach."""
-    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+def infer_symbolic_shapes(model: onnx.ModelProto, strict: bool = True) -> dict[str, SymbolicShape]:
+    """The shape of every value shape inference (with data propagation through shape ops) can reach;
+    `strict` raises on an inconsistency instead of leaving the shapes after it unknown."""
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=strict, data_prop=True)
     graph = inferred.graph
     shapes = {value.name: _dims(value) for value in [*graph.input, *graph.value_info, *graph.output]}
     shapes.update({init.name: tuple(init.dims) for init in graph.initializer})
     return shapes
 
 
-def infer_shapes(model: onnx.ModelProto) -> dict[str, StaticShape]:
+def infer_shapes(model: onnx.ModelProto, strict: bool = True) -> dict[str, StaticShape]:
     """The static shape of every value shape inference can reach; symbolic dims are None."""
     return {
         name: tuple(dim if isinstance(dim, int) else None for dim in shape)
-        for name, shape in infer_symbolic_shapes(model).items()
+        for name, shape in infer_symbolic_shapes(model, strict).items()
     }
 
 
@@ -63,13 +64,18 @@ def prepare_forward(model: onnx.ModelProto, input_name: str) -> onnx.ModelProto:
     """A copy of `model` with a symbolic batch, its constant subgraphs folded and auto_pad made explicit."""
     prepared = onnx.ModelProto()
     prepared.CopyFrom(model)
+    del prepared.graph.value_info[:]  # the exporter's shapes: inferred again as the rewrites go
     exported_batch = _make_batch_symbolic(prepared, input_name)
     for _ in range(_MAX_FOLD_ROUNDS):
-        if not _fold_constants(prepared, infer_symbolic_shapes(prepared)):
+        # Pooling sizes first: folding a Shape of a ceil-mode output must see its true size. Until they are
+        # right, inference is lenient (onnx's ceil-mode size can contradict a later layer).
+        _resolve_auto_pad(prepared, infer_shapes(prepared, strict=False), strict=False)
+        _resolve_ceil_mode(prepared, infer_shapes(prepared, strict=False), strict=False)
+        if not _fold_constants(prepared, infer_symbolic_shapes(prepared, strict=False)):
             break
     _drop_unused_constants(prepared)
-    _resolve_auto_pad(prepared, infer_shapes(prepared))
-    _resolve_ceil_mode(prepared, infer_shapes(prepared))
+    _resolve_auto_pad(prepared, infer_shapes(prepared), strict=True)
+    _resolve_ceil_mode(prepared, infer_shapes(prepared), strict=True)
     if exported_batch is not None:
         _check_batch_follows_input(prepared, input_name, exported_batch)
     return prepared
@@ -88,7 +94,6 @@ def _make_batch_symbolic(model: onnx.ModelProto, input_name: str) -> int | None:
     for dims in [input_dims, *(value.type.tensor_type.shape.dim for value in graph.output)]:
         if dims and dims[0].HasField("dim_value") and dims[0].dim_value == exported_batch:
             dims[0].dim_param = BATCH_DIM  # clears dim_value (a oneof)
-    del graph.value_info[:]  # inferred again from the symbolic input
     return exported_batch
 
 
@@ -221,7 +226,8 @@ def _reshape_copying_dims(node: onnx.NodeProto, target: np.ndarray, input_shape:
 # auto_pad --------------------------------------------------------------------------------------
 
 
-def _resolve_auto_pad(model: onnx.ModelProto, shapes: dict[str, StaticShape]) -> None:
+def _resolve_auto_pad(model: onnx.ModelProto, shapes: dict[str, StaticShape], strict: bool) -> None:
+    """Explicit pads for every auto_pad node whose input size is known; `strict`: refuse one whose size is not."""
     for node in model.graph.node:
         if node.op_type not in _PADDED_OPS:
             continue
@@ -233,6 +239,8 @@ def _resolve_auto_pad(model: onnx.ModelProto, shapes: dict[str, StaticShape]) ->
         kernel = attributes.get("kernel_shape") or list(shapes.get(node.input[1], ())[2:])
         spatial = len(input_shape) - 2
         if spatial < 1 or len(kernel) != spatial or any(dim is None for dim in input_shape[2:]):
+            if not strict:
+                continue
             raise InvalidInputError(
                 f"{node.op_type} {node.name!r} uses auto_pad={auto_pad} and its input's spatial shape {input_shape} is "
                 "not static: export with a fixed input size (the batch may stay symbolic)"
@@ -266,13 +274,16 @@ def _ceil_mode_end_pads(size: int, kernel: int, stride: int, begin: int, end: in
     return max(end, (outputs - 1) * stride + kernel - size - begin)
 
 
-def _resolve_ceil_mode(model: onnx.ModelProto, shapes: dict[str, StaticShape]) -> None:
+def _resolve_ceil_mode(model: onnx.ModelProto, shapes: dict[str, StaticShape], strict: bool) -> None:
+    """Floor-mode pads for every ceil-mode pooling whose input size is known; `strict`: refuse one whose size is not."""
     for node in model.graph.node:
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         if node.op_type not in ("MaxPool", "AveragePool") or not attributes.get("ceil_mode", 0):
             continue
         input_shape = shapes.get(node.input[0], ())
         if len(input_shape) < 3 or any(dim is None for dim in input_shape[2:]):
+            if not strict:
+                continue
             raise InvalidInputError(f"{node.op_type} {node.name!r} uses ceil_mode and needs a static input size, got {input_shape}")
         kernel = attributes["kernel_shape"]
         spatial = len(kernel)

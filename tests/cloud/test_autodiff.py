@@ -364,3 +364,30 @@ def test_label_smoothing_matches_torch(exported):
 def test_label_smoothing_is_checked(exported, kwargs):
     with pytest.raises(InvalidInputError, match="label_smoothing must be in"):
         build_training_graph(exported, **kwargs)
+
+
+class CeilPoolThenView(nn.Module):
+    """A ceil-mode pooling whose output size feeds a view (onnx shape inference alone gets that size wrong)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # 7x7 -> 4x4: the fifth window would start in the end padding, so torch drops it (onnx infers 5x5).
+        self.conv, self.pool, self.head = nn.Conv2d(1, 2, 1), nn.MaxPool2d(2, 2, 1, ceil_mode=True), nn.Linear(2 * 4 * 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pooled = self.pool(self.conv(x))
+        return self.head(pooled.view(pooled.size(0), pooled.size(1) * pooled.size(2) * pooled.size(3)))
+
+
+def test_ceil_mode_pooling_sizes_are_right_before_shapes_are_folded(tmp_path):
+    torch.manual_seed(6)
+    model = CeilPoolThenView().eval()
+    proto = export_onnx(model, (1, 1, 7, 7), tmp_path / "ceil.onnx")
+    rng = np.random.default_rng(7)
+    x, y = rng.standard_normal((3, 1, 7, 7)).astype(np.float32), rng.integers(0, 3, 3)
+    loss, grads = run_training_graph(build_training_graph(proto), x, y, initializers(proto))
+    torch_loss = nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
+    torch_loss.backward()
+    assert loss == pytest.approx(float(torch_loss), rel=1e-5)
+    for name, parameter in model.named_parameters():
+        assert relative_error(grads[name], parameter.grad.numpy()) < 1e-4, name
