@@ -11,8 +11,9 @@ the stock onnxruntime runs on a device:
 Frozen parameters stay initializers of the training graph, and so do float initializers that are not
 weights (buffers, folded statistics): only the weights and biases of Conv / Gemm / MatMul /
 normalization layers are trained unless the caller names others. `fedzoo.cloud.forward_preparation`
-first makes the batch symbolic, folds constant subgraphs and makes auto_pad explicit. The sweep visits the forward nodes in
-reverse topological order; when it reaches a node every consumer of its outputs has already been
+first makes the batch symbolic, folds constant subgraphs and makes pooling and padding explicit.
+
+The sweep visits the forward nodes in reverse topological order; when it reaches a node every consumer of its outputs has already been
 visited, so their gradients are complete (contributions of several consumers, e.g. a residual
 branch, are summed). Each node's gradient comes from its rule in `fedzoo.cloud.gradient_rules`.
 """
