@@ -412,6 +412,38 @@ def test_slice_and_concat_match_torch(start, end, step, axis, data):
     _check_against_torch(model, local.standard_normal(shape).astype(np.float32), seed)
 
 
+@settings(max_examples=15, deadline=None)
+@given(st.sampled_from(["ReduceSum", "ReduceMean", "Softmax", "LogSoftmax", "Gather", "Split", "LeakyRelu", "Elu"]),
+       st.integers(1, 3), st.booleans(), st.data())  # fmt: skip
+def test_axis_and_attribute_ops_match_torch(op, axis, keepdims, data):
+    seed = data.draw(st.integers(0, 2**16))
+    local = np.random.default_rng(seed)
+    shape = (2, 3, 4, 5)
+    constants = []
+    if op in ("ReduceSum", "ReduceMean"):
+        axes = sorted(data.draw(st.sets(st.integers(1, 3), min_size=1, max_size=3)))
+        constants.append(("axes", np.asarray(axes, np.int64)))
+        op_node = node(op, ["h", "axes"], "out", keepdims=int(keepdims)) if op == "ReduceSum" else \
+            node(op, ["h"], "out", axes=axes, keepdims=int(keepdims))  # fmt: skip
+    elif op in ("Softmax", "LogSoftmax"):
+        op_node = node(op, ["h"], "out", axis=axis)
+    elif op == "Gather":
+        indices = data.draw(st.lists(st.integers(-shape[axis], shape[axis] - 1), min_size=1, max_size=5))
+        constants.append(("indices", np.asarray(indices, np.int64)))
+        op_node = node("Gather", ["h", "indices"], "out", axis=axis)
+    elif op == "Split":
+        first = data.draw(st.integers(1, shape[axis] - 1))
+        constants.append(("sizes", np.asarray([first, shape[axis] - first], np.int64)))
+        op_node = helper.make_node("Split", ["h", "sizes"], ["a", "b"], axis=axis)
+    else:
+        op_node = node(op, ["h"], "out", alpha=data.draw(st.floats(0.01, 2.0)))
+    nodes = [node("Mul", ["input", "s"], "h"), op_node]
+    if op == "Split":  # both parts on the gradient path, in a different order
+        nodes.append(node("Concat", ["b", "a"], "out", axis=axis))
+    model = make_model(nodes, shape, {"s": local.standard_normal((1, 3, 1, 1))}, constants=constants)
+    _check_against_torch(model, local.standard_normal(shape).astype(np.float32) * 3, seed)
+
+
 # finite differences ------------------------------------------------------------------------------
 
 
