@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from fedzoo.cloud.batchnorm_training import lower_batch_norms, running_name
 from fedzoo.cloud.depthwise_lowering import is_lowerable, lower_depthwise
 from fedzoo.cloud.forward_preparation import infer_shapes, prepare_forward
 from fedzoo.cloud.gradient_rules import GRADIENT_RULES, ForwardNode, GraphBuilder, MissingGradientRuleError, StaticShape, rule_for
@@ -49,6 +50,9 @@ WEIGHT_POSITIONS: dict[str, tuple[int, ...]] = {
 # Ops whose outputs are indices, shapes or booleans: no gradient flows through them.
 NON_DIFFERENTIABLE_OPS = {"Shape", "Size", "ArgMax", "ArgMin", "NonZero", "Equal", "Greater", "GreaterOrEqual", "Less",
                           "LessOrEqual", "Not", "And", "Or", "Xor", "IsNaN", "IsInf"}  # fmt: skip
+# How BatchNormalization nodes left in the model (not folded) run: with their stored statistics, or with
+# batch statistics and updated running statistics (`fedzoo.cloud.batchnorm_training`).
+BATCH_NORM_MODES = ("inference", "training")
 # Output activations a loss already contains: a model ending in one of them would be trained wrongly.
 LOSS_ACTIVATIONS = {"cross_entropy": ("Softmax", "LogSoftmax"), "bce": ("Sigmoid",)}
 
@@ -433,13 +437,18 @@ def build_training_graph(
     loss: str = "cross_entropy",
     label_smoothing: float = 0.0,
     strip_output_activation: bool = False,
+    batch_norm: str = "inference",
 ) -> onnx.ModelProto:
     """The training graph of an inference model (BN folded): loss and a gradient per trainable parameter.
 
     `label_smoothing` (cross-entropy only) is torch's; `strip_output_activation` drops a final Softmax /
-    LogSoftmax (cross-entropy) or Sigmoid (BCE) that would otherwise be refused."""
+    LogSoftmax (cross-entropy) or Sigmoid (BCE) that would otherwise be refused; `batch_norm="training"`
+    trains unfolded BatchNormalization nodes like torch's train mode (batch statistics; the running
+    statistics become inputs and `running.<name>` outputs)."""
     if loss not in LOSSES:
         raise InvalidInputError(f"unknown loss {loss!r}; choose one of {sorted(LOSSES)}", field="loss")
+    if batch_norm not in BATCH_NORM_MODES:
+        raise InvalidInputError(f"batch_norm must be one of {BATCH_NORM_MODES}, got {batch_norm!r}", field="batch_norm")
     if label_smoothing and (loss != "cross_entropy" or not 0.0 < label_smoothing < 1.0):
         raise InvalidInputError(
             f"label_smoothing must be in [0, 1) and applies to cross_entropy only, got {label_smoothing} with {loss}",
@@ -463,20 +472,26 @@ def build_training_graph(
         renamed.input[:] = [INPUT_NAME if name == source_input.name else name for name in node.input]
         forward_nodes.append(renamed)
     forward_nodes, output_name = _logits_output(forward_nodes, graph.output[0].name, loss, strip_output_activation)
+    fresh_names = _FreshNames(taken | {INPUT_NAME, TARGET_NAME, LOSS_NAME})
+    statistics: list[str] = []
+    batch_norm_constants: list[onnx.TensorProto] = []
+    if batch_norm == "training":
+        forward_nodes, batch_norm_constants, statistics = _batch_statistics(model, forward_nodes, source_input.name, fresh_names)
     _check_every_op_has_a_rule(forward_nodes, output_name, parameters)
     x_info = onnx.ValueInfoProto()
     x_info.CopyFrom(source_input)
     x_info.name = INPUT_NAME
     by_name = {init.name: init for init in graph.initializer}
-    frozen = [init for init in graph.initializer if init.name not in set(parameters)]
-    parameter_inputs = [helper.make_tensor_value_info(p, TensorProto.FLOAT, list(by_name[p].dims)) for p in parameters]
+    frozen = [init for init in graph.initializer if init.name not in {*parameters, *statistics}] + batch_norm_constants
+    parameter_inputs = [
+        helper.make_tensor_value_info(name, TensorProto.FLOAT, list(by_name[name].dims)) for name in [*parameters, *statistics]
+    ]
     output_info = helper.make_tensor_value_info(output_name, TensorProto.FLOAT, None)
     forward = helper.make_model(
         helper.make_graph(forward_nodes, "forward", [x_info, *parameter_inputs], [output_info], frozen),
         opset_imports=list(model.opset_import),
     )
     shapes = infer_shapes(forward)
-    fresh_names = _FreshNames(taken | {INPUT_NAME, TARGET_NAME, LOSS_NAME})
     forward_nodes, lowering_constants = _lower_trainable_depthwise(forward_nodes, shapes, set(parameters), fresh_names)
     if lowering_constants:
         frozen = [*frozen, *lowering_constants]
@@ -496,6 +511,8 @@ def build_training_graph(
         total = gradients[name] or ctx.constant(np.zeros(by_name[name].dims, np.float32))
         ctx.emit_named("Identity", [total], gradient_name(name))
         outputs.append(helper.make_tensor_value_info(gradient_name(name), TensorProto.FLOAT, list(by_name[name].dims)))
+    for name in statistics:
+        outputs.append(helper.make_tensor_value_info(running_name(name), TensorProto.FLOAT, list(by_name[name].dims)))
     training = helper.make_graph(
         [*forward_nodes, *ctx.nodes],
         f"{graph.name or 'model'}_training",
@@ -510,12 +527,29 @@ def build_training_graph(
         ir_version=model.ir_version,
         doc_string=f"training graph: loss={loss}, trainable={len(parameters)} parameters",
     )
-    metadata = {"fedzoo.loss": loss, "fedzoo.target": TARGET_DESCRIPTIONS[loss]}
+    metadata = {"fedzoo.loss": loss, "fedzoo.target": TARGET_DESCRIPTIONS[loss], "fedzoo.batch_norm": batch_norm}
     if label_smoothing:
         metadata["fedzoo.label_smoothing"] = str(label_smoothing)
     helper.set_model_props(result, metadata)
     onnx.checker.check_model(result, full_check=True)
     return result
+
+
+def _batch_statistics(
+    model: onnx.ModelProto, forward_nodes: list[onnx.NodeProto], source_input: str, fresh_names: _FreshNames
+) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], list[str]]:
+    """The forward with its BatchNormalization nodes in training mode, their constants and running statistics."""
+    shapes = infer_shapes(model)
+    ranks = {name: len(shape) for name, shape in shapes.items()}
+    ranks[INPUT_NAME] = len(shapes[source_input])
+    lowered = lower_batch_norms(forward_nodes, ranks, fresh_names)
+    if not lowered.statistics:
+        raise InvalidInputError(
+            "batch_norm='training' but the model has no BatchNormalization node (the export folded them into the "
+            "convolutions): export with torch.onnx.export(..., do_constant_folding=False)",
+            field="batch_norm",
+        )
+    return lowered.nodes, lowered.constants, lowered.statistics
 
 
 def _default_opset(model: onnx.ModelProto) -> int:

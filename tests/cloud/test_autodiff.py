@@ -22,6 +22,8 @@ from fedzoo.cloud.autodiff import (
     parameter_candidates,
 )
 from fedzoo.compress.export import export_onnx
+from fedzoo.edge.optimizers import SGD
+from fedzoo.edge.trainer import Trainer
 from fedzoo.errors import InvalidInputError
 from fedzoo.nas.subnet import build_subnet
 
@@ -391,3 +393,64 @@ def test_ceil_mode_pooling_sizes_are_right_before_shapes_are_folded(tmp_path):
     assert loss == pytest.approx(float(torch_loss), rel=1e-5)
     for name, parameter in model.named_parameters():
         assert relative_error(grads[name], parameter.grad.numpy()) < 1e-4, name
+
+
+def _unfolded_batchnorm_model(tmp_path) -> tuple[nn.Module, onnx.ModelProto]:
+    """A model with BatchNorm exported unfolded (do_constant_folding=False keeps BatchNormalization nodes)."""
+    torch.manual_seed(8)
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4, momentum=0.2), nn.ReLU(),
+        nn.Conv2d(4, 6, 3, 2, 1), nn.BatchNorm2d(6), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 3),
+    )  # fmt: skip
+    generator = torch.Generator().manual_seed(0)
+    for module in model.modules():
+        if isinstance(module, nn.BatchNorm2d):
+            module.running_mean.copy_(torch.rand(module.num_features, generator=generator) - 0.5)
+            module.running_var.copy_(torch.rand(module.num_features, generator=generator) + 0.5)
+    path = tmp_path / "unfolded.onnx"
+    torch.onnx.export(model.eval(), (torch.randn(1, 1, 8, 8),), str(path), input_names=["input"], output_names=["logits"],
+                      dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}}, do_constant_folding=False, dynamo=False)  # fmt: skip
+    return model, onnx.load(str(path))
+
+
+def test_unfolded_batchnorm_trains_in_inference_mode_by_default(tmp_path):
+    model, proto = _unfolded_batchnorm_model(tmp_path)
+    graph = build_training_graph(proto)
+    assert [value.name for value in graph.graph.input][2:] == parameter_candidates(proto)
+    assert "1.weight" in parameter_candidates(proto) and "1.running_mean" not in parameter_candidates(proto)
+    rng = np.random.default_rng(9)
+    x, y = rng.standard_normal((5, 1, 8, 8)).astype(np.float32), rng.integers(0, 3, 5)
+    loss, grads = run_training_graph(graph, x, y, initializers(proto))
+    torch_loss = nn.functional.cross_entropy(model.eval()(torch.from_numpy(x)), torch.from_numpy(y))
+    torch_loss.backward()
+    assert loss == pytest.approx(float(torch_loss), rel=1e-5)
+    for name, parameter in model.named_parameters():
+        assert relative_error(grads[name], parameter.grad.numpy()) < 1e-4, name
+
+
+def test_batchnorm_training_mode_matches_torch_train_mode(tmp_path):
+    model, proto = _unfolded_batchnorm_model(tmp_path)
+    graph = build_training_graph(proto, batch_norm="training")
+    statistics = ["1.running_mean", "1.running_var", "4.running_mean", "4.running_var"]
+    assert [value.name for value in graph.graph.input][2:] == [*parameter_candidates(proto), *statistics]
+    assert [value.name for value in graph.graph.output][-4:] == [f"running.{name}" for name in statistics]
+    trainer = Trainer(graph.SerializeToString(), initializers(proto), SGD(0.1, momentum=0.9))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model.train()
+    rng = np.random.default_rng(10)
+    for _ in range(3):
+        x, y = rng.standard_normal((6, 1, 8, 8)).astype(np.float32), rng.integers(0, 3, 6)
+        loss = trainer.step(x, y)
+        torch_loss = nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
+        optimizer.zero_grad()
+        torch_loss.backward()
+        optimizer.step()
+        assert loss == pytest.approx(float(torch_loss), rel=1e-5)
+    state = model.state_dict()
+    for name, value in {**trainer.parameters, **trainer.statistics}.items():
+        np.testing.assert_allclose(value, state[name].numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_batchnorm_training_mode_needs_unfolded_batchnorm(exported):
+    with pytest.raises(InvalidInputError, match="no BatchNormalization node.*do_constant_folding=False"):
+        build_training_graph(exported, batch_norm="training")
