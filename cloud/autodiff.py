@@ -53,6 +53,8 @@ NON_DIFFERENTIABLE_OPS = {"Shape", "Size", "ArgMax", "ArgMin", "NonZero", "Equal
 # How BatchNormalization nodes left in the model (not folded) run: with their stored statistics, or with
 # batch statistics and updated running statistics (`fedzoo.cloud.batchnorm_training`).
 BATCH_NORM_MODES = ("inference", "training")
+# How Dropout nodes run: as the identity (the inference forward), or dropping at random like torch's train mode.
+DROPOUT_MODES = ("inference", "training")
 # Output activations a loss already contains: a model ending in one of them would be trained wrongly.
 LOSS_ACTIVATIONS = {"cross_entropy": ("Softmax", "LogSoftmax"), "bce": ("Sigmoid",)}
 
@@ -438,17 +440,21 @@ def build_training_graph(
     label_smoothing: float = 0.0,
     strip_output_activation: bool = False,
     batch_norm: str = "inference",
+    dropout: str = "inference",
 ) -> onnx.ModelProto:
     """The training graph of an inference model (BN folded): loss and a gradient per trainable parameter.
 
     `label_smoothing` (cross-entropy only) is torch's; `strip_output_activation` drops a final Softmax /
     LogSoftmax (cross-entropy) or Sigmoid (BCE) that would otherwise be refused; `batch_norm="training"`
     trains unfolded BatchNormalization nodes like torch's train mode (batch statistics; the running
-    statistics become inputs and `running.<name>` outputs)."""
+    statistics become inputs and `running.<name>` outputs); `dropout="training"` makes the model's Dropout
+    nodes drop at random (onnxruntime's generator) instead of being the identity."""
     if loss not in LOSSES:
         raise InvalidInputError(f"unknown loss {loss!r}; choose one of {sorted(LOSSES)}", field="loss")
     if batch_norm not in BATCH_NORM_MODES:
         raise InvalidInputError(f"batch_norm must be one of {BATCH_NORM_MODES}, got {batch_norm!r}", field="batch_norm")
+    if dropout not in DROPOUT_MODES:
+        raise InvalidInputError(f"dropout must be one of {DROPOUT_MODES}, got {dropout!r}", field="dropout")
     if label_smoothing and (loss != "cross_entropy" or not 0.0 < label_smoothing < 1.0):
         raise InvalidInputError(
             f"label_smoothing must be in [0, 1) and applies to cross_entropy only, got {label_smoothing} with {loss}",
@@ -474,15 +480,16 @@ def build_training_graph(
     forward_nodes, output_name = _logits_output(forward_nodes, graph.output[0].name, loss, strip_output_activation)
     fresh_names = _FreshNames(taken | {INPUT_NAME, TARGET_NAME, LOSS_NAME})
     statistics: list[str] = []
-    batch_norm_constants: list[onnx.TensorProto] = []
+    added_constants: list[onnx.TensorProto] = []
     if batch_norm == "training":
-        forward_nodes, batch_norm_constants, statistics = _batch_statistics(model, forward_nodes, source_input.name, fresh_names)
+        forward_nodes, added_constants, statistics = _batch_statistics(model, forward_nodes, source_input.name, fresh_names)
+    added_constants.extend(_set_dropout_mode(forward_nodes, dropout, fresh_names))
     _check_every_op_has_a_rule(forward_nodes, output_name, parameters)
     x_info = onnx.ValueInfoProto()
     x_info.CopyFrom(source_input)
     x_info.name = INPUT_NAME
     by_name = {init.name: init for init in graph.initializer}
-    frozen = [init for init in graph.initializer if init.name not in {*parameters, *statistics}] + batch_norm_constants
+    frozen = [init for init in graph.initializer if init.name not in {*parameters, *statistics}] + added_constants
     parameter_inputs = [
         helper.make_tensor_value_info(name, TensorProto.FLOAT, list(by_name[name].dims)) for name in [*parameters, *statistics]
     ]
@@ -527,7 +534,8 @@ def build_training_graph(
         ir_version=model.ir_version,
         doc_string=f"training graph: loss={loss}, trainable={len(parameters)} parameters",
     )
-    metadata = {"fedzoo.loss": loss, "fedzoo.target": TARGET_DESCRIPTIONS[loss], "fedzoo.batch_norm": batch_norm}
+    metadata = {"fedzoo.loss": loss, "fedzoo.target": TARGET_DESCRIPTIONS[loss], "fedzoo.batch_norm": batch_norm,
+                "fedzoo.dropout": dropout}  # fmt: skip
     if label_smoothing:
         metadata["fedzoo.label_smoothing"] = str(label_smoothing)
     helper.set_model_props(result, metadata)
@@ -550,6 +558,27 @@ def _batch_statistics(
             field="batch_norm",
         )
     return lowered.nodes, lowered.constants, lowered.statistics
+
+
+def _set_dropout_mode(forward_nodes: list[onnx.NodeProto], mode: str, fresh_names: _FreshNames) -> list[onnx.TensorProto]:
+    """Give every Dropout the mode asked for (whatever the export chose); returns the constants that takes."""
+    dropouts = [node for node in forward_nodes if node.op_type == "Dropout"]
+    if mode == "inference":
+        for node in dropouts:
+            del node.input[2:]  # no training_mode: the identity
+        return []
+    if not dropouts:
+        raise InvalidInputError(
+            "dropout='training' but the model has no Dropout node (eval-mode exports drop them): export with "
+            "torch.onnx.export(..., training=torch.onnx.TrainingMode.TRAINING)",
+            field="dropout",
+        )
+    training = fresh_names("dropout/training_mode")
+    for node in dropouts:
+        node.input[:] = [node.input[0], node.input[1] if len(node.input) > 1 else "", training]
+        if len(node.output) < 2:
+            node.output.append(fresh_names(f"{node.output[0]}/mask"))
+    return [numpy_helper.from_array(np.asarray(True), training)]
 
 
 def _default_opset(model: onnx.ModelProto) -> int:

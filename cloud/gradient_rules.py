@@ -416,12 +416,15 @@ def _log_softmax(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], 
 
 @gradient_rule("Dropout")
 def _dropout(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], needs: list[bool]) -> list[str | None]:
-    # Inference mode (no training_mode input, or a constant false): the identity. The training graph keeps
-    # the inference forward, so dropout is off during on-device training.
+    # `fedzoo.cloud.autodiff` sets the mode: inference (no training_mode input: the identity) or training
+    # (training_mode a constant true, the mask an output): dy where the mask kept an element, / (1 - ratio).
     training_mode = constant_input(ctx, node, 2, "training_mode")
-    if training_mode is not None and bool(training_mode):
-        raise InvalidInputError(f"Dropout {node.name!r} is in training mode; training graphs run dropout as the identity")
-    return [grads[0], None, None][: len(needs)]
+    if training_mode is None or not bool(training_mode):
+        return [grads[0], None, None][: len(needs)]
+    ratio = constant_input(ctx, node, 1, "ratio")
+    keep = 1.0 - (0.5 if ratio is None else float(ratio))
+    kept = ctx.emit("Cast", [node.outputs[1]], to=_FLOAT)
+    return [ctx.emit("Mul", [grads[0], ctx.emit("Mul", [kept, scalar(ctx, 1.0 / keep)])]), None, None][: len(needs)]
 
 
 @gradient_rule("Expand")
@@ -500,7 +503,10 @@ def _layer_normalization(ctx: GraphBuilder, node: ForwardNode, grads: list[str |
 def _batch_normalization(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], needs: list[bool]) -> list[str | None]:
     """Inference mode: y = scale * (x - mean) / sqrt(var + eps) + bias with the stored statistics (constants)."""
     if node.attributes.get("training_mode", 0):
-        raise InvalidInputError(f"BatchNormalization {node.name!r} is in training mode; export the model in eval mode")
+        raise InvalidInputError(
+            f"BatchNormalization {node.name!r} is in training mode: build with batch_norm='training' (batch statistics) "
+            "or export the model in eval mode"
+        )
     x, scale, _, mean, variance = node.inputs[:5]
     rank = len(ctx.static_shape(x))
     per_channel = int64s(ctx, [-1, *[1] * (rank - 2)])

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 from torch import nn
@@ -454,3 +455,51 @@ def test_batchnorm_training_mode_matches_torch_train_mode(tmp_path):
 def test_batchnorm_training_mode_needs_unfolded_batchnorm(exported):
     with pytest.raises(InvalidInputError, match="no BatchNormalization node.*do_constant_folding=False"):
         build_training_graph(exported, batch_norm="training")
+
+
+def _dropout_model(tmp_path) -> tuple[nn.Module, onnx.ModelProto]:
+    torch.manual_seed(11)
+    model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
+    path = tmp_path / "dropout.onnx"
+    torch.onnx.export(model, (torch.randn(1, 4),), str(path), input_names=["input"], dynamic_axes={"input": {0: "batch"}},
+                      training=torch.onnx.TrainingMode.TRAINING, dynamo=False)  # fmt: skip
+    return model, onnx.load(str(path))
+
+
+def test_dropout_is_the_identity_by_default_even_in_a_training_mode_export(tmp_path):
+    model, proto = _dropout_model(tmp_path)
+    rng = np.random.default_rng(12)
+    x, y = rng.standard_normal((7, 4)).astype(np.float32), rng.integers(0, 3, 7)
+    loss, grads = run_training_graph(build_training_graph(proto), x, y, initializers(proto))
+    torch_loss = nn.functional.cross_entropy(model.eval()(torch.from_numpy(x)), torch.from_numpy(y))
+    torch_loss.backward()
+    assert loss == pytest.approx(float(torch_loss), rel=1e-5)
+    for name, parameter in model.named_parameters():
+        assert relative_error(grads[name], parameter.grad.numpy()) < 1e-4, name
+
+
+def test_dropout_training_mode_drops_and_scales_like_torch(tmp_path):
+    model, proto = _dropout_model(tmp_path)
+    graph = build_training_graph(proto, dropout="training")
+    mask_name = next(node.output[1] for node in graph.graph.node if node.op_type == "Dropout")
+    graph.graph.output.append(onnx.helper.make_tensor_value_info(mask_name, onnx.TensorProto.BOOL, None))  # to read it
+    session = ort.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [spec.name for spec in session.get_inputs()][2:]
+    rng = np.random.default_rng(13)
+    x, y = rng.standard_normal((64, 4)).astype(np.float32), rng.integers(0, 3, 64)
+    params = initializers(proto)
+    loss, *grads, mask = session.run(
+        ["loss", *(f"grad.{name}" for name in names), mask_name], {"x": x, "y": y, **{name: params[name] for name in names}}
+    )
+    assert 0.5 < mask.mean() < 0.9  # about 70% kept
+    hidden = model[1](model[0](torch.from_numpy(x))) * torch.from_numpy(mask) / 0.7
+    torch_loss = nn.functional.cross_entropy(model[3](hidden), torch.from_numpy(y))
+    torch_loss.backward()
+    assert loss == pytest.approx(float(torch_loss), rel=1e-5)
+    for name, grad in zip(names, grads):
+        assert relative_error(grad, dict(model.named_parameters())[name].grad.numpy()) < 1e-4, name
+
+
+def test_dropout_training_mode_needs_dropout_nodes(exported):
+    with pytest.raises(InvalidInputError, match="no Dropout node.*TrainingMode.TRAINING"):
+        build_training_graph(exported, dropout="training")
