@@ -61,7 +61,8 @@ def infer_shapes(model: onnx.ModelProto, strict: bool = True) -> dict[str, Stati
 
 
 def prepare_forward(model: onnx.ModelProto, input_name: str) -> onnx.ModelProto:
-    """A copy of `model` with a symbolic batch, its constant subgraphs folded and auto_pad made explicit."""
+    """A copy of `model` with a symbolic batch, its constant subgraphs folded, and auto_pad and ceil-mode
+    pooling made explicit pads."""
     prepared = onnx.ModelProto()
     prepared.CopyFrom(model)
     del prepared.graph.value_info[:]  # the exporter's shapes: inferred again as the rewrites go

@@ -26,7 +26,7 @@ from fedzoo.cloud.gradient_rules import (
 )
 from fedzoo.errors import InvalidInputError
 
-_FLOAT = 1  # onnx.TensorProto.FLOAT
+_FLOAT = onnx.TensorProto.FLOAT
 MIN_SCATTER_ADD_OPSET = 16  # ScatterElements gained reduction="add" in opset 16
 
 
