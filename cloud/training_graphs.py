@@ -8,7 +8,7 @@ card's `details["fine_tuning"]`). Cards are rewritten atomically through `Zoo.ad
 made trainable is recorded in `details["training"]`.
 
 `trainable` is one of `fedzoo.cloud.autodiff.SELECTIONS` ("all", "head", "all_but_depthwise") or a list
-of names; "all_but_depthwise" trains about 2x faster on onnxruntime's CPU kernels (bench/train_benchmark.py).
+of names and glob patterns (docs/training-graphs.md); "all_but_depthwise" trains about 2x faster on onnxruntime's CPU kernels (bench/train_benchmark.py).
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """On-device training with the stock onnxruntime: run the cloud-built training graph, step in numpy.
 
-The training graph (see `fedzoo.cloud.autodiff`) takes `x`, `y` and the trainable parameters as
-inputs and returns `loss` and `grad.<name>`; the parameters live here as numpy arrays, the optimizer
-updates them between runs. Parameters travel as `.npz` keyed by initializer name, and are written
+The training graph (see `fedzoo.cloud.autodiff`, docs/training-graphs.md) takes `x`, `y` and the
+trainable parameters as inputs and returns `loss` and `grad.<name>`; the parameters live here as numpy
+arrays, the optimizer updates them between runs. A graph built with `batch_norm="training"` also takes
+BatchNorm running statistics as inputs and returns their updated values as `running.<name>`: they live
+here too (`statistics`), replaced by the outputs after every step, never touched by the optimizer. Parameters travel as `.npz` keyed by initializer name, and are written
 back into the inference model by rewriting its initializers at the protobuf level
 (`fedzoo.edge.onnx_initializers`), so a device needs onnxruntime and numpy only: no torch, no onnx.
 Inputs are fed as the model expects them (already normalised with the card's statistics).
@@ -31,7 +33,7 @@ from fedzoo.edge.onnx_initializers import read_float_initializers, replace_initi
 from fedzoo.edge.optimizers import Optimizer
 from fedzoo.errors import InvalidInputError
 
-INPUT_NAME, TARGET_NAME, LOSS_NAME, GRADIENT_PREFIX = "x", "y", "loss", "grad."
+INPUT_NAME, TARGET_NAME, LOSS_NAME, GRADIENT_PREFIX, RUNNING_PREFIX = "x", "y", "loss", "grad.", "running."
 _TARGET_DTYPES = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
 _ORT_LOAD_ERRORS = (Fail, InvalidArgument, InvalidGraph, InvalidProtobuf)
 _ORT_RUN_ERRORS = (Fail, InvalidArgument, RuntimeException)
@@ -44,8 +46,8 @@ def _model_bytes(model: str | Path | bytes) -> bytes:
 class Trainer:
     """Fine-tunes the trainable parameters of one training graph with one optimizer.
 
-    `parameters` holds a value for every trainable parameter (extra entries are ignored); `threads` is
-    onnxruntime's intra-op thread count.
+    `parameters` holds a value for every trainable parameter and running statistic of the graph (extra
+    entries are ignored); `threads` is onnxruntime's intra-op thread count.
     """
 
     def __init__(
@@ -79,18 +81,23 @@ class Trainer:
         self._target_dtype = _TARGET_DTYPES.get(inputs[TARGET_NAME].type)
         if self._target_dtype is None:
             raise InvalidInputError(f"training graph target {TARGET_NAME!r} has unsupported type {inputs[TARGET_NAME].type}")
-        self.parameter_names = [name for name in inputs if name not in (INPUT_NAME, TARGET_NAME)]
-        missing = [name for name in self.parameter_names if name not in parameters]
+        outputs = {spec.name for spec in self._session.get_outputs()}
+        state_names = [name for name in inputs if name not in (INPUT_NAME, TARGET_NAME)]
+        self.statistic_names = [name for name in state_names if RUNNING_PREFIX + name in outputs]
+        self.parameter_names = [name for name in state_names if name not in self.statistic_names]
+        missing = [name for name in state_names if name not in parameters]
         if missing:
             raise InvalidInputError(f"no value given for trainable parameters {missing}", field=missing[0])
+        for name in state_names:
+            expected, given = tuple(inputs[name].shape), np.shape(parameters[name])
+            if given != expected:
+                raise InvalidInputError(f"parameter {name!r} has shape {given}, the graph expects {expected}", field=name)
         self.parameters = {name: np.array(parameters[name], dtype=np.float32) for name in self.parameter_names}
-        for name in self.parameter_names:
-            expected = tuple(inputs[name].shape)
-            if self.parameters[name].shape != expected:
-                raise InvalidInputError(
-                    f"parameter {name!r} has shape {self.parameters[name].shape}, the graph expects {expected}", field=name
-                )
-        self._output_names = [LOSS_NAME, *(GRADIENT_PREFIX + name for name in self.parameter_names)]
+        self.statistics = {name: np.array(parameters[name], dtype=np.float32) for name in self.statistic_names}
+        self._output_names = [
+            LOSS_NAME, *(GRADIENT_PREFIX + name for name in self.parameter_names),
+            *(RUNNING_PREFIX + name for name in self.statistic_names),
+        ]  # fmt: skip
         self.optimizer = optimizer
 
     @classmethod
@@ -111,20 +118,26 @@ class Trainer:
         targets = np.ascontiguousarray(targets, dtype=self._target_dtype)
         if len(features) != len(targets) or len(features) == 0:
             raise InvalidInputError(f"need as many targets as inputs (>0), got {len(features)} and {len(targets)}")
-        return {INPUT_NAME: features, TARGET_NAME: targets, **self.parameters}
+        return {INPUT_NAME: features, TARGET_NAME: targets, **self.parameters, **self.statistics}
+
+    def _run(self, features: np.ndarray, targets: np.ndarray) -> tuple[float, dict[str, np.ndarray], dict[str, np.ndarray]]:
+        try:
+            loss, *values = self._session.run(self._output_names, self._feeds(features, targets))
+        except _ORT_RUN_ERRORS as error:  # e.g. a label outside [0, classes) or images of the wrong shape
+            raise InvalidInputError(f"onnxruntime rejected the training batch: {error}") from None
+        count = len(self.parameter_names)
+        return float(loss), dict(zip(self.parameter_names, values[:count])), dict(zip(self.statistic_names, values[count:]))
 
     def loss_and_gradients(self, features: np.ndarray, targets: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
         """The batch loss and the gradient of every trainable parameter, without changing anything."""
-        try:
-            loss, *gradients = self._session.run(self._output_names, self._feeds(features, targets))
-        except _ORT_RUN_ERRORS as error:  # e.g. a label outside [0, classes) or images of the wrong shape
-            raise InvalidInputError(f"onnxruntime rejected the training batch: {error}") from None
-        return float(loss), dict(zip(self.parameter_names, gradients))
+        loss, gradients, _ = self._run(features, targets)
+        return loss, gradients
 
     def step(self, features: np.ndarray, targets: np.ndarray) -> float:
-        """One optimizer step on one batch; returns the batch loss before the step."""
-        loss, gradients = self.loss_and_gradients(features, targets)
+        """One optimizer step on one batch (and the running statistics' update); returns the batch loss before it."""
+        loss, gradients, statistics = self._run(features, targets)
         self.optimizer.step(self.parameters, gradients)
+        self.statistics.update(statistics)
         return loss
 
     def train_epoch(self, features: np.ndarray, targets: np.ndarray, batch_size: int, seed: int = 0) -> float:

@@ -3,6 +3,7 @@ tests over conv geometries and broadcasting."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from unittest import mock
@@ -19,8 +20,9 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).parent))  # the shared helpers next to this file (importlib mode)
 from autodiff_reference import initializers, relative_error, run_training_graph, torch_reference_gradients
 from fedzoo.cloud import depthwise_lowering
-from fedzoo.cloud.autodiff import build_training_graph
+from fedzoo.cloud.autodiff import build_training_graph, nameable_parameters
 from fedzoo.cloud.gradient_rules import GRADIENT_RULES, MissingGradientRuleError
+from fedzoo.errors import InvalidInputError
 
 torch.set_num_threads(1)
 ZOO_OPS = {"Conv", "Gemm", "MatMul", "Add", "Relu", "Clip", "HardSwish", "HardSigmoid", "GlobalAveragePool", "Flatten",
@@ -73,6 +75,36 @@ def _gemm_case(trans_a, trans_b, alpha, beta, bias_shape):
 def _activation_case(op_nodes, constants=(), x_scale=4.0):
     nodes, params = scaled(op_nodes)
     return make_model(nodes, (4, 3, 5, 5), params, constants=constants), (4, 3, 5, 5), x_scale
+
+
+def const(name, value, dtype=np.float32):
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value, dtype), name))
+
+
+def _case(op_nodes, x_shape=(4, 3, 5, 5), extra=None, constants=()):
+    """`input * s` (a per-channel parameter) feeding `op_nodes`, which read it as "h"."""
+    nodes, params = scaled(op_nodes, x_shape[1])
+    if x_shape[1:] != (3, 5, 5):
+        params["s"] = randn(1, x_shape[1], *[1] * (len(x_shape) - 2), scale=2.0)
+    params.update(extra or {})
+    return make_model(nodes, x_shape, params, constants=constants), x_shape
+
+
+def _gelu_erf():
+    return [const("root2", np.sqrt(2.0)), const("one", 1.0), const("half", 0.5), node("Div", ["h", "root2"], "a"),
+            node("Erf", ["a"], "e"), node("Add", ["e", "one"], "b"), node("Mul", ["h", "b"], "c"),
+            node("Mul", ["c", "half"], "out")]  # fmt: skip
+
+
+def _gelu_tanh():
+    return [const("three", 3.0), const("k", 0.044715), const("c", np.sqrt(2 / np.pi)), const("one", 1.0),
+            const("half", 0.5), node("Pow", ["h", "three"], "cube"), node("Mul", ["cube", "k"], "kc"),
+            node("Add", ["h", "kc"], "inner"), node("Mul", ["inner", "c"], "scaled"), node("Tanh", ["scaled"], "t"),
+            node("Add", ["t", "one"], "t1"), node("Mul", ["h", "t1"], "p"), node("Mul", ["p", "half"], "out")]  # fmt: skip
+
+
+TORCH_RESIZE = dict(mode="nearest", coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+BIG = np.iinfo(np.int64).max
 
 
 CASES = {
@@ -133,6 +165,87 @@ CASES = {
         make_model([node("Mul", ["input", "s"], "h"), node("Reshape", ["h", "shape"], "r"), node("Identity", ["r"], "out")],
                    (2, 3, 4, 4), {"s": randn(1, 3, 1, 1)}, constants=[("shape", np.array([0, -1, 8], np.int64))]),
         (2, 3, 4, 4)),
+    "sigmoid": lambda: _case([node("Sigmoid", ["h"], "out")]),
+    "prelu_per_channel_slope": lambda: _case([node("PRelu", ["h", "slope"], "out")], extra={"slope": randn(3, 1, 1)}),
+    "sum_three_broadcast": lambda: _case([node("Sum", ["h", "t", "input"], "out")], extra={"t": randn(5)}),
+    "tanh": lambda: _case([node("Tanh", ["h"], "out")]),
+    "leaky_relu": lambda: _case([node("LeakyRelu", ["h"], "out", alpha=0.1)]),
+    "elu": lambda: _case([node("Elu", ["h"], "out", alpha=0.7)]),
+    "selu": lambda: _case([node("Selu", ["h"], "out")]),
+    "softplus": lambda: _case([node("Softplus", ["h"], "out")]),
+    "silu": lambda: _case([node("Sigmoid", ["h"], "g"), node("Mul", ["h", "g"], "out")]),
+    "gelu_erf": lambda: _case(_gelu_erf()),
+    "gelu_tanh_pow": lambda: _case(_gelu_tanh()),
+    "abs_sqrt_log_neg_exp": lambda: _case(
+        [const("one", 1.0), node("Abs", ["h"], "a"), node("Add", ["a", "one"], "b"), node("Sqrt", ["b"], "c"),
+         node("Log", ["c"], "d"), node("Neg", ["d"], "e"), node("Exp", ["e"], "out")]),
+    "div_both_sides_broadcast": lambda: _case(
+        [node("Div", ["h", "d"], "q"), node("Abs", ["q"], "a"), node("Add", ["a", "d"], "b"), node("Div", ["t", "b"], "out")],
+        extra={"d": np.abs(randn(1, 3, 1, 1)) + 1.0, "t": randn(5)}),
+    "softmax_inner": lambda: _case([node("Softmax", ["h"], "out", axis=1)]),
+    "log_softmax_last_axis": lambda: _case([node("LogSoftmax", ["h"], "out", axis=-1)]),
+    "dropout_inference": lambda: _case([node("Dropout", ["h"], "out")]),
+    "expand": lambda: _case(
+        [const("shape", [3, 5, 5], np.int64), node("Expand", ["e", "shape"], "big"), node("Add", ["h", "big"], "out")],
+        extra={"e": randn(3, 1, 5)}),
+    "reduce_sum_keepdims_0": lambda: _case(
+        [const("axes", [1, 3], np.int64), node("ReduceSum", ["h", "axes"], "out", keepdims=0)]),
+    "reduce_mean_axes_attribute": lambda: _case([node("ReduceMean", ["h"], "out", axes=[2, 3])]),
+    # A per-channel s alone cancels out of a norm over the last axes: adding t keeps dx visible.
+    "layer_norm_last_axis": lambda: _case(
+        [node("Add", ["h", "t"], "u"), node("LayerNormalization", ["u", "gamma", "beta"], "out", axis=-1, epsilon=1e-3)],
+        extra={"gamma": randn(5), "beta": randn(5), "t": randn(5)}),
+    "layer_norm_two_axes_no_bias": lambda: _case(
+        [node("Add", ["h", "t"], "u"), node("LayerNormalization", ["u", "gamma"], "out", axis=2)],
+        extra={"gamma": randn(5, 5), "t": randn(5, 5)}),
+    "batch_norm_inference": lambda: _case(
+        [node("BatchNormalization", ["h", "scale", "bias", "mean", "var"], "out", epsilon=1e-3)],
+        extra={"scale": randn(3), "bias": randn(3), "mean": randn(3), "var": np.abs(randn(3)) + 0.5}),
+    "matmul_batched_both_operands": lambda: _case(
+        [node("Transpose", ["h"], "t", perm=[0, 1, 3, 2]), node("MatMul", ["h", "t"], "out")]),
+    "concat_two_branches": lambda: _case(
+        [node("Mul", ["input", "t"], "u"), node("Concat", ["h", "u", "h"], "out", axis=1)], extra={"t": randn(1, 3, 1, 5)}),
+    "split_with_sizes_reordered": lambda: _case(
+        [const("sizes", [1, 2], np.int64), helper.make_node("Split", ["h", "sizes"], ["a", "b"], axis=1),
+         node("Concat", ["b", "a"], "out", axis=1)]),
+    "split_equal_one_output_unused": lambda: _case(
+        [helper.make_node("Split", ["h"], ["a", "b", "c"], axis=1), node("Add", ["a", "c"], "out")]),
+    "slice_contiguous": lambda: _case(
+        [const("starts", [1, 0], np.int64), const("ends", [3, -1], np.int64), const("axes", [1, 3], np.int64),
+         node("Slice", ["h", "starts", "ends", "axes"], "out")]),
+    "slice_steps_negative": lambda: _case(
+        [const("starts", [0, -1], np.int64), const("ends", [BIG, -BIG], np.int64), const("axes", [2, 3], np.int64),
+         const("steps", [2, -2], np.int64), node("Slice", ["h", "starts", "ends", "axes", "steps"], "out")]),
+    "gather_matrix_indices": lambda: _case(
+        [const("idx", [[0, 2], [2, 2]], np.int64), node("Gather", ["h", "idx"], "out", axis=1)]),
+    "gather_scalar_negative_index_last_axis": lambda: _case(
+        [const("idx", -2, np.int64), node("Gather", ["h", "idx"], "out", axis=-1)]),
+    "pad_constant_value": lambda: _case(
+        [const("pads", [0, 0, 1, 2, 0, 0, 2, 1], np.int64), const("value", 0.5),
+         node("Pad", ["h", "pads", "value"], "out", mode="constant")]),
+    "pad_reflect": lambda: _case(
+        [const("pads", [0, 0, 2, 1, 0, 0, 1, 3], np.int64), node("Pad", ["h", "pads"], "out", mode="reflect")]),
+    "pad_edge": lambda: _case(
+        [const("pads", [0, 0, 3, 0, 0, 0, 1, 2], np.int64), node("Pad", ["h", "pads"], "out", mode="edge")]),
+    "resize_nearest_scales": lambda: _case(
+        [const("scales", [1.0, 1.0, 2.0, 1.5]), node("Resize", ["h", "", "scales"], "out", **TORCH_RESIZE)]),
+    "resize_nearest_sizes": lambda: _case(
+        [const("sizes", [4, 3, 10, 15], np.int64), node("Resize", ["h", "", "", "sizes"], "out", **TORCH_RESIZE)]),
+    "max_pool_padded_strided": lambda: _case(
+        [node("MaxPool", ["h"], "out", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])]),
+    "max_pool_ceil_mode": lambda: _case(
+        [node("MaxPool", ["h"], "out", kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1)]),
+    "global_max_pool": lambda: _case([node("GlobalMaxPool", ["h"], "out")]),
+    "average_pool_count_include_pad": lambda: _case(
+        [node("AveragePool", ["h"], "out", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1)]),
+    "average_pool_ceil_mode_excluding_pad": lambda: _case(
+        [node("AveragePool", ["h"], "out", kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1)]),
+    "average_pool_auto_pad_same_upper": lambda: _case(
+        [node("AveragePool", ["h"], "out", kernel_shape=[2, 2], strides=[2, 2], auto_pad="SAME_UPPER")]),
+    "conv_auto_pad_same_upper_strided": lambda: _conv_case((2, 3, 7, 6), (4, 3, 3, 2), strides=[2, 2], auto_pad="SAME_UPPER"),
+    "conv_auto_pad_same_lower": lambda: _conv_case((2, 3, 6, 6), (4, 3, 2, 2), auto_pad="SAME_LOWER"),
+    "max_pool_auto_pad_valid": lambda: _case(
+        [node("MaxPool", ["h"], "out", kernel_shape=[2, 2], strides=[2, 2], auto_pad="VALID")]),
 }  # fmt: skip
 
 
@@ -147,7 +260,7 @@ def test_rule_matches_torch_autograd(case):
     x = randn(*x_shape, scale=4.0)
     y = randn(*_output_shape(model, x))
     params = initializers(model)
-    trainable = [name for name, value in params.items() if value.dtype == np.float32 and value.ndim > 0]
+    trainable = nameable_parameters(model)
     graph = build_training_graph(model, trainable, loss="mse")
     loss, grads = run_training_graph(graph, x, y, params)
     expected_loss, expected = torch_reference_gradients(model, x, y, "mse", trainable)
@@ -203,23 +316,132 @@ def test_every_zoo_op_has_a_rule():
     assert ZOO_OPS <= set(GRADIENT_RULES)
 
 
-def test_op_without_rule_on_the_gradient_path_is_named():
-    nodes, params = scaled([node("Sigmoid", ["h"], "out")])
-    model = make_model(nodes, (2, 3, 4, 4), params)
-    with pytest.raises(MissingGradientRuleError, match="'Sigmoid'"):
-        build_training_graph(model, loss="mse")
+def test_every_op_without_rule_on_the_gradient_path_is_named_at_once():
+    nodes = [node("Conv", ["input", "w1"], "c1"), node("Sin", ["c1"], "a"), node("Conv", ["a", "w2"], "c2"),
+             node("Cos", ["c2"], "b"), node("Flatten", ["b"], "f"), node("Gemm", ["f", "fc", "fc_bias"], "out", transB=1)]  # fmt: skip
+    model = make_model(nodes, (2, 1, 4, 4), {"w1": randn(2, 1, 3, 3), "w2": randn(2, 2, 1, 1), "fc": randn(3, 8), "fc_bias": randn(3)})
+    with pytest.raises(MissingGradientRuleError) as raised:
+        build_training_graph(model)
+    message = str(raised.value)
+    assert "2 node(s)" in message and "Sin (node 'a')" in message and "Cos (node 'b')" in message
+    assert "trainable=['fc', 'fc_bias']" in message
+    # ... and following the suggestion works.
+    graph = build_training_graph(model, ["fc", "fc_bias"])
+    assert [value.name for value in graph.graph.input] == ["x", "y", "fc", "fc_bias"]
 
 
 def test_op_without_rule_before_the_trainable_part_is_fine():
-    nodes = [node("Sigmoid", ["input"], "h"), node("Mul", ["h", "s"], "out")]
+    nodes = [node("Sin", ["input"], "h"), node("Mul", ["h", "s"], "out")]
     model = make_model(nodes, (2, 3), {"s": randn(3)})
-    graph = build_training_graph(model, loss="mse")
+    graph = build_training_graph(model, ["s"], loss="mse")
     x, y = randn(2, 3), randn(2, 3)
     _, grads = run_training_graph(graph, x, y, initializers(model))
     _, expected = torch_reference_gradients(
-        make_model([node("Mul", ["input", "s"], "out")], (2, 3), initializers(model)), 1 / (1 + np.exp(-x)), y, "mse", ["s"]
+        make_model([node("Mul", ["input", "s"], "out")], (2, 3), initializers(model)), np.sin(x), y, "mse", ["s"]
     )
     assert relative_error(grads["s"], expected["s"]) < 1e-4
+
+
+# property tests against torch over shapes and attributes -------------------------------------------
+
+
+def _check_against_torch(model: onnx.ModelProto, x: np.ndarray, seed: int) -> None:
+    y = np.random.default_rng(seed).standard_normal(_output_shape(model, x)).astype(np.float32)
+    trainable = nameable_parameters(model)
+    loss, grads = run_training_graph(build_training_graph(model, trainable, loss="mse"), x, y, initializers(model))
+    expected_loss, expected = torch_reference_gradients(model, x, y, "mse", trainable)
+    assert loss == pytest.approx(expected_loss, rel=1e-5)
+    for name in trainable:
+        assert relative_error(grads[name], expected[name]) < 1e-4, name
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.sampled_from(["MaxPool", "AveragePool"]), st.integers(1, 3), st.integers(1, 3), st.integers(0, 1),
+       st.booleans(), st.booleans(), st.integers(3, 8), st.integers(0, 2**16))  # fmt: skip
+def test_pooling_matches_torch(op, kernel, stride, pad, ceil_mode, include_pad, size, seed):
+    pad = min(pad, kernel // 2)  # torch's limit
+    attributes = dict(kernel_shape=[kernel, kernel], strides=[stride, stride], pads=[pad] * 4, ceil_mode=int(ceil_mode))
+    if op == "AveragePool":
+        attributes["count_include_pad"] = int(include_pad)
+    local = np.random.default_rng(seed)
+    params = {"s": local.standard_normal((1, 2, 1, 1))}
+    model = make_model([node("Mul", ["input", "s"], "h"), node(op, ["h"], "out", **attributes)], (2, 2, size, size + 1), params)
+    x = local.standard_normal((2, 2, size, size + 1)).astype(np.float32)
+    windows_past_the_padding = _output_shape(model, x)[2:] != _output_shape(_without_ceil_mode(model), x)[2:]
+    if op == "AveragePool" and ceil_mode and include_pad and windows_past_the_padding:
+        with pytest.raises(InvalidInputError, match="ceil_mode with count_include_pad"):
+            build_training_graph(model, ["s"], loss="mse")
+        return
+    _check_against_torch(model, x, seed)
+
+
+def _without_ceil_mode(model: onnx.ModelProto) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for attribute in copy.graph.node[-1].attribute:
+        if attribute.name == "ceil_mode":
+            attribute.i = 0
+    return copy
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.sampled_from(["constant", "reflect", "edge"]), st.lists(st.integers(0, 3), min_size=4, max_size=4),
+       st.integers(4, 6), st.integers(0, 2**16))  # fmt: skip
+def test_pad_matches_torch(mode, spatial_pads, size, seed):
+    pads = [0, 0, spatial_pads[0], spatial_pads[1], 0, 0, spatial_pads[2], spatial_pads[3]]
+    local = np.random.default_rng(seed)
+    nodes = [node("Mul", ["input", "s"], "h"), node("Pad", ["h", "pads"], "out", mode=mode)]
+    model = make_model(nodes, (2, 2, size, size), {"s": local.standard_normal((1, 2, 1, 1))},
+                       constants=[("pads", np.asarray(pads, np.int64))])  # fmt: skip
+    _check_against_torch(model, local.standard_normal((2, 2, size, size)).astype(np.float32), seed)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(-6, 6), st.integers(-6, 6), st.sampled_from([1, 2, -1, -2]), st.sampled_from([1, 2, 3]), st.data())
+def test_slice_and_concat_match_torch(start, end, step, axis, data):
+    seed = data.draw(st.integers(0, 2**16))
+    local = np.random.default_rng(seed)
+    shape = (2, 4, 5, 6)
+    if len(np.arange(shape[axis])[slice(start, end, step)]) == 0:
+        start, end = (0, shape[axis]) if step > 0 else (-1, -shape[axis] - 1)
+    nodes = [node("Mul", ["input", "s"], "h"), node("Slice", ["h", "starts", "ends", "axes", "steps"], "sliced"),
+             node("Concat", ["sliced", "sliced"], "out", axis=axis)]  # fmt: skip
+    constants = [(name, np.asarray([value], np.int64)) for name, value in
+                 (("starts", start), ("ends", end), ("axes", axis), ("steps", step))]  # fmt: skip
+    model = make_model(nodes, shape, {"s": local.standard_normal((1, 4, 1, 1))}, constants=constants)
+    _check_against_torch(model, local.standard_normal(shape).astype(np.float32), seed)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.sampled_from(["ReduceSum", "ReduceMean", "Softmax", "LogSoftmax", "Gather", "Split", "LeakyRelu", "Elu"]),
+       st.integers(1, 3), st.booleans(), st.data())  # fmt: skip
+def test_axis_and_attribute_ops_match_torch(op, axis, keepdims, data):
+    seed = data.draw(st.integers(0, 2**16))
+    local = np.random.default_rng(seed)
+    shape = (2, 3, 4, 5)
+    constants = []
+    if op in ("ReduceSum", "ReduceMean"):
+        axes = sorted(data.draw(st.sets(st.integers(1, 3), min_size=1, max_size=3)))
+        constants.append(("axes", np.asarray(axes, np.int64)))
+        op_node = node(op, ["h", "axes"], "out", keepdims=int(keepdims)) if op == "ReduceSum" else \
+            node(op, ["h"], "out", axes=axes, keepdims=int(keepdims))  # fmt: skip
+    elif op in ("Softmax", "LogSoftmax"):
+        op_node = node(op, ["h"], "out", axis=axis)
+    elif op == "Gather":
+        indices = data.draw(st.lists(st.integers(-shape[axis], shape[axis] - 1), min_size=1, max_size=5))
+        constants.append(("indices", np.asarray(indices, np.int64)))
+        op_node = node("Gather", ["h", "indices"], "out", axis=axis)
+    elif op == "Split":
+        first = data.draw(st.integers(1, shape[axis] - 1))
+        constants.append(("sizes", np.asarray([first, shape[axis] - first], np.int64)))
+        op_node = helper.make_node("Split", ["h", "sizes"], ["a", "b"], axis=axis)
+    else:
+        op_node = node(op, ["h"], "out", alpha=data.draw(st.floats(0.01, 2.0)))
+    nodes = [node("Mul", ["input", "s"], "h"), op_node]
+    if op == "Split":  # both parts on the gradient path, in a different order
+        nodes.append(node("Concat", ["b", "a"], "out", axis=axis))
+    model = make_model(nodes, shape, {"s": local.standard_normal((1, 3, 1, 1))}, constants=constants)
+    _check_against_torch(model, local.standard_normal(shape).astype(np.float32) * 3, seed)
 
 
 # finite differences ------------------------------------------------------------------------------
@@ -228,7 +450,7 @@ def test_op_without_rule_before_the_trainable_part_is_fine():
 def _directional_check(model: onnx.ModelProto, x: np.ndarray, y: np.ndarray, seed: int) -> None:
     """For each parameter p and a random direction v: (L(p + e v) - L(p - e v)) / 2e equals <grad p, v>."""
     params = initializers(model)
-    graph = build_training_graph(model, loss="mse")
+    graph = build_training_graph(model, nameable_parameters(model), loss="mse")
     loss_at = lambda values: run_training_graph(graph, x, y, values)[0]  # noqa: E731
     _, grads = run_training_graph(graph, x, y, params)
     direction_rng = np.random.default_rng(seed)
@@ -297,3 +519,11 @@ def test_broadcast_gradients_match_finite_differences(shape, data):
     x = local.standard_normal(x_shape).astype(np.float32)
     y = local.standard_normal(x_shape).astype(np.float32)
     _directional_check(model, x, y, seed)
+
+
+def test_every_rule_is_documented():
+    docs = (Path(__file__).parents[2] / "docs" / "training-graphs.md").read_text()
+    table = docs.split("## Supported operators and their gradient rules")[1].split("\n## ")[0]
+    rows = table.split("|---|---|")[1].strip().splitlines()
+    documented = {op.strip() for row in rows for op in re.sub(r"\(.*?\)", "", row.split("|")[1]).split(",")}
+    assert set(GRADIENT_RULES) == documented, set(GRADIENT_RULES) ^ documented
