@@ -12,7 +12,10 @@ from a stale copy. What it writes (every file read by `clients/java/fedzoo-clien
   `train_locally` draws (`order<epoch>`), the training config and the resulting delta (`delta.<name>`) and
   metrics, for each case in `LOCAL_CASES`;
 - `codec_delta.npz` (a float32 delta) with `codec_fp32.npz` / `codec_int8.npz`, Python's encodings of it;
-- `calibration/<name>.onnx`: calibration models a device times for its profile.
+- `calibration/<name>.onnx`: calibration models a device times for its profile;
+- `bn_model.onnx` + `bn_graph.onnx` (a conv net whose BatchNorm trains with batch statistics, `batch_norm="training"`)
+  and `mse_graph.onnx` (the MLP with an `mse` loss, float32 `y`), with `graphs.npz`: their batches and, after each of
+  `GRAPH_STEPS` Python trainer steps, the loss, the parameters and the running statistics (`<case>.<step>.<name>`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 
 from fedzoo.cloud.autodiff import build_training_graph
 from fedzoo.cloud.data import load_dataset, split_dataset
@@ -49,6 +54,44 @@ LOCAL_CASES = {
     "adam": {"local_epochs": 2, "batch_size": 32, "learning_rate": 0.01, "optimizer": "adam", "momentum": 0.0},
 }
 CALIBRATION_MODELS = ("cal-tiny-fp32",)
+GRAPH_STEPS = 3
+
+
+def conv_batchnorm_classifier(seed: int) -> onnx.ModelProto:
+    """Conv 3x3 (4 filters) → BatchNormalization → Relu → GlobalAveragePool → Flatten → Gemm, on 1x8x8 digits."""
+    rng = np.random.default_rng(seed)
+    initializers = [
+        numpy_helper.from_array((rng.normal(size=(4, 1, 3, 3)) * 0.5).astype(np.float32), "conv.weight"),
+        numpy_helper.from_array(rng.uniform(0.5, 1.5, 4).astype(np.float32), "bn.weight"),
+        numpy_helper.from_array(rng.normal(size=4).astype(np.float32) * 0.1, "bn.bias"),
+        numpy_helper.from_array(rng.normal(size=4).astype(np.float32) * 0.1, "bn.running_mean"),
+        numpy_helper.from_array(rng.uniform(0.5, 2.0, 4).astype(np.float32), "bn.running_var"),
+        numpy_helper.from_array((rng.normal(size=(4, 10)) * 0.5).astype(np.float32), "fc.weight"),
+        numpy_helper.from_array(np.zeros(10, np.float32), "fc.bias"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["input", "conv.weight"], ["conv"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["conv", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"],
+                         ["normalised"], epsilon=1e-5, momentum=0.9),
+        helper.make_node("Relu", ["normalised"], ["activated"]),
+        helper.make_node("GlobalAveragePool", ["activated"], ["pooled"]),
+        helper.make_node("Flatten", ["pooled"], ["flat"], axis=1),
+        helper.make_node("Gemm", ["flat", "fc.weight", "fc.bias"], ["logits"]),
+    ]
+    graph = helper.make_graph(nodes, "conv-bn", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 1, 8, 8])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _graph_steps(trainer: Trainer, batches: list[tuple[np.ndarray, np.ndarray]], case: str) -> dict[str, np.ndarray]:
+    """The loss and the state after each step of `trainer` over `batches`, keyed `<case>.<step>.<name>`."""
+    arrays = {}
+    for step, (x, y) in enumerate(batches):
+        arrays[f"{case}.{step}.loss"] = np.float32(trainer.step(x, y))
+        arrays.update({f"{case}.{step}.{k}": v.copy() for k, v in {**trainer.parameters, **trainer.statistics}.items()})
+    return arrays
 
 
 def _npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -117,6 +160,25 @@ def write_vectors(out: Path, seed: int = 0) -> None:
     _npz(out / "codec_delta.npz", delta)
     (out / "codec_fp32.npz").write_bytes(encode_update(delta, "fp32"))
     (out / "codec_int8.npz").write_bytes(encode_update(delta, "int8"))
+
+    # graphs beyond cross-entropy on folded weights: BatchNorm in training mode, and an mse loss on float targets
+    bn_model = conv_batchnorm_classifier(seed).SerializeToString()
+    bn_graph = build_training_graph(onnx.load_from_string(bn_model), batch_norm="training").SerializeToString()
+    mse_graph = build_training_graph(model_proto, loss="mse").SerializeToString()
+    (out / "bn_model.onnx").write_bytes(bn_model)
+    (out / "bn_graph.onnx").write_bytes(bn_graph)
+    (out / "mse_graph.onnx").write_bytes(mse_graph)
+    features = normalise(split.train.x[:GRAPH_STEPS * 16], normalisation)
+    labels = split.train.y[:GRAPH_STEPS * 16]
+    one_hot = np.eye(10, dtype=np.float32)[labels]
+    graph_arrays = {"x": features, "y": labels, "y_one_hot": one_hot}
+    graph_arrays.update(_graph_steps(Trainer.from_inference_model(bn_graph, bn_model, SGD(0.05, momentum=0.9)),
+                                     [(features[i * 16:(i + 1) * 16], labels[i * 16:(i + 1) * 16]) for i in range(GRAPH_STEPS)],
+                                     "bn"))
+    graph_arrays.update(_graph_steps(Trainer.from_inference_model(mse_graph, model, Adam(0.01)),
+                                     [(features[i * 16:(i + 1) * 16], one_hot[i * 16:(i + 1) * 16]) for i in range(GRAPH_STEPS)],
+                                     "mse"))
+    _npz(out / "graphs.npz", graph_arrays)
 
     (out / "calibration").mkdir(exist_ok=True)
     for name in CALIBRATION_MODELS:

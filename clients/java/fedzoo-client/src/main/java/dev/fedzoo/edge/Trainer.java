@@ -3,6 +3,7 @@ package dev.fedzoo.edge;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.FloatBuffer;
+import java.nio.Buffer;
 import java.nio.LongBuffer;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -28,38 +29,48 @@ import dev.fedzoo.InvalidInputException;
  * On-device training with the stock ONNX Runtime, as {@code fedzoo.edge.trainer.Trainer}: runs the cloud-built
  * standard-op training graph (inputs {@code x}, {@code y} and one per trainable parameter; outputs {@code loss}
  * and {@code grad.<name>}) and steps the parameters in Java between runs. This is what makes training possible
- * on {@code onnxruntime-android}, whose training build ended at 1.19.2. Not thread-safe; close it when done.
+ * on {@code onnxruntime-android}, whose training build ended at 1.19.2. A graph built with
+ * {@code batch_norm="training"} also takes BatchNorm running statistics as inputs and returns their new values as
+ * {@code running.<name>}: they live in {@link #statistics()}, replaced after every step, never touched by the
+ * optimizer (docs/training-graphs.md). {@code y} is int64 class indices for cross-entropy graphs and float32 for
+ * {@code mse} and {@code bce} graphs. Not thread-safe; close it when done.
  */
 public final class Trainer implements AutoCloseable {
     public static final String INPUT_NAME = "x";
     public static final String TARGET_NAME = "y";
     public static final String LOSS_NAME = "loss";
     public static final String GRADIENT_PREFIX = "grad.";
+    public static final String RUNNING_PREFIX = "running.";
 
-    /** The loss of one batch and the gradient of every trainable parameter. */
+    /** The loss of one batch, the gradient of every trainable parameter and the updated running statistics. */
     public static final class LossAndGradients {
         public final float loss;
         public final Map<String, FloatTensor> gradients;
+        public final Map<String, FloatTensor> statistics;
 
-        LossAndGradients(float loss, Map<String, FloatTensor> gradients) {
+        LossAndGradients(float loss, Map<String, FloatTensor> gradients, Map<String, FloatTensor> statistics) {
             this.loss = loss;
             this.gradients = gradients;
+            this.statistics = statistics;
         }
     }
 
     private final OrtEnvironment environment = OrtEnvironment.getEnvironment();
     private final OrtSession session;
     private final List<String> parameterNames = new ArrayList<String>();
+    private final List<String> statisticNames = new ArrayList<String>();
     private final Map<String, FloatTensor> parameters = new LinkedHashMap<String, FloatTensor>();
+    private final Map<String, FloatTensor> statistics = new LinkedHashMap<String, FloatTensor>();
+    private final OnnxJavaType targetType;
     private final Set<String> outputNames = new LinkedHashSet<String>();
-    /** Native-order direct buffers ONNX Runtime reads the parameters from (no copy), refilled before each run. */
-    private final Map<String, FloatBuffer> parameterBuffers = new HashMap<String, FloatBuffer>();
-    private final Map<String, OnnxTensor> parameterTensors = new HashMap<String, OnnxTensor>();
+    /** Native-order direct buffers ONNX Runtime reads parameters and statistics from (no copy), refilled before each run. */
+    private final Map<String, FloatBuffer> inputBuffers = new HashMap<String, FloatBuffer>();
+    private final Map<String, OnnxTensor> inputTensors = new HashMap<String, OnnxTensor>();
     private final Optimizer optimizer;
 
     /**
-     * A trainer of {@code trainingGraph} starting from {@code parameters} (copied; extra entries ignored), with
-     * {@code threads} intra-op threads.
+     * A trainer of {@code trainingGraph} starting from {@code parameters} (a value for every trainable parameter
+     * and running statistic; copied; extra entries ignored), with {@code threads} intra-op threads.
      */
     public Trainer(byte[] trainingGraph, Map<String, FloatTensor> parameters, Optimizer optimizer, int threads) {
         this.optimizer = optimizer;
@@ -73,16 +84,19 @@ public final class Trainer implements AutoCloseable {
             throw new InvalidInputException("onnxruntime cannot load the training graph: " + error.getMessage(), "training_graph");
         }
         Map<String, NodeInfo> inputs;
+        Set<String> outputs;
         try {
             inputs = session.getInputInfo();
+            outputs = session.getOutputNames();
         } catch (OrtException error) {
             throw new InvalidInputException("onnxruntime cannot describe the training graph: " + error.getMessage());
         }
         if (!inputs.containsKey(INPUT_NAME) || !inputs.containsKey(TARGET_NAME)) {
             throw new InvalidInputException("not a training graph: inputs " + inputs.keySet() + " lack 'x'/'y'");
         }
-        if (((TensorInfo) inputs.get(TARGET_NAME).getInfo()).type != OnnxJavaType.INT64) {
-            throw new InvalidInputException("training graph target 'y' must be int64 class labels");
+        targetType = ((TensorInfo) inputs.get(TARGET_NAME).getInfo()).type;
+        if (targetType != OnnxJavaType.INT64 && targetType != OnnxJavaType.FLOAT) {
+            throw new InvalidInputException("training graph target 'y' has unsupported type " + targetType);
         }
         outputNames.add(LOSS_NAME);
         for (Map.Entry<String, NodeInfo> input : inputs.entrySet()) {
@@ -99,17 +113,23 @@ public final class Trainer implements AutoCloseable {
                 throw new InvalidInputException("parameter '" + name + "' has shape " + Arrays.toString(value.shape())
                         + ", the graph expects " + Arrays.toString(expected), name);
             }
-            parameterNames.add(name);
-            this.parameters.put(name, value.copy());
-            outputNames.add(GRADIENT_PREFIX + name);
+            boolean statistic = outputs.contains(RUNNING_PREFIX + name);
+            (statistic ? statisticNames : parameterNames).add(name);
+            (statistic ? statistics : this.parameters).put(name, value.copy());
             FloatBuffer buffer = ByteBuffer.allocateDirect(value.size() * 4).order(ByteOrder.nativeOrder()).asFloatBuffer();
-            parameterBuffers.put(name, buffer);
+            inputBuffers.put(name, buffer);
             try {
-                parameterTensors.put(name, OnnxTensor.createTensor(environment, buffer, expected));
+                inputTensors.put(name, OnnxTensor.createTensor(environment, buffer, expected));
             } catch (OrtException error) {
                 close();
                 throw new InvalidInputException("onnxruntime cannot hold parameter '" + name + "': " + error.getMessage(), name);
             }
+        }
+        for (String name : parameterNames) {
+            outputNames.add(GRADIENT_PREFIX + name);
+        }
+        for (String name : statisticNames) {
+            outputNames.add(RUNNING_PREFIX + name);
         }
     }
 
@@ -128,28 +148,68 @@ public final class Trainer implements AutoCloseable {
         return Collections.unmodifiableMap(parameters);
     }
 
+    /** The current BatchNorm running statistics (empty unless the graph was built with batch_norm="training"). */
+    public Map<String, FloatTensor> statistics() {
+        return Collections.unmodifiableMap(statistics);
+    }
+
     /** The optimizer stepping the parameters. */
     public Optimizer optimizer() {
         return optimizer;
     }
 
-    /** The batch loss and every parameter's gradient, without changing anything. {@code x} is already normalised. */
+    /** The batch loss and every parameter's gradient, without changing anything; {@code y}: class indices. */
     public LossAndGradients lossAndGradients(FloatTensor x, long[] y) {
-        long[] shape = x.shape();
-        if (shape.length == 0 || shape[0] != y.length || y.length == 0) {
-            throw new InvalidInputException("need as many targets as inputs (>0), got "
-                    + (shape.length == 0 ? 0 : shape[0]) + " and " + y.length);
+        requireTarget(OnnxJavaType.INT64, "int64 class indices");
+        return run(x, y.length, LongBuffer.wrap(y), new long[] {y.length});
+    }
+
+    /** The batch loss and every parameter's gradient for a float32 target ({@code mse} and {@code bce} graphs). */
+    public LossAndGradients lossAndGradients(FloatTensor x, FloatTensor y) {
+        requireTarget(OnnxJavaType.FLOAT, "float32 targets");
+        return run(x, (int) y.shape()[0], FloatBuffer.wrap(y.data()), y.shape());
+    }
+
+    /** One optimizer step on one batch of class indices (and the statistics' update); returns the loss before it. */
+    public float step(FloatTensor x, long[] y) {
+        return apply(lossAndGradients(x, y));
+    }
+
+    /** One optimizer step on one batch of float32 targets (and the statistics' update); returns the loss before it. */
+    public float step(FloatTensor x, FloatTensor y) {
+        return apply(lossAndGradients(x, y));
+    }
+
+    private float apply(LossAndGradients result) {
+        optimizer.step(parameters, result.gradients);
+        statistics.putAll(result.statistics);
+        return result.loss;
+    }
+
+    private void requireTarget(OnnxJavaType wanted, String what) {
+        if (targetType != wanted) {
+            throw new InvalidInputException("this training graph's target 'y' is " + targetType + ", not " + what, "y");
         }
-        for (String name : parameterNames) {
-            FloatBuffer buffer = parameterBuffers.get(name);
-            buffer.clear();
-            buffer.put(parameters.get(name).data()); // the optimizer stepped the Java arrays: hand ORT the new values
+    }
+
+    private LossAndGradients run(FloatTensor x, int targets, Buffer y, long[] yShape) {
+        long[] shape = x.shape();
+        if (shape.length == 0 || shape[0] != targets || targets == 0) {
+            throw new InvalidInputException("need as many targets as inputs (>0), got "
+                    + (shape.length == 0 ? 0 : shape[0]) + " and " + targets);
+        }
+        for (Map.Entry<String, FloatBuffer> input : inputBuffers.entrySet()) {
+            FloatTensor value = parameters.containsKey(input.getKey()) ? parameters.get(input.getKey())
+                    : statistics.get(input.getKey());
+            input.getValue().clear();
+            input.getValue().put(value.data()); // the optimizer stepped the Java arrays: hand ORT the new values
         }
         Map<String, OnnxTensor> batch = new HashMap<String, OnnxTensor>();
         try {
             batch.put(INPUT_NAME, OnnxTensor.createTensor(environment, FloatBuffer.wrap(x.data()), shape));
-            batch.put(TARGET_NAME, OnnxTensor.createTensor(environment, LongBuffer.wrap(y), new long[] {y.length}));
-            Map<String, OnnxTensor> feeds = new HashMap<String, OnnxTensor>(parameterTensors);
+            batch.put(TARGET_NAME, y instanceof LongBuffer ? OnnxTensor.createTensor(environment, (LongBuffer) y, yShape)
+                    : OnnxTensor.createTensor(environment, (FloatBuffer) y, yShape));
+            Map<String, OnnxTensor> feeds = new HashMap<String, OnnxTensor>(inputTensors);
             feeds.putAll(batch);
             OrtSession.Result result = session.run(feeds, outputNames);
             try {
@@ -158,7 +218,11 @@ public final class Trainer implements AutoCloseable {
                 for (String name : parameterNames) {
                     gradients.put(name, toFloatTensor(result.get(GRADIENT_PREFIX + name).get()));
                 }
-                return new LossAndGradients(loss, gradients);
+                Map<String, FloatTensor> updated = new LinkedHashMap<String, FloatTensor>();
+                for (String name : statisticNames) {
+                    updated.put(name, toFloatTensor(result.get(RUNNING_PREFIX + name).get()));
+                }
+                return new LossAndGradients(loss, gradients, updated);
             } finally {
                 result.close();
             }
@@ -172,13 +236,6 @@ public final class Trainer implements AutoCloseable {
         }
     }
 
-    /** One optimizer step on one batch; returns the batch loss before the step. */
-    public float step(FloatTensor x, long[] y) {
-        LossAndGradients result = lossAndGradients(x, y);
-        optimizer.step(parameters, result.gradients);
-        return result.loss;
-    }
-
     static FloatTensor toFloatTensor(OnnxValue value) throws OrtException {
         OnnxTensor tensor = (OnnxTensor) value;
         FloatBuffer buffer = tensor.getFloatBuffer();
@@ -189,7 +246,7 @@ public final class Trainer implements AutoCloseable {
 
     @Override
     public void close() {
-        for (OnnxTensor tensor : parameterTensors.values()) {
+        for (OnnxTensor tensor : inputTensors.values()) {
             tensor.close();
         }
         EdgeSession.closeSession(session);

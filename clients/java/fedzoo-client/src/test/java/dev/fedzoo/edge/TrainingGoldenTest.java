@@ -148,4 +148,52 @@ class TrainingGoldenTest {
             assertEquals(metrics.getDouble("accuracy"), result.metrics.get("accuracy"), 0.0, name + " accuracy");
         }
     }
+
+    private static FloatTensor rows(FloatTensor tensor, int start, int end) {
+        long[] shape = tensor.shape();
+        int row = tensor.size() / (int) shape[0];
+        shape[0] = end - start;
+        return new FloatTensor(shape, java.util.Arrays.copyOfRange(tensor.data(), start * row, end * row));
+    }
+
+    @Test
+    void batchNormInTrainingModeAndAnMseLossStepAsPythonsTrainerDoes() {
+        Map<String, Npy.Array> arrays = TestSupport.npz(vector("graphs.npz"));
+        FloatTensor x = TestSupport.tensor(arrays.get("x"));
+        long[] labels = arrays.get("y").longs();
+        FloatTensor oneHot = TestSupport.tensor(arrays.get("y_one_hot"));
+
+        Trainer batchNorm = Trainer.fromInferenceModel(TestSupport.read(vector("bn_graph.onnx")),
+                TestSupport.read(vector("bn_model.onnx")), new Sgd(0.05, 0.9), 1);
+        Trainer mse = Trainer.fromInferenceModel(TestSupport.read(vector("mse_graph.onnx")),
+                TestSupport.read(vector("model.onnx")), new Adam(0.01), 1);
+        try {
+            assertEquals(java.util.Arrays.asList("bn.running_mean", "bn.running_var"),
+                    new java.util.ArrayList<String>(batchNorm.statistics().keySet()));
+            assertThrows(InvalidInputException.class, () -> mse.lossAndGradients(rows(x, 0, 16), new long[16]));
+            for (int step = 0; step < 3; step++) {
+                long[] batchLabels = java.util.Arrays.copyOfRange(labels, step * 16, (step + 1) * 16);
+                float bnLoss = batchNorm.step(rows(x, step * 16, (step + 1) * 16), batchLabels);
+                float mseLoss = mse.step(rows(x, step * 16, (step + 1) * 16), rows(oneHot, step * 16, (step + 1) * 16));
+                assertEquals(arrays.get("bn." + step + ".loss").floats()[0], bnLoss, RELATIVE * Math.abs(bnLoss), "bn loss");
+                assertEquals(arrays.get("mse." + step + ".loss").floats()[0], mseLoss, RELATIVE * Math.abs(mseLoss), "mse loss");
+                Map<String, FloatTensor> bnState = new LinkedHashMap<String, FloatTensor>(batchNorm.parameters());
+                bnState.putAll(batchNorm.statistics());
+                Map<String, FloatTensor> bnExpected = withPrefix(arrays, "bn." + step + ".");
+                bnExpected.remove("loss");
+                assertEquals(bnExpected.keySet(), bnState.keySet());
+                for (String name : bnExpected.keySet()) {
+                    TestSupport.assertClose(bnExpected.get(name), bnState.get(name), RELATIVE, "bn step " + step + " " + name);
+                }
+                Map<String, FloatTensor> mseExpected = withPrefix(arrays, "mse." + step + ".");
+                mseExpected.remove("loss");
+                for (String name : mseExpected.keySet()) {
+                    TestSupport.assertClose(mseExpected.get(name), mse.parameters().get(name), RELATIVE, "mse step " + step + " " + name);
+                }
+            }
+        } finally {
+            batchNorm.close();
+            mse.close();
+        }
+    }
 }
