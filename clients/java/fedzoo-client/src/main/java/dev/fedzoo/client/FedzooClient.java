@@ -286,6 +286,7 @@ public final class FedzooClient {
 
     /** A round's state, counts and outcome ({@code GET /v1/fl/rounds/<id>}). */
     public JSONObject flRound(long roundId) {
+        refreshTokenIfDue();
         return http.getJson("/v1/fl/rounds/" + roundId, null);
     }
 
