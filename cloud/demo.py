@@ -166,6 +166,7 @@ def stage_federated(run: DemoRun) -> str:
     rounds = ", ".join(
         f"round {record.number}: {record.state}, {record.accepted_updates} updates"
         + (f", accuracy {record.accuracy:.4f} -> {record.result_model_id}" if record.accuracy is not None else "")
+        + (f" ({record.outcome['failure']})" if record.outcome and "failure" in record.outcome else "")
         for record in records
     )
     return f"fine-tuned {base.id} (accuracy {base.metrics.accuracy:.4f}) with 5 virtual devices: {rounds}"

@@ -65,6 +65,8 @@ def parse_json(data: bytes) -> Any:
         raise MalformedJSON(f"the body is not UTF-8: {error.reason} at byte {error.start}") from None
     except ValueError as error:  # json.JSONDecodeError is a ValueError
         raise MalformedJSON(f"the body is not valid JSON: {error}") from None
+    except RecursionError:  # the decoder recurses once per level: ~1,000 nested arrays exhaust the stack
+        raise MalformedJSON("the body nests arrays or objects too deeply to be a request of this API") from None
 
 
 def json_body(model: type[Model], strict: bool = True) -> Model:
