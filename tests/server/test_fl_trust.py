@@ -156,3 +156,24 @@ def test_published_accuracy_is_the_servers_measurement_not_the_devices_claim(sim
     reported = card.details["federated"]["client_reported_metrics"]
     assert reported == {"accuracy": 1.0, "loss": 1e308}  # no overflow into null
     assert view["outcome"]["client_reported_metrics"] == reported
+
+
+def test_an_archive_whose_header_declares_1e12_values_is_refused_before_reading(simulation):
+    import io
+    import zipfile
+
+    round_id = simulation.start_plan(round_config())
+    task = device_client(simulation, 0).fl_task("digits")["task"]
+    member = io.BytesIO()
+    np.lib.format.write_array_header_1_0(member, {"descr": "<f4", "fortran_order": False, "shape": (10**12,)})
+    member.write(b"\0" * 64)
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as writer:
+        writer.writestr("w1.npy", member.getvalue())
+    metadata = json.dumps({"base_version": task["base_version"], "num_examples": 10})
+    answer = httpx.post(f"{simulation.server_url}{task['upload']['url']}",
+                        files={"metadata": (None, metadata), "delta": ("delta.npz", archive.getvalue())},
+                        headers={"Authorization": f"Bearer {simulation.tokens[0]}"})
+    assert answer.status_code == 422 and "declares" in answer.json()["error"]["message"]
+    assert answer.json()["error"]["field"] == "delta"
+    assert simulation.admin.fl_round(round_id)["accepted_updates"] == 0
