@@ -104,6 +104,8 @@ def download_blob(sha256: str) -> Response:
 
 @documented(blueprint, "PUT", "/v1/blobs/<sha256>", summary="Upload a blob; its bytes must hash to the URL's sha256",
             auth="admin", path_params=SHA256_PARAM, request_media_type=OCTET_STREAM, response=BlobUploadResponse,
+            description="The body's sha256 must equal the path's `sha256`, else 422 with field `sha256` and nothing "
+                        "is stored. Sent chunked or not, a body over the server's request limit is 413.",
             status=201, extra_responses={200: "the blob was already stored"}, errors=(403, 422))
 def upload_blob(sha256: str) -> Response:
     require_admin_token()

@@ -66,6 +66,8 @@ def test_gunicorn_serves_lookups_and_finishes_a_download_on_sigterm(tmp_path, zo
                                   headers={"Content-Type": "application/json"})
             assert refused.status_code == 401 and refused.headers["Connection"] == "close"
             assert client.get("/v1/health").status_code == 200
+            too_long = client.get("/v1/models", params={"task": "x" * 5000})  # as the OpenAPI document says
+            assert too_long.status_code == 414 and too_long.headers["Content-Type"].startswith("text/html")
             card = client.get("/v1/models/zoo-1").json()
             artifact = card["artifacts"]["torch_state"]
             with client.stream("GET", f"/v1/blobs/{artifact}") as download:
