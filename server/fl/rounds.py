@@ -62,6 +62,7 @@ from fedzoo.server.blobstore import BlobStore
 from fedzoo.server.db import Database
 from fedzoo.server.errors import Conflict, Forbidden, PayloadTooLarge
 from fedzoo.server.fl.evaluation import client_reported_metrics, decide_publication, evaluate
+from fedzoo.server.fl.faults import crash_point
 from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLRound, FLUpdate
 from fedzoo.server.fl.schemas import RoundConfig, Task, TaskResponse, TrainingConfig, UpdateMetadata, UploadSpec
 from fedzoo.server.fl.screening import Screened, screen_updates
@@ -378,6 +379,7 @@ class RoundService:
             except IntegrityError:
                 raise self._duplicate(device_id, round_id) from None
             accepted = self._count(session, FLUpdate, round_id)
+        crash_point("upload.stored")
         if accepted >= target:
             try:
                 self._aggregate_if_claimed(round_id)
@@ -444,6 +446,7 @@ class RoundService:
                 .values(state="aggregating", aggregation_lease_until=lease_until, aggregation_owner=self.owner_id)
             ).rowcount
         if claimed:
+            crash_point("aggregation.claimed")
             with self._renewing_lease(round_id):
                 self._aggregate(round_id)
 
@@ -536,6 +539,7 @@ class RoundService:
             self._refuse(round_id, rows, screened, summary, f"the aggregate was not published: {decision.reason}")
             return
         sha256 = self.store.put(onnx_bytes)
+        crash_point("aggregation.publishing")
         with self.database.session() as session:
             round_row = self._finish_if_owner(session, round_id, "closed")
             if round_row is None:
