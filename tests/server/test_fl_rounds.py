@@ -11,7 +11,6 @@ import httpx
 import numpy as np
 import pytest
 
-from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.errors import AuthenticationError, BadRequestError, ConflictError, PayloadTooLargeError, PermissionDeniedError
 from fedzoo.clients.participation import normalise, run_task
 from fedzoo.clients.update_codec import encode_update
