@@ -363,7 +363,10 @@ def main() -> None:
             for result in results:
                 report(label, result)
         ratio = sum(r["requests_per_s"] for r in this_tree) / sum(r["requests_per_s"] for r in other_tree)
-        print(f"  this tree / baseline throughput (A B B A means): {ratio:.3f}")
+        cpu_ratio = (sum(r["server_cpu_ms_per_lookup"] for r in this_tree)
+                     / sum(r["server_cpu_ms_per_lookup"] for r in other_tree))
+        # throughput swings with whatever else the machine runs; server CPU per lookup much less so
+        print(f"  this tree / baseline (A B B A means): throughput {ratio:.3f}, server CPU per lookup {cpu_ratio:.3f}")
     shutil.rmtree(workdir, ignore_errors=True)
 
 
