@@ -83,7 +83,8 @@ def test_a_poisoning_device_is_clipped_and_a_worse_aggregate_is_never_published(
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install 'fedzoo[ray]')")
 def test_ray_executor_runs_devices_as_parallel_tasks(federation, tmp_path):
-    records = _run(federation, tmp_path, "ray", {"name": "fedavg"})
+    # about the executor, not the publication gate: open it (parallel uploads change the aggregate)
+    records = _run(federation, tmp_path, "ray", {"name": "fedavg"}, max_accuracy_drop=1.0)
     assert [r.state for r in records] == ["closed", "closed"]
     # parallel uploads may land a fourth update before aggregation starts; every accepted one is aggregated
     assert all(r.outcome["accepted_updates"] == r.accepted_updates >= 3 for r in records)
