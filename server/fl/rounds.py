@@ -513,7 +513,8 @@ class RoundService:
         }
         if len(kept) < config.min_clients:
             self._refuse(round_id, rows, screened, summary,
-                         f"only {len(kept)} of {len(rows)} updates passed screening; the round needs {config.min_clients}")
+                         f"only {len(kept)} of {len(rows)} updates passed screening; "
+                         f"the round needs {config.min_clients}")
             return
         strategy = make_strategy(config.strategy, self.spill_dir)
         if previous_state is not None:

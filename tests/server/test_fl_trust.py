@@ -177,3 +177,26 @@ def test_an_archive_whose_header_declares_1e12_values_is_refused_before_reading(
     assert answer.status_code == 422 and "declares" in answer.json()["error"]["message"]
     assert answer.json()["error"]["field"] == "delta"
     assert simulation.admin.fl_round(round_id)["accepted_updates"] == 0
+
+
+def test_client_reported_means_stay_finite_at_the_top_of_the_float_range():
+    import sys
+
+    from fedzoo.server.fl.evaluation import client_reported_metrics
+    from fedzoo.server.fl.strategies import ClientUpdate
+
+    top = sys.float_info.max
+    updates = [ClientUpdate("a", 3, dict, 0.0, {"loss": top}),
+               ClientUpdate("b", 7, dict, 0.0, {"loss": top, "accuracy": 0.5}),
+               ClientUpdate("c", 10, dict, 0.0, {"loss": -top})]
+    means = client_reported_metrics(updates)
+    assert means["accuracy"] == 0.5 and means["loss"] == pytest.approx(0.0, abs=1e300)
+    assert client_reported_metrics(updates[:2]) == {"accuracy": 0.5, "loss": top}
+
+
+def test_the_norm_limit_is_the_smaller_of_the_median_multiple_and_the_absolute_bound():
+    from fedzoo.server.fl.schemas import NormBound
+    from fedzoo.server.fl.screening import norm_limit
+
+    assert norm_limit([1.0, 2.0, 100.0], NormBound(median_multiple=3.0)) == 6.0
+    assert norm_limit([1.0, 2.0, 100.0], NormBound(median_multiple=3.0, max_norm=4.0)) == 4.0
