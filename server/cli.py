@@ -139,8 +139,11 @@ def serve(zoo_dir: Path | None, host: str, port: int, workers: int, threads: int
     # Migrating and importing compute model costs with onnxruntime. Done in this process, its thread pools
     # would be inherited, dead, by every forked worker, which then aborts ("terminate called after throwing
     # std::system_error") when it exits on SIGTERM. A spawned child keeps the master free of onnxruntime.
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as child:
-        (refreshed_models, refreshed_devices), imported = child.submit(prepare_and_import, config, zoo_dir).result()
+    if import_only:  # nothing is forked afterwards: no need for the child
+        (refreshed_models, refreshed_devices), imported = prepare_and_import(config, zoo_dir)
+    else:
+        with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as child:
+            (refreshed_models, refreshed_devices), imported = child.submit(prepare_and_import, config, zoo_dir).result()
     if refreshed_models or refreshed_devices:
         click.echo(f"recomputed latency estimates of {refreshed_models} models and {refreshed_devices} devices")
     if imported is not None:
