@@ -85,9 +85,11 @@ def run_plan(federation, round_config, executor, attackers=frozenset(), encoding
                 started = time.perf_counter()
                 records = sim.run(round_config, stop_after_failed_rounds=3)
                 elapsed = time.perf_counter() - started
-    # a failed round publishes nothing (the global model stays); a plan cut short after 3 failed rounds in
-    # a row (every device's model diverged) has no accuracy to report for the rest
-    accuracies = [r.accuracy if r.accuracy is not None else float("nan") for r in records]
+    # a failed round publishes nothing (the global model stays): a round whose aggregate the server refused
+    # to publish counts with its parent's accuracy on the same evaluation set, the model still served; a
+    # plan cut short after 3 failed rounds in a row (every device's model diverged) has no accuracy for the rest
+    accuracies = [r.accuracy if r.accuracy is not None
+                  else (r.outcome or {}).get("parent_evaluation", {}).get("accuracy", float("nan")) for r in records]
     accuracies += [float("nan")] * (round_config["num_rounds"] - len(records))
     upload_bytes = sum(r.upload_bytes for r in records)
     accepted = sum(r.accepted_updates for r in records)

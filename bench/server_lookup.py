@@ -9,6 +9,11 @@ budgets) when installed, else Python threads with httpx; either shares the machi
 server, so the figures are a lower bound of what the server alone sustains.
 
     .venv/bin/python bench/server_lookup.py [--duration-s 20] [--server 2x4 3x2 ...] [--devices 10000]
+
+With `--baseline OTHER/.venv/bin/fedzoo` (another checkout, e.g. main, installed in its own venv) each
+server configuration is also measured with that tree's server, alternating A B B A on copies of the
+same registry (the copy migrated down to the baseline's newest revision), and the ratio is printed:
+the same machine, load and data for both, so the comparison holds on a shared machine.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ DEVICES = 10_000
 HARDWARE_TYPES = 250
 DEVICES_WITH_TELEMETRY = 2_000
 CONNECTIONS = 50
+WARM_UP_S = 5  # on a loaded 2-core machine 50 Python clients need seconds just to open their connections
 TASKS = ("digits", "mnist", "cifar10", "keywords")
 DEVICE_CLASSES = ("pi4", "pixel6", "jetson-nano", "laptop-x86", None)
 REQUEST_POOL = 4_000
@@ -256,14 +262,15 @@ def process_tree_cpu_s(pid: int) -> float:
 
 
 def measure(config: ServerConfig, pool: list[tuple[str, dict]], workers: int, threads: int, duration_s: int,
-            client: str, workdir: Path) -> dict[str, float]:
-    """Start `fedzoo serve` with this many workers and threads, warm it up, load it, stop it."""
+            client: str, workdir: Path, fedzoo_executable: Path | None = None) -> dict[str, float]:
+    """Start `fedzoo serve` (this tree's, or `fedzoo_executable`) with this many workers and threads, warm it
+    up, load it, stop it."""
     port = 18000 + (os.getpid() + workers * 10 + threads) % 1000
     env = {**os.environ, "FEDZOO_DATA_DIR": str(config.data_dir)}
     env.pop("FEDZOO_DATABASE_URL", None)
     server = subprocess.Popen(
-        [str(Path(sys.executable).with_name("fedzoo")), "serve", "--port", str(port), "--workers", str(workers),
-         "--threads", str(threads)],
+        [str(fedzoo_executable or Path(sys.executable).with_name("fedzoo")), "serve", "--port", str(port),
+         "--workers", str(workers), "--threads", str(threads)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     base_url = f"http://127.0.0.1:{port}"
@@ -276,7 +283,7 @@ def measure(config: ServerConfig, pool: list[tuple[str, dict]], workers: int, th
                 time.sleep(0.1)
         use_wrk = client == "wrk" or (client == "auto" and shutil.which("wrk"))
         run = run_wrk if use_wrk else (lambda url, requests, seconds, _: run_python_clients(url, requests, seconds))
-        run(base_url, pool, 2, workdir)  # warm-up: connections, SQLite page cache, device cache
+        run(base_url, pool, WARM_UP_S, workdir)  # warm-up: connections, SQLite page cache, device cache
         server_cpu_before = process_tree_cpu_s(server.pid)
         result = run(base_url, pool, duration_s, workdir)
         result["server_cpu_ms_per_lookup"] = (process_tree_cpu_s(server.pid) - server_cpu_before) * 1000 / max(
@@ -287,6 +294,30 @@ def measure(config: ServerConfig, pool: list[tuple[str, dict]], workers: int, th
     return result
 
 
+def baseline_registry(config: ServerConfig, baseline: Path, workdir: Path) -> ServerConfig:
+    """A copy of the registry at the newest migration the baseline tree knows (it refuses newer ones)."""
+    from alembic import command
+
+    from fedzoo.server import migrations
+
+    copy = ServerConfig.from_env({}, data_dir=workdir / "baseline-data")
+    shutil.copytree(config.data_dir, copy.data_dir)
+    head = subprocess.run([str(baseline.with_name("python")), "-c",
+                           "from fedzoo.server import migrations; print(migrations.head_revision())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    command.downgrade(migrations.alembic_config(copy.database_url), head)
+    return copy
+
+
+def report(label: str, result: dict[str, float]) -> None:
+    print(f"  {label}lookups: {result['requests']:.0f} = {result['requests_per_s']:.0f} req/s "
+          f"(goal >= {GOAL_REQUESTS_PER_S}: {result['requests_per_s'] / GOAL_REQUESTS_PER_S:.2f}x); "
+          f"p50 {result['p50_ms']:.2f} ms, p99 {result['p99_ms']:.2f} ms (goal < {GOAL_P99_MS:g} ms), "
+          f"max {result['max_ms']:.2f} ms; errors {result['errors']}; "
+          f"server CPU {result['server_cpu_ms_per_lookup']:.3f} ms/lookup "
+          f"(= {2000 / result['server_cpu_ms_per_lookup']:.0f} lookups/s on 2 dedicated cores)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration-s", type=int, default=20)
@@ -294,6 +325,7 @@ def main() -> None:
                         help="server configurations WORKERSxTHREADS, measured one after the other on one registry")
     parser.add_argument("--client", choices=["auto", "wrk", "python"], default="auto")
     parser.add_argument("--devices", type=int, default=DEVICES, help="fewer for a quick try; the goal is for 10,000")
+    parser.add_argument("--baseline", type=Path, help="another tree's `fedzoo` executable to compare with (A B B A)")
     arguments = parser.parse_args()
     logging.disable(logging.WARNING)
 
@@ -308,18 +340,33 @@ def main() -> None:
           f"ms/device); request pool {len(pool)} successful lookups ({build['pool_refused']} drawn requests were "
           f"404/409 and left out)")
 
+    baseline = baseline_registry(config, arguments.baseline, workdir) if arguments.baseline else None
     for server_config in arguments.server:
         workers, threads = (int(part) for part in server_config.split("x"))
-        result = measure(config, pool, workers, threads, arguments.duration_s, arguments.client, workdir)
-        print(f"server {workers} workers x {threads} threads (gunicorn gthread, SQLite WAL); client {result['client']}, "
-              f"{CONNECTIONS} keep-alive connections, {arguments.duration_s} s, same {os.cpu_count()} cores "
+        print(f"server {workers} workers x {threads} threads (gunicorn gthread, SQLite WAL); {CONNECTIONS} "
+              f"keep-alive connections, {arguments.duration_s} s, same {os.cpu_count()} cores "
               f"(load average before: {os.getloadavg()[0]:.1f})")
-        print(f"  lookups: {result['requests']:.0f} = {result['requests_per_s']:.0f} req/s "
-              f"(goal >= {GOAL_REQUESTS_PER_S}: {result['requests_per_s'] / GOAL_REQUESTS_PER_S:.2f}x); "
-              f"p50 {result['p50_ms']:.2f} ms, p99 {result['p99_ms']:.2f} ms (goal < {GOAL_P99_MS:g} ms), "
-              f"max {result['max_ms']:.2f} ms; errors {result['errors']}; "
-              f"server CPU {result['server_cpu_ms_per_lookup']:.3f} ms/lookup "
-              f"(= {2000 / result['server_cpu_ms_per_lookup']:.0f} lookups/s on 2 dedicated cores)")
+
+        def run(registry_config: ServerConfig, executable: Path | None) -> dict[str, float]:
+            return measure(registry_config, pool, workers, threads, arguments.duration_s, arguments.client, workdir,
+                           executable)
+
+        if baseline is None:
+            result = run(config, None)
+            print(f"  client {result['client']}")
+            report("", result)
+            continue
+        this_tree = [run(config, None)]
+        other_tree = [run(baseline, arguments.baseline), run(baseline, arguments.baseline)]
+        this_tree.append(run(config, None))
+        for label, results in (("this tree ", this_tree), (f"baseline {arguments.baseline} ", other_tree)):
+            for result in results:
+                report(label, result)
+        ratio = sum(r["requests_per_s"] for r in this_tree) / sum(r["requests_per_s"] for r in other_tree)
+        cpu_ratio = (sum(r["server_cpu_ms_per_lookup"] for r in this_tree)
+                     / sum(r["server_cpu_ms_per_lookup"] for r in other_tree))
+        # throughput swings with whatever else the machine runs; server CPU per lookup much less so
+        print(f"  this tree / baseline (A B B A means): throughput {ratio:.3f}, server CPU per lookup {cpu_ratio:.3f}")
     shutil.rmtree(workdir, ignore_errors=True)
 
 

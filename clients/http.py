@@ -1,11 +1,17 @@
 """The device's connection to a fedzoo server: httpx with retries, backoff and typed errors.
 
-Transient failures (connection errors, timeouts, 429 and 5xx) are retried with exponential backoff
-and full jitter (delay drawn from [0, min(max, base * 2^attempt)], as in the AWS architecture
-blog's "Exponential Backoff and Jitter"), honouring a `Retry-After` header. Every other error
-status raises the exception type of `fedzoo.clients.errors`. Retrying a POST is safe here: device
-registration is refused as a duplicate, and an update the server already accepted comes back as a
-409 `duplicate_update`, which the participation loop treats as delivered.
+Transient failures are retried with exponential backoff and full jitter (delay drawn from
+[0, min(max, base * 2^attempt)], as in the AWS architecture blog's "Exponential Backoff and
+Jitter"), honouring a `Retry-After` header. Every other error status raises the exception type of
+`fedzoo.clients.errors`.
+
+Which failures are retried depends on the method. GET, HEAD, PUT and DELETE are idempotent: any
+transport error, timeout, 429 or 5xx is retried. A POST (a registration, an update upload) is
+re-sent only when the server certainly did not act on it: the connection could not be opened, or
+the server answered 429 or 503 (refused before doing anything). After a timeout, a dropped
+connection or another 5xx it may have stored the request, so the caller decides: the participation
+loop re-sends an update because the server keeps one per device and round and answers a repeat with
+409 `duplicate_update`, which counts as delivered.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ import httpx
 from fedzoo.clients.errors import ServerUnavailableError, error_for_response
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+# what a server answers without having acted on the request: safe to re-send even a POST
+NOT_PROCESSED_STATUSES = frozenset({429, 503})
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 
 
 @functools.lru_cache(maxsize=1)
@@ -86,6 +95,7 @@ class FedzooHTTP:
     def request(self, method: str, path: str, *, expected: tuple[int, ...] = (200,), **kwargs: Any) -> httpx.Response:
         """Send a request, retrying transient failures; raise the typed error of any other failure."""
         kwargs["headers"] = self._headers(kwargs.get("headers"))
+        idempotent = method.upper() in IDEMPOTENT_METHODS
         last_problem = ""
         for attempt in range(self.retry.max_attempts):
             retry_after_s = None
@@ -93,12 +103,19 @@ class FedzooHTTP:
                 response = self._client.request(method, path, **kwargs)
             except (httpx.TransportError, httpx.TimeoutException) as error:
                 last_problem = f"{type(error).__name__}: {error}"
+                never_sent = isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout))
+                if not (idempotent or never_sent):
+                    raise ServerUnavailableError(f"{method} {self.base_url}{path} failed and may or may not have "
+                                                 f"been processed; not re-sent: {last_problem}") from None
             else:
                 if response.status_code in expected:
                     return response
                 if response.status_code not in RETRY_STATUSES:
                     raise error_for_response(response.status_code, _json_or_text(response))
                 last_problem = f"HTTP {response.status_code}"
+                if not (idempotent or response.status_code in NOT_PROCESSED_STATUSES):
+                    raise ServerUnavailableError(f"{method} {self.base_url}{path} answered {last_problem}; it may "
+                                                 "have been processed, so it was not re-sent")
                 retry_after_s = _retry_after_s(response)
             if attempt + 1 < self.retry.max_attempts:
                 self.sleep(self.retry.delay_s(attempt, retry_after_s))

@@ -10,8 +10,10 @@ One participation (Bonawitz et al. 2019's device side):
 4. upload `trained - global` (float32 or INT8, `fedzoo.clients.update_codec`) with the number of
    examples and the client's own loss and accuracy on its data.
 
-The data never leaves the device; only the delta does. A 409 `duplicate_update` after a retried
-upload means the server already has the update, so it counts as delivered.
+The data never leaves the device; only the delta does. The transport never re-sends a POST that
+may have reached the server; `deliver_update` does, knowing the server keeps one update per device
+and round: a 409 `duplicate_update` after a re-sent upload means the first got through, so it
+counts as delivered.
 """
 
 from __future__ import annotations
@@ -127,13 +129,27 @@ def run_task(
         return ParticipationResult(work["round_id"], "diverged", 0, len(data), metrics)
     chosen = encoding if encoding in work["upload"]["encodings"] else "fp32"
     payload = encode_update(delta, chosen)
-    result = ParticipationResult(work["round_id"], "accepted", len(payload), len(data), metrics)
-    try:
-        client.upload_update(work["upload"]["url"], metadata, payload)
-    except ConflictError as error:
-        if error.code != "duplicate_update":  # a duplicate means an earlier attempt got through
-            result.outcome = f"refused: {error.code}"
-    return result
+    outcome = deliver_update(client, work["upload"]["url"], metadata, payload)
+    return ParticipationResult(work["round_id"], outcome, len(payload), len(data), metrics)
+
+
+def deliver_update(client: FedzooClient, upload_url: str, metadata: dict[str, Any], payload: bytes) -> str:
+    """Upload until the server has the update: "accepted" or "refused: <code>". Re-sending after a failure
+    that may have reached the server (a timeout, a dropped connection, a server crash) is safe: the server
+    keeps one update per device and round and answers a repeat with 409 `duplicate_update`, which means
+    an earlier attempt got through."""
+    policy, failures = client.http.retry, 0
+    while True:
+        try:
+            client.upload_update(upload_url, metadata, payload)
+            return "accepted"
+        except ConflictError as error:
+            return "accepted" if error.code == "duplicate_update" else f"refused: {error.code}"
+        except ServerUnavailableError:
+            failures += 1
+            if failures == policy.max_attempts:
+                raise
+            client.http.sleep(policy.delay_s(failures - 1))
 
 
 def participate_once(

@@ -12,7 +12,8 @@ archive is written by numpy without pickles and has one of two encodings:
   member costs ~200 bytes of headers, as much as a 50-weight tensor's int8 values.
 
 The server decodes with `decode_update`, which also guards against archives that expand to more
-than `max_decoded_bytes` (a zip bomb) before reading any array.
+than `max_decoded_bytes` (a zip bomb), or whose array headers declare more values than they hold,
+before reading any array.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ SCALES_KEY = "@scales"
 VALUES_KEY = "@values"
 INT8_KEYS = {LAYOUT_KEY, SCALES_KEY, VALUES_KEY}
 INT8_LEVELS = 127
+# the .npy format versions numpy writes for plain arrays, and their header readers
+NPY_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
 class UpdateFormatError(InvalidInputError):
@@ -83,6 +86,29 @@ def decoded_size_bytes(data: bytes) -> int:
         raise UpdateFormatError(f"update is not an .npz archive: {error}", field="delta") from None
 
 
+def check_array_headers(data: bytes) -> None:
+    """Refuse an archive whose `.npy` headers declare more values than their members hold (numpy would
+    allocate the declared size first: a 200-byte member declaring 1e12 float32 values is a MemoryError)."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            for member in archive.infolist():
+                with archive.open(member) as stream:
+                    version = np.lib.format.read_magic(stream)
+                    if version not in NPY_HEADER_READERS:
+                        raise ValueError(f"member {member.filename!r} has .npy format {version}")
+                    shape, _fortran_order, dtype = NPY_HEADER_READERS[version](stream)
+                    header_bytes = stream.tell()
+                declared = math.prod(shape) * dtype.itemsize
+                if dtype.hasobject or declared > member.file_size - header_bytes:
+                    raise UpdateFormatError(
+                        f"member {member.filename!r} declares {shape} {dtype} ({declared} bytes) but holds "
+                        f"{member.file_size - header_bytes} bytes of data", field="delta")
+    except UpdateFormatError:
+        raise
+    except (ValueError, zipfile.BadZipFile, EOFError) as error:
+        raise UpdateFormatError(f"update is not a readable .npz archive: {error}", field="delta") from None
+
+
 def decode_update(data: bytes, max_decoded_bytes: int | None = None) -> tuple[dict[str, np.ndarray], Encoding]:
     """The float32 delta per parameter and the encoding the archive used.
 
@@ -95,6 +121,7 @@ def decode_update(data: bytes, max_decoded_bytes: int | None = None) -> tuple[di
             f"update expands to {expanded} bytes, more than the {max_decoded_bytes} this round's model needs",
             field="delta",
         )
+    check_array_headers(data)
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as archive:
             arrays = {key: archive[key] for key in archive.files}

@@ -49,6 +49,7 @@ class DemoRun:
     server_url: str = ""
     federation: object = None  # the federated stage's Federation, which the Java device's round reuses
     latest_model_id: str = ""
+    evaluation_sha256: str = ""  # the federated stage's evaluation set, which judges the Java device's round too
 
     @property
     def zoo_dir(self) -> Path:
@@ -169,10 +170,12 @@ def stage_federated(run: DemoRun) -> str:
         simulation.register_devices(prefix=f"demo-fl-{os.getpid()}")
         records = simulation.run(config)
     run.federation = federation
+    run.evaluation_sha256 = simulation.evaluation_sha256
     run.latest_model_id = next((r.result_model_id for r in reversed(records) if r.result_model_id), base.id)
     rounds = ", ".join(
         f"round {record.number}: {record.state}, {record.accepted_updates} updates"
         + (f", accuracy {record.accuracy:.4f} -> {record.result_model_id}" if record.accuracy is not None else "")
+        + (f" ({record.outcome['failure']})" if record.outcome and "failure" in record.outcome else "")
         for record in records
     )
     return f"fine-tuned {base.id} (accuracy {base.metrics.accuracy:.4f}) with 5 virtual devices: {rounds}"
@@ -212,7 +215,8 @@ def stage_java_device(run: DemoRun) -> str:
     cli("register", "--server", run.server_url, "--device-id", f"demo-java-{os.getpid()}")
     ran = cli("run", "--task", task, "--latency-budget-ms", "1000", "--inputs", str(data / "test.npz"))
     admin = FedzooClient(run.server_url, cache_dir=run.workdir / "java-round-admin")
-    round_id = admin.create_rounds({"model_id": run.latest_model_id, "min_clients": 2, "target_clients": 2,
+    round_id = admin.create_rounds({"model_id": run.latest_model_id, "evaluation_sha256": run.evaluation_sha256,
+                                    "min_clients": 2, "target_clients": 2,
                                     "over_selection": 0.0, "deadline_s": 300, "local_epochs": 1, "batch_size": 32,
                                     "learning_rate": 0.01}, run.admin_token)["id"]
     java_device = subprocess.Popen([*java, "participate", "--task", task, "--data", str(data / "shard.npz"),

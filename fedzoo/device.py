@@ -21,12 +21,18 @@ class RuntimeInfo(_Strict):
     threads: int = Field(ge=1, le=1024, description="intra-op threads the device runs models with")
 
 
+# A calibration run takes microseconds at the very least and never minutes: timings outside this range are
+# measurement errors (or attacks) whose ratios to the reference (1e308 ms, 5e-324 ms) overflow or vanish.
+MIN_CALIBRATION_MS = 1e-3
+MAX_CALIBRATION_MS = 600_000.0
+
+
 class CalibrationBenchmark(_Strict):
     """One calibration model the device ran, and how long it took (batch 1)."""
 
     model: str = Field(min_length=1, max_length=128, description="calibration model name")
-    median_ms: float = Field(gt=0.0)
-    p90_ms: float | None = Field(default=None, gt=0.0)
+    median_ms: float = Field(ge=MIN_CALIBRATION_MS, le=MAX_CALIBRATION_MS)
+    p90_ms: float | None = Field(default=None, ge=MIN_CALIBRATION_MS, le=MAX_CALIBRATION_MS)
 
 
 class DeviceProfile(_Strict):

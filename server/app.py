@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from flask import Flask, Response, json
+from flask import Flask, Response, current_app, json, request
 from werkzeug.exceptions import HTTPException
 
 from fedzoo.errors import FedzooError
@@ -70,6 +70,24 @@ def _register_error_handlers(app: Flask) -> None:
         return _error_response(api_error)
 
 
+def _body_left_unread() -> bool:
+    """Whether some of the request body may still be on the wire: an early 401 or 413 answers before
+    reading it. Werkzeug's stream counts what a view read; of a chunked body nothing can be known."""
+    if request.content_length:
+        if request.content_length > (current_app.config["MAX_CONTENT_LENGTH"] or request.content_length):
+            return True
+        return not getattr(request.stream, "is_exhausted", True)
+    return request.headers.get("Transfer-Encoding", "").lower() == "chunked"
+
+
+def _close_after_unread_body(response: Response) -> Response:
+    """An error answered before the body was read ends the connection (`Connection: close`): reusing it
+    would read the rest of the body as the next request. `fedzoo serve` makes gunicorn honour the header."""
+    if response.status_code >= 400 and _body_left_unread():
+        response.headers["Connection"] = "close"
+    return response
+
+
 def prepare_registry(config: ServerConfig, estimator: LatencyEstimator) -> tuple[int, int]:
     """Once per start, before serving: migrate to head, then recompute latency estimates a different
     estimator made; returns (models, devices) recomputed."""
@@ -102,4 +120,5 @@ def create_app(config: ServerConfig | None = None, estimator: LatencyEstimator |
     for blueprint in BLUEPRINTS:
         app.register_blueprint(blueprint)
     _register_error_handlers(app)
+    app.after_request(_close_after_unread_body)
     return app

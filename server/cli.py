@@ -3,12 +3,17 @@
 Gunicorn (not Flask's development server) runs the app: `--workers` processes with `--threads`
 threads each (gthread workers, so clients keep connections alive). Shutdown is graceful on SIGTERM
 and on SIGINT (Ctrl-C) alike: the master stops accepting, workers finish the requests in flight
-(up to `GRACEFUL_TIMEOUT_S`), then exit.
+(up to `GRACEFUL_TIMEOUT_S`), stop their background deadline check (finishing an aggregation it
+runs), then exit.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import signal
+import threading
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +45,41 @@ def _graceful_worker_signals(worker: Any) -> None:
     signal.signal(signal.SIGINT, worker.handle_exit)
 
 
+def _stop_background_work(server: Any, worker: Any) -> None:
+    """gunicorn's worker_exit hook: stop the deadline watcher (letting an aggregation it runs finish)
+    before the interpreter exits. A daemon thread still inside onnxruntime when the interpreter tears
+    down makes the C++ runtime call std::terminate: the SIGABRT "terminate called ..." on SIGTERM."""
+    watcher = getattr(worker.app, "deadline_watcher", None)
+    if watcher is not None:
+        watcher.stop()
+
+
+_serving = threading.local()  # the gunicorn request each worker thread is answering
+
+
+def _remember_request(worker: Any, request: Any) -> None:
+    """gunicorn's pre_request hook: keep the request, so the app's `Connection: close` can reach it."""
+    _serving.request = request
+
+
+def honour_connection_close(app: Callable) -> Callable:
+    """Gunicorn drops a `Connection` header set by the app (it is hop-by-hop) and keeps the connection
+    alive even when the body went unread; mark its request for closing instead, so it answers
+    `Connection: close` and a client's next request opens a fresh connection."""
+
+    def application(environ: dict[str, Any], start_response: Callable) -> Any:
+        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            if any(name.lower() == "connection" and value.lower() == "close" for name, value in headers):
+                request = getattr(_serving, "request", None)
+                if request is not None:
+                    request.must_close = True
+            return start_response(status, headers, exc_info)
+
+        return app(environ, start)
+
+    return application
+
+
 class ServerApplication(BaseApplication):
     """Gunicorn configured in code; each worker builds its own app (own database connections)."""
 
@@ -54,8 +94,8 @@ class ServerApplication(BaseApplication):
 
     def load(self):  # called in each worker after the fork
         app = create_app(self.server_config, migrate=False)
-        start_deadline_watcher(app)  # a daemon thread: it ends with the worker
-        return app
+        self.deadline_watcher = start_deadline_watcher(app)  # stopped by _stop_background_work
+        return honour_connection_close(app)
 
     def run(self) -> None:
         GracefulArbiter(self).run()
@@ -70,6 +110,15 @@ def import_zoo_into_registry(config: ServerConfig, estimator: LatencyEstimator, 
     finally:
         database.dispose()
     return len(results), sum(result.created for result in results)
+
+
+def prepare_and_import(config: ServerConfig, zoo_dir: Path | None) -> tuple[tuple[int, int], tuple[int, int] | None]:
+    """Migrate the registry, refresh latency estimates and import a zoo; returns (models, devices)
+    recomputed and (cards in the zoo, newly published), the latter None without a zoo."""
+    estimator = default_estimator()
+    refreshed = prepare_registry(config, estimator)
+    imported = import_zoo_into_registry(config, estimator, zoo_dir) if zoo_dir is not None else None
+    return refreshed, imported
 
 
 @click.command("serve")
@@ -87,12 +136,18 @@ def serve(zoo_dir: Path | None, host: str, port: int, workers: int, threads: int
           import_only: bool, access_log: bool) -> None:
     """Run the model server: registry, blobs, lookup, telemetry and FL rounds over REST."""
     config = ServerConfig.from_env(data_dir=data_dir)
-    estimator = default_estimator()
-    refreshed_models, refreshed_devices = prepare_registry(config, estimator)
+    # Migrating and importing compute model costs with onnxruntime. Done in this process, its thread pools
+    # would be inherited, dead, by every forked worker, which then aborts ("terminate called after throwing
+    # std::system_error") when it exits on SIGTERM. A spawned child keeps the master free of onnxruntime.
+    if import_only:  # nothing is forked afterwards: no need for the child
+        (refreshed_models, refreshed_devices), imported = prepare_and_import(config, zoo_dir)
+    else:
+        with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as child:
+            (refreshed_models, refreshed_devices), imported = child.submit(prepare_and_import, config, zoo_dir).result()
     if refreshed_models or refreshed_devices:
         click.echo(f"recomputed latency estimates of {refreshed_models} models and {refreshed_devices} devices")
-    if zoo_dir is not None:
-        total, created = import_zoo_into_registry(config, estimator, zoo_dir)
+    if imported is not None:
+        total, created = imported
         click.echo(f"imported {zoo_dir}: {total} models ({created} new)")
     if import_only:
         return
@@ -105,6 +160,8 @@ def serve(zoo_dir: Path | None, host: str, port: int, workers: int, threads: int
         "timeout": REQUEST_TIMEOUT_S,
         "keepalive": 30,
         "post_worker_init": _graceful_worker_signals,
+        "pre_request": _remember_request,
+        "worker_exit": _stop_background_work,
         "accesslog": "-" if access_log else None,
         "errorlog": "-",
         "proc_name": "fedzoo-serve",

@@ -11,6 +11,9 @@ from fedzoo.errors import InvalidInputError
 DEFAULT_DATA_DIR = Path.home() / ".fedzoo" / "server"
 DEFAULT_MAX_REQUEST_BYTES = 64 * 1024 * 1024  # a published ONNX model travels in one request
 DEFAULT_MAX_JSON_BYTES = 256 * 1024  # every JSON-only endpoint: cards, profiles, lookups
+# The most examples one device holds for a task: an FL update's weight is capped there unless a round says
+# otherwise. 10,000 is twice a whole MNIST-5k training split: no honest phone-sized shard comes near it.
+DEFAULT_FL_MAX_EXAMPLES_PER_UPDATE = 10_000
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,7 @@ class ServerConfig:
     admin_token: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_json_bytes: int = DEFAULT_MAX_JSON_BYTES
+    fl_max_examples_per_update: int = DEFAULT_FL_MAX_EXAMPLES_PER_UPDATE
 
     @property
     def blob_dir(self) -> Path:
@@ -30,7 +34,8 @@ class ServerConfig:
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: object) -> ServerConfig:
         """Settings from `FEDZOO_DATA_DIR`, `FEDZOO_DATABASE_URL`, `FEDZOO_ADMIN_TOKEN`,
-        `FEDZOO_MAX_REQUEST_BYTES`, `FEDZOO_MAX_JSON_BYTES`; keyword overrides win."""
+        `FEDZOO_MAX_REQUEST_BYTES`, `FEDZOO_MAX_JSON_BYTES`, `FEDZOO_FL_MAX_EXAMPLES_PER_UPDATE`; keyword
+        overrides win."""
         env = dict(os.environ if environ is None else environ)
         data_dir = Path(str(overrides.pop("data_dir", None) or env.get("FEDZOO_DATA_DIR") or DEFAULT_DATA_DIR))
         data_dir = data_dir.expanduser().resolve()
@@ -40,6 +45,8 @@ class ServerConfig:
             "admin_token": env.get("FEDZOO_ADMIN_TOKEN") or None,
             "max_request_bytes": _positive_int(env, "FEDZOO_MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES),
             "max_json_bytes": _positive_int(env, "FEDZOO_MAX_JSON_BYTES", DEFAULT_MAX_JSON_BYTES),
+            "fl_max_examples_per_update": _positive_int(env, "FEDZOO_FL_MAX_EXAMPLES_PER_UPDATE",
+                                                        DEFAULT_FL_MAX_EXAMPLES_PER_UPDATE),
         }
         values.update({key: value for key, value in overrides.items() if value is not None})
         return cls(**values)  # type: ignore[arg-type]

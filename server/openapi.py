@@ -57,6 +57,12 @@ ERROR_DESCRIPTIONS = {
     422: "a field has the wrong type or value (see error.field)",
 }
 
+# Gunicorn answers a request line over its limit_request_line (4094 bytes) itself, in HTML, before the app
+# runs: the one response that is not JSON.
+URI_TOO_LONG = {"description": "the request line (method, path and query) is longer than 4094 bytes; the HTTP "
+                               "server answers this itself, with an HTML body, before the API sees the request",
+                "content": {"text/html": {"schema": {"type": "string"}}}}
+
 
 @dataclass(frozen=True)
 class RouteDoc:
@@ -78,6 +84,7 @@ class RouteDoc:
     response_media_type: str = JSON
     extra_responses: dict[int, str] = field(default_factory=dict)
     response_headers: dict[str, str] = field(default_factory=dict)
+    description: str | None = None  # rules the schemas cannot state (e.g. across the body and the path)
 
     @property
     def openapi_path(self) -> str:
@@ -122,6 +129,8 @@ def _error_response(reference: dict[str, Any], status: int) -> dict[str, Any]:
 def _operation(doc: RouteDoc, references: dict[type[BaseModel], dict[str, Any]]) -> dict[str, Any]:
     operation: dict[str, Any] = {"summary": doc.summary, "operationId": f"{doc.blueprint}_{doc.method.lower()}_"
                                  + re.sub(r"[^A-Za-z0-9]+", "_", doc.openapi_path).strip("_")}
+    if doc.description:
+        operation["description"] = doc.description
     parameters = [
         {"name": name, "in": "path", "required": True,
          "schema": doc.path_params.get(name, CONVERTER_SCHEMAS.get(converter or None, {"type": "string"}))}
@@ -162,6 +171,7 @@ def _operation(doc: RouteDoc, references: dict[type[BaseModel], dict[str, Any]])
     error_reference = references[ErrorResponse]
     for status in sorted(errors):
         responses[str(status)] = _error_response(error_reference, status)
+    responses["414"] = URI_TOO_LONG
     operation["responses"] = responses
     return operation
 

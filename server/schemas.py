@@ -50,7 +50,12 @@ class DeviceProfileRequest(DeviceProfile):
 
 
 class ModelCardRequest(ModelCard):
-    """`fedzoo.cards.ModelCard` as POST /v1/models takes it."""
+    """`fedzoo.cards.ModelCard` as POST /v1/models takes it.
+
+    Rules across fields (422 naming the field): every dimension of `input.shape` is a positive integer
+    or a symbolic name (e.g. "batch"); `sha256` and every blob the card names must already be uploaded,
+    and `size_bytes` must be the size of the `sha256` blob; `normalisation.mean` and `std` have one
+    entry per channel and positive `std`."""
 
     version: int = Field(default=1, ge=1, le=2**31 - 1)
     macs: int = Field(ge=0, le=MAX_STORED_INTEGER)

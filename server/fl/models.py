@@ -42,6 +42,8 @@ class FLRound(Base):
     result_model_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     strategy_state_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
     outcome_json: Mapped[str | None] = mapped_column(Text, nullable=True, doc="metrics or the failure reason")
+    aggregation_owner: Mapped[str | None] = mapped_column(
+        String(64), nullable=True, doc="the round service holding the aggregation lease (it renews the lease)")
 
     __table_args__ = (Index("ix_fl_rounds_task_state", "task", "state"),)
 
@@ -56,8 +58,12 @@ class FLParticipant(Base):
     selected_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
 
 
+SCREENING_OUTCOMES = ("counted", "clipped", "rejected")
+
+
 class FLUpdate(Base):
-    """An accepted update: its bytes (a blob), weight, norm and the client's metrics."""
+    """A stored update: its bytes (a blob), the example count the device claimed and the weight the server
+    grants it, its norm, the client's own metrics, and how aggregation screened it (null until then)."""
 
     __tablename__ = "fl_updates"
 
@@ -67,10 +73,15 @@ class FLUpdate(Base):
     blob_sha256: Mapped[str] = mapped_column(String(64))
     encoding: Mapped[str] = mapped_column(String(8))
     upload_bytes: Mapped[int] = mapped_column(Integer)
-    num_examples: Mapped[int] = mapped_column(Integer)
+    num_examples: Mapped[int] = mapped_column(Integer, doc="as the device reported it")
     delta_norm: Mapped[float] = mapped_column(Float)
     metrics_json: Mapped[str] = mapped_column(Text, default="{}")
     received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+    counted_examples: Mapped[int | None] = mapped_column(Integer, nullable=True,
+                                                         doc="the FedAvg weight: num_examples capped by the round")
+    screening: Mapped[str | None] = mapped_column(String(16), nullable=True, doc="one of SCREENING_OUTCOMES")
+    screening_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    counted_norm: Mapped[float | None] = mapped_column(Float, nullable=True, doc="the norm after clipping")
 
     # the database itself refuses a second update from one device in one round, even under races
     __table_args__ = (UniqueConstraint("round_id", "device_id", name="uq_fl_updates_round_device"),)

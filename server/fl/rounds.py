@@ -13,12 +13,18 @@ A round moves `open → collecting → aggregating → closed | failed`:
   blob store and its row to the database before the device hears "accepted", so a restart loses
   none.
 - **aggregating**: when `target_clients` updates are in, or at the deadline with at least
-  `min_clients`, one worker claims the round (a conditional UPDATE with a lease, so two workers never
-  aggregate the same round and a crashed one's round is taken over when the lease runs out), runs
-  the strategy over the updates streamed from the blob store, and publishes the result as a new
-  model version. Uploads arriving after that (stragglers, surplus over-selected devices) get 409.
-- **failed**: the deadline passed with fewer than `min_clients` updates (or aggregation produced
-  non-finite weights). Either way, if the plan has rounds left, the next round opens at once.
+  `min_clients`, one worker claims the round (a conditional UPDATE naming it the lease owner, so two
+  workers never aggregate the same round). The owner renews its short lease every second while it
+  works, so a crashed owner's round is taken over within `AGGREGATION_LEASE_S` seconds, not minutes.
+  It screens the updates (`fedzoo.server.fl.screening`: capped weights, norm bound), runs the
+  strategy over the deltas streamed from the blob store, measures the aggregate and its parent on the
+  round's evaluation set (`fedzoo.server.fl.evaluation`) and publishes the aggregate as a new model
+  version only if it is not worse than the parent by more than `max_accuracy_drop`. The closing write
+  is again conditional on still owning the lease, so a round is published exactly once. Uploads
+  arriving after the claim (stragglers, surplus over-selected devices) get 409.
+- **failed**: the deadline passed with fewer than `min_clients` updates, too few passed screening,
+  the aggregate held non-finite weights, or it was refused for publication. Either way, if the plan
+  has rounds left, the next round opens at once (from the last published model).
 
 Deadlines are enforced twice: every call into the service first advances the rounds whose deadline
 or lease has passed (`advance`), so the state is right whenever anyone looks, and the serving process
@@ -30,8 +36,14 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
-from collections.abc import Callable
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -49,14 +61,20 @@ from fedzoo.errors import FedzooError, InvalidInputError, NotFoundError
 from fedzoo.server.blobstore import BlobStore
 from fedzoo.server.db import Database
 from fedzoo.server.errors import Conflict, Forbidden, PayloadTooLarge
+from fedzoo.server.fl.evaluation import client_reported_metrics, decide_publication, evaluate
+from fedzoo.server.fl.faults import crash_point
 from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLRound, FLUpdate
 from fedzoo.server.fl.schemas import RoundConfig, Task, TaskResponse, TrainingConfig, UpdateMetadata, UploadSpec
+from fedzoo.server.fl.screening import Screened, screen_updates
 from fedzoo.server.fl.strategies import ClientUpdate, Parameters, Strategy, make_strategy
 from fedzoo.server.latency import LatencyEstimator
 from fedzoo.server import registry
 
 TRAINING_GRAPH_DATA_INPUTS = ("x", "y")
-AGGREGATION_LEASE_S = 300.0
+log = logging.getLogger(__name__)
+AGGREGATION_LEASE_S = 4.0  # renewed every LEASE_RENEWAL_S while the owner works: a crash costs at most this
+LEASE_RENEWAL_S = 1.0
+DEFAULT_MAX_EXAMPLES_PER_UPDATE = 10_000
 IDLE_RETRY_AFTER_S = 30.0
 UPLOAD_OVERHEAD_BYTES = 64 * 1024  # npz headers and int8 scales on top of the raw float32 deltas
 MAX_ROUND_ID = 2**63 - 1  # SQL BIGINT
@@ -112,22 +130,6 @@ def validate_delta(delta: Parameters, base: Parameters) -> float:
     return math.sqrt(squared)
 
 
-def evaluate(onnx_bytes: bytes, card: ModelCard, evaluation_npz: bytes) -> Metrics:
-    """Accuracy and cross-entropy of a model on a held-out `.npz` (x in [0, 1], y), run as a device runs it."""
-    from fedzoo.edge.runtime import EdgeSession
-
-    with np.load(io.BytesIO(evaluation_npz), allow_pickle=False) as archive:
-        features, targets = archive["x"].astype(np.float32), archive["y"].astype(np.int64)
-    session = EdgeSession(onnx_bytes, card)  # applies the card's normalisation
-    logits = np.concatenate([session.run(features[start : start + 256]) for start in range(0, len(features), 256)])
-    logits = logits.astype(np.float64)
-    shifted = logits - logits.max(axis=1, keepdims=True)
-    log_probabilities = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    loss = float(-log_probabilities[np.arange(len(targets)), targets].mean())
-    accuracy = float((logits.argmax(axis=1) == targets).mean())
-    return Metrics(accuracy=accuracy, loss=max(loss, 0.0), split="evaluation", num_examples=len(targets))
-
-
 def _find_round(session: Session, round_id: int) -> FLRound:
     """The round with this id, or 404; ids past the database's 64-bit integers name no round (not a 500)."""
     round_row = session.get(FLRound, round_id) if 1 <= round_id <= MAX_ROUND_ID else None
@@ -147,13 +149,18 @@ class RoundService:
         clock: Callable[[], datetime] = utc_now,
         aggregation_lease_s: float = AGGREGATION_LEASE_S,
         spill_dir: Path | None = None,
+        max_examples_per_update: int = DEFAULT_MAX_EXAMPLES_PER_UPDATE,
     ) -> None:
         self.database, self.store, self.estimator, self.clock = database, store, estimator, clock
         self.aggregation_lease_s = aggregation_lease_s
         self.spill_dir = spill_dir
+        self.max_examples_per_update = max_examples_per_update
+        # who holds an aggregation lease: unique per service instance, readable in the database
+        self.owner_id = f"{socket.gethostname()[:32]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         if spill_dir is not None:
             spill_dir.mkdir(parents=True, exist_ok=True)
         self._base_models: dict[str, RoundBase] = {}
+        self._parent_metrics: dict[tuple[str, str], Metrics] = {}
 
     # base models ---------------------------------------------------------------------------------
 
@@ -189,10 +196,11 @@ class RoundService:
     def create_round(self, config: RoundConfig) -> int:
         """Open the first round of a plan of `config.num_rounds` rounds; returns its id."""
         make_strategy(config.strategy)  # refuse a bad strategy now, not at aggregation
+        if config.max_examples_per_update is None:  # record the cap in force, so the round's config says it
+            config = config.model_copy(update={"max_examples_per_update": self.max_examples_per_update})
         with self.database.session() as session:
             base = self.base_model(session, config.model_id)
-            if config.evaluation_sha256 is not None:
-                self._check_evaluation_set(config.evaluation_sha256, base.card)
+            self._check_evaluation_set(config.evaluation_sha256, base.card)
             round_row = self._open_round(session, config, base.card, number=1, remaining=config.num_rounds, previous=None)
             return round_row.id
 
@@ -337,7 +345,9 @@ class RoundService:
                     field="base_version", code="stale_update",
                 )
             base = self.base_model(session, round_row.base_model_id)
-            target = RoundConfig.model_validate_json(round_row.config_json).target_clients
+            config = RoundConfig.model_validate_json(round_row.config_json)
+        target = config.target_clients
+        counted_examples = min(metadata.num_examples, config.max_examples_per_update or metadata.num_examples)
         limit = self.max_upload_bytes(base)
         if len(data) > limit:
             raise PayloadTooLarge(f"the update has {len(data)} bytes; this round's model allows at most {limit}",
@@ -361,20 +371,25 @@ class RoundService:
                 raise self._not_accepting(round_id, session.get(FLRound, round_id).state)
             session.add(FLUpdate(
                 round_id=round_id, device_id=device_id, blob_sha256=blob, encoding=encoding, upload_bytes=len(data),
-                num_examples=metadata.num_examples, delta_norm=norm, metrics_json=json.dumps(metadata.metrics),
-                received_at=self.clock(),
+                num_examples=metadata.num_examples, counted_examples=counted_examples, delta_norm=norm,
+                metrics_json=json.dumps(metadata.metrics), received_at=self.clock(),
             ))
             try:
                 session.flush()
             except IntegrityError:
                 raise self._duplicate(device_id, round_id) from None
             accepted = self._count(session, FLUpdate, round_id)
+        crash_point("upload.stored")
         if accepted >= target:
-            self._aggregate_if_claimed(round_id)
+            try:
+                self._aggregate_if_claimed(round_id)
+            except Exception:  # the update is stored and counts: say so; the lease lets another try again
+                log.exception("aggregating round %s failed; it is retried when the lease runs out", round_id)
         with self.database.session() as session:
             state = session.get(FLRound, round_id).state
         return {"round_id": round_id, "device_id": device_id, "accepted_updates": accepted,
-                "upload_bytes": len(data), "encoding": encoding, "round_state": state}
+                "counted_examples": counted_examples, "upload_bytes": len(data), "encoding": encoding,
+                "round_state": state}
 
     @staticmethod
     def _duplicate(device_id: str, round_id: int) -> Conflict:
@@ -428,10 +443,50 @@ class RoundService:
                     FLRound.state.in_(ACTIVE_STATES),
                     (FLRound.state == "aggregating") & (FLRound.aggregation_lease_until <= now),
                 ))
-                .values(state="aggregating", aggregation_lease_until=lease_until)
+                .values(state="aggregating", aggregation_lease_until=lease_until, aggregation_owner=self.owner_id)
             ).rowcount
         if claimed:
-            self._aggregate(round_id)
+            crash_point("aggregation.claimed")
+            with self._renewing_lease(round_id):
+                self._aggregate(round_id)
+
+    @contextmanager
+    def _renewing_lease(self, round_id: int) -> Iterator[None]:
+        """Renew this service's aggregation lease on the round every LEASE_RENEWAL_S while the block runs."""
+        stopped = threading.Event()
+
+        def renew() -> None:
+            while not stopped.wait(min(LEASE_RENEWAL_S, self.aggregation_lease_s / 4)):
+                try:
+                    with self.database.session() as session:
+                        session.execute(
+                            update(FLRound).where(FLRound.id == round_id, FLRound.state == "aggregating",
+                                                  FLRound.aggregation_owner == self.owner_id)
+                            .values(aggregation_lease_until=self.clock() + timedelta(seconds=self.aggregation_lease_s))
+                        )
+                except Exception:  # a missed renewal only risks a takeover, which the closing write detects
+                    log.exception("renewing the aggregation lease of round %s failed", round_id)
+
+        renewer = threading.Thread(target=renew, name=f"fedzoo-fl-lease-{round_id}", daemon=True)
+        renewer.start()
+        try:
+            yield
+        finally:
+            stopped.set()
+            renewer.join()
+
+    def _finish_if_owner(self, session: Session, round_id: int, state: str) -> FLRound | None:
+        """Move the round out of `aggregating` only if this service still holds its lease: of two services
+        that both aggregated (one stalled past its lease), exactly one publishes."""
+        owned = session.execute(
+            update(FLRound).where(FLRound.id == round_id, FLRound.state == "aggregating",
+                                  FLRound.aggregation_owner == self.owner_id)
+            .values(state=state)
+        ).rowcount
+        if not owned:
+            log.warning("round %s: the aggregation lease passed to another server; this result is dropped", round_id)
+            return None
+        return session.get(FLRound, round_id)
 
     def _aggregate(self, round_id: int) -> None:
         with self.database.session() as session:
@@ -440,29 +495,84 @@ class RoundService:
             base = self.base_model(session, round_row.base_model_id)
             rows = list(session.scalars(select(FLUpdate).where(FLUpdate.round_id == round_id).order_by(FLUpdate.id)))
             previous_state = round_row.strategy_state_sha256
+        updates = [
+            ClientUpdate(row.device_id, row.counted_examples or row.num_examples, self._delta_loader(row.blob_sha256),
+                         row.delta_norm, json.loads(row.metrics_json))
+            for row in rows
+        ]
+        screened, norm_limit = screen_updates(updates, config.norm_bound)
+        kept = [decision.update for decision in screened if decision.update is not None]
+        summary = {
+            "accepted_updates": len(rows), "aggregated_updates": len(kept),
+            "num_examples": sum(update.num_examples for update in kept),
+            "upload_bytes": sum(row.upload_bytes for row in rows),
+            "screening": {"norm_limit": norm_limit,
+                          **{outcome: sum(d.outcome == outcome for d in screened)
+                             for outcome in ("counted", "clipped", "rejected")}},
+            "client_reported_metrics": client_reported_metrics(kept),
+        }
+        if len(kept) < config.min_clients:
+            self._refuse(round_id, rows, screened, summary,
+                         f"only {len(kept)} of {len(rows)} updates passed screening; "
+                         f"the round needs {config.min_clients}")
+            return
         strategy = make_strategy(config.strategy, self.spill_dir)
         if previous_state is not None:
             strategy.load_state(self._load_npz(previous_state))
-        updates = [
-            ClientUpdate(row.device_id, row.num_examples, self._delta_loader(row.blob_sha256), row.delta_norm,
-                         json.loads(row.metrics_json))
-            for row in rows
-        ]
-        parameters = strategy.aggregate_fit(base.parameters, updates)
+        summary["strategy"] = strategy.name
         try:
-            with self.database.session() as session:
-                round_row = session.get(FLRound, round_id)
-                if not all(np.all(np.isfinite(value)) for value in parameters.values()):
-                    raise InvalidInputError(f"the {strategy.name} aggregate holds NaN or infinite weights")
-                card = self._publish(session, round_row, config, base, parameters, updates, strategy.name)
-                self._close(session, round_row, card, strategy, rows)
+            parameters = strategy.aggregate_fit(base.parameters, kept)
+            if not all(np.all(np.isfinite(value)) for value in parameters.values()):
+                raise InvalidInputError(f"the {strategy.name} aggregate holds NaN or infinite weights")
+            onnx_bytes = replace_initializers(base.onnx_bytes, parameters)
+            with self.store.open(config.evaluation_sha256) as stream:
+                evaluation_npz = stream.read()
+            measured = evaluate(onnx_bytes, base.card, evaluation_npz)
+            parent = self._parent_evaluation(base, config.evaluation_sha256, evaluation_npz)
         except FedzooError as error:  # a bad result, not a crash: fail the round cleanly and go on
-            with self.database.session() as session:
-                self._fail(session, session.get(FLRound, round_id), f"aggregation failed: {error}")
+            self._refuse(round_id, rows, screened, summary, f"aggregation failed: {error}")
+            return
+        decision = decide_publication(measured, parent, config.max_accuracy_drop)
+        summary.update(evaluation=measured.model_dump(), parent_evaluation=parent.model_dump(),
+                       publication={"published": decision.publish, "reason": decision.reason})
+        if not decision.publish:
+            summary["refused_model_sha256"] = self.store.put(onnx_bytes)
+            self._refuse(round_id, rows, screened, summary, f"the aggregate was not published: {decision.reason}")
+            return
+        sha256 = self.store.put(onnx_bytes)
+        crash_point("aggregation.publishing")
+        with self.database.session() as session:
+            round_row = self._finish_if_owner(session, round_id, "closed")
+            if round_row is None:
+                return
+            self._record_screening(session, rows, screened)
+            card = self._publish(session, round_row, base, sha256, len(onnx_bytes), measured, summary)
+            self._close(session, round_row, card, strategy, summary)
 
-    def _close(
-        self, session: Session, round_row: FLRound, card: ModelCard, strategy: Strategy, rows: list[FLUpdate]
-    ) -> None:
+    def _parent_evaluation(self, base: RoundBase, evaluation_sha256: str, evaluation_npz: bytes) -> Metrics:
+        """The parent measured on the same set as the aggregate (cached: both blobs are immutable)."""
+        key = (base.card.sha256, evaluation_sha256)
+        if key not in self._parent_metrics:
+            self._parent_metrics[key] = evaluate(base.onnx_bytes, base.card, evaluation_npz)
+        return self._parent_metrics[key]
+
+    def _refuse(self, round_id: int, rows: list[FLUpdate], screened: list[Screened], summary: dict[str, Any],
+                reason: str) -> None:
+        """Fail the round with its outcome recorded (a bad result, not a crash) and go on with the plan."""
+        with self.database.session() as session:
+            round_row = self._finish_if_owner(session, round_id, "failed")
+            if round_row is not None:
+                self._record_screening(session, rows, screened)
+                self._fail(session, round_row, reason, summary)
+
+    @staticmethod
+    def _record_screening(session: Session, rows: list[FLUpdate], screened: list[Screened]) -> None:
+        for row, decision in zip(rows, screened):
+            session.execute(update(FLUpdate).where(FLUpdate.id == row.id).values(
+                screening=decision.outcome, screening_reason=decision.reason, counted_norm=decision.counted_norm))
+
+    def _close(self, session: Session, round_row: FLRound, card: ModelCard, strategy: Strategy,
+               summary: dict[str, Any]) -> None:
         config = RoundConfig.model_validate_json(round_row.config_json)
         round_row.state = "closed"
         round_row.result_model_id = card.id
@@ -471,11 +581,7 @@ class RoundService:
         state = strategy.state()
         if state:
             round_row.strategy_state_sha256 = self._save_npz(state)
-        round_row.outcome_json = json.dumps({
-            "metrics": card.metrics.model_dump(), "accepted_updates": len(rows),
-            "num_examples": sum(row.num_examples for row in rows),
-            "upload_bytes": sum(row.upload_bytes for row in rows), "strategy": strategy.name,
-        })
+        round_row.outcome_json = json.dumps({"metrics": card.metrics.model_dump(), **summary})
         self._open_next(session, round_row, config, card)
 
     def _delta_loader(self, blob_sha256: str) -> Callable[[], Parameters]:
@@ -494,43 +600,37 @@ class RoundService:
         np.savez(buffer, **arrays)
         return self.store.put(buffer.getvalue())
 
-    def _publish(
-        self, session: Session, round_row: FLRound, config: RoundConfig, base: RoundBase, parameters: Parameters,
-        updates: list[ClientUpdate], strategy_name: str,
-    ) -> ModelCard:
-        onnx_bytes = replace_initializers(base.onnx_bytes, parameters)
-        sha256 = self.store.put(onnx_bytes)
-        if config.evaluation_sha256 is not None:
-            with self.store.open(config.evaluation_sha256) as stream:
-                metrics = evaluate(onnx_bytes, base.card, stream.read())
-            metrics_source = "evaluation set (held-out, server side)"
-        else:
-            metrics = client_metrics(updates, fallback=base.card.metrics)
-            metrics_source = "example-weighted mean of the clients' reported metrics on their local data"
+    def _publish(self, session: Session, round_row: FLRound, base: RoundBase, sha256: str, size_bytes: int,
+                 measured: Metrics, summary: dict[str, Any]) -> ModelCard:
+        """Register the aggregate as the next version: its metrics are the server's measurement; what the
+        devices said about themselves travels in `details.federated.client_reported_metrics`."""
         version = base.card.version + 1
         card = base.card.model_copy(update={
             "id": f"{base.card.family}-v{version}-r{round_row.id}"[:128],
             "version": version,
             "parent_id": base.card.id,
             "sha256": sha256,
-            "size_bytes": len(onnx_bytes),
-            "metrics": metrics,
+            "size_bytes": size_bytes,
+            "metrics": measured,
             "created_at": self.clock(),
             "details": {**base.card.details, "federated": {
-                "round_id": round_row.id, "round_number": round_row.number, "strategy": strategy_name,
-                "accepted_updates": len(updates), "num_examples": sum(u.num_examples for u in updates),
-                "metrics_source": metrics_source, "base_model_id": base.card.id,
+                "round_id": round_row.id, "round_number": round_row.number, "strategy": summary["strategy"],
+                "accepted_updates": summary["accepted_updates"], "aggregated_updates": summary["aggregated_updates"],
+                "num_examples": summary["num_examples"], "screening": summary["screening"],
+                "metrics_source": "the server's evaluation set (held out, measured on the server)",
+                "parent_evaluation": summary["parent_evaluation"],
+                "client_reported_metrics": summary["client_reported_metrics"], "base_model_id": base.card.id,
             }},
         })
         card = ModelCard.from_dict(card.model_dump())
         registry.publish(session, self.store, self.estimator, card)
         return card
 
-    def _fail(self, session: Session, round_row: FLRound, reason: str) -> None:
+    def _fail(self, session: Session, round_row: FLRound, reason: str, summary: dict[str, Any] | None = None) -> None:
         round_row.state = "failed"
         round_row.finished_at = self.clock()
         round_row.aggregation_lease_until = None
-        round_row.outcome_json = json.dumps({"failure": reason})
+        round_row.outcome_json = json.dumps({"failure": reason, **(summary or {})})
         config = RoundConfig.model_validate_json(round_row.config_json)
         card = ModelCard.from_dict(registry.get_card(session, round_row.base_model_id))
         self._open_next(session, round_row, config, card)
@@ -564,15 +664,3 @@ class RoundService:
                 "next_round_id": next_round,
             }
 
-
-def client_metrics(updates: list[ClientUpdate], fallback: Metrics) -> Metrics:
-    """The example-weighted mean of the clients' `accuracy` and `loss`, when they reported them."""
-    reporting = [u for u in updates if "accuracy" in u.metrics]
-    if not reporting:
-        return fallback.model_copy(update={"split": "inherited"})
-    examples = sum(u.num_examples for u in reporting)
-    accuracy = sum(u.metrics["accuracy"] * u.num_examples for u in reporting) / examples
-    losses = [u for u in reporting if "loss" in u.metrics]
-    loss = sum(u.metrics["loss"] * u.num_examples for u in losses) / sum(u.num_examples for u in losses) if losses else None
-    return Metrics(accuracy=min(1.0, max(0.0, accuracy)), loss=max(0.0, loss) if loss is not None else None,
-                   split="clients", num_examples=examples)

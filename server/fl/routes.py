@@ -4,11 +4,14 @@ Update upload wire format (`POST /v1/fl/rounds/<id>/updates`, device token): `mu
 with two parts,
 
 - `metadata`: JSON `{"base_version", "num_examples", "metrics"}` (see `UpdateMetadata`), as a form field
-  or a part of type `application/json`;
+  or a part of type `application/json`; types are strict (`"num_examples": "100"` is refused with 422
+  naming the field);
 - `delta`: the `.npz` of `fedzoo.clients.update_codec` (float32 or INT8 deltas keyed by initializer
   name), at most `task.upload.max_bytes` bytes.
 
-201 means the update is stored and counts. Refusals: 403 `not_selected`; 409 `duplicate_update`,
+201 means the update is stored and counts, with the weight `counted_examples` (the device's
+`num_examples`, capped by the round); it says so even when aggregating the round failed afterwards
+(the update stays stored and the aggregation is retried). Refusals: 403 `not_selected`; 409 `duplicate_update`,
 `stale_update` (wrong `base_version`), `round_not_accepting` (deadline passed, target reached, or
 closed); 413 over the size limit; 422 naming the tensor whose name, shape, dtype or values are wrong.
 """
@@ -23,7 +26,8 @@ from fedzoo.server.fl.rounds import MAX_ROUND_ID, RoundService
 from fedzoo.server.fl.schemas import RoundConfig, RoundView, TaskQuery, TaskResponse, UpdateMetadata, UpdateReceipt
 from fedzoo.server.openapi import documented
 from fedzoo.server.routes.common import (
-    EXTENSION_KEY, calling_device, json_body, json_response, query_args, require_admin_token, validation_error,
+    EXTENSION_KEY, calling_device, json_body, json_response, parse_json, query_args, require_admin_token,
+    validation_error,
 )
 from fedzoo.server.schemas import StrictRequest
 
@@ -48,8 +52,9 @@ UPLOAD_ENCODING = {"metadata": {"contentType": "application/json"}, "delta": {"c
 @blueprint.record_once
 def _create_service(state) -> None:
     server = state.app.extensions[EXTENSION_KEY]
-    state.app.extensions[SERVICE_KEY] = RoundService(server.db, server.store, server.estimator,
-                                                     spill_dir=server.config.data_dir / "fl-spill")
+    state.app.extensions[SERVICE_KEY] = RoundService(
+        server.db, server.store, server.estimator, spill_dir=server.config.data_dir / "fl-spill",
+        max_examples_per_update=server.config.fl_max_examples_per_update)
 
 
 def service() -> RoundService:
@@ -90,13 +95,14 @@ def upload_update(round_id: int) -> Response:
     if request.mimetype != MULTIPART:
         raise BadRequest(f"send the update as {MULTIPART} with parts 'metadata' and 'delta'", field="Content-Type")
     # the JSON part arrives as a plain form field (our SDK) or, with a filename, as a file part (other clients)
-    raw_metadata = request.form.get("metadata")
+    raw_metadata: str | bytes | None = request.form.get("metadata")
     if raw_metadata is None and "metadata" in request.files:
         raw_metadata = request.files["metadata"].read()
     if raw_metadata is None or "delta" not in request.files:
         raise BadRequest("the upload needs a 'metadata' JSON part and a 'delta' file part", field="delta")
-    try:
-        metadata = UpdateMetadata.model_validate_json(raw_metadata)
+    try:  # the same JSON rules as every JSON body: strict types ("100" is no integer), bounded nesting
+        document = parse_json(raw_metadata.encode("utf-8") if isinstance(raw_metadata, str) else raw_metadata)
+        metadata = UpdateMetadata.model_validate(document, strict=True)
     except ValidationError as error:
         raise validation_error(error, "metadata") from None
     data = request.files["delta"].read()

@@ -20,8 +20,23 @@ class _Response(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+DEFAULT_MAX_ACCURACY_DROP = 0.02
+MAX_NUM_EXAMPLES = 1_000_000_000
+
+
+class NormBound(_Request):
+    """Updates whose L2 norm exceeds `median_multiple` x the median norm of the round's updates (or
+    `max_norm`, when set) are clipped to that bound or left out of the aggregate; either way recorded."""
+
+    median_multiple: float = Field(default=3.0, gt=1.0, le=1000.0)
+    max_norm: float | None = Field(default=None, gt=0.0, le=1e12, description="an absolute bound as well")
+    action: Literal["clip", "reject"] = Field(default="clip")
+
+
 class RoundConfig(_Request):
-    """What an admin asks for: the model to fine-tune, how clients train, how many and by when."""
+    """What an admin asks for: the model to fine-tune, how clients train, how many and by when.
+
+    Cross-field rule: `target_clients` must be at least `min_clients` (else 422)."""
 
     model_id: str = Field(pattern=IDENTIFIER_PATTERN, description="the published model the round starts from")
     min_clients: int = Field(ge=1, le=100_000, description="fewer accepted updates by the deadline fail the round")
@@ -41,10 +56,21 @@ class RoundConfig(_Request):
     momentum: float = Field(default=0.0, ge=0, lt=1)
     strategy: dict[str, Any] = Field(default_factory=lambda: {"name": "fedavg"},
                                      description='e.g. {"name": "trimmed_mean", "trim_fraction": 0.2}')
-    evaluation_sha256: str | None = Field(
-        default=None, pattern=SHA256_PATTERN,
-        description="blob of an .npz with held-out `x` (N,C,H,W in [0,1]) and `y`; the new version's metrics "
-                    "are measured on it, else they are the example-weighted mean of the clients' metrics")
+    evaluation_sha256: str = Field(
+        pattern=SHA256_PATTERN,
+        description="blob of an .npz with held-out `x` (N,C,H,W in [0,1]) and `y`: the server measures the base "
+                    "model and each aggregate on it; a new version's published metrics are these, never the "
+                    "devices' own figures")
+    max_accuracy_drop: float = Field(
+        default=DEFAULT_MAX_ACCURACY_DROP, ge=0.0, le=1.0,
+        description="publish the aggregate only if its accuracy on the evaluation set is at least the parent's "
+                    "minus this; otherwise the round fails and the next one starts again from the parent")
+    max_examples_per_update: int | None = Field(
+        default=None, ge=1, le=MAX_NUM_EXAMPLES,
+        description="an update's FedAvg weight is min(num_examples, this); default: the server's "
+                    "FEDZOO_FL_MAX_EXAMPLES_PER_UPDATE (the most examples one device holds for a task)")
+    norm_bound: NormBound = Field(default_factory=lambda: NormBound(),
+                                  description="how updates with an outlying L2 norm are treated at aggregation")
     poll_interval_s: float = Field(default=5.0, gt=0, le=3600, description="pace steering: how soon devices ask again")
 
     @model_validator(mode="after")
@@ -103,15 +129,20 @@ class UpdateMetadata(_Request):
     """The JSON part `metadata` of an update upload (the other part, `delta`, is the .npz)."""
 
     base_version: int = Field(ge=1, description="the version the delta was computed against")
-    num_examples: int = Field(ge=1, le=1_000_000_000)
+    num_examples: int = Field(ge=1, le=MAX_NUM_EXAMPLES, strict=True,
+                              description="a JSON integer; its FedAvg weight is capped by the round's "
+                                          "max_examples_per_update")
     metrics: dict[str, float] = Field(default_factory=dict, max_length=16,
-                                      description="the client's own figures, e.g. loss, accuracy on local data")
+                                      description="the client's own figures, e.g. loss, accuracy on local data: "
+                                                  "stored and shown as client_reported_metrics, never published "
+                                                  "as the model's accuracy nor used for ranking")
 
 
 class UpdateReceipt(_Response):
     round_id: int
     device_id: str
     accepted_updates: int
+    counted_examples: int = Field(description="the weight the update gets: num_examples, capped by the round")
     upload_bytes: int
     encoding: str
     round_state: RoundStateName

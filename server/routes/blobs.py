@@ -3,8 +3,9 @@
 `GET /v1/models/<id>/blob` serves the model's ONNX file; `GET /v1/blobs/<sha256>` serves any stored
 blob (training graphs, other artifacts named in a card). Both send `ETag: "<sha256>"`, the header
 `X-Content-SHA256`, `Accept-Ranges: bytes`; `If-None-Match` with that ETag answers 304,
-`Range: bytes=a-b` (or `a-` / `-n`) answers 206 with `Content-Range`, a range starting past the end
-416 with `Content-Range: bytes */<size>`. Only one range per request.
+`Range: bytes=a-b` (or `a-` / `-n`) answers 206 with `Content-Range` (a suffix `-n` longer than the
+blob gets the whole blob, as RFC 9110 says), a range starting past the end 416 with
+`Content-Range: bytes */<size>`. Only one range per request.
 """
 
 from __future__ import annotations
@@ -49,6 +50,17 @@ def _stream(store: BlobStore, sha256: str, start: int, stop: int) -> Iterator[by
             yield chunk
 
 
+def _bounds(byte_range: tuple[int, int | None], size: int) -> tuple[int, int] | None:
+    """[start, stop) of one range of a `size`-byte blob, or None when unsatisfiable (RFC 9110 §14.1.2: a
+    suffix `-n` longer than the blob means the whole blob; a first byte past the end is unsatisfiable)."""
+    start, stop = byte_range
+    if start < 0:  # suffix range "-n": the last n bytes, all of them when n >= size
+        return (max(0, size + start), size) if size > 0 else None
+    if start >= size:
+        return None
+    return start, size if stop is None else min(stop, size)
+
+
 def blob_response(sha256: str) -> Response:
     """The blob, honouring If-None-Match and a single Range."""
     store = context().store
@@ -65,7 +77,7 @@ def blob_response(sha256: str) -> Response:
         parsed = parse_range_header(range_header)
         if parsed is None or parsed.units != "bytes" or len(parsed.ranges) != 1:
             raise BadRequest(f"Range must be one 'bytes=start-end' range, got {range_header[:100]!r}", field="Range")
-        bounds = parsed.range_for_length(size)
+        bounds = _bounds(parsed.ranges[0], size)
         if bounds is None:
             raise RangeNotSatisfiable(f"Range {range_header[:100]!r} is outside the blob's {size} bytes",
                                       field="Range", size_bytes=size)
@@ -92,6 +104,8 @@ def download_blob(sha256: str) -> Response:
 
 @documented(blueprint, "PUT", "/v1/blobs/<sha256>", summary="Upload a blob; its bytes must hash to the URL's sha256",
             auth="admin", path_params=SHA256_PARAM, request_media_type=OCTET_STREAM, response=BlobUploadResponse,
+            description="The body's sha256 must equal the path's `sha256`, else 422 with field `sha256` and nothing "
+                        "is stored. Sent chunked or not, a body over the server's request limit is 413.",
             status=201, extra_responses={200: "the blob was already stored"}, errors=(403, 422))
 def upload_blob(sha256: str) -> Response:
     require_admin_token()

@@ -37,10 +37,27 @@ def raw_body(limit_bytes: int) -> bytes:
     """The request body, refused with 413 beyond `limit_bytes` (also when it is sent chunked)."""
     if request.content_length is not None and request.content_length > limit_bytes:
         raise PayloadTooLarge(f"the body has {request.content_length} bytes; this endpoint takes at most {limit_bytes}")
-    data = request.stream.read(limit_bytes + 1)
+    if request.content_length is None and "wsgi.input_terminated" in request.environ:
+        # chunked: werkzeug's stream ends quietly at MAX_CONTENT_LENGTH, which would pass a truncated body
+        # on as if whole; read the server's terminated input and look one byte past the limit ourselves
+        data = _read_at_most(request.environ["wsgi.input"], limit_bytes + 1)
+    else:
+        data = request.stream.read(limit_bytes + 1)
     if len(data) > limit_bytes:
         raise PayloadTooLarge(f"the body is larger than the {limit_bytes} bytes this endpoint takes")
     return data
+
+
+def _read_at_most(stream: Any, count: int) -> bytes:
+    """Up to `count` bytes, or fewer at the end of the stream (a read may return less than asked)."""
+    chunks, remaining = [], count
+    while remaining > 0:
+        chunk = stream.read(min(remaining, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
 
 
 def _json_number(text: str) -> int | float:
@@ -65,6 +82,8 @@ def parse_json(data: bytes) -> Any:
         raise MalformedJSON(f"the body is not UTF-8: {error.reason} at byte {error.start}") from None
     except ValueError as error:  # json.JSONDecodeError is a ValueError
         raise MalformedJSON(f"the body is not valid JSON: {error}") from None
+    except RecursionError:  # the decoder recurses once per level: ~1,000 nested arrays exhaust the stack
+        raise MalformedJSON("the body nests arrays or objects too deeply to be a request of this API") from None
 
 
 def json_body(model: type[Model], strict: bool = True) -> Model:

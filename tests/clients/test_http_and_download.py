@@ -144,3 +144,44 @@ def test_partial_file_past_the_end_starts_over(scripted_server, tmp_path):
 def test_cache_refuses_a_digest_that_is_not_one(tmp_path):
     with pytest.raises(InvalidInputError, match="64 lowercase hex"):
         BlobCache(tmp_path).blob_path("../../etc/passwd")
+
+
+def _drop_connection(handler):
+    """The server read the request, then vanished without answering (a crash after storing it)."""
+    handler.close_connection = True
+    handler.wfile.flush()
+
+
+def test_a_post_that_may_have_been_processed_is_never_re_sent(scripted_server):
+    for failure in (lambda h: _json(h, 500, {"error": {"code": "internal_error", "message": "x"}}), _drop_connection):
+        scripted_server.requests.clear()
+        scripted_server.handle = failure
+        with pytest.raises(ServerUnavailableError, match="not re-sent"):
+            _http(scripted_server, []).request("POST", "/v1/fl/rounds/1/updates", content=b"delta")
+        assert len(scripted_server.requests) == 1
+    # the same failures on a GET are retried: reading twice changes nothing
+    scripted_server.requests.clear()
+    with pytest.raises(ServerUnavailableError, match="failed 4 times"):
+        _http(scripted_server, []).get_json("/v1/models")
+    assert len(scripted_server.requests) == 4
+
+
+def test_a_post_the_server_refused_before_acting_is_re_sent(scripted_server):
+    statuses = iter([429, 503, 201])
+    scripted_server.handle = lambda h: _json(h, next(statuses), {"ok": True})
+    answer = _http(scripted_server, []).request("POST", "/v1/devices", expected=(201,), json={})
+    assert answer.json() == {"ok": True} and len(scripted_server.requests) == 3
+
+
+def test_an_upload_whose_answer_was_lost_is_re_sent_once_and_a_duplicate_counts_as_delivered(scripted_server,
+                                                                                           tmp_path):
+    from fedzoo.clients.client import FedzooClient
+    from fedzoo.clients.participation import deliver_update
+
+    answers = iter([_drop_connection,
+                    lambda h: _json(h, 409, {"error": {"code": "duplicate_update", "message": "have it"}})])
+    scripted_server.handle = lambda h: next(answers)(h)
+    client = FedzooClient(scripted_server.url, token="secret", cache_dir=tmp_path)
+    client.http.sleep = lambda seconds: None
+    assert deliver_update(client, "/v1/fl/rounds/1/updates", {"num_examples": 3}, b"delta") == "accepted"
+    assert [request["method"] for request in scripted_server.requests] == ["POST", "POST"]

@@ -115,3 +115,24 @@ def test_archive_is_a_plain_npz_without_pickles():
     data = encode_update({"w": np.ones(2, dtype=np.float32)}, "int8")
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         assert sorted(archive.namelist()) == ["@layout.npy", "@scales.npy", "@values.npy"]
+
+
+def _npz_declaring(shape, descr="<f4", data_bytes=64):
+    """An archive whose one member's .npy header declares `shape` but holds only `data_bytes` bytes."""
+    member = io.BytesIO()
+    np.lib.format.write_array_header_1_0(member, {"descr": descr, "fortran_order": False, "shape": shape})
+    member.write(b"\0" * data_bytes)
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as writer:
+        writer.writestr("w.npy", member.getvalue())
+    return archive.getvalue()
+
+
+def test_a_header_declaring_more_values_than_the_member_holds_is_refused_before_reading():
+    # the probe's archive: 1e12 float32 declared in a few hundred bytes (numpy would allocate 4 TB first)
+    with pytest.raises(UpdateFormatError, match="declares") as error:
+        decode_update(_npz_declaring((10**12,)), max_decoded_bytes=1 << 20)
+    assert error.value.field == "delta"
+    with pytest.raises(UpdateFormatError, match="declares"):
+        decode_update(_npz_declaring((17,)))  # 68 bytes declared, 64 held
+    assert decode_update(_npz_declaring((16,)))[0]["w"].shape == (16,)  # exactly what it holds: fine

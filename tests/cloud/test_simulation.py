@@ -44,14 +44,14 @@ def test_scaled_update_attack_scales_every_tensor():
     assert ScaledUpdateAttack(-10.0)(delta)["w"].tolist() == [-10.0, 20.0]
 
 
-def _run(federation, tmp_path, executor, strategy, attackers=frozenset()):
+def _run(federation, tmp_path, executor, strategy, attackers=frozenset(), **config):
     with LoopbackServer(tmp_path / "server") as server:
         with Simulation(federation, server.url, executor=executor, cache_root=tmp_path / "devices",
                         attackers=attackers, seed=0) as sim:
             sim.publish_base_model()
             sim.register_devices()
             return sim.run({"min_clients": 3, "target_clients": 3, "over_selection": 0.34, "deadline_s": 60,
-                            "num_rounds": 2, "batch_size": 16, "strategy": strategy})
+                            "num_rounds": 2, "batch_size": 16, "strategy": strategy, **config})
 
 
 @pytest.mark.slow
@@ -63,18 +63,28 @@ def test_in_process_simulation_reports_accuracy_per_round(federation, tmp_path):
 
 
 @pytest.mark.slow
-def test_median_resists_a_poisoning_device_that_wrecks_fedavg(federation, tmp_path):
+def test_a_poisoning_device_is_clipped_and_a_worse_aggregate_is_never_published(federation, tmp_path):
     attackers = frozenset({0})
     fedavg = _run(federation, tmp_path / "fedavg", "in-process", {"name": "fedavg"}, attackers)
     median = _run(federation, tmp_path / "median", "in-process", {"name": "median"}, attackers)
-    poisoned_rounds = [r for r in fedavg if r.accuracy is not None]
-    assert median[-1].accuracy > poisoned_rounds[-1].accuracy
+    for record in fedavg + median:
+        screening, parent = record.outcome["screening"], record.outcome["parent_evaluation"]["accuracy"]
+        assert screening["clipped"] == 1 and screening["counted"] == 2  # the scaled update, and only it
+        if record.state == "closed":
+            assert record.accuracy >= parent - 0.02
+        else:
+            assert record.outcome["publication"]["published"] is False and record.accuracy is None
+    # FedAvg with the (clipped) attacker still lands below its parent: the server refused to publish it;
+    # the median is robust to one attacker of three and improves the model
+    assert [r.state for r in fedavg] == ["failed", "failed"]
+    assert median[0].state == "closed" and median[0].accuracy > median[0].outcome["parent_evaluation"]["accuracy"]
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install 'fedzoo[ray]')")
 def test_ray_executor_runs_devices_as_parallel_tasks(federation, tmp_path):
-    records = _run(federation, tmp_path, "ray", {"name": "fedavg"})
+    # about the executor, not the publication gate: open it (parallel uploads change the aggregate)
+    records = _run(federation, tmp_path, "ray", {"name": "fedavg"}, max_accuracy_drop=1.0)
     assert [r.state for r in records] == ["closed", "closed"]
     # parallel uploads may land a fourth update before aggregation starts; every accepted one is aggregated
     assert all(r.outcome["accepted_updates"] == r.accepted_updates >= 3 for r in records)
@@ -97,6 +107,8 @@ def test_a_zoo_subnet_fine_tunes_on_data_the_build_never_saw(tmp_path):
     # the card names its torch state as an artifact: the federation carries that blob too, so a fresh server
     # (one that never imported the zoo) accepts the card
     assert set(base.artifacts.values()) <= set(federation.blobs)
-    records = _run(federation, tmp_path / "run", "in-process", {"name": "fedavg"})
+    # the tiny preset's subnet may lose accuracy on these shards; this test is about the plumbing, so the
+    # publication gate is opened wide (test_a_poisoning_device_... covers the gate)
+    records = _run(federation, tmp_path / "run", "in-process", {"name": "fedavg"}, max_accuracy_drop=1.0)
     assert [r.state for r in records] == ["closed", "closed"] and all(0 < r.accuracy <= 1 for r in records)
     assert records[-1].outcome["num_examples"] > 0

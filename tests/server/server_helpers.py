@@ -183,13 +183,17 @@ def wait_until_healthy(base_url: str, process: subprocess.Popen, timeout_s: floa
     raise RuntimeError(f"fedzoo serve did not answer at {base_url} within {timeout_s} s")
 
 
-def start_gunicorn(data_dir: Path, *extra_args: str, workers: int = 2) -> GunicornServer:
-    port = free_port()
-    env = {**os.environ, "FEDZOO_ADMIN_TOKEN": ADMIN_TOKEN, "FEDZOO_DATA_DIR": str(data_dir)}
-    env.pop("FEDZOO_DATABASE_URL", None)
+def start_gunicorn(data_dir: Path, *extra_args: str, workers: int = 2, env: dict[str, str] | None = None,
+                   port: int | None = None) -> GunicornServer:
+    """`fedzoo serve` in its own session (so `kill_gunicorn` can kill master and workers at once); `env`
+    adds variables (e.g. FEDZOO_DATABASE_URL, else the data dir's SQLite file)."""
+    port = port or free_port()
+    environment = {**os.environ, "FEDZOO_ADMIN_TOKEN": ADMIN_TOKEN, "FEDZOO_DATA_DIR": str(data_dir)}
+    environment.pop("FEDZOO_DATABASE_URL", None)
+    environment.update(env or {})
     process = subprocess.Popen(
         [*fedzoo_command(), "serve", "--port", str(port), "--workers", str(workers), *extra_args],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     server = GunicornServer(f"http://127.0.0.1:{port}", process, data_dir)
     try:
@@ -210,3 +214,10 @@ def stop_gunicorn(server: GunicornServer, sig: int = signal.SIGTERM, timeout_s: 
             server.process.kill()
             server.process.wait()
     return server.process.returncode
+
+
+def kill_gunicorn(server: GunicornServer) -> None:
+    """SIGKILL the master and every worker at once, as a machine losing power would."""
+    if server.process.poll() is None:
+        os.killpg(server.process.pid, signal.SIGKILL)
+    server.process.wait(timeout=30)

@@ -80,6 +80,12 @@ def test_download_sends_etag_sha256_and_honours_range_and_if_none_match(live_ser
         assert rest.status_code == 206 and blob[:100] + rest.content == blob
         tail = client.get(f"/v1/blobs/{card.sha256}", headers={"Range": "bytes=-5"})
         assert tail.status_code == 206 and tail.content == blob[-5:]
+        # RFC 9110 §14.1.2: a suffix longer than the blob selects the whole blob (the probe's -50000)
+        longer = client.get(f"/v1/blobs/{card.sha256}", headers={"Range": f"bytes=-{len(blob) + 50_000}"})
+        assert longer.status_code == 206 and longer.content == blob
+        assert longer.headers["Content-Range"] == f"bytes 0-{len(blob) - 1}/{len(blob)}"
+        beyond = client.get(f"/v1/blobs/{card.sha256}", headers={"Range": f"bytes=10-{len(blob) + 99}"})
+        assert beyond.status_code == 206 and beyond.content == blob[10:]
 
         past_end = client.get("/v1/models/slow/blob", headers={"Range": f"bytes={len(blob)}-{len(blob) + 10}"})
         assert past_end.status_code == 416 and past_end.headers["Content-Range"] == f"bytes */{len(blob)}"

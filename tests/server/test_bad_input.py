@@ -72,6 +72,16 @@ CASES = [
      422, "invalid_field", "memory_mb"),
     ("device id traversal", None, "POST", "/v1/devices", {"json": device_profile("../../etc/passwd")},
      422, "invalid_field", "device_id"),
+    ("registration nested 1,100 levels", None, "POST", "/v1/devices",
+     {"content": b"[" * 1100 + b"]" * 1100, "headers": JSON_HEADERS}, 400, "malformed_json", None),
+    ("lookup nested 1,100 objects", "device", "POST", "/v1/lookup",
+     {"content": b'{"a":' * 1100 + b"1" + b"}" * 1100, "headers": JSON_HEADERS}, 400, "malformed_json", None),
+    ("calibration timing 1e308 ms", None, "POST", "/v1/devices",
+     {"json": {**device_profile("d9"), "benchmarks": [{"model": "cal-dense-fp32", "median_ms": 1e308}]}},
+     422, "invalid_field", "benchmarks.0.median_ms"),
+    ("calibration timing 5e-324 ms", None, "POST", "/v1/devices",
+     {"json": {**device_profile("d9"), "benchmarks": [{"model": "cal-dense-fp32", "median_ms": 5e-324}]}},
+     422, "invalid_field", "benchmarks.0.median_ms"),
     ("cores zero", None, "POST", "/v1/devices",
      {"json": {**device_profile("d9"), "cpu": {"model": "x", "cores": 0}}}, 422, "invalid_field", "cpu.cores"),
     ("telemetry threads float", "device", "POST", "/v1/telemetry",
@@ -213,3 +223,38 @@ def test_a_part_that_is_not_an_object_names_the_part_itself(text):
         UpdateMetadata.model_validate_json(text)
     failure = validation_error(invalid.value, "metadata")
     assert failure.field == "metadata" and "None" not in str(failure)
+
+
+def test_a_chunked_upload_past_the_request_limit_is_413_not_a_truncated_422(live_server, seeded):
+    limit = live_server.config.max_request_bytes  # 4 MiB here, 64 MiB by default: the probe sent 65 MiB
+    oversized = b"\1" * (limit + 1024 * 1024)
+    digest = hashlib.sha256(oversized).hexdigest()
+
+    def chunks():  # a generator body: httpx sends it chunked, with no Content-Length
+        for start in range(0, len(oversized), 256 * 1024):
+            yield oversized[start : start + 256 * 1024]
+
+    before = live_server.snapshot()
+    with httpx.Client(base_url=live_server.base_url, timeout=60) as client:
+        answer = client.put(f"/v1/blobs/{digest}", content=chunks(),
+                            headers={**OCTET, "Authorization": seeded["admin"]})
+        assert answer.status_code == 413 and answer.json()["error"]["code"] == "payload_too_large"
+        assert "close" in answer.headers["Connection"]  # the rest of the body may still be on the wire
+        exact = b"\2" * limit  # a chunked body of exactly the limit is whole, and accepted
+        accepted = client.put(f"/v1/blobs/{hashlib.sha256(exact).hexdigest()}", content=iter([exact]),
+                              headers={**OCTET, "Authorization": seeded["admin"]})
+        assert accepted.status_code == 201, accepted.text
+    added = set(live_server.snapshot()["blobs"]) - set(before["blobs"])  # the refused one left nothing behind
+    assert [path.rsplit("/", 1)[-1] for path in added] == [accepted.json()["sha256"]]
+
+
+def test_an_error_before_the_body_was_read_closes_the_connection_so_the_next_request_works(live_server, seeded):
+    with httpx.Client(base_url=live_server.base_url, timeout=30) as client:
+        refused = client.post("/v1/lookup", content=b"{" + b" " * 200_000 + b"}", headers=JSON_HEADERS)
+        assert refused.status_code == 401 and "close" in refused.headers["Connection"]
+        assert client.get("/v1/health").status_code == 200  # a fresh connection, not the half-read one
+        too_large = client.post("/v1/lookup", content=b"x" * 100_000,
+                                headers={**JSON_HEADERS, "Authorization": seeded["device"]})
+        assert too_large.status_code == 413 and "close" in too_large.headers["Connection"]
+        assert client.post("/v1/lookup", json=GOOD_LOOKUP,
+                           headers={"Authorization": seeded["device"]}).status_code == 200

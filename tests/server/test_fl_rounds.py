@@ -11,12 +11,11 @@ import httpx
 import numpy as np
 import pytest
 
-from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.errors import AuthenticationError, BadRequestError, ConflictError, PayloadTooLargeError, PermissionDeniedError
 from fedzoo.clients.participation import normalise, run_task
 from fedzoo.clients.update_codec import encode_update
 from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, Simulation, accuracy_of, prepare_federation
-from fedzoo.edge.onnx_initializers import read_float_initializers
+from fl_helpers import device_client, honest_delta, round_config, upload
 
 ADMIN = DEFAULT_ADMIN_TOKEN
 
@@ -40,27 +39,11 @@ def simulation(federation, server, tmp_path):
         yield sim
 
 
-def _device(simulation, index):
-    return FedzooClient(simulation.server_url, token=simulation.tokens[index],
-                        cache_dir=simulation.cache_root / f"device-{index}")
-
-
-def _config(**overrides):
-    config = {"min_clients": 2, "target_clients": 3, "over_selection": 0.0, "deadline_s": 60, "local_epochs": 1,
-              "batch_size": 16, "learning_rate": 0.05}
-    config.update(overrides)
-    return config
+_device, _config, _upload = device_client, round_config, upload
 
 
 def _honest_delta(federation, scale=0.01):
-    base = read_float_initializers(federation.model)
-    return {name: np.full(value.shape, scale, dtype=np.float32) for name, value in base.items()}
-
-
-def _upload(client, task, delta, base_version=None, encoding="fp32", num_examples=10):
-    metadata = {"base_version": base_version or task["base_version"], "num_examples": num_examples,
-                "metrics": {"accuracy": 0.5, "loss": 1.0}}
-    return client.upload_update(task["upload"]["url"], metadata, encode_update(delta, encoding))
+    return honest_delta(federation.model, scale)
 
 
 @pytest.mark.slow
@@ -140,13 +123,21 @@ def test_bad_updates_are_refused_naming_the_problem_and_never_counted(simulation
 
 
 def test_admin_only_and_bad_round_configs_are_refused(simulation, federation):
+    plan = {"model_id": federation.card.id, "evaluation_sha256": simulation.evaluation_sha256}
     with pytest.raises(AuthenticationError):
-        simulation.admin.create_rounds({"model_id": federation.card.id, **_config()}, "wrong-token")
+        simulation.admin.create_rounds({**plan, **_config()}, "wrong-token")
     with pytest.raises(BadRequestError, match="unknown strategy") as strategy:
-        simulation.admin.create_rounds({"model_id": federation.card.id, **_config(strategy={"name": "krum"})}, ADMIN)
+        simulation.admin.create_rounds({**plan, **_config(strategy={"name": "krum"})}, ADMIN)
     assert strategy.value.field == "strategy.name"
     with pytest.raises(BadRequestError, match="target_clients"):
-        simulation.admin.create_rounds({"model_id": federation.card.id, **_config(min_clients=5)}, ADMIN)
+        simulation.admin.create_rounds({**plan, **_config(min_clients=5)}, ADMIN)
+    # the server publishes only what it measured itself: a round without an evaluation set is refused
+    with pytest.raises(BadRequestError, match="Field required") as no_evaluation:
+        simulation.admin.create_rounds({"model_id": federation.card.id, **_config()}, ADMIN)
+    assert no_evaluation.value.field == "evaluation_sha256"
+    with pytest.raises(BadRequestError) as bad_bound:
+        simulation.admin.create_rounds({**plan, **_config(norm_bound={"median_multiple": 0.5})}, ADMIN)
+    assert bad_bound.value.field == "norm_bound.median_multiple"
 
 
 def test_the_learning_rate_decays_by_the_plans_factor_each_round(simulation, federation):

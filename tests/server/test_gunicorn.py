@@ -60,6 +60,14 @@ def test_gunicorn_serves_lookups_and_finishes_a_download_on_sigterm(tmp_path, zo
                                      headers={"Authorization": f"Bearer {token}"})
                 assert answer.status_code == 200 and answer.json()["model"]["id"] == "zoo-1"
                 assert answer.json()["latency_basis"] == "card_device_class"
+            # an early 401 leaves 200 KB of body unread (gunicorn drains 64 KiB at most): the answer must say
+            # Connection: close, so this client's next request goes out on a fresh connection and works
+            refused = client.post("/v1/lookup", content=b"{" + b" " * 200_000 + b"}",
+                                  headers={"Content-Type": "application/json"})
+            assert refused.status_code == 401 and refused.headers["Connection"] == "close"
+            assert client.get("/v1/health").status_code == 200
+            too_long = client.get("/v1/models", params={"task": "x" * 5000})  # as the OpenAPI document says
+            assert too_long.status_code == 414 and too_long.headers["Content-Type"].startswith("text/html")
             card = client.get("/v1/models/zoo-1").json()
             artifact = card["artifacts"]["torch_state"]
             with client.stream("GET", f"/v1/blobs/{artifact}") as download:
@@ -73,6 +81,7 @@ def test_gunicorn_serves_lookups_and_finishes_a_download_on_sigterm(tmp_path, zo
         assert server.process.wait(timeout=30) == 0
         log = server.process.stdout.read()
         assert "Handling signal: term" in log and "Shutting down: Master" in log
+        assert "terminate called" not in log and "SIGABRT" not in log
     finally:
         stop_gunicorn(server)
     assert ADMIN_TOKEN not in log

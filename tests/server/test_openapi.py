@@ -78,3 +78,16 @@ def test_responses_conform_to_the_documented_schemas(live_server):
         schema = documented[str(response.status_code)]["content"]["application/json"]["schema"]
         validator = jsonschema_rs.validator_for({**schema, "components": document["components"]})
         validator.validate(response.json())
+
+
+def test_the_document_states_the_html_414_and_the_rules_across_fields(live_server):
+    with httpx.Client(base_url=live_server.base_url) as client:
+        document = client.get("/v1/openapi.json").json()
+    operations = [operation for path in document["paths"].values() for operation in path.values()]
+    assert all("text/html" in operation["responses"]["414"]["content"] for operation in operations)
+    schemas = document["components"]["schemas"]
+    assert "at least `min_clients`" in schemas["RoundConfig"]["description"]
+    assert "positive integer" in schemas["ModelCardRequest"]["description"]
+    upload = document["paths"]["/v1/blobs/{sha256}"]["put"]
+    assert "sha256 must equal the path's" in upload["description"] and "413" in upload["responses"]
+    # that gunicorn really answers 414 in HTML is checked in test_gunicorn.py

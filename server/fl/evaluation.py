@@ -1,0 +1,75 @@
+"""What the server measures about a round's result, and what it merely records from the devices.
+
+A new version is published (and so served by lookup) only with metrics the server measured itself on
+the round's evaluation set, and only when it is not worse than its parent by more than the round's
+`max_accuracy_drop`; both models are measured on the same set, in the same way a device runs them.
+The devices' own figures are kept as `client_reported_metrics`, for people to read, never for ranking.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedzoo.cards import Metrics, ModelCard
+from fedzoo.server.fl.strategies import ClientUpdate
+
+EVALUATION_BATCH = 256
+
+
+def evaluate(onnx_bytes: bytes, card: ModelCard, evaluation_npz: bytes) -> Metrics:
+    """Accuracy and cross-entropy of a model on a held-out `.npz` (x in [0, 1], y), run as a device runs it."""
+    from fedzoo.edge.runtime import EdgeSession
+
+    with np.load(io.BytesIO(evaluation_npz), allow_pickle=False) as archive:
+        features, targets = archive["x"].astype(np.float32), archive["y"].astype(np.int64)
+    session = EdgeSession(onnx_bytes, card)  # applies the card's normalisation
+    logits = np.concatenate([session.run(features[start : start + EVALUATION_BATCH])
+                             for start in range(0, len(features), EVALUATION_BATCH)])
+    logits = logits.astype(np.float64)
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    log_probabilities = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    loss = float(-log_probabilities[np.arange(len(targets)), targets].mean())
+    accuracy = float((logits.argmax(axis=1) == targets).mean())
+    return Metrics(accuracy=accuracy, loss=max(loss, 0.0) if math.isfinite(loss) else None, split="evaluation",
+                   num_examples=len(targets))
+
+
+@dataclass(frozen=True)
+class PublicationDecision:
+    """Whether the aggregate may be published, and why, from the two measurements."""
+
+    publish: bool
+    reason: str
+
+
+def decide_publication(candidate: Metrics, parent: Metrics, max_accuracy_drop: float) -> PublicationDecision:
+    """Publish unless the candidate's accuracy is below the parent's by more than `max_accuracy_drop`."""
+    floor = parent.accuracy - max_accuracy_drop
+    if candidate.accuracy + 1e-12 < floor:
+        return PublicationDecision(False, f"accuracy {candidate.accuracy:.4f} on the server's evaluation set is below "
+                                          f"the parent's {parent.accuracy:.4f} minus the tolerance "
+                                          f"{max_accuracy_drop:g}")
+    return PublicationDecision(True, f"accuracy {candidate.accuracy:.4f} on the server's evaluation set against the "
+                                     f"parent's {parent.accuracy:.4f} (tolerance {max_accuracy_drop:g})")
+
+
+def client_reported_metrics(updates: Sequence[ClientUpdate]) -> dict[str, float]:
+    """Per metric name, the mean the devices reported, weighted by their counted examples. Weights are
+    normalised first, so figures near the float range (a loss of 1e308) cannot overflow the sum."""
+    names = sorted({name for update in updates for name in update.metrics})
+    means = {}
+    for name in names:
+        reporting = [update for update in updates if name in update.metrics]
+        values = [update.metrics[name] for update in reporting]
+        total = float(sum(update.num_examples for update in reporting))
+        try:
+            mean = math.fsum((update.num_examples / total) * update.metrics[name] for update in reporting)
+        except OverflowError:  # only when every figure sits at the very top of the float range
+            mean = max(values)
+        means[name] = min(max(mean, min(values)), max(values))  # a mean lies within what was averaged
+    return means

@@ -1,0 +1,35 @@
+"""Helpers of the federated-round tests: a device client, a round config, honest deltas, a raw upload."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fedzoo.clients.client import FedzooClient
+from fedzoo.clients.update_codec import encode_update
+from fedzoo.edge.onnx_initializers import read_float_initializers
+
+
+def device_client(simulation, index: int) -> FedzooClient:
+    return FedzooClient(simulation.server_url, token=simulation.tokens[index],
+                        cache_dir=simulation.cache_root / f"device-{index}")
+
+
+def round_config(**overrides: Any) -> dict[str, Any]:
+    config = {"min_clients": 2, "target_clients": 3, "over_selection": 0.0, "deadline_s": 60, "local_epochs": 1,
+              "batch_size": 16, "learning_rate": 0.05}
+    config.update(overrides)
+    return config
+
+
+def honest_delta(model: bytes, scale: float = 0.01) -> dict[str, np.ndarray]:
+    """A delta of `scale` in every coordinate of the model's parameters."""
+    return {name: np.full(value.shape, scale, dtype=np.float32) for name, value in read_float_initializers(model).items()}
+
+
+def upload(client: FedzooClient, task: dict[str, Any], delta: dict[str, np.ndarray], base_version: int | None = None,
+           encoding: str = "fp32", num_examples: int = 10, metrics: dict[str, float] | None = None) -> dict[str, Any]:
+    metadata = {"base_version": base_version or task["base_version"], "num_examples": num_examples,
+                "metrics": {"accuracy": 0.5, "loss": 1.0} if metrics is None else metrics}
+    return client.upload_update(task["upload"]["url"], metadata, encode_update(delta, encoding))
