@@ -1,0 +1,32 @@
+"""The k-regular communication graph of SecAgg+ (Bell et al. 2020): a shuffled ring.
+
+Clients are placed on a ring in an order shuffled by the round id, and each is joined to the k/2
+clients on either side (a Harary graph). A client masks and shares only with its k neighbours, so its
+work is O(k) instead of O(n). The shuffle is public and only has to be fixed before anyone learns
+who drops out: it is derived from the round id by SHA-256, which every party can recompute.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from fedzoo.secagg.config import SecAggConfig
+
+
+def ring_order(config: SecAggConfig) -> list[int]:
+    """The clients in ring order (a permutation of 0 .. n - 1 fixed by the round id)."""
+    seed = int.from_bytes(hashlib.sha256(b"fedzoo-secagg/v1/graph/" + config.context).digest()[:8], "big")
+    return [int(client) for client in np.random.default_rng(seed).permutation(config.num_clients)]
+
+
+def neighbours(config: SecAggConfig) -> dict[int, list[int]]:
+    """Each client's k neighbours, sorted; the relation is symmetric."""
+    order = ring_order(config)
+    count, half = config.num_clients, config.neighbour_count // 2
+    graph = {}
+    for position, client in enumerate(order):
+        around = [order[(position + step) % count] for step in range(-half, half + 1) if step != 0]
+        graph[client] = sorted(around)
+    return graph
