@@ -550,14 +550,15 @@ def run_private_rounds(
     aggregator = make_strategy(strategy or {"name": "fedavg"})
     if secure_aggregation is not None or dp is not None:
         require_secure_aggregation_support(aggregator)  # DP, too, needs only the equal-weighted sum
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed)  # cohorts and training seeds: the same whatever the privacy options
+    protocol_rng = np.random.default_rng([seed, 1])  # quantisation and dropouts
     privacy = None
     if dp is not None:
         sampling_probability = clients_per_round / device_count
         noise_multiplier = dp.noise_multiplier or noise_multiplier_for(dp.max_epsilon, dp.delta, rounds,
                                                                        sampling_probability, dp.mechanism)
         ledger = PrivacyLedger(noise_multiplier, sampling_probability, dp.delta, dp.max_epsilon, dp.mechanism)
-        privacy = DpFedAvg(ledger, clients_per_round, dp.clip_norm, dp.adaptive, seed=int(rng.integers(2**63)))
+        privacy = DpFedAvg(ledger, clients_per_round, dp.clip_norm, dp.adaptive, seed=int(protocol_rng.integers(2**63)))
     parameters = read_float_initializers(federation.model)
     shapes = {name: value.shape for name, value in parameters.items()}
     vector_length = sum(value.size for value in parameters.values())
@@ -598,8 +599,8 @@ def run_private_rounds(
                         vector, weight = np.append(vector, clip_range * within), 1.0  # equal weights under DP
                     else:
                         weight = example_weight(examples, secure_aggregation.max_examples)
-                    inputs[index] = quantise(vector, config, weight, rng)
-                dropping = set(rng.choice(len(results), int(secure_aggregation.dropout_after_key_sharing * len(results)),
+                    inputs[index] = quantise(vector, config, weight, protocol_rng)
+                dropping = set(protocol_rng.choice(len(results), int(secure_aggregation.dropout_after_key_sharing * len(results)),
                                           replace=False).tolist())
                 try:
                     local = run_local_round(config, inputs, {"masked_input": dropping})

@@ -18,7 +18,7 @@ def federation():
 
 
 def test_secure_aggregation_reaches_the_model_plain_fedavg_reaches(federation):
-    options = SecureAggregationOptions(neighbour_count=8, threshold=5, levels=32767, clip_range=10.0,
+    options = SecureAggregationOptions(neighbour_count=8, threshold=5, levels=32767, clip_range=1.0,
                                        max_examples=max(len(shard) for shard in federation.shards))
     plain = run_private_rounds(federation, 2, 10, TRAINING, executor="in-process", seed=1)
     secure = run_private_rounds(federation, 2, 10, TRAINING, secure_aggregation=options, executor="in-process", seed=1)
