@@ -3,22 +3,23 @@
 Clients are placed on a ring in an order shuffled by the round id, and each is joined to the k/2
 clients on either side (a Harary graph). A client masks and shares only with its k neighbours, so its
 work is O(k) instead of O(n). The shuffle is public and only has to be fixed before anyone learns
-who drops out: it is derived from the round id by SHA-256, which every party can recompute.
+who drops out: clients are sorted by SHA-256 of the round's context and their number, which every
+party (in any language) recomputes the same way.
 """
 
 from __future__ import annotations
 
 import hashlib
 
-import numpy as np
-
 from fedzoo.secagg.config import SecAggConfig
 
 
 def ring_order(config: SecAggConfig) -> list[int]:
-    """The clients in ring order (a permutation of 0 .. n - 1 fixed by the round id)."""
-    seed = int.from_bytes(hashlib.sha256(b"fedzoo-secagg/v1/graph/" + config.context).digest()[:8], "big")
-    return [int(client) for client in np.random.default_rng(seed).permutation(config.num_clients)]
+    """The clients in ring order (a permutation of 0 .. n - 1 fixed by the round's parameters)."""
+    def position(client: int) -> bytes:
+        return hashlib.sha256(b"fedzoo-secagg/v1/graph/" + config.context + client.to_bytes(4, "big")).digest()
+
+    return sorted(range(config.num_clients), key=position)
 
 
 def neighbours(config: SecAggConfig) -> dict[int, list[int]]:
