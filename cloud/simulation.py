@@ -188,11 +188,13 @@ class Federation:
 
 
 def prepare_federation(
-    dataset: str = "digits", num_clients: int = 5, alpha: float = 0.5, hidden_units: int = 32,
+    dataset: str = "digits", num_clients: int = 5, alpha: float | None = 0.5, hidden_units: int = 32,
     pretrain_fraction: float = 0.1, pretrain_epochs: int = 3, seed: int = 0,
 ) -> Federation:
     """Split a data set, pre-train a small model on a `pretrain_fraction` of its training part (the cloud's
-    own data), and spread the rest over `num_clients` devices with Dirichlet(alpha) label skew."""
+    own data), and spread the rest over `num_clients` devices with Dirichlet(alpha) label skew, or, with
+    `alpha=None`, uniformly at random in near-equal shards (hundreds of devices with a few examples
+    each, where Dirichlet draws leave some devices empty)."""
     import hashlib
 
     if not 0 < pretrain_fraction < 1:
@@ -204,7 +206,11 @@ def prepare_federation(
     cloud_count = max(1, int(len(order) * pretrain_fraction))
     cloud, pool_indices = order[:cloud_count], order[cloud_count:]
     pool = LocalData(split.train.x[pool_indices], split.train.y[pool_indices])
-    shards = dirichlet_partition(pool.y, num_clients, alpha, seed=seed)
+    if alpha is None:
+        shards = [np.sort(shard) for shard in np.array_split(np.random.default_rng(seed).permutation(len(pool)),
+                                                              num_clients)]
+    else:
+        shards = dirichlet_partition(pool.y, num_clients, alpha, seed=seed)
 
     model = mlp_classifier(split.dataset.image_shape, hidden_units, split.dataset.num_classes, seed)
     graph = build_training_graph(model).SerializeToString()

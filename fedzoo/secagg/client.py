@@ -195,7 +195,7 @@ class SecAggClient:
                 continue
             kind, value = ((SELF_MASK, plaintext[8 : 8 + SHARE_BYTES]) if owner in survivors
                            else (MASK_KEY, plaintext[8 + SHARE_BYTES :]))
-            shares.append({"owner": owner, "kind": kind, "value": value.hex()})
+            shares.append({"owner": owner, "kind": kind, "value": to_base64(value)})
         self._stage = "done"
         self._cipher_private = self._mask_private = self._seed = None  # this round's secrets are no longer needed
         self._received = {}

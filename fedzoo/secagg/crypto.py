@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 
@@ -96,8 +97,8 @@ def mask(key: bytes, length: int, modulus_bits: int) -> np.ndarray:
 
 
 def commitment(*parts: bytes) -> str:
-    """SHA-256 over length-prefixed parts, hex: binds a value without revealing it (the values are random)."""
+    """SHA-256 over length-prefixed parts, base64: binds a value without revealing it (the values are random)."""
     digest = hashlib.sha256(b"fedzoo-secagg/v1/commitment")
     for part in parts:
         digest.update(len(part).to_bytes(4, "big") + part)
-    return digest.hexdigest()
+    return base64.b64encode(digest.digest()).decode("ascii")

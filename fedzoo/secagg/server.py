@@ -198,13 +198,16 @@ def _parse_dealt(reply: dict[str, Any], expected_holders: set[int]) -> _Dealt | 
 
 
 def _is_digest(value: Any) -> bool:
-    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+    try:
+        return isinstance(value, str) and len(from_base64(value, "commitment")) == 32
+    except ProtocolViolation:
+        return False
 
 
 def _share_value(text: Any) -> int | None:
     try:
-        data = bytes.fromhex(text) if isinstance(text, str) else b""
-    except ValueError:
+        data = from_base64(text, "share value")
+    except ProtocolViolation:
         return None
     value = int.from_bytes(data, "big") if len(data) == SHARE_BYTES else PRIME
     return value if value < PRIME else None

@@ -1,9 +1,10 @@
-"""Shamir secret sharing of 32-byte secrets over the prime field GF(2^521 - 1).
+"""Shamir secret sharing of 32-byte secrets over the prime field GF(2^256 + 297).
 
 A secret is the constant term of a random polynomial of degree `threshold - 1`; holder `x` gets the
 polynomial's value at `x`. Any `threshold` shares give the secret back (Lagrange interpolation at 0);
-fewer reveal nothing about it. The Mersenne prime 2^521 - 1 holds a whole 32-byte secret (an X25519
-private key or a mask seed) in one element, so there is no chunking to get wrong.
+fewer reveal nothing about it. 2^256 + 297 is the smallest prime above 2^256: it holds a whole
+32-byte secret (an X25519 private key or a mask seed) in one element, so there is no chunking to get
+wrong, and a share is 33 bytes (a 2^521 - 1 field would double that, and the upload with it).
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from collections.abc import Sequence
 
 from fedzoo.errors import InvalidInputError
 
-PRIME = 2**521 - 1
+PRIME = 2**256 + 297
 SECRET_BYTES = 32
-SHARE_BYTES = 66  # ceil(521 / 8): a share's value as fixed-length big-endian bytes
+SHARE_BYTES = 33  # a share's value as fixed-length big-endian bytes
 
 Share = tuple[int, int]  # (x, polynomial value at x), 1 <= x, 0 <= value < PRIME
 

@@ -1,5 +1,6 @@
 """Whole SecAgg+ rounds: exact sums whoever drops out when, lying servers refused, bad shares caught."""
 
+import base64
 import os
 import random
 
@@ -113,7 +114,7 @@ def test_a_server_telling_neighbours_different_stories_never_gets_both_secrets()
         reply = clients[index].unmask(request)
         for share in reply["shares"]:
             if share["owner"] == victim:
-                shares[share["kind"]].append((index + 1, int(share["value"], 16)))
+                shares[share["kind"]].append((index + 1, int.from_bytes(base64.b64decode(share["value"]), "big")))
     assert len(shares["self_mask"]) + len(shares["mask_key"]) == len(victim_neighbours)  # one kind each, never both
     assert min(len(shares["self_mask"]), len(shares["mask_key"])) < config.threshold
     with pytest.raises(ShareError):
@@ -161,7 +162,8 @@ class _LyingHolder(SecAggClient):
     def unmask(self, request):
         reply = super().unmask(request)
         for share in reply["shares"]:
-            share["value"] = format((int(share["value"], 16) + 1) % 2**520, "0132x")
+            value = int.from_bytes(base64.b64decode(share["value"]), "big")
+            share["value"] = base64.b64encode(((value + 1) % 2**256).to_bytes(33, "big")).decode()
         return reply
 
 
