@@ -460,8 +460,8 @@ class SecureAggregationOptions:
     masked input (the costliest moment to drop). Without DP, each coordinate is clipped to +-clip_range and
     weights are examples capped at max_examples."""
 
-    neighbour_count: int = 40
-    threshold: int = 21
+    neighbour_count: int = 60
+    threshold: int = 31
     levels: int = 127
     clip_range: float = 0.05
     max_examples: int = 100

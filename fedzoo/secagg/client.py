@@ -30,6 +30,7 @@ from fedzoo.secagg.messages import (
     client_ids,
     expect_stage,
     from_base64,
+    listed_entries,
     to_base64,
     vector_from_base64,
     vector_to_base64,
@@ -100,11 +101,7 @@ class SecAggClient:
         """Stage 2: shares of the self-mask seed and the mask key, one encrypted pair per neighbour with keys."""
         self._enter("share_keys")
         request = expect_stage(request, "share_keys")
-        entries = request.get("public_keys")
-        if not isinstance(entries, list):
-            raise ProtocolViolation("share_keys needs a list 'public_keys'", reason="malformed")
-        peers = client_ids([entry.get("client") if isinstance(entry, dict) else None for entry in entries],
-                           self.config.num_clients, "public_keys' clients")
+        peers, entries = listed_entries(request, "public_keys", "client", self.config.num_clients)
         if not set(peers) <= self.neighbours:
             raise ProtocolViolation(f"the server sent keys of clients {sorted(set(peers) - self.neighbours)} that are "
                                     f"not this client's neighbours", reason="malformed")
@@ -137,11 +134,7 @@ class SecAggClient:
         """Stage 3: the quantised input (see `encoding.quantise`) plus the self-mask and pairwise masks."""
         self._enter("masked_input")
         request = expect_stage(request, "masked_input")
-        entries = request.get("encrypted_shares")
-        if not isinstance(entries, list):
-            raise ProtocolViolation("masked_input needs a list 'encrypted_shares'", reason="malformed")
-        senders = client_ids([entry.get("owner") if isinstance(entry, dict) else None for entry in entries],
-                             self.config.num_clients, "encrypted_shares' owners")
+        senders, entries = listed_entries(request, "encrypted_shares", "owner", self.config.num_clients)
         if not set(senders) <= set(self._mask_public_keys):
             raise ProtocolViolation("the server forwarded shares from clients whose keys this client never got",
                                     reason="malformed")

@@ -8,6 +8,7 @@ client that refuses a request (`ProtocolViolation`) drops out too, and its reaso
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -36,8 +37,6 @@ def run_local_round(config: SecAggConfig, ring_vectors: Mapping[int, np.ndarray]
                     clients: Mapping[int, SecAggClient] | None = None) -> LocalRound:
     """Run the four stages for the clients that have an input (honest `SecAggClient`s unless `clients` gives
     some); raises RoundAborted if unmasking fails."""
-    import time
-
     dropouts = dict(dropouts or {})
     unknown = set(dropouts) - set(STAGES)
     if unknown:

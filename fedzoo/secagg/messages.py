@@ -57,3 +57,13 @@ def client_ids(values: Any, num_clients: int, what: str) -> list[int]:
     if len(set(values)) != len(values):
         raise ProtocolViolation(f"{what} lists a client twice", reason="malformed")
     return values
+
+
+def listed_entries(request: dict[str, Any], list_name: str, id_name: str, num_clients: int
+                   ) -> tuple[list[int], list[dict[str, Any]]]:
+    """The client numbers and entries of a request's list of per-client dicts (e.g. `public_keys`)."""
+    entries = request.get(list_name)
+    if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+        raise ProtocolViolation(f"{request.get('stage')} needs a list {list_name!r} of objects", reason="malformed")
+    ids = client_ids([entry.get(id_name) for entry in entries], num_clients, f"{list_name}' {id_name}s")
+    return ids, entries
