@@ -197,7 +197,7 @@ class SecAggClient:
 
 def _key(value: Any, what: str) -> bytes:
     key = from_base64(value, what)
-    if len(key) != 32:
-        raise ProtocolViolation(f"{what} must be 32 bytes, got {len(key)}", reason="malformed")
+    if len(key) != 32 or not crypto.is_usable_public_key(key):
+        raise ProtocolViolation(f"{what} must be a usable 32-byte X25519 public key", reason="malformed")
     return key
 

@@ -57,6 +57,15 @@ def public_bytes(private_key: X25519PrivateKey) -> bytes:
     return private_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
+def is_usable_public_key(public_key: bytes) -> bool:
+    """Whether a 32-byte X25519 public key gives a key agreement (low-order points give none)."""
+    try:
+        X25519PrivateKey.generate().exchange(X25519PublicKey.from_public_bytes(public_key))
+    except ValueError:
+        return False
+    return True
+
+
 def derive_key(secret: bytes, purpose: str, context: bytes) -> bytes:
     """A 32-byte key for one purpose and one round from a secret (HKDF-SHA256)."""
     info = b"fedzoo-secagg/v1/" + purpose.encode() + b"/" + context

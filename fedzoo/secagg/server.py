@@ -77,7 +77,7 @@ class SecAggServer:
                 keys = tuple(from_base64(reply.get(name), name) for name in ("cipher_public_key", "mask_public_key"))
             except ProtocolViolation:
                 keys = ()
-            if len(keys) != 2 or any(len(key) != 32 for key in keys):
+            if len(keys) != 2 or not all(len(key) == 32 and crypto.is_usable_public_key(key) for key in keys):
                 self.misbehaving[client] = "advertised malformed keys"
                 continue
             self.keys[client] = keys

@@ -215,3 +215,20 @@ def test_too_few_masked_inputs_abort_before_anyone_unmasks():
     config = SecAggConfig("round-few", 10, 6, 4, 10, 1.0, minimum_survivors=5)
     with pytest.raises(RoundAborted, match="only 4 masked inputs"):
         run_local_round(config, _inputs(config, 6), {"masked_input": set(range(6))})
+
+
+def test_a_client_advertising_a_low_order_key_is_dropped_by_the_server_and_refused_by_clients():
+    config = SecAggConfig("round-keys", 12, 6, 4, 10, 1.0)
+    clients = {index: SecAggClient(config, index) for index in range(12)}
+    replies = [client.advertise_keys() for client in clients.values()]
+    replies[5]["mask_public_key"] = base64.b64encode(bytes(32)).decode()  # the all-zero point: no agreement
+    server = SecAggServer(config)
+    requests = server.collect_keys(replies)
+    assert 5 not in requests and "malformed keys" in server.misbehaving[5]
+    neighbour = neighbours(config)[5][0]
+    forged = dict(requests[neighbour])
+    forged["public_keys"] = requests[neighbour]["public_keys"] + [
+        {"client": 5, "cipher_public_key": replies[5]["cipher_public_key"], "mask_public_key": replies[5]["mask_public_key"]}]
+    with pytest.raises(ProtocolViolation) as refusal:
+        clients[neighbour].share_keys(forged)
+    assert refusal.value.reason == "malformed"
