@@ -500,7 +500,6 @@ class _PrivateContext:
     model: bytes
     training_graph: bytes
     card: ModelCard
-    training: dict[str, Any]
     pool_x: np.ndarray
     pool_y: np.ndarray
     shards: list[np.ndarray]
@@ -511,6 +510,7 @@ class _PrivateWork:
     device_index: int
     seed: int
     parameters: dict[str, np.ndarray]
+    training: dict[str, Any]  # the plan's training settings plus the strategy's (FedProx's proximal_mu)
     clip_norm: float | None
 
 
@@ -518,7 +518,7 @@ def _train_private(context: _PrivateContext, work: _PrivateWork) -> tuple[dict[s
     """One device: train on its shard from the round's parameters; clip the delta on the device under DP."""
     shard = context.shards[work.device_index]
     model = write_parameters(context.model, work.parameters)
-    delta, _ = train_locally(context.training_graph, model, context.card, context.training,
+    delta, _ = train_locally(context.training_graph, model, context.card, work.training,
                              LocalData(context.pool_x[shard], context.pool_y[shard]), work.seed)
     within = True
     if work.clip_norm is not None:
@@ -569,8 +569,8 @@ def run_private_rounds(
     shapes = {name: value.shape for name, value in parameters.items()}
     vector_length = sum(value.size for value in parameters.values())
     test_features = normalise(federation.split.test.x, federation.card.input.normalisation)
-    context = _PrivateContext(federation.model, federation.training_graph, federation.card, training,
-                              federation.pool.x, federation.pool.y, federation.shards)
+    context = _PrivateContext(federation.model, federation.training_graph, federation.card, federation.pool.x,
+                              federation.pool.y, federation.shards)
     workers = make_executor(executor, num_workers)
     records: list[PrivateRoundRecord] = []
     try:
@@ -587,7 +587,9 @@ def run_private_rounds(
             if len(cohort) < 3:
                 continue  # a Poisson draw this small happens with negligible probability at useful sizes
             clip_norm = privacy.clip_norm if privacy is not None else None
-            work = [_PrivateWork(int(index), int(rng.integers(2**31)), parameters, clip_norm) for index in cohort]
+            round_training = {**training, **aggregator.configure_fit(number)}
+            work = [_PrivateWork(int(index), int(rng.integers(2**31)), parameters, round_training, clip_norm)
+                    for index in cohort]
             results = workers.map(_train_private, context, work)
             aggregation_started = time.perf_counter()
             upload_bytes = None

@@ -58,3 +58,21 @@ def test_rules_that_need_each_update_are_refused_under_secagg_or_dp(federation, 
     with pytest.raises(SecureAggregationUnsupportedError, match=name):
         run_private_rounds(federation, 1, 10, TRAINING, {"name": name}, dp=DpOptions(max_epsilon=8.0),
                            executor="in-process")
+
+
+
+def test_fedprox_devices_get_the_proximal_term_under_secure_aggregation(federation, monkeypatch):
+    import fedzoo.cloud.simulation as simulation
+
+    seen = []
+
+    def recording_train_locally(graph, model, card, training, data, seed):
+        seen.append(training)
+        return real(graph, model, card, training, data, seed)
+
+    real = simulation.train_locally
+    monkeypatch.setattr(simulation, "train_locally", recording_train_locally)
+    options = SecureAggregationOptions(neighbour_count=8, threshold=5)
+    run_private_rounds(federation, 1, 10, TRAINING, {"name": "fedprox", "proximal_mu": 0.3},
+                       secure_aggregation=options, executor="in-process")
+    assert len(seen) == 10 and all(training == {**TRAINING, "proximal_mu": 0.3} for training in seen)
