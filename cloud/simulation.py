@@ -48,6 +48,7 @@ from fedzoo.edge.optimizers import SGD
 from fedzoo.edge.runtime import create_session
 from fedzoo.edge.trainer import Trainer, write_parameters
 from fedzoo.errors import InvalidInputError
+from fedzoo.secagg import RoundAborted, dequantise_sum, example_weight, flatten, quantise, run_local_round, unflatten
 from fedzoo.secagg.config import SecAggConfig
 from fedzoo.server.fl.strategies import ClientUpdate, make_strategy, require_secure_aggregation_support
 
@@ -545,8 +546,6 @@ def run_private_rounds(
 
     Selection: with DP every device joins a round independently with probability clients_per_round / N
     (Poisson sampling, what the accountant assumes); without, clients_per_round devices at random."""
-    from fedzoo.secagg import RoundAborted, dequantise_sum, example_weight, flatten, quantise, run_local_round, unflatten
-
     device_count = len(federation.shards)
     if not 3 <= clients_per_round <= device_count:
         raise InvalidInputError(f"clients_per_round must lie in [3, {device_count}], got {clients_per_round}",
@@ -584,8 +583,8 @@ def run_private_rounds(
                 cohort = np.flatnonzero(rng.random(device_count) < privacy.ledger.sampling_probability)
             else:
                 cohort = rng.choice(device_count, clients_per_round, replace=False)
-            if len(cohort) < 3:
-                continue  # a Poisson draw this small happens with negligible probability at useful sizes
+            if secure_aggregation is not None and len(cohort) < 3:
+                continue  # SecAgg+ needs 3 clients; a Poisson draw this small is negligible at useful sizes
             clip_norm = privacy.clip_norm if privacy is not None else None
             round_training = {**training, **aggregator.configure_fit(number)}
             work = [_PrivateWork(int(index), int(rng.integers(2**31)), parameters, round_training, clip_norm)
@@ -630,7 +629,7 @@ def run_private_rounds(
                 parameters = aggregator.apply_mean_delta(parameters, unflatten(mean, shapes))
             elif privacy is not None:
                 survivors = len(results)
-                clipped_sum = np.sum([flatten(delta) for delta, _, _ in results], axis=0)
+                clipped_sum = sum((flatten(delta) for delta, _, _ in results), np.zeros(vector_length))
                 mean = privacy.noised_mean(clipped_sum, within_count)
                 parameters = aggregator.apply_mean_delta(parameters, unflatten(mean, shapes))
             else:
