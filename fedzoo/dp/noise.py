@@ -30,7 +30,9 @@ class AdaptiveClipping:
 
     target_unclipped_quantile: float = 0.5
     clip_learning_rate: float = 0.2
-    clipped_count_stddev: float | None = None  # default: expected_clients / 20
+    # default: expected_clients / 20 (Andrew et al.), raised to the noise multiplier when that is larger, so
+    # the count never takes more than a quarter of the round's privacy (the deltas get 1.15x z at most)
+    clipped_count_stddev: float | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.target_unclipped_quantile < 1:
@@ -69,7 +71,8 @@ class DpFedAvg:
         self.clipped_count_stddev: float | None = None
         if adaptive is not None:
             # Andrew et al. sec. 3: split the plan's z between the deltas and the count so the total stays z
-            self.clipped_count_stddev = adaptive.clipped_count_stddev or expected_clients / 20
+            self.clipped_count_stddev = (adaptive.clipped_count_stddev
+                                         or max(expected_clients / 20, ledger.noise_multiplier))
             remainder = ledger.noise_multiplier**-2 - (2 * self.clipped_count_stddev) ** -2
             if remainder <= 0:
                 raise InvalidInputError(f"clipped_count_stddev={self.clipped_count_stddev} is too small for noise "

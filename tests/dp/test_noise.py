@@ -59,6 +59,9 @@ def test_adaptive_clipping_moves_the_bound_to_the_target_quantile_of_the_norms()
 
 
 def test_adaptive_clipping_needs_the_count_and_enough_count_noise():
+    large_noise = DpFedAvg(_ledger(z=11.0), expected_clients=50, clip_norm=1.0, adaptive=AdaptiveClipping())
+    assert large_noise.clipped_count_stddev == 11.0  # m / 20 = 2.5 could not carry z = 11
+    assert large_noise.delta_noise_multiplier == pytest.approx(11.0 / math.sqrt(0.75))
     with pytest.raises(InvalidInputError, match="clipped_count_stddev"):
         DpFedAvg(_ledger(z=4.0), expected_clients=10, clip_norm=1.0, adaptive=AdaptiveClipping(clipped_count_stddev=1.0))
     dp = DpFedAvg(_ledger(), expected_clients=100, clip_norm=1.0, adaptive=AdaptiveClipping())
