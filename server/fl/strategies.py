@@ -13,6 +13,11 @@ read from disk only when the strategy asks, one at a time, so:
 
 FedAdam keeps server optimizer state (first and second moments) across rounds; `state()` and
 `load_state()` let the round service persist it between rounds and across restarts.
+
+Under secure aggregation (`fedzoo.secagg`) the server only ever sees the sum of the updates, so only
+rules that are a function of that sum can run: `supports_secure_aggregation` says which, and
+`apply_mean_delta` is their entry point. Median, trimmed mean, Multi-Krum and norm clipping need each
+update (or its norm) and refuse, see `require_secure_aggregation_support`.
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ class Strategy(ABC):
     """How a round is configured for clients and how accepted updates become the next global model."""
 
     name: ClassVar[str]
+    # True when the rule needs only the (weighted) sum of the deltas, so it can run on a SecAgg+ output
+    supports_secure_aggregation: ClassVar[bool] = False
 
     def configure_fit(self, round_number: int) -> dict[str, Any]:
         """Fields this strategy adds to every client's round configuration (e.g. `proximal_mu`)."""
@@ -63,6 +70,27 @@ class Strategy(ABC):
 
     def load_state(self, state: Parameters) -> None:
         """Restore what `state()` returned in an earlier round."""
+
+    def apply_mean_delta(self, global_parameters: Parameters, mean_delta: Parameters) -> Parameters:
+        """The next global parameters from the round's mean delta alone (what secure aggregation yields);
+        only strategies with `supports_secure_aggregation` implement it."""
+        raise SecureAggregationUnsupportedError(
+            f"strategy {self.name!r} needs every client's update and cannot run on a securely aggregated sum; "
+            f"use one of {sorted(SECURE_AGGREGATION_STRATEGIES)}", field="strategy.name")
+
+
+class SecureAggregationUnsupportedError(InvalidInputError):
+    """A round asks for secure aggregation with a rule that needs the individual updates."""
+
+
+def require_secure_aggregation_support(strategy: Strategy) -> None:
+    """Refuse a strategy that cannot aggregate under SecAgg+: median, trimmed mean and Multi-Krum look at
+    every update's values, norm clipping at every update's norm; the server sees neither, only the sum."""
+    if not strategy.supports_secure_aggregation:
+        raise SecureAggregationUnsupportedError(
+            f"strategy {strategy.name!r} cannot run under secure aggregation: the server sees only the sum of "
+            f"the updates, and this rule needs each update; use one of {sorted(SECURE_AGGREGATION_STRATEGIES)} "
+            "(clip on the devices instead, as DP-FedAvg does)", field="strategy.name")
 
 
 def _require_updates(updates: Sequence[ClientUpdate]) -> None:
@@ -112,12 +140,16 @@ class FedAvg(Strategy):
     """McMahan et al. 2017: the average of client deltas weighted by their number of examples."""
 
     name = "fedavg"
+    supports_secure_aggregation = True
 
     def __init__(self, server_learning_rate: float = 1.0) -> None:
         self.server_learning_rate = _checked_server_learning_rate(server_learning_rate)
 
     def aggregate_fit(self, global_parameters: Parameters, updates: Sequence[ClientUpdate]) -> Parameters:
-        return _apply(global_parameters, weighted_mean_delta(global_parameters, updates), self.server_learning_rate)
+        return self.apply_mean_delta(global_parameters, weighted_mean_delta(global_parameters, updates))
+
+    def apply_mean_delta(self, global_parameters: Parameters, mean_delta: Parameters) -> Parameters:
+        return _apply(global_parameters, mean_delta, self.server_learning_rate)
 
 
 class FedProx(FedAvg):
@@ -136,9 +168,12 @@ class FedProx(FedAvg):
 
 
 class FedAdam(Strategy):
-    """Reddi et al. 2021: the weighted mean delta is a pseudo-gradient for a server-side Adam step."""
+    """Reddi et al. 2021 (Algorithm 2): the weighted mean delta is a pseudo-gradient for a server-side Adam
+    step, with Adam's bias-corrected step size (Kingma & Ba 2015, the alpha_t right before their section
+    2.1), t = the number of server steps taken so far, this one included (t = 1 in the first round)."""
 
     name = "fedadam"
+    supports_secure_aggregation = True
 
     def __init__(self, server_lr: float = 0.01, beta_1: float = 0.9, beta_2: float = 0.99, tau: float = 1e-3) -> None:
         for field_name, value in (("server_lr", server_lr), ("tau", tau)):
@@ -153,9 +188,15 @@ class FedAdam(Strategy):
         self.step = 0
 
     def aggregate_fit(self, global_parameters: Parameters, updates: Sequence[ClientUpdate]) -> Parameters:
-        pseudo_gradient = weighted_mean_delta(global_parameters, updates)
+        return self.apply_mean_delta(global_parameters, weighted_mean_delta(global_parameters, updates))
+
+    def apply_mean_delta(self, global_parameters: Parameters, mean_delta: Parameters) -> Parameters:
+        pseudo_gradient = mean_delta
         self.step += 1
-        # bias-corrected step size, as in Adam and Flower's FedAdam
+        # Kingma & Ba's alpha_t with t = steps taken. Flower's FedAdam cites the same formula but uses
+        # t = server_round + 1 (server_round starts at 1), one step ahead of this: its round-1 step is
+        # sqrt(1 - 0.99^2) / (1 - 0.9^2) = 0.74 of server_lr where this one is 1.0 (defaults), the 1.35x
+        # gap; from the second round on the two differ by less than that, and the gap fades as t grows.
         step_size = self.server_lr * math.sqrt(1 - self.beta_2**self.step) / (1 - self.beta_1**self.step)
         new_parameters = {}
         for name, value in global_parameters.items():
@@ -338,6 +379,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     strategy.name: strategy
     for strategy in (FedAvg, FedProx, FedAdam, NormClipping, CoordinateMedian, TrimmedMean, MultiKrum)
 }
+SECURE_AGGREGATION_STRATEGIES = frozenset(name for name, kind in STRATEGIES.items() if kind.supports_secure_aggregation)
 
 
 def make_strategy(spec: dict[str, Any], spill_dir: str | Path | None = None) -> Strategy:

@@ -180,3 +180,64 @@ def test_multi_krum_drops_the_outliers_and_averages_the_rest_by_examples(working
         np.testing.assert_allclose(result[name], expected, rtol=1e-5, atol=1e-6)
     with pytest.raises(InvalidInputError, match="byzantine_fraction"):
         MultiKrum(byzantine_fraction=0.5)
+
+
+def _flower_fedadam_step(parameters, mean_delta, m, v, server_round, eta, beta_1, beta_2, tau):
+    """Flower's FedAdam.aggregate_fit (flwr 1.x, strategy/fedadam.py) rewritten on plain arrays."""
+    m = beta_1 * m + (1 - beta_1) * mean_delta
+    v = beta_2 * v + (1 - beta_2) * mean_delta * mean_delta
+    eta_norm = eta * np.sqrt(1 - np.power(beta_2, server_round + 1.0)) / (1 - np.power(beta_1, server_round + 1.0))
+    return parameters + eta_norm * m / (np.sqrt(v) + tau), m, v
+
+
+def _kingma_ba_fedadam_step(parameters, mean_delta, m, v, t, eta, beta_1, beta_2, tau):
+    """Reddi et al.'s FedAdam with Kingma & Ba's alpha_t = eta sqrt(1 - beta_2^t) / (1 - beta_1^t), t = steps taken."""
+    m = beta_1 * m + (1 - beta_1) * mean_delta
+    v = beta_2 * v + (1 - beta_2) * mean_delta * mean_delta
+    return parameters + eta * math.sqrt(1 - beta_2**t) / (1 - beta_1**t) * m / (np.sqrt(v) + tau), m, v
+
+
+def test_fedadam_follows_kingma_ba_step_counting_and_is_one_step_behind_flower():
+    rng = np.random.default_rng(3)
+    parameters = {"w": rng.normal(size=50).astype(np.float32)}
+    strategy = FedAdam(server_lr=0.1, beta_1=0.9, beta_2=0.99, tau=1e-3)
+    reference = parameters["w"].astype(np.float64)
+    m = v = np.zeros(50)
+    for t in range(1, 6):
+        mean_delta = rng.normal(size=50).astype(np.float32)
+        parameters = strategy.apply_mean_delta(parameters, {"w": mean_delta})
+        reference, m, v = _kingma_ba_fedadam_step(reference, mean_delta.astype(np.float64), m, v, t, 0.1, 0.9, 0.99, 1e-3)
+        np.testing.assert_allclose(parameters["w"], reference, rtol=1e-5, atol=1e-6)
+    # Flower's counter is one ahead: from the same start, its round-1 step is 0.74x ours (ours is 1.35x Flower's)
+    zero, delta = np.zeros(50), rng.normal(size=50)
+    ours = FedAdam(server_lr=0.1, beta_1=0.9, beta_2=0.99, tau=1e-3).apply_mean_delta(
+        {"w": zero.astype(np.float32)}, {"w": delta.astype(np.float32)})["w"]
+    flower, _, _ = _flower_fedadam_step(zero, delta, zero, zero, 1, 0.1, 0.9, 0.99, 1e-3)
+    ratio = float(np.linalg.norm(ours) / np.linalg.norm(flower))
+    assert ratio == pytest.approx(1.0 / (math.sqrt(1 - 0.99**2) / (1 - 0.9**2)), rel=1e-5)
+    assert ratio == pytest.approx(1.347, abs=1e-3)
+
+
+@pytest.mark.parametrize("name", ["median", "trimmed_mean", "multi_krum", "norm_clipping"])
+def test_rules_that_need_each_update_refuse_secure_aggregation(name):
+    from fedzoo.server.fl.strategies import SecureAggregationUnsupportedError, require_secure_aggregation_support
+
+    strategy = make_strategy({"name": name})
+    with pytest.raises(SecureAggregationUnsupportedError, match=f"{name}.*cannot run under secure aggregation") as error:
+        require_secure_aggregation_support(strategy)
+    assert error.value.field == "strategy.name"
+    with pytest.raises(SecureAggregationUnsupportedError):
+        strategy.apply_mean_delta(_global_parameters(), _global_parameters())
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedadam"])
+def test_sum_only_rules_run_on_a_mean_delta_as_they_do_on_updates(name):
+    from fedzoo.server.fl.strategies import require_secure_aggregation_support, weighted_mean_delta
+
+    base = _global_parameters()
+    updates, _ = _updates()
+    require_secure_aggregation_support(make_strategy({"name": name}))
+    from_updates = make_strategy({"name": name}).aggregate_fit(base, updates)
+    from_mean = make_strategy({"name": name}).apply_mean_delta(base, weighted_mean_delta(base, updates))
+    for key in base:
+        np.testing.assert_allclose(from_mean[key], from_updates[key])

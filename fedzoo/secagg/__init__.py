@@ -1,0 +1,27 @@
+"""SecAgg+ secure aggregation (Bonawitz et al. 2017; Bell et al. 2020), independent of any transport.
+
+The server learns the sum of the clients' quantised updates and nothing else about any one of them,
+even when clients drop out at any stage. Modules, in the order a round uses them:
+
+- `config`: the round's public parameters (`SecAggConfig`).
+- `graph`: the k-regular communication graph (a shuffled ring).
+- `encoding`: clip, weight and quantise an update into Z_{2^16} or Z_{2^32}; read the sum back.
+- `shamir`: t-of-k secret sharing over GF(2^521 - 1).
+- `crypto`: X25519, HKDF, ChaCha20-Poly1305 and the AES-CTR mask generator.
+- `client` / `server`: the two sides of the four stages; `messages`: their JSON-compatible shapes.
+- `local`: a whole round in one process (tests, benches, the simulator).
+
+Only numpy and `cryptography` are needed, so the device SDK imports this as the server does.
+"""
+
+from fedzoo.secagg.client import SecAggClient
+from fedzoo.secagg.config import SecAggConfig
+from fedzoo.secagg.encoding import dequantise_sum, example_weight, flatten, quantise, unflatten
+from fedzoo.secagg.errors import ProtocolViolation, RoundAborted
+from fedzoo.secagg.local import LocalRound, run_local_round
+from fedzoo.secagg.server import SecAggResult, SecAggServer
+
+__all__ = [
+    "LocalRound", "ProtocolViolation", "RoundAborted", "SecAggClient", "SecAggConfig", "SecAggResult",
+    "SecAggServer", "dequantise_sum", "example_weight", "flatten", "quantise", "run_local_round", "unflatten",
+]

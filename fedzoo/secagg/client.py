@@ -1,0 +1,203 @@
+"""A client's side of one SecAgg+ round (Bonawitz et al. 2017, with Bell et al. 2020's sparse graph).
+
+Four stages, each a reply to the server's message for it:
+
+1. `advertise_keys()`: two fresh X25519 public keys (cipher, mask).
+2. `share_keys(request)`: given its neighbours' keys, Shamir-share a fresh self-mask seed b and the
+   mask private key among them, each share pair encrypted to its holder, with commitments to each share.
+3. `masked_input(request, vector)`: given the ciphertexts its neighbours sent it, the input masked by
+   PRG(b) and by one pairwise mask per neighbour that shared (+ towards larger ids, - towards smaller).
+4. `unmask(request)`: given the server's lists of survivors and dropped clients, for each neighbour
+   the share of b (it survived) or of its mask key (it dropped), never both. A client refuses lists
+   that overlap, that drop itself, or that leave fewer than `minimum_survivors` inputs.
+
+Because the threshold exceeds half the neighbours, even a server that tells different clients
+different stories about one client collects fewer than t shares of at least one of its two secrets.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from fedzoo.secagg import crypto
+from fedzoo.secagg.config import SecAggConfig
+from fedzoo.secagg.errors import ProtocolViolation
+from fedzoo.secagg.graph import neighbours
+from fedzoo.secagg.messages import (
+    client_ids,
+    expect_stage,
+    from_base64,
+    listed_entries,
+    to_base64,
+    vector_from_base64,
+    vector_to_base64,
+)
+from fedzoo.secagg.shamir import SHARE_BYTES, share_value_bytes, split_secret
+
+SELF_MASK, MASK_KEY = "self_mask", "mask_key"
+
+
+def share_plaintext(owner: int, holder: int, self_mask_share: int, mask_key_share: int) -> bytes:
+    """What one encrypted share carries: owner, holder (4 bytes each, big-endian), then the two share values."""
+    return (owner.to_bytes(4, "big") + holder.to_bytes(4, "big")
+            + share_value_bytes(self_mask_share) + share_value_bytes(mask_key_share))
+
+
+def share_associated_data(config: SecAggConfig, owner: int, holder: int) -> bytes:
+    return config.context + f";share;{owner}->{holder}".encode()
+
+
+def share_commitment(config: SecAggConfig, kind: str, owner: int, holder: int, value: int) -> str:
+    return crypto.commitment(config.context, kind.encode(), owner.to_bytes(4, "big"), holder.to_bytes(4, "big"),
+                             share_value_bytes(value))
+
+
+def self_mask_commitment(config: SecAggConfig, owner: int, seed: bytes) -> str:
+    return crypto.commitment(config.context, b"self_mask_seed", owner.to_bytes(4, "big"), seed)
+
+
+def self_mask(config: SecAggConfig, seed: bytes) -> np.ndarray:
+    return crypto.mask(crypto.derive_key(seed, "self-mask", config.context), config.vector_length + 1,
+                       config.modulus_bits)
+
+
+def pairwise_mask(config: SecAggConfig, private_key: crypto.X25519PrivateKey, peer_public_key: bytes) -> np.ndarray:
+    key = crypto.agree(private_key, peer_public_key, "pairwise-mask", config.context)
+    return crypto.mask(key, config.vector_length + 1, config.modulus_bits)
+
+
+class SecAggClient:
+    """One client in one round: call the four stages in order; it keeps its secrets only until `unmask`."""
+
+    def __init__(self, config: SecAggConfig, client: int) -> None:
+        if not 0 <= client < config.num_clients:
+            raise ProtocolViolation(f"client number {client} is outside [0, {config.num_clients})", reason="malformed")
+        self.config, self.client = config, client
+        self.neighbours = set(neighbours(config)[client])
+        self._stage = "advertise_keys"
+        self._cipher_private = self._mask_private = self._seed = None
+        self._mask_public_keys: dict[int, bytes] = {}
+        self._cipher_public_keys: dict[int, bytes] = {}
+        self._received: dict[int, bytes] = {}
+
+    def _enter(self, stage: str) -> None:
+        if self._stage != stage:
+            raise ProtocolViolation(f"the server asked for {stage!r} while this client expects {self._stage!r}",
+                                    reason="wrong_stage")
+
+    def advertise_keys(self) -> dict[str, Any]:
+        """Stage 1: fresh public keys for this round."""
+        self._enter("advertise_keys")
+        self._cipher_private, cipher_public = crypto.new_key_pair()
+        self._mask_private, mask_public = crypto.new_key_pair()
+        self._stage = "share_keys"
+        return {"stage": "advertise_keys", "client": self.client, "cipher_public_key": to_base64(cipher_public),
+                "mask_public_key": to_base64(mask_public)}
+
+    def share_keys(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Stage 2: shares of the self-mask seed and the mask key, one encrypted pair per neighbour with keys."""
+        self._enter("share_keys")
+        request = expect_stage(request, "share_keys")
+        peers, entries = listed_entries(request, "public_keys", "client", self.config.num_clients)
+        if not set(peers) <= self.neighbours:
+            raise ProtocolViolation(f"the server sent keys of clients {sorted(set(peers) - self.neighbours)} that are "
+                                    f"not this client's neighbours", reason="malformed")
+        for peer, entry in zip(peers, entries):
+            self._cipher_public_keys[peer] = _key(entry.get("cipher_public_key"), "cipher_public_key")
+            self._mask_public_keys[peer] = _key(entry.get("mask_public_key"), "mask_public_key")
+        if len(peers) < self.config.threshold:
+            raise ProtocolViolation(f"only {len(peers)} neighbours have keys; sharing needs {self.config.threshold}",
+                                    reason="too_few_neighbours")
+        self._seed = os.urandom(32)
+        holders = sorted(peers)
+        seed_shares = split_secret(self._seed, self.config.threshold, [peer + 1 for peer in holders])
+        key_shares = split_secret(crypto.private_bytes(self._mask_private), self.config.threshold, [peer + 1 for peer in holders])
+        shares = []
+        for holder, (_, seed_value), (_, key_value) in zip(holders, seed_shares, key_shares):
+            key = crypto.agree(self._cipher_private, self._cipher_public_keys[holder], "share-encryption",
+                               self.config.context)
+            ciphertext = crypto.encrypt(key, share_plaintext(self.client, holder, seed_value, key_value),
+                                        share_associated_data(self.config, self.client, holder))
+            shares.append({
+                "holder": holder, "ciphertext": to_base64(ciphertext),
+                "self_mask_commitment": share_commitment(self.config, SELF_MASK, self.client, holder, seed_value),
+                "mask_key_commitment": share_commitment(self.config, MASK_KEY, self.client, holder, key_value),
+            })
+        self._stage = "masked_input"
+        return {"stage": "share_keys", "client": self.client, "shares": shares,
+                "self_mask_seed_commitment": self_mask_commitment(self.config, self.client, self._seed)}
+
+    def masked_input(self, request: dict[str, Any], ring_vector: np.ndarray) -> dict[str, Any]:
+        """Stage 3: the quantised input (see `encoding.quantise`) plus the self-mask and pairwise masks."""
+        self._enter("masked_input")
+        request = expect_stage(request, "masked_input")
+        senders, entries = listed_entries(request, "encrypted_shares", "owner", self.config.num_clients)
+        if not set(senders) <= set(self._mask_public_keys):
+            raise ProtocolViolation("the server forwarded shares from clients whose keys this client never got",
+                                    reason="malformed")
+        if len(senders) < self.config.threshold:
+            raise ProtocolViolation(f"only {len(senders)} neighbours shared their keys; masking needs "
+                                    f"{self.config.threshold}", reason="too_few_neighbours")
+        ring_vector = np.asarray(ring_vector)
+        if ring_vector.shape != (self.config.vector_length + 1,):
+            raise ProtocolViolation(f"the input must have {self.config.vector_length + 1} ring values (see "
+                                    f"encoding.quantise), got shape {ring_vector.shape}", reason="malformed")
+        self._received = {owner: from_base64(entry.get("ciphertext"), "ciphertext")
+                          for owner, entry in zip(senders, entries)}
+        masked = ring_vector.astype(crypto.MASK_DTYPES[self.config.modulus_bits]) + self_mask(self.config, self._seed)
+        for peer in senders:
+            mask = pairwise_mask(self.config, self._mask_private, self._mask_public_keys[peer])
+            masked = masked + mask if self.client < peer else masked - mask  # wraps modulo 2^bits
+        self._stage = "unmask"
+        return {"stage": "masked_input", "client": self.client,
+                "masked_vector": vector_to_base64(masked, self.config.modulus_bits)}
+
+    def unmask(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Stage 4: for each neighbour that shared, its self-mask share if it survived, its mask-key share if it
+        dropped; refuses lists that would let the server unmask anyone."""
+        self._enter("unmask")
+        request = expect_stage(request, "unmask")
+        survivors = set(client_ids(request.get("survivors"), self.config.num_clients, "survivors"))
+        dropped = set(client_ids(request.get("dropped"), self.config.num_clients, "dropped"))
+        if survivors & dropped:
+            raise ProtocolViolation(f"the server lists clients {sorted(survivors & dropped)} as both survived and "
+                                    "dropped: revealing both their secrets would unmask their input",
+                                    reason="overlapping_lists")
+        if self.client not in survivors:
+            raise ProtocolViolation("the server asks this client to unmask while listing it as not survived",
+                                    reason="not_a_survivor")
+        if len(survivors) < self.config.minimum_survivors:
+            raise ProtocolViolation(f"only {len(survivors)} survivors; this client unmasks sums of at least "
+                                    f"{self.config.minimum_survivors}", reason="too_few_survivors")
+        shares, undecryptable = [], []
+        for owner, ciphertext in sorted(self._received.items()):
+            if owner not in survivors and owner not in dropped:
+                continue
+            try:
+                key = crypto.agree(self._cipher_private, self._cipher_public_keys[owner], "share-encryption",
+                                   self.config.context)
+                plaintext = crypto.decrypt(key, ciphertext, share_associated_data(self.config, owner, self.client))
+            except crypto.DecryptionError:
+                undecryptable.append(owner)
+                continue
+            if len(plaintext) != 8 + 2 * SHARE_BYTES or plaintext[:8] != share_plaintext(owner, self.client, 0, 0)[:8]:
+                undecryptable.append(owner)
+                continue
+            kind, value = ((SELF_MASK, plaintext[8 : 8 + SHARE_BYTES]) if owner in survivors
+                           else (MASK_KEY, plaintext[8 + SHARE_BYTES :]))
+            shares.append({"owner": owner, "kind": kind, "value": to_base64(value)})
+        self._stage = "done"
+        self._cipher_private = self._mask_private = self._seed = None  # this round's secrets are no longer needed
+        self._received = {}
+        return {"stage": "unmask", "client": self.client, "shares": shares, "undecryptable": undecryptable}
+
+
+def _key(value: Any, what: str) -> bytes:
+    key = from_base64(value, what)
+    if len(key) != 32 or not crypto.is_usable_public_key(key):
+        raise ProtocolViolation(f"{what} must be a usable 32-byte X25519 public key", reason="malformed")
+    return key
+

@@ -1,0 +1,28 @@
+"""What goes wrong in a SecAgg+ round, as two kinds: a client refusing the server, and a round that cannot finish."""
+
+from __future__ import annotations
+
+from fedzoo.errors import FedzooError
+
+
+class ProtocolViolation(FedzooError):
+    """A client refuses a server message that would break the protocol or its privacy.
+
+    `reason` is one stable word both SDKs report the same way (shared test vectors):
+    `wrong_stage`, `malformed`, `overlapping_lists`, `not_a_survivor`, `too_few_neighbours`, `too_few_survivors`.
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class RoundAborted(FedzooError):
+    """The server cannot unmask the sum (too few shares, or a client dealt inconsistent shares).
+
+    Nothing is output: no partial or wrong sum ever leaves the server. `clients` names who caused it.
+    """
+
+    def __init__(self, message: str, clients: list[int]) -> None:
+        super().__init__(message)
+        self.clients = clients

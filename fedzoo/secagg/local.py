@@ -1,0 +1,73 @@
+"""A whole SecAgg+ round with every client in this process: for tests, benches and the simulator.
+
+Messages go through `json` exactly as a REST layer would carry them, so the byte counts are real
+upload sizes. `dropouts[stage]` names the clients that vanish instead of replying to that stage; a
+client that refuses a request (`ProtocolViolation`) drops out too, and its reason is recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedzoo.errors import InvalidInputError
+from fedzoo.secagg.client import SecAggClient
+from fedzoo.secagg.config import SecAggConfig
+from fedzoo.secagg.errors import ProtocolViolation
+from fedzoo.secagg.messages import STAGES
+from fedzoo.secagg.server import SecAggResult, SecAggServer
+
+
+@dataclass
+class LocalRound:
+    """The result of a local round and what each client uploaded (JSON bytes per stage)."""
+
+    result: SecAggResult
+    upload_bytes: dict[int, dict[str, int]] = field(default_factory=dict)  # client -> stage -> bytes
+    refusals: dict[int, str] = field(default_factory=dict)  # client -> ProtocolViolation reason
+    unmask_seconds: float = 0.0  # the server's work in the last stage
+
+
+def run_local_round(config: SecAggConfig, ring_vectors: Mapping[int, np.ndarray],
+                    dropouts: Mapping[str, set[int]] | None = None,
+                    clients: Mapping[int, SecAggClient] | None = None) -> LocalRound:
+    """Run the four stages for the clients that have an input (honest `SecAggClient`s unless `clients` gives
+    some); raises RoundAborted if unmasking fails."""
+    dropouts = dict(dropouts or {})
+    unknown = set(dropouts) - set(STAGES)
+    if unknown:
+        raise InvalidInputError(f"unknown stages {sorted(unknown)} in dropouts; use {list(STAGES)}", field="dropouts")
+    clients = {index: (clients or {}).get(index) or SecAggClient(config, index) for index in ring_vectors}
+    uploads: dict[int, dict[str, int]] = {index: {} for index in clients}
+    refusals: dict[int, str] = {}
+    server = SecAggServer(config)
+
+    def exchange(stage: str, requests: dict[int, dict | None]) -> list[dict]:
+        carried = []
+        for index, request in requests.items():
+            if index in dropouts.get(stage, set()):
+                continue
+            client = clients[index]
+            try:
+                reply = (client.advertise_keys() if stage == "advertise_keys" else
+                         client.masked_input(request, ring_vectors[index]) if stage == "masked_input" else
+                         getattr(client, stage)(request))
+            except ProtocolViolation as violation:
+                refusals[index] = violation.reason
+                continue
+            body = json.dumps(reply)
+            uploads[index][stage] = len(body.encode())
+            carried.append(json.loads(body))
+        return carried
+
+    requests = server.collect_keys(exchange("advertise_keys", dict.fromkeys(clients)))
+    requests = server.collect_shares(exchange("share_keys", requests))
+    requests = server.collect_masked_inputs(exchange("masked_input", requests))
+    replies = exchange("unmask", requests)
+    started = time.perf_counter()
+    result = server.collect_unmask_shares(replies)
+    return LocalRound(result, uploads, refusals, time.perf_counter() - started)

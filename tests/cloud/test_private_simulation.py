@@ -1,0 +1,78 @@
+"""Private rounds in the simulator: SecAgg+ gives FedAvg's model, DP plans stop at their budget, and rules
+that need each update are refused."""
+
+import numpy as np
+import pytest
+
+from fedzoo.cloud.simulation import DpOptions, SecureAggregationOptions, prepare_federation, run_private_rounds
+from fedzoo.dp.accountant import epsilon_after
+from fedzoo.dp.noise import AdaptiveClipping
+from fedzoo.server.fl.strategies import SecureAggregationUnsupportedError
+
+TRAINING = {"optimizer": "sgd", "learning_rate": 0.05, "local_epochs": 1, "batch_size": 16}
+
+
+@pytest.fixture(scope="module")
+def federation():
+    return prepare_federation("digits", num_clients=30, alpha=1.0, hidden_units=16, seed=4)
+
+
+def test_secure_aggregation_reaches_the_model_plain_fedavg_reaches(federation):
+    options = SecureAggregationOptions(neighbour_count=8, threshold=5, levels=32767, clip_range=1.0,
+                                       max_examples=max(len(shard) for shard in federation.shards))
+    plain = run_private_rounds(federation, 2, 10, TRAINING, executor="in-process", seed=1)
+    secure = run_private_rounds(federation, 2, 10, TRAINING, secure_aggregation=options, executor="in-process", seed=1)
+    assert [r.survivors for r in secure] == [10, 10]
+    # same cohorts and local training; only the 15-bit quantisation of deltas and weights differs
+    assert [r.accuracy for r in secure] == pytest.approx([r.accuracy for r in plain], abs=0.01)
+    assert all(r.upload_bytes_per_client > 2 * 1210 for r in secure)  # at least the 2-byte-per-value vector
+
+
+def test_secure_aggregation_survives_dropouts_after_key_sharing(federation):
+    options = SecureAggregationOptions(neighbour_count=14, threshold=8, clip_range=0.1, dropout_after_key_sharing=0.3)
+    records = run_private_rounds(federation, 2, 20, TRAINING, secure_aggregation=options, executor="in-process")
+    assert [r.survivors for r in records] == [14, 14] and not any(r.aborted for r in records)
+
+
+def test_a_dp_plan_stops_before_its_budget(federation):
+    dp = DpOptions(max_epsilon=epsilon_after(2, 2.0, 10 / 30, 1e-5) + 1e-6, noise_multiplier=2.0, clip_norm=0.3)
+    records = run_private_rounds(federation, 5, 10, TRAINING, dp=dp, executor="in-process")
+    assert len(records) == 2
+    assert records[-1].epsilon == pytest.approx(epsilon_after(2, 2.0, 10 / 30, 1e-5))
+    assert records[0].epsilon < records[1].epsilon <= dp.max_epsilon
+
+
+def test_dp_with_secure_aggregation_and_adaptive_clipping_spends_the_planned_budget(federation):
+    dp = DpOptions(max_epsilon=8.0, clip_norm=0.3, adaptive=AdaptiveClipping(clip_learning_rate=0.5))
+    options = SecureAggregationOptions(neighbour_count=8, threshold=5, levels=32767)
+    records = run_private_rounds(federation, 3, 10, TRAINING, dp=dp, secure_aggregation=options, executor="in-process")
+    assert len(records) == 3 and records[-1].epsilon == pytest.approx(8.0, abs=0.05)
+    assert len({r.clip_norm for r in records}) == 3  # the bound moved every round
+    assert all(np.isfinite(r.accuracy) for r in records)
+
+
+@pytest.mark.parametrize("name", ["median", "multi_krum"])
+def test_rules_that_need_each_update_are_refused_under_secagg_or_dp(federation, name):
+    with pytest.raises(SecureAggregationUnsupportedError, match=name):
+        run_private_rounds(federation, 1, 10, TRAINING, {"name": name}, SecureAggregationOptions(), executor="in-process")
+    with pytest.raises(SecureAggregationUnsupportedError, match=name):
+        run_private_rounds(federation, 1, 10, TRAINING, {"name": name}, dp=DpOptions(max_epsilon=8.0),
+                           executor="in-process")
+
+
+
+def test_fedprox_devices_get_the_proximal_term_under_secure_aggregation(federation, monkeypatch):
+    import fedzoo.cloud.simulation as simulation
+
+    seen = []
+
+    def recording_train_locally(graph, model, card, training, data, seed):
+        seen.append(training)
+        return real(graph, model, card, training, data, seed)
+
+    real = simulation.train_locally
+    monkeypatch.setattr(simulation, "train_locally", recording_train_locally)
+    options = SecureAggregationOptions(neighbour_count=8, threshold=5)
+    run_private_rounds(federation, 1, 10, TRAINING, {"name": "fedprox", "proximal_mu": 0.3},
+                       secure_aggregation=options, executor="in-process")
+    assert len(seen) == 10 and all(training == {**TRAINING, "proximal_mu": 0.3} for training in seen)

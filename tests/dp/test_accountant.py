@@ -1,0 +1,85 @@
+"""The ledger's epsilon against dp-accounting and the Gaussian mechanism's closed form; budgets stop plans."""
+
+import math
+
+import dp_accounting
+import pytest
+from scipy.stats import norm
+
+from fedzoo.dp.accountant import (
+    PrivacyBudgetExhausted,
+    PrivacyLedger,
+    epsilon_after,
+    noise_multiplier_for,
+)
+from fedzoo.errors import InvalidInputError
+
+
+def _gaussian_epsilon(noise_multiplier, rounds, delta):
+    """Balle & Wang 2018: T Gaussian rounds of multiplier z are one of multiplier z / sqrt(T); solve delta(eps)."""
+    mu = math.sqrt(rounds) / noise_multiplier
+
+    def delta_of(epsilon):
+        return norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * norm.cdf(-epsilon / mu - mu / 2)
+
+    low, high = 0.0, 100.0
+    for _ in range(200):
+        middle = (low + high) / 2
+        low, high = (middle, high) if delta_of(middle) > delta else (low, middle)
+    return high
+
+
+@pytest.mark.parametrize("noise_multiplier, rounds", [(1.0, 10), (2.0, 30), (4.0, 100)])
+def test_without_sampling_pld_matches_the_gaussian_closed_form(noise_multiplier, rounds):
+    exact = _gaussian_epsilon(noise_multiplier, rounds, 1e-5)
+    assert epsilon_after(rounds, noise_multiplier, 1.0, 1e-5, "pld") == pytest.approx(exact, rel=2e-3)
+    assert exact <= epsilon_after(rounds, noise_multiplier, 1.0, 1e-5, "rdp") <= 1.3 * exact  # RDP is an upper bound
+
+
+def test_sampled_rounds_match_dp_accounting_composed_round_by_round():
+    ledger = PrivacyLedger(noise_multiplier=1.1, sampling_probability=0.05, delta=1e-5, max_epsilon=100, mechanism="pld")
+    accountant = dp_accounting.pld.PLDAccountant()
+    for _ in range(5):
+        ledger.record_round()
+        accountant.compose(dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(1.1)))
+    assert ledger.epsilon_spent == pytest.approx(accountant.get_epsilon(1e-5), abs=1e-6)
+
+
+def test_research_figures_for_sampled_rounds():
+    # security.md section 2.2, measured with dp-accounting 0.6.0: z = 1, N = 100, m = 20, T = 50 -> 11.3 / 10.1
+    assert epsilon_after(50, 1.0, 0.2, 1e-5, "rdp") == pytest.approx(11.3, abs=0.1)
+    assert epsilon_after(50, 1.0, 0.2, 1e-5, "pld") == pytest.approx(10.1, abs=0.1)
+
+
+def test_calibrated_noise_spends_the_budget_and_no_less_noise_would_do():
+    z = noise_multiplier_for(8.0, 1e-5, 30, 0.1)
+    assert epsilon_after(30, z, 0.1, 1e-5) <= 8.0
+    assert epsilon_after(30, z * 0.99, 0.1, 1e-5) > 8.0
+
+
+def test_a_plan_stops_before_its_budget_is_exceeded():
+    ledger = PrivacyLedger(noise_multiplier=1.0, sampling_probability=0.1, delta=1e-5, max_epsilon=3.0)
+    with pytest.raises(PrivacyBudgetExhausted, match="over the plan's max_epsilon=3.0"):
+        for _ in range(1000):
+            ledger.require_budget_for_next_round()
+            ledger.record_round()
+    assert ledger.epsilon_spent <= 3.0
+    assert epsilon_after(ledger.rounds_done + 1, 1.0, 0.1, 1e-5) > 3.0
+    restored = PrivacyLedger.from_dict(ledger.to_dict())
+    assert restored.epsilon_spent == ledger.epsilon_spent
+    with pytest.raises(PrivacyBudgetExhausted):
+        restored.require_budget_for_next_round()
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"noise_multiplier": 0.0}, "noise_multiplier"),
+    ({"sampling_probability": 1.5}, "sampling_probability"),
+    ({"delta": 0.0}, "delta"),
+    ({"max_epsilon": -1.0}, "max_epsilon"),
+    ({"mechanism": "moments"}, "mechanism"),
+])
+def test_bad_parameters_name_themselves(changes, field):
+    with pytest.raises(InvalidInputError) as error:
+        PrivacyLedger(**{"noise_multiplier": 1.0, "sampling_probability": 0.1, "delta": 1e-5, "max_epsilon": 8.0,
+                         **changes})
+    assert error.value.field == field

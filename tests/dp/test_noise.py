@@ -1,0 +1,77 @@
+"""DP-FedAvg's server side: the noise has the scale the accountant assumes; clipping bounds and adapts."""
+
+import math
+
+import numpy as np
+import pytest
+
+from fedzoo.dp.accountant import PrivacyBudgetExhausted, PrivacyLedger
+from fedzoo.dp.clipping import clip_delta, l2_norm
+from fedzoo.dp.noise import AdaptiveClipping, DpFedAvg, quantised_sensitivity
+from fedzoo.errors import InvalidInputError
+
+
+def _ledger(z=1.2, max_epsilon=1000.0, sampling_probability=0.1):
+    return PrivacyLedger(noise_multiplier=z, sampling_probability=sampling_probability, delta=1e-5,
+                         max_epsilon=max_epsilon)
+
+
+def test_noise_on_the_mean_has_standard_deviation_z_c_over_m():
+    dp = DpFedAvg(_ledger(z=1.2), expected_clients=50, clip_norm=0.7, seed=0)
+    draws = dp.noised_mean(np.zeros(200_000))
+    expected = 1.2 * 0.7 / 50
+    # the sample std of 2e5 normal draws is within 3 x std/sqrt(2n) of the true one
+    assert abs(draws.std() - expected) < 3 * expected / math.sqrt(2 * 200_000)
+    assert abs(draws.mean()) < 3 * expected / math.sqrt(200_000)
+    assert dp.ledger.rounds_done == 1
+
+
+def test_quantisation_widens_the_sensitivity_and_the_noise_with_it():
+    dp = DpFedAvg(_ledger(z=1.0), expected_clients=10, clip_norm=1.0, seed=1)
+    sensitivity = quantised_sensitivity(1.0, 1.0 / 127, 10_000)
+    assert sensitivity == pytest.approx(1.0 + 100 / 127)
+    assert dp.noise_stddev(sensitivity) == pytest.approx(sensitivity)
+    with pytest.raises(InvalidInputError, match="below clip_norm"):
+        dp.noised_mean(np.zeros(3), sensitivity=0.5)
+
+
+def test_clipping_bounds_the_norm_and_reports_whether_it_was_needed():
+    delta = {"a": np.full(4, 3.0, dtype=np.float32), "b": np.full(2, 4.0, dtype=np.float32)}
+    clipped, within = clip_delta(delta, 2.0)
+    assert l2_norm(clipped) == pytest.approx(2.0, rel=1e-6) and within is False
+    assert np.allclose(clipped["a"] / clipped["b"][0], 0.75)  # direction kept
+    same, within = clip_delta(delta, 100.0)
+    assert within is True and all(np.array_equal(same[k], delta[k]) for k in delta)
+    with pytest.raises(InvalidInputError, match="clip_norm"):
+        clip_delta(delta, 0.0)
+
+
+def test_adaptive_clipping_moves_the_bound_to_the_target_quantile_of_the_norms():
+    rng = np.random.default_rng(2)
+    dp = DpFedAvg(_ledger(z=1.0, sampling_probability=1.0), expected_clients=1000, clip_norm=0.05,
+                  adaptive=AdaptiveClipping(target_unclipped_quantile=0.5, clip_learning_rate=0.3), seed=3)
+    for _ in range(80):
+        norms = rng.lognormal(mean=0.0, sigma=0.3, size=1000)  # median 1.0
+        dp.noised_mean(np.zeros(2), unclipped_count=float(np.sum(norms <= dp.clip_norm)))
+    assert dp.clip_norm == pytest.approx(1.0, rel=0.1)
+    # the deltas get a little more noise so that, with the count's noise, the round still costs z
+    assert dp.delta_noise_multiplier == pytest.approx((1.0 - (2 * 50) ** -2) ** -0.5)
+
+
+def test_adaptive_clipping_needs_the_count_and_enough_count_noise():
+    large_noise = DpFedAvg(_ledger(z=11.0), expected_clients=50, clip_norm=1.0, adaptive=AdaptiveClipping())
+    assert large_noise.clipped_count_stddev == 11.0  # m / 20 = 2.5 could not carry z = 11
+    assert large_noise.delta_noise_multiplier == pytest.approx(11.0 / math.sqrt(0.75))
+    with pytest.raises(InvalidInputError, match="clipped_count_stddev"):
+        DpFedAvg(_ledger(z=4.0), expected_clients=10, clip_norm=1.0, adaptive=AdaptiveClipping(clipped_count_stddev=1.0))
+    dp = DpFedAvg(_ledger(), expected_clients=100, clip_norm=1.0, adaptive=AdaptiveClipping())
+    with pytest.raises(InvalidInputError, match="unclipped"):
+        dp.noised_mean(np.zeros(3))
+
+
+def test_no_noised_mean_past_the_budget():
+    dp = DpFedAvg(_ledger(z=1.0, max_epsilon=2.0), expected_clients=10, clip_norm=1.0, seed=0)
+    with pytest.raises(PrivacyBudgetExhausted):
+        for _ in range(1000):
+            dp.noised_mean(np.zeros(3))
+    assert dp.ledger.epsilon_spent <= 2.0

@@ -1,0 +1,80 @@
+"""The shared SecAgg+ test vectors: the committed file is what the writer writes, and this SDK reproduces it."""
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "vectors"))  # the vector writer (importlib mode)
+from secagg_vectors import CONFIG, VECTORS_PATH, vectors_text  # noqa: E402
+
+from fedzoo.secagg import ProtocolViolation, SecAggClient, SecAggConfig, SecAggServer, quantise
+from fedzoo.secagg import crypto
+from fedzoo.secagg.client import MASK_KEY, SELF_MASK, self_mask_commitment, share_commitment
+from fedzoo.secagg.graph import neighbours
+from fedzoo.secagg.shamir import combine_shares
+
+VECTORS = json.loads(VECTORS_PATH.read_text())
+
+
+def test_the_committed_vectors_are_what_the_writer_writes():
+    assert VECTORS_PATH.read_text() == vectors_text()
+
+
+def test_key_derivation_agreement_and_masks():
+    config = SecAggConfig.from_dict(VECTORS["config"])
+    assert config == CONFIG and config.context.decode() == VECTORS["context"]
+    hkdf = VECTORS["hkdf"]
+    assert crypto.derive_key(bytes.fromhex(hkdf["secret"]), hkdf["purpose"], config.context).hex() == hkdf["key"]
+    x25519 = VECTORS["x25519"]
+    bob = crypto.load_private_key(bytes.fromhex(x25519["bob_private"]))
+    assert crypto.public_bytes(bob).hex() == x25519["bob_public"]
+    assert crypto.agree(bob, bytes.fromhex(x25519["alice_public"]), x25519["purpose"], config.context).hex() == x25519["key"]
+    mask = VECTORS["mask"]
+    for bits in (16, 32):
+        values = crypto.mask(bytes.fromhex(mask["key"]), mask["length"], bits)
+        assert values[:8].tolist() == mask[f"first_{bits}bit"]
+        assert hashlib.sha256(values.tobytes()).hexdigest() == mask[f"sha256_{bits}bit"]
+
+
+def test_share_decryption_shamir_and_commitments():
+    case = VECTORS["share_decryption"]
+    plaintext = crypto.decrypt(bytes.fromhex(case["key"]), bytes.fromhex(case["ciphertext"]),
+                               bytes.fromhex(case["associated_data"]))
+    assert plaintext.hex() == case["plaintext"]
+    with pytest.raises(crypto.DecryptionError):
+        crypto.decrypt(bytes.fromhex(case["key"]), bytes.fromhex(case["ciphertext"]), b"another context")
+    shamir = VECTORS["shamir"]
+    shares = [(x, int(value, 16)) for x, value in shamir["shares"]]
+    for start in range(len(shares) - shamir["threshold"] + 1):
+        assert combine_shares(shares[start:], shamir["threshold"]).hex() == shamir["secret"]
+    commitments = VECTORS["commitments"]
+    for kind, name in ((SELF_MASK, "self_mask_share"), (MASK_KEY, "mask_key_share")):
+        case = commitments[name]
+        assert share_commitment(CONFIG, kind, case["owner"], case["holder"], int(case["value"], 16)) == case["commitment"]
+    seed = commitments["self_mask_seed"]
+    assert self_mask_commitment(CONFIG, seed["owner"], bytes.fromhex(seed["seed"])) == seed["commitment"]
+
+
+def test_graph_and_quantisation():
+    assert {str(client): peers for client, peers in neighbours(CONFIG).items()} == VECTORS["graph"]
+    case = VECTORS["quantise"]
+    for generator_seed in range(3):  # on exact levels the rounding does not depend on the generator
+        ring = quantise(np.array(case["vector"]), CONFIG, case["weight"], np.random.default_rng(generator_seed))
+        assert ring.tolist() == case["ring"]
+
+
+@pytest.mark.parametrize("case", VECTORS["unmask_refusals"], ids=lambda case: case["reason"])
+def test_unmask_refusals(case):
+    clients = {index: SecAggClient(CONFIG, index) for index in range(CONFIG.num_clients)}
+    server = SecAggServer(CONFIG)
+    requests = server.collect_keys([client.advertise_keys() for client in clients.values()])
+    requests = server.collect_shares([clients[i].share_keys(r) for i, r in requests.items()])
+    client = clients[case["client"]]
+    client.masked_input(requests[case["client"]], np.zeros(CONFIG.vector_length + 1, dtype=np.uint16))
+    with pytest.raises(ProtocolViolation) as refusal:
+        client.unmask(case["request"])
+    assert refusal.value.reason == case["reason"]

@@ -1,0 +1,123 @@
+"""Test vectors for SecAgg+ (fedzoo.secagg), shared by the Python and Java SDKs.
+
+Every value is derived from fixed seeds, so `python tests/vectors/secagg_vectors.py` rewrites
+`secagg_vectors.json` identically, and a test checks the committed file is what this script writes.
+A second SDK that reproduces every case speaks the same protocol:
+
+- `hkdf`, `x25519`: key derivation and agreement (purpose and round context in HKDF's info);
+- `mask`: the AES-256-CTR generator's first values and the SHA-256 of its whole output;
+- `share_decryption`: a share ciphertext (nonce || ChaCha20-Poly1305) that opens to a known plaintext;
+- `shamir`: shares over GF(2^521 - 1) and the secret any `threshold` of them give;
+- `commitments`: the share and seed commitments the server checks;
+- `graph`: each client's neighbours for a round configuration;
+- `quantise`: inputs on exact levels (so rounding is deterministic) and the ring values they become;
+- `unmask_refusals`: unmask requests an honest client must refuse, with the `ProtocolViolation.reason`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+from fedzoo.secagg import crypto
+from fedzoo.secagg.client import (
+    MASK_KEY,
+    SELF_MASK,
+    share_associated_data,
+    share_commitment,
+    share_plaintext,
+    self_mask_commitment,
+)
+from fedzoo.secagg.config import SecAggConfig
+from fedzoo.secagg.encoding import quantise
+from fedzoo.secagg.graph import neighbours
+from fedzoo.secagg.shamir import PRIME
+
+VECTORS_PATH = Path(__file__).with_name("secagg_vectors.json")
+CONFIG = SecAggConfig("vector-round-1", num_clients=8, neighbour_count=4, threshold=3, vector_length=6,
+                      clip_range=0.5, minimum_survivors=3)
+
+
+def seed(label: str) -> bytes:
+    return hashlib.sha256(b"fedzoo secagg test vector " + label.encode()).digest()
+
+
+def _hex(data: bytes) -> str:
+    return data.hex()
+
+
+def _shamir_case() -> dict[str, Any]:
+    secret = seed("shamir secret")
+    coefficients = [int.from_bytes(secret, "big")] + [int.from_bytes(seed(f"coefficient {i}") * 2, "big") % PRIME
+                                                      for i in range(2)]
+    shares = [[x, format(sum(c * x**power for power, c in enumerate(coefficients)) % PRIME, "x")] for x in (2, 5, 7, 8)]
+    return {"prime": format(PRIME, "x"), "threshold": 3, "shares": shares, "secret": _hex(secret)}
+
+
+def secagg_vectors() -> dict[str, Any]:
+    context = CONFIG.context
+    alice = crypto.load_private_key(seed("alice"))
+    bob = crypto.load_private_key(seed("bob"))
+    mask_key = crypto.derive_key(seed("mask secret"), "pairwise-mask", context)
+    mask_16 = crypto.mask(mask_key, 1000, 16)
+    mask_32 = crypto.mask(mask_key, 1000, 32)
+    share_key = crypto.agree(alice, crypto.public_bytes(bob), "share-encryption", context)
+    plaintext = share_plaintext(1, 2, 12345, 67890)
+    nonce = seed("nonce")[:12]
+    ciphertext = nonce + ChaCha20Poly1305(share_key).encrypt(nonce, plaintext, share_associated_data(CONFIG, 1, 2))
+    # values exactly on quantisation levels (k / 254 with clip_range 0.5), so rounding is deterministic
+    on_levels = np.array([-127, -64, -1, 0, 1, 63], dtype=np.float64) / 254
+    assert np.array_equal(on_levels * 254.0, np.round(on_levels * 254.0))
+    survivors = [0, 1, 2, 3, 5]
+    return {
+        "config": CONFIG.to_dict(),
+        "context": context.decode(),
+        "modulus_bits": CONFIG.modulus_bits,
+        "hkdf": {"secret": _hex(seed("mask secret")), "purpose": "pairwise-mask", "key": _hex(mask_key)},
+        "x25519": {"alice_private": _hex(seed("alice")), "alice_public": _hex(crypto.public_bytes(alice)),
+                   "bob_private": _hex(seed("bob")), "bob_public": _hex(crypto.public_bytes(bob)),
+                   "purpose": "share-encryption", "key": _hex(share_key)},
+        "mask": {"key": _hex(mask_key), "length": 1000,
+                 "first_16bit": mask_16[:8].tolist(), "sha256_16bit": hashlib.sha256(mask_16.tobytes()).hexdigest(),
+                 "first_32bit": mask_32[:8].tolist(), "sha256_32bit": hashlib.sha256(mask_32.tobytes()).hexdigest()},
+        "share_decryption": {"key": _hex(share_key), "owner": 1, "holder": 2,
+                             "associated_data": _hex(share_associated_data(CONFIG, 1, 2)),
+                             "ciphertext": _hex(ciphertext), "plaintext": _hex(plaintext)},
+        "shamir": _shamir_case(),
+        "commitments": {
+            "self_mask_share": {"owner": 1, "holder": 2, "value": "3039",
+                                "commitment": share_commitment(CONFIG, SELF_MASK, 1, 2, 12345)},
+            "mask_key_share": {"owner": 1, "holder": 2, "value": "10932",
+                               "commitment": share_commitment(CONFIG, MASK_KEY, 1, 2, 67890)},
+            "self_mask_seed": {"owner": 1, "seed": _hex(seed("self mask seed")),
+                               "commitment": self_mask_commitment(CONFIG, 1, seed("self mask seed"))},
+        },
+        "graph": {str(client): peers for client, peers in neighbours(CONFIG).items()},
+        "quantise": {"vector": on_levels.tolist(), "weight": 1.0,
+                     "ring": quantise(on_levels, CONFIG, 1.0, np.random.default_rng(0)).tolist()},
+        "unmask_refusals": [
+            {"client": 0, "request": {"stage": "unmask", "survivors": survivors, "dropped": [3, 4]},
+             "reason": "overlapping_lists"},
+            {"client": 0, "request": {"stage": "unmask", "survivors": [1, 2, 3], "dropped": [0]},
+             "reason": "not_a_survivor"},
+            {"client": 0, "request": {"stage": "unmask", "survivors": [0, 1], "dropped": []},
+             "reason": "too_few_survivors"},
+            {"client": 0, "request": {"stage": "unmask", "survivors": [0, 1, 1, 2], "dropped": []},
+             "reason": "malformed"},
+            {"client": 0, "request": {"stage": "masked_input", "encrypted_shares": []}, "reason": "wrong_stage"},
+        ],
+    }
+
+
+def vectors_text() -> str:
+    return json.dumps(secagg_vectors(), indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":
+    VECTORS_PATH.write_text(vectors_text())
+    print(f"wrote {VECTORS_PATH}")
