@@ -20,7 +20,8 @@ from fedzoo.server.db import Database
 from fedzoo.server.errors import APIError, from_domain_error
 from fedzoo.server.fl import routes as fl_routes
 from fedzoo.server.latency import LatencyEstimator, default_estimator
-from fedzoo.server.routes import blobs, devices, lookup, meta, models
+from fedzoo.server.ratelimit import RateLimiter
+from fedzoo.server.routes import blobs, devices, enrollment, lookup, meta, models
 from fedzoo.server.routes.common import EXTENSION_KEY
 
 BLUEPRINTS = [
@@ -28,6 +29,7 @@ BLUEPRINTS = [
     models.blueprint,
     blobs.blueprint,
     devices.blueprint,
+    enrollment.blueprint,
     lookup.blueprint,
     fl_routes.blueprint,
 ]
@@ -116,7 +118,12 @@ def create_app(config: ServerConfig | None = None, estimator: LatencyEstimator |
         db=Database(config.database_url),
         store=FileBlobStore(config.blob_dir),
         estimator=estimator,
+        limiter=RateLimiter(config.rate_limits,
+                            config.rate_limit_storage_uri or f"sqlite:///{config.data_dir / 'rate-limits.db'}"),
     )
+    if config.open_enrollment:  # each worker says it: no one should find out from a stranger's device
+        log.warning("OPEN ENROLLMENT: FEDZOO_OPEN_ENROLLMENT is on; anyone who reaches this server can register "
+                    "devices without an enrollment token. Use it for labs and demos only.")
     for blueprint in BLUEPRINTS:
         app.register_blueprint(blueprint)
     _register_error_handlers(app)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedzoo.errors import InvalidInputError
@@ -14,6 +14,7 @@ DEFAULT_MAX_JSON_BYTES = 256 * 1024  # every JSON-only endpoint: cards, profiles
 # The most examples one device holds for a task: an FL update's weight is capped there unless a round says
 # otherwise. 10,000 is twice a whole MNIST-5k training split: no honest phone-sized shard comes near it.
 DEFAULT_FL_MAX_EXAMPLES_PER_UPDATE = 10_000
+DEFAULT_DEVICE_TOKEN_TTL_S = 30 * 24 * 3600  # a device rotates its token well within a month (SDKs: at half)
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,10 @@ class ServerConfig:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_json_bytes: int = DEFAULT_MAX_JSON_BYTES
     fl_max_examples_per_update: int = DEFAULT_FL_MAX_EXAMPLES_PER_UPDATE
+    open_enrollment: bool = False  # devices register without an enrollment token: labs and demos only
+    device_token_ttl_s: int = DEFAULT_DEVICE_TOKEN_TTL_S
+    rate_limits: dict[str, str] = field(default_factory=dict)  # rule -> limits, see fedzoo.server.ratelimit
+    rate_limit_storage_uri: str | None = None  # None: a SQLite file in data_dir, shared by one host's workers
 
     @property
     def blob_dir(self) -> Path:
@@ -34,8 +39,11 @@ class ServerConfig:
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: object) -> ServerConfig:
         """Settings from `FEDZOO_DATA_DIR`, `FEDZOO_DATABASE_URL`, `FEDZOO_ADMIN_TOKEN`,
-        `FEDZOO_MAX_REQUEST_BYTES`, `FEDZOO_MAX_JSON_BYTES`, `FEDZOO_FL_MAX_EXAMPLES_PER_UPDATE`; keyword
-        overrides win."""
+        `FEDZOO_MAX_REQUEST_BYTES`, `FEDZOO_MAX_JSON_BYTES`, `FEDZOO_FL_MAX_EXAMPLES_PER_UPDATE`,
+        `FEDZOO_OPEN_ENROLLMENT`, `FEDZOO_DEVICE_TOKEN_TTL_S`, `FEDZOO_RATE_LIMIT_STORAGE_URI` and
+        `FEDZOO_RATE_LIMIT_<RULE>` (see `fedzoo.server.ratelimit`); keyword overrides win."""
+        from fedzoo.server.ratelimit import rate_limits_from_env
+
         env = dict(os.environ if environ is None else environ)
         data_dir = Path(str(overrides.pop("data_dir", None) or env.get("FEDZOO_DATA_DIR") or DEFAULT_DATA_DIR))
         data_dir = data_dir.expanduser().resolve()
@@ -47,6 +55,10 @@ class ServerConfig:
             "max_json_bytes": _positive_int(env, "FEDZOO_MAX_JSON_BYTES", DEFAULT_MAX_JSON_BYTES),
             "fl_max_examples_per_update": _positive_int(env, "FEDZOO_FL_MAX_EXAMPLES_PER_UPDATE",
                                                         DEFAULT_FL_MAX_EXAMPLES_PER_UPDATE),
+            "open_enrollment": env.get("FEDZOO_OPEN_ENROLLMENT", "").strip().lower() in ("1", "true", "yes", "on"),
+            "device_token_ttl_s": _positive_int(env, "FEDZOO_DEVICE_TOKEN_TTL_S", DEFAULT_DEVICE_TOKEN_TTL_S),
+            "rate_limits": rate_limits_from_env(env),
+            "rate_limit_storage_uri": env.get("FEDZOO_RATE_LIMIT_STORAGE_URI") or None,
         }
         values.update({key: value for key, value in overrides.items() if value is not None})
         return cls(**values)  # type: ignore[arg-type]
@@ -59,7 +71,7 @@ def _positive_int(env: dict[str, str], name: str, default: int) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise InvalidInputError(f"{name} must be a whole number of bytes, got {raw!r}", field=name) from None
+        raise InvalidInputError(f"{name} must be a whole number, got {raw!r}", field=name) from None
     if value <= 0:
         raise InvalidInputError(f"{name} must be positive, got {value}", field=name)
     return value

@@ -1,14 +1,14 @@
-"""What every request handler works with: settings, database, blob store and latency estimator."""
+"""What every request handler works with: settings, database, blob store, latency estimator, rate limiter."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fedzoo.server.blobstore import BlobStore
 from fedzoo.server.config import ServerConfig
 from fedzoo.server.db import Database
-from fedzoo.server.devices import DeviceCache
 from fedzoo.server.latency import LatencyEstimator
+from fedzoo.server.ratelimit import RateLimiter
 
 
 @dataclass
@@ -17,4 +17,4 @@ class ServerContext:
     db: Database
     store: BlobStore
     estimator: LatencyEstimator
-    devices: DeviceCache = field(default_factory=DeviceCache)
+    limiter: RateLimiter

@@ -1,11 +1,10 @@
-"""Devices: registration (profile in, token out), authentication by token, and latency telemetry."""
+"""Devices: registration (profile in, token out), authentication by token, token rotation and
+revocation, and latency telemetry."""
 
 from __future__ import annotations
 
-import threading
-import time
-from collections import OrderedDict
 from dataclasses import dataclass
+from datetime import timedelta
 
 from sqlalchemy import Connection, bindparam, select
 from sqlalchemy.orm import Session
@@ -13,15 +12,24 @@ from sqlalchemy.orm import Session
 from fedzoo.device import DeviceProfile
 from fedzoo.errors import NotFoundError
 from fedzoo.server.auth import hash_token, new_device_token
+from fedzoo.server.config import DEFAULT_DEVICE_TOKEN_TTL_S
 from fedzoo.server.errors import Conflict, Unauthorized
 from fedzoo.server.latency import MEASURED_WINDOW_REPORTS, LatencyEstimator, measured_median_ms, slot_values
-from fedzoo.server.models import SCALE_COLUMNS, DeviceRecord, LatencyReport, MeasuredLatency, ModelRecord
+from fedzoo.server.models import (
+    SCALE_COLUMNS, DeviceRecord, LatencyReport, MeasuredLatency, ModelRecord, as_utc, utc_now,
+)
+
+
+# After a rotation the previous token keeps working this long, so a request sent with it just before the
+# device switched (another thread, a retry) does not fail; after it, only the new token works.
+ROTATION_GRACE_S = 120
 
 
 @dataclass(frozen=True)
 class Registration:
     device_id: str
     token: str
+    token_expires_in_s: int
     latency_scales: dict[str, float]  # estimator group -> scale
     latency_scales_basis: str
 
@@ -36,9 +44,13 @@ class AuthenticatedDevice:
     scales: tuple[float, ...]
 
 
-_AUTHENTICATE = select(DeviceRecord.id, DeviceRecord.device_class, DeviceRecord.memory_mb,
-                       *(getattr(DeviceRecord, column) for column in SCALE_COLUMNS)
-                       ).where(DeviceRecord.token_hash == bindparam("token_hash"))
+_DEVICE_COLUMNS = (DeviceRecord.id, DeviceRecord.device_class, DeviceRecord.memory_mb,
+                   *(getattr(DeviceRecord, column) for column in SCALE_COLUMNS),
+                   DeviceRecord.token_expires_at, DeviceRecord.revoked_at)
+_BY_TOKEN = select(*_DEVICE_COLUMNS).where(DeviceRecord.token_hash == bindparam("token_hash"))
+_BY_PREVIOUS_TOKEN = select(*_DEVICE_COLUMNS[:-2], DeviceRecord.previous_token_valid_until, DeviceRecord.revoked_at
+                            ).where(DeviceRecord.previous_token_hash == bindparam("token_hash"))
+REREGISTER = "register again with an enrollment token (POST /v1/devices)"
 
 
 @dataclass(frozen=True)
@@ -49,9 +61,10 @@ class TelemetryResult:
     reports: int
 
 
-def register(session: Session, estimator: LatencyEstimator, profile: DeviceProfile) -> Registration:
-    """Store a new device and return its token (shown once). A taken device_id is a conflict: the token
-    of an existing device is never replaced by someone who merely knows its id."""
+def register(session: Session, estimator: LatencyEstimator, profile: DeviceProfile,
+             token_ttl_s: int = DEFAULT_DEVICE_TOKEN_TTL_S, enrollment_token_id: str | None = None) -> Registration:
+    """Store a new device and return its token (shown once), valid for `token_ttl_s`. A taken device_id is
+    a conflict: the token of an existing device is never replaced by someone who merely knows its id."""
     if session.get(DeviceRecord, profile.device_id) is not None:
         raise Conflict(f"device {profile.device_id!r} is already registered; use the token it was given",
                        field="device_id", code="device_exists")
@@ -60,6 +73,8 @@ def register(session: Session, estimator: LatencyEstimator, profile: DeviceProfi
     session.add(DeviceRecord(
         id=profile.device_id,
         token_hash=hash_token(token),
+        token_expires_at=utc_now() + timedelta(seconds=token_ttl_s),
+        enrollment_token_id=enrollment_token_id,
         device_class=profile.device_class,
         memory_mb=profile.memory_mb,
         latency_scales_basis=scales.basis[:200],
@@ -68,44 +83,55 @@ def register(session: Session, estimator: LatencyEstimator, profile: DeviceProfi
         **dict(zip(SCALE_COLUMNS, slot_values(scales.scales, 1.0))),
     ))
     session.flush()
-    return Registration(profile.device_id, token, dict(zip(estimator.groups, scales.scales)), scales.basis)
+    return Registration(profile.device_id, token, token_ttl_s, dict(zip(estimator.groups, scales.scales)),
+                        scales.basis)
 
 
 def authenticate(session: Session | Connection, token: str) -> AuthenticatedDevice:
-    """The device a token belongs to; 401 for any token that is not one."""
-    row = session.execute(_AUTHENTICATE, {"token_hash": hash_token(token)}).first()
+    """The device a token belongs to, read from the database on every call (no cache: a revocation or an
+    expiry holds from the next request on, on every worker); 401 naming why for any other token."""
+    token_hash = hash_token(token)
+    row = session.execute(_BY_TOKEN, {"token_hash": token_hash}).first()
+    if row is None:  # rare: a token replaced by a rotation, still inside its grace period?
+        row = session.execute(_BY_PREVIOUS_TOKEN, {"token_hash": token_hash}).first()
     if row is None:
-        raise Unauthorized("the device token is not valid; register with POST /v1/devices", field="Authorization",
+        raise Unauthorized(f"the device token is not valid; {REREGISTER}", field="Authorization",
                            code="invalid_token")
-    return AuthenticatedDevice(row[0], row[1], row[2], tuple(row[3:]))
+    *device, valid_until, revoked_at = row
+    if revoked_at is not None:
+        raise Unauthorized(f"device {device[0]!r} was revoked by the operator; {REREGISTER}",
+                           field="Authorization", code="device_revoked")
+    if valid_until is None or as_utc(valid_until) <= utc_now():
+        raise Unauthorized(f"the device token expired; {REREGISTER}", field="Authorization", code="token_expired")
+    return AuthenticatedDevice(device[0], device[1], device[2], tuple(device[3:]))
 
 
-class DeviceCache:
-    """Recently authenticated devices by token hash, per process, so a lookup costs one query, not two.
-    Safe because what it holds never changes while the server runs: tokens are never reissued
-    (re-registration is refused) and latency scales are only recomputed at start-up. Entries expire
-    after `ttl_s` anyway, so a future revocation takes effect within that time."""
+def rotate_token(session: Session, device: AuthenticatedDevice, token_ttl_s: int) -> tuple[str, int]:
+    """A fresh token for `device` (returned once) and its lifetime; the replaced one keeps working for
+    `ROTATION_GRACE_S`, then stops."""
+    record = session.get(DeviceRecord, device.id, with_for_update=True)
+    token = new_device_token()
+    now = utc_now()
+    record.previous_token_hash = record.token_hash
+    record.previous_token_valid_until = now + timedelta(seconds=ROTATION_GRACE_S)
+    record.token_hash = hash_token(token)
+    record.token_expires_at = now + timedelta(seconds=token_ttl_s)
+    session.flush()
+    return token, token_ttl_s
 
-    def __init__(self, max_entries: int = 100_000, ttl_s: float = 60.0) -> None:
-        self.max_entries = max_entries
-        self.ttl_s = ttl_s
-        self._entries: OrderedDict[str, tuple[float, AuthenticatedDevice]] = OrderedDict()
-        self._lock = threading.Lock()
 
-    def authenticate(self, connection: Session | Connection, token: str) -> AuthenticatedDevice:
-        key = hash_token(token)
-        now = time.monotonic()
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None and now - entry[0] < self.ttl_s:
-                self._entries.move_to_end(key)
-                return entry[1]
-        device = authenticate(connection, token)
-        with self._lock:
-            self._entries[key] = (now, device)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
-        return device
+def revoke(session: Session, device_id: str) -> DeviceRecord:
+    """Refuse every token of `device_id` from now on (idempotent); its pending round updates are not
+    aggregated. Registering again needs an enrollment token and a new device id."""
+    record = session.get(DeviceRecord, device_id)
+    if record is None:
+        raise NotFoundError(f"no device {device_id!r} is registered")
+    if record.revoked_at is None:
+        record.revoked_at = utc_now()
+        record.previous_token_hash = None
+        record.previous_token_valid_until = None
+        session.flush()
+    return record
 
 
 def report_latency(session: Session, device_id: str, model_id: str, median_ms: float, p90_ms: float | None,

@@ -78,6 +78,15 @@ class UnsupportedMediaType(APIError):
     status, code = 415, "unsupported_media_type"
 
 
+class TooManyRequests(APIError):
+    """A rate limit is used up; `Retry-After` says in how many seconds the window resets."""
+
+    status, code = 429, "rate_limited"
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.details["retry_after_s"])}
+
+
 class RangeNotSatisfiable(APIError):
     status, code = 416, "range_not_satisfiable"
 

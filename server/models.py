@@ -22,6 +22,11 @@ def utc_now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def as_utc(moment: datetime) -> datetime:
+    """SQLite hands datetimes back without a zone; every stored time is UTC."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+
+
 class ModelRecord(Base):
     """One published model card and its lookup columns."""
 
@@ -89,6 +94,29 @@ class DeviceRecord(Base):
     scale_7: Mapped[float] = mapped_column(Float)
     profile_json: Mapped[str] = mapped_column(Text)
     registered_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+    # token lifecycle (see fedzoo.server.devices): the token stops working at token_expires_at; after a
+    # rotation the previous one keeps working until previous_token_valid_until; a revoked device is refused
+    token_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    previous_token_hash: Mapped[str | None] = mapped_column(String(64), index=True, unique=True, nullable=True)
+    previous_token_valid_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    enrollment_token_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+
+
+class EnrollmentToken(Base):
+    """An admin-issued credential that lets `max_uses` devices register until `expires_at` (hash stored only)."""
+
+    __tablename__ = "enrollment_tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    label: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    device_class: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    max_uses: Mapped[int] = mapped_column(Integer)
+    uses: Mapped[int] = mapped_column(Integer, default=0)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
 class LatencyReport(Base):

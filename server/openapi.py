@@ -18,7 +18,7 @@ paths, with the pydantic models' JSON Schemas as components. `request`, `respons
 pydantic model classes (`query`'s fields become query parameters); `path_params` gives a JSON Schema
 per `<name>` of the rule (default: from the converter, e.g. `<int:round_id>` is an integer); `errors` lists the 4xx statuses the route may return (documented with the
 common `ErrorResponse` body; 400/413/415 are added to every route with a body). `auth` is None,
-"device" or "admin" (both bearer tokens). Binary bodies: `request_media_type` /
+"device", "enrollment" or "admin" (all bearer tokens). Binary bodies: `request_media_type` /
 `response_media_type="application/octet-stream"`; a multipart body's parts get their content types from
 `request_encoding` (OpenAPI's `encoding` object). A test walks `app.url_map` and fails when a /v1
 rule is missing from the document or the document names a route the app does not have.
@@ -55,6 +55,7 @@ ERROR_DESCRIPTIONS = {
     415: "wrong Content-Type",
     416: "Range not satisfiable",
     422: "a field has the wrong type or value (see error.field)",
+    429: "a rate limit is used up; Retry-After says when to try again",
 }
 
 # Gunicorn answers a request line over its limit_request_line (4094 bytes) itself, in HTML, before the app
@@ -192,6 +193,9 @@ def openapi_document(app: Flask) -> dict[str, Any]:
             "schemas": components,
             "securitySchemes": {
                 "deviceToken": {"type": "http", "scheme": "bearer", "description": "from POST /v1/devices"},
+                "enrollmentToken": {"type": "http", "scheme": "bearer",
+                                    "description": "from POST /v1/enrollment-tokens (an admin); optional only "
+                                                   "while the server enrolls openly (GET /v1/health)"},
                 "adminToken": {"type": "http", "scheme": "bearer", "description": "the server's FEDZOO_ADMIN_TOKEN"},
             },
         },

@@ -7,6 +7,7 @@ fields are refused, so a misspelt `latency_budget_ms` cannot silently mean "no b
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,10 +33,21 @@ class ErrorDetail(Response):
     message: str = Field(description="what was wrong, with the offending value")
     field: str | None = Field(description="the request field at fault (dotted path), or null")
     closest: CandidateSummary | None = Field(default=None, description="no_model_fits only: the nearest miss")
+    retry_after_s: int | None = Field(default=None, description="rate_limited only: seconds until the limit's "
+                                                                "window resets (as the Retry-After header)")
 
 
 class ErrorResponse(Response):
     error: ErrorDetail
+
+
+class PageQuery(StrictRequest):
+    """`limit` and `offset` of every list endpoint."""
+
+    model_config = ConfigDict(extra="forbid", strict=False)  # query strings are text: "50" means 50
+
+    limit: int = Field(default=50, ge=1, le=200)
+    offset: int = Field(default=0, ge=0, le=10_000_000)
 
 
 # bounded versions of the shared contracts ---------------------------------------------------------
@@ -68,21 +80,71 @@ class ModelCardRequest(ModelCard):
 class DeviceRegistration(Response):
     device_id: str
     token: str = Field(description="send as 'Authorization: Bearer <token>'; shown only once")
+    token_expires_in_s: int = Field(description="the token stops working after this many seconds; rotate it "
+                                                "before (POST /v1/devices/{device_id}/token)")
     latency_scales: dict[str, float] = Field(
         description="per latency-predictor cost group, device time / reference time (from its calibration benchmarks)"
     )
     latency_scales_basis: str
 
 
+class TokenRotation(Response):
+    token: str = Field(description="the device's new token, shown only once; the previous one keeps working "
+                                   "for a short grace period (docs/operations-security.md), then stops")
+    token_expires_in_s: int
+
+
+class DeviceRevocation(Response):
+    device_id: str
+    revoked_at: datetime
+
+
+# enrollment tokens (admin) -----------------------------------------------------------------------
+
+class EnrollmentTokenRequest(StrictRequest):
+    expires_in_s: int = Field(default=7 * 24 * 3600, ge=60, le=366 * 24 * 3600,
+                              description="the token enrolls no device after this many seconds")
+    max_uses: int = Field(default=1, ge=1, le=1_000_000, description="how many devices it may enroll")
+    label: str | None = Field(default=None, max_length=200, description="for operators, e.g. 'lab bench 3'")
+    device_class: str | None = Field(default=None, pattern=IDENTIFIER_PATTERN,
+                                     description="when set, only devices registering with this device_class")
+
+
+class EnrollmentTokenView(Response):
+    """An enrollment token as listed: never the token itself, never its hash."""
+
+    id: str
+    label: str | None
+    device_class: str | None
+    max_uses: int
+    uses: int
+    created_at: datetime
+    expires_at: datetime
+    revoked_at: datetime | None
+    state: Literal["active", "expired", "used_up", "revoked"]
+
+
+class IssuedEnrollmentToken(EnrollmentTokenView):
+    token: str = Field(description="give this to the devices' installer; shown only now, never again")
+
+
+class EnrollmentTokenListQuery(PageQuery):
+    pass
+
+
+class EnrollmentTokenList(Response):
+    enrollment_tokens: list[EnrollmentTokenView]
+    total: int
+    limit: int
+    offset: int
+    next_offset: int | None = Field(description="offset of the next page, or null on the last page")
+
+
 # models ------------------------------------------------------------------------------------------
 
-class ModelListQuery(StrictRequest):
-    model_config = ConfigDict(extra="forbid", strict=False)  # query strings are text: "50" means 50
-
+class ModelListQuery(PageQuery):
     task: str | None = Field(default=None, pattern=IDENTIFIER_PATTERN)
     precision: Precision | None = None
-    limit: int = Field(default=50, ge=1, le=200)
-    offset: int = Field(default=0, ge=0, le=10_000_000)
 
 
 class ModelList(Response):
@@ -156,7 +218,8 @@ ErrorDetail.model_rebuild()
 
 __all__ = [
     "BlobUploadResponse", "CandidateSummary", "DeviceProfile", "DeviceProfileRequest", "DeviceRegistration",
-    "ErrorResponse", "ModelCardRequest",
+    "DeviceRevocation", "EnrollmentTokenList", "EnrollmentTokenListQuery", "EnrollmentTokenRequest",
+    "EnrollmentTokenView", "ErrorResponse", "IssuedEnrollmentToken", "ModelCardRequest", "TokenRotation",
     "LookupRequest", "LookupResponse", "ModelCard", "ModelList", "ModelListQuery", "PublishResponse",
     "TelemetryRequest", "TelemetryResponse",
 ]

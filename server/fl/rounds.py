@@ -68,6 +68,7 @@ from fedzoo.server.fl.schemas import RoundConfig, Task, TaskResponse, TrainingCo
 from fedzoo.server.fl.screening import Screened, screen_updates
 from fedzoo.server.fl.strategies import ClientUpdate, Parameters, Strategy, make_strategy
 from fedzoo.server.latency import LatencyEstimator
+from fedzoo.server.models import DeviceRecord
 from fedzoo.server import registry
 
 TRAINING_GRAPH_DATA_INPUTS = ("x", "y")
@@ -494,13 +495,15 @@ class RoundService:
             config = RoundConfig.model_validate_json(round_row.config_json)
             base = self.base_model(session, round_row.base_model_id)
             rows = list(session.scalars(select(FLUpdate).where(FLUpdate.round_id == round_id).order_by(FLUpdate.id)))
+            revoked = frozenset(session.scalars(select(DeviceRecord.id).where(
+                DeviceRecord.id.in_({row.device_id for row in rows}), DeviceRecord.revoked_at.is_not(None))))
             previous_state = round_row.strategy_state_sha256
         updates = [
             ClientUpdate(row.device_id, row.counted_examples or row.num_examples, self._delta_loader(row.blob_sha256),
                          row.delta_norm, json.loads(row.metrics_json))
             for row in rows
         ]
-        screened, norm_limit = screen_updates(updates, config.norm_bound)
+        screened, norm_limit = screen_updates(updates, config.norm_bound, revoked)
         kept = [decision.update for decision in screened if decision.update is not None]
         summary = {
             "accepted_updates": len(rows), "aggregated_updates": len(kept),

@@ -50,13 +50,17 @@ def _scaled(load_delta, factor: float):
     return load
 
 
-def screen_updates(updates: list[ClientUpdate], bound: NormBound) -> tuple[list[Screened], float]:
-    """Decide, for every update, whether it counts as sent, clipped to the bound or rejected; returns the
-    decisions (in the order given) and the norm limit used."""
-    limit = norm_limit([update.norm for update in updates], bound)
+def screen_updates(updates: list[ClientUpdate], bound: NormBound,
+                   revoked_device_ids: frozenset[str] = frozenset()) -> tuple[list[Screened], float]:
+    """Decide, for every update, whether it counts as sent, clipped to the bound or rejected (always, when
+    its device was revoked after sending it); returns the decisions (in the order given) and the norm limit
+    used."""
+    limit = norm_limit([update.norm for update in updates if update.device_id not in revoked_device_ids], bound)
     decisions = []
     for update in updates:
-        if update.norm <= limit:
+        if update.device_id in revoked_device_ids:
+            decisions.append(Screened(update, "rejected", "the device was revoked by the operator", None))
+        elif update.norm <= limit:
             decisions.append(Screened(update, "counted", None, update))
             continue
         reason = (f"L2 norm {update.norm:.6g} exceeds the round's bound {limit:.6g} "

@@ -122,6 +122,18 @@ def calling_device(session: Session | None = None) -> AuthenticatedDevice:
         return authenticate(own_session, token)
 
 
+def rate_limit(rule: str, key: str | None = None) -> None:
+    """Count this request against a rate-limit rule (`fedzoo.server.ratelimit`), keyed by `key` (a device
+    id) or, without one, by the client's address; 429 when the rule's window is used up."""
+    context().limiter.hit(rule, key if key is not None else (request.remote_addr or "unknown"))
+
+
+def next_offset(offset: int, returned: int, total: int) -> int | None:
+    """The `next_offset` of a list page: where the next page starts, or None after the last one."""
+    following = offset + returned
+    return following if following < total else None
+
+
 def require_admin_token() -> None:
     require_admin(request.headers.get("Authorization"), context().config.admin_token)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, current_app, jsonify
 
 from fedzoo.server.openapi import documented, openapi_document
+from fedzoo.server.routes.common import context
 
 blueprint = Blueprint("meta", __name__)
 
@@ -14,6 +15,8 @@ def openapi() -> Response:
     return jsonify(openapi_document(current_app))
 
 
-@documented(blueprint, "GET", "/v1/health", summary="Liveness: the server answers")
+@documented(blueprint, "GET", "/v1/health",
+            summary="Liveness: the server answers; open_enrollment says whether devices may register without "
+                    "an enrollment token")
 def health() -> Response:
-    return jsonify({"status": "ok"})
+    return jsonify({"status": "ok", "open_enrollment": context().config.open_enrollment})

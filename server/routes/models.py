@@ -9,7 +9,9 @@ from flask import Blueprint, Response
 from fedzoo.cards import IDENTIFIER_PATTERN, ModelCard
 from fedzoo.server import registry
 from fedzoo.server.openapi import documented
-from fedzoo.server.routes.common import context, json_body, json_response, query_args, require_admin_token
+from fedzoo.server.routes.common import (
+    context, json_body, json_response, next_offset, query_args, require_admin_token,
+)
 from fedzoo.server.schemas import ModelCardRequest, ModelList, ModelListQuery, PublishResponse
 
 blueprint = Blueprint("models", __name__)
@@ -26,9 +28,8 @@ def list_models() -> Response:
     query = query_args(ModelListQuery)
     with context().db.session() as session:
         page = registry.list_cards(session, query.task, query.precision, query.limit, query.offset)
-    following = page.offset + len(page.cards)
     return _json({"models": page.cards, "total": page.total, "limit": page.limit, "offset": page.offset,
-                  "next_offset": following if following < page.total else None})
+                  "next_offset": next_offset(page.offset, len(page.cards), page.total)})
 
 
 @documented(blueprint, "GET", "/v1/models/<model_id>", summary="One model card", response=ModelCard,

@@ -32,7 +32,8 @@ from fedzoo.server.latency import CalibrationScalingEstimator
 ADMIN_TOKEN = "test-admin-token-0123456789"
 # The reference device's timings of two calibration models; a device twice as slow reports 2x these.
 REFERENCE_CALIBRATION_MS = {"cal-dense-fp32": 2.0, "cal-tiny-fp32": 0.5}
-REGISTRY_TABLES = ("models", "model_class_latency", "devices", "latency_reports", "measured_latency")
+REGISTRY_TABLES = ("models", "model_class_latency", "devices", "latency_reports", "measured_latency",
+                   "enrollment_tokens")
 
 
 def tiny_onnx_model(seed: int, hidden: int = 8) -> bytes:
@@ -93,6 +94,14 @@ def device_profile(device_id: str, slowdown: float = 1.0, device_class: str | No
     return profile
 
 
+def create_enrollment_token(base_url: str, max_uses: int = 1000, **fields: Any) -> str:
+    """A fresh enrollment token created with the test admin token (the way an operator does)."""
+    with httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=30) as admin:
+        response = admin.post("/v1/enrollment-tokens", json={"max_uses": max_uses, **fields})
+    assert response.status_code == 201, response.text
+    return response.json()["token"]
+
+
 @dataclass
 class LiveServer:
     base_url: str
@@ -114,8 +123,17 @@ class LiveServer:
             assert upload.status_code in (200, 201), upload.text
             return admin.post("/v1/models", content=card.to_json(), headers={"Content-Type": "application/json"})
 
+    def enrollment_token(self, max_uses: int = 1000, **fields: Any) -> str:
+        return create_enrollment_token(self.base_url, max_uses, **fields)
+
+    def enroller(self) -> httpx.Client:
+        """A client that registers devices with this server's shared test enrollment token."""
+        if not hasattr(self, "_enrollment_token"):
+            self._enrollment_token = self.enrollment_token()
+        return self.client(self._enrollment_token)
+
     def register(self, profile: dict[str, Any]) -> str:
-        with self.client() as client:
+        with self.enroller() as client:
             response = client.post("/v1/devices", json=profile)
         assert response.status_code == 201, response.text
         return response.json()["token"]

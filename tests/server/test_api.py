@@ -106,7 +106,7 @@ def test_download_sends_etag_sha256_and_honours_range_and_if_none_match(live_ser
 
 
 def test_register_returns_a_token_that_is_stored_only_as_a_hash(live_server):
-    with live_server.client() as client:
+    with live_server.enroller() as client:
         response = client.post("/v1/devices", json=device_profile("phone-1", slowdown=2.0))
     assert response.status_code == 201
     registration = DeviceRegistration.model_validate(response.json())
@@ -117,7 +117,7 @@ def test_register_returns_a_token_that_is_stored_only_as_a_hash(live_server):
 
 def test_registering_a_taken_device_id_is_a_conflict_and_keeps_the_old_token(live_server, published):
     token = live_server.register(device_profile("phone-1"))
-    with live_server.client() as client:
+    with live_server.enroller() as client:
         again = client.post("/v1/devices", json=device_profile("phone-1"))
     assert again.status_code == 409 and again.json()["error"] == {
         "code": "device_exists", "field": "device_id",

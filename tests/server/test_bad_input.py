@@ -29,7 +29,8 @@ def card_json(**changes) -> str:
 
 
 # (name, who calls, method, path, request kwargs, expected status, expected error code, expected field)
-# who: None (anonymous), "device" (a valid device token), "admin", or a literal bad Authorization header.
+# who: None (anonymous), "device" (a valid device token), "admin", "enrollment" (a valid enrollment token), or a
+# literal bad Authorization header.
 CASES = [
     # malformed JSON and wrong content types
     ("truncated json", "device", "POST", "/v1/lookup", {"content": b'{"task": "digits"', "headers": JSON_HEADERS},
@@ -42,7 +43,7 @@ CASES = [
      422, "invalid_field", "body"),
     ("form body", "device", "POST", "/v1/lookup", {"content": b"task=digits",
      "headers": {"Content-Type": "application/x-www-form-urlencoded"}}, 415, "unsupported_media_type", "Content-Type"),
-    ("device profile as text", None, "POST", "/v1/devices",
+    ("device profile as text", "enrollment", "POST", "/v1/devices",
      {"content": json.dumps(device_profile("x")), "headers": {"Content-Type": "text/plain"}},
      415, "unsupported_media_type", "Content-Type"),
     # wrong types and values
@@ -56,7 +57,7 @@ CASES = [
     ("huge exponent", "device", "POST", "/v1/lookup",
      {"content": b'{"task": "digits", "latency_budget_ms": 1e999}', "headers": JSON_HEADERS},
      400, "malformed_json", None),
-    ("integral float is an integer", None, "POST", "/v1/devices",
+    ("integral float is an integer", "enrollment", "POST", "/v1/devices",
      {"json": {**device_profile("phone-1"), "memory_mb": 512.0}}, 409, "device_exists", "device_id"),
     ("missing task", "device", "POST", "/v1/lookup", {"json": {"latency_budget_ms": 10}},
      422, "invalid_field", "task"),
@@ -68,21 +69,21 @@ CASES = [
      422, "invalid_field", "precision"),
     ("task with slash", "device", "POST", "/v1/lookup", {"json": {**GOOD_LOOKUP, "task": "../etc"}},
      422, "invalid_field", "task"),
-    ("memory as string", None, "POST", "/v1/devices", {"json": {**device_profile("d9"), "memory_mb": "512"}},
+    ("memory as string", "enrollment", "POST", "/v1/devices", {"json": {**device_profile("d9"), "memory_mb": "512"}},
      422, "invalid_field", "memory_mb"),
-    ("device id traversal", None, "POST", "/v1/devices", {"json": device_profile("../../etc/passwd")},
+    ("device id traversal", "enrollment", "POST", "/v1/devices", {"json": device_profile("../../etc/passwd")},
      422, "invalid_field", "device_id"),
-    ("registration nested 1,100 levels", None, "POST", "/v1/devices",
+    ("registration nested 1,100 levels", "enrollment", "POST", "/v1/devices",
      {"content": b"[" * 1100 + b"]" * 1100, "headers": JSON_HEADERS}, 400, "malformed_json", None),
     ("lookup nested 1,100 objects", "device", "POST", "/v1/lookup",
      {"content": b'{"a":' * 1100 + b"1" + b"}" * 1100, "headers": JSON_HEADERS}, 400, "malformed_json", None),
-    ("calibration timing 1e308 ms", None, "POST", "/v1/devices",
+    ("calibration timing 1e308 ms", "enrollment", "POST", "/v1/devices",
      {"json": {**device_profile("d9"), "benchmarks": [{"model": "cal-dense-fp32", "median_ms": 1e308}]}},
      422, "invalid_field", "benchmarks.0.median_ms"),
-    ("calibration timing 5e-324 ms", None, "POST", "/v1/devices",
+    ("calibration timing 5e-324 ms", "enrollment", "POST", "/v1/devices",
      {"json": {**device_profile("d9"), "benchmarks": [{"model": "cal-dense-fp32", "median_ms": 5e-324}]}},
      422, "invalid_field", "benchmarks.0.median_ms"),
-    ("cores zero", None, "POST", "/v1/devices",
+    ("cores zero", "enrollment", "POST", "/v1/devices",
      {"json": {**device_profile("d9"), "cpu": {"model": "x", "cores": 0}}}, 422, "invalid_field", "cpu.cores"),
     ("telemetry threads float", "device", "POST", "/v1/telemetry",
      {"json": {"model_id": "good", "median_ms": 3.0, "threads": 1.5}}, 422, "invalid_field", "threads"),
@@ -137,7 +138,7 @@ CASES = [
     ("oversized lookup", "device", "POST", "/v1/lookup",
      {"content": json.dumps({**GOOD_LOOKUP, "pad": "x" * 100_000}), "headers": JSON_HEADERS},
      413, "payload_too_large", None),
-    ("oversized registration", None, "POST", "/v1/devices",
+    ("oversized registration", "enrollment", "POST", "/v1/devices",
      {"content": b"{" + b" " * 70_000 + b"}", "headers": JSON_HEADERS}, 413, "payload_too_large", None),
     ("oversized blob", "admin", "PUT", f"/v1/blobs/{'1' * 64}", {"content": b"\0" * (5 * 1024 * 1024),
      "headers": OCTET}, 413, "payload_too_large", None),
@@ -152,6 +153,43 @@ CASES = [
      422, "invalid_field", "sha256"),
     ("model id traversal", None, "GET", "/v1/models/..%2F..%2Fregistry.db", {}, 404, None, None),
     ("double slash path", None, "GET", "/v1/blobs//etc/passwd", {}, 404, "not_found", None),
+    # enrollment and token lifecycle
+    ("registration without enrollment", None, "POST", "/v1/devices", {"json": device_profile("d9")},
+     401, "enrollment_required", "Authorization"),
+    ("registration with a made-up token", "Bearer not-an-enrollment-token", "POST", "/v1/devices",
+     {"json": device_profile("d9")}, 401, "invalid_enrollment_token", "Authorization"),
+    ("registration with a device token", "device", "POST", "/v1/devices", {"json": device_profile("d9")},
+     401, "invalid_enrollment_token", "Authorization"),
+    ("registration with a malformed header", "Basic dXNlcjpwYXNz", "POST", "/v1/devices",
+     {"json": device_profile("d9")}, 401, "unauthorized", "Authorization"),
+    ("enrollment max_uses zero", "admin", "POST", "/v1/enrollment-tokens", {"json": {"max_uses": 0}},
+     422, "invalid_field", "max_uses"),
+    ("enrollment expiry as string", "admin", "POST", "/v1/enrollment-tokens", {"json": {"expires_in_s": "3600"}},
+     422, "invalid_field", "expires_in_s"),
+    ("enrollment expiry too short", "admin", "POST", "/v1/enrollment-tokens", {"json": {"expires_in_s": 1}},
+     422, "invalid_field", "expires_in_s"),
+    ("enrollment class traversal", "admin", "POST", "/v1/enrollment-tokens", {"json": {"device_class": "../x"}},
+     422, "invalid_field", "device_class"),
+    ("enrollment unknown field", "admin", "POST", "/v1/enrollment-tokens", {"json": {"uses": 3}},
+     422, "invalid_field", "uses"),
+    ("enrollment token by a device", "device", "POST", "/v1/enrollment-tokens", {"json": {}},
+     401, "invalid_token", "Authorization"),
+    ("enrollment list anonymous", None, "GET", "/v1/enrollment-tokens", {}, 401, "unauthorized", "Authorization"),
+    ("enrollment list limit zero", "admin", "GET", "/v1/enrollment-tokens", {"params": {"limit": 0}},
+     422, "invalid_field", "limit"),
+    ("enrollment revoke unknown", "admin", "POST", "/v1/enrollment-tokens/enr_0000000000000000/revoke", {},
+     404, "not_found", None),
+    ("enrollment revoke by a device", "device", "POST", "/v1/enrollment-tokens/enr_0000000000000000/revoke", {},
+     401, "invalid_token", "Authorization"),
+    ("token rotation anonymous", None, "POST", "/v1/devices/phone-1/token", {}, 401, "unauthorized",
+     "Authorization"),
+    ("token rotation for another device", "device", "POST", "/v1/devices/phone-2/token", {},
+     403, "not_this_device", "device_id"),
+    ("token rotation with a made-up token", "Bearer made-up", "POST", "/v1/devices/phone-1/token", {},
+     401, "invalid_token", "Authorization"),
+    ("device revoke by a device", "device", "POST", "/v1/devices/phone-1/revoke", {},
+     401, "invalid_token", "Authorization"),
+    ("device revoke unknown", "admin", "POST", "/v1/devices/nobody/revoke", {}, 404, "not_found", None),
     # ranges
     ("range past the end", None, "GET", "/v1/models/good/blob", {"headers": {"Range": "bytes=999999-"}},
      416, "range_not_satisfiable", "Range"),
@@ -174,7 +212,8 @@ def shared_server(tmp_path_factory) -> LiveServer:
 @pytest.fixture(scope="module")
 def seeded(shared_server: LiveServer) -> dict[str, str]:
     assert shared_server.publish(CARD, MODEL_BYTES).status_code == 201
-    return {"device": f"Bearer {shared_server.register(device_profile('phone-1'))}", "admin": f"Bearer {ADMIN_TOKEN}"}
+    return {"device": f"Bearer {shared_server.register(device_profile('phone-1'))}", "admin": f"Bearer {ADMIN_TOKEN}",
+            "enrollment": f"Bearer {shared_server.enrollment_token()}"}
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import subprocess
 import httpx
 import pytest
 from server_helpers import (
-    ADMIN_TOKEN, device_profile, fedzoo_command, make_card, start_gunicorn, stop_gunicorn, tiny_onnx_model,
+    ADMIN_TOKEN, create_enrollment_token, device_profile, fedzoo_command, make_card, start_gunicorn, stop_gunicorn, tiny_onnx_model,
 )
 
 from fedzoo.zoo import Zoo
@@ -52,7 +52,8 @@ def test_gunicorn_serves_lookups_and_finishes_a_download_on_sigterm(tmp_path, zo
     server = start_gunicorn(tmp_path / "data", "--zoo", str(zoo_dir), workers=2)
     try:
         with httpx.Client(base_url=server.base_url, timeout=30) as client:
-            registration = client.post("/v1/devices", json=device_profile("edge-1", device_class="edge-box"))
+            registration = client.post("/v1/devices", json=device_profile("edge-1", device_class="edge-box"),
+                                       headers={"Authorization": f"Bearer {create_enrollment_token(server.base_url)}"})
             assert registration.status_code == 201
             token = registration.json()["token"]
             for _ in range(20):  # whichever worker answers, it reads the same registry

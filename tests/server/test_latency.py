@@ -11,7 +11,6 @@ from fedzoo.device import DeviceProfile
 from fedzoo.server import devices, migrations, registry
 from fedzoo.server.blobstore import FileBlobStore
 from fedzoo.server.db import Database
-from fedzoo.server.devices import DeviceCache
 from fedzoo.server.errors import Unauthorized
 from fedzoo.server.latency import CalibrationScalingEstimator, KernelPredictorEstimator
 from fedzoo.server.lookup import LookupQuery, lookup
@@ -89,20 +88,4 @@ def test_refresh_recomputes_what_another_estimator_stored(tmp_path):
         assert session.scalar(select(ModelRecord.latency_signature)) == new.signature
         with pytest.raises(Exception, match="none of the 1 digits models fits"):
             lookup(session, devices.authenticate(session, token), query)  # 12.15 ms now
-    database.dispose()
-
-
-def test_the_device_cache_answers_known_tokens_and_still_refuses_unknown_ones(tmp_path):
-    url = f"sqlite:///{tmp_path / 'registry.db'}"
-    migrations.upgrade(url)
-    database = Database(url)
-    with database.session() as session:
-        token = devices.register(session, CalibrationScalingEstimator(),
-                                 DeviceProfile.model_validate(device_profile("d"))).token
-    cache = DeviceCache(max_entries=1)
-    with database.read() as connection:
-        first = cache.authenticate(connection, token)
-        assert cache.authenticate(connection, token) is first  # served from the cache
-        with pytest.raises(Unauthorized):
-            cache.authenticate(connection, "not-a-token")
     database.dispose()

@@ -4,12 +4,13 @@ registry runs in WAL mode with foreign keys enforced."""
 from __future__ import annotations
 
 import importlib
+from datetime import datetime, timezone
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from server_helpers import REFERENCE_CALIBRATION_MS, device_profile, make_card, tiny_onnx_model
-from sqlalchemy import text
+from sqlalchemy import insert, text
 from sqlalchemy.exc import IntegrityError
 
 from fedzoo.device import DeviceProfile
@@ -17,9 +18,20 @@ from fedzoo.server import devices, migrations, registry
 from fedzoo.server.blobstore import FileBlobStore
 from fedzoo.server.db import Base, Database
 from fedzoo.server.latency import CalibrationScalingEstimator
-from fedzoo.server.models import LatencyReport
+from fedzoo.server.auth import hash_token
+from fedzoo.server.models import DeviceRecord, LatencyReport
 
 INITIAL = "0001_registry"
+LEGACY_TOKEN = "a-token-issued-before-0004"
+
+
+def legacy_device_row(device_id: str, token: str) -> dict:
+    """A devices row as revision 0001 stored it (no token lifecycle columns)."""
+    profile = DeviceProfile.model_validate(device_profile(device_id))
+    return {"id": device_id, "token_hash": hash_token(token), "device_class": None, "memory_mb": profile.memory_mb,
+            "latency_scales_basis": "calibration", "latency_signature": "legacy",
+            **{f"scale_{slot}": 1.0 for slot in range(8)}, "profile_json": profile.model_dump_json(),
+            "registered_at": datetime.now(timezone.utc)}
 
 
 def load_all_tables() -> None:
@@ -49,21 +61,24 @@ def test_upgrading_from_the_initial_revision_keeps_every_row(tmp_path):
     store.put(blob)
     with database.session() as session:
         registry.publish(session, store, estimator, card)
-        registration = devices.register(session, estimator, DeviceProfile.model_validate(device_profile("d1")))
+        session.execute(insert(DeviceRecord.__table__).values(legacy_device_row("d1", LEGACY_TOKEN)))
         devices.report_latency(session, "d1", "kept", 3.0, None, 1)
     with database.engine.connect() as connection:
-        before = {table: connection.execute(text(f"SELECT * FROM {table} ORDER BY 1")).all()
-                  for table in ("models", "model_class_latency", "devices", "latency_reports", "measured_latency")}
+        results = {table: connection.execute(text(f"SELECT * FROM {table} ORDER BY 1"))
+                   for table in ("models", "model_class_latency", "devices", "latency_reports", "measured_latency")}
+        columns = {table: list(result.keys()) for table, result in results.items()}
+        before = {table: result.all() for table, result in results.items()}
     assert migrations.current_revision(database.engine) == INITIAL
 
     migrations.upgrade(url)
     migrations.upgrade(url)  # a second upgrade at head is a no-op
     assert migrations.current_revision(database.engine) == migrations.head_revision()
-    with database.engine.connect() as connection:
-        after = {table: connection.execute(text(f"SELECT * FROM {table} ORDER BY 1")).all() for table in before}
+    with database.engine.connect() as connection:  # the columns there were before, unchanged
+        after = {table: connection.execute(text(f"SELECT {', '.join(columns[table])} FROM {table} ORDER BY 1")).all()
+                 for table in before}
     assert after == before and all(before.values())
-    with database.session() as session:
-        assert devices.authenticate(session, registration.token).id == "d1"
+    with database.session() as session:  # a device registered before token expiry existed keeps working
+        assert devices.authenticate(session, LEGACY_TOKEN).id == "d1"
         assert registry.get_card(session, "kept")["sha256"] == card.sha256
     database.dispose()
 

@@ -69,8 +69,22 @@ def test_responses_conform_to_the_documented_schemas(live_server):
             ("/v1/lookup", "post", client.post("/v1/lookup", json={"task": "digits", "latency_budget_ms": 50})),
             ("/v1/lookup", "post", client.post("/v1/lookup", json={"task": "digits", "latency_budget_ms": 1e-3})),
             ("/v1/telemetry", "post", client.post("/v1/telemetry", json={"model_id": "m1", "median_ms": 1.5})),
-            ("/v1/devices", "post", client.post("/v1/devices", json=device_profile("d2"))),
+            ("/v1/devices", "post", client.post("/v1/devices", json=device_profile("d2"))),  # 401: not enrollment
+            ("/v1/devices/{device_id}/token", "post", client.post("/v1/devices/d1/token")),
+            ("/v1/devices/{device_id}/token", "post", client.post("/v1/devices/other/token")),
             ("/v1/models/{model_id}", "get", client.get("/v1/models/none")),
+        ]
+    with live_server.enroller() as enroller:
+        exchanges.append(("/v1/devices", "post", enroller.post("/v1/devices", json=device_profile("d3"))))
+    with live_server.admin() as admin:
+        created = admin.post("/v1/enrollment-tokens", json={"max_uses": 2, "label": "bench"})
+        exchanges += [
+            ("/v1/enrollment-tokens", "post", created),
+            ("/v1/enrollment-tokens", "get", admin.get("/v1/enrollment-tokens")),
+            ("/v1/enrollment-tokens/{token_id}/revoke", "post",
+             admin.post(f"/v1/enrollment-tokens/{created.json()['id']}/revoke")),
+            ("/v1/devices/{device_id}/revoke", "post", admin.post("/v1/devices/d3/revoke")),
+            ("/v1/devices/{device_id}/revoke", "post", admin.post("/v1/devices/nobody/revoke")),
         ]
     for path, method, response in exchanges:
         documented = document["paths"][path][method]["responses"]

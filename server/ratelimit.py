@@ -1,0 +1,148 @@
+"""Rate limits per client address and per device, counted in a store every worker shares.
+
+A table of rules, each a `limits` string ("20/minute;200/hour": every window must allow the request):
+
+    rule                  key             default
+    register_per_address  client address  20/minute;200/hour   POST /v1/devices
+    token_per_device      device id       10/hour              POST /v1/devices/<id>/token
+    lookup_per_address    client address  6000/minute          POST /v1/lookup
+    lookup_per_device     device id       120/minute           POST /v1/lookup
+    upload_per_address    client address  600/minute           POST /v1/fl/rounds/<id>/updates
+    upload_per_device     device id       30/minute            POST /v1/fl/rounds/<id>/updates
+
+`FEDZOO_RATE_LIMIT_<RULE>` (e.g. `FEDZOO_RATE_LIMIT_LOOKUP_PER_DEVICE=60/minute`) replaces a default; `off`
+switches that rule off. The client address is the TCP peer: behind a reverse proxy every device shares the
+proxy's address, so raise the per-address rules there (or let the proxy limit).
+
+Counters are fixed windows (`limits.FixedWindowRateLimiter`) in the store at `FEDZOO_RATE_LIMIT_STORAGE_URI`:
+`redis://…` or `memcached://…` for a fleet of hosts; by default a SQLite file next to the registry
+(`sqlite:///<data_dir>/rate-limits.db`, the `SQLiteCounterStorage` below), which the gunicorn workers of one
+host share without any extra service. Refused requests get 429 `rate_limited` with `Retry-After`.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+from limits import RateLimitItem, parse_many
+from limits.storage import Storage, storage_from_string
+from limits.strategies import FixedWindowRateLimiter
+
+from fedzoo.errors import InvalidInputError
+from fedzoo.server.errors import TooManyRequests
+
+DEFAULT_RATE_LIMITS: dict[str, str] = {
+    "register_per_address": "20/minute;200/hour",
+    "token_per_device": "10/hour",
+    "lookup_per_address": "6000/minute",
+    "lookup_per_device": "120/minute",
+    "upload_per_address": "600/minute",
+    "upload_per_device": "30/minute",
+}
+OFF = "off"
+
+
+def rate_limits_from_env(env: dict[str, str]) -> dict[str, str]:
+    """Each rule's limits: `FEDZOO_RATE_LIMIT_<RULE>` where set, else the default; refused when unparsable."""
+    rules = {}
+    for rule, default in DEFAULT_RATE_LIMITS.items():
+        name = f"FEDZOO_RATE_LIMIT_{rule.upper()}"
+        text = (env.get(name) or default).strip()
+        if text.lower() != OFF:
+            try:
+                parse_many(text)
+            except ValueError:
+                raise InvalidInputError(f"{name} must be like '20/minute;200/hour' or 'off', got {text!r}",
+                                        field=name) from None
+        rules[rule] = text
+    return rules
+
+
+class SQLiteCounterStorage(Storage):
+    """Fixed-window counters in one SQLite file: one UPSERT per hit, shared by every process that opens it.
+
+    The counters are throwaway (a lost window only lets a few requests more through), so the file runs
+    with `synchronous=OFF`: no fsync on the request path."""
+
+    STORAGE_SCHEME = ["sqlite"]
+    PURGE_EVERY_HITS = 10_000
+
+    def __init__(self, uri: str, wrap_exceptions: bool = False, **options: float | str | bool) -> None:
+        super().__init__(uri, wrap_exceptions=wrap_exceptions, **options)
+        self.path = Path(urlparse(uri).path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._hits = 0
+        self._connection().execute("CREATE TABLE IF NOT EXISTS counters (key TEXT PRIMARY KEY, "
+                                   "count INTEGER NOT NULL, expires_at REAL NOT NULL) WITHOUT ROWID")
+
+    @property
+    def base_exceptions(self) -> type[Exception]:
+        return sqlite3.Error
+
+    def _connection(self) -> sqlite3.Connection:
+        connection = getattr(self._local, "connection", None)
+        if connection is None:  # one per thread: sqlite3 connections are not shared between threads
+            connection = sqlite3.connect(self.path, timeout=10.0, isolation_level=None, check_same_thread=False)
+            connection.execute("PRAGMA journal_mode=WAL")
+            connection.execute("PRAGMA synchronous=OFF")
+            self._local.connection = connection
+        return connection
+
+    def incr(self, key: str, expiry: int, amount: int = 1) -> int:
+        now = time.time()
+        self._hits += 1
+        if self._hits % self.PURGE_EVERY_HITS == 0:
+            self._connection().execute("DELETE FROM counters WHERE expires_at <= ?", (now,))
+        return self._connection().execute(
+            "INSERT INTO counters (key, count, expires_at) VALUES (?1, ?2, ?3) ON CONFLICT (key) DO UPDATE SET "
+            "count = CASE WHEN expires_at <= ?4 THEN ?2 ELSE count + ?2 END, "
+            "expires_at = CASE WHEN expires_at <= ?4 THEN ?3 ELSE expires_at END RETURNING count",
+            (key, amount, now + expiry, now),
+        ).fetchone()[0]
+
+    def _row(self, key: str) -> tuple[int, float] | None:
+        return self._connection().execute("SELECT count, expires_at FROM counters WHERE key = ? AND expires_at > ?",
+                                          (key, time.time())).fetchone()
+
+    def get(self, key: str) -> int:
+        row = self._row(key)
+        return row[0] if row else 0
+
+    def get_expiry(self, key: str) -> float:
+        row = self._row(key)
+        return row[1] if row else time.time()
+
+    def check(self) -> bool:
+        self._connection().execute("SELECT 1")
+        return True
+
+    def reset(self) -> int | None:
+        return self._connection().execute("DELETE FROM counters").rowcount
+
+    def clear(self, key: str) -> None:
+        self._connection().execute("DELETE FROM counters WHERE key = ?", (key,))
+
+
+class RateLimiter:
+    """`hit(rule, key)` counts one request against a rule and raises 429 when a window is used up."""
+
+    def __init__(self, rules: dict[str, str], storage_uri: str) -> None:
+        self.storage = storage_from_string(storage_uri)
+        self.strategy = FixedWindowRateLimiter(self.storage)
+        self.items: dict[str, list[RateLimitItem]] = {
+            rule: parse_many(text) for rule, text in rules.items() if text.lower() != OFF
+        }
+
+    def hit(self, rule: str, key: str) -> None:
+        for item in self.items.get(rule, ()):
+            if not self.strategy.hit(item, rule, key):
+                reset_at, _ = self.strategy.get_window_stats(item, rule, key)
+                retry_after_s = max(1, math.ceil(reset_at - time.time()))
+                raise TooManyRequests(f"too many requests: the limit {item} ({rule.replace('_', ' ')}) is used up; "
+                                      f"retry in {retry_after_s} s", retry_after_s=retry_after_s)
