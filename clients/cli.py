@@ -1,9 +1,10 @@
 """`fedzoo client ...`: the device side from a shell. numpy + onnxruntime + httpx; never torch.
 
-The server URL and this device's token are remembered in a small JSON state file after `register`
-(default `~/.config/fedzoo/client.json`, or `--state`), so later commands need neither.
+The server URL and this device's token (and its expiry: it is rotated before it runs out) are remembered
+in a small JSON state file after `register` (default `~/.config/fedzoo/client.json`, or `--state`), so
+later commands need neither.
 
-    fedzoo client register --server http://127.0.0.1:8000 --device-id phone-17
+    fedzoo client register --server http://127.0.0.1:8000 --device-id phone-17 --enrollment-token T
     fedzoo client lookup --task mnist --latency-budget-ms 5
     fedzoo client download mnist-ofa-3
     fedzoo client run mnist-ofa-3 images.npz --report-latency
@@ -12,37 +13,26 @@ The server URL and this device's token are remembered in a small JSON state file
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import click
 import numpy as np
 
+from fedzoo.clients.device_state import load_state
 from fedzoo.errors import InvalidInputError
 
 DEFAULT_STATE = Path(os.environ.get("FEDZOO_CLIENT_STATE") or Path.home() / ".config" / "fedzoo" / "client.json")
-
-
-def _load_state(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise InvalidInputError(f"client state {path} is not valid JSON ({error}); delete it and register again",
-                                field="state") from None
 
 
 def _client(ctx: click.Context):
     from fedzoo.clients.client import FedzooClient
 
     options = ctx.obj
-    state = _load_state(options["state"])
-    server = options["server"] or state.get("server")
+    server = options["server"] or load_state(options["state"]).get("server")
     if not server:
         raise click.UsageError("no server given: pass --server URL (or register first)")
-    return FedzooClient(server, token=options["token"] or state.get("token"), cache_dir=options["cache_dir"])
+    return FedzooClient(server, token=options["token"], cache_dir=options["cache_dir"], state_file=options["state"])
 
 
 def _read_npz(path: Path, need_labels: bool) -> tuple[np.ndarray, np.ndarray | None]:
@@ -75,19 +65,18 @@ def client(ctx: click.Context, server: str | None, token: str | None, state: Pat
 @click.option("--threads", type=int, default=1, show_default=True)
 @click.option("--calibrate/--no-calibrate", default=True, show_default=True,
               help="time the calibration models so the server can predict latencies for this device")
+@click.option("--enrollment-token", envvar="FEDZOO_ENROLLMENT_TOKEN",
+              help="from the fleet's operator (fedzoo enrollment create); not needed only with open enrollment")
 @click.pass_context
-def register(ctx: click.Context, device_id: str, device_class: str | None, threads: int, calibrate: bool) -> None:
-    """Register this device and remember its token."""
+def register(ctx: click.Context, device_id: str, device_class: str | None, threads: int, calibrate: bool,
+             enrollment_token: str | None) -> None:
+    """Register this device and remember its token (and when it expires) in the state file."""
     from fedzoo.edge.device_profile import collect_device_profile
 
     profile = collect_device_profile(device_id, threads=threads, device_class=device_class, run_calibration=calibrate)
     with _client(ctx) as api:
-        registration = api.register(profile)
-        state_path: Path = ctx.obj["state"]
-        state_path.parent.mkdir(parents=True, exist_ok=True)
-        state_path.write_text(json.dumps({"server": api.http.base_url, "device_id": device_id,
-                                          "token": registration["token"]}, indent=2))
-        state_path.chmod(0o600)
+        registration = api.register(profile, enrollment_token)
+    state_path: Path = ctx.obj["state"]
     details = ", ".join(f"{key} {value}" for key, value in registration.items() if key not in ("token", "device_id"))
     click.echo(f"registered {device_id} ({details}); token saved to {state_path}")
 

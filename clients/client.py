@@ -1,25 +1,36 @@
 """The fedzoo device SDK: register, look up the best model, download it, run it, report its latency,
 and the federated-learning calls. numpy + onnxruntime + httpx only; never torch.
 
-    client = FedzooClient("http://127.0.0.1:8000", cache_dir="~/.cache/fedzoo")
-    client.register(collect_device_profile("phone-17"))       # keeps the token it is given
+    client = FedzooClient("http://127.0.0.1:8000", cache_dir="~/.cache/fedzoo", state_file="~/.config/fedzoo/client.json")
+    client.register(collect_device_profile("phone-17"), enrollment_token)  # keeps the token it is given
     choice = client.lookup("mnist", latency_budget_ms=5.0)
     path = client.download_model(choice["model"])             # resumable, sha256-checked, cached
     logits = client.session(choice["model"]).run(images)      # onnxruntime, card's normalisation
     client.report_latency(choice["model"]["id"], median_ms=1.2)
+
+The device token expires (the server says when); every device call first trades it for a fresh one once
+less than `REFRESH_AT_LIFETIME_FRACTION` of its lifetime is left, keeping the expiry in the state file so a
+restarted app does the same. A token the server refuses as expired or revoked raises
+`ReregistrationRequiredError`: the device needs an enrollment token again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 from fedzoo.cards import ModelCard
+from fedzoo.clients.device_state import load_state, update_state
 from fedzoo.clients.download import BlobCache, download_blob
 from fedzoo.clients.http import FedzooHTTP, RetryPolicy
 from fedzoo.device import DeviceProfile
+from fedzoo.errors import InvalidInputError
+
+# Rotate the device token once less than this share of its lifetime is left (the Java SDK does the same).
+REFRESH_AT_LIFETIME_FRACTION = 0.5
 
 
 class FedzooClient:
@@ -32,11 +43,22 @@ class FedzooClient:
         cache_dir: str | Path | None = None,
         retry: RetryPolicy | None = None,
         timeout_s: float = 30.0,
+        state_file: str | Path | None = None,
     ) -> None:
+        """`state_file` keeps the device id, token and token expiry across restarts (a token saved there is
+        used when `token` is not given)."""
         self.http = FedzooHTTP(base_url, token=token, retry=retry, timeout_s=timeout_s)
         self.cache = BlobCache(Path(cache_dir).expanduser() if cache_dir is not None else None)
         self.downloaded_bytes = 0
         self.uploaded_bytes = 0
+        self.state_file = Path(state_file).expanduser() if state_file is not None else None
+        self.device_id: str | None = None
+        self.token_refresh_at_s: float | None = None  # Unix time on this device's clock
+        saved = load_state(self.state_file) if self.state_file is not None else {}
+        if token is None and saved.get("token"):
+            self.device_id = saved.get("device_id")
+            self.http.token = saved["token"]
+            self.token_refresh_at_s = saved.get("token_refresh_at_s")
 
     def close(self) -> None:
         self.http.close()
@@ -53,11 +75,45 @@ class FedzooClient:
 
     # registry --------------------------------------------------------------------------------------
 
-    def register(self, profile: DeviceProfile) -> dict[str, Any]:
-        """Register this device; the token in the answer is kept for every later call."""
-        registration = self.http.post_json("/v1/devices", json.loads(profile.model_dump_json()), expected=(201,))
-        self.http.token = registration["token"]
+    def register(self, profile: DeviceProfile, enrollment_token: str | None = None) -> dict[str, Any]:
+        """Register this device with the fleet's enrollment token (None only where the server enrolls openly);
+        the device token in the answer is kept for every later call (and in the state file). Not re-sent
+        after an ambiguous failure: a second registration would be refused as a duplicate."""
+        device_token, self.http.token = self.http.token, None  # an old device token is no enrollment credential
+        headers = {"Authorization": f"Bearer {enrollment_token}"} if enrollment_token is not None else None
+        try:
+            registration = self.http.request("POST", "/v1/devices", json=json.loads(profile.model_dump_json()),
+                                             headers=headers, expected=(201,)).json()
+        finally:
+            self.http.token = device_token
+        self.device_id = registration["device_id"]
+        self._keep_token(registration["token"], registration.get("token_expires_in_s"))
         return registration
+
+    def refresh_token(self) -> dict[str, Any]:
+        """Trade the device token for a fresh one (POST /v1/devices/<id>/token); the server keeps the old one
+        working for a short grace, so requests already sent with it still succeed."""
+        if self.device_id is None:
+            raise InvalidInputError("register first (or give a state_file): refreshing a token needs the device id",
+                                    field="device_id")
+        answer = self.http.request("POST", f"/v1/devices/{self.device_id}/token", expected=(201,)).json()
+        self._keep_token(answer["token"], answer.get("token_expires_in_s"))
+        return answer
+
+    def _keep_token(self, token: str, lifetime_s: float | None) -> None:
+        now = time.time()
+        self.http.token = token
+        self.token_refresh_at_s = now + lifetime_s * REFRESH_AT_LIFETIME_FRACTION if lifetime_s is not None else None
+        if self.state_file is not None:
+            update_state(self.state_file, {
+                "server": self.http.base_url, "device_id": self.device_id, "token": token,
+                "token_expires_at_s": now + lifetime_s if lifetime_s is not None else None,
+                "token_refresh_at_s": self.token_refresh_at_s,
+            })
+
+    def _refresh_token_if_due(self) -> None:
+        if self.token_refresh_at_s is not None and self.device_id is not None and time.time() >= self.token_refresh_at_s:
+            self.refresh_token()
 
     def list_models(self, task: str | None = None, limit: int = 50, offset: int = 0) -> dict[str, Any]:
         params: dict[str, Any] = {"limit": limit, "offset": offset}
@@ -73,6 +129,7 @@ class FedzooClient:
         min_accuracy: float | None = None,
     ) -> dict[str, Any]:
         """The server's choice for this device: `model` (the card), `latency_ms`, `reason`, `runner_up`."""
+        self._refresh_token_if_due()
         body: dict[str, Any] = {"task": task, "latency_budget_ms": latency_budget_ms}
         if memory_budget_mb is not None:
             body["memory_budget_mb"] = memory_budget_mb
@@ -93,6 +150,7 @@ class FedzooClient:
 
     def download(self, url_path: str, sha256: str) -> Path:
         """The blob at `url_path` (expected to hash to `sha256`) through the cache."""
+        self._refresh_token_if_due()
         path, transferred = download_blob(self.http, url_path, sha256, self.cache)
         self.downloaded_bytes += transferred
         return path
@@ -110,6 +168,7 @@ class FedzooClient:
         self, model_id: str, median_ms: float, p90_ms: float | None = None, threads: int | None = None
     ) -> dict[str, Any]:
         """Tell the server how fast the model ran here, so later lookups use this device's own figure."""
+        self._refresh_token_if_due()
         body: dict[str, Any] = {"model_id": model_id, "median_ms": median_ms}
         if p90_ms is not None:
             body["p90_ms"] = p90_ms
@@ -121,14 +180,17 @@ class FedzooClient:
 
     def fl_task(self, task: str, family: str | None = None) -> dict[str, Any]:
         """Check in: `{"task": {...} | None, "retry_after_s": ...}`."""
+        self._refresh_token_if_due()
         params = {"task": task} if family is None else {"task": task, "family": family}
         return self.http.get_json("/v1/fl/task", params=params)
 
     def fl_round(self, round_id: int) -> dict[str, Any]:
+        self._refresh_token_if_due()
         return self.http.get_json(f"/v1/fl/rounds/{round_id}")
 
     def upload_update(self, upload_url: str, metadata: dict[str, Any], delta_npz: bytes) -> dict[str, Any]:
         """Send one update (multipart: metadata JSON + delta .npz); returns the server's receipt."""
+        self._refresh_token_if_due()
         response = self.http.request(
             "POST", upload_url, expected=(201,),
             files={"delta": ("delta.npz", delta_npz, "application/octet-stream")},
@@ -142,6 +204,14 @@ class FedzooClient:
         return self.http.request(
             "POST", "/v1/fl/rounds", json=config, expected=(201,), headers={"Authorization": f"Bearer {admin_token}"}
         ).json()
+
+    def create_enrollment_token(self, admin_token: str, max_uses: int = 1, expires_in_s: int | None = None,
+                                label: str | None = None, device_class: str | None = None) -> dict[str, Any]:
+        """Admin: a new enrollment token (POST /v1/enrollment-tokens); its `token` is in this answer only."""
+        body = {key: value for key, value in {"max_uses": max_uses, "expires_in_s": expires_in_s, "label": label,
+                                              "device_class": device_class}.items() if value is not None}
+        return self.http.request("POST", "/v1/enrollment-tokens", json=body, expected=(201,),
+                                 headers={"Authorization": f"Bearer {admin_token}"}).json()
 
     def publish_blob(self, data: bytes, admin_token: str) -> str:
         """Admin: upload one blob (PUT /v1/blobs/<sha256>); returns its sha256."""

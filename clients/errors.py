@@ -41,6 +41,16 @@ class AuthenticationError(APIError):
     """401: no token, or a token the server does not know."""
 
 
+class ReregistrationRequiredError(AuthenticationError):
+    """401 `token_expired` or `device_revoked`: this device's token will never work again. Register anew with an
+    enrollment token from the fleet's operator (`FedzooClient.register(profile, enrollment_token)`)."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None, body: Any = None) -> None:
+        super().__init__(status, code, message, field, body)
+        self.args = (f"{self.args[0]}; this device must register again with an enrollment token from the fleet's "
+                     "operator: FedzooClient.register(profile, enrollment_token)",)
+
+
 class PermissionDeniedError(APIError):
     """403: the token is valid but may not do this."""
 
@@ -73,10 +83,16 @@ ERRORS_BY_STATUS: dict[int, type[APIError]] = {
 }
 
 
+# 401 codes after which the same token never works again (fedzoo.server.devices.authenticate)
+REREGISTRATION_CODES = frozenset({"token_expired", "device_revoked"})
+
+
 def error_for_response(status: int, body: Any) -> APIError:
     """The exception for an error response, from its status and the server's JSON error body."""
     error = body.get("error") if isinstance(body, dict) else None
     if not isinstance(error, dict):
         error = {"code": f"http_{status}", "message": str(body)[:500] if body else f"HTTP {status}"}
     kind = ERRORS_BY_STATUS.get(status, APIError)
+    if status == 401 and error.get("code") in REREGISTRATION_CODES:
+        kind = ReregistrationRequiredError
     return kind(status, str(error.get("code", f"http_{status}")), str(error.get("message", "")), error.get("field"), body)

@@ -141,7 +141,8 @@ def stage_client(run: DemoRun) -> str:
     budget_ms = 2 * min(card.latency_ms[DEVICE_CLASS].median_ms for card in cards)
     with FedzooClient(run.server_url, cache_dir=run.workdir / "device-cache") as client:
         profile = collect_device_profile(f"demo-device-{os.getpid()}", threads=1)
-        client.register(profile)
+        # enrolled as an operator would enroll a device: an enrollment token made with the admin token
+        client.register(profile, client.create_enrollment_token(run.admin_token, label="demo device")["token"])
         answer = client.lookup("mnist", latency_budget_ms=budget_ms)
         card = ModelCard.from_dict(answer["model"])
         session = client.session(card)
@@ -212,9 +213,11 @@ def stage_java_device(run: DemoRun) -> str:
     np.savez(data / "shard.npz", x=shard.x, y=shard.y)
     cli = lambda *args: json.loads(subprocess.run([*java, *args, "--state", str(state)], check=True,  # noqa: E731
                                                   capture_output=True, text=True).stdout.strip().splitlines()[-1])
-    cli("register", "--server", run.server_url, "--device-id", f"demo-java-{os.getpid()}")
-    ran = cli("run", "--task", task, "--latency-budget-ms", "1000", "--inputs", str(data / "test.npz"))
     admin = FedzooClient(run.server_url, cache_dir=run.workdir / "java-round-admin")
+    enrollment_token = admin.create_enrollment_token(run.admin_token, max_uses=2, label="demo java + python")["token"]
+    cli("register", "--server", run.server_url, "--device-id", f"demo-java-{os.getpid()}",
+        "--enrollment-token", enrollment_token)
+    ran = cli("run", "--task", task, "--latency-budget-ms", "1000", "--inputs", str(data / "test.npz"))
     round_id = admin.create_rounds({"model_id": run.latest_model_id, "evaluation_sha256": run.evaluation_sha256,
                                     "min_clients": 2, "target_clients": 2,
                                     "over_selection": 0.0, "deadline_s": 300, "local_epochs": 1, "batch_size": 32,
@@ -223,7 +226,8 @@ def stage_java_device(run: DemoRun) -> str:
                                     "--encoding", "int8", "--max-idle-s", "60", "--state", str(state)],
                                    stdout=subprocess.PIPE, text=True)
     with FedzooClient(run.server_url, cache_dir=run.workdir / "python-device") as python_device:
-        python_device.register(collect_device_profile(f"demo-python-{os.getpid()}", run_calibration=False))
+        python_device.register(collect_device_profile(f"demo-python-{os.getpid()}", run_calibration=False),
+                               enrollment_token)
         python_result = participate_once(python_device, task, run.federation.client_data(1), "fp32")
     java_result = json.loads(java_device.communicate(timeout=300)[0].strip().splitlines()[-1])
     view = admin.fl_round(round_id)

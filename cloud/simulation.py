@@ -55,6 +55,11 @@ from fedzoo.server.fl.strategies import ClientUpdate, make_strategy, require_sec
 DEFAULT_ADMIN_TOKEN = "simulation-admin-token"
 
 
+# A simulated fleet shares one address, so the per-address rate limits (meant for a real fleet) are off; the
+# per-device ones and enrollment stay as in production.
+LOOPBACK_ENVIRONMENT = {f"FEDZOO_RATE_LIMIT_{action}_PER_ADDRESS": "off" for action in ("REGISTER", "LOOKUP", "UPLOAD")}
+
+
 class LoopbackServer:
     """The real fedzoo server on 127.0.0.1 (a free port), in a thread, with the background deadline check
     `fedzoo serve` runs (every `deadline_check_s`); `restart()` keeps its data directory."""
@@ -83,7 +88,8 @@ class LoopbackServer:
             def log_request(self, *args: Any, **kwargs: Any) -> None:  # a simulation makes thousands of requests
                 pass
 
-        app = create_app(ServerConfig.from_env(environ={}, data_dir=self.data_dir, admin_token=self.admin_token))
+        app = create_app(ServerConfig.from_env(environ=LOOPBACK_ENVIRONMENT, data_dir=self.data_dir,
+                                               admin_token=self.admin_token))
         self._server = make_server("127.0.0.1", self.port or 0, app, threaded=True, request_handler=_QuietHandler)
         self.port = self._server.server_port
         self._deadlines = start_deadline_watcher(app, self.deadline_check_s)
@@ -383,6 +389,9 @@ class Simulation:
         return self.admin.publish_model(self.federation.card, blobs, self.admin_token)
 
     def register_devices(self, prefix: str = "sim-device") -> None:
+        """Register one device per shard, enrolled with one enrollment token the admin creates for them."""
+        enrollment_token = self.admin.create_enrollment_token(self.admin_token, max_uses=len(self.federation.shards),
+                                                              label=f"simulation {prefix}")["token"]
         for index in range(len(self.federation.shards)):
             profile = DeviceProfile(
                 device_id=f"{prefix}-{index}", platform="linux-x86_64", device_class="simulated",
@@ -390,7 +399,7 @@ class Simulation:
                 runtime=RuntimeInfo(onnxruntime="simulated", threads=1),
             )
             with FedzooClient(self.server_url, cache_dir=self.cache_root / "register") as client:
-                self.tokens.append(client.register(profile)["token"])
+                self.tokens.append(client.register(profile, enrollment_token)["token"])
 
     def start_plan(self, round_config: dict[str, Any]) -> int:
         """Ask the server for a plan of rounds (evaluated on the federation's test split); returns the first round id."""

@@ -5,8 +5,9 @@ prepares a digits federation (the same `prepare_federation` the Python SDK's tes
 `LoopbackServer` (the server app on a werkzeug thread, SQLite in DIR), publishes the base model and its
 evaluation set, writes each device shard and the test split as `.npz` into DIR, then prints one JSON line:
 
-    {"ready": true, "url", "admin_token", "model_id", "family", "task", "evaluation_sha256", "shards",
-     "python_accuracy"}   (python_accuracy: the Python SDK's EdgeSession accuracy on DIR/test.npz)
+    {"ready": true, "url", "admin_token", "enrollment_token", "model_id", "family", "task", "evaluation_sha256",
+     "shards", "python_accuracy"}   (python_accuracy: the Python SDK's EdgeSession accuracy on DIR/test.npz;
+     enrollment_token: one the admin created for every device of the run, Java and Python)
 
 After that it answers one JSON line per command line on stdin:
 
@@ -39,11 +40,11 @@ def _reply(message: dict) -> None:
     sys.stdout.flush()
 
 
-def _python_device(server: LoopbackServer, federation, data_dir: Path, command: dict) -> dict:
+def _python_device(server: LoopbackServer, federation, data_dir: Path, enrollment_token: str, command: dict) -> dict:
     profile = DeviceProfile(device_id=command["device_id"], platform="linux-x86_64", cpu=CpuInfo(model="python", cores=1),
                             memory_mb=1024, runtime=RuntimeInfo(onnxruntime="python", threads=1))
     with FedzooClient(server.url, cache_dir=data_dir / "python-devices" / command["device_id"]) as client:
-        client.register(profile)
+        client.register(profile, enrollment_token)
         result = participate_once(client, federation.card.task, federation.client_data(command["shard"]),
                                   command.get("encoding", "fp32"))
     return {"round_id": result.round_id, "outcome": result.outcome, "upload_bytes": result.upload_bytes}
@@ -66,7 +67,10 @@ def main() -> None:
     with LoopbackServer(data_dir / "server", admin_token=DEFAULT_ADMIN_TOKEN) as server:
         with Simulation(federation, server.url, cache_root=data_dir / "admin") as simulation:
             simulation.publish_base_model()
-            _reply({"ready": True, "url": server.url, "admin_token": DEFAULT_ADMIN_TOKEN, "model_id": federation.card.id,
+            enrollment_token = simulation.admin.create_enrollment_token(DEFAULT_ADMIN_TOKEN, max_uses=1000,
+                                                                        label="java live tests")["token"]
+            _reply({"ready": True, "url": server.url, "admin_token": DEFAULT_ADMIN_TOKEN,
+                    "enrollment_token": enrollment_token, "model_id": federation.card.id,
                     "family": federation.card.family, "task": federation.card.task,
                     "evaluation_sha256": simulation.evaluation_sha256, "shards": NUM_SHARDS,
                     "python_accuracy": python_accuracy})
@@ -78,7 +82,7 @@ def main() -> None:
                     server.restart()
                     _reply({"ok": True, "url": server.url})
                 elif command["cmd"] == "python_device":
-                    _reply(_python_device(server, federation, data_dir, command))
+                    _reply(_python_device(server, federation, data_dir, enrollment_token, command))
                 else:
                     _reply({"error": f"unknown command {command['cmd']!r}"})
 

@@ -93,8 +93,13 @@ def test_cli_registers_downloads_runs_and_participates(running, federation, tmp_
     state = tmp_path / "state.json"
     base = ["--server", server.url, "--state", str(state), "--cache-dir", str(tmp_path / "cache")]
     result = runner.invoke(client_cli, [*base, "register", "--device-id", "cli-device", "--no-calibrate"])
+    assert "needs an enrollment token" in str(result.exception)  # the server does not enroll openly
+    enrollment_token = sim.admin.create_enrollment_token(sim.admin_token)["token"]
+    result = runner.invoke(client_cli, [*base, "register", "--device-id", "cli-device", "--no-calibrate",
+                                        "--enrollment-token", enrollment_token])
     assert result.exit_code == 0, result.output
-    assert json.loads(state.read_text())["device_id"] == "cli-device"
+    saved = json.loads(state.read_text())
+    assert saved["device_id"] == "cli-device" and saved["token_expires_at_s"] > saved["token_refresh_at_s"]
     result = runner.invoke(client_cli, [*base, "lookup", "--task", "digits", "--latency-budget-ms", "100000"])
     assert result.exit_code == 0, result.output
     assert result.output.startswith(federation.card.id) and "why:" in result.output

@@ -1,6 +1,7 @@
 package dev.fedzoo.client;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertNotEquals;
 import static org.junit.jupiter.api.Assertions.assertNotNull;
 import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
@@ -53,9 +54,14 @@ class LiveServerTest {
         server.close();
     }
 
+    /** The enrollment token the live server's admin created for this run's devices. */
+    private static String enrollmentToken() {
+        return server.ready.getString("enrollment_token");
+    }
+
     private static FedzooClient registeredDevice(String url) {
         FedzooClient client = new FedzooClient(url, null, TestSupport.workDirectory("device-cache"), QUICK, 30_000);
-        client.register(DeviceProfile.collect("java-device-" + (devices++), 1, null, null), null);
+        client.register(DeviceProfile.collect("java-device-" + (devices++), 1, null, null), enrollmentToken());
         return client;
     }
 
@@ -121,7 +127,8 @@ class LiveServerTest {
             Map<String, byte[]> calibration = Collections.singletonMap("cal-tiny-fp32",
                     TestSupport.read(new File(TestSupport.vectors(), "calibration/cal-tiny-fp32.onnx")));
             FedzooClient client = new FedzooClient(proxy.url(), null, TestSupport.workDirectory("cache"), QUICK, 30_000);
-            JSONObject registration = client.register(DeviceProfile.collect("java-phone", 1, null, calibration), null);
+            JSONObject registration = client.register(DeviceProfile.collect("java-phone", 1, null, calibration),
+                    enrollmentToken());
             assertEquals("java-phone", registration.getString("device_id"));
             assertNotNull(client.token());
             JSONObject choice = client.lookup("digits", 50.0, null, null);
@@ -197,7 +204,8 @@ class LiveServerTest {
         try {
             FedzooClient device = new FedzooClient(proxy.url(), null, TestSupport.workDirectory("cache"),
                     new RetryPolicy(1, 0.05, 0.5), 30_000);
-            token = device.register(DeviceProfile.collect("java-restart", 1, null, null), null).getString("token");
+            token = device.register(DeviceProfile.collect("java-restart", 1, null, null), enrollmentToken())
+                    .getString("token");
             proxy.dropNextUploadAnswer();
             assertThrows(ServerUnavailableException.class, () -> new Participation(device, new StateStore(stateDirectory))
                     .participateOnce("digits", server.shard(3), UpdateCodec.Encoding.INT8, null, null));
@@ -244,5 +252,36 @@ class LiveServerTest {
         assertEquals(Long.valueOf(roundId), result.roundId);
         assertTrue(System.currentTimeMillis() - start < 20_000);
         assertEquals(0, device.uploadedBytes());
+    }
+
+    @Test
+    @Order(8)
+    void registeringNeedsEnrollmentAndARefreshedTokenIsSavedAndReplacesTheOldOne() throws Exception {
+        FedzooClient unenrolled = new FedzooClient(server.url, null, TestSupport.workDirectory("unenrolled"), QUICK, 30_000);
+        ApiException.Authentication refused = assertThrows(ApiException.Authentication.class,
+                () -> unenrolled.register(DeviceProfile.collect("java-unenrolled", 1, null, null), null));
+        assertEquals("enrollment_required", refused.code());
+
+        StateStore state = new StateStore(TestSupport.workDirectory("refresh-state"));
+        FedzooClient device = new FedzooClient(server.url, null, TestSupport.workDirectory("cache"), QUICK, 30_000)
+                .keepStateIn(state);
+        JSONObject registration = device.register(DeviceProfile.collect("java-refresh", 1, null, null), enrollmentToken());
+        assertTrue(registration.getLong("token_expires_in_s") > 0);
+        String first = device.token();
+        JSONObject refreshed = device.refreshToken();
+        assertTrue(refreshed.getLong("token_expires_in_s") > 0);
+        assertNotEquals(first, device.token());
+        assertEquals(refreshed.getString("token"), device.token());
+        assertEquals(device.token(), state.load().getString("token"), "the new token is saved");
+        assertEquals(server.ready.getString("model_id"), device.lookup("digits", 50.0, null, null)
+                .getJSONObject("model").getString("id"));
+        // a request sent with the old token just before the switch still works (the server's grace period)
+        FedzooClient inFlight = new FedzooClient(server.url, first, TestSupport.workDirectory("cache"), QUICK, 30_000);
+        assertNotNull(inFlight.lookup("digits", 50.0, null, null).getJSONObject("model"));
+        // a restarted app carries on with the saved token
+        FedzooClient restarted = new FedzooClient(server.url, null, TestSupport.workDirectory("cache"), QUICK, 30_000)
+                .keepStateIn(state);
+        assertEquals(device.token(), restarted.token());
+        assertNotNull(restarted.lookup("digits", 50.0, null, null).getJSONObject("model"));
     }
 }
