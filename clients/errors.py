@@ -42,7 +42,7 @@ class AuthenticationError(APIError):
 
 
 class ReregistrationRequiredError(AuthenticationError):
-    """401 `token_expired` or `device_revoked`: this device's token will never work again. Register anew with an
+    """401 `token_expired`, `token_replaced` or `device_revoked`: this device's token will never work again. Register anew with an
     enrollment token from the fleet's operator (`FedzooClient.register(profile, enrollment_token)`)."""
 
     def __init__(self, status: int, code: str, message: str, field: str | None = None, body: Any = None) -> None:
@@ -84,7 +84,7 @@ ERRORS_BY_STATUS: dict[int, type[APIError]] = {
 
 
 # 401 codes after which the same token never works again (fedzoo.server.devices.authenticate)
-REREGISTRATION_CODES = frozenset({"token_expired", "device_revoked"})
+REREGISTRATION_CODES = frozenset({"token_expired", "token_replaced", "device_revoked"})
 
 
 def error_for_response(status: int, body: Any) -> APIError:

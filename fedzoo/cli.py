@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "data": ("fedzoo.cloud.data_cli:data", "Inspect data sets, splits and federated partitions."),
     "zoo": ("fedzoo.cloud.zoo_cli:zoo", "Build, compress and inspect model zoos."),
     "serve": ("fedzoo.server.cli:serve", "Run the model server (production WSGI)."),
+    "enrollment": ("fedzoo.server.enrollment_cli:enrollment", "Operators: enrollment tokens and device revocation."),
     "client": ("fedzoo.clients.cli:client", "Device-side client: register, look up, download, run, train."),
     "demo": ("fedzoo.cloud.demo:demo", "Run the whole system end to end on MNIST-5k."),
 }

@@ -92,7 +92,8 @@ def authenticate(session: Session | Connection, token: str) -> AuthenticatedDevi
     expiry holds from the next request on, on every worker); 401 naming why for any other token."""
     token_hash = hash_token(token)
     row = session.execute(_BY_TOKEN, {"token_hash": token_hash}).first()
-    if row is None:  # rare: a token replaced by a rotation, still inside its grace period?
+    replaced = row is None
+    if replaced:  # rare: a token replaced by a rotation, still inside its grace period?
         row = session.execute(_BY_PREVIOUS_TOKEN, {"token_hash": token_hash}).first()
     if row is None:
         raise Unauthorized(f"the device token is not valid; {REREGISTER}", field="Authorization",
@@ -102,6 +103,10 @@ def authenticate(session: Session | Connection, token: str) -> AuthenticatedDevi
         raise Unauthorized(f"device {device[0]!r} was revoked by the operator; {REREGISTER}",
                            field="Authorization", code="device_revoked")
     if valid_until is None or as_utc(valid_until) <= utc_now():
+        if replaced:
+            raise Unauthorized(f"the device token was replaced by a rotation and its {ROTATION_GRACE_S} s grace is "
+                               f"over; use the newest token, or {REREGISTER}", field="Authorization",
+                               code="token_replaced")
         raise Unauthorized(f"the device token expired; {REREGISTER}", field="Authorization", code="token_expired")
     return AuthenticatedDevice(device[0], device[1], device[2], tuple(device[3:]))
 

@@ -56,7 +56,7 @@ class LiveServerTest {
 
     /** The enrollment token the live server's admin created for this run's devices. */
     private static String enrollmentToken() {
-        return server.ready.getString("enrollment_token");
+        return server.ready.optString("enrollment_token");
     }
 
     private static FedzooClient registeredDevice(String url) {

@@ -1,0 +1,209 @@
+"""Enrollment and the device token lifecycle against the real server on loopback (real SQLite): enrollment
+tokens that are shown once, stored hashed, used up, expired and revoked; open enrollment; token expiry,
+rotation with a grace period, and revocation read from the database on every request; rate limits with
+429 + Retry-After; the operator's `fedzoo enrollment` commands."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+from datetime import datetime, timedelta, timezone
+
+import httpx
+import pytest
+from server_helpers import (
+    ADMIN_TOKEN, device_profile, make_card, running_live_server, config_for_tests, tiny_onnx_model,
+)
+from sqlalchemy import update
+
+from fedzoo.cli import main as fedzoo_main
+from fedzoo.server.app import create_app
+from fedzoo.server.models import DeviceRecord, EnrollmentToken
+
+GOOD_LOOKUP = {"task": "digits", "latency_budget_ms": 100.0}
+
+
+@pytest.fixture
+def published(live_server):
+    blob = tiny_onnx_model(seed=1)
+    assert live_server.publish(make_card(blob, "m1", 0.9, 1000), blob).status_code == 201
+
+
+def register(live_server, device_id: str, enrollment_token: str | None, **profile) -> httpx.Response:
+    with live_server.client(enrollment_token) as client:
+        return client.post("/v1/devices", json=device_profile(device_id, **profile))
+
+
+def error_of(response: httpx.Response) -> tuple[int, str, str | None]:
+    error = response.json()["error"]
+    return response.status_code, error["code"], error["field"]
+
+
+def set_columns(live_server, table, **values) -> None:
+    """Move stored times (an expiry, a grace period) into the past, as the clock would."""
+    with live_server.app.extensions["fedzoo"].db.session() as session:
+        session.execute(update(table).values(**values))
+
+
+def past() -> datetime:
+    return datetime.now(timezone.utc) - timedelta(seconds=1)
+
+
+def test_an_enrollment_token_is_shown_once_listed_without_secrets_and_stored_hashed(live_server):
+    with live_server.admin() as admin:
+        created = admin.post("/v1/enrollment-tokens", json={"max_uses": 3, "expires_in_s": 3600, "label": "bench 3",
+                                                            "device_class": "pi4"})
+        listed = admin.get("/v1/enrollment-tokens")
+    assert created.status_code == 201
+    issued = created.json()
+    token, token_hash = issued["token"], hashlib.sha256(issued["token"].encode()).hexdigest()
+    assert issued["state"] == "active" and issued["uses"] == 0 and issued["max_uses"] == 3
+    page = listed.json()
+    assert page["total"] == 1 and page["next_offset"] is None and page["limit"] == 50 and page["offset"] == 0
+    assert page["enrollment_tokens"][0]["id"] == issued["id"] and "token" not in page["enrollment_tokens"][0]
+    assert token not in listed.text and token_hash not in listed.text
+    stored = repr(live_server.snapshot()["enrollment_tokens"])
+    assert token not in stored and token_hash in stored
+
+
+def test_a_token_enrolls_max_uses_devices_and_then_is_used_up(live_server, published):
+    token = live_server.enrollment_token(max_uses=2)
+    assert register(live_server, "d1", token).status_code == 201
+    assert register(live_server, "d1", token).status_code == 409  # a failed registration gives its use back
+    second = register(live_server, "d2", token)
+    assert second.status_code == 201 and second.json()["token_expires_in_s"] == live_server.config.device_token_ttl_s
+    assert error_of(register(live_server, "d3", token)) == (401, "enrollment_token_used_up", "Authorization")
+    with live_server.admin() as admin:
+        listed = admin.get("/v1/enrollment-tokens").json()["enrollment_tokens"][0]
+    assert (listed["uses"], listed["state"]) == (2, "used_up")
+    with live_server.client(second.json()["token"]) as device:  # the enrolled devices work
+        assert device.post("/v1/lookup", json=GOOD_LOOKUP).status_code == 200
+
+
+def test_expired_and_revoked_enrollment_tokens_are_refused_with_their_own_codes(live_server):
+    expired = live_server.enrollment_token()
+    set_columns(live_server, EnrollmentToken, expires_at=past())
+    assert error_of(register(live_server, "d1", expired)) == (401, "enrollment_token_expired", "Authorization")
+    revoked = live_server.enrollment_token()
+    enrolled = register(live_server, "d2", revoked)
+    with live_server.admin() as admin:
+        token_id = admin.get("/v1/enrollment-tokens").json()["enrollment_tokens"][0]["id"]
+        answer = admin.post(f"/v1/enrollment-tokens/{token_id}/revoke")
+    assert answer.status_code == 200 and answer.json()["state"] == "revoked"
+    assert error_of(register(live_server, "d3", revoked)) == (401, "enrollment_token_revoked", "Authorization")
+    with live_server.client(enrolled.json()["token"]) as device:  # devices it enrolled stay registered
+        assert device.post("/v1/telemetry", json={"model_id": "none", "median_ms": 1.0}).status_code == 404
+
+
+def test_a_device_class_token_enrolls_only_that_class_and_keeps_its_use_otherwise(live_server):
+    token = live_server.enrollment_token(max_uses=1, device_class="pi4")
+    assert error_of(register(live_server, "laptop", token)) == (403, "enrollment_class_mismatch", "device_class")
+    assert register(live_server, "pi", token, device_class="pi4").status_code == 201
+
+
+def test_registration_is_closed_by_default_and_open_enrollment_is_visible_and_logged(tmp_path, caplog):
+    closed = config_for_tests(tmp_path / "closed")
+    with running_live_server(closed) as server:
+        assert error_of(register(server, "d1", None)) == (401, "enrollment_required", "Authorization")
+        assert httpx.get(f"{server.base_url}/v1/health").json() == {"status": "ok", "open_enrollment": False}
+    with caplog.at_level(logging.WARNING, logger="fedzoo.server.app"):
+        create_app(dataclasses.replace(closed, open_enrollment=True), migrate=False)
+    assert any("OPEN ENROLLMENT" in record.message for record in caplog.records)
+    with running_live_server(dataclasses.replace(config_for_tests(tmp_path / "open"), open_enrollment=True)) as server:
+        assert register(server, "d1", None).status_code == 201
+        assert error_of(register(server, "d2", "made-up")) == (401, "invalid_enrollment_token", "Authorization")
+        assert httpx.get(f"{server.base_url}/v1/health").json()["open_enrollment"] is True
+
+
+def test_an_expired_device_token_is_refused_as_expired(live_server, published):
+    token = live_server.register(device_profile("d1"))
+    set_columns(live_server, DeviceRecord, token_expires_at=past())
+    with live_server.client(token) as device:
+        assert error_of(device.post("/v1/lookup", json=GOOD_LOOKUP)) == (401, "token_expired", "Authorization")
+
+
+def test_rotation_gives_a_new_token_and_the_old_one_works_only_for_the_grace(live_server, published):
+    old = live_server.register(device_profile("d1"))
+    with live_server.client(old) as device:
+        rotated = device.post("/v1/devices/d1/token")
+        assert rotated.status_code == 201 and rotated.json()["token_expires_in_s"] > 0
+        assert device.post("/v1/lookup", json=GOOD_LOOKUP).status_code == 200  # inside the grace period
+    new = rotated.json()["token"]
+    stored = repr(live_server.snapshot()["devices"])
+    assert new not in stored and old not in stored and hashlib.sha256(new.encode()).hexdigest() in stored
+    set_columns(live_server, DeviceRecord, previous_token_valid_until=past())
+    with live_server.client(old) as device:
+        assert error_of(device.post("/v1/lookup", json=GOOD_LOOKUP)) == (401, "token_replaced", "Authorization")
+    with live_server.client(new) as device:
+        assert device.post("/v1/lookup", json=GOOD_LOOKUP).status_code == 200
+
+
+def test_a_revoked_device_is_refused_from_its_next_request_with_every_token(live_server, published):
+    old = live_server.register(device_profile("d1"))
+    with live_server.client(old) as device:
+        new = device.post("/v1/devices/d1/token").json()["token"]
+        assert device.post("/v1/lookup", json=GOOD_LOOKUP).status_code == 200
+    with live_server.admin() as admin:
+        revoked = admin.post("/v1/devices/d1/revoke")
+        again = admin.post("/v1/devices/d1/revoke")
+    assert revoked.status_code == 200 and again.json()["revoked_at"] == revoked.json()["revoked_at"]
+    for token in (old, new):
+        with live_server.client(token) as device:
+            assert error_of(device.post("/v1/lookup", json=GOOD_LOOKUP))[:2] in ((401, "device_revoked"),
+                                                                                 (401, "invalid_token"))
+            assert error_of(device.post("/v1/devices/d1/token"))[:2] in ((401, "device_revoked"),
+                                                                         (401, "invalid_token"))
+    with live_server.client(new) as device:
+        assert error_of(device.get("/v1/fl/task", params={"task": "digits"}))[:2] == (401, "device_revoked")
+
+
+def test_rate_limits_answer_429_with_retry_after_per_address_and_per_device(tmp_path):
+    limits = {"register_per_address": "3/minute", "lookup_per_device": "2/minute", "lookup_per_address": "5/minute"}
+    base = config_for_tests(tmp_path)
+    with running_live_server(dataclasses.replace(base, rate_limits={**base.rate_limits, **limits})) as server:
+        blob = tiny_onnx_model(seed=1)
+        assert server.publish(make_card(blob, "m1", 0.9, 1000), blob).status_code == 201
+        token = server.enrollment_token()
+        tokens = [register(server, f"d{index}", token).json()["token"] for index in range(3)]
+        refused = register(server, "d3", token)
+        assert error_of(refused) == (429, "rate_limited", None)
+        assert 1 <= int(refused.headers["Retry-After"]) <= 60
+        assert refused.json()["error"]["retry_after_s"] == int(refused.headers["Retry-After"])
+        statuses = []
+        for device_token in tokens:  # 2 per device; 5 requests from this address, answered or not
+            with server.client(device_token) as device:
+                statuses += [device.post("/v1/lookup", json=GOOD_LOOKUP).status_code for _ in range(3)]
+        assert statuses == [200, 200, 429, 200, 200, 429, 429, 429, 429]
+
+
+def test_the_operator_cli_creates_lists_and_revokes(live_server, capsys, monkeypatch, published):
+    monkeypatch.setenv("FEDZOO_SERVER", live_server.base_url)
+    monkeypatch.delenv("FEDZOO_ADMIN_TOKEN", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        fedzoo_main(["enrollment", "list"])
+    assert exited.value.code == 2 and "no admin token" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        fedzoo_main(["enrollment", "--admin-token", "wrong", "list"])
+    assert capsys.readouterr().err.startswith("error: the admin token is not valid")
+
+    monkeypatch.setenv("FEDZOO_ADMIN_TOKEN", ADMIN_TOKEN)
+    fedzoo_main(["enrollment", "create", "--uses", "2", "--expires-in", "12h", "--label", "lab"])
+    created = capsys.readouterr()
+    token = created.out.strip().splitlines()[-1]
+    assert "shown only now" in created.err and "enrolls up to 2 device(s)" in created.out
+    assert register(live_server, "cli-device", token).status_code == 201
+    fedzoo_main(["enrollment", "list"])
+    listed = capsys.readouterr().out
+    assert "active" in listed and "1/2" in listed and "lab" in listed and token not in listed
+    token_id = listed.splitlines()[1].split()[0]
+    fedzoo_main(["enrollment", "revoke", token_id])
+    assert f"revoked {token_id} (1 of 2 uses taken)" in capsys.readouterr().out
+    fedzoo_main(["enrollment", "revoke-device", "cli-device"])
+    assert "revoked device cli-device" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        fedzoo_main(["enrollment", "revoke-device", "nobody"])
+    assert "no device 'nobody'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        fedzoo_main(["enrollment", "create", "--expires-in", "soon"])
+    assert "not a duration" in capsys.readouterr().err
