@@ -60,7 +60,8 @@ def screen_updates(updates: list[ClientUpdate], bound: NormBound,
     for update in updates:
         if update.device_id in revoked_device_ids:
             decisions.append(Screened(update, "rejected", "the device was revoked by the operator", None))
-        elif update.norm <= limit:
+            continue
+        if update.norm <= limit:
             decisions.append(Screened(update, "counted", None, update))
             continue
         reason = (f"L2 norm {update.norm:.6g} exceeds the round's bound {limit:.6g} "

@@ -200,3 +200,21 @@ def test_the_norm_limit_is_the_smaller_of_the_median_multiple_and_the_absolute_b
 
     assert norm_limit([1.0, 2.0, 100.0], NormBound(median_multiple=3.0)) == 6.0
     assert norm_limit([1.0, 2.0, 100.0], NormBound(median_multiple=3.0, max_norm=4.0)) == 4.0
+
+
+def test_a_revoked_devices_pending_update_is_not_aggregated(simulation, federation, server):
+    round_id = simulation.start_plan(round_config(min_clients=2, target_clients=3, max_accuracy_drop=OPEN_GATE))
+    devices, tasks = _tasks(simulation, 3)
+    upload(devices[0], tasks[0], honest_delta(federation.model, 0.5))  # stored, then its device is revoked
+    revoked = httpx.post(f"{simulation.server_url}/v1/devices/sim-device-0/revoke",
+                         headers={"Authorization": f"Bearer {simulation.admin_token}"})
+    assert revoked.status_code == 200
+    upload(devices[1], tasks[1], honest_delta(federation.model, 0.001))
+    upload(devices[2], tasks[2], honest_delta(federation.model, 0.003))
+    view, card, parameters = _published_parameters(simulation, round_id)
+    base = read_float_initializers(federation.model)
+    for name, value in parameters.items():  # the mean of the two remaining deltas only
+        np.testing.assert_allclose(value, base[name] + 0.002, atol=1e-6)
+    assert view["outcome"]["aggregated_updates"] == 2 and view["outcome"]["screening"]["rejected"] == 1
+    assert [row[4:6] for row in _update_rows(server, round_id)][0] == ("rejected",
+                                                                        "the device was revoked by the operator")
