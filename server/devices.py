@@ -14,7 +14,9 @@ from fedzoo.errors import NotFoundError
 from fedzoo.server.auth import hash_token, new_device_token
 from fedzoo.server.config import DEFAULT_DEVICE_TOKEN_TTL_S
 from fedzoo.server.errors import Conflict, Unauthorized
-from fedzoo.server.latency import MEASURED_WINDOW_REPORTS, LatencyEstimator, measured_median_ms, slot_values
+from fedzoo.server.latency import (
+    MEASURED_WINDOW_REPORTS, DeviceScales, LatencyEstimator, measured_median_ms, slot_values,
+)
 from fedzoo.server.models import (
     SCALE_COLUMNS, DeviceRecord, LatencyReport, MeasuredLatency, ModelRecord, as_utc, utc_now,
 )
@@ -62,14 +64,17 @@ class TelemetryResult:
 
 
 def register(session: Session, estimator: LatencyEstimator, profile: DeviceProfile,
-             token_ttl_s: int = DEFAULT_DEVICE_TOKEN_TTL_S, enrollment_token_id: str | None = None) -> Registration:
+             token_ttl_s: int = DEFAULT_DEVICE_TOKEN_TTL_S, enrollment_token_id: str | None = None,
+             scales: DeviceScales | None = None) -> Registration:
     """Store a new device and return its token (shown once), valid for `token_ttl_s`. A taken device_id is
-    a conflict: the token of an existing device is never replaced by someone who merely knows its id."""
+    a conflict: the token of an existing device is never replaced by someone who merely knows its id.
+    `scales` (default: computed here) may be computed before the transaction takes a write lock: it can
+    take seconds, and on SQLite every other writer waits meanwhile."""
     if session.get(DeviceRecord, profile.device_id) is not None:
         raise Conflict(f"device {profile.device_id!r} is already registered; use the token it was given",
                        field="device_id", code="device_exists")
     token = new_device_token()
-    scales = estimator.device_scales(profile)
+    scales = scales or estimator.device_scales(profile)
     session.add(DeviceRecord(
         id=profile.device_id,
         token_hash=hash_token(token),

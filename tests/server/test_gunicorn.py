@@ -7,6 +7,7 @@ import hashlib
 import os
 import signal
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -86,3 +87,52 @@ def test_gunicorn_serves_lookups_and_finishes_a_download_on_sigterm(tmp_path, zo
     finally:
         stop_gunicorn(server)
     assert ADMIN_TOKEN not in log
+
+
+def _post(url: str, **kwargs) -> httpx.Response:
+    """A request on a fresh connection, so the master hands each one to whichever worker accepts first."""
+    return httpx.post(url, timeout=30, **kwargs)
+
+
+def test_enrollment_uses_rate_limits_and_revocation_hold_across_workers(tmp_path, zoo_dir):
+    server = start_gunicorn(tmp_path / "data", "--zoo", str(zoo_dir), workers=2,
+                            env={"FEDZOO_RATE_LIMIT_LOOKUP_PER_DEVICE": "10/minute"})
+    try:
+        enrollment = {"Authorization": f"Bearer {create_enrollment_token(server.base_url, max_uses=5)}"}
+        with ThreadPoolExecutor(max_workers=8) as pool:  # 12 devices race for 5 uses
+            registrations = list(pool.map(lambda index: _post(
+                f"{server.base_url}/v1/devices", json=device_profile(f"edge-{index}", device_class="edge-box"),
+                headers=enrollment), range(12)))
+        enrolled = [answer.json()["token"] for answer in registrations if answer.status_code == 201]
+        refused = [answer.json()["error"]["code"] for answer in registrations if answer.status_code != 201]
+        assert len(enrolled) == 5 and refused == ["enrollment_token_used_up"] * 7
+
+        lookup = {"task": "digits", "latency_budget_ms": 10}
+        device = {"Authorization": f"Bearer {enrolled[0]}"}
+        with ThreadPoolExecutor(max_workers=6) as pool:  # one counter for both workers: 10 answered, not 20
+            statuses = list(pool.map(lambda _: _post(f"{server.base_url}/v1/lookup", json=lookup,
+                                                     headers=device).status_code, range(30)))
+        assert statuses.count(200) == 10 and statuses.count(429) == 20
+
+        other = {"Authorization": f"Bearer {enrolled[1]}"}
+        assert _post(f"{server.base_url}/v1/lookup", json=lookup, headers=other).status_code == 200
+        admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        revoked_id = next(answer.json()["device_id"] for answer in registrations
+                          if answer.status_code == 201 and answer.json()["token"] == enrolled[1])
+        assert _post(f"{server.base_url}/v1/devices/{revoked_id}/revoke", headers=admin).status_code == 200
+        with ThreadPoolExecutor(max_workers=4) as pool:  # refused from the next request on, by every worker
+            codes = list(pool.map(lambda _: _post(f"{server.base_url}/v1/lookup", json=lookup,
+                                                  headers=other).json()["error"]["code"], range(8)))
+        assert codes == ["device_revoked"] * 8
+    finally:
+        stop_gunicorn(server)
+
+
+def test_open_enrollment_is_announced_by_every_worker_and_in_health(tmp_path):
+    server = start_gunicorn(tmp_path / "data", workers=2, env={"FEDZOO_OPEN_ENROLLMENT": "1"})
+    try:
+        assert httpx.get(f"{server.base_url}/v1/health").json() == {"status": "ok", "open_enrollment": True}
+        assert _post(f"{server.base_url}/v1/devices", json=device_profile("walk-in")).status_code == 201
+    finally:
+        stop_gunicorn(server)
+    assert server.process.stdout.read().count("OPEN ENROLLMENT") == 2
