@@ -14,13 +14,14 @@ from werkzeug.exceptions import HTTPException
 from fedzoo.errors import FedzooError
 from fedzoo.server import migrations, registry
 from fedzoo.server.blobstore import FileBlobStore
+from fedzoo.server.card_keys import FleetKeys
 from fedzoo.server.config import ServerConfig
 from fedzoo.server.context import ServerContext
 from fedzoo.server.db import Database
 from fedzoo.server.errors import APIError, from_domain_error
 from fedzoo.server.fl import routes as fl_routes
 from fedzoo.server.latency import LatencyEstimator, default_estimator
-from fedzoo.server.routes import blobs, devices, lookup, meta, models
+from fedzoo.server.routes import blobs, devices, keys, lookup, meta, models
 from fedzoo.server.routes.common import EXTENSION_KEY
 
 BLUEPRINTS = [
@@ -30,6 +31,7 @@ BLUEPRINTS = [
     devices.blueprint,
     lookup.blueprint,
     fl_routes.blueprint,
+    keys.blueprint,
 ]
 
 # HTTP errors raised by Flask/werkzeug itself (routing, size limit), as API error codes.
@@ -116,6 +118,7 @@ def create_app(config: ServerConfig | None = None, estimator: LatencyEstimator |
         db=Database(config.database_url),
         store=FileBlobStore(config.blob_dir),
         estimator=estimator,
+        keys=FleetKeys.from_config(config),
     )
     for blueprint in BLUEPRINTS:
         app.register_blueprint(blueprint)

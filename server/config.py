@@ -26,6 +26,11 @@ class ServerConfig:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_json_bytes: int = DEFAULT_MAX_JSON_BYTES
     fl_max_examples_per_update: int = DEFAULT_FL_MAX_EXAMPLES_PER_UPDATE
+    # card signing (docs/signed-models.md): the server's own key, the operator keys it trusts, and whether an
+    # unsigned card may be published
+    signing_key_path: Path | None = None
+    trusted_keys_path: Path | None = None
+    require_signed_cards: bool = False
 
     @property
     def blob_dir(self) -> Path:
@@ -34,8 +39,8 @@ class ServerConfig:
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: object) -> ServerConfig:
         """Settings from `FEDZOO_DATA_DIR`, `FEDZOO_DATABASE_URL`, `FEDZOO_ADMIN_TOKEN`,
-        `FEDZOO_MAX_REQUEST_BYTES`, `FEDZOO_MAX_JSON_BYTES`, `FEDZOO_FL_MAX_EXAMPLES_PER_UPDATE`; keyword
-        overrides win."""
+        `FEDZOO_MAX_REQUEST_BYTES`, `FEDZOO_MAX_JSON_BYTES`, `FEDZOO_FL_MAX_EXAMPLES_PER_UPDATE`,
+        `FEDZOO_SERVER_SIGNING_KEY`, `FEDZOO_TRUSTED_KEYS`, `FEDZOO_REQUIRE_SIGNED_CARDS`; keyword overrides win."""
         env = dict(os.environ if environ is None else environ)
         data_dir = Path(str(overrides.pop("data_dir", None) or env.get("FEDZOO_DATA_DIR") or DEFAULT_DATA_DIR))
         data_dir = data_dir.expanduser().resolve()
@@ -47,6 +52,10 @@ class ServerConfig:
             "max_json_bytes": _positive_int(env, "FEDZOO_MAX_JSON_BYTES", DEFAULT_MAX_JSON_BYTES),
             "fl_max_examples_per_update": _positive_int(env, "FEDZOO_FL_MAX_EXAMPLES_PER_UPDATE",
                                                         DEFAULT_FL_MAX_EXAMPLES_PER_UPDATE),
+            "signing_key_path": _optional_path(env, "FEDZOO_SERVER_SIGNING_KEY"),
+            "trusted_keys_path": _optional_path(env, "FEDZOO_TRUSTED_KEYS"),
+            # on by default once the operator named the keys to trust; off out of the box (docs/signed-models.md)
+            "require_signed_cards": _switch(env, "FEDZOO_REQUIRE_SIGNED_CARDS", bool(env.get("FEDZOO_TRUSTED_KEYS"))),
         }
         values.update({key: value for key, value in overrides.items() if value is not None})
         return cls(**values)  # type: ignore[arg-type]
@@ -63,3 +72,17 @@ def _positive_int(env: dict[str, str], name: str, default: int) -> int:
     if value <= 0:
         raise InvalidInputError(f"{name} must be positive, got {value}", field=name)
     return value
+
+
+def _optional_path(env: dict[str, str], name: str) -> Path | None:
+    raw = env.get(name)
+    return Path(raw).expanduser() if raw else None
+
+
+def _switch(env: dict[str, str], name: str, default: bool) -> bool:
+    raw = (env.get(name) or "").strip().lower()
+    if not raw:
+        return default
+    if raw not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise InvalidInputError(f"{name} must be 1 or 0 (true/false, yes/no, on/off), got {raw!r}", field=name)
+    return raw in ("1", "true", "yes", "on")
