@@ -1,7 +1,10 @@
 """`fedzoo client ...`: the device side from a shell. numpy + onnxruntime + httpx; never torch.
 
 The server URL and this device's token are remembered in a small JSON state file after `register`
-(default `~/.config/fedzoo/client.json`, or `--state`), so later commands need neither.
+(default `~/.config/fedzoo/client.json`, or `--state`), so later commands need neither. So are the fleet's
+public keys once given with `--trusted-keys FILE` (a key set from `GET /v1/keys` or `fedzoo keys export-public`,
+fetched out of band): from then on every card must be signed by one of them, and the newest version accepted
+per model family is kept there too, so no later card can roll the device back.
 
     fedzoo client register --server http://127.0.0.1:8000 --device-id phone-17
     fedzoo client lookup --task mnist --latency-budget-ms 5
@@ -37,12 +40,25 @@ def _load_state(path: Path) -> dict:
 def _client(ctx: click.Context):
     from fedzoo.clients.client import FedzooClient
 
+    from fedzoo.signing import TrustedKeys
+
     options = ctx.obj
     state = _load_state(options["state"])
     server = options["server"] or state.get("server")
     if not server:
         raise click.UsageError("no server given: pass --server URL (or register first)")
-    return FedzooClient(server, token=options["token"] or state.get("token"), cache_dir=options["cache_dir"])
+    if options["trusted_keys"] is not None:  # pin them: kept in the state file for every later command
+        state["trusted_keys"] = TrustedKeys.load(options["trusted_keys"]).to_json()
+        _save_state(options["state"], state)
+    trusted = TrustedKeys.from_json(state["trusted_keys"]) if "trusted_keys" in state else None
+    return FedzooClient(server, token=options["token"] or state.get("token"), cache_dir=options["cache_dir"],
+                        trusted_keys=trusted, state_path=options["state"])
+
+
+def _save_state(path: Path, state: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(state, indent=2))
+    path.chmod(0o600)
 
 
 def _read_npz(path: Path, need_labels: bool) -> tuple[np.ndarray, np.ndarray | None]:
@@ -63,10 +79,14 @@ def _read_npz(path: Path, need_labels: bool) -> tuple[np.ndarray, np.ndarray | N
               help="where register keeps the server URL and token")
 @click.option("--cache-dir", type=click.Path(path_type=Path), envvar="FEDZOO_CACHE_DIR",
               help="download cache (default ~/.cache/fedzoo)")
+@click.option("--trusted-keys", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="pin this key set (JSON from GET /v1/keys or `fedzoo keys export-public`, obtained out of band); "
+                   "kept in the state file: every card must then be signed by one of its keys")
 @click.pass_context
-def client(ctx: click.Context, server: str | None, token: str | None, state: Path, cache_dir: Path | None) -> None:
+def client(ctx: click.Context, server: str | None, token: str | None, state: Path, cache_dir: Path | None,
+           trusted_keys: Path | None) -> None:
     """Device-side client: register, look up, download, run, train."""
-    ctx.obj = {"server": server, "token": token, "state": state, "cache_dir": cache_dir}
+    ctx.obj = {"server": server, "token": token, "state": state, "cache_dir": cache_dir, "trusted_keys": trusted_keys}
 
 
 @client.command()
@@ -84,10 +104,8 @@ def register(ctx: click.Context, device_id: str, device_class: str | None, threa
     with _client(ctx) as api:
         registration = api.register(profile)
         state_path: Path = ctx.obj["state"]
-        state_path.parent.mkdir(parents=True, exist_ok=True)
-        state_path.write_text(json.dumps({"server": api.http.base_url, "device_id": device_id,
-                                          "token": registration["token"]}, indent=2))
-        state_path.chmod(0o600)
+        _save_state(state_path, {**_load_state(state_path), "server": api.http.base_url, "device_id": device_id,
+                                 "token": registration["token"]})  # keeps pinned keys and accepted versions
     details = ", ".join(f"{key} {value}" for key, value in registration.items() if key not in ("token", "device_id"))
     click.echo(f"registered {device_id} ({details}); token saved to {state_path}")
 
