@@ -51,6 +51,7 @@ from fedzoo.errors import InvalidInputError
 from fedzoo.secagg import RoundAborted, dequantise_sum, example_weight, flatten, quantise, run_local_round, unflatten
 from fedzoo.secagg.config import SecAggConfig
 from fedzoo.server.fl.strategies import ClientUpdate, make_strategy, require_secure_aggregation_support
+from fedzoo.signing import CardSigningKey, sign_card
 
 DEFAULT_ADMIN_TOKEN = "simulation-admin-token"
 
@@ -59,8 +60,11 @@ class LoopbackServer:
     """The real fedzoo server on 127.0.0.1 (a free port), in a thread, with the background deadline check
     `fedzoo serve` runs (every `deadline_check_s`); `restart()` keeps its data directory."""
 
-    def __init__(self, data_dir: str | Path, admin_token: str = DEFAULT_ADMIN_TOKEN, deadline_check_s: float = 1.0) -> None:
+    def __init__(self, data_dir: str | Path, admin_token: str = DEFAULT_ADMIN_TOKEN, deadline_check_s: float = 1.0,
+                 trusted_keys: Path | None = None) -> None:
+        """`trusted_keys`: an operator key set (FEDZOO_TRUSTED_KEYS) whose signed cards the server accepts."""
         self.data_dir = Path(data_dir)
+        self.environ = {"FEDZOO_TRUSTED_KEYS": str(trusted_keys)} if trusted_keys is not None else {}
         self.admin_token = admin_token
         self.deadline_check_s = deadline_check_s
         self.port: int | None = None
@@ -83,7 +87,7 @@ class LoopbackServer:
             def log_request(self, *args: Any, **kwargs: Any) -> None:  # a simulation makes thousands of requests
                 pass
 
-        app = create_app(ServerConfig.from_env(environ={}, data_dir=self.data_dir, admin_token=self.admin_token))
+        app = create_app(ServerConfig.from_env(environ=self.environ, data_dir=self.data_dir, admin_token=self.admin_token))
         self._server = make_server("127.0.0.1", self.port or 0, app, threaded=True, request_handler=_QuietHandler)
         self.port = self._server.server_port
         self._deadlines = start_deadline_watcher(app, self.deadline_check_s)
@@ -375,12 +379,14 @@ class Simulation:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    def publish_base_model(self) -> dict[str, Any]:
-        """Upload the base model, its training graph and the evaluation set; publish the card."""
+    def publish_base_model(self, signing_key: CardSigningKey | None = None) -> dict[str, Any]:
+        """Upload the base model, its training graph and the evaluation set; publish the card (signed by the
+        operator's `signing_key` if given)."""
         blobs = dict(self.federation.blobs)
         evaluation_sha = self.admin.publish_blob(self.federation.evaluation_npz, self.admin_token)
         self.evaluation_sha256 = evaluation_sha
-        return self.admin.publish_model(self.federation.card, blobs, self.admin_token)
+        card = self.federation.card if signing_key is None else sign_card(self.federation.card, signing_key)
+        return self.admin.publish_model(card, blobs, self.admin_token)
 
     def register_devices(self, prefix: str = "sim-device") -> None:
         for index in range(len(self.federation.shards)):
