@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from fedzoo.cli import cli, main
 from fedzoo.zoo import Zoo
 
-TINY = ["--preset", "tiny", "--no-compress", "--no-training-graphs"]
+TINY = ["--preset", "tiny", "--no-compress", "--no-training-graphs", "--unsigned"]
 
 
 def run_main(argv, capsys):
