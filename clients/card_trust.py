@@ -40,7 +40,7 @@ class CardVerifier:
         state = self._state()
         versions = state.setdefault("accepted_versions", {})
         versions[card.family] = max(card.version, versions.get(card.family, 0))
-        _write_private_json(self.state_path, state)
+        write_private_json(self.state_path, state)
 
     def _state(self) -> dict:
         if not self.state_path.is_file():
@@ -55,7 +55,7 @@ class CardVerifier:
         return state
 
 
-def _write_private_json(path: Path, data: dict) -> None:
+def write_private_json(path: Path, data: dict) -> None:
     """Replace `path` atomically with `data`, readable by the owner only (it may hold the device token)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

@@ -22,6 +22,7 @@ from pathlib import Path
 import click
 import numpy as np
 
+from fedzoo.clients.card_trust import write_private_json
 from fedzoo.errors import InvalidInputError
 
 DEFAULT_STATE = Path(os.environ.get("FEDZOO_CLIENT_STATE") or Path.home() / ".config" / "fedzoo" / "client.json")
@@ -39,7 +40,6 @@ def _load_state(path: Path) -> dict:
 
 def _client(ctx: click.Context):
     from fedzoo.clients.client import FedzooClient
-
     from fedzoo.signing import TrustedKeys
 
     options = ctx.obj
@@ -49,16 +49,10 @@ def _client(ctx: click.Context):
         raise click.UsageError("no server given: pass --server URL (or register first)")
     if options["trusted_keys"] is not None:  # pin them: kept in the state file for every later command
         state["trusted_keys"] = TrustedKeys.load(options["trusted_keys"]).to_json()
-        _save_state(options["state"], state)
+        write_private_json(options["state"], state)
     trusted = TrustedKeys.from_json(state["trusted_keys"]) if "trusted_keys" in state else None
     return FedzooClient(server, token=options["token"] or state.get("token"), cache_dir=options["cache_dir"],
                         trusted_keys=trusted, state_path=options["state"])
-
-
-def _save_state(path: Path, state: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(state, indent=2))
-    path.chmod(0o600)
 
 
 def _read_npz(path: Path, need_labels: bool) -> tuple[np.ndarray, np.ndarray | None]:
@@ -104,7 +98,7 @@ def register(ctx: click.Context, device_id: str, device_class: str | None, threa
     with _client(ctx) as api:
         registration = api.register(profile)
         state_path: Path = ctx.obj["state"]
-        _save_state(state_path, {**_load_state(state_path), "server": api.http.base_url, "device_id": device_id,
+        write_private_json(state_path, {**_load_state(state_path), "server": api.http.base_url, "device_id": device_id,
                                  "token": registration["token"]})  # keeps pinned keys and accepted versions
     details = ", ".join(f"{key} {value}" for key, value in registration.items() if key not in ("token", "device_id"))
     click.echo(f"registered {device_id} ({details}); token saved to {state_path}")
