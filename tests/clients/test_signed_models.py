@@ -1,6 +1,6 @@
 """Attacks on what a device downloads, each refused by the SDK before onnxruntime sees a byte: a blob swapped
 in transit or on disk, card fields edited after signing, a stranger's key, an expired card, an unsigned card,
-a rollback to an older version (also after a restart). The genuine path runs against the real server with
+a rollback to an older version (also after a restart), a round task naming blobs its card does not sign. The genuine path runs against the real server with
 keys fetched from GET /v1/keys; the attacks come from a scripted server playing a compromised one."""
 
 import json
@@ -16,7 +16,8 @@ from fedzoo.cards import ModelCard
 from fedzoo.clients.cli import client as client_cli
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.errors import CardSignatureError, IntegrityError
-from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, prepare_federation
+from fedzoo.clients.participation import participate_once, run_task
+from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, Simulation, prepare_federation
 from fedzoo.signing import CardSigningKey, TrustedKeys, sign_card
 
 OPERATOR = CardSigningKey.from_seed(bytes(range(32)))
@@ -161,3 +162,29 @@ def test_the_cli_pins_trusted_keys_in_its_state_file_and_refuses_a_forged_card(f
     result = CliRunner().invoke(client_cli, [*base, "download", federation.card.id])  # pinned from the state file
     assert result.exit_code != 0 and isinstance(result.exception, CardSignatureError)
     assert result.exception.reason == "unknown_key"
+
+
+def test_a_pinned_device_takes_part_in_a_round_and_refuses_a_task_naming_blobs_its_card_does_not_sign(
+        federation, tmp_path, loaded_models):
+    key_set = tmp_path / "operator-keys.json"
+    key_set.write_text(json.dumps(PINNED.to_json()))
+    with LoopbackServer(tmp_path / "server", trusted_keys=key_set) as server, \
+            Simulation(federation, server.url, cache_root=tmp_path / "sim") as simulation:
+        simulation.publish_base_model(signing_key=OPERATOR)
+        simulation.register_devices()
+        simulation.start_plan({"min_clients": 1, "target_clients": 2, "deadline_s": 60, "local_epochs": 1,
+                               "batch_size": 32, "learning_rate": 0.05})
+        pinned = TrustedKeys.from_json(httpx.get(f"{server.url}/v1/keys").json())
+        devices = [FedzooClient(server.url, token=simulation.tokens[index], cache_dir=tmp_path / f"device-{index}",
+                                trusted_keys=pinned) for index in range(2)]
+        work = devices[0].fl_task(federation.card.task)["task"]
+        forged = {**work, "model_sha256": "0" * 64, "model_url": "/v1/blobs/" + "0" * 64}
+        with pytest.raises(IntegrityError, match="does not"):
+            run_task(devices[0], forged, federation.client_data(0))
+        assert devices[0].downloaded_bytes == 0 and not any("device-0" in str(model) for model in loaded_models)
+        result = participate_once(devices[1], federation.card.task, federation.client_data(1))
+        for device in devices:
+            device.close()
+    assert result.outcome == "accepted"
+    assert json.loads((tmp_path / "device-1" / "state.json").read_text())["accepted_versions"] == {
+        federation.card.family: 1}
