@@ -30,6 +30,8 @@ def default_keys_dir() -> Path:
 
 @dataclass(frozen=True)
 class StoredKey:
+    """One key file: its id, where it is, when it was written, and whether it was retired."""
+
     key_id: str
     path: Path
     created_at: datetime
