@@ -2,7 +2,10 @@
 
 The server URL and this device's token (and its expiry: it is rotated before it runs out) are remembered
 in a small JSON state file after `register` (default `~/.config/fedzoo/client.json`, or `--state`), so
-later commands need neither.
+later commands need neither. So are the fleet's public keys once given with `--trusted-keys FILE` (a key set
+from `GET /v1/keys` or `fedzoo keys export-public`, fetched out of band): from then on every card must be
+signed by one of them, and the newest version accepted per model family is kept there too, so no later card
+can roll the device back.
 
     fedzoo client register --server http://127.0.0.1:8000 --device-id phone-17 --enrollment-token T
     fedzoo client lookup --task mnist --latency-budget-ms 5
@@ -19,7 +22,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from fedzoo.clients.device_state import load_state
+from fedzoo.clients.device_state import load_state, update_state
 from fedzoo.errors import InvalidInputError
 
 DEFAULT_STATE = Path(os.environ.get("FEDZOO_CLIENT_STATE") or Path.home() / ".config" / "fedzoo" / "client.json")
@@ -27,12 +30,18 @@ DEFAULT_STATE = Path(os.environ.get("FEDZOO_CLIENT_STATE") or Path.home() / ".co
 
 def _client(ctx: click.Context):
     from fedzoo.clients.client import FedzooClient
+    from fedzoo.signing import TrustedKeys
 
     options = ctx.obj
     server = options["server"] or load_state(options["state"]).get("server")
     if not server:
         raise click.UsageError("no server given: pass --server URL (or register first)")
-    return FedzooClient(server, token=options["token"], cache_dir=options["cache_dir"], state_file=options["state"])
+    if options["trusted_keys"] is not None:  # pin them: kept in the state file for every later command
+        update_state(options["state"], {"trusted_keys": TrustedKeys.load(options["trusted_keys"]).to_json()})
+    state = load_state(options["state"])
+    trusted = TrustedKeys.from_json(state["trusted_keys"]) if "trusted_keys" in state else None
+    return FedzooClient(server, token=options["token"], cache_dir=options["cache_dir"], state_file=options["state"],
+                        trusted_keys=trusted)
 
 
 def _read_npz(path: Path, need_labels: bool) -> tuple[np.ndarray, np.ndarray | None]:
@@ -53,10 +62,14 @@ def _read_npz(path: Path, need_labels: bool) -> tuple[np.ndarray, np.ndarray | N
               help="where register keeps the server URL and token")
 @click.option("--cache-dir", type=click.Path(path_type=Path), envvar="FEDZOO_CACHE_DIR",
               help="download cache (default ~/.cache/fedzoo)")
+@click.option("--trusted-keys", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="pin this key set (JSON from GET /v1/keys or `fedzoo keys export-public`, obtained out of band); "
+                   "kept in the state file: every card must then be signed by one of its keys")
 @click.pass_context
-def client(ctx: click.Context, server: str | None, token: str | None, state: Path, cache_dir: Path | None) -> None:
+def client(ctx: click.Context, server: str | None, token: str | None, state: Path, cache_dir: Path | None,
+           trusted_keys: Path | None) -> None:
     """Device-side client: register, look up, download, run, train."""
-    ctx.obj = {"server": server, "token": token, "state": state, "cache_dir": cache_dir}
+    ctx.obj = {"server": server, "token": token, "state": state, "cache_dir": cache_dir, "trusted_keys": trusted_keys}
 
 
 @client.command()

@@ -5,6 +5,7 @@ and the federated-learning calls. numpy + onnxruntime + httpx only; never torch.
     client.register(collect_device_profile("phone-17"), enrollment_token)  # keeps the token it is given
     choice = client.lookup("mnist", latency_budget_ms=5.0)
     path = client.download_model(choice["model"])             # resumable, sha256-checked, cached
+    # FedzooClient(..., trusted_keys=TrustedKeys.load("fleet-keys.json")): cards must be signed by a pinned key
     logits = client.session(choice["model"]).run(images)      # onnxruntime, card's normalisation
     client.report_latency(choice["model"]["id"], median_ms=1.2)
 
@@ -23,11 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from fedzoo.cards import ModelCard
+from fedzoo.clients.card_trust import CardVerifier
 from fedzoo.clients.device_state import load_state, update_state
-from fedzoo.clients.download import BlobCache, download_blob
+from fedzoo.clients.download import BlobCache, download_blob, sha256_of_file
+from fedzoo.clients.errors import IntegrityError
 from fedzoo.clients.http import FedzooHTTP, RetryPolicy
 from fedzoo.device import DeviceProfile
 from fedzoo.errors import InvalidInputError
+from fedzoo.signing import TrustedKeys
 
 # Rotate the device token once less than this share of its lifetime is left (the Java SDK does the same).
 REFRESH_AT_LIFETIME_FRACTION = 0.5
@@ -44,14 +48,19 @@ class FedzooClient:
         retry: RetryPolicy | None = None,
         timeout_s: float = 30.0,
         state_file: str | Path | None = None,
+        trusted_keys: TrustedKeys | None = None,
     ) -> None:
         """`state_file` keeps the device id, token and token expiry across restarts (a token saved there is
-        used when `token` is not given)."""
+        used when `token` is not given). `trusted_keys` pins the fleet's card-signing keys: every card must then
+        verify before its model is downloaded or loaded, and the newest version accepted per family is kept in
+        the state file (default `<cache_dir>/state.json`) so that no later card can roll the family back."""
         self.http = FedzooHTTP(base_url, token=token, retry=retry, timeout_s=timeout_s)
         self.cache = BlobCache(Path(cache_dir).expanduser() if cache_dir is not None else None)
         self.downloaded_bytes = 0
         self.uploaded_bytes = 0
         self.state_file = Path(state_file).expanduser() if state_file is not None else None
+        self.card_verifier = (None if trusted_keys is None else
+                              CardVerifier(trusted_keys, self.state_file or self.cache.root / "state.json"))
         self.device_id: str | None = None
         self.token_refresh_at_s: float | None = None  # Unix time on this device's clock
         saved = load_state(self.state_file) if self.state_file is not None else {}
@@ -139,10 +148,34 @@ class FedzooClient:
 
     # blobs -----------------------------------------------------------------------------------------
 
+    @property
+    def signed_cards_required(self) -> bool:
+        return self.card_verifier is not None
+
     def download_model(self, card: ModelCard | dict[str, Any]) -> Path:
-        """The model's ONNX file in the cache (downloaded, resumed or reused)."""
+        """The model's ONNX file in the cache (downloaded, resumed or reused); with pinned keys, only after
+        the card verified, and the file's sha256 is checked again even when it was cached."""
         card = card if isinstance(card, ModelCard) else ModelCard.from_dict(card)
-        return self.download(f"/v1/models/{card.id}/blob", card.sha256)
+        return self._verified_blob(card, f"/v1/models/{card.id}/blob", card.sha256)
+
+    def download_training_graph(self, card: ModelCard) -> Path:
+        """The card's on-device training graph, under the same checks as `download_model`."""
+        if card.training_graph is None:
+            raise IntegrityError(f"model {card.id!r} has no training graph")
+        return self._verified_blob(card, f"/v1/blobs/{card.training_graph}", card.training_graph)
+
+    def _verified_blob(self, card: ModelCard, url_path: str, sha256: str) -> Path:
+        if self.card_verifier is None:
+            return self.download(url_path, sha256)
+        self.card_verifier.verify(card)  # before a byte is fetched: an untrusted card costs no download
+        path = self.download(url_path, sha256)
+        actual = sha256_of_file(path)  # a cached file could have been altered on disk since it was stored
+        if actual != sha256:
+            path.unlink(missing_ok=True)
+            raise IntegrityError(f"cached blob {path} hashes to {actual}, not {sha256} as card {card.id!r} "
+                                 "signs; discarded")
+        self.card_verifier.accept(card)
+        return path
 
     def download_blob(self, sha256: str) -> Path:
         """Any blob (a training graph, an artifact) by digest, through the cache."""

@@ -29,7 +29,7 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("FEDZOO_CACHE_DIR") or Path.home() / ".cache" / "fedzoo")
 
 
-def _sha256_of_file(path: Path) -> str:
+def sha256_of_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as stream:
         for chunk in iter(lambda: stream.read(1 << 20), b""):
@@ -96,7 +96,7 @@ def download_blob(
                 http.sleep(http.retry.delay_s(attempt))
     else:
         raise ServerUnavailableError(f"download of {url_path} did not finish after {max_attempts} attempts")
-    actual = _sha256_of_file(partial)
+    actual = sha256_of_file(partial)
     if actual != sha256:
         partial.unlink(missing_ok=True)
         raise IntegrityError(f"{url_path} sent bytes hashing to {actual}, not the expected {sha256}; download discarded")

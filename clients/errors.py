@@ -4,12 +4,17 @@ The server answers errors as `{"error": {"code", "message", "field"}}`; `error_f
 that into the exception type of its HTTP status (a table, not a chain of ifs), keeping the server's
 code, message and field so the caller can act on them (e.g. a 409 `duplicate_update` means the
 server already has this device's update).
+
+With pinned keys, a card the device must not use raises `CardSignatureError` (re-exported here from
+`fedzoo.errors`) whose `reason` is one of `unsigned`, `unknown_key`, `bad_signature`, `field_mismatch`,
+`expired`, `rollback`; a blob whose bytes differ from the digest its card signs raises `IntegrityError`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from fedzoo.errors import CardSignatureError  # noqa: F401  (re-exported: the SDK's refusal of a card)
 from fedzoo.errors import FedzooError, InvalidInputError, NotFoundError
 
 

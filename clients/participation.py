@@ -29,7 +29,7 @@ import numpy as np
 
 from fedzoo.cards import ModelCard, Normalisation
 from fedzoo.clients.client import FedzooClient
-from fedzoo.clients.errors import ConflictError, ServerUnavailableError
+from fedzoo.clients.errors import ConflictError, IntegrityError, ServerUnavailableError
 from fedzoo.clients.update_codec import Encoding, encode_update
 from fedzoo.edge.onnx_initializers import read_float_initializers, replace_initializers
 from fedzoo.edge.optimizers import SGD, Adam, Optimizer
@@ -117,9 +117,12 @@ def run_task(
 ) -> ParticipationResult:
     """Do the work of one task: download, train locally, upload. `transform` alters the delta before upload
     (only for simulating faulty or malicious devices)."""
-    model = client.download(work["model_url"], work["model_sha256"]).read_bytes()
-    graph = client.download(work["training_graph_url"], work["training_graph_sha256"]).read_bytes()
     card = client.card(work["model_id"])
+    if card.sha256 != work["model_sha256"] or card.training_graph != work["training_graph_sha256"]:
+        raise IntegrityError(f"round {work['round_id']} names blobs that model {card.id!r}'s card does not")
+    # through the card, so that pinned keys verify it before any of its bytes are used
+    model = client.download_model(card).read_bytes()
+    graph = client.download_training_graph(card).read_bytes()
     delta, metrics = train_locally(graph, model, card, work["training"], data, seed)
     if transform is not None:
         delta = transform(delta)

@@ -1,9 +1,9 @@
 """`fedzoo demo`: the whole system end to end on MNIST-5k, on this machine.
 
 It builds a zoo (supernet training and search), compresses it behind the accuracy gate, attaches
-training graphs, serves it with the production server (`fedzoo serve`, gunicorn on loopback), then
+training graphs, signs its cards with an operator key, serves it with the production server (`fedzoo serve`, gunicorn on loopback), then
 acts as a device (register with calibration timings, look up the best model under a budget,
-download, run, report latency), runs federated rounds that fine-tune a zoo model from virtual devices'
+verify the card against the pinned keys, download, run, report latency), runs federated rounds that fine-tune a zoo model from virtual devices'
 Dirichlet shards and publish new versions, and finally lets a device of the Java (Android) SDK run a model and
 take part in a round beside a Python device, when a JDK and Maven are present (it says so when it skips).
 """
@@ -55,6 +55,11 @@ class DemoRun:
     def zoo_dir(self) -> Path:
         return self.workdir / "zoo"
 
+    @property
+    def operator_keys_file(self) -> Path:
+        """The operator's public key set, which the server trusts (FEDZOO_TRUSTED_KEYS)."""
+        return self.workdir / "operator-keys.json"
+
 
 def stage_data(run: DemoRun) -> str:
     run.split = split_dataset(load_dataset("mnist"), seed=0)
@@ -102,6 +107,18 @@ def stage_training_graphs(run: DemoRun) -> str:
     return f"training graphs attached to {len(updated)} cards (standard ONNX ops only)"
 
 
+def stage_sign(run: DemoRun) -> str:
+    from fedzoo.keyring import KeyDirectory
+    from fedzoo.signing import CardSigningKey
+
+    keys = KeyDirectory(run.workdir / "keys")
+    stored = next((key for key in keys.keys() if not key.retired), None) or keys.generate()  # a rerun keeps its key
+    key = CardSigningKey.load(stored.path)
+    signed = Zoo(run.zoo_dir).sign_cards(key)
+    run.operator_keys_file.write_text(json.dumps(keys.active_public_keys().to_json(), indent=2))
+    return f"{len(signed)} cards signed with operator key {key.key_id} ({stored.path}); public set: {run.operator_keys_file}"
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -115,7 +132,8 @@ def stage_serve(run: DemoRun) -> str:
                "--port", str(port), "--data-dir", str(run.workdir / "server")]
     with open(run.workdir / "server.log", "wb") as log:  # the child keeps its own copy of the descriptor
         run.server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                      env={**os.environ, "FEDZOO_ADMIN_TOKEN": run.admin_token})
+                                      env={**os.environ, "FEDZOO_ADMIN_TOKEN": run.admin_token,
+                                           "FEDZOO_TRUSTED_KEYS": str(run.operator_keys_file)})
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
     while time.monotonic() < deadline:
         if run.server.poll() is not None:
@@ -136,10 +154,13 @@ def stage_client(run: DemoRun) -> str:
     from fedzoo.clients.client import FedzooClient
     from fedzoo.edge.benchmark import benchmark_model
     from fedzoo.edge.device_profile import collect_device_profile
+    from fedzoo.signing import TrustedKeys
 
     cards = [card for card in Zoo(run.zoo_dir).cards() if DEVICE_CLASS in card.latency_ms]
     budget_ms = 2 * min(card.latency_ms[DEVICE_CLASS].median_ms for card in cards)
-    with FedzooClient(run.server_url, cache_dir=run.workdir / "device-cache") as client:
+    # a real device ships with this key set; the demo fetches it once, before the device starts
+    pinned = TrustedKeys.from_json(httpx.get(f"{run.server_url}/v1/keys").json())
+    with FedzooClient(run.server_url, cache_dir=run.workdir / "device-cache", trusted_keys=pinned) as client:
         profile = collect_device_profile(f"demo-device-{os.getpid()}", threads=1)
         # enrolled as an operator would enroll a device: an enrollment token made with the admin token
         client.register(profile, client.create_enrollment_token(run.admin_token, label="demo device")["token"])
@@ -153,7 +174,7 @@ def stage_client(run: DemoRun) -> str:
         again = client.lookup("mnist", latency_budget_ms=budget_ms)
     return (
         f"lookup under {budget_ms:.3f} ms chose {card.id} ({card.precision}, {answer['latency_ms']:.3f} ms "
-        f"{answer['latency_source']}); on-device test accuracy {accuracy:.4f}; measured {measured.median_ms:.3f} ms "
+        f"{answer['latency_source']}), its signature verified against {len(pinned.key_ids)} pinned keys; on-device test accuracy {accuracy:.4f}; measured {measured.median_ms:.3f} ms "
         f"and reported it; the next lookup used '{again['latency_source']}' latency for {again['model']['id']}"
     )
 
@@ -246,6 +267,7 @@ STAGES: list[tuple[str, Callable[[DemoRun], str]]] = [
     ("NAS: supernet training and search into a zoo", stage_build),
     ("compression: pruning and INT8 behind the accuracy gate", stage_compress),
     ("training graphs for on-device training", stage_training_graphs),
+    ("signing: the operator's key signs every card", stage_sign),
     ("model server: import the zoo and serve it", stage_serve),
     ("device: register, look up, download, run, report latency", stage_client),
     ("federated rounds driven by the server", stage_federated),

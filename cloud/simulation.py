@@ -51,6 +51,7 @@ from fedzoo.errors import InvalidInputError
 from fedzoo.secagg import RoundAborted, dequantise_sum, example_weight, flatten, quantise, run_local_round, unflatten
 from fedzoo.secagg.config import SecAggConfig
 from fedzoo.server.fl.strategies import ClientUpdate, make_strategy, require_secure_aggregation_support
+from fedzoo.signing import CardSigningKey, sign_card
 
 DEFAULT_ADMIN_TOKEN = "simulation-admin-token"
 
@@ -65,10 +66,13 @@ class LoopbackServer:
     `fedzoo serve` runs (every `deadline_check_s`); `restart()` keeps its data directory."""
 
     def __init__(self, data_dir: str | Path, admin_token: str = DEFAULT_ADMIN_TOKEN, deadline_check_s: float = 1.0,
-                 environ: dict[str, str] | None = None) -> None:
-        """`environ`: `FEDZOO_*` settings over the loopback defaults (e.g. a short FEDZOO_DEVICE_TOKEN_TTL_S)."""
+                 environ: dict[str, str] | None = None, trusted_keys: Path | None = None) -> None:
+        """`environ`: `FEDZOO_*` settings over the loopback defaults (e.g. a short FEDZOO_DEVICE_TOKEN_TTL_S);
+        `trusted_keys`: an operator key set (FEDZOO_TRUSTED_KEYS) whose signed cards the server accepts."""
         self.data_dir = Path(data_dir)
         self.environ = {**LOOPBACK_ENVIRONMENT, **(environ or {})}
+        if trusted_keys is not None:
+            self.environ["FEDZOO_TRUSTED_KEYS"] = str(trusted_keys)
         self.admin_token = admin_token
         self.deadline_check_s = deadline_check_s
         self.port: int | None = None
@@ -383,12 +387,14 @@ class Simulation:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    def publish_base_model(self) -> dict[str, Any]:
-        """Upload the base model, its training graph and the evaluation set; publish the card."""
+    def publish_base_model(self, signing_key: CardSigningKey | None = None) -> dict[str, Any]:
+        """Upload the base model, its training graph and the evaluation set; publish the card (signed by the
+        operator's `signing_key` if given)."""
         blobs = dict(self.federation.blobs)
         evaluation_sha = self.admin.publish_blob(self.federation.evaluation_npz, self.admin_token)
         self.evaluation_sha256 = evaluation_sha
-        return self.admin.publish_model(self.federation.card, blobs, self.admin_token)
+        card = self.federation.card if signing_key is None else sign_card(self.federation.card, signing_key)
+        return self.admin.publish_model(card, blobs, self.admin_token)
 
     def register_devices(self, prefix: str = "sim-device") -> None:
         """Register one device per shard, enrolled with one enrollment token the admin creates for them."""

@@ -10,7 +10,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from fedzoo.compress.cli import compress
+from fedzoo.signing import CardSigningKey
 from fedzoo.zoo import Zoo
+
+SIGNING_KEY_OPTION = click.option(
+    "--signing-key", type=click.Path(dir_okay=False, path_type=Path), envvar="FEDZOO_SIGNING_KEY",
+    help="The operator's private key (PEM, from `fedzoo keys generate`) that signs every card "
+         "(default $FEDZOO_SIGNING_KEY).")
 
 
 class RichReporter:
@@ -62,21 +68,38 @@ def zoo() -> None:
 @click.option("--threads", "torch_threads", type=click.IntRange(min=1), default=1, show_default=True, help="Torch threads for training.")
 @click.option("--no-compress", is_flag=True, help="Skip the compression stage (pruning, INT8).")
 @click.option("--no-training-graphs", is_flag=True, help="Skip attaching on-device training graphs.")
+@SIGNING_KEY_OPTION
+@click.option("--unsigned", is_flag=True, help="Write unsigned cards (a lab zoo no device that pins keys accepts).")
 @click.option("--stop-after-epoch", type=click.IntRange(min=1), default=None, hidden=True)
 @click.option("--stop-after-generation", type=click.IntRange(min=1), default=None, hidden=True)
-def build(no_compress: bool, no_training_graphs: bool, **options) -> None:
+def build(no_compress: bool, no_training_graphs: bool, signing_key: Path | None, unsigned: bool, **options) -> None:
     """Train a once-for-all supernet, search it under the constraints and write the Pareto-optimal
-    subnets to OUT as ONNX models with model cards. Re-running the same command resumes."""
+    subnets to OUT as ONNX models with model cards, signed with --signing-key (or explicitly --unsigned).
+    Re-running the same command resumes."""
     from fedzoo.cloud.pipeline import BuildConfig, build_zoo
 
+    key = _signing_key(signing_key, unsigned)  # before the build: a missing key must not cost a training run
     config = BuildConfig(compress=not no_compress, training_graphs=not no_training_graphs, **options)
     console = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         result = build_zoo(config, RichReporter(progress))
+    if key is not None:
+        result.zoo.sign_cards(key)
+        console.print(f"signed {len(result.zoo)} cards with key {key.key_id}")
     _print_cards(result.cards, title=f"zoo {config.out}: {len(result.cards)} models")
     stages = ", ".join(f"{stage} {seconds:.0f}" for stage, seconds in result.stage_seconds.items())
     console.print(f"stage times, wall s: {stages}; total {sum(result.stage_seconds.values()):.0f}")
+
+
+def _signing_key(path: Path | None, unsigned: bool) -> CardSigningKey | None:
+    """The key cards are signed with; refusing to guess: no key and no --unsigned is an error."""
+    if path is not None and unsigned:
+        raise click.UsageError("--signing-key and --unsigned contradict each other; give one")
+    if path is None and not unsigned:
+        raise click.UsageError("cards must be signed: pass --signing-key PATH (see `fedzoo keys generate`) "
+                               "or --unsigned for a lab zoo no device pinning keys will accept")
+    return None if path is None else CardSigningKey.load(path)
 
 
 def _print_cards(cards, title: str) -> None:
@@ -113,6 +136,19 @@ def list_cards(zoo_dir: Path) -> None:
 def show(card_id: str, zoo_dir: Path) -> None:
     """Print one model card as JSON."""
     click.echo(Zoo(zoo_dir).card(card_id).to_json())
+
+
+@zoo.command()
+@click.option("--zoo", "zoo_dir", required=True, type=click.Path(path_type=Path), help="The zoo folder.")
+@SIGNING_KEY_OPTION
+def sign(zoo_dir: Path, signing_key: Path | None) -> None:
+    """Sign (or re-sign) every card of a zoo: after `zoo compress` added cards, or to move a zoo to a new
+    key before the old one is retired."""
+    if signing_key is None:
+        raise click.UsageError("pass --signing-key PATH (or set FEDZOO_SIGNING_KEY)")
+    key = CardSigningKey.load(signing_key)
+    signed = Zoo(zoo_dir).sign_cards(key)
+    click.echo(f"signed {len(signed)} cards of {zoo_dir} with key {key.key_id}")
 
 
 zoo.add_command(compress)

@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "enrollment": ("fedzoo.server.enrollment_cli:enrollment", "Operators: enrollment tokens and device revocation."),
     "client": ("fedzoo.clients.cli:client", "Device-side client: register, look up, download, run, train."),
     "demo": ("fedzoo.cloud.demo:demo", "Run the whole system end to end on MNIST-5k."),
+    "keys": ("fedzoo.keys_cli:keys", "Card-signing keys: generate, list, export the public key set, retire."),
 }
 
 

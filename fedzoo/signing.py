@@ -24,7 +24,13 @@ from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+    load_pem_private_key,
+)
 
 from fedzoo.cards import CardSignature, ModelCard
 from fedzoo.errors import CardSignatureError, InvalidInputError
@@ -69,21 +75,28 @@ class CardSigningKey:
         return key_id_of(self.public_key_raw)
 
     def save(self, path: Path) -> None:
-        """Write the key as JSON readable by its owner only (mode 0600)."""
-        seed = self.private_key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
-        text = json.dumps({"key_id": self.key_id, "algorithm": "ed25519", "private_key": _b64(seed)}, indent=2)
+        """Write the key as PKCS#8 PEM readable by its owner only (mode 0600, set at creation: never readable
+        by others, not even for a moment). An existing file is replaced."""
+        pem = self.private_key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
         path.parent.mkdir(parents=True, exist_ok=True)
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "w") as file:
-            file.write(text + "\n")
+        os.fchmod(descriptor, 0o600)  # O_CREAT's mode does not apply to a file that already existed
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(pem)
 
     @classmethod
     def load(cls, path: Path) -> CardSigningKey:
-        data = _read_json(path)
+        """Read a PKCS#8 PEM ed25519 private key (what `save` and `openssl genpkey -algorithm ed25519` write)."""
         try:
-            return cls.from_seed(_unb64(data["private_key"], "private_key"))
-        except (KeyError, TypeError, ValueError) as error:
-            raise InvalidInputError(f"{path} is not a fedzoo signing key: {error}", field="private_key") from None
+            private_key = load_pem_private_key(Path(path).read_bytes(), password=None)
+        except OSError as error:
+            raise InvalidInputError(f"cannot read the signing key {path}: {error.strerror}", field="signing_key") from None
+        except (TypeError, ValueError):
+            raise InvalidInputError(f"{path} is not an unencrypted PEM private key", field="signing_key") from None
+        if not isinstance(private_key, Ed25519PrivateKey):
+            raise InvalidInputError(f"{path} holds a {type(private_key).__name__}; card keys are ed25519",
+                                    field="signing_key")
+        return cls(private_key)
 
 
 class TrustedKeys:
@@ -98,6 +111,10 @@ class TrustedKeys:
 
     def get(self, key_id: str) -> Ed25519PublicKey | None:
         return self._keys.get(key_id)
+
+    def public_keys_raw(self) -> list[bytes]:
+        """The 32-byte public keys in key-id order, e.g. to merge two key sets."""
+        return [_raw_public(self._keys[key_id]) for key_id in self.key_ids]
 
     def to_json(self) -> dict[str, Any]:
         """`{"keys": [{"key_id", "algorithm", "public_key"}]}`, the form SDKs pin and servers publish."""

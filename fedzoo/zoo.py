@@ -17,10 +17,12 @@ import hashlib
 import json
 import os
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 
 from fedzoo.cards import ModelCard
 from fedzoo.errors import InvalidInputError, NotFoundError
+from fedzoo.signing import DEFAULT_CARD_LIFETIME, CardSigningKey, sign_card
 
 ZOO_FORMAT = "fedzoo-zoo"
 ZOO_FORMAT_VERSION = 1
@@ -113,6 +115,14 @@ class Zoo:
         if card.training_graph is not None:
             self.blob_path(card.training_graph)
         atomic_write_bytes(self.root / "cards" / f"{card.id}.json", card.to_json().encode())
+
+    def sign_cards(self, key: CardSigningKey, lifetime: timedelta = DEFAULT_CARD_LIFETIME) -> list[ModelCard]:
+        """Sign every card with `key` (replacing any older signature, e.g. of a retired key or after a later
+        stage changed the card); returns the signed cards."""
+        signed = [sign_card(card, key, lifetime) for card in self.cards()]
+        for card in signed:
+            atomic_write_bytes(self.root / "cards" / f"{card.id}.json", card.to_json().encode())
+        return signed
 
     def card(self, card_id: str) -> ModelCard:
         """The card with this id; raises NotFoundError if there is none."""

@@ -14,6 +14,7 @@ from werkzeug.exceptions import HTTPException
 from fedzoo.errors import FedzooError
 from fedzoo.server import migrations, registry
 from fedzoo.server.blobstore import FileBlobStore
+from fedzoo.server.card_keys import FleetKeys
 from fedzoo.server.config import ServerConfig
 from fedzoo.server.context import ServerContext
 from fedzoo.server.db import Database
@@ -21,7 +22,7 @@ from fedzoo.server.errors import APIError, from_domain_error
 from fedzoo.server.fl import routes as fl_routes
 from fedzoo.server.latency import LatencyEstimator, default_estimator
 from fedzoo.server.ratelimit import RateLimiter
-from fedzoo.server.routes import blobs, devices, enrollment, lookup, meta, models
+from fedzoo.server.routes import blobs, devices, enrollment, keys, lookup, meta, models
 from fedzoo.server.routes.common import EXTENSION_KEY
 
 BLUEPRINTS = [
@@ -32,6 +33,7 @@ BLUEPRINTS = [
     enrollment.blueprint,
     lookup.blueprint,
     fl_routes.blueprint,
+    keys.blueprint,
 ]
 
 # HTTP errors raised by Flask/werkzeug itself (routing, size limit), as API error codes.
@@ -120,6 +122,7 @@ def create_app(config: ServerConfig | None = None, estimator: LatencyEstimator |
         estimator=estimator,
         limiter=RateLimiter(config.rate_limits,
                             config.rate_limit_storage_uri or f"sqlite:///{config.data_dir / 'rate-limits.db'}"),
+        keys=FleetKeys.from_config(config),
     )
     if config.open_enrollment:  # each worker says it: no one should find out from a stranger's device
         log.warning("OPEN ENROLLMENT: FEDZOO_OPEN_ENROLLMENT is on; anyone who reaches this server can register "

@@ -24,6 +24,7 @@ from gunicorn.arbiter import Arbiter
 from fedzoo.server import registry
 from fedzoo.server.app import create_app, prepare_registry
 from fedzoo.server.blobstore import FileBlobStore
+from fedzoo.server.card_keys import FleetKeys
 from fedzoo.server.config import ServerConfig
 from fedzoo.server.db import Database
 from fedzoo.server.fl.deadlines import start_deadline_watcher
@@ -102,11 +103,13 @@ class ServerApplication(BaseApplication):
 
 
 def import_zoo_into_registry(config: ServerConfig, estimator: LatencyEstimator, zoo_dir: Path) -> tuple[int, int]:
-    """Publish every card of a zoo directory; returns (cards in the zoo, newly published)."""
+    """Publish every card of a zoo directory, each checked against the server's trusted keys; returns (cards
+    in the zoo, newly published)."""
+    check_card = FleetKeys.from_config(config).check_publishable
     database = Database(config.database_url)
     try:
         with database.session() as session:
-            results = registry.import_zoo(session, FileBlobStore(config.blob_dir), estimator, zoo_dir)
+            results = registry.import_zoo(session, FileBlobStore(config.blob_dir), estimator, zoo_dir, check_card)
     finally:
         database.dispose()
     return len(results), sum(result.created for result in results)

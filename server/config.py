@@ -31,6 +31,11 @@ class ServerConfig:
     device_token_ttl_s: int = DEFAULT_DEVICE_TOKEN_TTL_S
     rate_limits: dict[str, str] = field(default_factory=dict)  # rule -> limits, see fedzoo.server.ratelimit
     rate_limit_storage_uri: str | None = None  # None: a SQLite file in data_dir, shared by one host's workers
+    # card signing (docs/signed-models.md): the server's own key, the operator keys it trusts, and whether an
+    # unsigned card may be published
+    signing_key_path: Path | None = None
+    trusted_keys_path: Path | None = None
+    require_signed_cards: bool = False
 
     @property
     def blob_dir(self) -> Path:
@@ -40,8 +45,9 @@ class ServerConfig:
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: object) -> ServerConfig:
         """Settings from `FEDZOO_DATA_DIR`, `FEDZOO_DATABASE_URL`, `FEDZOO_ADMIN_TOKEN`,
         `FEDZOO_MAX_REQUEST_BYTES`, `FEDZOO_MAX_JSON_BYTES`, `FEDZOO_FL_MAX_EXAMPLES_PER_UPDATE`,
-        `FEDZOO_OPEN_ENROLLMENT`, `FEDZOO_DEVICE_TOKEN_TTL_S`, `FEDZOO_RATE_LIMIT_STORAGE_URI` and
-        `FEDZOO_RATE_LIMIT_<RULE>` (see `fedzoo.server.ratelimit`); keyword overrides win."""
+        `FEDZOO_OPEN_ENROLLMENT`, `FEDZOO_DEVICE_TOKEN_TTL_S`, `FEDZOO_RATE_LIMIT_STORAGE_URI`,
+        `FEDZOO_RATE_LIMIT_<RULE>` (see `fedzoo.server.ratelimit`), `FEDZOO_SERVER_SIGNING_KEY`, `FEDZOO_TRUSTED_KEYS`,
+        `FEDZOO_REQUIRE_SIGNED_CARDS`; keyword overrides win."""
         from fedzoo.server.ratelimit import rate_limits_from_env
 
         env = dict(os.environ if environ is None else environ)
@@ -55,10 +61,14 @@ class ServerConfig:
             "max_json_bytes": _positive_int(env, "FEDZOO_MAX_JSON_BYTES", DEFAULT_MAX_JSON_BYTES),
             "fl_max_examples_per_update": _positive_int(env, "FEDZOO_FL_MAX_EXAMPLES_PER_UPDATE",
                                                         DEFAULT_FL_MAX_EXAMPLES_PER_UPDATE),
-            "open_enrollment": env.get("FEDZOO_OPEN_ENROLLMENT", "").strip().lower() in ("1", "true", "yes", "on"),
+            "open_enrollment": _switch(env, "FEDZOO_OPEN_ENROLLMENT", False),
             "device_token_ttl_s": _positive_int(env, "FEDZOO_DEVICE_TOKEN_TTL_S", DEFAULT_DEVICE_TOKEN_TTL_S),
             "rate_limits": rate_limits_from_env(env),
             "rate_limit_storage_uri": env.get("FEDZOO_RATE_LIMIT_STORAGE_URI") or None,
+            "signing_key_path": _optional_path(env, "FEDZOO_SERVER_SIGNING_KEY"),
+            "trusted_keys_path": _optional_path(env, "FEDZOO_TRUSTED_KEYS"),
+            # on by default once the operator named the keys to trust; off out of the box (docs/signed-models.md)
+            "require_signed_cards": _switch(env, "FEDZOO_REQUIRE_SIGNED_CARDS", bool(env.get("FEDZOO_TRUSTED_KEYS"))),
         }
         values.update({key: value for key, value in overrides.items() if value is not None})
         return cls(**values)  # type: ignore[arg-type]
@@ -75,3 +85,17 @@ def _positive_int(env: dict[str, str], name: str, default: int) -> int:
     if value <= 0:
         raise InvalidInputError(f"{name} must be positive, got {value}", field=name)
     return value
+
+
+def _optional_path(env: dict[str, str], name: str) -> Path | None:
+    raw = env.get(name)
+    return Path(raw).expanduser() if raw else None
+
+
+def _switch(env: dict[str, str], name: str, default: bool) -> bool:
+    raw = (env.get(name) or "").strip().lower()
+    if not raw:
+        return default
+    if raw not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise InvalidInputError(f"{name} must be 1 or 0 (true/false, yes/no, on/off), got {raw!r}", field=name)
+    return raw in ("1", "true", "yes", "on")

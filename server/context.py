@@ -1,10 +1,12 @@
-"""What every request handler works with: settings, database, blob store, latency estimator, rate limiter."""
+"""What every request handler works with: settings, database, blob store, latency estimator, rate limiter,
+signing keys."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from fedzoo.server.blobstore import BlobStore
+from fedzoo.server.card_keys import FleetKeys
 from fedzoo.server.config import ServerConfig
 from fedzoo.server.db import Database
 from fedzoo.server.latency import LatencyEstimator
@@ -18,3 +20,4 @@ class ServerContext:
     store: BlobStore
     estimator: LatencyEstimator
     limiter: RateLimiter
+    keys: FleetKeys

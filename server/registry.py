@@ -9,6 +9,7 @@ so nothing already published is ever overwritten.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,11 +120,16 @@ def publish(session: Session, store: BlobStore, estimator: LatencyEstimator, car
     return PublishResult(card, created=True)
 
 
-def import_zoo(session: Session, store: BlobStore, estimator: LatencyEstimator, zoo_dir: str | Path) -> list[PublishResult]:
-    """Copy a zoo directory's blobs into the store and publish its cards (already-published ones are skipped)."""
+def import_zoo(session: Session, store: BlobStore, estimator: LatencyEstimator, zoo_dir: str | Path,
+               check_card: Callable[[ModelCard], None]) -> list[PublishResult]:
+    """Copy a zoo directory's blobs into the store and publish its cards (already-published ones are skipped).
+    Every card passes `check_card` (its signature) before anything is stored."""
     zoo = Zoo(zoo_dir)
+    cards = zoo.cards()
+    for card in cards:
+        check_card(card)
     results = []
-    for card in zoo.cards():
+    for card in cards:
         digests = [card.sha256, *card.artifacts.values()]
         if card.training_graph is not None:
             digests.append(card.training_graph)

@@ -160,6 +160,18 @@ class PublishResponse(Response):
     created: bool = Field(description="false when this exact card was already published")
 
 
+class PublicKey(Response):
+    key_id: str = Field(pattern=r"^[0-9a-f]{16}$", description="16 hex digits of the sha256 of the raw key")
+    algorithm: Literal["ed25519"]
+    public_key: str = Field(description="base64 of the 32-byte raw ed25519 public key")
+
+
+class KeySet(Response):
+    """The keys whose card signatures the fleet accepts: what `CardVerifier.fromJson` and `--trusted-keys` read."""
+
+    keys: list[PublicKey]
+
+
 class BlobUploadResponse(Response):
     sha256: str = Field(pattern=SHA256_PATTERN)
     size_bytes: int

@@ -70,6 +70,7 @@ from fedzoo.server.fl.strategies import ClientUpdate, Parameters, Strategy, make
 from fedzoo.server.latency import LatencyEstimator
 from fedzoo.server.models import DeviceRecord
 from fedzoo.server import registry
+from fedzoo.signing import CardSigningKey, sign_card
 
 TRAINING_GRAPH_DATA_INPUTS = ("x", "y")
 log = logging.getLogger(__name__)
@@ -147,12 +148,14 @@ class RoundService:
         database: Database,
         store: BlobStore,
         estimator: LatencyEstimator,
+        signing_key: CardSigningKey,
         clock: Callable[[], datetime] = utc_now,
         aggregation_lease_s: float = AGGREGATION_LEASE_S,
         spill_dir: Path | None = None,
         max_examples_per_update: int = DEFAULT_MAX_EXAMPLES_PER_UPDATE,
     ) -> None:
         self.database, self.store, self.estimator, self.clock = database, store, estimator, clock
+        self.signing_key = signing_key  # signs every version a round publishes
         self.aggregation_lease_s = aggregation_lease_s
         self.spill_dir = spill_dir
         self.max_examples_per_update = max_examples_per_update
@@ -625,7 +628,8 @@ class RoundService:
                 "client_reported_metrics": summary["client_reported_metrics"], "base_model_id": base.card.id,
             }},
         })
-        card = ModelCard.from_dict(card.model_dump())
+        card = sign_card(ModelCard.from_dict(card.model_dump(exclude={"signature"})), self.signing_key,
+                         now=self.clock())
         registry.publish(session, self.store, self.estimator, card)
         return card
 

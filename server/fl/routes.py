@@ -53,7 +53,7 @@ UPLOAD_ENCODING = {"metadata": {"contentType": "application/json"}, "delta": {"c
 def _create_service(state) -> None:
     server = state.app.extensions[EXTENSION_KEY]
     state.app.extensions[SERVICE_KEY] = RoundService(
-        server.db, server.store, server.estimator, spill_dir=server.config.data_dir / "fl-spill",
+        server.db, server.store, server.estimator, server.keys.server_key, spill_dir=server.config.data_dir / "fl-spill",
         max_examples_per_update=server.config.fl_max_examples_per_update)
 
 

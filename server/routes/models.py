@@ -39,13 +39,16 @@ def get_model(model_id: str) -> Response:
         return _json(registry.get_card(session, model_id))
 
 
-@documented(blueprint, "POST", "/v1/models", summary="Publish a card whose blobs were uploaded (PUT /v1/blobs)",
+@documented(blueprint, "POST", "/v1/models", summary="Publish a card whose blobs were uploaded (PUT /v1/blobs); a signed "
+            "card must verify against the trusted keys (GET /v1/keys), an unsigned one is refused when "
+            "FEDZOO_REQUIRE_SIGNED_CARDS is on",
             auth="admin", request=ModelCardRequest, response=PublishResponse, status=201,
             extra_responses={200: "this exact card was already published"}, errors=(403, 409, 422))
 def publish_model() -> Response:
     require_admin_token()
     card = ModelCard.model_validate(json_body(ModelCardRequest, strict=False).model_dump())
     server = context()
+    server.keys.check_publishable(card)
     with server.db.session() as session:
         result = registry.publish(session, server.store, server.estimator, card)
     return json_response(PublishResponse(card=result.card, created=result.created),

@@ -2,12 +2,15 @@
 
 JUnit (`LiveServer.java`) starts `$FEDZOO_PYTHON tests/clients/java_live_server.py --data-dir DIR`. This script
 prepares a digits federation (the same `prepare_federation` the Python SDK's tests use), serves it with
-`LoopbackServer` (the server app on a werkzeug thread, SQLite in DIR), publishes the base model and its
-evaluation set, writes each device shard and the test split as `.npz` into DIR, then prints one JSON line:
+`LoopbackServer` (the server app on a werkzeug thread, SQLite in DIR) trusting an operator key, publishes the
+base model signed by that key and its evaluation set, writes each device shard and the test split as `.npz`
+into DIR, then prints one JSON line:
 
     {"ready": true, "url", "admin_token", "enrollment_token", "model_id", "family", "task", "evaluation_sha256",
-     "shards", "python_accuracy"}   (python_accuracy: the Python SDK's EdgeSession accuracy on DIR/test.npz;
-     enrollment_token: one the admin created for every device of the run, Java and Python)
+     "shards", "python_accuracy", "operator_key_id"}
+    (python_accuracy: the Python SDK's EdgeSession accuracy on DIR/test.npz; enrollment_token: one the admin
+     created for every device of the run, Java and Python; the versions rounds publish are signed by the
+     server's own key: GET /v1/keys lists both)
 
 After that it answers one JSON line per command line on stdin:
 
@@ -31,6 +34,7 @@ from fedzoo.clients.participation import participate_once
 from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, Simulation, prepare_federation
 from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
 from fedzoo.edge.runtime import EdgeSession
+from fedzoo.signing import CardSigningKey, TrustedKeys
 
 NUM_SHARDS = 4
 
@@ -64,16 +68,20 @@ def main() -> None:
     np.savez(data_dir / "test.npz", x=test.x, y=test.y)
     python_accuracy = float((EdgeSession(federation.model, federation.card).predict(test.x) == test.y).mean())
 
-    with LoopbackServer(data_dir / "server", admin_token=DEFAULT_ADMIN_TOKEN) as server:
+    operator = CardSigningKey.generate()
+    operator_keys = data_dir / "operator-keys.json"
+    operator_keys.write_text(json.dumps(TrustedKeys([operator.public_key_raw]).to_json()))
+
+    with LoopbackServer(data_dir / "server", admin_token=DEFAULT_ADMIN_TOKEN, trusted_keys=operator_keys) as server:
         with Simulation(federation, server.url, cache_root=data_dir / "admin") as simulation:
-            simulation.publish_base_model()
+            simulation.publish_base_model(signing_key=operator)
             enrollment_token = simulation.admin.create_enrollment_token(DEFAULT_ADMIN_TOKEN, max_uses=1000,
                                                                         label="java live tests")["token"]
             _reply({"ready": True, "url": server.url, "admin_token": DEFAULT_ADMIN_TOKEN,
                     "enrollment_token": enrollment_token, "model_id": federation.card.id,
                     "family": federation.card.family, "task": federation.card.task,
                     "evaluation_sha256": simulation.evaluation_sha256, "shards": NUM_SHARDS,
-                    "python_accuracy": python_accuracy})
+                    "python_accuracy": python_accuracy, "operator_key_id": operator.key_id})
             for line in sys.stdin:
                 command = json.loads(line)
                 if command["cmd"] == "quit":

@@ -18,7 +18,7 @@ def test_demo_builds_serves_and_runs_a_client_and_federated_rounds(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     output = " ".join(result.stdout.split())
-    assert output.count("✓") == 8
+    assert output.count("✓") == 9 and "cards signed with operator key" in output
     assert "federated rounds driven by the server" in output and "round 1: closed" in output
     # round 2 publishes, or the server's evaluation refused an aggregate worse than round 1's model
     assert "round 2: closed" in output or "round 2: failed, 4 updates (the aggregate was not published" in output

@@ -6,9 +6,11 @@ import pytest
 from click.testing import CliRunner
 
 from fedzoo.cli import cli, main
+from fedzoo.signing import CardSigningKey, TrustedKeys, verify_card
 from fedzoo.zoo import Zoo
 
-TINY = ["--preset", "tiny", "--no-compress", "--no-training-graphs"]
+TINY_BUILD = ["--preset", "tiny", "--no-compress", "--no-training-graphs"]
+TINY = [*TINY_BUILD, "--unsigned"]
 
 
 def run_main(argv, capsys):
@@ -39,10 +41,15 @@ def test_build_help_names_the_options():
 @pytest.mark.slow
 def test_build_then_list_and_show(tmp_path, capsys):
     out = tmp_path / "zoo"
-    code, stdout, stderr = run_main(["zoo", "build", "--dataset", "digits", "--out", str(out), *TINY], capsys)
+    key = CardSigningKey.generate()
+    key.save(tmp_path / "operator.pem")
+    code, stdout, stderr = run_main(["zoo", "build", "--dataset", "digits", "--out", str(out), *TINY_BUILD,
+                                     "--signing-key", str(tmp_path / "operator.pem")], capsys)
     assert code == 0, stderr
     cards = Zoo(out).cards()
     assert len(cards) >= 8
+    for card in cards:  # every card signed by the operator's key
+        verify_card(card, TrustedKeys([key.public_key_raw]))
     assert "compress" not in stderr  # skipped on request, not reported as missing
     assert "stage times, wall s: data" in stderr and "search" in stderr
     code, stdout, _ = run_main(["zoo", "list", "--zoo", str(out)], capsys)

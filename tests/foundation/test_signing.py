@@ -1,6 +1,5 @@
 """Signed model cards: the shared test vectors, key files and key sets (fedzoo.signing)."""
 
-import json
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -48,11 +47,22 @@ def test_a_card_survives_its_json_round_trip_still_verifying():
 
 def test_a_saved_key_loads_back_owner_readable_only(tmp_path):
     key = CardSigningKey.generate()
-    path = tmp_path / "keys" / "signing.json"
+    path = tmp_path / "keys" / "signing.pem"
+    path.parent.mkdir()
+    path.write_text("an older, world-readable file")
+    path.chmod(0o644)
     key.save(path)
     assert path.stat().st_mode & 0o777 == 0o600
-    assert CardSigningKey.load(path).key_id == key.key_id
-    assert json.loads(path.read_text())["key_id"] == key_id_of(key.public_key_raw)
+    assert path.read_text().startswith("-----BEGIN PRIVATE KEY-----")
+    assert CardSigningKey.load(path).key_id == key.key_id == key_id_of(key.public_key_raw)
+
+
+@pytest.mark.parametrize("content", [b"not a key", b""])
+def test_a_file_that_is_not_a_pem_key_is_refused_naming_it(tmp_path, content):
+    path = tmp_path / "bogus.pem"
+    path.write_bytes(content)
+    with pytest.raises(InvalidInputError, match="bogus.pem"):
+        CardSigningKey.load(path)
 
 
 def test_a_new_key_added_to_the_set_lets_both_old_and_new_cards_verify():

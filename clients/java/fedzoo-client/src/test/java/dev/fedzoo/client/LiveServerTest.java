@@ -13,6 +13,7 @@ import java.util.Collections;
 import java.util.List;
 import java.util.Map;
 
+import org.json.JSONArray;
 import org.json.JSONObject;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
@@ -283,5 +284,56 @@ class LiveServerTest {
                 .keepStateIn(state);
         assertEquals(device.token(), restarted.token());
         assertNotNull(restarted.lookup("digits", 50.0, null, null).getJSONObject("model"));
+    }
+
+    /** The newest published version of {@code family}. */
+    private static ModelCard newestVersion(FedzooClient client, String family) throws Exception {
+        ModelCard newest = null;
+        JSONArray models = client.listModels("digits", 50, 0).getJSONArray("models");
+        for (int i = 0; i < models.length(); i++) {
+            ModelCard card = new ModelCard(models.getJSONObject(i));
+            if (card.family().equals(family) && (newest == null || card.version() > newest.version())) {
+                newest = card;
+            }
+        }
+        return newest;
+    }
+
+    @Test
+    @Order(9)
+    void cardsSignedByTheOperatorAndByTheServerVerifyAgainstPinnedKeysAndForgeriesAndRollbacksAreRefused()
+            throws Exception {
+        // the fleet's key set, fetched out of band once (here: before the device exists) and pinned
+        FedzooClient provisioning = new FedzooClient(server.url, null, TestSupport.workDirectory("provisioning"));
+        CardVerifier pinned = CardVerifier.fromJson(provisioning.http().getJson("/v1/keys", null));
+        ModelCard base = provisioning.card(server.ready.getString("model_id"));
+        final ModelCard federated = newestVersion(provisioning, base.family()); // a round's, signed by the server
+        assertNotNull(federated);
+        assertTrue(federated.version() > base.version(), "earlier tests' rounds published new versions");
+        assertEquals(server.ready.getString("operator_key_id"), base.signature().getString("key_id"));
+        assertTrue(!federated.signature().getString("key_id").equals(base.signature().getString("key_id")),
+                "a federated version is signed by the server, not by the operator");
+
+        FedzooClient device = new FedzooClient(server.url, null, TestSupport.workDirectory("signed-cache"))
+                .keepStateIn(new StateStore(TestSupport.workDirectory("signed-state"))).requireSignedCards(pinned);
+        assertEquals(base.sha256(), BlobCache.sha256Of(device.downloadModel(base)));
+        EdgeSession session = device.session(federated, 1);
+        LocalData test = server.testSplit();
+        assertTrue(EdgeSession.accuracy(session.predict(test.x), test.y) > 0.5);
+        session.close();
+
+        JSONObject forged = new JSONObject(federated.json().toString()).put("sha256", base.sha256())
+                .put("size_bytes", base.sizeBytes());
+        CardSignatureException tampered = assertThrows(CardSignatureException.class,
+                () -> device.downloadModel(new ModelCard(forged)));
+        assertEquals("field_mismatch", tampered.reason());
+        CardSignatureException rolledBack = assertThrows(CardSignatureException.class, () -> device.downloadModel(base));
+        assertEquals("rollback", rolledBack.reason());
+        CardSignatureException stranger = assertThrows(CardSignatureException.class,
+                () -> new FedzooClient(server.url, null, TestSupport.workDirectory("stranger-cache"))
+                        .keepStateIn(new StateStore(TestSupport.workDirectory("stranger-state")))
+                        .requireSignedCards(CardVerifier.fromJson(new JSONObject().put("keys", new JSONArray())))
+                        .downloadModel(federated));
+        assertEquals("unknown_key", stranger.reason());
     }
 }

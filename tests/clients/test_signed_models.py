@@ -1,0 +1,190 @@
+"""Attacks on what a device downloads, each refused by the SDK before onnxruntime sees a byte: a blob swapped
+in transit or on disk, card fields edited after signing, a stranger's key, an expired card, an unsigned card,
+a rollback to an older version (also after a restart), a round task naming blobs its card does not sign. The genuine path runs against the real server with
+keys fetched from GET /v1/keys; the attacks come from a scripted server playing a compromised one."""
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import httpx
+import numpy as np
+import onnxruntime
+import pytest
+from click.testing import CliRunner
+
+from fedzoo.cards import ModelCard
+from fedzoo.clients.cli import client as client_cli
+from fedzoo.clients.client import FedzooClient
+from fedzoo.clients.errors import CardSignatureError, IntegrityError
+from fedzoo.clients.participation import participate_once, run_task
+from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, Simulation, prepare_federation
+from fedzoo.signing import CardSigningKey, TrustedKeys, sign_card
+
+OPERATOR = CardSigningKey.from_seed(bytes(range(32)))
+STRANGER = CardSigningKey.from_seed(bytes(range(1, 33)))
+PINNED = TrustedKeys([OPERATOR.public_key_raw])
+
+
+@pytest.fixture(scope="module")
+def federation():
+    return prepare_federation("digits", num_clients=2, alpha=1.0, hidden_units=8, pretrain_epochs=1, seed=0)
+
+
+@pytest.fixture
+def loaded_models(monkeypatch):
+    """Every model onnxruntime is asked to load, recorded (the sessions are real)."""
+    loaded = []
+    real_session = onnxruntime.InferenceSession
+
+    def recording_session(model, *args, **kwargs):
+        loaded.append(model)
+        return real_session(model, *args, **kwargs)
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", recording_session)
+    return loaded
+
+
+def _serve(scripted_server, card: ModelCard, blob: bytes) -> None:
+    """A compromised server: answers this card and these bytes for its blob, whatever they are."""
+
+    def handle(handler):
+        body = blob if handler.path.endswith("/blob") else card.to_json().encode()
+        handler.send_response(200)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    scripted_server.handle = handle
+
+
+def _device(url, tmp_path, trusted=PINNED) -> FedzooClient:
+    return FedzooClient(url, cache_dir=tmp_path / "cache", trusted_keys=trusted, state_path=tmp_path / "state.json")
+
+
+def test_a_card_signed_by_a_key_fetched_from_the_server_downloads_verifies_and_runs(federation, tmp_path,
+                                                                                   loaded_models):
+    key_set = tmp_path / "operator-keys.json"
+    key_set.write_text(json.dumps(PINNED.to_json()))
+    with LoopbackServer(tmp_path / "server", trusted_keys=key_set) as server:
+        with FedzooClient(server.url, cache_dir=tmp_path / "admin") as admin:
+            admin.publish_model(sign_card(federation.card, OPERATOR), federation.blobs, DEFAULT_ADMIN_TOKEN)
+        pinned = TrustedKeys.from_json(httpx.get(f"{server.url}/v1/keys").json())  # out of band, once
+        assert OPERATOR.key_id in pinned.key_ids
+        with _device(server.url, tmp_path, pinned) as device:
+            card = device.card(federation.card.id)
+            logits = device.session(card).run(federation.split.test.x[:8])
+    assert logits.shape == (8, len(card.labels)) and np.isfinite(logits).all()
+    device_loads = [model for model in loaded_models if str(tmp_path / "cache") in str(model)]  # not the server's
+    assert device_loads == [str(device.cache.blob_path(card.sha256))]
+    assert json.loads((tmp_path / "state.json").read_text())["accepted_versions"] == {card.family: 1}
+
+
+def test_swapped_blob_bytes_are_refused_and_never_loaded(federation, scripted_server, tmp_path, loaded_models):
+    card = sign_card(federation.card, OPERATOR)
+    swapped = federation.model.replace(federation.model[-64:], bytes(64))
+    _serve(scripted_server, card, swapped)
+    with _device(scripted_server.url, tmp_path) as device:
+        with pytest.raises(IntegrityError, match="hashing to"):
+            device.session(card)
+        assert device.cache.get(card.sha256) is None
+    assert loaded_models == []
+    assert not (tmp_path / "state.json").exists()  # a refused card is not an accepted version
+
+
+def test_a_cached_blob_altered_on_disk_is_refused_before_loading(federation, scripted_server, tmp_path, loaded_models):
+    card = sign_card(federation.card, OPERATOR)
+    _serve(scripted_server, card, federation.model)
+    with _device(scripted_server.url, tmp_path) as device:
+        path = device.download_model(card)
+        path.write_bytes(path.read_bytes()[:-1] + b"\x00")
+        with pytest.raises(IntegrityError, match="cached blob"):
+            device.session(card)
+        assert not path.exists()
+    assert loaded_models == []
+
+
+@pytest.mark.parametrize("forge, reason", [
+    (lambda card: card.model_copy(update={"sha256": "0" * 64}), "field_mismatch"),
+    (lambda card: card.model_copy(update={"version": 9}), "field_mismatch"),
+    (lambda card: card.model_copy(update={"training_graph": None}), "field_mismatch"),
+    (lambda card: sign_card(card, STRANGER), "unknown_key"),
+    (lambda card: sign_card(card, OPERATOR, timedelta(days=1), now=datetime.now(timezone.utc) - timedelta(days=3)),
+     "expired"),
+    (lambda card: card.model_copy(update={"signature": None}), "unsigned"),
+])
+def test_a_forged_card_is_refused_before_a_single_byte_is_downloaded(federation, scripted_server, tmp_path,
+                                                                    loaded_models, forge, reason):
+    forged = forge(sign_card(federation.card, OPERATOR))
+    _serve(scripted_server, forged, federation.model)
+    with _device(scripted_server.url, tmp_path) as device:
+        with pytest.raises(CardSignatureError) as refused:
+            device.session(forged.model_dump(mode="json"))
+    assert refused.value.reason == reason
+    assert scripted_server.requests == [] and loaded_models == []
+
+
+def test_a_rollback_to_an_older_version_is_refused_even_after_a_restart(federation, scripted_server, tmp_path,
+                                                                      loaded_models):
+    newer = sign_card(federation.card.model_copy(update={"id": "digits-v2", "version": 2}), OPERATOR)
+    older = sign_card(federation.card, OPERATOR)
+    _serve(scripted_server, newer, federation.model)
+    with _device(scripted_server.url, tmp_path) as device:
+        device.session(newer)
+        with pytest.raises(CardSignatureError, match="rollback refused") as refused:
+            device.session(older)
+        assert refused.value.reason == "rollback"
+    with _device(scripted_server.url, tmp_path) as restarted:
+        with pytest.raises(CardSignatureError, match="rollback refused"):
+            restarted.download_model(older)
+        restarted.download_model(newer)  # the same version stays acceptable
+    assert len(loaded_models) == 1
+
+
+def test_without_pinned_keys_the_sdk_keeps_working_as_before(federation, scripted_server, tmp_path):
+    _serve(scripted_server, federation.card, federation.model)
+    with FedzooClient(scripted_server.url, cache_dir=tmp_path / "cache") as device:
+        assert not device.signed_cards_required
+        assert device.download_model(federation.card).read_bytes() == federation.model
+
+
+def test_the_cli_pins_trusted_keys_in_its_state_file_and_refuses_a_forged_card(federation, scripted_server, tmp_path):
+    key_set = tmp_path / "fleet-keys.json"
+    key_set.write_text(json.dumps(PINNED.to_json()))
+    state = tmp_path / "client.json"
+    base = ["--server", scripted_server.url, "--state", str(state), "--cache-dir", str(tmp_path / "cache")]
+    _serve(scripted_server, sign_card(federation.card, OPERATOR), federation.model)
+    result = CliRunner().invoke(client_cli, [*base, "--trusted-keys", str(key_set), "download", federation.card.id])
+    assert result.exit_code == 0, result.output
+    saved = json.loads(state.read_text())
+    assert saved["trusted_keys"] == PINNED.to_json() and saved["accepted_versions"] == {federation.card.family: 1}
+    assert state.stat().st_mode & 0o777 == 0o600
+    _serve(scripted_server, sign_card(federation.card, STRANGER), federation.model)
+    result = CliRunner().invoke(client_cli, [*base, "download", federation.card.id])  # pinned from the state file
+    assert result.exit_code != 0 and isinstance(result.exception, CardSignatureError)
+    assert result.exception.reason == "unknown_key"
+
+
+def test_a_pinned_device_takes_part_in_a_round_and_refuses_a_task_naming_blobs_its_card_does_not_sign(
+        federation, tmp_path, loaded_models):
+    key_set = tmp_path / "operator-keys.json"
+    key_set.write_text(json.dumps(PINNED.to_json()))
+    with LoopbackServer(tmp_path / "server", trusted_keys=key_set) as server, \
+            Simulation(federation, server.url, cache_root=tmp_path / "sim") as simulation:
+        simulation.publish_base_model(signing_key=OPERATOR)
+        simulation.register_devices()
+        simulation.start_plan({"min_clients": 1, "target_clients": 2, "deadline_s": 60, "local_epochs": 1,
+                               "batch_size": 32, "learning_rate": 0.05})
+        pinned = TrustedKeys.from_json(httpx.get(f"{server.url}/v1/keys").json())
+        devices = [FedzooClient(server.url, token=simulation.tokens[index], cache_dir=tmp_path / f"device-{index}",
+                                trusted_keys=pinned) for index in range(2)]
+        work = devices[0].fl_task(federation.card.task)["task"]
+        forged = {**work, "model_sha256": "0" * 64, "model_url": "/v1/blobs/" + "0" * 64}
+        with pytest.raises(IntegrityError, match="does not"):
+            run_task(devices[0], forged, federation.client_data(0))
+        assert devices[0].downloaded_bytes == 0 and not any("device-0" in str(model) for model in loaded_models)
+        result = participate_once(devices[1], federation.card.task, federation.client_data(1))
+        for device in devices:
+            device.close()
+    assert result.outcome == "accepted"
+    assert json.loads((tmp_path / "device-1" / "state.json").read_text())["accepted_versions"] == {
+        federation.card.family: 1}

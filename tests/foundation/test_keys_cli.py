@@ -1,0 +1,106 @@
+"""`fedzoo keys` and `fedzoo zoo sign` through the real CLI entry point: key files, the exported key set,
+rotation by retiring, and a private key that is never printed."""
+
+import hashlib
+import json
+
+import pytest
+
+from fedzoo.cards import ModelCard
+from fedzoo.cli import main
+from fedzoo.signing import CardSigningKey, TrustedKeys, verify_card
+from fedzoo.zoo import Zoo
+
+
+def run_main(argv, capsys):
+    """Run `fedzoo.cli.main`; returns (exit code, stdout, stderr)."""
+    code = 0
+    try:
+        main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _generate(keys_dir, capsys) -> CardSigningKey:
+    code, stdout, _ = run_main(["keys", "generate", "--keys-dir", str(keys_dir)], capsys)
+    assert code == 0
+    key_id = stdout.split()[2].rstrip(":")
+    return CardSigningKey.load(keys_dir / f"{key_id}.pem")
+
+
+def test_generate_writes_an_owner_only_pem_and_never_prints_the_private_key(tmp_path, capsys):
+    keys_dir = tmp_path / "keys"
+    key = _generate(keys_dir, capsys)
+    path = keys_dir / f"{key.key_id}.pem"
+    assert path.stat().st_mode & 0o777 == 0o600 and keys_dir.stat().st_mode & 0o777 == 0o700
+    pem_body = "".join(path.read_text().splitlines()[1:-1])
+    outputs = []
+    for command in (["list"], ["export-public"]):
+        code, stdout, stderr = run_main(["keys", *command, "--keys-dir", str(keys_dir)], capsys)
+        assert code == 0
+        outputs.append(stdout + stderr)
+    assert all(pem_body not in text and "PRIVATE" not in text for text in outputs)
+    assert key.key_id in outputs[0] and "active" in outputs[0]
+
+
+def test_the_exported_set_is_what_verifiers_read_and_retiring_drops_a_key(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FEDZOO_KEYS_DIR", str(tmp_path / "keys"))
+    old, new = _generate(tmp_path / "keys", capsys), _generate(tmp_path / "keys", capsys)
+    code, stdout, _ = run_main(["keys", "export-public"], capsys)
+    exported = json.loads(stdout)
+    assert code == 0 and TrustedKeys.from_json(exported).key_ids == sorted([old.key_id, new.key_id])
+    assert all(set(entry) == {"key_id", "algorithm", "public_key"} and entry["algorithm"] == "ed25519"
+               for entry in exported["keys"])
+    code, stdout, _ = run_main(["keys", "retire", old.key_id], capsys)
+    assert code == 0 and (tmp_path / "keys" / "retired" / f"{old.key_id}.pem").is_file()
+    code, _, _ = run_main(["keys", "export-public", "--out", str(tmp_path / "fleet.json")], capsys)
+    assert code == 0 and TrustedKeys.load(tmp_path / "fleet.json").key_ids == [new.key_id]
+    code, stdout, _ = run_main(["keys", "list"], capsys)
+    assert f"{old.key_id}  retired" in stdout and f"{new.key_id}  active" in stdout
+
+
+@pytest.mark.parametrize("command, message", [
+    (["keys", "retire", "0123456789abcdef"], "no active key 0123456789abcdef"),
+    (["keys", "retire", "not-hex"], "16 lowercase hex digits"),
+    (["keys", "export-public"], "no active key in"),
+])
+def test_key_commands_fail_with_one_line_messages(tmp_path, capsys, command, message):
+    code, _, stderr = run_main([*command, "--keys-dir", str(tmp_path / "keys")], capsys)
+    assert code != 0 and message in stderr and "Traceback" not in stderr
+
+
+def _zoo_with_one_card(root) -> Zoo:
+    zoo = Zoo.create(root)
+    model = b"not really onnx, but a blob the card hashes"
+    zoo.add_blob_bytes(model)
+    zoo.add_card(ModelCard.from_dict({
+        "id": "m1", "family": "f", "task": "digits", "input": {"name": "input", "shape": ["batch", 1, 8, 8]},
+        "labels": ["a", "b"], "metrics": {"accuracy": 0.5, "num_examples": 10}, "macs": 1, "params": 1,
+        "size_bytes": len(model), "sha256": hashlib.sha256(model).hexdigest()}))
+    return zoo
+
+
+def test_zoo_sign_signs_every_card_and_re_signing_moves_them_to_a_new_key(tmp_path, capsys):
+    zoo = _zoo_with_one_card(tmp_path / "zoo")
+    old, new = _generate(tmp_path / "keys", capsys), _generate(tmp_path / "keys", capsys)
+    for key in (old, new):
+        code, stdout, _ = run_main(["zoo", "sign", "--zoo", str(zoo.root), "--signing-key",
+                                    str(tmp_path / "keys" / f"{key.key_id}.pem")], capsys)
+        assert code == 0 and f"signed 1 cards" in stdout
+        card = zoo.card("m1")
+        assert card.signature.key_id == key.key_id
+        verify_card(card, TrustedKeys([key.public_key_raw]))
+
+
+def test_zoo_build_refuses_to_guess_without_a_key_or_unsigned(tmp_path, capsys):
+    out = tmp_path / "zoo"
+    code, _, stderr = run_main(["zoo", "build", "--dataset", "digits", "--out", str(out)], capsys)
+    assert code != 0 and "--signing-key" in stderr and "--unsigned" in stderr
+    assert not out.exists()  # refused before any work
+    bogus = tmp_path / "bogus.pem"
+    bogus.write_text("nope")
+    code, _, stderr = run_main(["zoo", "build", "--dataset", "digits", "--out", str(out), "--signing-key", str(bogus)],
+                               capsys)
+    assert code == 1 and "bogus.pem is not an unencrypted PEM private key" in stderr and not out.exists()
