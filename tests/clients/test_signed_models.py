@@ -58,7 +58,7 @@ def _serve(scripted_server, card: ModelCard, blob: bytes) -> None:
 
 
 def _device(url, tmp_path, trusted=PINNED) -> FedzooClient:
-    return FedzooClient(url, cache_dir=tmp_path / "cache", trusted_keys=trusted, state_path=tmp_path / "state.json")
+    return FedzooClient(url, cache_dir=tmp_path / "cache", trusted_keys=trusted, state_file=tmp_path / "state.json")
 
 
 def test_a_card_signed_by_a_key_fetched_from_the_server_downloads_verifies_and_runs(federation, tmp_path,
