@@ -9,28 +9,30 @@ from typing import Any
 
 from flask import Blueprint, Response, make_response, redirect, render_template, request, url_for
 from markupsafe import Markup
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from fedzoo.cards import IDENTIFIER_PATTERN
 from fedzoo.errors import FedzooError
 from fedzoo.server import operator_view, registry
 from fedzoo.server.dashboard import charts, session as login
 from fedzoo.server.errors import from_domain_error
+from fedzoo.server.fl.models import ROUND_STATES
 from fedzoo.server.fl.routes import service
-from fedzoo.server.operator_schemas import DeviceListQuery, PageQuery, RoundListQuery
+from fedzoo.server.operator_schemas import DeviceListQuery, RoundListQuery
 from fedzoo.server.routes.common import EXTENSION_KEY, context, query_args
-from fedzoo.server.schemas import ModelListQuery
+from fedzoo.server.schemas import ModelListQuery, StrictRequest
 
 blueprint = Blueprint("dashboard", __name__, url_prefix="/ui", template_folder="templates",
                       static_folder="static", static_url_path="/static")
-ROUND_STATES = ("open", "collecting", "aggregating", "closed", "failed")
 PLAN_ROUNDS_SHOWN = 200
 # 'self' only: no CDN, no inline script or style, no framing, forms post only here
 CONTENT_SECURITY_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
                            "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'")
 
 
-class ZooQuery(PageQuery):
+class ZooQuery(StrictRequest):
+    model_config = ConfigDict(extra="forbid", strict=False)  # query strings are text
+
     task: str | None = Field(default=None, pattern=IDENTIFIER_PATTERN)
     device_class: str | None = Field(default=None, pattern=IDENTIFIER_PATTERN)
     budget_ms: float | None = Field(default=None, gt=0.0, le=3_600_000.0)
