@@ -171,4 +171,5 @@ def serve(zoo_dir: Path | None, host: str, port: int, workers: int, threads: int
         "control_socket_disable": True,  # one fixed socket path would clash between servers on one machine
     }
     click.echo(f"serving {config.data_dir} on http://{host}:{port} with {workers} workers x {threads} threads")
+    click.echo(f"dashboard: http://{host}:{port}/ui/ (log in with FEDZOO_VIEWER_TOKEN or FEDZOO_ADMIN_TOKEN)")
     ServerApplication(config, options).run()

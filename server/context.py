@@ -3,12 +3,13 @@ signing keys."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fedzoo.server.blobstore import BlobStore
 from fedzoo.server.card_keys import FleetKeys
 from fedzoo.server.config import ServerConfig
 from fedzoo.server.db import Database
+from fedzoo.server.devices import LastSeenRecorder
 from fedzoo.server.latency import LatencyEstimator
 from fedzoo.server.ratelimit import RateLimiter
 
@@ -21,3 +22,4 @@ class ServerContext:
     estimator: LatencyEstimator
     limiter: RateLimiter
     keys: FleetKeys
+    last_seen: LastSeenRecorder = field(default_factory=LastSeenRecorder)

@@ -3,10 +3,15 @@ revocation, and latency telemetry."""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import Connection, bindparam, select
+from sqlalchemy import Connection, Engine, bindparam, select, update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from fedzoo.device import DeviceProfile
@@ -25,6 +30,9 @@ from fedzoo.server.models import (
 # After a rotation the previous token keeps working this long, so a request sent with it just before the
 # device switched (another thread, a retry) does not fail; after it, only the new token works.
 ROTATION_GRACE_S = 120
+
+LAST_SEEN_RESOLUTION_S = 60.0
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -142,6 +150,35 @@ def revoke(session: Session, device_id: str) -> DeviceRecord:
         record.previous_token_valid_until = None
         session.flush()
     return record
+
+
+class LastSeenRecorder:
+    """Keeps each device's `last_seen_at` for the fleet view without a write on every request: a process
+    writes a device's time at most once per `resolution_s` (so the shown time is at most that old)."""
+
+    def __init__(self, resolution_s: float = LAST_SEEN_RESOLUTION_S, max_entries: int = 100_000) -> None:
+        self.resolution_s = resolution_s
+        self.max_entries = max_entries
+        self._written: OrderedDict[str, float] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def seen(self, engine: Engine, device_id: str) -> None:
+        """Record that `device_id` made an authenticated request now."""
+        now = time.monotonic()
+        with self._lock:
+            written = self._written.get(device_id)
+            if written is not None and now - written < self.resolution_s:
+                return
+            self._written[device_id] = now
+            self._written.move_to_end(device_id)
+            while len(self._written) > self.max_entries:
+                self._written.popitem(last=False)
+        try:
+            with engine.begin() as connection:
+                connection.execute(update(DeviceRecord).where(DeviceRecord.id == device_id)
+                                   .values(last_seen_at=utc_now()))
+        except SQLAlchemyError:  # a missed last-seen time must never fail the device's request
+            log.warning("could not record that device %s was seen", device_id, exc_info=True)
 
 
 def report_latency(session: Session, device_id: str, model_id: str, median_ms: float, p90_ms: float | None,

@@ -34,6 +34,8 @@ class ModelRecord(Base):
 
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
     family: Mapped[str] = mapped_column(String(200))
+    parent_id: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True,
+                                                  doc="the card's parent_id, so lineage is an indexed walk")
     version: Mapped[int] = mapped_column(Integer)
     task: Mapped[str] = mapped_column(String(128))
     precision: Mapped[str] = mapped_column(String(16))
@@ -80,7 +82,7 @@ class DeviceRecord(Base):
 
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    device_class: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    device_class: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)
     memory_mb: Mapped[int] = mapped_column(BigInteger)
     latency_scales_basis: Mapped[str] = mapped_column(String(200))
     latency_signature: Mapped[str] = mapped_column(String(100))
@@ -101,6 +103,8 @@ class DeviceRecord(Base):
     previous_token_valid_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     enrollment_token_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    last_seen_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True), nullable=True, doc="last authenticated request (kept to LAST_SEEN_RESOLUTION_S)")
 
 
 class EnrollmentToken(Base):
