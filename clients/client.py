@@ -19,6 +19,7 @@ from typing import Any
 from fedzoo.cards import ModelCard
 from fedzoo.clients.download import BlobCache, download_blob
 from fedzoo.clients.http import FedzooHTTP, RetryPolicy
+from fedzoo.clients.metered import MeteredBytes, MeteredFile, ProgressCallback
 from fedzoo.device import DeviceProfile
 
 
@@ -32,8 +33,11 @@ class FedzooClient:
         cache_dir: str | Path | None = None,
         retry: RetryPolicy | None = None,
         timeout_s: float = 30.0,
+        progress: ProgressCallback | None = None,
     ) -> None:
+        """`progress`, when given, hears every download and upload's bytes as they move (for progress bars)."""
         self.http = FedzooHTTP(base_url, token=token, retry=retry, timeout_s=timeout_s)
+        self.progress = progress
         self.cache = BlobCache(Path(cache_dir).expanduser() if cache_dir is not None else None)
         self.downloaded_bytes = 0
         self.uploaded_bytes = 0
@@ -93,7 +97,7 @@ class FedzooClient:
 
     def download(self, url_path: str, sha256: str) -> Path:
         """The blob at `url_path` (expected to hash to `sha256`) through the cache."""
-        path, transferred = download_blob(self.http, url_path, sha256, self.cache)
+        path, transferred = download_blob(self.http, url_path, sha256, self.cache, progress=self.progress)
         self.downloaded_bytes += transferred
         return path
 
@@ -129,9 +133,10 @@ class FedzooClient:
 
     def upload_update(self, upload_url: str, metadata: dict[str, Any], delta_npz: bytes) -> dict[str, Any]:
         """Send one update (multipart: metadata JSON + delta .npz); returns the server's receipt."""
+        delta = delta_npz if self.progress is None else MeteredFile(delta_npz, "upload update", self.progress)
         response = self.http.request(
             "POST", upload_url, expected=(201,),
-            files={"delta": ("delta.npz", delta_npz, "application/octet-stream")},
+            files={"delta": ("delta.npz", delta, "application/octet-stream")},
             data={"metadata": json.dumps(metadata)},
         )
         self.uploaded_bytes += len(delta_npz)
@@ -146,8 +151,10 @@ class FedzooClient:
     def publish_blob(self, data: bytes, admin_token: str) -> str:
         """Admin: upload one blob (PUT /v1/blobs/<sha256>); returns its sha256."""
         sha256 = hashlib.sha256(data).hexdigest()
-        self.http.request("PUT", f"/v1/blobs/{sha256}", content=data, expected=(200, 201),
-                          headers={"Authorization": f"Bearer {admin_token}", "Content-Type": "application/octet-stream"})
+        body = data if self.progress is None else MeteredBytes(data, f"upload {sha256[:12]}", self.progress)
+        self.http.request("PUT", f"/v1/blobs/{sha256}", content=body, expected=(200, 201),
+                          headers={"Authorization": f"Bearer {admin_token}", "Content-Type": "application/octet-stream",
+                                   "Content-Length": str(len(data))})
         return sha256
 
     def publish_model(self, card: ModelCard, blobs: dict[str, bytes], admin_token: str) -> dict[str, Any]:
