@@ -21,7 +21,7 @@ import click
 import numpy as np
 
 from fedzoo.errors import InvalidInputError
-from fedzoo.output import quiet_option, transfer_progress
+from fedzoo.output import format_option, print_json, quiet_option, transfer_progress
 
 DEFAULT_STATE = Path(os.environ.get("FEDZOO_CLIENT_STATE") or Path.home() / ".config" / "fedzoo" / "client.json")
 
@@ -101,12 +101,16 @@ def register(ctx: click.Context, device_id: str, device_class: str | None, threa
 @click.option("--latency-budget-ms", type=float, required=True)
 @click.option("--memory-budget-mb", type=float, default=None)
 @click.option("--min-accuracy", type=float, default=None)
+@format_option
 @click.pass_context
 def lookup(ctx: click.Context, task: str, latency_budget_ms: float, memory_budget_mb: float | None,
-           min_accuracy: float | None) -> None:
-    """Ask the server for the best model this device can afford."""
+           min_accuracy: float | None, output_format: str) -> None:
+    """Ask the server for the best model this device can afford (--format json: the server's answer)."""
     with _client(ctx) as api:
         answer = api.lookup(task, latency_budget_ms, memory_budget_mb, min_accuracy)
+    if output_format == "json":
+        print_json(answer)
+        return
     model = answer["model"]
     click.echo(f"{model['id']}: accuracy {model['metrics']['accuracy']:.4f}, {answer['latency_ms']:.2f} ms "
                f"({answer['latency_source']}), {answer['memory_mb']:.1f} MB")

@@ -98,6 +98,10 @@ def test_cli_registers_downloads_runs_and_participates(running, federation, tmp_
     result = runner.invoke(client_cli, [*base, "lookup", "--task", "digits", "--latency-budget-ms", "100000"])
     assert result.exit_code == 0, result.output
     assert result.output.startswith(federation.card.id) and "why:" in result.output
+    result = runner.invoke(client_cli, [*base, "lookup", "--task", "digits", "--latency-budget-ms", "100000",
+                                        "--format", "json"])
+    answer = json.loads(result.stdout)
+    assert answer["model"]["id"] == federation.card.id and answer["latency_source"] in ("measured", "predicted")
     result = runner.invoke(client_cli, ["--state", str(state), "--cache-dir", str(tmp_path / "cache"), "download",
                                         federation.card.id])
     assert result.exit_code == 0 and federation.card.sha256 in result.output
