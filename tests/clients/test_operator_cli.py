@@ -232,3 +232,12 @@ def test_download_progress_bar_on_a_terminal_only(fleet, tmp_path):
         drawn = read_all(leader)
         assert process.returncode == 0 and model_id not in drawn
         assert ("download " + sim.federation.card.sha256[:12] in drawn) is bar_expected, drawn
+
+
+def test_a_refused_token_is_the_servers_message_and_field(fleet, tmp_path):
+    server, _, _ = fleet
+    result = run_fedzoo("client", "--server", server.url, "--token", "not-a-device-token", "--state",
+                        str(tmp_path / "none.json"), "lookup", "--task", "digits", "--latency-budget-ms", "5",
+                        "--format", "json")
+    assert result.returncode == 1 and result.stdout == "" and "Traceback" not in result.stderr
+    assert "(HTTP 401 invalid_token, field 'Authorization')" in result.stderr
