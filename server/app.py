@@ -20,7 +20,7 @@ from fedzoo.server.db import Database
 from fedzoo.server.errors import APIError, from_domain_error
 from fedzoo.server.fl import routes as fl_routes
 from fedzoo.server.latency import LatencyEstimator, default_estimator
-from fedzoo.server.routes import blobs, devices, lookup, meta, models
+from fedzoo.server.routes import blobs, devices, lookup, meta, models, operator
 from fedzoo.server.routes.common import EXTENSION_KEY
 
 BLUEPRINTS = [
@@ -30,6 +30,7 @@ BLUEPRINTS = [
     devices.blueprint,
     lookup.blueprint,
     fl_routes.blueprint,
+    operator.blueprint,  # after fl: it reads through the round service the fl blueprint creates
 ]
 
 # HTTP errors raised by Flask/werkzeug itself (routing, size limit), as API error codes.

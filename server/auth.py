@@ -1,4 +1,5 @@
-"""Tokens: one admin token from the settings, one device token per registered device.
+"""Tokens: one admin token and one read-only viewer token from the settings, one device token per
+registered device.
 
 Device tokens are `secrets.token_urlsafe(32)`; only their sha256 is stored, so a copy of the
 database does not let anyone act as a device. A sha256 of a 256-bit random token needs no salt or
@@ -38,10 +39,35 @@ def bearer_token(authorization_header: str | None) -> str:
     return token
 
 
+def _same(token: str, expected: str | None) -> bool:
+    return expected is not None and hmac.compare_digest(token.encode("utf-8"), expected.encode("utf-8"))
+
+
+def reader_role(token: str, admin_token: str | None, viewer_token: str | None) -> str | None:
+    """`admin` or `viewer` for the operator's tokens (compared in constant time), None for any other token."""
+    if _same(token, admin_token):
+        return "admin"
+    if _same(token, viewer_token):
+        return "viewer"
+    return None
+
+
+def require_reader(authorization_header: str | None, admin_token: str | None, viewer_token: str | None) -> str:
+    """The role (`admin` or `viewer`) of the bearer token; 403 when the server has neither token, 401 for any
+    other token (a device token included: devices never read the operator's view)."""
+    if admin_token is None and viewer_token is None:
+        raise Forbidden("the operator's view is disabled: the server has no FEDZOO_VIEWER_TOKEN or "
+                        "FEDZOO_ADMIN_TOKEN set", code="viewer_disabled")
+    role = reader_role(bearer_token(authorization_header), admin_token, viewer_token)
+    if role is None:
+        raise Unauthorized("this endpoint needs the viewer or the admin token", field="Authorization",
+                           code="invalid_token")
+    return role
+
+
 def require_admin(authorization_header: str | None, admin_token: str | None) -> None:
     """Pass only when the bearer token equals the configured admin token (compared in constant time)."""
     if admin_token is None:
         raise Forbidden("publishing is disabled: the server has no FEDZOO_ADMIN_TOKEN set", code="admin_disabled")
-    token = bearer_token(authorization_header)
-    if not hmac.compare_digest(token.encode("utf-8"), admin_token.encode("utf-8")):
+    if not _same(bearer_token(authorization_header), admin_token):
         raise Unauthorized("the admin token is not valid", field="Authorization", code="invalid_token")

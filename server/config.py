@@ -23,6 +23,8 @@ class ServerConfig:
     data_dir: Path
     database_url: str
     admin_token: str | None = None
+    viewer_token: str | None = None  # read-only: the operator's view (/v1 read endpoints and /ui)
+    secret_key: str | None = None  # signs the dashboard's session cookie; None: generated once in data_dir
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_json_bytes: int = DEFAULT_MAX_JSON_BYTES
     fl_max_examples_per_update: int = DEFAULT_FL_MAX_EXAMPLES_PER_UPDATE
@@ -33,8 +35,8 @@ class ServerConfig:
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: object) -> ServerConfig:
-        """Settings from `FEDZOO_DATA_DIR`, `FEDZOO_DATABASE_URL`, `FEDZOO_ADMIN_TOKEN`,
-        `FEDZOO_MAX_REQUEST_BYTES`, `FEDZOO_MAX_JSON_BYTES`, `FEDZOO_FL_MAX_EXAMPLES_PER_UPDATE`; keyword
+        """Settings from `FEDZOO_DATA_DIR`, `FEDZOO_DATABASE_URL`, `FEDZOO_ADMIN_TOKEN`, `FEDZOO_VIEWER_TOKEN`,
+        `FEDZOO_SECRET_KEY`, `FEDZOO_MAX_REQUEST_BYTES`, `FEDZOO_MAX_JSON_BYTES`, `FEDZOO_FL_MAX_EXAMPLES_PER_UPDATE`; keyword
         overrides win."""
         env = dict(os.environ if environ is None else environ)
         data_dir = Path(str(overrides.pop("data_dir", None) or env.get("FEDZOO_DATA_DIR") or DEFAULT_DATA_DIR))
@@ -43,6 +45,8 @@ class ServerConfig:
             "data_dir": data_dir,
             "database_url": env.get("FEDZOO_DATABASE_URL") or f"sqlite:///{data_dir / 'registry.db'}",
             "admin_token": env.get("FEDZOO_ADMIN_TOKEN") or None,
+            "viewer_token": env.get("FEDZOO_VIEWER_TOKEN") or None,
+            "secret_key": env.get("FEDZOO_SECRET_KEY") or None,
             "max_request_bytes": _positive_int(env, "FEDZOO_MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES),
             "max_json_bytes": _positive_int(env, "FEDZOO_MAX_JSON_BYTES", DEFAULT_MAX_JSON_BYTES),
             "fl_max_examples_per_update": _positive_int(env, "FEDZOO_FL_MAX_EXAMPLES_PER_UPDATE",

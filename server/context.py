@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from fedzoo.server.blobstore import BlobStore
 from fedzoo.server.config import ServerConfig
 from fedzoo.server.db import Database
-from fedzoo.server.devices import DeviceCache
+from fedzoo.server.devices import DeviceCache, LastSeenRecorder
 from fedzoo.server.latency import LatencyEstimator
 
 
@@ -18,3 +18,4 @@ class ServerContext:
     store: BlobStore
     estimator: LatencyEstimator
     devices: DeviceCache = field(default_factory=DeviceCache)
+    last_seen: LastSeenRecorder = field(default_factory=LastSeenRecorder)

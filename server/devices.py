@@ -7,7 +7,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, bindparam, select
+from sqlalchemy import Connection, Engine, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from fedzoo.device import DeviceProfile
@@ -15,7 +15,9 @@ from fedzoo.errors import NotFoundError
 from fedzoo.server.auth import hash_token, new_device_token
 from fedzoo.server.errors import Conflict, Unauthorized
 from fedzoo.server.latency import MEASURED_WINDOW_REPORTS, LatencyEstimator, measured_median_ms, slot_values
-from fedzoo.server.models import SCALE_COLUMNS, DeviceRecord, LatencyReport, MeasuredLatency, ModelRecord
+from fedzoo.server.models import SCALE_COLUMNS, DeviceRecord, LatencyReport, MeasuredLatency, ModelRecord, utc_now
+
+LAST_SEEN_RESOLUTION_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,31 @@ class DeviceCache:
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
         return device
+
+
+class LastSeenRecorder:
+    """Keeps each device's `last_seen_at` for the fleet view without a write on every request: a process
+    writes a device's time at most once per `resolution_s` (so the shown time is at most that old)."""
+
+    def __init__(self, resolution_s: float = LAST_SEEN_RESOLUTION_S, max_entries: int = 100_000) -> None:
+        self.resolution_s = resolution_s
+        self.max_entries = max_entries
+        self._written: OrderedDict[str, float] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def seen(self, engine: Engine, device_id: str) -> None:
+        """Record that `device_id` made an authenticated request now."""
+        now = time.monotonic()
+        with self._lock:
+            written = self._written.get(device_id)
+            if written is not None and now - written < self.resolution_s:
+                return
+            self._written[device_id] = now
+            self._written.move_to_end(device_id)
+            while len(self._written) > self.max_entries:
+                self._written.popitem(last=False)
+        with engine.begin() as connection:
+            connection.execute(update(DeviceRecord).where(DeviceRecord.id == device_id).values(last_seen_at=utc_now()))
 
 
 def report_latency(session: Session, device_id: str, model_id: str, median_ms: float, p90_ms: float | None,

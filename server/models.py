@@ -29,6 +29,8 @@ class ModelRecord(Base):
 
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
     family: Mapped[str] = mapped_column(String(200))
+    parent_id: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True,
+                                                  doc="the card's parent_id, so lineage is an indexed walk")
     version: Mapped[int] = mapped_column(Integer)
     task: Mapped[str] = mapped_column(String(128))
     precision: Mapped[str] = mapped_column(String(16))
@@ -75,7 +77,7 @@ class DeviceRecord(Base):
 
     id: Mapped[str] = mapped_column(String(128), primary_key=True)
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    device_class: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    device_class: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)
     memory_mb: Mapped[int] = mapped_column(BigInteger)
     latency_scales_basis: Mapped[str] = mapped_column(String(200))
     latency_signature: Mapped[str] = mapped_column(String(100))
@@ -89,6 +91,8 @@ class DeviceRecord(Base):
     scale_7: Mapped[float] = mapped_column(Float)
     profile_json: Mapped[str] = mapped_column(Text)
     registered_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+    last_seen_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True), nullable=True, doc="last authenticated request (kept to LAST_SEEN_RESOLUTION_S)")
 
 
 class LatencyReport(Base):

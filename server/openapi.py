@@ -18,9 +18,9 @@ paths, with the pydantic models' JSON Schemas as components. `request`, `respons
 pydantic model classes (`query`'s fields become query parameters); `path_params` gives a JSON Schema
 per `<name>` of the rule (default: from the converter, e.g. `<int:round_id>` is an integer); `errors` lists the 4xx statuses the route may return (documented with the
 common `ErrorResponse` body; 400/413/415 are added to every route with a body). `auth` is None,
-"device" or "admin" (both bearer tokens). Binary bodies: `request_media_type` /
-`response_media_type="application/octet-stream"`; a multipart body's parts get their content types from
-`request_encoding` (OpenAPI's `encoding` object). A test walks `app.url_map` and fails when a /v1
+"device", "admin" or "viewer" (bearer tokens; "viewer" routes take the admin token too). Binary bodies:
+`request_media_type` / `response_media_type="application/octet-stream"`; a multipart body's parts get their
+content types from `request_encoding` (OpenAPI's `encoding` object). A test walks `app.url_map` and fails when a /v1
 rule is missing from the document or the document names a route the app does not have.
 """
 
@@ -150,7 +150,10 @@ def _operation(doc: RouteDoc, references: dict[type[BaseModel], dict[str, Any]])
         if doc.request_encoding:
             media["encoding"] = doc.request_encoding
         operation["requestBody"] = {"required": True, "content": {doc.request_media_type: media}}
-    if doc.auth is not None:
+    if doc.auth == "viewer":  # the operator's read endpoints: the viewer token or the admin token
+        operation["security"] = [{"viewerToken": []}, {"adminToken": []}]
+        errors.add(401)
+    elif doc.auth is not None:
         operation["security"] = [{f"{doc.auth}Token": []}]
         errors.add(401)
     if doc.response_media_type == OCTET_STREAM:
@@ -193,6 +196,8 @@ def openapi_document(app: Flask) -> dict[str, Any]:
             "securitySchemes": {
                 "deviceToken": {"type": "http", "scheme": "bearer", "description": "from POST /v1/devices"},
                 "adminToken": {"type": "http", "scheme": "bearer", "description": "the server's FEDZOO_ADMIN_TOKEN"},
+                "viewerToken": {"type": "http", "scheme": "bearer",
+                                "description": "the server's FEDZOO_VIEWER_TOKEN (read-only operator's view)"},
             },
         },
     }

@@ -82,6 +82,7 @@ def card_record(card: ModelCard, costs: ModelCosts, latency_signature: str) -> M
     return ModelRecord(
         id=card.id,
         family=card.family,
+        parent_id=card.parent_id,
         version=card.version,
         task=card.task,
         precision=card.precision,

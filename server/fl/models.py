@@ -31,6 +31,8 @@ class FLRound(Base):
     number: Mapped[int] = mapped_column(Integer, doc="1 for the first round of a plan, then 2, 3, ...")
     rounds_remaining: Mapped[int] = mapped_column(Integer, doc="rounds of the plan still to run, this one included")
     previous_round_id: Mapped[int | None] = mapped_column(ForeignKey("fl_rounds.id"), nullable=True)
+    plan_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True,
+                                                doc="the id of the plan's first round (null only while inserting)")
     state: Mapped[str] = mapped_column(String(16), default="open")
     base_model_id: Mapped[str] = mapped_column(ForeignKey("models.id"))
     base_version: Mapped[int] = mapped_column(Integer)
@@ -85,3 +87,23 @@ class FLUpdate(Base):
 
     # the database itself refuses a second update from one device in one round, even under races
     __table_args__ = (UniqueConstraint("round_id", "device_id", name="uq_fl_updates_round_device"),)
+
+
+REFUSAL_KINDS = ("late", "rejected")
+
+
+class FLRefusedUpload(Base):
+    """An upload a selected device sent but the round refused: `late` (the round no longer took updates) or
+    `rejected` (stale base version, too large, malformed delta). Kept so operators see more than the counted."""
+
+    __tablename__ = "fl_refused_uploads"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("fl_rounds.id", ondelete="CASCADE"))
+    device_id: Mapped[str] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(16), doc="one of REFUSAL_KINDS")
+    reason: Mapped[str] = mapped_column(Text)
+    upload_bytes: Mapped[int] = mapped_column(Integer)
+    received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+
+    __table_args__ = (Index("ix_fl_refused_uploads_round_device", "round_id", "device_id"),)

@@ -63,7 +63,7 @@ from fedzoo.server.db import Database
 from fedzoo.server.errors import Conflict, Forbidden, PayloadTooLarge
 from fedzoo.server.fl.evaluation import client_reported_metrics, decide_publication, evaluate
 from fedzoo.server.fl.faults import crash_point
-from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLRound, FLUpdate
+from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLRefusedUpload, FLRound, FLUpdate
 from fedzoo.server.fl.schemas import RoundConfig, Task, TaskResponse, TrainingConfig, UpdateMetadata, UploadSpec
 from fedzoo.server.fl.screening import Screened, screen_updates
 from fedzoo.server.fl.strategies import ClientUpdate, Parameters, Strategy, make_strategy
@@ -128,6 +128,19 @@ def validate_delta(delta: Parameters, base: Parameters) -> float:
             raise InvalidInputError(f"delta {name!r} holds NaN or infinite values", field=name)
         squared += float(np.vdot(value, value))
     return math.sqrt(squared)
+
+
+# Refusals that say nothing about a selected device's update: not selected, no such round, a repeated upload.
+UNRECORDED_REFUSALS = ("not_selected", "duplicate_update")
+
+
+def refusal_kind(error: FedzooError) -> str | None:
+    """How the operator's view records a refused upload: `late` when the round no longer took updates,
+    `rejected` for a bad update, None when there is nothing to record about the device's update."""
+    code = getattr(error, "code", None)
+    if isinstance(error, NotFoundError) or code in UNRECORDED_REFUSALS:
+        return None
+    return "late" if code == "round_not_accepting" else "rejected"
 
 
 def _find_round(session: Session, round_id: int) -> FLRound:
@@ -241,6 +254,7 @@ class RoundService:
         )
         session.add(round_row)
         session.flush()
+        round_row.plan_id = previous.plan_id if previous else round_row.id
         return round_row
 
     # devices: check-in ---------------------------------------------------------------------------
@@ -327,7 +341,20 @@ class RoundService:
     # devices: reporting --------------------------------------------------------------------------
 
     def submit_update(self, device_id: str, round_id: int, metadata: UpdateMetadata, data: bytes) -> dict[str, Any]:
-        """Admit one device's delta, or refuse it naming why; aggregates when the target is reached."""
+        """Admit one device's delta, or refuse it naming why (a selected device's refusal is recorded for the
+        operator as late or rejected); aggregates when the target is reached."""
+        try:
+            return self._admit_update(device_id, round_id, metadata, data)
+        except FedzooError as error:
+            kind = refusal_kind(error)
+            if kind is not None:
+                with self.database.session() as session:
+                    session.add(FLRefusedUpload(round_id=round_id, device_id=device_id, kind=kind,
+                                                reason=str(error)[:2000], upload_bytes=len(data),
+                                                received_at=self.clock()))
+            raise
+
+    def _admit_update(self, device_id: str, round_id: int, metadata: UpdateMetadata, data: bytes) -> dict[str, Any]:
         self.advance()
         with self.database.session() as session:
             round_row = _find_round(session, round_id)

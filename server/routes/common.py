@@ -10,7 +10,7 @@ from flask import Response, current_app, request
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.orm import Session
 
-from fedzoo.server.auth import bearer_token, require_admin
+from fedzoo.server.auth import bearer_token, require_admin, require_reader
 from fedzoo.server.context import ServerContext
 from fedzoo.server.devices import AuthenticatedDevice, authenticate
 from fedzoo.server.errors import MalformedJSON, PayloadTooLarge, UnsupportedMediaType, ValidationFailed
@@ -114,16 +114,26 @@ def query_args(model: type[Model]) -> Model:
 
 
 def calling_device(session: Session | None = None) -> AuthenticatedDevice:
-    """The device whose token is in the Authorization header (looked up in `session`, or in a new one)."""
+    """The device whose token is in the Authorization header (looked up in `session`, or in a new one);
+    its last-seen time is recorded."""
     token = bearer_token(request.headers.get("Authorization"))
     if session is not None:
-        return authenticate(session, token)
-    with context().db.session() as own_session:
-        return authenticate(own_session, token)
+        device = authenticate(session, token)
+    else:
+        with context().db.session() as own_session:
+            device = authenticate(own_session, token)
+    context().last_seen.seen(context().db.engine, device.id)
+    return device
 
 
 def require_admin_token() -> None:
     require_admin(request.headers.get("Authorization"), context().config.admin_token)
+
+
+def require_reader_token() -> str:
+    """The caller's role (`admin` or `viewer`): the operator's read endpoints take either token."""
+    config = context().config
+    return require_reader(request.headers.get("Authorization"), config.admin_token, config.viewer_token)
 
 
 def json_response(model: BaseModel, status: int = 200) -> Response:

@@ -23,6 +23,7 @@ def lookup_model() -> Response:
     server = context()
     with server.db.read() as connection:
         device = server.devices.authenticate(connection, bearer_token(request.headers.get("Authorization")))
+        server.last_seen.seen(server.db.engine, device.id)
         body = json_body(LookupRequest)
         query = lookup.LookupQuery(task=body.task, latency_budget_ms=body.latency_budget_ms,
                                    memory_budget_mb=body.memory_budget_mb, min_accuracy=body.min_accuracy,

@@ -30,8 +30,11 @@ from fedzoo.server.config import ServerConfig
 from fedzoo.server.latency import CalibrationScalingEstimator
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
+VIEWER_TOKEN = "test-viewer-token-9876543210"
 # The reference device's timings of two calibration models; a device twice as slow reports 2x these.
 REFERENCE_CALIBRATION_MS = {"cal-dense-fp32": 2.0, "cal-tiny-fp32": 0.5}
+# a device's last-seen time moves with any authenticated request, refused or not: not data a request stores
+NOT_STORED_DATA = ("last_seen_at",)
 REGISTRY_TABLES = ("models", "model_class_latency", "devices", "latency_reports", "measured_latency")
 
 
@@ -124,7 +127,8 @@ class LiveServer:
         """Every stored row and blob, to compare before and after a refused request."""
         context = self.app.extensions["fedzoo"]
         with context.db.engine.connect() as connection:
-            rows = {table: sorted(map(tuple, connection.execute(text(f"SELECT * FROM {table}"))), key=repr)
+            rows = {table: sorted((tuple(value for key, value in row._mapping.items() if key not in NOT_STORED_DATA)
+                                   for row in connection.execute(text(f"SELECT * FROM {table}"))), key=repr)
                     for table in REGISTRY_TABLES}
         rows["blobs"] = sorted(str(path.relative_to(self.config.blob_dir))
                                for path in self.config.blob_dir.rglob("*") if path.is_file())
@@ -132,8 +136,9 @@ class LiveServer:
 
 
 def config_for_tests(data_parent: Path) -> ServerConfig:
-    """Settings for a test server: a fresh SQLite file and blob folder, small limits, the test admin token."""
-    return ServerConfig.from_env({}, data_dir=data_parent / "data", admin_token=ADMIN_TOKEN,
+    """Settings for a test server: a fresh SQLite file and blob folder, small limits, the test admin and
+    viewer tokens."""
+    return ServerConfig.from_env({}, data_dir=data_parent / "data", admin_token=ADMIN_TOKEN, viewer_token=VIEWER_TOKEN,
                                  max_request_bytes=4 * 1024 * 1024, max_json_bytes=64 * 1024)
 
 

@@ -1,0 +1,147 @@
+"""Bodies of the operator's read endpoints (rounds, participants, devices, lineage, latency per class).
+
+Lists have the shape of `GET /v1/models`: `{"<items>": [...], "total", "limit", "offset", "next_offset"}`.
+No body here has a field for a token or a token's hash: what cannot be serialised cannot leak.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from fedzoo.cards import IDENTIFIER_PATTERN
+from fedzoo.server.fl.rounds import MAX_ROUND_ID
+from fedzoo.server.schemas import Response, StrictRequest
+
+RoundState = Literal["open", "collecting", "aggregating", "closed", "failed"]
+ParticipantStatus = Literal["accepted", "clipped", "rejected", "late", "no_update"]
+ModelStage = Literal["base", "pruned", "int8", "federated"]
+
+
+class PageQuery(StrictRequest):
+    model_config = ConfigDict(extra="forbid", strict=False)  # query strings are text: "50" means 50
+
+    limit: int = Field(default=50, ge=1, le=200)
+    offset: int = Field(default=0, ge=0, le=10_000_000)
+
+
+class RoundListQuery(PageQuery):
+    state: RoundState | None = None
+    task: str | None = Field(default=None, pattern=IDENTIFIER_PATTERN)
+    plan_id: int | None = Field(default=None, ge=1, le=MAX_ROUND_ID, description="the id of the plan's first round")
+
+
+class DeviceListQuery(PageQuery):
+    device_class: str | None = Field(default=None, pattern=IDENTIFIER_PATTERN)
+
+
+class RoundSummary(Response):
+    id: int
+    plan_id: int = Field(description="the id of the first round of the plan this round belongs to")
+    number: int = Field(description="1 for the plan's first round, then 2, 3, ...")
+    state: RoundState
+    task: str
+    base_model_id: str
+    selected_devices: int
+    accepted_updates: int = Field(description="updates stored and not rejected by screening (clipped included)")
+    clipped_updates: int
+    rejected_updates: int = Field(description="devices whose update was refused as invalid or screened out")
+    late_updates: int = Field(description="devices whose update arrived after the round stopped taking updates")
+    deadline_at: datetime
+    created_at: datetime
+    finished_at: datetime | None
+    elapsed_s: float = Field(description="from creation to finish, or to now while the round runs")
+    outcome: Literal["published", "failed"] | None = Field(description="null while the round runs")
+    failure_reason: str | None
+    result_model_id: str | None = Field(description="the model version the round published")
+    accuracy: float | None = Field(description="the aggregate's accuracy on the server's evaluation set")
+
+
+class RoundList(Response):
+    rounds: list[RoundSummary]
+    total: int
+    limit: int
+    offset: int
+    next_offset: int | None = Field(description="offset of the next page, or null on the last page")
+
+
+class Participant(Response):
+    device_id: str
+    device_class: str | None
+    selected_at: datetime
+    status: ParticipantStatus = Field(description="no_update: selected, nothing received (yet)")
+    reason: str | None = Field(description="why an update was clipped, rejected or late")
+    num_examples: int | None = Field(description="the weight the server granted (the device's claim, capped)")
+    delta_norm: float | None
+    upload_bytes: int | None
+    uploaded_at: datetime | None
+
+
+class ParticipantList(Response):
+    round_id: int
+    participants: list[Participant]
+
+
+class DeviceSummary(Response):
+    device_id: str
+    device_class: str | None
+    platform: str
+    runtime: str = Field(description="the device's ONNX Runtime version")
+    runtime_threads: int
+    memory_mb: int
+    registered_at: datetime
+    last_seen_at: datetime | None = Field(description="last authenticated request (to the minute); null: never")
+
+
+class DeviceList(Response):
+    devices: list[DeviceSummary]
+    total: int
+    limit: int
+    offset: int
+    next_offset: int | None = Field(description="offset of the next page, or null on the last page")
+
+
+class DeviceClassCount(Response):
+    device_class: str | None = Field(description="null: devices that named no class")
+    devices: int
+    last_seen_at: datetime | None
+
+
+class DeviceClassCounts(Response):
+    device_classes: list[DeviceClassCount]
+    total: int
+
+
+class LineageNode(Response):
+    id: str
+    family: str
+    version: int
+    task: str
+    precision: str
+    stage: ModelStage = Field(description="federated (an FL round's result), int8, pruned, or base")
+    accuracy: float
+    parent_id: str | None
+    published_at: datetime
+
+
+class ModelLineage(Response):
+    model: LineageNode
+    ancestors: list[LineageNode] = Field(description="root first, ending with the model's parent")
+    descendants: list[LineageNode] = Field(description="breadth-first: every model listed after its parent")
+
+
+class ClassLatency(Response):
+    device_class: str
+    card_ms: float | None = Field(description="the card's latency for the class (what the publisher says)")
+    card_source: Literal["measured", "predicted"] | None
+    predicted_ms: float | None = Field(description="the server's predictor, median over the class's devices")
+    measured_ms: float | None = Field(description="telemetry: median over the class's devices of their medians")
+    devices_measured: int
+    reports: int
+
+
+class ModelLatency(Response):
+    model_id: str
+    device_classes: list[ClassLatency]
