@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import click
+from rich.text import Text
 
 from fedzoo.card_views import card_fields
 from fedzoo.clients.http import FedzooHTTP, RetryPolicy
@@ -90,7 +91,15 @@ def _when(timestamp: str | None) -> str | None:
     """An ISO timestamp as 'YYYY-MM-DD HH:MM:SS' (UTC), for tables."""
     if not timestamp:
         return None
-    return _parse_time(timestamp).strftime("%Y-%m-%d %H:%M:%S")
+    return _parse_time(timestamp).astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _fraction(value: float | None) -> str | None:
+    return None if value is None else f"{value:.4f}"
+
+
+def _milliseconds(value: float | None) -> str | None:
+    return None if value is None else f"{value:.3f}"
 
 
 def _parse_time(timestamp: str) -> datetime:
@@ -116,9 +125,8 @@ def round_elapsed(round_view: dict[str, Any]) -> str:
 STATE_STYLES = {"open": "cyan", "collecting": "blue", "aggregating": "yellow", "closed": "green", "failed": "red"}
 
 
-def styled_state(state: str) -> str:
-    style = STATE_STYLES.get(state)
-    return f"[{style}]{state}[/{style}]" if style else state
+def styled_state(state: str) -> Text:
+    return Text(state, style=STATE_STYLES.get(state, ""))
 
 
 # models ------------------------------------------------------------------------------------------
@@ -162,6 +170,42 @@ def show_model(api: FedzooHTTP, model_id: str, output_format: str) -> None:
     print_fields(f"model {card['id']}", card_fields(card))
 
 
+@models.command(name="lineage")
+@click.argument("model_id")
+@format_option
+@server_options
+def model_lineage(api: FedzooHTTP, model_id: str, output_format: str) -> None:
+    """Show a model's ancestors and descendants: base, pruned, INT8 and federated versions (viewer token)."""
+    lineage = api.get_json(f"/v1/models/{model_id}/lineage")
+    if output_format == "json":
+        print_json(lineage)
+        return
+    nodes = [(node, "ancestor") for node in lineage["ancestors"]] + [(lineage["model"], "this model")]
+    nodes += [(node, "descendant") for node in lineage["descendants"]]
+    rows = [(node["id"], relation, node["stage"], node["version"], node["precision"], _fraction(node["accuracy"]),
+             node["parent_id"], _when(node["published_at"])) for node, relation in nodes]
+    print_table(f"lineage of {model_id}", ("id", "relation", "stage", "version", "precision", "accuracy", "parent",
+                                           "published (UTC)"), rows)
+
+
+@models.command(name="latency")
+@click.argument("model_id")
+@format_option
+@server_options
+def model_latency(api: FedzooHTTP, model_id: str, output_format: str) -> None:
+    """Show a model's latency per device class: the card's, the server's prediction and devices' measurements
+    (viewer token)."""
+    latency = api.get_json(f"/v1/models/{model_id}/latency")
+    if output_format == "json":
+        print_json(latency)
+        return
+    rows = [(row["device_class"], _milliseconds(row["card_ms"]), row["card_source"], _milliseconds(row["predicted_ms"]),
+             _milliseconds(row["measured_ms"]), row["devices_measured"], row["reports"])
+            for row in latency["device_classes"]]
+    print_table(f"latency of {model_id}", ("device class", "card ms", "card source", "predicted ms", "measured ms",
+                                           "devices measured", "reports"), rows)
+
+
 # devices -----------------------------------------------------------------------------------------
 
 
@@ -170,7 +214,8 @@ def devices() -> None:
     """The fleet: registered devices (viewer or admin token)."""
 
 
-DEVICE_COLUMNS = ("device_id", "device_class", "platform", "memory_mb", "registered_at", "last_seen_at")
+DEVICE_COLUMNS = ("device_id", "device_class", "platform", "runtime", "runtime_threads", "memory_mb", "registered_at",
+                  "last_seen_at")
 
 
 @devices.command(name="list")
@@ -180,7 +225,7 @@ DEVICE_COLUMNS = ("device_id", "device_class", "platform", "memory_mb", "registe
 @server_options
 def list_devices(api: FedzooHTTP, device_class: str | None, limit: int, offset: int, all_pages: bool,
                  output_format: str) -> None:
-    """List registered devices: class, platform, memory, registered and last seen."""
+    """List registered devices: class, platform, runtime, memory, registered and last seen."""
     page = fetch_list(api, "/v1/devices", "devices", {"device_class": device_class}, limit, offset, all_pages)
     if output_format == "json":
         print_json(page)
@@ -188,6 +233,20 @@ def list_devices(api: FedzooHTTP, device_class: str | None, limit: int, offset: 
     rows = [tuple(_when(device.get(column)) if column.endswith("_at") else device.get(column)
                   for column in DEVICE_COLUMNS) for device in page["devices"]]
     print_table("devices", DEVICE_COLUMNS, rows, caption=page_caption(page, "devices"))
+
+
+@devices.command(name="classes")
+@format_option
+@server_options
+def device_classes(api: FedzooHTTP, output_format: str) -> None:
+    """How many devices each class has, and when one of them was last seen."""
+    counts = api.get_json("/v1/devices/classes")
+    if output_format == "json":
+        print_json(counts)
+        return
+    rows = [(row["device_class"], row["devices"], _when(row["last_seen_at"])) for row in counts["device_classes"]]
+    print_table("device classes", ("device class", "devices", "last seen (UTC)"), rows,
+                caption=f"{counts['total']} devices")
 
 
 # federated rounds --------------------------------------------------------------------------------
@@ -218,11 +277,14 @@ def list_rounds(api: FedzooHTTP, state: str | None, task: str | None, plan_id: i
     if output_format == "json":
         print_json(page)
         return
-    rows = [(view["id"], view["number"], styled_state(view["state"]), view["task"], view["base_model_id"],
-             view["selected_devices"], view["accepted_updates"], _when(view["deadline_at"]), round_elapsed(view),
-             view.get("result_model_id")) for view in page["rounds"]]
-    print_table("rounds", ("id", "number", "state", "task", "base model", "selected", "accepted", "deadline (UTC)",
-                           "elapsed", "result model"), rows, caption=page_caption(page, "rounds"))
+    rows = [(view["id"], view["plan_id"], view["number"], styled_state(view["state"]), view["task"],
+             view["base_model_id"], view["selected_devices"], view["accepted_updates"], view["rejected_updates"],
+             view["late_updates"], _when(view["deadline_at"]), elapsed_text(view["elapsed_s"]),
+             view["result_model_id"] or view["failure_reason"], _fraction(view["accuracy"]))
+            for view in page["rounds"]]
+    print_table("rounds", ("id", "plan", "number", "state", "task", "base model", "selected", "accepted", "rejected",
+                           "late", "deadline (UTC)", "elapsed", "result", "accuracy"),
+                rows, caption=page_caption(page, "rounds"))
 
 
 @rounds.command(name="show")
@@ -230,10 +292,12 @@ def list_rounds(api: FedzooHTTP, state: str | None, task: str | None, plan_id: i
 @format_option
 @server_options
 def show_round(api: FedzooHTTP, round_id: int, output_format: str) -> None:
-    """Show one round: state, configuration, counts, bytes and outcome."""
+    """Show one round (state, configuration, counts, bytes, outcome) and its participants: whether each
+    selected device's update was accepted, clipped, rejected or late, and why (viewer or admin token)."""
     view = api.get_json(f"/v1/fl/rounds/{round_id}")
+    participants = api.get_json(f"/v1/fl/rounds/{round_id}/participants")["participants"]
     if output_format == "json":
-        print_json(view)
+        print_json({"round": view, "participants": participants})
         return
     fields = [(name, view.get(name)) for name in ("id", "number", "rounds_remaining", "task", "family",
                                                   "base_model_id", "base_version")]
@@ -244,6 +308,11 @@ def show_round(api: FedzooHTTP, round_id: int, output_format: str) -> None:
     fields += [(f"config.{name}", value) for name, value in sorted(view["config"].items())]
     fields += [(f"outcome.{name}", value) for name, value in sorted((view.get("outcome") or {}).items())]
     print_fields(f"round {view['id']}", fields)
+    rows = [(row["device_id"], row["device_class"], _when(row["selected_at"]), row["status"], row["reason"],
+             row["num_examples"], None if row["delta_norm"] is None else f"{row['delta_norm']:.4g}",
+             row["upload_bytes"], _when(row["uploaded_at"])) for row in participants]
+    print_table(f"participants of round {view['id']}", ("device", "class", "selected (UTC)", "status", "reason",
+                                                         "examples", "delta norm", "bytes", "uploaded (UTC)"), rows)
 
 
 def poll_round(api: FedzooHTTP, round_id: int, interval_s: float, timeout_s: float | None,

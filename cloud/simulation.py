@@ -59,9 +59,11 @@ class LoopbackServer:
     """The real fedzoo server on 127.0.0.1 (a free port), in a thread, with the background deadline check
     `fedzoo serve` runs (every `deadline_check_s`); `restart()` keeps its data directory."""
 
-    def __init__(self, data_dir: str | Path, admin_token: str = DEFAULT_ADMIN_TOKEN, deadline_check_s: float = 1.0) -> None:
+    def __init__(self, data_dir: str | Path, admin_token: str = DEFAULT_ADMIN_TOKEN, deadline_check_s: float = 1.0,
+                 viewer_token: str | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.admin_token = admin_token
+        self.viewer_token = viewer_token
         self.deadline_check_s = deadline_check_s
         self.port: int | None = None
         self._server = None
@@ -83,7 +85,8 @@ class LoopbackServer:
             def log_request(self, *args: Any, **kwargs: Any) -> None:  # a simulation makes thousands of requests
                 pass
 
-        app = create_app(ServerConfig.from_env(environ={}, data_dir=self.data_dir, admin_token=self.admin_token))
+        app = create_app(ServerConfig.from_env(environ={}, data_dir=self.data_dir, admin_token=self.admin_token,
+                                                  viewer_token=self.viewer_token))
         self._server = make_server("127.0.0.1", self.port or 0, app, threaded=True, request_handler=_QuietHandler)
         self.port = self._server.server_port
         self._deadlines = start_deadline_watcher(app, self.deadline_check_s)

@@ -24,7 +24,9 @@ from rich.progress import (
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 FORMATS = ("table", "json")
 Command = TypeVar("Command", bound=Callable[..., Any])
@@ -49,13 +51,24 @@ def print_json(document: Any) -> None:
 
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], caption: str | None = None) -> None:
-    """A rich table on stdout; `None` cells print as '-'."""
-    table = Table(title=title, caption=caption)
+    """A rich table on stdout; `None` cells print as '-', dicts and lists as JSON, text as it is (a server's
+    text is never read as rich markup); a rich `Text` cell keeps its style."""
+    table = Table(title=escape(title), caption=caption and escape(caption))
     for column in columns:
         table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(*("-" if cell is None else str(cell) for cell in row))
+        table.add_row(*(_cell(value) for value in row))
     Console().print(table)
+
+
+def _cell(value: Any) -> Text | str:
+    if isinstance(value, Text):
+        return value
+    if value is None:
+        return "-"
+    if isinstance(value, (dict, list)):
+        return escape(json.dumps(value, sort_keys=True, default=str))
+    return escape(str(value))
 
 
 def print_fields(title: str, fields: Sequence[tuple[str, Any]]) -> None:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 
+import httpx
 import pytest
 from click.testing import CliRunner
 
@@ -14,6 +15,8 @@ from fedzoo.cli import cli
 from fedzoo.cloud.simulation import LoopbackServer, Simulation, prepare_federation
 
 ROUND = {"min_clients": 1, "target_clients": 3, "deadline_s": 60, "batch_size": 16}
+VIEWER_TOKEN = "operator-cli-viewer-token"
+VIEWER = {"FEDZOO_VIEWER_TOKEN": VIEWER_TOKEN}
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +24,7 @@ def fleet(tmp_path_factory):
     """A server holding the base model and the two FL versions of a closed two-round plan."""
     federation = prepare_federation("digits", num_clients=3, alpha=1.0, hidden_units=16, pretrain_epochs=1, seed=2)
     root = tmp_path_factory.mktemp("operator")
-    with LoopbackServer(root / "server", deadline_check_s=0.2) as server:
+    with LoopbackServer(root / "server", deadline_check_s=0.2, viewer_token=VIEWER_TOKEN) as server:
         with Simulation(federation, server.url, cache_root=root / "devices") as sim:
             sim.publish_base_model()
             sim.register_devices()
@@ -31,8 +34,8 @@ def fleet(tmp_path_factory):
 
 
 def invoke(*args: str, env: dict[str, str] | None = None):
-    """The CLI in this process (stdout and stderr apart); returns click's result."""
-    return CliRunner().invoke(cli, list(args), env=env, catch_exceptions=False)
+    """The CLI in this process (stdout and stderr apart) with the viewer token; returns click's result."""
+    return CliRunner().invoke(cli, list(args), env={**VIEWER, **(env or {})}, catch_exceptions=False)
 
 
 def run_fedzoo(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -78,14 +81,87 @@ def test_models_table_and_show(fleet):
     assert model_id in fields and f"{shown['metrics']['accuracy']}" in fields and shown["sha256"] in fields
 
 
-def test_rounds_show_json_is_the_servers_round(fleet):
+def viewer_get(server, path: str, **params):
+    return httpx.get(f"{server.url}{path}", params=params, headers={"Authorization": f"Bearer {VIEWER_TOKEN}"}).json()
+
+
+def test_rounds_show_json_is_the_round_and_its_participants(fleet):
     server, sim, records = fleet
     for record in records:
         result = invoke("fl", "rounds", "show", str(record.round_id), "--server", server.url, "--format", "json")
-        assert json.loads(result.stdout) == sim.admin.fl_round(record.round_id)
+        shown = json.loads(result.stdout)
+        assert shown["round"] == sim.admin.fl_round(record.round_id)
+        assert shown["participants"] == viewer_get(server, f"/v1/fl/rounds/{record.round_id}/participants")["participants"]
+        assert sorted(p["status"] for p in shown["participants"]).count("accepted") == record.accepted_updates
     table = invoke("fl", "rounds", "show", str(records[0].round_id), "--server", server.url,
-                   env={"COLUMNS": "200"}).stdout
+                   env={"COLUMNS": "250"}).stdout
     assert "closed" in table and records[0].result_model_id in table
+    assert all(p["device_id"] in table for p in shown["participants"])
+
+
+def test_rounds_list_json_filters_and_pages(fleet):
+    server, sim, records = fleet
+    plan_id = records[0].round_id
+    listed = json.loads(invoke("fl", "rounds", "list", "--server", server.url, "--format", "json", "--plan-id",
+                               str(plan_id)).stdout)
+    assert listed == viewer_get(server, "/v1/fl/rounds", plan_id=plan_id)
+    assert sorted(view["id"] for view in listed["rounds"]) == [record.round_id for record in records]
+    assert {view["accuracy"] for view in listed["rounds"]} == {record.accuracy for record in records}
+    closed = json.loads(invoke("fl", "rounds", "list", "--server", server.url, "--format", "json", "--state", "closed",
+                               "--task", "digits", "--all").stdout)
+    assert {view["id"] for view in closed["rounds"]} >= {record.round_id for record in records}
+    assert all(view["state"] == "closed" for view in closed["rounds"]) and closed["next_offset"] is None
+    first = json.loads(invoke("fl", "rounds", "list", "--server", server.url, "--format", "json", "--limit", "1",
+                              "--plan-id", str(plan_id)).stdout)
+    assert len(first["rounds"]) == 1 and first["next_offset"] == 1 and first["total"] == 2
+    table = invoke("fl", "rounds", "list", "--server", server.url, "--plan-id", str(plan_id),
+                   env={"COLUMNS": "250"}).stdout
+    assert all(record.result_model_id in table for record in records) and "1-2 of 2" in table
+
+
+def test_devices_list_and_classes(fleet):
+    server, sim, _ = fleet
+    listed = json.loads(invoke("devices", "list", "--server", server.url, "--format", "json", "--all").stdout)
+    assert listed["devices"] == viewer_get(server, "/v1/devices", limit=200)["devices"]
+    assert {device["device_id"] for device in listed["devices"]} == {f"sim-device-{i}" for i in range(3)}
+    assert all(token not in json.dumps(listed) for token in sim.tokens)
+    simulated = json.loads(invoke("devices", "list", "--server", server.url, "--format", "json", "--device-class",
+                                  "simulated").stdout)
+    assert simulated["total"] == 3
+    classes = json.loads(invoke("devices", "classes", "--server", server.url, "--format", "json").stdout)
+    assert [(row["device_class"], row["devices"]) for row in classes["device_classes"]] == [("simulated", 3)]
+    table = invoke("devices", "list", "--server", server.url, "--token", VIEWER_TOKEN,
+                   env={"COLUMNS": "250", "FEDZOO_VIEWER_TOKEN": ""}).stdout
+    assert "sim-device-2" in table and "1-3 of 3" in table
+
+
+def test_models_lineage_and_latency(fleet):
+    server, sim, records = fleet
+    newest = records[-1].result_model_id
+    lineage = json.loads(invoke("models", "lineage", newest, "--server", server.url, "--format", "json").stdout)
+    assert lineage == viewer_get(server, f"/v1/models/{newest}/lineage")
+    assert [node["id"] for node in lineage["ancestors"]] == [sim.federation.card.id, records[0].result_model_id]
+    assert lineage["model"]["stage"] == "federated"
+    table = invoke("models", "lineage", sim.federation.card.id, "--server", server.url, env={"COLUMNS": "250"}).stdout
+    assert newest in table and "descendant" in table
+    latency = json.loads(invoke("models", "latency", newest, "--server", server.url, "--format", "json").stdout)
+    assert latency == viewer_get(server, f"/v1/models/{newest}/latency")
+
+
+@pytest.mark.parametrize("command", [["devices", "list"], ["fl", "rounds", "list"], ["fl", "rounds", "show", "1"],
+                                     ["models", "lineage", "x"]])
+def test_operator_reads_need_the_viewer_or_admin_token(fleet, command):
+    server, sim, _ = fleet
+    for env, code in (({}, "HTTP 401 unauthorized, field 'Authorization'"),
+                      ({"FEDZOO_VIEWER_TOKEN": "wrong"}, "HTTP 401 invalid_token, field 'Authorization'"),
+                      ({"FEDZOO_VIEWER_TOKEN": sim.tokens[0]}, "HTTP 401 invalid_token")):  # a device's token
+        result = run_fedzoo(*command, "--server", server.url, env={**env, "FEDZOO_ADMIN_TOKEN": ""})
+        assert result.returncode == 1 and code in result.stderr and result.stdout == "", result.stderr
+        assert "Traceback" not in result.stderr
+    if command[-1] == "list":  # the admin token reads as well
+        result = run_fedzoo(*command, "--format", "json", "--server", server.url,
+                            env={"FEDZOO_VIEWER_TOKEN": "", "FEDZOO_ADMIN_TOKEN": server.admin_token})
+        assert result.returncode == 0 and json.loads(result.stdout)["total"] >= 1, result.stderr
 
 
 def test_watch_a_closed_round_prints_its_state_and_exits_zero(fleet):
