@@ -87,6 +87,19 @@ def test_a_device_whose_model_diverged_sends_nothing(running, federation, tmp_pa
     assert sim.admin.fl_round(round_id)["accepted_updates"] == 0
 
 
+def test_an_update_upload_reports_its_bytes_as_they_are_sent(running, federation, tmp_path):
+    server, sim = running
+    sim.register_devices()
+    heard = []
+    device = FedzooClient(server.url, token=sim.tokens[0], cache_dir=tmp_path / "cache",
+                          progress=lambda *event: heard.append(event))
+    round_id = sim.start_plan({"min_clients": 1, "target_clients": 1, "deadline_s": 60, "batch_size": 16})
+    result = run_task(device, device.fl_task("digits")["task"], federation.client_data(0))
+    uploads = [event for event in heard if event[0] == "upload update"]
+    assert result.outcome == "accepted" and uploads[-1][1:] == (result.upload_bytes, result.upload_bytes)
+    assert sim.admin.fl_round(round_id)["upload_bytes"] == result.upload_bytes
+
+
 def test_cli_registers_downloads_runs_and_participates(running, federation, tmp_path):
     server, sim = running
     runner = CliRunner()
