@@ -134,7 +134,7 @@ def styled_state(state: str) -> Text:
 
 @click.group()
 def models() -> None:
-    """The server's model registry: list and show model cards."""
+    """The server's model registry: model cards, their lineage and their latency per device class."""
 
 
 @models.command(name="list")

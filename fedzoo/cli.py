@@ -18,7 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "zoo": ("fedzoo.cloud.zoo_cli:zoo", "Build, compress and inspect model zoos."),
     "serve": ("fedzoo.server.cli:serve", "Run the model server (production WSGI)."),
     "client": ("fedzoo.clients.cli:client", "Device-side client: register, look up, download, run, train."),
-    "models": ("fedzoo.clients.operator_cli:models", "The server's model registry: list and show model cards."),
+    "models": ("fedzoo.clients.operator_cli:models", "The server's model registry: cards, lineage, latency per class."),
     "devices": ("fedzoo.clients.operator_cli:devices", "The fleet: registered devices."),
     "fl": ("fedzoo.clients.operator_cli:fl", "Federated learning: list, show and watch rounds."),
     "demo": ("fedzoo.cloud.demo:demo", "Run the whole system end to end on MNIST-5k."),

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from fedzoo.cli import cli
+from fedzoo.cli import cli, main
 from fedzoo.cloud.simulation import LoopbackServer, Simulation, prepare_federation
 
 ROUND = {"min_clients": 1, "target_clients": 3, "deadline_s": 60, "batch_size": 16}
@@ -36,6 +36,19 @@ def fleet(tmp_path_factory):
 def invoke(*args: str, env: dict[str, str] | None = None):
     """The CLI in this process (stdout and stderr apart) with the viewer token; returns click's result."""
     return CliRunner().invoke(cli, list(args), env={**VIEWER, **(env or {})}, catch_exceptions=False)
+
+
+def run_main(capsys, monkeypatch, *args: str, env: dict[str, str]) -> tuple[int, str, str]:
+    """The entry point a user runs (errors turned into messages), in this process: (exit code, stdout, stderr)."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code = 0
+    try:
+        main(list(args))
+    except SystemExit as exit_:
+        code = exit_.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
 
 
 def run_fedzoo(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -150,18 +163,19 @@ def test_models_lineage_and_latency(fleet):
 
 @pytest.mark.parametrize("command", [["devices", "list"], ["fl", "rounds", "list"], ["fl", "rounds", "show", "1"],
                                      ["models", "lineage", "x"]])
-def test_operator_reads_need_the_viewer_or_admin_token(fleet, command):
+def test_operator_reads_need_the_viewer_or_admin_token(fleet, command, capsys, monkeypatch):
     server, sim, _ = fleet
-    for env, code in (({}, "HTTP 401 unauthorized, field 'Authorization'"),
-                      ({"FEDZOO_VIEWER_TOKEN": "wrong"}, "HTTP 401 invalid_token, field 'Authorization'"),
-                      ({"FEDZOO_VIEWER_TOKEN": sim.tokens[0]}, "HTTP 401 invalid_token")):  # a device's token
-        result = run_fedzoo(*command, "--server", server.url, env={**env, "FEDZOO_ADMIN_TOKEN": ""})
-        assert result.returncode == 1 and code in result.stderr and result.stdout == "", result.stderr
-        assert "Traceback" not in result.stderr
+    for env, message in (({}, "HTTP 401 unauthorized, field 'Authorization'"),
+                         ({"FEDZOO_VIEWER_TOKEN": "wrong"}, "HTTP 401 invalid_token, field 'Authorization'"),
+                         ({"FEDZOO_VIEWER_TOKEN": sim.tokens[0]}, "HTTP 401 invalid_token")):  # a device's token
+        code, stdout, stderr = run_main(capsys, monkeypatch, *command, "--server", server.url,
+                                        env={"FEDZOO_VIEWER_TOKEN": "", "FEDZOO_ADMIN_TOKEN": "", **env})
+        assert code == 1 and message in stderr and stdout == "", stderr
+        assert "Traceback" not in stderr
     if command[-1] == "list":  # the admin token reads as well
-        result = run_fedzoo(*command, "--format", "json", "--server", server.url,
-                            env={"FEDZOO_VIEWER_TOKEN": "", "FEDZOO_ADMIN_TOKEN": server.admin_token})
-        assert result.returncode == 0 and json.loads(result.stdout)["total"] >= 1, result.stderr
+        code, stdout, stderr = run_main(capsys, monkeypatch, *command, "--format", "json", "--server", server.url,
+                                        env={"FEDZOO_VIEWER_TOKEN": "", "FEDZOO_ADMIN_TOKEN": server.admin_token})
+        assert code == 0 and json.loads(stdout)["total"] >= 1, stderr
 
 
 def test_watch_a_closed_round_prints_its_state_and_exits_zero(fleet):
@@ -220,12 +234,11 @@ def test_watch_gives_up_after_its_timeout(fleet):
         (["models", "list", "--server", "ftp://example.org"], 2, "must be an http:// or https:// URL"),
     ],
 )
-def test_bad_input_is_a_message_and_an_exit_code(fleet, args, code, message):
+def test_bad_input_is_a_message_and_an_exit_code(fleet, args, code, message, capsys, monkeypatch):
     server, _, _ = fleet
-    result = run_fedzoo(*args, env={"FEDZOO_SERVER": server.url})
-    assert result.returncode == code, result.stderr
-    assert message in result.stderr and "Traceback" not in result.stderr
-    assert result.stdout == ""
+    exit_code, stdout, stderr = run_main(capsys, monkeypatch, *args, env={"FEDZOO_SERVER": server.url})
+    assert exit_code == code, stderr
+    assert message in stderr and "Traceback" not in stderr and stdout == ""
 
 
 def test_a_query_the_server_refuses_shows_its_message_and_field(fleet):
