@@ -18,6 +18,7 @@ from fedzoo.server.config import ServerConfig
 from fedzoo.server.context import ServerContext
 from fedzoo.server.db import Database
 from fedzoo.server.errors import APIError, from_domain_error
+from fedzoo.server import dashboard
 from fedzoo.server.fl import routes as fl_routes
 from fedzoo.server.latency import LatencyEstimator, default_estimator
 from fedzoo.server.routes import blobs, devices, lookup, meta, models, operator
@@ -31,6 +32,7 @@ BLUEPRINTS = [
     lookup.blueprint,
     fl_routes.blueprint,
     operator.blueprint,  # after fl: it reads through the round service the fl blueprint creates
+    dashboard.blueprint,  # /ui, the operator's pages over the same services
 ]
 
 # HTTP errors raised by Flask/werkzeug itself (routing, size limit), as API error codes.

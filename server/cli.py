@@ -174,5 +174,5 @@ def serve(zoo_dir: Path | None, host: str, port: int, workers: int, threads: int
         "control_socket_disable": True,  # one fixed socket path would clash between servers on one machine
     }
     click.echo(f"serving {config.data_dir} on {base_url(host, port)} with {workers} workers x {threads} threads")
-    click.echo(f"dashboard: {base_url(host, port)}/ui")
+    click.echo(f"dashboard: {base_url(host, port)}/ui/ (log in with FEDZOO_VIEWER_TOKEN or FEDZOO_ADMIN_TOKEN)")
     ServerApplication(config, options).run()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, bindparam, select, update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from fedzoo.device import DeviceProfile
@@ -18,6 +20,7 @@ from fedzoo.server.latency import MEASURED_WINDOW_REPORTS, LatencyEstimator, mea
 from fedzoo.server.models import SCALE_COLUMNS, DeviceRecord, LatencyReport, MeasuredLatency, ModelRecord, utc_now
 
 LAST_SEEN_RESOLUTION_S = 60.0
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -131,8 +134,12 @@ class LastSeenRecorder:
             self._written.move_to_end(device_id)
             while len(self._written) > self.max_entries:
                 self._written.popitem(last=False)
-        with engine.begin() as connection:
-            connection.execute(update(DeviceRecord).where(DeviceRecord.id == device_id).values(last_seen_at=utc_now()))
+        try:
+            with engine.begin() as connection:
+                connection.execute(update(DeviceRecord).where(DeviceRecord.id == device_id)
+                                   .values(last_seen_at=utc_now()))
+        except SQLAlchemyError:  # a missed last-seen time must never fail the device's request
+            log.warning("could not record that device %s was seen", device_id, exc_info=True)
 
 
 def report_latency(session: Session, device_id: str, model_id: str, median_ms: float, p90_ms: float | None,

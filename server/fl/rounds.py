@@ -346,13 +346,19 @@ class RoundService:
         try:
             return self._admit_update(device_id, round_id, metadata, data)
         except FedzooError as error:
-            kind = refusal_kind(error)
-            if kind is not None:
-                with self.database.session() as session:
-                    session.add(FLRefusedUpload(round_id=round_id, device_id=device_id, kind=kind,
-                                                reason=str(error)[:2000], upload_bytes=len(data),
-                                                received_at=self.clock()))
+            self._record_refusal(device_id, round_id, error, len(data))
             raise
+
+    def _record_refusal(self, device_id: str, round_id: int, error: FedzooError, upload_bytes: int) -> None:
+        kind = refusal_kind(error)
+        if kind is None:
+            return
+        try:
+            with self.database.session() as session:
+                session.add(FLRefusedUpload(round_id=round_id, device_id=device_id, kind=kind, reason=str(error)[:2000],
+                                            upload_bytes=upload_bytes, received_at=self.clock()))
+        except Exception:  # the device must still hear why it was refused
+            log.exception("could not record the refused upload of device %s in round %s", device_id, round_id)
 
     def _admit_update(self, device_id: str, round_id: int, metadata: UpdateMetadata, data: bytes) -> dict[str, Any]:
         self.advance()

@@ -12,7 +12,9 @@ import uuid
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from server_helpers import config_for_tests, device_profile, make_card, running_live_server, tiny_onnx_model
+from server_helpers import (
+    VIEWER_TOKEN, config_for_tests, device_profile, make_card, running_live_server, tiny_onnx_model,
+)
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -65,3 +67,51 @@ def test_publish_register_report_and_look_up_on_postgres(tmp_path, postgres_url)
             assert refused.status_code == 404 and server.snapshot() == before
             missing = device.post("/v1/lookup", json={"task": "speech", "latency_budget_ms": 10})
             assert missing.status_code == 404 and missing.json()["error"]["code"] == "no_model_for_task"
+
+
+def test_the_operator_view_migration_and_read_endpoints_on_postgres(tmp_path, postgres_url):
+    migrations.upgrade(postgres_url, "0003_update_trust")
+    engine = create_engine(postgres_url)
+    with engine.begin() as connection:  # two plans, 1 -> 2 -> 3 and 4 -> 5, stored before the revision
+        connection.execute(text(
+            "INSERT INTO models (id, family, version, task, precision, accuracy, size_bytes, macs, params, sha256, "
+            "memory_mb, reference_latency_ms, latency_cost_basis, latency_signature, cost_0_ms, cost_1_ms, cost_2_ms, "
+            "cost_3_ms, cost_4_ms, cost_5_ms, cost_6_ms, cost_7_ms, card_json, published_at) VALUES ('old', 'f', 1, "
+            "'t', 'fp32', 0.5, 1, 1, 1, 'x', 1, 1, 'b', 's', 0, 0, 0, 0, 0, 0, 0, 0, '{\"parent_id\": null}', now())"))
+        for round_id, previous in ((1, None), (2, 1), (3, 2), (4, None), (5, 4)):
+            connection.execute(text(
+                "INSERT INTO fl_rounds (id, task, family, number, rounds_remaining, previous_round_id, state, "
+                "base_model_id, base_version, config_json, created_at, deadline_at) VALUES (:id, 't', 'f', 1, 1, "
+                ":previous, 'closed', 'old', 1, '{}', now(), now())"), {"id": round_id, "previous": previous})
+    migrations.upgrade(postgres_url)
+    with engine.connect() as connection:
+        plans = dict(connection.execute(text("SELECT id, plan_id FROM fl_rounds")).all())
+        connection.execute(text("DELETE FROM fl_rounds"))
+        connection.execute(text("DELETE FROM models"))  # a hand-made row the server's start-up could not read
+        connection.commit()
+    engine.dispose()
+    assert plans == {1: 1, 2: 1, 3: 1, 4: 4, 5: 4}
+
+    config = dataclasses.replace(config_for_tests(tmp_path), database_url=postgres_url)
+    with running_live_server(config) as server:
+        for seed, (model_id, parent) in enumerate([("pg-base", None), ("pg-int8", "pg-base")]):
+            blob = tiny_onnx_model(seed=seed)
+            card = make_card(blob, model_id, 0.9, 1000, parent_id=parent,
+                             latency_ms={"pi4": {"median_ms": 3.0, "source": "measured"}})
+            assert server.publish(card, blob).status_code == 201
+        tokens = [server.register(device_profile(f"pg-pi-{i}", device_class="pi4")) for i in range(2)]
+        for token, median_ms in zip(tokens, (4.0, 6.0)):
+            with server.client(token) as device:
+                assert device.post("/v1/telemetry", json={"model_id": "pg-base", "median_ms": median_ms}).status_code == 201
+        with server.client(VIEWER_TOKEN) as client:
+            lineage = client.get("/v1/models/pg-int8/lineage").json()
+            (pi4,) = client.get("/v1/models/pg-base/latency").json()["device_classes"]
+            devices = client.get("/v1/devices", params={"device_class": "pi4"}).json()
+            classes = client.get("/v1/devices/classes").json()
+            rounds = client.get("/v1/fl/rounds", params={"state": "closed"}).json()
+    assert [node["id"] for node in lineage["ancestors"]] == ["pg-base"]
+    assert (pi4["measured_ms"], pi4["card_ms"], pi4["devices_measured"]) == (5.0, 3.0, 2)
+    assert devices["total"] == 2 and all(device["last_seen_at"] for device in devices["devices"])
+    assert classes["device_classes"] == [{"device_class": "pi4", "devices": 2,
+                                          "last_seen_at": classes["device_classes"][0]["last_seen_at"]}]
+    assert rounds["rounds"] == [] and rounds["total"] == 0
