@@ -80,3 +80,23 @@ def test_every_command_is_in_the_cli_page():
     page = (ROOT / "docs" / "cli.md").read_text()
     missing = [path for path in command_paths(cli) if f"`fedzoo {path}`" not in page]
     assert missing == []
+
+
+def _normalised(path: str) -> str:
+    """/v1/models/{model_id} and /v1/models/<id> alike become /v1/models/<>."""
+    return re.sub(r"[{<][^}>]*[}>]", "<>", path)
+
+
+def test_every_endpoint_of_the_openapi_document_is_in_the_rest_api_page(tmp_path):
+    pytest.importorskip("flask")
+    from fedzoo.server.app import create_app
+    from fedzoo.server.config import ServerConfig
+
+    app = create_app(ServerConfig.from_env(environ={}, data_dir=tmp_path))
+    document = app.test_client().get("/v1/openapi.json").get_json()
+    served = {f"{method.upper()} {_normalised(path)}" for path, operations in document["paths"].items()
+              for method in operations}
+    page = (ROOT / "docs" / "rest-api.md").read_text()
+    documented = {f"{method} {_normalised(path)}" for method, path in
+                  re.findall(r"`(GET|POST|PUT|PATCH|DELETE) (/v1/[^`?\s]*)", page)}
+    assert sorted(served - documented) == []
