@@ -17,6 +17,7 @@ can roll the device back.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -24,11 +25,13 @@ import numpy as np
 
 from fedzoo.clients.device_state import load_state, update_state
 from fedzoo.errors import InvalidInputError
+from fedzoo.output import format_option, print_json, quiet_option, transfer_progress
 
 DEFAULT_STATE = Path(os.environ.get("FEDZOO_CLIENT_STATE") or Path.home() / ".config" / "fedzoo" / "client.json")
 
 
-def _client(ctx: click.Context):
+def _client(ctx: click.Context, progress: Callable[[str, int, int | None], None] | None = None):
+    """A FedzooClient for the server and token of the options or the state file; `progress` draws transfers."""
     from fedzoo.clients.client import FedzooClient
     from fedzoo.signing import TrustedKeys
 
@@ -41,7 +44,7 @@ def _client(ctx: click.Context):
     state = load_state(options["state"])
     trusted = TrustedKeys.from_json(state["trusted_keys"]) if "trusted_keys" in state else None
     return FedzooClient(server, token=options["token"], cache_dir=options["cache_dir"], state_file=options["state"],
-                        trusted_keys=trusted)
+                        trusted_keys=trusted, progress=progress)
 
 
 def _read_npz(path: Path, need_labels: bool) -> tuple[np.ndarray, np.ndarray | None]:
@@ -99,12 +102,16 @@ def register(ctx: click.Context, device_id: str, device_class: str | None, threa
 @click.option("--latency-budget-ms", type=float, required=True)
 @click.option("--memory-budget-mb", type=float, default=None)
 @click.option("--min-accuracy", type=float, default=None)
+@format_option
 @click.pass_context
 def lookup(ctx: click.Context, task: str, latency_budget_ms: float, memory_budget_mb: float | None,
-           min_accuracy: float | None) -> None:
-    """Ask the server for the best model this device can afford."""
+           min_accuracy: float | None, output_format: str) -> None:
+    """Ask the server for the best model this device can afford (--format json: the server's answer)."""
     with _client(ctx) as api:
         answer = api.lookup(task, latency_budget_ms, memory_budget_mb, min_accuracy)
+    if output_format == "json":
+        print_json(answer)
+        return
     model = answer["model"]
     click.echo(f"{model['id']}: accuracy {model['metrics']['accuracy']:.4f}, {answer['latency_ms']:.2f} ms "
                f"({answer['latency_source']}), {answer['memory_mb']:.1f} MB")
@@ -117,10 +124,11 @@ def lookup(ctx: click.Context, task: str, latency_budget_ms: float, memory_budge
 
 @client.command()
 @click.argument("model_id")
+@quiet_option
 @click.pass_context
-def download(ctx: click.Context, model_id: str) -> None:
+def download(ctx: click.Context, model_id: str, quiet: bool) -> None:
     """Download a model's ONNX file into the cache (resumable, sha256-checked)."""
-    with _client(ctx) as api:
+    with transfer_progress(quiet) as progress, _client(ctx, progress) as api:
         card = api.card(model_id)
         path = api.download_model(card)
         click.echo(f"{path} ({card.size_bytes} bytes, sha256 {card.sha256}, {api.downloaded_bytes} bytes transferred)")
@@ -131,13 +139,14 @@ def download(ctx: click.Context, model_id: str) -> None:
 @click.argument("inputs", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--threads", type=int, default=1, show_default=True)
 @click.option("--report-latency/--no-report-latency", default=False, help="benchmark and send the latency to the server")
+@quiet_option
 @click.pass_context
-def run(ctx: click.Context, model_id: str, inputs: Path, threads: int, report_latency: bool) -> None:
+def run(ctx: click.Context, model_id: str, inputs: Path, threads: int, report_latency: bool, quiet: bool) -> None:
     """Run a model on the images in INPUTS (.npz with x in [0, 1], and optionally labels y)."""
     from fedzoo.edge.benchmark import benchmark_model
 
     x, y = _read_npz(inputs, need_labels=False)
-    with _client(ctx) as api:
+    with transfer_progress(quiet) as progress, _client(ctx, progress) as api:
         card = api.card(model_id)
         session = api.session(card, threads=threads)
         predictions = np.argmax(session.run(x), axis=-1)
@@ -159,14 +168,15 @@ def run(ctx: click.Context, model_id: str, inputs: Path, threads: int, report_la
 @click.option("--max-idle-s", type=float, default=300.0, show_default=True, help="give up after this long without work")
 @click.option("--encoding", type=click.Choice(["fp32", "int8"]), default="fp32", show_default=True)
 @click.option("--family", default=None, help="only rounds of this model family")
+@quiet_option
 @click.pass_context
 def participate(ctx: click.Context, task: str, data_path: Path, rounds: int, max_idle_s: float, encoding: str,
-                family: str | None) -> None:
+                family: str | None, quiet: bool) -> None:
     """Take part in federated rounds: train locally, upload only the weight delta."""
     from fedzoo.clients.participation import LocalData, participation_loop
 
     x, y = _read_npz(data_path, need_labels=True)
-    with _client(ctx) as api:
+    with transfer_progress(quiet) as progress, _client(ctx, progress) as api:
         results = participation_loop(api, task, LocalData(x, y), rounds, max_idle_s, encoding, family)
     for result in results:
         click.echo(f"round {result.round_id}: {result.outcome}, {result.upload_bytes} bytes uploaded, "

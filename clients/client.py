@@ -29,6 +29,7 @@ from fedzoo.clients.device_state import load_state, update_state
 from fedzoo.clients.download import BlobCache, download_blob, sha256_of_file
 from fedzoo.clients.errors import IntegrityError
 from fedzoo.clients.http import FedzooHTTP, RetryPolicy
+from fedzoo.clients.metered import MeteredBytes, MeteredFile, ProgressCallback
 from fedzoo.device import DeviceProfile
 from fedzoo.errors import InvalidInputError
 from fedzoo.signing import TrustedKeys
@@ -49,12 +50,15 @@ class FedzooClient:
         timeout_s: float = 30.0,
         state_file: str | Path | None = None,
         trusted_keys: TrustedKeys | None = None,
+        progress: ProgressCallback | None = None,
     ) -> None:
         """`state_file` keeps the device id, token and token expiry across restarts (a token saved there is
         used when `token` is not given). `trusted_keys` pins the fleet's card-signing keys: every card must then
         verify before its model is downloaded or loaded, and the newest version accepted per family is kept in
-        the state file (default `<cache_dir>/state.json`) so that no later card can roll the family back."""
+        the state file (default `<cache_dir>/state.json`) so that no later card can roll the family back.
+        `progress`, when given, hears every download and upload's bytes as they move (for progress bars)."""
         self.http = FedzooHTTP(base_url, token=token, retry=retry, timeout_s=timeout_s)
+        self.progress = progress
         self.cache = BlobCache(Path(cache_dir).expanduser() if cache_dir is not None else None)
         self.downloaded_bytes = 0
         self.uploaded_bytes = 0
@@ -184,7 +188,7 @@ class FedzooClient:
     def download(self, url_path: str, sha256: str) -> Path:
         """The blob at `url_path` (expected to hash to `sha256`) through the cache."""
         self._refresh_token_if_due()
-        path, transferred = download_blob(self.http, url_path, sha256, self.cache)
+        path, transferred = download_blob(self.http, url_path, sha256, self.cache, progress=self.progress)
         self.downloaded_bytes += transferred
         return path
 
@@ -224,9 +228,10 @@ class FedzooClient:
     def upload_update(self, upload_url: str, metadata: dict[str, Any], delta_npz: bytes) -> dict[str, Any]:
         """Send one update (multipart: metadata JSON + delta .npz); returns the server's receipt."""
         self._refresh_token_if_due()
+        delta = delta_npz if self.progress is None else MeteredFile(delta_npz, "upload update", self.progress)
         response = self.http.request(
             "POST", upload_url, expected=(201,),
-            files={"delta": ("delta.npz", delta_npz, "application/octet-stream")},
+            files={"delta": ("delta.npz", delta, "application/octet-stream")},
             data={"metadata": json.dumps(metadata)},
         )
         self.uploaded_bytes += len(delta_npz)
@@ -249,8 +254,10 @@ class FedzooClient:
     def publish_blob(self, data: bytes, admin_token: str) -> str:
         """Admin: upload one blob (PUT /v1/blobs/<sha256>); returns its sha256."""
         sha256 = hashlib.sha256(data).hexdigest()
-        self.http.request("PUT", f"/v1/blobs/{sha256}", content=data, expected=(200, 201),
-                          headers={"Authorization": f"Bearer {admin_token}", "Content-Type": "application/octet-stream"})
+        body = data if self.progress is None else MeteredBytes(data, f"upload {sha256[:12]}", self.progress)
+        self.http.request("PUT", f"/v1/blobs/{sha256}", content=body, expected=(200, 201),
+                          headers={"Authorization": f"Bearer {admin_token}", "Content-Type": "application/octet-stream",
+                                   "Content-Length": str(len(data))})
         return sha256
 
     def publish_model(self, card: ModelCard, blobs: dict[str, bytes], admin_token: str) -> dict[str, Any]:

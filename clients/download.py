@@ -18,6 +18,7 @@ import httpx
 
 from fedzoo.clients.errors import IntegrityError, RangeNotSatisfiableError, ServerUnavailableError
 from fedzoo.clients.http import FedzooHTTP
+from fedzoo.clients.metered import ProgressCallback
 from fedzoo.errors import InvalidInputError
 
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
@@ -64,11 +65,13 @@ class BlobCache:
 
 
 def download_blob(
-    http: FedzooHTTP, url_path: str, sha256: str, cache: BlobCache, max_attempts: int = 5
+    http: FedzooHTTP, url_path: str, sha256: str, cache: BlobCache, max_attempts: int = 5,
+    progress: ProgressCallback | None = None,
 ) -> tuple[Path, int]:
     """The verified local path of a blob and how many bytes this call transferred (0 when cached).
 
-    An interrupted transfer is resumed from where it stopped, up to `max_attempts` times.
+    An interrupted transfer is resumed from where it stopped, up to `max_attempts` times; `progress`
+    hears the bytes held so far against the blob's size as they arrive.
     """
     cached = cache.get(sha256)
     if cached is not None:
@@ -84,10 +87,15 @@ def download_blob(
         try:
             with http.stream("GET", url_path, headers=headers) as response:
                 append = response.status_code == 206 and _range_start(response) == have
+                held = have if append else 0
+                total_bytes = _total_bytes(response, held)
                 with open(partial, "ab" if append else "wb") as stream:
                     for chunk in response.iter_bytes():  # as received, so a cut keeps what arrived
                         stream.write(chunk)
                         transferred += len(chunk)
+                        held += len(chunk)
+                        if progress is not None:
+                            progress(f"download {sha256[:12]}", held, total_bytes)
             break
         except RangeNotSatisfiableError:
             partial.unlink(missing_ok=True)  # we hold bytes past the blob's end: start over
@@ -108,3 +116,12 @@ def download_blob(
 def _range_start(response: httpx.Response) -> int | None:
     match = CONTENT_RANGE_RE.fullmatch(response.headers.get("Content-Range", ""))
     return int(match.group(1)) if match else None
+
+
+def _total_bytes(response: httpx.Response, held: int) -> int | None:
+    """The whole blob's size: Content-Range's total on a resumed answer, else what is held plus Content-Length."""
+    match = CONTENT_RANGE_RE.fullmatch(response.headers.get("Content-Range", ""))
+    if match and match.group(3) != "*":
+        return int(match.group(3))
+    length = response.headers.get("Content-Length")
+    return held + int(length) if length and length.isdigit() else None

@@ -66,7 +66,8 @@ class LoopbackServer:
     `fedzoo serve` runs (every `deadline_check_s`); `restart()` keeps its data directory."""
 
     def __init__(self, data_dir: str | Path, admin_token: str = DEFAULT_ADMIN_TOKEN, deadline_check_s: float = 1.0,
-                 environ: dict[str, str] | None = None, trusted_keys: Path | None = None) -> None:
+                 environ: dict[str, str] | None = None, trusted_keys: Path | None = None,
+                 viewer_token: str | None = None) -> None:
         """`environ`: `FEDZOO_*` settings over the loopback defaults (e.g. a short FEDZOO_DEVICE_TOKEN_TTL_S);
         `trusted_keys`: an operator key set (FEDZOO_TRUSTED_KEYS) whose signed cards the server accepts."""
         self.data_dir = Path(data_dir)
@@ -74,6 +75,7 @@ class LoopbackServer:
         if trusted_keys is not None:
             self.environ["FEDZOO_TRUSTED_KEYS"] = str(trusted_keys)
         self.admin_token = admin_token
+        self.viewer_token = viewer_token
         self.deadline_check_s = deadline_check_s
         self.port: int | None = None
         self._server = None
@@ -95,7 +97,8 @@ class LoopbackServer:
             def log_request(self, *args: Any, **kwargs: Any) -> None:  # a simulation makes thousands of requests
                 pass
 
-        app = create_app(ServerConfig.from_env(environ=self.environ, data_dir=self.data_dir, admin_token=self.admin_token))
+        app = create_app(ServerConfig.from_env(environ=self.environ, data_dir=self.data_dir, admin_token=self.admin_token,
+                                               viewer_token=self.viewer_token))
         self._server = make_server("127.0.0.1", self.port or 0, app, threaded=True, request_handler=_QuietHandler)
         self.port = self._server.server_port
         self._deadlines = start_deadline_watcher(app, self.deadline_check_s)

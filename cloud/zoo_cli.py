@@ -9,7 +9,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from fedzoo.card_views import card_fields
 from fedzoo.compress.cli import compress
+from fedzoo.output import format_option, print_fields, print_json
 from fedzoo.signing import CardSigningKey
 from fedzoo.zoo import Zoo
 
@@ -123,19 +125,28 @@ def _print_cards(cards, title: str) -> None:
 
 @zoo.command(name="list")
 @click.option("--zoo", "zoo_dir", required=True, type=click.Path(path_type=Path), help="The zoo folder.")
-def list_cards(zoo_dir: Path) -> None:
+@format_option
+def list_cards(zoo_dir: Path, output_format: str) -> None:
     """List the models of a zoo, fastest first."""
     cards = Zoo(zoo_dir).cards()
     cards.sort(key=lambda card: card.latency_ms["cloud-x86-1t"].median_ms if "cloud-x86-1t" in card.latency_ms else float("inf"))
+    if output_format == "json":
+        print_json({"models": [card.model_dump(mode="json") for card in cards], "total": len(cards)})
+        return
     _print_cards(cards, title=f"zoo {zoo_dir}: {len(cards)} models")
 
 
 @zoo.command()
 @click.argument("card_id")
 @click.option("--zoo", "zoo_dir", required=True, type=click.Path(path_type=Path), help="The zoo folder.")
-def show(card_id: str, zoo_dir: Path) -> None:
-    """Print one model card as JSON."""
-    click.echo(Zoo(zoo_dir).card(card_id).to_json())
+@format_option
+def show(card_id: str, zoo_dir: Path, output_format: str) -> None:
+    """Show one model card (--format json: the card itself)."""
+    card = Zoo(zoo_dir).card(card_id).model_dump(mode="json")
+    if output_format == "json":
+        print_json(card)
+        return
+    print_fields(f"model {card_id}", card_fields(card))
 
 
 @zoo.command()

@@ -7,6 +7,7 @@ import importlib
 import sys
 
 import click
+from click.shell_completion import get_completion_class
 
 from fedzoo import __version__
 from fedzoo.errors import FedzooError
@@ -18,9 +19,15 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("fedzoo.server.cli:serve", "Run the model server (production WSGI)."),
     "enrollment": ("fedzoo.server.enrollment_cli:enrollment", "Operators: enrollment tokens and device revocation."),
     "client": ("fedzoo.clients.cli:client", "Device-side client: register, look up, download, run, train."),
+    "models": ("fedzoo.clients.operator_cli:models", "The server's model registry: cards, lineage, latency per class."),
+    "devices": ("fedzoo.clients.operator_cli:devices", "The fleet: registered devices."),
+    "fl": ("fedzoo.clients.operator_cli:fl", "Federated learning: list, show and watch rounds."),
     "demo": ("fedzoo.cloud.demo:demo", "Run the whole system end to end on MNIST-5k."),
     "keys": ("fedzoo.keys_cli:keys", "Card-signing keys: generate, list, export the public key set, retire."),
+    "completion": ("fedzoo.cli:completion", "Print the shell completion script for bash, zsh or fish."),
 }
+PROG_NAME = "fedzoo"
+COMPLETE_VAR = "_FEDZOO_COMPLETE"  # click's variable for `fedzoo`; the printed scripts set it
 
 
 class LazyGroup(click.Group):
@@ -64,10 +71,20 @@ def cli() -> None:
     """fedzoo: build a model zoo, serve each device the best model it can afford, improve it by FL."""
 
 
+@click.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> None:
+    """Print the completion script for SHELL; e.g. add `eval "$(fedzoo completion bash)"` to ~/.bashrc,
+    or `fedzoo completion fish > ~/.config/fish/completions/fedzoo.fish`."""
+    script_class = get_completion_class(shell)
+    assert script_class is not None  # click knows all three shells
+    click.echo(script_class(cli, {}, PROG_NAME, COMPLETE_VAR).source())
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI, turning fedzoo's own errors into one-line messages instead of tracebacks."""
     try:
-        cli.main(args=argv, standalone_mode=False)
+        cli.main(args=argv, prog_name=PROG_NAME, complete_var=COMPLETE_VAR, standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)

@@ -1,4 +1,4 @@
-"""The device profile: what a device tells the server about itself when it registers (see DESIGN.md)."""
+"""The device profile: what a device tells the server about itself when it registers (see docs/design.md)."""
 
 from __future__ import annotations
 

@@ -124,6 +124,11 @@ def prepare_and_import(config: ServerConfig, zoo_dir: Path | None) -> tuple[tupl
     return refreshed, imported
 
 
+def base_url(host: str, port: int) -> str:
+    """The URL a browser on this machine opens; an IPv6 host goes in brackets."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 @click.command("serve")
 @click.option("--zoo", "zoo_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Import this zoo directory (cards + blobs) before serving.")
@@ -137,7 +142,8 @@ def prepare_and_import(config: ServerConfig, zoo_dir: Path | None) -> tuple[tupl
 @click.option("--access-log", is_flag=True, help="Log every request to stderr.")
 def serve(zoo_dir: Path | None, host: str, port: int, workers: int, threads: int, data_dir: Path | None,
           import_only: bool, access_log: bool) -> None:
-    """Run the model server: registry, blobs, lookup, telemetry and FL rounds over REST."""
+    """Run the model server: registry, blobs, lookup, telemetry and FL rounds over REST, and the operator's
+    dashboard at /ui (its URL is printed at start)."""
     config = ServerConfig.from_env(data_dir=data_dir)
     # Migrating and importing compute model costs with onnxruntime. Done in this process, its thread pools
     # would be inherited, dead, by every forked worker, which then aborts ("terminate called after throwing
@@ -170,6 +176,6 @@ def serve(zoo_dir: Path | None, host: str, port: int, workers: int, threads: int
         "proc_name": "fedzoo-serve",
         "control_socket_disable": True,  # one fixed socket path would clash between servers on one machine
     }
-    click.echo(f"serving {config.data_dir} on http://{host}:{port} with {workers} workers x {threads} threads")
-    click.echo(f"dashboard: http://{host}:{port}/ui/ (log in with FEDZOO_VIEWER_TOKEN or FEDZOO_ADMIN_TOKEN)")
+    click.echo(f"serving {config.data_dir} on {base_url(host, port)} with {workers} workers x {threads} threads")
+    click.echo(f"dashboard: {base_url(host, port)}/ui/ (log in with FEDZOO_VIEWER_TOKEN or FEDZOO_ADMIN_TOKEN)")
     ServerApplication(config, options).run()

@@ -105,7 +105,7 @@ class RoundBase:
 
 
 def trainable_parameter_names(training_graph: bytes) -> list[str]:
-    """The training graph's parameter inputs: every input but `x` and `y` (see DESIGN.md)."""
+    """The training graph's parameter inputs: every input but `x` and `y` (see docs/design.md)."""
     import onnx
 
     graph = onnx.load_model_from_string(training_graph).graph

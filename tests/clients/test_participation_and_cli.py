@@ -87,6 +87,19 @@ def test_a_device_whose_model_diverged_sends_nothing(running, federation, tmp_pa
     assert sim.admin.fl_round(round_id)["accepted_updates"] == 0
 
 
+def test_an_update_upload_reports_its_bytes_as_they_are_sent(running, federation, tmp_path):
+    server, sim = running
+    sim.register_devices()
+    heard = []
+    device = FedzooClient(server.url, token=sim.tokens[0], cache_dir=tmp_path / "cache",
+                          progress=lambda *event: heard.append(event))
+    round_id = sim.start_plan({"min_clients": 1, "target_clients": 1, "deadline_s": 60, "batch_size": 16})
+    result = run_task(device, device.fl_task("digits")["task"], federation.client_data(0))
+    uploads = [event for event in heard if event[0] == "upload update"]
+    assert result.outcome == "accepted" and uploads[-1][1:] == (result.upload_bytes, result.upload_bytes)
+    assert sim.admin.fl_round(round_id)["upload_bytes"] == result.upload_bytes
+
+
 def test_cli_registers_downloads_runs_and_participates(running, federation, tmp_path):
     server, sim = running
     runner = CliRunner()
@@ -103,6 +116,10 @@ def test_cli_registers_downloads_runs_and_participates(running, federation, tmp_
     result = runner.invoke(client_cli, [*base, "lookup", "--task", "digits", "--latency-budget-ms", "100000"])
     assert result.exit_code == 0, result.output
     assert result.output.startswith(federation.card.id) and "why:" in result.output
+    result = runner.invoke(client_cli, [*base, "lookup", "--task", "digits", "--latency-budget-ms", "100000",
+                                        "--format", "json"])
+    answer = json.loads(result.stdout)
+    assert answer["model"]["id"] == federation.card.id and answer["latency_source"] in ("measured", "predicted")
     result = runner.invoke(client_cli, ["--state", str(state), "--cache-dir", str(tmp_path / "cache"), "download",
                                         federation.card.id])
     assert result.exit_code == 0 and federation.card.sha256 in result.output

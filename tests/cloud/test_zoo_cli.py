@@ -54,8 +54,14 @@ def test_build_then_list_and_show(tmp_path, capsys):
     assert "stage times, wall s: data" in stderr and "search" in stderr
     code, stdout, _ = run_main(["zoo", "list", "--zoo", str(out)], capsys)
     assert code == 0 and all(card.id in stdout for card in cards)
-    code, stdout, _ = run_main(["zoo", "show", cards[0].id, "--zoo", str(out)], capsys)
+    code, stdout, _ = run_main(["zoo", "list", "--zoo", str(out), "--format", "json"], capsys)
+    listed = json.loads(stdout)
+    assert code == 0 and listed["total"] == len(cards)
+    assert sorted(card["id"] for card in listed["models"]) == sorted(card.id for card in cards)
+    code, stdout, _ = run_main(["zoo", "show", cards[0].id, "--zoo", str(out), "--format", "json"], capsys)
     assert code == 0 and json.loads(stdout)["id"] == cards[0].id
+    code, stdout, _ = run_main(["zoo", "show", cards[0].id, "--zoo", str(out)], capsys)
+    assert code == 0 and "metrics.accuracy" in stdout and cards[0].id in stdout
 
 
 @pytest.mark.parametrize(

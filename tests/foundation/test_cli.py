@@ -57,3 +57,12 @@ def test_data_describe_prints_the_split():
     result = run_fedzoo("data", "describe", "digits")
     assert result.returncode == 0, result.stderr
     assert "1797 images" in result.stdout and "validation" in result.stdout
+
+
+def test_table_cells_are_text_not_markup(capsys):
+    from fedzoo.output import print_table
+
+    print_table("[bold]t[/bold]", ("reason", "outcome"), [("[red]planted[/red]", {"accuracy": 0.5}), (None, 3)])
+    out = capsys.readouterr().out
+    assert "[red]planted[/red]" in out and "[bold]t[/bold]" in out
+    assert '{"accuracy": 0.5}' in out and "│ -" in out
