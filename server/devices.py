@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from fedzoo.device import DeviceProfile
 from fedzoo.errors import NotFoundError
+from fedzoo.server import online_calibration
 from fedzoo.server.auth import hash_token, new_device_token
 from fedzoo.server.errors import Conflict, Unauthorized
 from fedzoo.server.latency import MEASURED_WINDOW_REPORTS, LatencyEstimator, measured_median_ms, slot_values
@@ -28,16 +29,15 @@ class Registration:
 
 @dataclass(frozen=True)
 class AuthenticatedDevice:
-    """What a lookup needs to know about the calling device; `scales` has one value per slot column."""
+    """Who the calling device is. Its latency scales are not here: telemetry changes them, so the lookup
+    reads them in its own query."""
 
     id: str
     device_class: str | None
     memory_mb: int
-    scales: tuple[float, ...]
 
 
-_AUTHENTICATE = select(DeviceRecord.id, DeviceRecord.device_class, DeviceRecord.memory_mb,
-                       *(getattr(DeviceRecord, column) for column in SCALE_COLUMNS)
+_AUTHENTICATE = select(DeviceRecord.id, DeviceRecord.device_class, DeviceRecord.memory_mb
                        ).where(DeviceRecord.token_hash == bindparam("token_hash"))
 
 
@@ -77,13 +77,13 @@ def authenticate(session: Session | Connection, token: str) -> AuthenticatedDevi
     if row is None:
         raise Unauthorized("the device token is not valid; register with POST /v1/devices", field="Authorization",
                            code="invalid_token")
-    return AuthenticatedDevice(row[0], row[1], row[2], tuple(row[3:]))
+    return AuthenticatedDevice(row[0], row[1], row[2])
 
 
 class DeviceCache:
     """Recently authenticated devices by token hash, per process, so a lookup costs one query, not two.
     Safe because what it holds never changes while the server runs: tokens are never reissued
-    (re-registration is refused) and latency scales are only recomputed at start-up. Entries expire
+    (re-registration is refused), and the latency scales that telemetry refines are not cached. Entries expire
     after `ttl_s` anyway, so a future revocation takes effect within that time."""
 
     def __init__(self, max_entries: int = 100_000, ttl_s: float = 60.0) -> None:
@@ -110,7 +110,8 @@ class DeviceCache:
 
 def report_latency(session: Session, device_id: str, model_id: str, median_ms: float, p90_ms: float | None,
                    threads: int | None) -> TelemetryResult:
-    """Record one measurement and refresh the median the lookup uses for this (device, model)."""
+    """Record one measurement, refresh the median the lookup uses for this (device, model) and, on the pair's
+    first report, recalibrate the device's scales for the other models (`online_calibration`)."""
     if session.get(ModelRecord, model_id) is None:
         raise NotFoundError(f"no model {model_id!r} is published")
     session.add(LatencyReport(device_id=device_id, model_id=model_id, median_ms=median_ms, p90_ms=p90_ms,
@@ -127,6 +128,7 @@ def report_latency(session: Session, device_id: str, model_id: str, median_ms: f
     if aggregate is None:
         session.add(MeasuredLatency(device_id=device_id, model_id=model_id, median_ms=value, reports=1))
         reports = 1
+        online_calibration.recalibrate(session, device_id, model_id, median_ms)
     else:
         aggregate.median_ms = value
         aggregate.reports += 1

@@ -17,7 +17,8 @@ from fedzoo.server import devices, migrations, registry
 from fedzoo.server.blobstore import FileBlobStore
 from fedzoo.server.db import Base, Database
 from fedzoo.server.latency import CalibrationScalingEstimator
-from fedzoo.server.models import LatencyReport
+from fedzoo.server.auth import hash_token
+from fedzoo.server.models import LatencyReport, MeasuredLatency
 
 INITIAL = "0001_registry"
 
@@ -47,23 +48,34 @@ def test_upgrading_from_the_initial_revision_keeps_every_row(tmp_path):
     blob = tiny_onnx_model(seed=5)
     card = make_card(blob, "kept", 0.9, 1000, latency_ms={"pi4": {"median_ms": 2.0, "source": "measured"}})
     store.put(blob)
+    token = "initial-revision-token"
     with database.session() as session:
         registry.publish(session, store, estimator, card)
-        registration = devices.register(session, estimator, DeviceProfile.model_validate(device_profile("d1")))
-        devices.report_latency(session, "d1", "kept", 3.0, None, 1)
+        # the device row as the initial revision stores it (today's DeviceRecord has later columns)
+        session.execute(text(
+            "INSERT INTO devices (id, token_hash, device_class, memory_mb, latency_scales_basis, latency_signature, "
+            + ", ".join(f"scale_{slot}" for slot in range(8)) + ", profile_json, registered_at) VALUES "
+            "(:id, :token_hash, NULL, 4096, 'basis', :signature, 2, 1, 1, 1, 1, 1, 1, 1, :profile, '2026-12-02')"),
+            {"id": "d1", "token_hash": hash_token(token), "signature": estimator.signature,
+             "profile": DeviceProfile.model_validate(device_profile("d1")).model_dump_json()})
+        session.add(LatencyReport(device_id="d1", model_id="kept", median_ms=3.0, threads=1))
+        session.add(MeasuredLatency(device_id="d1", model_id="kept", median_ms=3.0, reports=1))
+    tables = ("models", "model_class_latency", "devices", "latency_reports", "measured_latency")
     with database.engine.connect() as connection:
-        before = {table: connection.execute(text(f"SELECT * FROM {table} ORDER BY 1")).all()
-                  for table in ("models", "model_class_latency", "devices", "latency_reports", "measured_latency")}
+        before = {table: connection.execute(text(f"SELECT * FROM {table} ORDER BY 1")) for table in tables}
+        columns = {table: list(result.keys()) for table, result in before.items()}
+        before = {table: result.all() for table, result in before.items()}
     assert migrations.current_revision(database.engine) == INITIAL
 
     migrations.upgrade(url)
     migrations.upgrade(url)  # a second upgrade at head is a no-op
     assert migrations.current_revision(database.engine) == migrations.head_revision()
     with database.engine.connect() as connection:
-        after = {table: connection.execute(text(f"SELECT * FROM {table} ORDER BY 1")).all() for table in before}
+        after = {table: connection.execute(text(f"SELECT {', '.join(columns[table])} FROM {table} ORDER BY 1")).all()
+                 for table in before}
     assert after == before and all(before.values())
     with database.session() as session:
-        assert devices.authenticate(session, registration.token).id == "d1"
+        assert devices.authenticate(session, token).id == "d1"
         assert registry.get_card(session, "kept")["sha256"] == card.sha256
     database.dispose()
 
