@@ -20,7 +20,7 @@ from fedzoo.server.db import Database
 from fedzoo.server.errors import APIError, from_domain_error
 from fedzoo.server.fl import routes as fl_routes
 from fedzoo.server.latency import LatencyEstimator, default_estimator
-from fedzoo.server.routes import blobs, devices, lookup, meta, models
+from fedzoo.server.routes import blobs, calibration, devices, lookup, meta, models
 from fedzoo.server.routes.common import EXTENSION_KEY
 
 BLUEPRINTS = [
@@ -29,6 +29,7 @@ BLUEPRINTS = [
     blobs.blueprint,
     devices.blueprint,
     lookup.blueprint,
+    calibration.blueprint,
     fl_routes.blueprint,
 ]
 

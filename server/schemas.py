@@ -152,6 +152,29 @@ class LookupResponse(Response):
         default=None, description="with shortlist_max_models: the models to time on the device, in order")
 
 
+# calibration models ------------------------------------------------------------------------------
+
+class CalibrationModelListQuery(StrictRequest):
+    model_config = ConfigDict(extra="forbid", strict=False)  # query strings are text: "50" means 50
+
+    limit: int = Field(default=50, ge=1, le=200)
+    offset: int = Field(default=0, ge=0, le=10_000_000)
+
+
+class CalibrationModel(Response):
+    name: str = Field(description="the name a device reports its timing under (DeviceProfile.benchmarks[].model)")
+    sha256: str = Field(pattern=SHA256_PATTERN, description="download from GET /v1/blobs/{sha256}")
+    size_bytes: int
+
+
+class CalibrationModelList(Response):
+    calibration_models: list[CalibrationModel]
+    total: int
+    limit: int
+    offset: int
+    next_offset: int | None = Field(description="offset of the next page, or null on the last page")
+
+
 # telemetry ---------------------------------------------------------------------------------------
 
 class TelemetryRequest(StrictRequest):
@@ -171,7 +194,8 @@ class TelemetryResponse(Response):
 ErrorDetail.model_rebuild()
 
 __all__ = [
-    "BlobUploadResponse", "CandidateSummary", "DeviceProfile", "DeviceProfileRequest", "DeviceRegistration",
+    "BlobUploadResponse", "CalibrationModel", "CalibrationModelList", "CalibrationModelListQuery",
+    "CandidateSummary", "DeviceProfile", "DeviceProfileRequest", "DeviceRegistration",
     "ErrorResponse", "ModelCardRequest",
     "LookupRequest", "LookupResponse", "ModelCard", "ShortlistEntry", "ModelList", "ModelListQuery", "PublishResponse",
     "TelemetryRequest", "TelemetryResponse",
