@@ -66,14 +66,15 @@ class CalibrationState:
     reports: int = 0
 
     @classmethod
-    def initial(cls, scales: tuple[float, ...]) -> CalibrationState:
-        covariance = PRIOR_COMMON_LOG_SIGMA**2 * np.ones((LATENCY_SLOTS, LATENCY_SLOTS)) \
-            + PRIOR_GROUP_LOG_SIGMA**2 * np.eye(LATENCY_SLOTS)
+    def initial(cls, scales: tuple[float, ...], groups: int) -> CalibrationState:
+        """The prior for a device registered with `scales`; slots past the estimator's `groups` stay fixed."""
+        covariance = np.zeros((LATENCY_SLOTS, LATENCY_SLOTS))
+        covariance[:groups, :groups] = PRIOR_COMMON_LOG_SIGMA**2 + PRIOR_GROUP_LOG_SIGMA**2 * np.eye(groups)
         return cls([math.log(scale) for scale in scales], covariance.tolist(), REPORT_LOG_SIGMA**2)
 
     @classmethod
-    def from_json(cls, text: str | None, scales: tuple[float, ...]) -> CalibrationState:
-        return cls(**json.loads(text)) if text else cls.initial(scales)
+    def from_json(cls, text: str | None, scales: tuple[float, ...], groups: int) -> CalibrationState:
+        return cls(**json.loads(text)) if text else cls.initial(scales, groups)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -84,7 +85,7 @@ class CalibrationState:
 
 def initial_log_sigma() -> float:
     """A device's prediction uncertainty before any telemetry (what the lookup assumes for NULL)."""
-    return CalibrationState.initial((1.0,) * LATENCY_SLOTS).predicted_log_sigma()
+    return CalibrationState.initial((1.0,) * LATENCY_SLOTS, LATENCY_SLOTS).predicted_log_sigma()
 
 
 def kalman_update(state: CalibrationState, scales: np.ndarray, costs_ms: np.ndarray, measured_ms: float
@@ -109,14 +110,15 @@ def kalman_update(state: CalibrationState, scales: np.ndarray, costs_ms: np.ndar
     return np.exp(np.log(scales) + gain * innovation)
 
 
-def recalibrate(session: Session, device_id: str, model_id: str, measured_ms: float) -> None:
-    """Refine the device's scales from its first report of a model, then its class's factors."""
+def recalibrate(session: Session, device_id: str, model_id: str, measured_ms: float, groups: int) -> None:
+    """Refine the device's scales from its first report of a model, then its class's factors (`groups`:
+    how many slots the estimator uses)."""
     device = session.get(DeviceRecord, device_id)
     model = session.get(ModelRecord, model_id)
     if device is None or model is None or device.latency_signature != model.latency_signature:
         return  # costs and scales from different estimators do not multiply
     scales = np.array([getattr(device, column) for column in SCALE_COLUMNS])
-    state = CalibrationState.from_json(device.latency_calibration_json, tuple(scales))
+    state = CalibrationState.from_json(device.latency_calibration_json, tuple(scales), groups)
     costs = np.array([getattr(model, column) for column in COST_COLUMNS])
     updated = kalman_update(state, scales, costs, measured_ms)
     for column, value in zip(SCALE_COLUMNS, updated):
@@ -142,7 +144,7 @@ def update_class_factors(session: Session, device_class: str, signature: str) ->
     if len(recent) < CLASS_MIN_DEVICES:
         return
     corrections = np.array([
-        np.log(row[1:]) - np.array(CalibrationState.from_json(row[0], tuple(row[1:])).registered_log_scales)
+        np.log(row[1:]) - np.array(json.loads(row[0])["registered_log_scales"])
         for row in recent
     ])
     low, high = CLASS_FACTOR_BOUNDS
