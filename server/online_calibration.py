@@ -113,7 +113,7 @@ def kalman_update(state: CalibrationState, scales: np.ndarray, costs_ms: np.ndar
 def recalibrate(session: Session, device_id: str, model_id: str, measured_ms: float, groups: int) -> None:
     """Refine the device's scales from its first report of a model, then its class's factors (`groups`:
     how many slots the estimator uses)."""
-    device = session.get(DeviceRecord, device_id)
+    device = session.get(DeviceRecord, device_id, with_for_update=True)  # two reports at once: one waits
     model = session.get(ModelRecord, model_id)
     if device is None or model is None or device.latency_signature != model.latency_signature:
         return  # costs and scales from different estimators do not multiply
