@@ -36,7 +36,7 @@ def measured_ids(answer: dict) -> list[tuple[str, bool]]:
 
 
 def test_confirmation_finds_a_more_accurate_model_the_predictor_ruled_out(live_server, client):
-    publish(live_server, "best", 0.95, 0.07, tiny_onnx_model(seed=2))  # predicted just over the budget
+    publish(live_server, "best", 0.95, 0.065, tiny_onnx_model(seed=2))  # predicted just over the budget
     publish(live_server, "dense", 0.90, 0.04, calibration_model("cal-dense-fp32"))  # predicted to fit; does not
     publish(live_server, "small", 0.80, 0.01, tiny_onnx_model(seed=1))
     assert client.lookup("digits", BUDGET_MS)["model"]["id"] == "dense"
