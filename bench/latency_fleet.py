@@ -22,9 +22,20 @@ Zoo: /work/main/zoo (or $FEDZOO_ZOO) if it has cards, else MobileNetV2-style sub
 search space built here with torch (random weights, some with pruned widths) and INT8 copies made by the
 compression stage's `quantize_int8`; then "accuracy" is synthetic (grows with MACs, plus noise).
 
+Online recalibration and device-confirmed lookup (issue 25), judged on the same timings with the server's
+own code (`fedzoo.server.online_calibration`, the shortlist rule of `fedzoo.server.lookup`), for the
+server's form of the predictor: each class and pass is a fresh device whose telemetry reports are the *other*
+pass's medians of the reported models (a report measured at another time), judged against this pass's.
+- share within ±10% of the models not reported, after 0, 1 and 3 reports (random models, several draws);
+- first-lookup regret, predictor-only against device-confirmed: the device asks for the shortlist, "times"
+  each shortlisted model (its other-pass median), keeps the first that fits, reports every timing, and asks
+  again when none fits (`fedzoo.clients.confirmation`). Its extra seconds per lookup are estimated from the
+  policy's runs x the timed medians plus a session setup each, not measured.
+
 Run: .venv/bin/python bench/latency_fleet.py [--timings timings.json] [--reference candidate.json ...]
-(--timings gets every class's medians per pass; each --reference is a refitted reference predictor judged on
-the same timings as the shipped one, side by side)
+[--rounds N] (--timings gets every class's medians per pass; each --reference is a refitted reference
+predictor judged on the same timings as the shipped one, side by side; --rounds fewer interleaved rounds than
+the default 300, for a shorter run on a shared machine, at the price of noisier medians)
 """
 
 from __future__ import annotations
@@ -40,9 +51,13 @@ from pathlib import Path
 
 import numpy as np
 
+from fedzoo.clients.confirmation import SESSION_SETUP_S, ConfirmationPolicy
 from fedzoo.edge.calibration_models import calibration_models
 from fedzoo.edge.fleet import DeviceClass, available_fleet, run_on_device_class
-from fedzoo.edge.latency_predictor import REFERENCE_MODEL_PATH, KernelLatencyPredictor, kernel_features
+from fedzoo.edge.latency_predictor import CALIBRATION_GROUPS, REFERENCE_MODEL_PATH, KernelLatencyPredictor, kernel_features
+from fedzoo.server.lookup import SHORTLIST_SIGMAS
+from fedzoo.server.models import LATENCY_SLOTS
+from fedzoo.server.online_calibration import MEASURED_LOG_SIGMA, CalibrationState, kalman_update
 
 # 300 rounds, not 30: with 30, this VM's speed spells moved two sessions of the same model apart by up to 28%
 # (re-measurement within ±10%: 54-89% per class); with 300 they repeated within ±10% for 96-100% of the zoo
@@ -53,7 +68,9 @@ BUDGET_DRAWS = 2000
 GENERATED_ARCHITECTURES = 28
 PASSES = ("a", "b")
 REGRET_KEYS = ("differ", "miss", "differ_margin", "miss_margin", "differ_server", "miss_server", "differ_ceiling",
-               "miss_ceiling")
+               "miss_ceiling", "differ_confirmed", "miss_confirmed", "confirm_s")
+TELEMETRY_REPORTS = (0, 1, 3)
+TELEMETRY_DRAWS = 20  # random choices of the reported models per class and pass
 
 
 def zoo_models(folder: Path) -> tuple[dict[str, bytes], dict[str, float], dict[str, str], str]:
@@ -161,11 +178,102 @@ def lookup_regret(
     return differ / len(budgets), miss / len(budgets), accuracy_lost / len(budgets), len(budgets)
 
 
-def measure_class(device_class: DeviceClass, models: dict[str, bytes], calibration: dict[str, bytes]) -> dict:
+class OnlineDevice:
+    """A freshly registered device as the server sees it: calibrated scales refined by its telemetry
+    (`fedzoo.server.online_calibration`), and the medians it reported."""
+
+    def __init__(self, reference_costs_ms: np.ndarray, scales: np.ndarray) -> None:
+        self.costs = np.pad(reference_costs_ms, ((0, 0), (0, LATENCY_SLOTS - reference_costs_ms.shape[1])))
+        self.scales = np.pad(scales, (0, LATENCY_SLOTS - scales.size), constant_values=1.0)
+        self.state = CalibrationState.initial(tuple(self.scales), len(CALIBRATION_GROUPS))
+        self.reported_ms: dict[int, float] = {}
+
+    def report(self, index: int, median_ms: float) -> None:
+        if index not in self.reported_ms:  # as the server: only a model's first report recalibrates
+            self.scales = kalman_update(self.state, self.scales, self.costs[index], median_ms)
+        self.reported_ms[index] = median_ms
+
+    def latency_ms(self) -> tuple[np.ndarray, np.ndarray]:
+        """The lookup's latency of every model and its log sigma (measured medians first)."""
+        latency = self.costs @ self.scales
+        sigma = np.full(latency.size, self.state.predicted_log_sigma())
+        for index, median_ms in self.reported_ms.items():
+            latency[index], sigma[index] = median_ms, MEASURED_LOG_SIGMA
+        return latency, sigma
+
+
+def reference_costs(reference: KernelLatencyPredictor, features: list) -> np.ndarray:
+    """Each model's reference cost per calibration group (what the server stores at publish time)."""
+    return np.array([[reference._reference_group_costs_ms(f)[g] for g in CALIBRATION_GROUPS] for f in features])
+
+
+def within_after_reports(costs: np.ndarray, scales: np.ndarray, reported_ms: np.ndarray, measured: np.ndarray,
+                         rng: np.random.Generator) -> dict[int, float]:
+    """Share within ±10% of the models not reported, after each count of TELEMETRY_REPORTS random reports."""
+    shares: dict[int, list[float]] = {count: [] for count in TELEMETRY_REPORTS}
+    for _ in range(TELEMETRY_DRAWS):
+        order = rng.permutation(measured.size)
+        held_out = order[max(TELEMETRY_REPORTS):]
+        device = OnlineDevice(costs, scales)
+        for count in TELEMETRY_REPORTS:
+            for index in order[len(device.reported_ms):count]:
+                device.report(int(index), float(reported_ms[index]))
+            latency, _ = device.latency_ms()
+            shares[count].append(float(np.mean(within_10_percent(latency[held_out], measured[held_out]))))
+    return {count: float(np.mean(values)) for count, values in shares.items()}
+
+
+def confirmed_lookup_regret(
+    costs: np.ndarray, scales: np.ndarray, timed_ms: np.ndarray, measured_ms: np.ndarray, accuracy: np.ndarray,
+    names: list[str], rng: np.random.Generator, policy: ConfirmationPolicy = ConfirmationPolicy(),
+) -> tuple[float, float, float]:
+    """Over the same log-uniform budgets as `lookup_regret`, a fresh device's first lookup confirmed on the
+    device (module docstring): shares that differ from the truly best and that miss the budget, and the
+    mean estimated seconds confirmation spent timing."""
+    budgets = np.exp(rng.uniform(np.log(measured_ms.min()), np.log(measured_ms.max() * 1.2), BUDGET_DRAWS))
+    differ = miss = 0
+    seconds = 0.0
+    for budget in budgets:
+        best = choose(measured_ms, accuracy, names, budget)
+        device = OnlineDevice(costs, scales)
+        chosen = choice = None
+        for _ in range(policy.max_lookups):
+            latency, sigma = device.latency_ms()
+            choice = choose(latency, accuracy, names, budget)
+            if choice is None:  # the server finds nothing that fits (409)
+                break
+            for index in shortlist(latency, sigma, accuracy, names, budget, choice, policy.max_models):
+                if index not in device.reported_ms:
+                    seconds += SESSION_SETUP_S + (policy.warmup_runs + policy.timed_runs) * timed_ms[index] / 1000
+                    device.report(index, float(timed_ms[index]))
+                if device.reported_ms[index] <= budget:
+                    chosen = index
+                    break
+            if chosen is not None:
+                break
+        if chosen is None:  # confirmation ran out of lookups: the server's last choice, unconfirmed
+            chosen = choice
+        differ += chosen != best
+        miss += chosen is not None and measured_ms[chosen] > budget
+    return differ / len(budgets), miss / len(budgets), seconds / len(budgets)
+
+
+def shortlist(latency: np.ndarray, sigma: np.ndarray, accuracy: np.ndarray, names: list[str], budget: float,
+              choice: int, max_models: int) -> list[int]:
+    """`fedzoo.server.lookup`'s shortlist: the models ranked above the choice whose latency is within
+    exp(SHORTLIST_SIGMAS sigma) of the budget, then the choice."""
+    rank = lambda index: (-accuracy[index], latency[index], names[index])  # noqa: E731
+    above = sorted((index for index in np.flatnonzero(latency <= budget * np.exp(SHORTLIST_SIGMAS * sigma))
+                    if rank(index) < rank(choice)), key=rank)
+    return [int(index) for index in above[:max_models - 1]] + [choice]
+
+
+def measure_class(device_class: DeviceClass, models: dict[str, bytes], calibration: dict[str, bytes],
+                  rounds: int) -> dict:
     """Every zoo and calibration model ("zoo:name", "cal:name") measured in the same interleaved rounds."""
     everything = {f"{kind}:{name}": source[name] for kind, source in (("zoo", models), ("cal", calibration)) for name in source}
     # A quota class's samples each average runs over QUOTA_SAMPLE_PERIODS quota periods: fewer are needed.
-    rounds, runs = (QUOTA_ROUNDS, QUOTA_RUNS_PER_ROUND) if device_class.cpu_quota else (ROUNDS, RUNS_PER_ROUND)
+    rounds, runs = (min(QUOTA_ROUNDS, rounds), QUOTA_RUNS_PER_ROUND) if device_class.cpu_quota else (rounds, RUNS_PER_ROUND)
     return run_on_device_class(device_class, everything, rounds, runs, realtime=True, timeout_s=3600.0)
 
 
@@ -177,8 +285,8 @@ def another_run_estimate(other_zoo_ms: np.ndarray, other_calibration_ms: np.ndar
 
 def judge(
     label: str, reference: KernelLatencyPredictor, zoo_features: dict, calibration_features: dict, calibration_names: list[str],
-    calibration_ms: np.ndarray, measured: np.ndarray, ceiling: np.ndarray, accuracy: np.ndarray, precision: np.ndarray,
-    names: list[str], rng: np.random.Generator,
+    calibration_ms: np.ndarray, measured: np.ndarray, ceiling: np.ndarray, other_measured: np.ndarray,
+    accuracy: np.ndarray, precision: np.ndarray, names: list[str], rng: np.random.Generator,
 ) -> tuple[dict, np.ndarray]:
     """Calibrate `reference` with one pass's calibration timings, print how it predicts that pass's zoo
     timings beside the noise ceiling's estimate `ceiling`, and return its summary row and predictions."""
@@ -201,12 +309,23 @@ def judge(
     print(f"      lookup over {draws} budgets: predicted-best != truly-best {differ:6.1%}, chosen misses budget "
           f"{miss:6.1%}, mean accuracy lost {lost * 100:.3f} pt; with a 10% safety margin: differs "
           f"{differ_margin:6.1%}, misses {miss_margin:6.1%}, accuracy lost {lost_margin * 100:.3f} pt")
+    costs = reference_costs(reference, layout_features)
+    scales = np.array([predictor.group_scales[g] for g in CALIBRATION_GROUPS])
+    after_reports = within_after_reports(costs, scales, other_measured, measured, rng)
+    differ_confirmed, miss_confirmed, confirm_s = confirmed_lookup_regret(
+        costs, scales, other_measured, measured, accuracy, names, rng)
+    print("      server's form within ±10% after " + ", ".join(
+        f"{count} reports {share:6.1%}" for count, share in after_reports.items())
+        + f"; device-confirmed first lookup: differs {differ_confirmed:6.1%}, misses {miss_confirmed:6.1%}, "
+          f"~{confirm_s:.3f} s timing per lookup")
     row = {
         "within": within_10_percent(predicted, measured), "precision": precision,
         "ceiling": within_10_percent(ceiling, measured), "differ": differ, "miss": miss,
         "differ_margin": differ_margin, "miss_margin": miss_margin,
         "within_server": within_10_percent(server_form, measured), "differ_server": differ_server, "miss_server": miss_server,
         "differ_ceiling": differ_ceiling, "miss_ceiling": miss_ceiling,
+        "differ_confirmed": differ_confirmed, "miss_confirmed": miss_confirmed, "confirm_s": confirm_s,
+        **{f"within_after_{count}": share for count, share in after_reports.items()},
     }
     return row, predicted
 
@@ -216,6 +335,8 @@ def main() -> None:
     parser.add_argument("--timings", type=Path, help="write every class's medians per pass to this JSON file")
     parser.add_argument("--reference", type=Path, action="append", default=[],
                         help="a refitted reference predictor to judge beside the shipped one (repeatable)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help=f"interleaved timing rounds per class and pass (default {ROUNDS}; fewer: noisier)")
     arguments = parser.parse_args()
     start = time.time()
     fleet, dropped = available_fleet()
@@ -240,7 +361,7 @@ def main() -> None:
     for pass_name in PASSES:
         for device_class in fleet:
             class_start = time.time()
-            timings = measure_class(device_class, models, calibration)
+            timings = measure_class(device_class, models, calibration, arguments.rounds)
             key = (device_class.name, pass_name)
             zoo_ms[key] = np.array([timings[f"zoo:{n}"].median_ms for n in names])
             calibration_ms[key] = np.array([timings[f"cal:{n}"].median_ms for n in calibration])
@@ -265,7 +386,7 @@ def main() -> None:
                 # the same budget draws for every reference and pass, so their regrets differ only by their estimates
                 row, predictions[label] = judge(
                     label, reference, zoo_features, calibration_features, list(calibration), calibration_ms[key],
-                    measured, ceiling, accuracy, precision, names, np.random.default_rng(class_index),
+                    measured, ceiling, zoo_ms[other], accuracy, precision, names, np.random.default_rng(class_index),
                 )
                 rows[label].append({"class": device_class.name, **row})
             saved[device_class.name][pass_name] = {
@@ -310,6 +431,12 @@ def print_summary(rows: list[dict]) -> None:
           f"(goal <= 2%); with a 10% margin differs {mean['differ_margin']:.1%}, misses {mean['miss_margin']:.1%}")
     print(f"  lookup by the other pass's calibrated timings (the noise ceiling of regret): differs "
           f"{mean['differ_ceiling']:.1%}, misses budget {mean['miss_ceiling']:.1%}")
+    after = {count: np.mean([row[f"within_after_{count}"] for row in rows]) for count in TELEMETRY_REPORTS}
+    print("  online recalibration (server's form, models not reported) within ±10% after "
+          + ", ".join(f"{count} reports {share:.1%}" for count, share in after.items()) + " (goal >= 95% after 3)")
+    print(f"  first lookup, predictor-only (server's form): differs {mean['differ_server']:.1%}, misses "
+          f"{mean['miss_server']:.1%}; device-confirmed: differs {mean['differ_confirmed']:.1%} (goal <= 3%), "
+          f"misses {mean['miss_confirmed']:.1%} (goal <= 1%), ~{mean['confirm_s']:.3f} s timing per lookup (goal <= 2 s)")
 
 
 if __name__ == "__main__":

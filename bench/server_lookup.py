@@ -144,7 +144,7 @@ def build_registry(config: ServerConfig, rng: random.Random, device_count: int =
         for index in rng.sample(range(device_count), telemetry_devices):
             for _ in range(3):
                 devices.report_latency(session, f"device-{index:05d}", f"model-{rng.randrange(MODELS):04d}",
-                                       rng.uniform(0.5, 60.0), None, 1)
+                                       rng.uniform(0.5, 60.0), None, 1, groups=len(estimator.groups))
 
     pool: list[tuple[str, dict]] = []
     refused = 0

@@ -8,6 +8,7 @@ and the federated-learning calls. numpy + onnxruntime + httpx only; never torch.
     # FedzooClient(..., trusted_keys=TrustedKeys.load("fleet-keys.json")): cards must be signed by a pinned key
     logits = client.session(choice["model"]).run(images)      # onnxruntime, card's normalisation
     client.report_latency(choice["model"]["id"], median_ms=1.2)
+    confirmed = client.lookup_confirmed("mnist", latency_budget_ms=5.0)  # the shortlist timed here
 
 The device token expires (the server says when); every device call first trades it for a fresh one once
 less than `REFRESH_AT_LIFETIME_FRACTION` of its lifetime is left, keeping the expiry in the state file so a
@@ -25,6 +26,7 @@ from typing import Any
 
 from fedzoo.cards import ModelCard
 from fedzoo.clients.card_trust import CardVerifier
+from fedzoo.clients.confirmation import ConfirmationPolicy, confirmed_lookup
 from fedzoo.clients.device_state import load_state, update_state
 from fedzoo.clients.download import BlobCache, download_blob, sha256_of_file
 from fedzoo.clients.errors import IntegrityError
@@ -135,20 +137,48 @@ class FedzooClient:
         return self.http.get_json("/v1/models", params=params)
 
     def card(self, model_id: str) -> ModelCard:
-        return ModelCard.from_dict(self.http.get_json(f"/v1/models/{model_id}"))
+        return ModelCard.from_dict(self.card_json(model_id))
+
+    def card_json(self, model_id: str) -> dict[str, Any]:
+        return self.http.get_json(f"/v1/models/{model_id}")
 
     def lookup(
         self, task: str, latency_budget_ms: float, memory_budget_mb: float | None = None,
-        min_accuracy: float | None = None,
+        min_accuracy: float | None = None, precision: str | None = None, latency_margin_sigmas: float | None = None,
+        shortlist_max_models: int | None = None,
     ) -> dict[str, Any]:
-        """The server's choice for this device: `model` (the card), `latency_ms`, `reason`, `runner_up`."""
+        """The server's choice for this device: `model` (the card), `latency_ms` and its `latency_log_sigma`,
+        `reason`, `runner_up`, and with `shortlist_max_models` the `shortlist` to time on the device."""
         self._refresh_token_if_due()
         body: dict[str, Any] = {"task": task, "latency_budget_ms": latency_budget_ms}
-        if memory_budget_mb is not None:
-            body["memory_budget_mb"] = memory_budget_mb
-        if min_accuracy is not None:
-            body["min_accuracy"] = min_accuracy
+        options = {"memory_budget_mb": memory_budget_mb, "min_accuracy": min_accuracy, "precision": precision,
+                   "latency_margin_sigmas": latency_margin_sigmas, "shortlist_max_models": shortlist_max_models}
+        body.update({name: value for name, value in options.items() if value is not None})
         return self.http.post_json("/v1/lookup", body, expected=(200,))
+
+    def lookup_confirmed(
+        self, task: str, latency_budget_ms: float, memory_budget_mb: float | None = None,
+        min_accuracy: float | None = None, precision: str | None = None, latency_margin_sigmas: float | None = None,
+        policy: ConfirmationPolicy | None = None,
+    ) -> dict[str, Any]:
+        """The lookup, confirmed on this device: the server's shortlist timed here, the most accurate model
+        that measured within the budget kept, every timing reported (`fedzoo.clients.confirmation`). The answer
+        has `model`, `latency_ms`, `confirmed`, `measurements`, `skipped`, `seconds_spent`, `bytes_downloaded`."""
+        query = {"task": task, "latency_budget_ms": latency_budget_ms, "memory_budget_mb": memory_budget_mb,
+                 "min_accuracy": min_accuracy, "precision": precision, "latency_margin_sigmas": latency_margin_sigmas}
+        return confirmed_lookup(self, query, policy or ConfirmationPolicy())
+
+    def calibration_models(self) -> dict[str, bytes]:
+        """The server's calibration models by name (downloaded through the cache), to time for registration
+        on a device without `onnx`: `collect_device_profile(..., calibration_models=client.calibration_models())`."""
+        models: dict[str, bytes] = {}
+        offset: int | None = 0
+        while offset is not None:
+            page = self.http.get_json("/v1/calibration-models", params={"limit": 200, "offset": offset})
+            for entry in page["calibration_models"]:
+                models[entry["name"]] = self.download_blob(entry["sha256"]).read_bytes()
+            offset = page["next_offset"]
+        return models
 
     # blobs -----------------------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from fedzoo.server import dashboard
 from fedzoo.server.fl import routes as fl_routes
 from fedzoo.server.latency import LatencyEstimator, default_estimator
 from fedzoo.server.ratelimit import RateLimiter
-from fedzoo.server.routes import blobs, devices, enrollment, keys, lookup, meta, models, operator
+from fedzoo.server.routes import blobs, calibration, devices, enrollment, keys, lookup, meta, models, operator
 from fedzoo.server.routes.common import EXTENSION_KEY
 
 BLUEPRINTS = [
@@ -33,6 +33,7 @@ BLUEPRINTS = [
     devices.blueprint,
     enrollment.blueprint,
     lookup.blueprint,
+    calibration.blueprint,
     fl_routes.blueprint,
     keys.blueprint,
     operator.blueprint,  # after fl: it reads through the round service the fl blueprint creates

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from fedzoo.device import DeviceProfile
 from fedzoo.errors import NotFoundError
+from fedzoo.server import online_calibration
 from fedzoo.server.auth import hash_token, new_device_token
 from fedzoo.server.config import DEFAULT_DEVICE_TOKEN_TTL_S
 from fedzoo.server.errors import Conflict, Unauthorized
@@ -46,16 +47,15 @@ class Registration:
 
 @dataclass(frozen=True)
 class AuthenticatedDevice:
-    """What a lookup needs to know about the calling device; `scales` has one value per slot column."""
+    """Who the calling device is. Its latency scales are not here: telemetry changes them, so the lookup
+    reads them in its own query."""
 
     id: str
     device_class: str | None
     memory_mb: int
-    scales: tuple[float, ...]
 
 
 _DEVICE_COLUMNS = (DeviceRecord.id, DeviceRecord.device_class, DeviceRecord.memory_mb,
-                   *(getattr(DeviceRecord, column) for column in SCALE_COLUMNS),
                    DeviceRecord.token_expires_at, DeviceRecord.revoked_at)
 _BY_TOKEN = select(*_DEVICE_COLUMNS).where(DeviceRecord.token_hash == bindparam("token_hash"))
 _BY_PREVIOUS_TOKEN = select(*_DEVICE_COLUMNS[:-2], DeviceRecord.previous_token_valid_until, DeviceRecord.revoked_at
@@ -121,7 +121,7 @@ def authenticate(session: Session | Connection, token: str) -> AuthenticatedDevi
                                f"over; use the newest token, or {REREGISTER}", field="Authorization",
                                code="token_replaced")
         raise Unauthorized(f"the device token expired; {REREGISTER}", field="Authorization", code="token_expired")
-    return AuthenticatedDevice(device[0], device[1], device[2], tuple(device[3:]))
+    return AuthenticatedDevice(device[0], device[1], device[2])
 
 
 def rotate_token(session: Session, device: AuthenticatedDevice, token_ttl_s: int) -> tuple[str, int]:
@@ -182,8 +182,10 @@ class LastSeenRecorder:
 
 
 def report_latency(session: Session, device_id: str, model_id: str, median_ms: float, p90_ms: float | None,
-                   threads: int | None) -> TelemetryResult:
-    """Record one measurement and refresh the median the lookup uses for this (device, model)."""
+                   threads: int | None, *, groups: int) -> TelemetryResult:
+    """Record one measurement, refresh the median the lookup uses for this (device, model) and, on the pair's
+    first report, recalibrate the device's scales for the other models (`online_calibration`; `groups`: how
+    many latency groups the server's estimator has)."""
     if session.get(ModelRecord, model_id) is None:
         raise NotFoundError(f"no model {model_id!r} is published")
     session.add(LatencyReport(device_id=device_id, model_id=model_id, median_ms=median_ms, p90_ms=p90_ms,
@@ -200,6 +202,7 @@ def report_latency(session: Session, device_id: str, model_id: str, median_ms: f
     if aggregate is None:
         session.add(MeasuredLatency(device_id=device_id, model_id=model_id, median_ms=value, reports=1))
         reports = 1
+        online_calibration.recalibrate(session, device_id, model_id, median_ms, groups)
     else:
         aggregate.median_ms = value
         aggregate.reports += 1

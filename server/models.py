@@ -103,8 +103,16 @@ class DeviceRecord(Base):
     previous_token_valid_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     enrollment_token_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # Online recalibration (`fedzoo.server.online_calibration`): the scale columns above follow this device's
+    # telemetry; the state (registration scales, covariance of the log scales) is kept as JSON beside them.
+    latency_calibration_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    latency_log_sigma: Mapped[float | None] = mapped_column(Float, nullable=True)
+    latency_reports: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    latency_calibrated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     last_seen_at: Mapped[datetime | None] = mapped_column(
         DateTime(timezone=True), nullable=True, doc="last authenticated request (kept to LAST_SEEN_RESOLUTION_S)")
+
+    __table_args__ = (Index("ix_devices_class_calibrated", "device_class", "latency_calibrated_at"),)
 
 
 class EnrollmentToken(Base):
@@ -150,6 +158,26 @@ class MeasuredLatency(Base):
     reports: Mapped[int] = mapped_column(Integer)
 
 
+class ClassLatencyCalibration(Base):
+    """Per device class, the factor per scale slot that telemetry of the class's devices found (their median
+    correction); applied to the class's devices that have no telemetry of their own."""
+
+    __tablename__ = "class_latency_calibration"
+
+    device_class: Mapped[str] = mapped_column(String(128), primary_key=True)
+    factor_0: Mapped[float] = mapped_column(Float)
+    factor_1: Mapped[float] = mapped_column(Float)
+    factor_2: Mapped[float] = mapped_column(Float)
+    factor_3: Mapped[float] = mapped_column(Float)
+    factor_4: Mapped[float] = mapped_column(Float)
+    factor_5: Mapped[float] = mapped_column(Float)
+    factor_6: Mapped[float] = mapped_column(Float)
+    factor_7: Mapped[float] = mapped_column(Float)
+    devices: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now, onupdate=utc_now)
+
+
 LATENCY_SLOTS = 8  # cost_<i>_ms / scale_<i> columns: at most this many latency groups
 COST_COLUMNS = tuple(f"cost_{slot}_ms" for slot in range(LATENCY_SLOTS))
 SCALE_COLUMNS = tuple(f"scale_{slot}" for slot in range(LATENCY_SLOTS))
+FACTOR_COLUMNS = tuple(f"factor_{slot}" for slot in range(LATENCY_SLOTS))

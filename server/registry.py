@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from fedzoo.cards import ModelCard
@@ -24,7 +24,9 @@ from fedzoo.server.blobstore import BlobStore
 from fedzoo.server.errors import Conflict
 from fedzoo.server.latency import LatencyEstimator, ModelCosts, slot_values
 from fedzoo.server.lookup import estimate_memory_mb
-from fedzoo.server.models import COST_COLUMNS, SCALE_COLUMNS, DeviceRecord, ModelClassLatency, ModelRecord
+from fedzoo.server.models import (
+    COST_COLUMNS, SCALE_COLUMNS, ClassLatencyCalibration, DeviceRecord, ModelClassLatency, ModelRecord,
+)
 from fedzoo.zoo import Zoo
 
 
@@ -194,6 +196,10 @@ def refresh_latency_estimates(session: Session, store: BlobStore, estimator: Lat
         record.latency_signature = estimator.signature
         for column, value in zip(SCALE_COLUMNS, slot_values(scales.scales, 1.0)):
             setattr(record, column, value)
+        record.latency_calibration_json, record.latency_log_sigma = None, None  # telemetry refined the old scales
+        record.latency_reports, record.latency_calibrated_at = 0, None
         device_count += 1
+    if device_count:
+        session.execute(delete(ClassLatencyCalibration))
     session.flush()
     return model_count, device_count

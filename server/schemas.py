@@ -187,6 +187,13 @@ class LookupRequest(StrictRequest):
                                            description="defaults to the device's memory_mb")
     min_accuracy: float | None = Field(default=None, ge=0.0, le=1.0)
     precision: Precision | None = None
+    latency_margin_sigmas: float = Field(
+        default=0.0, ge=0.0, le=5.0,
+        description="a model fits when latency_ms x exp(k x latency_log_sigma) <= latency_budget_ms (k = this)")
+    shortlist_max_models: int | None = Field(
+        default=None, ge=1, le=16,
+        description="also return up to this many models for the device to time: those ranked above the choice "
+                    "that might truly fit, then the choice")
 
 
 class CandidateSummary(Response):
@@ -195,7 +202,13 @@ class CandidateSummary(Response):
     latency_ms: float
     latency_source: Literal["measured", "predicted"]
     latency_basis: Literal["device_telemetry", "card_device_class", "predictor"]
+    latency_log_sigma: float = Field(description="one-sigma uncertainty of latency_ms in log space")
     memory_mb: float
+
+
+class ShortlistEntry(CandidateSummary):
+    sha256: str = Field(pattern=SHA256_PATTERN, description="the model's blob (GET /v1/models/{id}/blob)")
+    size_bytes: int
 
 
 class LookupResponse(Response):
@@ -205,9 +218,35 @@ class LookupResponse(Response):
         description="measured: this device's telemetry; predicted: card device-class latency or the predictor"
     )
     latency_basis: Literal["device_telemetry", "card_device_class", "predictor"]
+    latency_log_sigma: float = Field(description="one-sigma uncertainty of latency_ms in log space")
     memory_mb: float
     reason: str
     runner_up: CandidateSummary | None
+    shortlist: list[ShortlistEntry] | None = Field(
+        default=None, description="with shortlist_max_models: the models to time on the device, in order")
+
+
+# calibration models ------------------------------------------------------------------------------
+
+class CalibrationModelListQuery(StrictRequest):
+    model_config = ConfigDict(extra="forbid", strict=False)  # query strings are text: "50" means 50
+
+    limit: int = Field(default=50, ge=1, le=200)
+    offset: int = Field(default=0, ge=0, le=10_000_000)
+
+
+class CalibrationModel(Response):
+    name: str = Field(description="the name a device reports its timing under (DeviceProfile.benchmarks[].model)")
+    sha256: str = Field(pattern=SHA256_PATTERN, description="download from GET /v1/blobs/{sha256}")
+    size_bytes: int
+
+
+class CalibrationModelList(Response):
+    calibration_models: list[CalibrationModel]
+    total: int
+    limit: int
+    offset: int
+    next_offset: int | None = Field(description="offset of the next page, or null on the last page")
 
 
 # telemetry ---------------------------------------------------------------------------------------
@@ -229,9 +268,10 @@ class TelemetryResponse(Response):
 ErrorDetail.model_rebuild()
 
 __all__ = [
-    "BlobUploadResponse", "CandidateSummary", "DeviceProfile", "DeviceProfileRequest", "DeviceRegistration",
+    "BlobUploadResponse", "CalibrationModel", "CalibrationModelList", "CalibrationModelListQuery",
+    "CandidateSummary", "DeviceProfile", "DeviceProfileRequest", "DeviceRegistration",
     "DeviceRevocation", "EnrollmentTokenList", "EnrollmentTokenListQuery", "EnrollmentTokenRequest",
     "EnrollmentTokenView", "ErrorResponse", "IssuedEnrollmentToken", "ModelCardRequest", "TokenRotation",
-    "LookupRequest", "LookupResponse", "ModelCard", "ModelList", "ModelListQuery", "PublishResponse",
+    "LookupRequest", "LookupResponse", "ModelCard", "ShortlistEntry", "ModelList", "ModelListQuery", "PublishResponse",
     "TelemetryRequest", "TelemetryResponse",
 ]

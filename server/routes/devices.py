@@ -79,11 +79,12 @@ def revoke_device(device_id: str) -> Response:
 @documented(blueprint, "POST", "/v1/telemetry", summary="Report this device's measured latency of a model",
             auth="device", request=TelemetryRequest, response=TelemetryResponse, status=201, errors=(404, 422))
 def report_telemetry() -> Response:
-    with context().db.session() as session:
+    server = context()
+    with server.db.session() as session:
         device = calling_device(session)
         report = json_body(TelemetryRequest)
         result = devices.report_latency(session, device.id, report.model_id, report.median_ms, report.p90_ms,
-                                        report.threads)
+                                        report.threads, groups=len(server.estimator.groups))
     return json_response(TelemetryResponse(device_id=result.device_id, model_id=result.model_id,
                                            measured_median_ms=result.measured_median_ms, reports=result.reports),
                          status=201)

@@ -20,7 +20,7 @@ from fedzoo.server.blobstore import FileBlobStore
 from fedzoo.server.db import Base, Database
 from fedzoo.server.latency import CalibrationScalingEstimator
 from fedzoo.server.auth import hash_token
-from fedzoo.server.models import DeviceRecord, LatencyReport
+from fedzoo.server.models import DeviceRecord, LatencyReport, MeasuredLatency
 
 INITIAL = "0001_registry"
 LEGACY_TOKEN = "a-token-issued-before-0004"
@@ -65,7 +65,8 @@ def test_upgrading_from_the_initial_revision_keeps_every_row(tmp_path):
     with database.session() as session:
         registry.publish(session, store, estimator, card)
         session.execute(insert(DeviceRecord.__table__).values(legacy_device_row("d1", LEGACY_TOKEN)))
-        devices.report_latency(session, "d1", "kept", 3.0, None, 1)
+        session.add(LatencyReport(device_id="d1", model_id="kept", median_ms=3.0, threads=1))
+        session.add(MeasuredLatency(device_id="d1", model_id="kept", median_ms=3.0, reports=1))
     command.downgrade(migrations.alembic_config(url), INITIAL)
     with database.engine.connect() as connection:
         results = {table: connection.execute(text(f"SELECT * FROM {table} ORDER BY 1"))

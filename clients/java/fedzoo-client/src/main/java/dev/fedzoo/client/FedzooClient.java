@@ -7,6 +7,7 @@ import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.UUID;
 
+import org.json.JSONArray;
 import org.json.JSONException;
 import org.json.JSONObject;
 
@@ -198,6 +199,16 @@ public final class FedzooClient {
      * {@code runner_up}. The memory budget and minimum accuracy may be null.
      */
     public JSONObject lookup(String task, double latencyBudgetMs, Double memoryBudgetMb, Double minAccuracy) {
+        return lookup(task, latencyBudgetMs, memoryBudgetMb, minAccuracy, null, null);
+    }
+
+    /**
+     * The lookup with a margin ({@code latency_margin_sigmas}: a model fits when its latency times
+     * exp(margin x {@code latency_log_sigma}) fits the budget) and, with {@code shortlistMaxModels}, the
+     * {@code shortlist} to time on the device. Any option may be null.
+     */
+    public JSONObject lookup(String task, double latencyBudgetMs, Double memoryBudgetMb, Double minAccuracy,
+                             Double latencyMarginSigmas, Integer shortlistMaxModels) {
         JSONObject body = new JSONObject();
         try {
             body.put("task", task).put("latency_budget_ms", latencyBudgetMs);
@@ -207,11 +218,54 @@ public final class FedzooClient {
             if (minAccuracy != null) {
                 body.put("min_accuracy", minAccuracy.doubleValue());
             }
+            if (latencyMarginSigmas != null) {
+                body.put("latency_margin_sigmas", latencyMarginSigmas.doubleValue());
+            }
+            if (shortlistMaxModels != null) {
+                body.put("shortlist_max_models", shortlistMaxModels.intValue());
+            }
         } catch (JSONException error) {
             throw new FedzooException("invalid lookup value: " + error.getMessage());
         }
         refreshTokenIfDue();
         return http.postJson("/v1/lookup", body, FedzooHttp.Resend.SAFE, 200); // a lookup changes nothing
+    }
+
+    /**
+     * The lookup confirmed on this device: the server's shortlist timed here, the most accurate model that
+     * measured within the budget kept, every timing reported. The answer has {@code model}, {@code latency_ms},
+     * {@code confirmed}, {@code measurements}, {@code skipped}, {@code seconds_spent}, {@code bytes_downloaded}.
+     */
+    public JSONObject lookupConfirmed(String task, double latencyBudgetMs, Double memoryBudgetMb, Double minAccuracy,
+                                      Double latencyMarginSigmas, ConfirmationPolicy policy) {
+        return new Confirmation(this, policy == null ? ConfirmationPolicy.DEFAULT : policy, latencyBudgetMs)
+                .run(task, memoryBudgetMb, minAccuracy, latencyMarginSigmas);
+    }
+
+    /**
+     * The server's calibration models by name (downloaded through the cache), to time for registration:
+     * {@code DeviceProfile.collect(deviceId, threads, deviceClass, client.calibrationModels())}.
+     */
+    public Map<String, byte[]> calibrationModels() {
+        Map<String, byte[]> models = new LinkedHashMap<String, byte[]>();
+        int offset = 0;
+        while (offset >= 0) {
+            Map<String, String> query = new LinkedHashMap<String, String>();
+            query.put("limit", "200");
+            query.put("offset", String.valueOf(offset));
+            JSONObject page = http.getJson("/v1/calibration-models", query);
+            try {
+                JSONArray entries = page.getJSONArray("calibration_models");
+                for (int i = 0; i < entries.length(); i++) {
+                    JSONObject entry = entries.getJSONObject(i);
+                    models.put(entry.getString("name"), BlobCache.readBytes(downloadBlob(entry.getString("sha256"))));
+                }
+                offset = page.isNull("next_offset") ? -1 : page.getInt("next_offset");
+            } catch (JSONException error) {
+                throw new FedzooException("unexpected calibration-models answer: " + error.getMessage(), error);
+            }
+        }
+        return models;
     }
 
     // blobs -------------------------------------------------------------------------------------------

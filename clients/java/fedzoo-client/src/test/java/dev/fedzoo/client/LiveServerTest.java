@@ -336,4 +336,33 @@ class LiveServerTest {
                         .downloadModel(federated));
         assertEquals("unknown_key", stranger.reason());
     }
+
+    @Test
+    @Order(10)
+    void servedCalibrationModelsRegisterADeviceAndItsLookupIsConfirmedOnTheDevice() throws Exception {
+        FedzooClient client = new FedzooClient(server.url, null, TestSupport.workDirectory("confirming"), QUICK, 30_000);
+        Map<String, byte[]> calibration = client.calibrationModels();
+        assertEquals(8, calibration.size());
+        assertTrue(Arrays.equals(TestSupport.read(new File(TestSupport.vectors(), "calibration/cal-tiny-fp32.onnx")),
+                calibration.get("cal-tiny-fp32")), "the served model is the one Python builds");
+        client.register(DeviceProfile.collect("java-confirming", 1, null, calibration), enrollmentToken());
+
+        String serversChoice = client.lookup("digits", 50.0, null, null).getJSONObject("model").getString("id");
+        JSONObject confirmed = client.lookupConfirmed("digits", 50.0, null, null, null, null);
+        assertTrue(confirmed.getBoolean("confirmed"));
+        assertEquals(serversChoice, confirmed.getJSONObject("model").getString("id"));
+        assertEquals("measured", confirmed.getString("latency_source"));
+        assertEquals(1, confirmed.getJSONArray("measurements").length());
+        assertTrue(confirmed.getJSONArray("measurements").getJSONObject(0).getBoolean("fits"));
+        assertEquals("device_telemetry", client.lookup("digits", 50.0, null, null).getString("latency_basis"),
+                "the timing was reported");
+
+        FedzooClient frugal = registeredDevice(server.url);
+        JSONObject unconfirmed = frugal.lookupConfirmed("digits", 50.0, null, null, null,
+                new ConfirmationPolicy(4, 1, 2.0, 3, 15, 3, 1));
+        assertTrue(!unconfirmed.getBoolean("confirmed"));
+        assertEquals(0, unconfirmed.getJSONArray("measurements").length());
+        assertEquals(1, unconfirmed.getJSONArray("skipped").length());
+        assertEquals(0L, unconfirmed.getLong("bytes_downloaded"));
+    }
 }
