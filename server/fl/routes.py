@@ -14,6 +14,14 @@ with two parts,
 (the update stays stored and the aggregation is retried). Refusals: 403 `not_selected`; 409 `duplicate_update`,
 `stale_update` (wrong `base_version`), `round_not_accepting` (deadline passed, target reached, or
 closed); 413 over the size limit; 422 naming the tensor whose name, shape, dtype or values are wrong.
+
+SecAgg+ rounds (`privacy.secure_aggregation`) take no delta upload (409 `secure_round`): the device replies
+to each stage that `GET /v1/fl/task` shows it (`task.privacy.secure_aggregation`) at
+`POST /v1/fl/rounds/<id>/secagg/<stage>`: `advertise_keys`, `share_keys` and `unmask` as JSON (the
+device's client number comes from its token, never from the body), `masked_input` as
+`application/octet-stream` (the masked vector's little-endian ring values, 2 or 4 bytes each). 201 means
+the reply is stored and counts; 409 `wrong_stage` (the stage is closed or not open yet), `duplicate_reply`,
+`dropped_out` (the device missed an earlier stage), `not_a_secure_round`; 403 `not_selected`, `not_in_cohort`.
 """
 
 from __future__ import annotations
@@ -21,12 +29,15 @@ from __future__ import annotations
 from flask import Blueprint, Response, current_app, request
 from pydantic import Field, ValidationError
 
-from fedzoo.server.errors import BadRequest
+from fedzoo.server.errors import BadRequest, UnsupportedMediaType
 from fedzoo.server.fl.rounds import MAX_ROUND_ID, RoundService
-from fedzoo.server.fl.schemas import RoundConfig, RoundView, TaskQuery, TaskResponse, UpdateMetadata, UpdateReceipt
-from fedzoo.server.openapi import documented
+from fedzoo.server.fl.schemas import (
+    AdvertiseKeysReply, RoundConfig, RoundView, SecureReplyReceipt, ShareKeysReply, TaskQuery, TaskResponse,
+    UnmaskReply, UpdateMetadata, UpdateReceipt,
+)
+from fedzoo.server.openapi import OCTET_STREAM, documented
 from fedzoo.server.routes.common import (
-    EXTENSION_KEY, calling_device, json_body, json_response, parse_json, query_args, require_admin_token,
+    EXTENSION_KEY, calling_device, json_body, json_response, parse_json, query_args, raw_body, require_admin_token,
     validation_error,
 )
 from fedzoo.server.schemas import StrictRequest
@@ -108,3 +119,49 @@ def upload_update(round_id: int) -> Response:
     data = request.files["delta"].read()
     receipt = service().submit_update(device.id, round_id, metadata, data)
     return json_response(UpdateReceipt(**receipt), status=201)
+
+
+SECURE_ERRORS = (403, 404, 409, 422)
+
+
+def _secure_reply(round_id: int, stage: str, body: bytes) -> Response:
+    device = calling_device()
+    receipt = service().submit_secure_reply(device.id, round_id, stage, body)
+    return json_response(SecureReplyReceipt(**receipt), status=201)
+
+
+@documented(blueprint, "POST", "/v1/fl/rounds/<int:round_id>/secagg/advertise_keys",
+            summary="SecAgg+ stage 1: this device's two fresh X25519 public keys", auth="device",
+            request=AdvertiseKeysReply, response=SecureReplyReceipt, status=201, path_params=ROUND_ID,
+            errors=SECURE_ERRORS)
+def secagg_advertise_keys(round_id: int) -> Response:
+    reply = json_body(AdvertiseKeysReply)
+    return _secure_reply(round_id, "advertise_keys", reply.model_dump_json().encode())
+
+
+@documented(blueprint, "POST", "/v1/fl/rounds/<int:round_id>/secagg/share_keys",
+            summary="SecAgg+ stage 2: encrypted Shamir shares for each neighbour, with commitments", auth="device",
+            request=ShareKeysReply, response=SecureReplyReceipt, status=201, path_params=ROUND_ID,
+            errors=SECURE_ERRORS)
+def secagg_share_keys(round_id: int) -> Response:
+    reply = json_body(ShareKeysReply)
+    return _secure_reply(round_id, "share_keys", reply.model_dump_json().encode())
+
+
+@documented(blueprint, "POST", "/v1/fl/rounds/<int:round_id>/secagg/masked_input",
+            summary="SecAgg+ stage 3: the masked vector (little-endian ring values, application/octet-stream)",
+            auth="device", request_media_type=OCTET_STREAM, response=SecureReplyReceipt, status=201,
+            path_params=ROUND_ID, errors=SECURE_ERRORS)
+def secagg_masked_input(round_id: int) -> Response:
+    if request.mimetype != OCTET_STREAM:
+        raise UnsupportedMediaType(f"send the masked vector as {OCTET_STREAM}", field="Content-Type")
+    return _secure_reply(round_id, "masked_input", raw_body(service().max_masked_vector_bytes(round_id)))
+
+
+@documented(blueprint, "POST", "/v1/fl/rounds/<int:round_id>/secagg/unmask",
+            summary="SecAgg+ stage 4: one share per neighbour (self-mask seed if it survived, mask key if it dropped)",
+            auth="device", request=UnmaskReply, response=SecureReplyReceipt, status=201, path_params=ROUND_ID,
+            errors=SECURE_ERRORS)
+def secagg_unmask(round_id: int) -> Response:
+    reply = json_body(UnmaskReply)
+    return _secure_reply(round_id, "unmask", reply.model_dump_json().encode())

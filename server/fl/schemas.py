@@ -33,6 +33,50 @@ class NormBound(_Request):
     action: Literal["clip", "reject"] = Field(default="clip")
 
 
+class SecureAggregationSettings(_Request):
+    """SecAgg+ in every round of the plan (see docs/privacy.md, "Sizing k and t"). The cohort is the devices
+    selected; k is capped at the largest even number below the cohort, t defaults to k/2 + 1."""
+
+    neighbour_count: int = Field(default=60, ge=2, le=10_000, description="k: even; each device masks with k others")
+    threshold: int | None = Field(default=None, ge=2, le=10_000,
+                                  description="t: shares that recover a secret, k/2 < t <= k (default k/2 + 1)")
+    levels: int = Field(default=127, ge=1, le=32_767,
+                        description="quantised values lie in [-levels, levels]; 127 is the int8 encoding")
+    clip_range: float = Field(default=0.05, gt=0, le=1e6,
+                              description="each coordinate is clipped to +-clip_range (under DP: the clip norm)")
+    stage_deadline_s: float = Field(default=30.0, gt=0, le=24 * 3600,
+                                    description="each of the four stages closes this long after it opened "
+                                                "(or when every device it waits for replied)")
+
+    @model_validator(mode="after")
+    def _threshold_above_half(self) -> SecureAggregationSettings:
+        if self.neighbour_count % 2:
+            raise ValueError(f"neighbour_count must be even, got {self.neighbour_count}")
+        if self.threshold is not None and not self.neighbour_count / 2 < self.threshold <= self.neighbour_count:
+            raise ValueError(f"threshold must lie in ({self.neighbour_count // 2}, {self.neighbour_count}]")
+        return self
+
+
+class DpSettings(_Request):
+    """DP-FedAvg with fixed clipping: devices clip their delta to `clip_norm`, the server adds Gaussian noise
+    to the sum and divides by `target_clients`; the plan stops before its epsilon would pass `max_epsilon`."""
+
+    max_epsilon: float = Field(gt=0, le=1000, description="the plan's budget at `delta`")
+    delta: float = Field(default=1e-5, gt=0, lt=1)
+    clip_norm: float = Field(gt=0, le=1e6, description="each device's delta is clipped to this L2 norm")
+    noise_multiplier: float | None = Field(
+        default=None, gt=0, le=1000,
+        description="z; default: the smallest whose num_rounds rounds spend max_epsilon (no sampling amplification)")
+    mechanism: Literal["rdp", "pld"] = Field(default="rdp", description="the accountant (dp-accounting)")
+
+
+class PrivacySettings(_Request):
+    """Secure aggregation and/or differential privacy for every round of the plan (both off by default)."""
+
+    secure_aggregation: SecureAggregationSettings | None = None
+    dp: DpSettings | None = None
+
+
 class RoundConfig(_Request):
     """What an admin asks for: the model to fine-tune, how clients train, how many and by when.
 
@@ -72,6 +116,9 @@ class RoundConfig(_Request):
     norm_bound: NormBound = Field(default_factory=lambda: NormBound(),
                                   description="how updates with an outlying L2 norm are treated at aggregation")
     poll_interval_s: float = Field(default=5.0, gt=0, le=3600, description="pace steering: how soon devices ask again")
+    privacy: PrivacySettings = Field(default_factory=lambda: PrivacySettings(),
+                                     description="SecAgg+ and DP-FedAvg (docs/privacy.md); only FedAvg, FedProx and "
+                                                 "FedAdam run under either")
 
     @model_validator(mode="after")
     def _target_at_least_minimum(self) -> RoundConfig:
@@ -103,6 +150,29 @@ class UploadSpec(_Response):
     max_bytes: int
 
 
+SecureStageName = Literal["selection", "advertise_keys", "share_keys", "masked_input", "unmask", "done"]
+
+
+class SecureAggregationTask(_Response):
+    """Where a SecAgg+ round stands for this device: the stage, and the stage's request for it when it owes a
+    reply (null while it waits for the others: ask again after `retry_after_s`)."""
+
+    stage: SecureStageName
+    client: int | None = Field(description="this device's number in the round (fixed when selection closes)")
+    config: dict[str, Any] | None = Field(description="the round's SecAggConfig (fedzoo.secagg.config)")
+    request: dict[str, Any] | None = Field(description="the stage's request for this device (docs/privacy.md)")
+    reply_url: str | None = Field(description="POST the reply here; masked_input as application/octet-stream")
+    stage_deadline_at: datetime | None
+    retry_after_s: float = Field(description="when to ask again for the next stage")
+
+
+class TaskPrivacy(_Response):
+    clip_norm: float | None = Field(description="DP: clip the delta to this L2 norm before anything leaves the device")
+    equal_weights: bool = Field(description="every update counts the same (DP); else examples, capped by the round")
+    max_examples: int = Field(description="the cap on a device's example count in its weight")
+    secure_aggregation: SecureAggregationTask | None = None
+
+
 class Task(_Response):
     """Work for one device: download the model and training graph, train, upload the delta by the deadline."""
 
@@ -117,6 +187,7 @@ class Task(_Response):
     deadline_at: datetime
     training: TrainingConfig
     upload: UploadSpec
+    privacy: TaskPrivacy | None = Field(default=None, description="set when the round runs SecAgg+ or DP-FedAvg")
 
 
 class TaskResponse(_Response):
@@ -167,3 +238,47 @@ class RoundView(_Response):
     result_model_id: str | None
     outcome: dict[str, Any] | None
     next_round_id: int | None
+
+
+class AdvertiseKeysReply(_Request):
+    """Stage 1: the device's two fresh X25519 public keys (base64 of 32 bytes)."""
+
+    cipher_public_key: str = Field(min_length=44, max_length=44)
+    mask_public_key: str = Field(min_length=44, max_length=44)
+
+
+class DealtShare(_Request):
+    holder: int = Field(ge=0, le=100_000)
+    ciphertext: str = Field(min_length=1, max_length=256, description="base64 of nonce || ChaCha20-Poly1305")
+    self_mask_commitment: str = Field(min_length=44, max_length=44)
+    mask_key_commitment: str = Field(min_length=44, max_length=44)
+
+
+class ShareKeysReply(_Request):
+    """Stage 2: one encrypted share pair per neighbour, with commitments."""
+
+    shares: list[DealtShare] = Field(max_length=10_000)
+    self_mask_seed_commitment: str = Field(min_length=44, max_length=44)
+
+
+class RevealedShare(_Request):
+    owner: int = Field(ge=0, le=100_000)
+    kind: Literal["self_mask", "mask_key"]
+    value: str = Field(min_length=1, max_length=64, description="base64 of the 33-byte share value")
+
+
+class UnmaskReply(_Request):
+    """Stage 4: for each neighbour, the share of its self-mask seed (survived) or its mask key (dropped)."""
+
+    shares: list[RevealedShare] = Field(max_length=10_000)
+    undecryptable: list[int] = Field(default_factory=list, max_length=10_000)
+
+
+class SecureReplyReceipt(_Response):
+    round_id: int
+    stage: SecureStageName
+    client: int
+    received: int = Field(description="replies this stage has so far")
+    expected: int = Field(description="replies the stage waits for before it closes early")
+    current_stage: SecureStageName | None = Field(description="the round's stage now (the reply may have closed one)")
+    round_state: RoundStateName
