@@ -43,8 +43,9 @@ def simulation(federation, server, tmp_path):
 def secure_config(**overrides):
     privacy = overrides.pop("privacy", {"secure_aggregation": {"neighbour_count": 4, "threshold": 3,
                                                                "clip_range": 0.05, "stage_deadline_s": 3}})
-    return round_config(min_clients=3, target_clients=DEVICES, deadline_s=60, poll_interval_s=POLL_S,
-                        max_accuracy_drop=1.0, privacy=privacy, **overrides)
+    settings = {"min_clients": 3, "target_clients": DEVICES, "deadline_s": 60, "poll_interval_s": POLL_S,
+                "max_accuracy_drop": 1.0, "privacy": privacy}
+    return round_config(**{**settings, **overrides})
 
 
 class ScriptedDevice(threading.Thread):
@@ -55,7 +56,7 @@ class ScriptedDevice(threading.Thread):
         super().__init__(daemon=True)
         self.client, self.task, self.delta, self.seed = client, task, delta, seed
         self.stop_before, self.tamper = stop_before, tamper
-        self.answered, self.ring_input, self.error = [], None, None
+        self.answered, self.ring_input, self.error, self.number = [], None, None, None
 
     def run(self):
         try:
@@ -77,7 +78,7 @@ class ScriptedDevice(threading.Thread):
                     return
                 if protocol is None:
                     config = SecAggConfig.from_dict(secure["config"])
-                    protocol = SecAggClient(config, secure["client"])
+                    protocol, self.number = SecAggClient(config, secure["client"]), secure["client"]
                     self.ring_input = quantise(flatten(self.delta), config, 1.0, np.random.default_rng(self.seed))
                 reply = answer_stage(protocol, stage, secure["request"], self.ring_input)
                 if self.tamper is not None:
@@ -168,7 +169,7 @@ def test_a_device_returning_bad_shares_is_named_and_the_sum_is_still_exact(simul
     _, devices, view = run_scripted_round(simulation, federation, secure_config(), {4: {"tamper": corrupt}})
     assert view["state"] == "closed", view["outcome"]
     misbehaving = view["outcome"]["secure_aggregation"]["misbehaving"]
-    assert list(misbehaving) == ["4"] and "commitment" in misbehaving["4"]
+    assert list(misbehaving) == [str(devices[4].number)] and "commitment" in misbehaving[str(devices[4].number)]
     _, published = published_parameters(simulation, view)
     expected = expected_parameters(federation, view, devices)
     for name, value in expected.items():
@@ -215,7 +216,8 @@ def test_devices_refuse_a_server_that_lists_a_client_as_both_survived_and_droppe
     monkeypatch.setattr(secure_rounds, "SecAggServer", LyingServer)
     _, results, view = sdk_round(simulation, federation, secure_config(deadline_s=15))
     assert [result.outcome for result in results] == ["refused: overlapping_lists"] * DEVICES
-    assert view["state"] == "failed" and "unmask" in view["outcome"]["failure"]
+    assert view["state"] == "failed" and "cannot be recovered" in view["outcome"]["failure"]
+    assert view["result_model_id"] is None
 
 
 def test_plans_with_rules_that_need_every_update_are_refused_under_privacy(simulation):
