@@ -241,3 +241,144 @@ def test_plans_with_rules_that_need_every_update_are_refused_under_privacy(simul
             assert answer.json()["error"]["field"] == field, (privacy, answer.json())
         small = admin.post("/v1/fl/rounds", json={**base, **secure_config(target_clients=2, min_clients=2)})
         assert small.status_code == 422 and small.json()["error"]["field"] == "privacy.secure_aggregation"
+
+
+def test_secure_stage_endpoints_check_the_token_the_stage_and_the_body(simulation, federation):
+    round_id = simulation.start_plan(secure_config())
+    url = f"{simulation.server_url}/v1/fl/rounds/{round_id}/secagg"
+    keys = {"cipher_public_key": "A" * 43 + "=", "mask_public_key": "A" * 43 + "="}
+    tokens = simulation.tokens
+    with httpx.Client(timeout=30) as http:
+        auth = lambda index: {"Authorization": f"Bearer {tokens[index]}"}  # noqa: E731
+        assert http.post(f"{url}/advertise_keys", json=keys).status_code == 401
+        assert http.post(f"{url}/advertise_keys", json=keys, headers={"Authorization": "Bearer nope"}).status_code == 401
+        refused = http.post(f"{url}/advertise_keys", json=keys, headers=auth(0))
+        assert (refused.status_code, refused.json()["error"]["code"]) == (403, "not_selected")
+        assert http.post(f"{simulation.server_url}/v1/fl/rounds/999/secagg/unmask", json={"shares": []},
+                         headers=auth(0)).status_code == 404
+        for index in range(DEVICES):  # selection closes: the round is at advertise_keys
+            task = device_client(simulation, index).fl_task(federation.card.task)["task"]
+        assert task["privacy"]["secure_aggregation"]["stage"] == "advertise_keys"
+        too_early = http.post(f"{url}/unmask", json={"shares": []}, headers=auth(0))
+        assert (too_early.status_code, too_early.json()["error"]["code"]) == (409, "wrong_stage")
+        for body, field in (({**keys, "cipher_public_key": "short"}, "cipher_public_key"),
+                            ({**keys, "client": 3}, "client"), ({"mask_public_key": keys["mask_public_key"]},
+                                                                 "cipher_public_key")):
+            bad = http.post(f"{url}/advertise_keys", json=body, headers=auth(0))
+            assert (bad.status_code, bad.json()["error"]["field"]) == (422, field), bad.text
+        assert http.post(f"{url}/advertise_keys", content=b"{", headers={**auth(0), "Content-Type": "application/json"}
+                         ).status_code == 400
+        wrong_type = http.post(f"{url}/masked_input", content=b"\0" * 10, headers={**auth(0), "Content-Type": "text/plain"})
+        assert wrong_type.status_code == 415
+        stored = http.post(f"{url}/advertise_keys", json=keys, headers=auth(0))  # stored: the server checks keys later
+        assert stored.status_code == 201 and stored.json()["received"] == 1
+        again = http.post(f"{url}/advertise_keys", json=keys, headers=auth(0))
+        assert (again.status_code, again.json()["error"]["code"]) == (409, "duplicate_reply")
+        upload = http.post(f"{simulation.server_url}/v1/fl/rounds/{round_id}/updates", headers=auth(1),
+                           files={"delta": ("d.npz", b"x")}, data={"metadata": '{"base_version": 1, "num_examples": 1}'})
+        assert (upload.status_code, upload.json()["error"]["code"]) == (409, "secure_round")
+
+
+def test_a_masked_vector_of_the_wrong_length_is_refused_naming_it(simulation, federation):
+    round_id = simulation.start_plan(secure_config())
+    devices = scripted_devices(simulation, federation, {index: {"stop_before": "masked_input"}
+                                                        for index in range(DEVICES)})
+    for device in devices:
+        device.start()
+    for device in devices:
+        device.join(timeout=60)
+    task = device_client(simulation, 0).fl_task(federation.card.task)["task"]
+    assert task["privacy"]["secure_aggregation"]["stage"] == "masked_input"
+    with httpx.Client(timeout=30) as http:
+        answer = http.post(f"{simulation.server_url}/v1/fl/rounds/{round_id}/secagg/masked_input", content=b"\0" * 10,
+                           headers={"Authorization": f"Bearer {simulation.tokens[0]}",
+                                    "Content-Type": "application/octet-stream"})
+    assert (answer.status_code, answer.json()["error"]["field"]) == (422, "masked_vector")
+
+
+def test_a_server_restart_between_stages_loses_nothing_and_the_sum_is_exact(simulation, federation, server):
+    resume = threading.Event()
+
+    class PausingDevice(ScriptedDevice):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.paused = threading.Event()
+
+        def _run(self):
+            original = self.tamper
+
+            def pause_then(stage, reply):
+                if stage == "masked_input":  # computed; the server restarts before it is sent
+                    self.paused.set()
+                    resume.wait(30)
+                return original(stage, reply) if original else reply
+
+            self.tamper = pause_then
+            super()._run()
+
+    round_id = simulation.start_plan(secure_config(privacy={"secure_aggregation": {
+        "neighbour_count": 4, "threshold": 3, "stage_deadline_s": 20}}))
+    parameters = read_float_initializers(federation.model)
+    rng = np.random.default_rng(3)
+    devices = [PausingDevice(device_client(simulation, index), federation.card.task,
+                             {name: rng.normal(0, 0.01, value.shape).astype(np.float32)
+                              for name, value in parameters.items()}, seed=index) for index in range(DEVICES)]
+    for device in devices:
+        device.start()
+    assert all(device.paused.wait(30) for device in devices)
+    server.restart()
+    resume.set()
+    for device in devices:
+        device.join(timeout=60)
+    assert [device.error for device in devices] == [None] * DEVICES
+    view = wait_for_end(simulation, round_id)
+    assert view["state"] == "closed", view["outcome"]
+    _, published = published_parameters(simulation, view)
+    for name, value in expected_parameters(federation, view, devices).items():
+        np.testing.assert_allclose(published[name], value, rtol=0, atol=1e-6)
+
+
+def test_dp_with_secure_aggregation_records_epsilon_on_the_card(simulation, federation):
+    from fedzoo.dp.accountant import epsilon_after
+
+    privacy = {"secure_aggregation": {"neighbour_count": 4, "threshold": 3, "stage_deadline_s": 5},
+               "dp": {"max_epsilon": 50, "delta": 1e-5, "clip_norm": 0.5, "noise_multiplier": 1.5}}
+    _, results, view = sdk_round(simulation, federation, secure_config(privacy=privacy))
+    assert [result.outcome for result in results] == ["accepted"] * DEVICES
+    assert view["state"] == "closed", view["outcome"]
+    card = simulation.admin.card(view["result_model_id"])
+    dp = card.details["federated"]["privacy"]["dp"]
+    assert card.details["federated"]["privacy"]["secure_aggregation"] is True
+    assert (dp["rounds"], dp["delta"], dp["accountant"], dp["noise_multiplier"]) == (1, 1e-5, "rdp", 1.5)
+    assert dp["epsilon"] == pytest.approx(epsilon_after(1, 1.5, 1.0, 1e-5, "rdp"))
+    assert dp["sensitivity"] > dp["clip_norm"]  # quantisation can lengthen a clipped delta: more noise
+
+
+def test_a_dp_plan_stops_before_its_budget_and_its_ledger_survives_a_restart(simulation, federation, server):
+    from fedzoo.dp.accountant import epsilon_after
+    from fl_helpers import honest_delta, upload
+
+    budget = (epsilon_after(2, 1.0, 1.0, 1e-5) + epsilon_after(3, 1.0, 1.0, 1e-5)) / 2
+    config = round_config(min_clients=3, target_clients=3, num_rounds=5, max_accuracy_drop=1.0,
+                          privacy={"dp": {"max_epsilon": budget, "clip_norm": 0.1, "noise_multiplier": 1.0}})
+    round_id = simulation.start_plan(config)
+    cards = []
+    for number in (1, 2):
+        for index in range(3):
+            client = device_client(simulation, index)
+            task = client.fl_task(federation.card.task)["task"]
+            assert task["privacy"]["clip_norm"] == 0.1 and task["privacy"]["equal_weights"] is True
+            upload(client, task, honest_delta(task_model(client, task), 0.05))  # norm > 0.1: the server clips
+        view = wait_for_end(simulation, round_id)
+        assert view["state"] == "closed", view["outcome"]
+        cards.append(simulation.admin.card(view["result_model_id"]))
+        if number == 1:
+            server.restart()  # the ledger is in the database, not in the service
+            round_id = view["next_round_id"]
+    assert [card.details["federated"]["privacy"]["dp"]["rounds"] for card in cards] == [1, 2]
+    assert cards[1].details["federated"]["privacy"]["dp"]["epsilon"] == pytest.approx(epsilon_after(2, 1.0, 1.0, 1e-5))
+    assert view["next_round_id"] is None and "max_epsilon" in view["outcome"]["plan_stopped"]
+
+
+def task_model(client, task):
+    return client.download(task["model_url"], task["model_sha256"]).read_bytes()
