@@ -761,6 +761,10 @@ class RoundService:
             upload_bytes = session.scalar(
                 select(func.coalesce(func.sum(FLUpdate.upload_bytes), 0)).where(FLUpdate.round_id == round_id)
             )
+            accepted = self._count(session, FLUpdate, round_id)
+            secure = self.private.progress(session, round_id)
+            if secure is not None:  # under SecAgg+ the updates are the masked inputs; bytes are every stage's
+                accepted, upload_bytes = secure
             next_round = session.scalar(select(FLRound.id).where(FLRound.previous_round_id == round_id))
             return {
                 "id": round_row.id, "number": round_row.number, "rounds_remaining": round_row.rounds_remaining,
@@ -770,7 +774,7 @@ class RoundService:
                 "deadline_at": as_utc(round_row.deadline_at),
                 "finished_at": as_utc(round_row.finished_at) if round_row.finished_at else None,
                 "selected_devices": self._count(session, FLParticipant, round_id),
-                "accepted_updates": self._count(session, FLUpdate, round_id), "upload_bytes": int(upload_bytes),
+                "accepted_updates": accepted, "upload_bytes": int(upload_bytes),
                 "result_model_id": round_row.result_model_id,
                 "outcome": json.loads(round_row.outcome_json) if round_row.outcome_json else None,
                 "next_round_id": next_round,

@@ -17,19 +17,25 @@ closed); 413 over the size limit; 422 naming the tensor whose name, shape, dtype
 
 SecAgg+ rounds (`privacy.secure_aggregation`) take no delta upload (409 `secure_round`): the device replies
 to each stage that `GET /v1/fl/task` shows it (`task.privacy.secure_aggregation`) at
-`POST /v1/fl/rounds/<id>/secagg/<stage>`: `advertise_keys`, `share_keys` and `unmask` as JSON (the
-device's client number comes from its token, never from the body), `masked_input` as
-`application/octet-stream` (the masked vector's little-endian ring values, 2 or 4 bytes each). 201 means
+`POST /v1/fl/rounds/<id>/secagg/<stage>`: `advertise_keys` as JSON; `share_keys` and `unmask` as JSON or,
+≈ half the bytes, as `application/octet-stream` framed by `fedzoo.secagg.framing` (what the SDK sends);
+`masked_input` as `application/octet-stream` (the masked vector's little-endian ring values, 2 or 4 bytes
+each). The device's client number comes from its token, never from the body. 201 means
 the reply is stored and counts; 409 `wrong_stage` (the stage is closed or not open yet), `duplicate_reply`,
 `dropped_out` (the device missed an earlier stage), `not_a_secure_round`; 403 `not_selected`, `not_in_cohort`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from flask import Blueprint, Response, current_app, request
 from pydantic import Field, ValidationError
 
-from fedzoo.server.errors import BadRequest, UnsupportedMediaType
+from fedzoo.secagg.errors import ProtocolViolation
+from fedzoo.secagg.framing import decode_share_keys, decode_unmask, encode_share_keys, encode_unmask
+from fedzoo.server.errors import BadRequest, UnsupportedMediaType, ValidationFailed
 from fedzoo.server.fl.rounds import MAX_ROUND_ID, RoundService
 from fedzoo.server.fl.schemas import (
     AdvertiseKeysReply, RoundConfig, RoundView, SecureReplyReceipt, ShareKeysReply, TaskQuery, TaskResponse,
@@ -37,7 +43,7 @@ from fedzoo.server.fl.schemas import (
 )
 from fedzoo.server.openapi import OCTET_STREAM, documented
 from fedzoo.server.routes.common import (
-    EXTENSION_KEY, calling_device, json_body, json_response, parse_json, query_args, raw_body, require_admin_token,
+    EXTENSION_KEY, calling_device, context, json_body, json_response, parse_json, query_args, raw_body, require_admin_token,
     validation_error,
 )
 from fedzoo.server.schemas import StrictRequest
@@ -140,12 +146,12 @@ def secagg_advertise_keys(round_id: int) -> Response:
 
 
 @documented(blueprint, "POST", "/v1/fl/rounds/<int:round_id>/secagg/share_keys",
-            summary="SecAgg+ stage 2: encrypted Shamir shares for each neighbour, with commitments", auth="device",
+            summary="SecAgg+ stage 2: encrypted Shamir shares for each neighbour, with commitments (JSON, or "
+                    "application/octet-stream framed by fedzoo.secagg.framing)", auth="device",
             request=ShareKeysReply, response=SecureReplyReceipt, status=201, path_params=ROUND_ID,
             errors=SECURE_ERRORS)
 def secagg_share_keys(round_id: int) -> Response:
-    reply = json_body(ShareKeysReply)
-    return _secure_reply(round_id, "share_keys", reply.model_dump_json().encode())
+    return _framed_reply(round_id, "share_keys", ShareKeysReply, encode_share_keys, decode_share_keys)
 
 
 @documented(blueprint, "POST", "/v1/fl/rounds/<int:round_id>/secagg/masked_input",
@@ -159,9 +165,25 @@ def secagg_masked_input(round_id: int) -> Response:
 
 
 @documented(blueprint, "POST", "/v1/fl/rounds/<int:round_id>/secagg/unmask",
-            summary="SecAgg+ stage 4: one share per neighbour (self-mask seed if it survived, mask key if it dropped)",
+            summary="SecAgg+ stage 4: one share per neighbour (self-mask seed if it survived, mask key if it dropped; "
+                    "JSON, or application/octet-stream framed by fedzoo.secagg.framing)",
             auth="device", request=UnmaskReply, response=SecureReplyReceipt, status=201, path_params=ROUND_ID,
             errors=SECURE_ERRORS)
 def secagg_unmask(round_id: int) -> Response:
-    reply = json_body(UnmaskReply)
-    return _secure_reply(round_id, "unmask", reply.model_dump_json().encode())
+    return _framed_reply(round_id, "unmask", UnmaskReply, encode_unmask, decode_unmask)
+
+
+def _framed_reply(round_id: int, stage: str, model: type[ShareKeysReply | UnmaskReply],
+                  encode: Callable[[dict[str, Any]], bytes], decode: Callable[[bytes], dict[str, Any]]) -> Response:
+    """A share-carrying reply as JSON or framed bytes; stored framed (the compact form), checked either way."""
+    try:
+        if request.mimetype == OCTET_STREAM:
+            data = raw_body(context().config.max_json_bytes)
+            model.model_validate(decode(data))
+        else:
+            data = encode(json_body(model).model_dump())
+    except ProtocolViolation as error:
+        raise ValidationFailed(f"the {stage} reply is malformed: {error}", field="body") from None
+    except ValidationError as error:
+        raise validation_error(error, "body") from None
+    return _secure_reply(round_id, stage, data)

@@ -42,6 +42,7 @@ from fedzoo.errors import InvalidInputError
 from fedzoo.secagg import SecAggConfig, SecAggServer, dequantise_sum, flatten, unflatten
 from fedzoo.secagg.crypto import MASK_DTYPES
 from fedzoo.secagg.errors import RoundAborted
+from fedzoo.secagg.framing import decode_share_keys, decode_unmask
 from fedzoo.secagg.messages import STAGES, to_base64
 from fedzoo.server.db import Database
 from fedzoo.server.errors import Conflict, Forbidden
@@ -52,6 +53,10 @@ from fedzoo.server.fl.strategies import Parameters, Strategy
 SELECTION, DONE = "selection", "done"
 COLLECT = {"advertise_keys": "collect_keys", "share_keys": "collect_shares", "masked_input": "collect_masked_inputs"}
 MAX_CACHED_STAGES = 16
+# how each stage's stored reply reads back as the dict `SecAggServer` takes (share replies are kept framed)
+READ_REPLY: dict[str, Callable[[bytes], dict[str, Any]]] = {
+    "advertise_keys": json.loads, "share_keys": decode_share_keys,
+    "masked_input": lambda body: {"masked_vector": to_base64(body)}, "unmask": decode_unmask}
 SAMPLING_PROBABILITY = 1.0  # the server seats whoever checks in: no amplification by sampling (docs/privacy.md)
 
 
@@ -259,6 +264,18 @@ class PrivateRounds:
                 FLSecureMessage.round_id == round_id, FLSecureMessage.stage == stage))
             return received >= len(self._protocol(session, round_id, stage)[1])
 
+    @staticmethod
+    def progress(session: Session, round_id: int) -> tuple[int, int] | None:
+        """SecAgg+: (masked inputs stored, bytes of every reply stored); None for other rounds."""
+        row = session.get(FLPrivateRound, round_id)
+        if row is None or row.stage is None:
+            return None
+        masked = session.scalar(select(func.count()).select_from(FLSecureMessage).where(
+            FLSecureMessage.round_id == round_id, FLSecureMessage.stage == "masked_input"))
+        sent = session.scalar(select(func.coalesce(func.sum(func.length(FLSecureMessage.body)), 0))
+                              .where(FLSecureMessage.round_id == round_id))
+        return masked, int(sent)
+
     def stage_of(self, session: Session, round_id: int) -> str | None:
         row = session.get(FLPrivateRound, round_id)
         return row.stage if row is not None else None
@@ -286,8 +303,7 @@ class PrivateRounds:
                                .order_by(FLSecureMessage.client))
         replies = []
         for row in rows:
-            body = ({"masked_vector": to_base64(row.body)} if stage == "masked_input" else json.loads(row.body))
-            replies.append({**body, "stage": stage, "client": row.client})
+            replies.append({**READ_REPLY[stage](row.body), "stage": stage, "client": row.client})
         return replies
 
     # aggregation -----------------------------------------------------------------------------------
@@ -308,8 +324,7 @@ class PrivateRounds:
                 protocol = SecAggConfig.from_dict(json.loads(row.secagg_config_json))
                 server, _ = self._protocol(session, round_id, "unmask")
                 result = server.collect_unmask_shares(self._replies(session, round_id, "unmask"))
-                upload_bytes = session.scalar(select(func.coalesce(func.sum(func.length(FLSecureMessage.body)), 0))
-                                              .where(FLSecureMessage.round_id == round_id))
+                upload_bytes = self.progress(session, round_id)[1]
         if settings is not None:
             total, total_weight = dequantise_sum(result.ring_sum, protocol)
             count = len(result.survivors)
