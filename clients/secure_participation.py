@@ -24,13 +24,11 @@ from fedzoo.clients.errors import ConflictError, ServerUnavailableError
 from fedzoo.dp.clipping import clip_delta
 from fedzoo.secagg import SecAggClient, SecAggConfig, example_weight, flatten, quantise
 from fedzoo.secagg.errors import ProtocolViolation
-from fedzoo.secagg.framing import encode_share_keys, encode_unmask
-from fedzoo.secagg.messages import from_base64
+from fedzoo.secagg.framing import rest_reply
 
 Parameters = dict[str, np.ndarray]
 CheckIn = Callable[[], dict[str, Any]]
 log = logging.getLogger(__name__)
-FRAME = {"share_keys": encode_share_keys, "unmask": encode_unmask}
 
 
 def clip_for_privacy(delta: Parameters, privacy: dict[str, Any] | None) -> Parameters:
@@ -48,15 +46,12 @@ def ring_input(delta: Parameters, config: SecAggConfig, privacy: dict[str, Any],
 
 def answer_stage(protocol: SecAggClient, stage: str, request: dict[str, Any], vector: np.ndarray
                  ) -> dict[str, Any] | bytes:
-    """This device's reply to one stage, as the REST endpoint takes it: the masked vector as raw bytes, the share
-    replies framed (`fedzoo.secagg.framing`), the keys as JSON; never `stage` or `client` (the server knows
-    both from the URL and the token)."""
+    """This device's reply to one stage, as the REST endpoint takes it (`fedzoo.secagg.framing.rest_reply`)."""
     if stage == "advertise_keys":
-        reply = protocol.advertise_keys()
-        return {key: value for key, value in reply.items() if key not in ("stage", "client")}
+        return rest_reply(protocol.advertise_keys())
     if stage == "masked_input":
-        return from_base64(protocol.masked_input(request, vector)["masked_vector"], "masked_vector")
-    return FRAME[stage](getattr(protocol, stage)(request))
+        return rest_reply(protocol.masked_input(request, vector))
+    return rest_reply(getattr(protocol, stage)(request))
 
 
 def take_part_securely(client: FedzooClient, work: dict[str, Any], delta: Parameters, num_examples: int,

@@ -13,6 +13,7 @@ big-endian; client numbers are 16-bit, so a framed round has at most 65,536 clie
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fedzoo.secagg.errors import ProtocolViolation
@@ -22,6 +23,23 @@ from fedzoo.secagg.shamir import SHARE_BYTES
 MAX_CLIENTS = 2**16
 DIGEST_BYTES = 32
 KINDS = ("self_mask", "mask_key")
+
+
+def rest_reply(reply: dict[str, Any]) -> dict[str, Any] | bytes:
+    """How a client's reply (a `SecAggClient` dict) travels over REST: the masked vector as its raw ring values,
+    the share replies framed, the keys as JSON; never `stage` or `client` (the URL and the token say them)."""
+    stage = reply.get("stage")
+    if stage == "masked_input":
+        return from_base64(reply["masked_vector"], "masked_vector")
+    if stage in FRAMED:
+        return FRAMED[stage](reply)
+    return {key: value for key, value in reply.items() if key not in ("stage", "client")}
+
+
+def rest_reply_bytes(reply: dict[str, Any]) -> int:
+    """The bytes of `rest_reply`'s body."""
+    body = rest_reply(reply)
+    return len(body) if isinstance(body, bytes) else len(json.dumps(body).encode())
 
 
 def encode_share_keys(reply: dict[str, Any]) -> bytes:
@@ -82,6 +100,9 @@ def decode_unmask(data: bytes) -> dict[str, Any]:
     undecryptable = [reader.u16() for _ in range(reader.u16())]
     reader.end()
     return {"shares": shares, "undecryptable": undecryptable}
+
+
+FRAMED = {"share_keys": encode_share_keys, "unmask": encode_unmask}
 
 
 def _list(value: Any, what: str) -> list[Any]:
