@@ -130,9 +130,8 @@ def upload_update(round_id: int) -> Response:
 SECURE_ERRORS = (403, 404, 409, 422)
 
 
-def _secure_reply(round_id: int, stage: str, body: bytes) -> Response:
-    device = calling_device()
-    receipt = service().submit_secure_reply(device.id, round_id, stage, body)
+def _secure_reply(device_id: str, round_id: int, stage: str, body: bytes) -> Response:
+    receipt = service().submit_secure_reply(device_id, round_id, stage, body)
     return json_response(SecureReplyReceipt(**receipt), status=201)
 
 
@@ -141,8 +140,9 @@ def _secure_reply(round_id: int, stage: str, body: bytes) -> Response:
             request=AdvertiseKeysReply, response=SecureReplyReceipt, status=201, path_params=ROUND_ID,
             errors=SECURE_ERRORS)
 def secagg_advertise_keys(round_id: int) -> Response:
+    device = calling_device()
     reply = json_body(AdvertiseKeysReply)
-    return _secure_reply(round_id, "advertise_keys", reply.model_dump_json().encode())
+    return _secure_reply(device.id, round_id, "advertise_keys", reply.model_dump_json().encode())
 
 
 @documented(blueprint, "POST", "/v1/fl/rounds/<int:round_id>/secagg/share_keys",
@@ -159,9 +159,10 @@ def secagg_share_keys(round_id: int) -> Response:
             auth="device", request_media_type=OCTET_STREAM, response=SecureReplyReceipt, status=201,
             path_params=ROUND_ID, errors=SECURE_ERRORS)
 def secagg_masked_input(round_id: int) -> Response:
+    device = calling_device()
     if request.mimetype != OCTET_STREAM:
         raise UnsupportedMediaType(f"send the masked vector as {OCTET_STREAM}", field="Content-Type")
-    return _secure_reply(round_id, "masked_input", raw_body(service().max_masked_vector_bytes(round_id)))
+    return _secure_reply(device.id, round_id, "masked_input", raw_body(service().max_masked_vector_bytes(round_id)))
 
 
 @documented(blueprint, "POST", "/v1/fl/rounds/<int:round_id>/secagg/unmask",
@@ -176,6 +177,7 @@ def secagg_unmask(round_id: int) -> Response:
 def _framed_reply(round_id: int, stage: str, model: type[ShareKeysReply | UnmaskReply],
                   encode: Callable[[dict[str, Any]], bytes], decode: Callable[[bytes], dict[str, Any]]) -> Response:
     """A share-carrying reply as JSON or framed bytes; stored framed (the compact form), checked either way."""
+    device = calling_device()
     try:
         if request.mimetype == OCTET_STREAM:
             data = raw_body(context().config.max_json_bytes)
@@ -186,4 +188,4 @@ def _framed_reply(round_id: int, stage: str, model: type[ShareKeysReply | Unmask
         raise ValidationFailed(f"the {stage} reply is malformed: {error}", field="body") from None
     except ValidationError as error:
         raise validation_error(error, "body") from None
-    return _secure_reply(round_id, stage, data)
+    return _secure_reply(device.id, round_id, stage, data)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -33,12 +33,16 @@ class NormBound(_Request):
     action: Literal["clip", "reject"] = Field(default="clip")
 
 
+MAX_NEIGHBOURS = 200  # k = O(log n) (Bell et al.): 200 is far past any cohort's need, and bounds a reply
+
+
 class SecureAggregationSettings(_Request):
     """SecAgg+ in every round of the plan (see docs/privacy.md, "Sizing k and t"). The cohort is the devices
     selected; k is capped at the largest even number below the cohort, t defaults to k/2 + 1."""
 
-    neighbour_count: int = Field(default=60, ge=2, le=10_000, description="k: even; each device masks with k others")
-    threshold: int | None = Field(default=None, ge=2, le=10_000,
+    neighbour_count: int = Field(default=60, ge=2, le=MAX_NEIGHBOURS,
+                                 description="k: even; each device masks with k others")
+    threshold: int | None = Field(default=None, ge=2, le=MAX_NEIGHBOURS,
                                   description="t: shares that recover a secret, k/2 < t <= k (default k/2 + 1)")
     levels: int = Field(default=127, ge=1, le=32_767,
                         description="quantised values lie in [-levels, levels]; 127 is the int8 encoding")
@@ -240,38 +244,45 @@ class RoundView(_Response):
     next_round_id: int | None
 
 
+BASE64_32_BYTES = r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=$"  # an X25519 key or a SHA-256 commitment
+BASE64_33_BYTES = r"^[A-Za-z0-9+/]{44}$"  # a Shamir share value
+BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+
+
 class AdvertiseKeysReply(_Request):
     """Stage 1: the device's two fresh X25519 public keys (base64 of 32 bytes)."""
 
-    cipher_public_key: str = Field(min_length=44, max_length=44)
-    mask_public_key: str = Field(min_length=44, max_length=44)
+    cipher_public_key: str = Field(pattern=BASE64_32_BYTES)
+    mask_public_key: str = Field(pattern=BASE64_32_BYTES)
 
 
 class DealtShare(_Request):
-    holder: int = Field(ge=0, le=100_000)
-    ciphertext: str = Field(min_length=1, max_length=256, description="base64 of nonce || ChaCha20-Poly1305")
-    self_mask_commitment: str = Field(min_length=44, max_length=44)
-    mask_key_commitment: str = Field(min_length=44, max_length=44)
+    holder: int = Field(ge=0, lt=65_536)
+    ciphertext: str = Field(min_length=4, max_length=340, pattern=BASE64,
+                            description="base64 of nonce || ChaCha20-Poly1305 (at most 255 bytes)")
+    self_mask_commitment: str = Field(pattern=BASE64_32_BYTES)
+    mask_key_commitment: str = Field(pattern=BASE64_32_BYTES)
 
 
 class ShareKeysReply(_Request):
     """Stage 2: one encrypted share pair per neighbour, with commitments."""
 
-    shares: list[DealtShare] = Field(max_length=10_000)
-    self_mask_seed_commitment: str = Field(min_length=44, max_length=44)
+    shares: list[DealtShare] = Field(max_length=MAX_NEIGHBOURS)
+    self_mask_seed_commitment: str = Field(pattern=BASE64_32_BYTES)
 
 
 class RevealedShare(_Request):
-    owner: int = Field(ge=0, le=100_000)
+    owner: int = Field(ge=0, lt=65_536)
     kind: Literal["self_mask", "mask_key"]
-    value: str = Field(min_length=1, max_length=64, description="base64 of the 33-byte share value")
+    value: str = Field(pattern=BASE64_33_BYTES, description="base64 of the 33-byte share value")
 
 
 class UnmaskReply(_Request):
     """Stage 4: for each neighbour, the share of its self-mask seed (survived) or its mask key (dropped)."""
 
-    shares: list[RevealedShare] = Field(max_length=10_000)
-    undecryptable: list[int] = Field(default_factory=list, max_length=10_000)
+    shares: list[RevealedShare] = Field(max_length=MAX_NEIGHBOURS)
+    undecryptable: list[Annotated[int, Field(ge=0, lt=65_536)]] = Field(default_factory=list,
+                                                                        max_length=MAX_NEIGHBOURS)
 
 
 class SecureReplyReceipt(_Response):
