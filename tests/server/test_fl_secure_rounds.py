@@ -388,3 +388,23 @@ def test_a_dp_plan_stops_before_its_budget_and_its_ledger_survives_a_restart(sim
 
 def task_model(client, task):
     return client.download(task["model_url"], task["model_sha256"]).read_bytes()
+
+
+@pytest.mark.slow
+def test_two_gunicorn_workers_run_a_secure_round_with_a_dropout_to_the_exact_sum(federation, tmp_path):
+    from server_helpers import ADMIN_TOKEN, start_gunicorn, stop_gunicorn
+
+    server = start_gunicorn(tmp_path / "data", workers=2)
+    try:
+        with Simulation(federation, server.base_url, ADMIN_TOKEN, cache_root=tmp_path / "devices") as simulation:
+            simulation.publish_base_model()
+            simulation.register_devices()
+            _, devices, view = run_scripted_round(simulation, federation, secure_config(),
+                                                  {5: {"stop_before": "masked_input"}})
+            assert view["state"] == "closed", view["outcome"]
+            assert view["outcome"]["secure_aggregation"]["survivors"] == DEVICES - 1
+            _, published = published_parameters(simulation, view)
+            for name, value in expected_parameters(federation, view, devices[:5]).items():
+                np.testing.assert_allclose(published[name], value, rtol=0, atol=1e-6)
+    finally:
+        stop_gunicorn(server)
