@@ -278,7 +278,8 @@ class RoundService:
                 query = query.where(FLRound.family == family)
             rounds = list(session.scalars(query))
             for round_row in rounds:
-                if self._has_update(session, round_row.id, device_id):
+                if self._has_update(session, round_row.id, device_id) or self.private.has_finished(
+                        session, round_row.id, device_id):
                     continue
                 if session.get(FLParticipant, (round_row.id, device_id)) is not None:
                     return TaskResponse(task=self._task(session, round_row, device_id), retry_after_s=None)

@@ -219,6 +219,14 @@ class PrivateRounds:
                 "expected": len(expected)}
 
     @staticmethod
+    def has_finished(session: Session, round_id: int, device_id: str) -> bool:
+        """Whether the device's part of a SecAgg+ round is done (its unmask reply is stored): like an accepted
+        update, the round has no more work for it."""
+        return session.scalar(select(func.count()).select_from(FLSecureMessage).where(
+            FLSecureMessage.round_id == round_id, FLSecureMessage.stage == "unmask",
+            FLSecureMessage.device_id == device_id)) > 0
+
+    @staticmethod
     def _replied(session: Session, round_id: int, stage: str, client: int) -> bool:
         return session.get(FLSecureMessage, (round_id, stage, client)) is not None
 

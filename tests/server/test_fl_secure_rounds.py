@@ -10,13 +10,13 @@ import pytest
 
 from fedzoo.clients.participation import LocalData, participate_once
 from fedzoo.clients.secure_participation import answer_stage
-from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, Simulation, prepare_federation
+from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, prepare_federation
 from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.secagg import SecAggClient, SecAggConfig, dequantise_sum, flatten, quantise, unflatten
 from fedzoo.secagg.crypto import MASK_DTYPES
 from fedzoo.secagg.framing import decode_unmask
 from fedzoo.server.fl import secure_rounds
-from fl_helpers import device_client, round_config
+from fl_helpers import device_client, ready_simulation, round_config
 
 ADMIN = DEFAULT_ADMIN_TOKEN
 DEVICES = 6
@@ -36,9 +36,7 @@ def server(tmp_path):
 
 @pytest.fixture
 def simulation(federation, server, tmp_path):
-    with Simulation(federation, server.url, cache_root=tmp_path / "devices") as sim:
-        sim.publish_base_model()
-        sim.register_devices()
+    with ready_simulation(federation, server.url, tmp_path / "devices") as sim:
         yield sim
 
 
@@ -396,9 +394,7 @@ def test_two_gunicorn_workers_run_a_secure_round_with_a_dropout_to_the_exact_sum
 
     server = start_gunicorn(tmp_path / "data", workers=2)
     try:
-        with Simulation(federation, server.base_url, ADMIN_TOKEN, cache_root=tmp_path / "devices") as simulation:
-            simulation.publish_base_model()
-            simulation.register_devices()
+        with ready_simulation(federation, server.base_url, tmp_path / "devices", ADMIN_TOKEN) as simulation:
             _, devices, view = run_scripted_round(simulation, federation, secure_config(),
                                                   {5: {"stop_before": "masked_input"}})
             assert view["state"] == "closed", view["outcome"]
