@@ -267,6 +267,19 @@ class FedzooClient:
         self.uploaded_bytes += len(delta_npz)
         return response.json()
 
+    def secure_reply(self, reply_url: str, reply: dict[str, Any] | bytes) -> dict[str, Any]:
+        """Send this device's reply to a SecAgg+ stage: JSON, or the masked vector's raw bytes."""
+        if isinstance(reply, bytes):
+            response = self.http.request("POST", reply_url, expected=(201,), content=reply,
+                                         headers={"Content-Type": "application/octet-stream"})
+            self.uploaded_bytes += len(reply)
+        else:
+            body = json.dumps(reply).encode()
+            response = self.http.request("POST", reply_url, expected=(201,), content=body,
+                                         headers={"Content-Type": "application/json"})
+            self.uploaded_bytes += len(body)
+        return response.json()
+
     def create_rounds(self, config: dict[str, Any], admin_token: str) -> dict[str, Any]:
         """Admin: start a plan of rounds (POST /v1/fl/rounds)."""
         return self.http.request(

@@ -8,7 +8,9 @@ One participation (Bonawitz et al. 2019's device side):
 3. train locally with `fedzoo.edge.trainer`: the round's optimizer, epochs and batch size, and for
    FedProx the proximal term `mu * (w - w_global)` added to every gradient before the numpy step;
 4. upload `trained - global` (float32 or INT8, `fedzoo.clients.update_codec`) with the number of
-   examples and the client's own loss and accuracy on its data.
+   examples and the client's own loss and accuracy on its data. In a private round the delta is first
+   clipped (DP-FedAvg), and under SecAgg+ it is never uploaded: the device answers the protocol's
+   stages instead (`fedzoo.clients.secure_participation`).
 
 The data never leaves the device; only the delta does. The transport never re-sends a POST that
 may have reached the server; `deliver_update` does, knowing the server keeps one update per device
@@ -30,6 +32,7 @@ import numpy as np
 from fedzoo.cards import ModelCard, Normalisation
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.errors import ConflictError, IntegrityError, ServerUnavailableError
+from fedzoo.clients.secure_participation import clip_for_privacy, take_part_securely
 from fedzoo.clients.update_codec import Encoding, encode_update
 from fedzoo.edge.onnx_initializers import read_float_initializers, replace_initializers
 from fedzoo.edge.optimizers import SGD, Adam, Optimizer
@@ -126,10 +129,15 @@ def run_task(
     delta, metrics = train_locally(graph, model, card, work["training"], data, seed)
     if transform is not None:
         delta = transform(delta)
+    delta = clip_for_privacy(delta, work.get("privacy"))
     metadata = {"base_version": work["base_version"], "num_examples": len(data), "metrics": metrics}
     if not all(np.all(np.isfinite(value)) for value in delta.values()) or not all(map(math.isfinite, metrics.values())):
         # the server would refuse it (422); a model that diverged here is no update worth the bytes
         return ParticipationResult(work["round_id"], "diverged", 0, len(data), metrics)
+    if work.get("privacy") and work["privacy"]["secure_aggregation"] is not None:
+        check_in = lambda: client.fl_task(card.task, card.family)  # noqa: E731
+        outcome, sent = take_part_securely(client, work, delta, len(data), check_in)
+        return ParticipationResult(work["round_id"], outcome, sent, len(data), metrics)
     chosen = encoding if encoding in work["upload"]["encodings"] else "fp32"
     payload = encode_update(delta, chosen)
     outcome = deliver_update(client, work["upload"]["url"], metadata, payload)

@@ -24,6 +24,7 @@ import shutil
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -429,11 +430,16 @@ class Simulation:
                 work.append(_Work(index, self.tokens[index], task, self.rng.randrange(2**31), index in self.attackers))
         context = _Context(self.server_url, str(self.cache_root), self.federation.pool.x, self.federation.pool.y,
                            self.federation.shards, self.encoding, self.attack)
-        results = self.executor.map(_do_work, context, work)
+        if any((item.task.get("privacy") or {}).get("secure_aggregation") for item in work):
+            # SecAgg+ devices answer each stage together, so they must run at the same time
+            with ThreadPoolExecutor(max_workers=max(1, len(work))) as pool:
+                results = list(pool.map(lambda item: _do_work(context, item), work))
+        else:
+            results = self.executor.map(_do_work, context, work)
         view = self.admin.fl_round(round_id)
         while view["state"] in ("open", "collecting", "aggregating"):
             deadline = view["deadline_at"]
-            time.sleep(0.2 if view["state"] == "aggregating" else _seconds_until(deadline) + 0.05)
+            time.sleep(0.2 if view["state"] == "aggregating" else min(0.5, _seconds_until(deadline) + 0.05))
             view = self.admin.fl_round(round_id)
         accuracy = None
         if view["result_model_id"] is not None:
@@ -468,10 +474,11 @@ def _seconds_until(moment: str) -> float:
 
 # private rounds, in process ------------------------------------------------------------------------
 #
-# SecAgg+ is not carried over REST yet, and DP needs hundreds of devices to be meaningful, so private
-# rounds run without the HTTP server: each selected device trains with the same `train_locally` the
-# SDK uses (devices concurrently, in worker processes or on Ray), clips its delta, and the round is
-# aggregated with the same strategies, `fedzoo.secagg` and `fedzoo.dp` that the server will use.
+# DP needs hundreds of devices to be meaningful, so these private rounds run without the HTTP server (which
+# runs SecAgg+ and DP rounds too, see `Simulation` and fedzoo.server.fl.secure_rounds): each selected device
+# trains with the same `train_locally` the SDK uses (devices concurrently, in worker processes or on Ray),
+# clips its delta, and the round is aggregated with the same strategies, `fedzoo.secagg` and `fedzoo.dp` the
+# server uses.
 
 
 @dataclass(frozen=True)

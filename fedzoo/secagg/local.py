@@ -1,7 +1,7 @@
 """A whole SecAgg+ round with every client in this process: for tests, benches and the simulator.
 
-Messages go through `json` exactly as a REST layer would carry them, so the byte counts are real
-upload sizes. `dropouts[stage]` names the clients that vanish instead of replying to that stage; a
+Messages go through `json`, so the byte counts are real upload sizes as JSON; `rest_bytes` counts what the
+REST endpoints take (the masked vector raw, the share replies framed). `dropouts[stage]` names the clients that vanish instead of replying to that stage; a
 client that refuses a request (`ProtocolViolation`) drops out too, and its reason is recorded.
 """
 
@@ -18,6 +18,7 @@ from fedzoo.errors import InvalidInputError
 from fedzoo.secagg.client import SecAggClient
 from fedzoo.secagg.config import SecAggConfig
 from fedzoo.secagg.errors import ProtocolViolation
+from fedzoo.secagg.framing import rest_reply_bytes
 from fedzoo.secagg.messages import STAGES
 from fedzoo.secagg.server import SecAggResult, SecAggServer
 
@@ -28,6 +29,7 @@ class LocalRound:
 
     result: SecAggResult
     upload_bytes: dict[int, dict[str, int]] = field(default_factory=dict)  # client -> stage -> bytes
+    rest_bytes: dict[int, dict[str, int]] = field(default_factory=dict)  # the same over REST (framing.rest_reply)
     refusals: dict[int, str] = field(default_factory=dict)  # client -> ProtocolViolation reason
     unmask_seconds: float = 0.0  # the server's work in the last stage
 
@@ -43,6 +45,7 @@ def run_local_round(config: SecAggConfig, ring_vectors: Mapping[int, np.ndarray]
         raise InvalidInputError(f"unknown stages {sorted(unknown)} in dropouts; use {list(STAGES)}", field="dropouts")
     clients = {index: (clients or {}).get(index) or SecAggClient(config, index) for index in ring_vectors}
     uploads: dict[int, dict[str, int]] = {index: {} for index in clients}
+    rest_uploads: dict[int, dict[str, int]] = {index: {} for index in clients}
     refusals: dict[int, str] = {}
     server = SecAggServer(config)
 
@@ -61,6 +64,7 @@ def run_local_round(config: SecAggConfig, ring_vectors: Mapping[int, np.ndarray]
                 continue
             body = json.dumps(reply)
             uploads[index][stage] = len(body.encode())
+            rest_uploads[index][stage] = rest_reply_bytes(reply)
             carried.append(json.loads(body))
         return carried
 
@@ -70,4 +74,4 @@ def run_local_round(config: SecAggConfig, ring_vectors: Mapping[int, np.ndarray]
     replies = exchange("unmask", requests)
     started = time.perf_counter()
     result = server.collect_unmask_shares(replies)
-    return LocalRound(result, uploads, refusals, time.perf_counter() - started)
+    return LocalRound(result, uploads, rest_uploads, refusals, time.perf_counter() - started)

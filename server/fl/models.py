@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from fedzoo.server.db import Base
@@ -107,3 +107,36 @@ class FLRefusedUpload(Base):
     received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
 
     __table_args__ = (Index("ix_fl_refused_uploads_round_device", "round_id", "device_id"),)
+
+
+class FLPrivateRound(Base):
+    """A round of a plan with SecAgg+ and/or DP-FedAvg: where its secure stages stand, who holds which client
+    number, and the plan's privacy ledger (as it was when the round opened, and after it released a noised
+    aggregate). The next round of the plan starts from `ledger_after_json` or, without a release, `ledger_json`."""
+
+    __tablename__ = "fl_private_rounds"
+
+    round_id: Mapped[int] = mapped_column(ForeignKey("fl_rounds.id", ondelete="CASCADE"), primary_key=True)
+    stage: Mapped[str | None] = mapped_column(String(16), nullable=True,
+                                              doc="SecAgg+: selection, advertise_keys, ..., unmask, done; else null")
+    stage_deadline_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    participants_json: Mapped[str | None] = mapped_column(
+        Text, nullable=True, doc="SecAgg+: the device ids in client-number order, fixed when selection closes")
+    secagg_config_json: Mapped[str | None] = mapped_column(Text, nullable=True, doc="the round's SecAggConfig")
+    ledger_json: Mapped[str | None] = mapped_column(Text, nullable=True, doc="DP: the plan's ledger at the start")
+    ledger_after_json: Mapped[str | None] = mapped_column(Text, nullable=True,
+                                                          doc="DP: the ledger after this round released its aggregate")
+
+
+class FLSecureMessage(Base):
+    """One device's reply to one SecAgg+ stage, stored before the device hears "received": the server's
+    protocol state is a function of these rows, so any worker, or a restarted server, rebuilds it."""
+
+    __tablename__ = "fl_secure_messages"
+
+    round_id: Mapped[int] = mapped_column(ForeignKey("fl_rounds.id", ondelete="CASCADE"), primary_key=True)
+    stage: Mapped[str] = mapped_column(String(16), primary_key=True)
+    client: Mapped[int] = mapped_column(Integer, primary_key=True)
+    device_id: Mapped[str] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
+    body: Mapped[bytes] = mapped_column(LargeBinary, doc="the reply: JSON, or the masked vector's raw bytes")
+    received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)

@@ -55,6 +55,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from fedzoo.cards import Metrics, ModelCard
+from fedzoo.dp.accountant import PrivacyBudgetExhausted
+from fedzoo.secagg.errors import RoundAborted
 from fedzoo.clients.update_codec import decode_update
 from fedzoo.edge.onnx_initializers import read_float_initializers, replace_initializers
 from fedzoo.errors import FedzooError, InvalidInputError, NotFoundError
@@ -66,7 +68,10 @@ from fedzoo.server.fl.faults import crash_point
 from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLRefusedUpload, FLRound, FLUpdate
 from fedzoo.server.fl.schemas import RoundConfig, Task, TaskResponse, TrainingConfig, UpdateMetadata, UploadSpec
 from fedzoo.server.fl.screening import Screened, screen_updates
-from fedzoo.server.fl.strategies import ClientUpdate, Parameters, Strategy, make_strategy
+from fedzoo.server.fl.secure_rounds import DONE, PrivateRounds, is_private, with_calibrated_noise
+from fedzoo.server.fl.strategies import (
+    ClientUpdate, Parameters, Strategy, make_strategy, require_secure_aggregation_support,
+)
 from fedzoo.server.latency import LatencyEstimator
 from fedzoo.server.models import DeviceRecord
 from fedzoo.server import registry
@@ -177,6 +182,7 @@ class RoundService:
         if spill_dir is not None:
             spill_dir.mkdir(parents=True, exist_ok=True)
         self._base_models: dict[str, RoundBase] = {}
+        self.private = PrivateRounds(database, clock)
         self._parent_metrics: dict[tuple[str, str], Metrics] = {}
 
     # base models ---------------------------------------------------------------------------------
@@ -212,14 +218,30 @@ class RoundService:
 
     def create_round(self, config: RoundConfig) -> int:
         """Open the first round of a plan of `config.num_rounds` rounds; returns its id."""
-        make_strategy(config.strategy)  # refuse a bad strategy now, not at aggregation
+        strategy = make_strategy(config.strategy)  # refuse a bad strategy now, not at aggregation
+        if is_private(config):
+            require_secure_aggregation_support(strategy)  # DP, too, needs only the equal-weighted sum
+            self._check_secure_cohort(config)
+            config = with_calibrated_noise(config)
         if config.max_examples_per_update is None:  # record the cap in force, so the round's config says it
             config = config.model_copy(update={"max_examples_per_update": self.max_examples_per_update})
         with self.database.session() as session:
             base = self.base_model(session, config.model_id)
             self._check_evaluation_set(config.evaluation_sha256, base.card)
-            round_row = self._open_round(session, config, base.card, number=1, remaining=config.num_rounds, previous=None)
+            try:
+                round_row = self._open_round(session, config, base.card, number=1, remaining=config.num_rounds,
+                                             previous=None)
+            except PrivacyBudgetExhausted as error:
+                raise InvalidInputError(str(error), field="privacy.dp.max_epsilon") from None
             return round_row.id
+
+    @staticmethod
+    def _check_secure_cohort(config: RoundConfig) -> None:
+        """SecAgg+ needs a cohort of at least 3 (2 could each subtract the other's input from the sum)."""
+        goal = math.ceil(config.target_clients * (1 + config.over_selection))
+        if config.privacy.secure_aggregation is not None and goal < 3:
+            raise InvalidInputError(f"secure aggregation needs at least 3 selected devices; target_clients x "
+                                    f"(1 + over_selection) is {goal}", field="privacy.secure_aggregation")
 
     def _check_evaluation_set(self, sha256: str, card: ModelCard) -> None:
         """The evaluation blob must be an `.npz` of images `x` shaped like the model's input and labels `y`."""
@@ -241,6 +263,7 @@ class RoundService:
     def _open_round(
         self, session: Session, config: RoundConfig, card: ModelCard, number: int, remaining: int, previous: FLRound | None
     ) -> FLRound:
+        ledger = self.private.ledger_for_next_round(session, config, previous)  # raises when over budget
         now = self.clock()
         round_row = FLRound(
             task=card.task,
@@ -259,6 +282,7 @@ class RoundService:
         session.add(round_row)
         session.flush()
         round_row.plan_id = previous.plan_id if previous else round_row.id
+        self.private.record_open(session, round_row, config, ledger)
         return round_row
 
     # devices: check-in ---------------------------------------------------------------------------
@@ -272,13 +296,14 @@ class RoundService:
                 query = query.where(FLRound.family == family)
             rounds = list(session.scalars(query))
             for round_row in rounds:
-                if self._has_update(session, round_row.id, device_id):
+                if self._has_update(session, round_row.id, device_id) or self.private.has_finished(
+                        session, round_row.id, device_id):
                     continue
                 if session.get(FLParticipant, (round_row.id, device_id)) is not None:
-                    return TaskResponse(task=self._task(session, round_row), retry_after_s=None)
+                    return TaskResponse(task=self._task(session, round_row, device_id), retry_after_s=None)
                 if round_row.state == "open":
                     self._select(session, round_row, device_id)
-                    return TaskResponse(task=self._task(session, round_row), retry_after_s=None)
+                    return TaskResponse(task=self._task(session, round_row, device_id), retry_after_s=None)
             if rounds:
                 config = RoundConfig.model_validate_json(rounds[0].config_json)
                 remaining_s = (as_utc(rounds[0].deadline_at) - self.clock()).total_seconds()
@@ -304,12 +329,14 @@ class RoundService:
         session.flush()
         if self._count(session, FLParticipant, round_row.id) >= goal:
             round_row.state = "collecting"
+            base = self.base_model(session, round_row.base_model_id)
+            self.private.start_stages(session, round_row, config, sum(v.size for v in base.parameters.values()))
 
     @staticmethod
     def _count(session: Session, table: type, round_id: int) -> int:
         return session.scalar(select(func.count()).select_from(table).where(table.round_id == round_id)) or 0
 
-    def _task(self, session: Session, round_row: FLRound) -> Task:
+    def _task(self, session: Session, round_row: FLRound, device_id: str) -> Task:
         config = RoundConfig.model_validate_json(round_row.config_json)
         base = self.base_model(session, round_row.base_model_id)
         strategy_fields = make_strategy(config.strategy).configure_fit(round_row.number)
@@ -336,11 +363,18 @@ class RoundService:
                 encodings=["fp32", "int8"],
                 max_bytes=self.max_upload_bytes(base),
             ),
+            privacy=self.private.task_privacy(session, round_row, config, device_id,
+                                              config.max_examples_per_update or self.max_examples_per_update),
         )
 
     @staticmethod
     def max_upload_bytes(base: RoundBase) -> int:
         return base.float32_bytes + UPLOAD_OVERHEAD_BYTES
+
+    def max_masked_vector_bytes(self, round_id: int) -> int:
+        """The most a masked vector of this round can be: 4 bytes a value (its exact size is checked later)."""
+        with self.database.session() as session:
+            return self.max_upload_bytes(self.base_model(session, _find_round(session, round_id).base_model_id))
 
     # devices: reporting --------------------------------------------------------------------------
 
@@ -383,6 +417,10 @@ class RoundService:
                 )
             base = self.base_model(session, round_row.base_model_id)
             config = RoundConfig.model_validate_json(round_row.config_json)
+            if config.privacy.secure_aggregation is not None:
+                raise Conflict(f"round {round_id} runs secure aggregation: reply to its stages "
+                               f"(/v1/fl/rounds/{round_id}/secagg/<stage>) instead of uploading a delta",
+                               code="secure_round")
         target = config.target_clients
         counted_examples = min(metadata.num_examples, config.max_examples_per_update or metadata.num_examples)
         limit = self.max_upload_bytes(base)
@@ -443,6 +481,8 @@ class RoundService:
 
     def advance(self) -> None:
         """Move every round whose deadline or aggregation lease has passed to its next state."""
+        for round_id, stage in self.private.overdue_stages():
+            self._close_secure_stage(round_id, stage)
         now = self.clock()
         with self.database.session() as session:
             due = list(session.scalars(
@@ -456,7 +496,7 @@ class RoundService:
                 round_row = session.get(FLRound, round_id)
                 accepted = self._count(session, FLUpdate, round_id)
                 config = RoundConfig.model_validate_json(round_row.config_json)
-                if round_row.state in ACTIVE_STATES and accepted < config.min_clients:
+                if round_row.state in ACTIVE_STATES and not self._ready(session, round_row, config, accepted):
                     # claim the failure with a conditional UPDATE: of several workers (or the background
                     # deadline check and a request) exactly one fails the round and opens the next
                     claimed = session.execute(
@@ -465,10 +505,62 @@ class RoundService:
                     ).rowcount
                     if claimed:
                         session.refresh(round_row)
-                        self._fail(session, round_row, f"only {accepted} of the minimum {config.min_clients} "
-                                                        f"updates arrived by the deadline")
+                        self._fail(session, round_row, self._deadline_failure(session, round_row, config, accepted))
                     continue
             self._aggregate_if_claimed(round_id)
+
+    def _ready(self, session: Session, round_row: FLRound, config: RoundConfig, accepted: int) -> bool:
+        """Whether a round at its deadline has what aggregation needs: enough updates, or a finished SecAgg+."""
+        if config.privacy.secure_aggregation is not None:
+            return self.private.stage_of(session, round_row.id) == DONE
+        return accepted >= config.min_clients
+
+    def _deadline_failure(self, session: Session, round_row: FLRound, config: RoundConfig, accepted: int) -> str:
+        if config.privacy.secure_aggregation is not None:
+            return (f"secure aggregation was at stage {self.private.stage_of(session, round_row.id)!r} when the "
+                    "round's deadline passed")
+        return f"only {accepted} of the minimum {config.min_clients} updates arrived by the deadline"
+
+    # devices: SecAgg+ stages -----------------------------------------------------------------------
+
+    def submit_secure_reply(self, device_id: str, round_id: int, stage: str, body: bytes) -> dict[str, Any]:
+        """Store a device's reply to a SecAgg+ stage; closes the stage when it has every reply it waits for."""
+        self.advance()
+        with self.database.session() as session:
+            round_row = _find_round(session, round_id)
+            session.expunge(round_row)
+        receipt = self.private.submit(device_id, round_row, stage, body)
+        if receipt["received"] >= receipt["expected"]:
+            self._close_secure_stage(round_id, stage)
+        with self.database.session() as session:
+            receipt["round_state"] = session.get(FLRound, round_id).state
+            receipt["current_stage"] = self.private.stage_of(session, round_id)
+        return receipt
+
+    def _close_secure_stage(self, round_id: int, stage: str) -> None:
+        """Move a SecAgg+ stage on (once, whichever worker gets here first); at the end, aggregate; a stage
+        that leaves too few devices fails the round."""
+        try:
+            opened = self.private.close_stage(round_id, stage)
+        except RoundAborted as error:
+            self._fail_active(round_id, f"secure aggregation aborted after {stage!r}: {error}")
+            return
+        if opened == DONE:
+            try:
+                self._aggregate_if_claimed(round_id)
+            except Exception:  # every reply is stored: the round is aggregated again when the lease runs out
+                log.exception("aggregating round %s failed; it is retried when the lease runs out", round_id)
+
+    def _fail_active(self, round_id: int, reason: str) -> None:
+        """Fail a round still collecting (a conditional claim: one worker does it) and go on with the plan."""
+        with self.database.session() as session:
+            claimed = session.execute(
+                update(FLRound).where(FLRound.id == round_id, FLRound.state.in_(ACTIVE_STATES)).values(state="failed")
+            ).rowcount
+            if claimed:
+                round_row = session.get(FLRound, round_id)
+                session.refresh(round_row)
+                self._fail(session, round_row, reason)
 
     def _aggregate_if_claimed(self, round_id: int) -> None:
         now = self.clock()
@@ -534,33 +626,39 @@ class RoundService:
             revoked = frozenset(session.scalars(select(DeviceRecord.id).where(
                 DeviceRecord.id.in_({row.device_id for row in rows}), DeviceRecord.revoked_at.is_not(None))))
             previous_state = round_row.strategy_state_sha256
-        updates = [
-            ClientUpdate(row.device_id, row.counted_examples or row.num_examples, self._delta_loader(row.blob_sha256),
-                         row.delta_norm, json.loads(row.metrics_json))
-            for row in rows
-        ]
-        screened, norm_limit = screen_updates(updates, config.norm_bound, revoked)
-        kept = [decision.update for decision in screened if decision.update is not None]
-        summary = {
-            "accepted_updates": len(rows), "aggregated_updates": len(kept),
-            "num_examples": sum(update.num_examples for update in kept),
-            "upload_bytes": sum(row.upload_bytes for row in rows),
-            "screening": {"norm_limit": norm_limit,
-                          **{outcome: sum(d.outcome == outcome for d in screened)
-                             for outcome in ("counted", "clipped", "rejected")}},
-            "client_reported_metrics": client_reported_metrics(kept),
-        }
-        if len(kept) < config.min_clients:
-            self._refuse(round_id, rows, screened, summary,
-                         f"only {len(kept)} of {len(rows)} updates passed screening; "
-                         f"the round needs {config.min_clients}")
-            return
         strategy = make_strategy(config.strategy, self.spill_dir)
         if previous_state is not None:
             strategy.load_state(self._load_npz(previous_state))
-        summary["strategy"] = strategy.name
+        if is_private(config):
+            screened: list[Screened] = []
+            summary: dict[str, Any] = {"strategy": strategy.name, "upload_bytes": sum(row.upload_bytes for row in rows)}
+            aggregate = lambda: self._private_aggregate(round_id, config, base, rows, strategy, summary)  # noqa: E731
+        else:
+            updates = [
+                ClientUpdate(row.device_id, row.counted_examples or row.num_examples,
+                             self._delta_loader(row.blob_sha256), row.delta_norm, json.loads(row.metrics_json))
+                for row in rows
+            ]
+            screened, norm_limit = screen_updates(updates, config.norm_bound, revoked)
+            kept = [decision.update for decision in screened if decision.update is not None]
+            summary = {
+                "accepted_updates": len(rows), "aggregated_updates": len(kept),
+                "num_examples": sum(update.num_examples for update in kept),
+                "upload_bytes": sum(row.upload_bytes for row in rows),
+                "screening": {"norm_limit": norm_limit,
+                              **{outcome: sum(d.outcome == outcome for d in screened)
+                                 for outcome in ("counted", "clipped", "rejected")}},
+                "client_reported_metrics": client_reported_metrics(kept),
+            }
+            if len(kept) < config.min_clients:
+                self._refuse(round_id, rows, screened, summary,
+                             f"only {len(kept)} of {len(rows)} updates passed screening; "
+                             f"the round needs {config.min_clients}")
+                return
+            summary["strategy"] = strategy.name
+            aggregate = lambda: strategy.aggregate_fit(base.parameters, kept)  # noqa: E731
         try:
-            parameters = strategy.aggregate_fit(base.parameters, kept)
+            parameters = aggregate()
             if not all(np.all(np.isfinite(value)) for value in parameters.values()):
                 raise InvalidInputError(f"the {strategy.name} aggregate holds NaN or infinite weights")
             onnx_bytes = replace_initializers(base.onnx_bytes, parameters)
@@ -568,7 +666,7 @@ class RoundService:
                 evaluation_npz = stream.read()
             measured = evaluate(onnx_bytes, base.card, evaluation_npz)
             parent = self._parent_evaluation(base, config.evaluation_sha256, evaluation_npz)
-        except FedzooError as error:  # a bad result, not a crash: fail the round cleanly and go on
+        except FedzooError as error:  # a bad result (or an aborted SecAgg+), not a crash: fail cleanly and go on
             self._refuse(round_id, rows, screened, summary, f"aggregation failed: {error}")
             return
         decision = decide_publication(measured, parent, config.max_accuracy_drop)
@@ -584,9 +682,18 @@ class RoundService:
             round_row = self._finish_if_owner(session, round_id, "closed")
             if round_row is None:
                 return
+            self.private.record_release(session, round_id, summary)
             self._record_screening(session, rows, screened)
             card = self._publish(session, round_row, base, sha256, len(onnx_bytes), measured, summary)
             self._close(session, round_row, card, strategy, summary)
+
+    def _private_aggregate(self, round_id: int, config: RoundConfig, base: RoundBase, rows: list[FLUpdate],
+                           strategy: Strategy, summary: dict[str, Any]) -> Parameters:
+        """SecAgg+ and/or DP: the parameters from the secure sum or the clipped deltas; fills in the summary."""
+        parameters, private_summary = self.private.aggregate(
+            round_id, config, base.parameters, strategy, [self._delta_loader(row.blob_sha256) for row in rows])
+        summary.update(private_summary)
+        return parameters
 
     def _parent_evaluation(self, base: RoundBase, evaluation_sha256: str, evaluation_npz: bytes) -> Metrics:
         """The parent measured on the same set as the aggregate (cached: both blobs are immutable)."""
@@ -601,6 +708,7 @@ class RoundService:
         with self.database.session() as session:
             round_row = self._finish_if_owner(session, round_id, "failed")
             if round_row is not None:
+                self.private.record_release(session, round_id, summary)
                 self._record_screening(session, rows, screened)
                 self._fail(session, round_row, reason, summary)
 
@@ -659,6 +767,7 @@ class RoundService:
                 "metrics_source": "the server's evaluation set (held out, measured on the server)",
                 "parent_evaluation": summary["parent_evaluation"],
                 "client_reported_metrics": summary["client_reported_metrics"], "base_model_id": base.card.id,
+                **({"privacy": summary["privacy"]} if "privacy" in summary else {}),
             }},
         })
         card = sign_card(ModelCard.from_dict(card.model_dump(exclude={"signature"})), self.signing_key,
@@ -677,7 +786,11 @@ class RoundService:
 
     def _open_next(self, session: Session, round_row: FLRound, config: RoundConfig, card: ModelCard) -> None:
         if round_row.rounds_remaining > 1:
-            self._open_round(session, config, card, round_row.number + 1, round_row.rounds_remaining - 1, round_row)
+            try:
+                self._open_round(session, config, card, round_row.number + 1, round_row.rounds_remaining - 1, round_row)
+            except PrivacyBudgetExhausted as error:  # the plan stops here; the round says why
+                round_row.outcome_json = json.dumps({**json.loads(round_row.outcome_json or "{}"),
+                                                     "plan_stopped": str(error)})
 
     # reading -------------------------------------------------------------------------------------
 
@@ -689,6 +802,10 @@ class RoundService:
             upload_bytes = session.scalar(
                 select(func.coalesce(func.sum(FLUpdate.upload_bytes), 0)).where(FLUpdate.round_id == round_id)
             )
+            accepted = self._count(session, FLUpdate, round_id)
+            secure = self.private.progress(session, round_id)
+            if secure is not None:  # under SecAgg+ the updates are the masked inputs; bytes are every stage's
+                accepted, upload_bytes = secure
             next_round = session.scalar(select(FLRound.id).where(FLRound.previous_round_id == round_id))
             return {
                 "id": round_row.id, "number": round_row.number, "rounds_remaining": round_row.rounds_remaining,
@@ -698,7 +815,7 @@ class RoundService:
                 "deadline_at": as_utc(round_row.deadline_at),
                 "finished_at": as_utc(round_row.finished_at) if round_row.finished_at else None,
                 "selected_devices": self._count(session, FLParticipant, round_id),
-                "accepted_updates": self._count(session, FLUpdate, round_id), "upload_bytes": int(upload_bytes),
+                "accepted_updates": accepted, "upload_bytes": int(upload_bytes),
                 "result_model_id": round_row.result_model_id,
                 "outcome": json.loads(round_row.outcome_json) if round_row.outcome_json else None,
                 "next_round_id": next_round,

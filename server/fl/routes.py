@@ -14,19 +14,36 @@ with two parts,
 (the update stays stored and the aggregation is retried). Refusals: 403 `not_selected`; 409 `duplicate_update`,
 `stale_update` (wrong `base_version`), `round_not_accepting` (deadline passed, target reached, or
 closed); 413 over the size limit; 422 naming the tensor whose name, shape, dtype or values are wrong.
+
+SecAgg+ rounds (`privacy.secure_aggregation`) take no delta upload (409 `secure_round`): the device replies
+to each stage that `GET /v1/fl/task` shows it (`task.privacy.secure_aggregation`) at
+`POST /v1/fl/rounds/<id>/secagg/<stage>`: `advertise_keys` as JSON; `share_keys` and `unmask` as JSON or,
+≈ half the bytes, as `application/octet-stream` framed by `fedzoo.secagg.framing` (what the SDK sends);
+`masked_input` as `application/octet-stream` (the masked vector's little-endian ring values, 2 or 4 bytes
+each). The device's client number comes from its token, never from the body. 201 means
+the reply is stored and counts; 409 `wrong_stage` (the stage is closed or not open yet), `duplicate_reply`,
+`dropped_out` (the device missed an earlier stage), `not_a_secure_round`; 403 `not_selected`, `not_in_cohort`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from flask import Blueprint, Response, current_app, request
 from pydantic import Field, ValidationError
 
-from fedzoo.server.errors import BadRequest
+from fedzoo.secagg.errors import ProtocolViolation
+from fedzoo.secagg.framing import decode_share_keys, decode_unmask, encode_share_keys, encode_unmask
+from fedzoo.server.errors import BadRequest, UnsupportedMediaType, ValidationFailed
 from fedzoo.server.fl.rounds import MAX_ROUND_ID, RoundService
-from fedzoo.server.fl.schemas import RoundConfig, RoundView, TaskQuery, TaskResponse, UpdateMetadata, UpdateReceipt
-from fedzoo.server.openapi import documented
+from fedzoo.server.fl.schemas import (
+    AdvertiseKeysReply, RoundConfig, RoundView, SecureReplyReceipt, ShareKeysReply, TaskQuery, TaskResponse,
+    UnmaskReply, UpdateMetadata, UpdateReceipt,
+)
+from fedzoo.server.openapi import OCTET_STREAM, documented
 from fedzoo.server.routes.common import (
-    EXTENSION_KEY, calling_device, json_body, json_response, parse_json, query_args, rate_limit,
+    EXTENSION_KEY, calling_device, context, json_body, json_response, parse_json, query_args, raw_body, rate_limit,
     require_admin_token, validation_error,
 )
 from fedzoo.server.schemas import StrictRequest
@@ -110,3 +127,67 @@ def upload_update(round_id: int) -> Response:
     data = request.files["delta"].read()
     receipt = service().submit_update(device.id, round_id, metadata, data)
     return json_response(UpdateReceipt(**receipt), status=201)
+
+
+SECURE_ERRORS = (403, 404, 409, 422)
+
+
+def _secure_reply(device_id: str, round_id: int, stage: str, body: bytes) -> Response:
+    receipt = service().submit_secure_reply(device_id, round_id, stage, body)
+    return json_response(SecureReplyReceipt(**receipt), status=201)
+
+
+@documented(blueprint, "POST", "/v1/fl/rounds/<int:round_id>/secagg/advertise_keys",
+            summary="SecAgg+ stage 1: this device's two fresh X25519 public keys", auth="device",
+            request=AdvertiseKeysReply, response=SecureReplyReceipt, status=201, path_params=ROUND_ID,
+            errors=SECURE_ERRORS)
+def secagg_advertise_keys(round_id: int) -> Response:
+    device = calling_device()
+    reply = json_body(AdvertiseKeysReply)
+    return _secure_reply(device.id, round_id, "advertise_keys", reply.model_dump_json().encode())
+
+
+@documented(blueprint, "POST", "/v1/fl/rounds/<int:round_id>/secagg/share_keys",
+            summary="SecAgg+ stage 2: encrypted Shamir shares for each neighbour, with commitments (JSON, or "
+                    "application/octet-stream framed by fedzoo.secagg.framing)", auth="device",
+            request=ShareKeysReply, response=SecureReplyReceipt, status=201, path_params=ROUND_ID,
+            errors=SECURE_ERRORS)
+def secagg_share_keys(round_id: int) -> Response:
+    return _framed_reply(round_id, "share_keys", ShareKeysReply, encode_share_keys, decode_share_keys)
+
+
+@documented(blueprint, "POST", "/v1/fl/rounds/<int:round_id>/secagg/masked_input",
+            summary="SecAgg+ stage 3: the masked vector (little-endian ring values, application/octet-stream)",
+            auth="device", request_media_type=OCTET_STREAM, response=SecureReplyReceipt, status=201,
+            path_params=ROUND_ID, errors=SECURE_ERRORS)
+def secagg_masked_input(round_id: int) -> Response:
+    device = calling_device()
+    if request.mimetype != OCTET_STREAM:
+        raise UnsupportedMediaType(f"send the masked vector as {OCTET_STREAM}", field="Content-Type")
+    return _secure_reply(device.id, round_id, "masked_input", raw_body(service().max_masked_vector_bytes(round_id)))
+
+
+@documented(blueprint, "POST", "/v1/fl/rounds/<int:round_id>/secagg/unmask",
+            summary="SecAgg+ stage 4: one share per neighbour (self-mask seed if it survived, mask key if it dropped; "
+                    "JSON, or application/octet-stream framed by fedzoo.secagg.framing)",
+            auth="device", request=UnmaskReply, response=SecureReplyReceipt, status=201, path_params=ROUND_ID,
+            errors=SECURE_ERRORS)
+def secagg_unmask(round_id: int) -> Response:
+    return _framed_reply(round_id, "unmask", UnmaskReply, encode_unmask, decode_unmask)
+
+
+def _framed_reply(round_id: int, stage: str, model: type[ShareKeysReply | UnmaskReply],
+                  encode: Callable[[dict[str, Any]], bytes], decode: Callable[[bytes], dict[str, Any]]) -> Response:
+    """A share-carrying reply as JSON or framed bytes; stored framed (the compact form), checked either way."""
+    device = calling_device()
+    try:
+        if request.mimetype == OCTET_STREAM:
+            data = raw_body(context().config.max_json_bytes)
+            model.model_validate(decode(data))
+        else:
+            data = encode(json_body(model).model_dump())
+    except ProtocolViolation as error:
+        raise ValidationFailed(f"the {stage} reply is malformed: {error}", field="body") from None
+    except ValidationError as error:
+        raise validation_error(error, "body") from None
+    return _secure_reply(device.id, round_id, stage, data)

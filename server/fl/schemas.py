@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -31,6 +31,54 @@ class NormBound(_Request):
     median_multiple: float = Field(default=3.0, gt=1.0, le=1000.0)
     max_norm: float | None = Field(default=None, gt=0.0, le=1e12, description="an absolute bound as well")
     action: Literal["clip", "reject"] = Field(default="clip")
+
+
+MAX_NEIGHBOURS = 200  # k = O(log n) (Bell et al.): 200 is far past any cohort's need, and bounds a reply
+
+
+class SecureAggregationSettings(_Request):
+    """SecAgg+ in every round of the plan (see docs/privacy.md, "Sizing k and t"). The cohort is the devices
+    selected; k is capped at the largest even number below the cohort, t defaults to k/2 + 1."""
+
+    neighbour_count: int = Field(default=60, ge=2, le=MAX_NEIGHBOURS,
+                                 description="k: even; each device masks with k others")
+    threshold: int | None = Field(default=None, ge=2, le=MAX_NEIGHBOURS,
+                                  description="t: shares that recover a secret, k/2 < t <= k (default k/2 + 1)")
+    levels: int = Field(default=127, ge=1, le=32_767,
+                        description="quantised values lie in [-levels, levels]; 127 is the int8 encoding")
+    clip_range: float = Field(default=0.05, gt=0, le=1e6,
+                              description="each coordinate is clipped to +-clip_range (under DP: the clip norm)")
+    stage_deadline_s: float = Field(default=30.0, gt=0, le=24 * 3600,
+                                    description="each of the four stages closes this long after it opened "
+                                                "(or when every device it waits for replied)")
+
+    @model_validator(mode="after")
+    def _threshold_above_half(self) -> SecureAggregationSettings:
+        if self.neighbour_count % 2:
+            raise ValueError(f"neighbour_count must be even, got {self.neighbour_count}")
+        if self.threshold is not None and not self.neighbour_count / 2 < self.threshold <= self.neighbour_count:
+            raise ValueError(f"threshold must lie in ({self.neighbour_count // 2}, {self.neighbour_count}]")
+        return self
+
+
+class DpSettings(_Request):
+    """DP-FedAvg with fixed clipping: devices clip their delta to `clip_norm`, the server adds Gaussian noise
+    to the sum and divides by `target_clients`; the plan stops before its epsilon would pass `max_epsilon`."""
+
+    max_epsilon: float = Field(gt=0, le=1000, description="the plan's budget at `delta`")
+    delta: float = Field(default=1e-5, gt=0, lt=1)
+    clip_norm: float = Field(gt=0, le=1e6, description="each device's delta is clipped to this L2 norm")
+    noise_multiplier: float | None = Field(
+        default=None, gt=0, le=1000,
+        description="z; default: the smallest whose num_rounds rounds spend max_epsilon (no sampling amplification)")
+    mechanism: Literal["rdp", "pld"] = Field(default="rdp", description="the accountant (dp-accounting)")
+
+
+class PrivacySettings(_Request):
+    """Secure aggregation and/or differential privacy for every round of the plan (both off by default)."""
+
+    secure_aggregation: SecureAggregationSettings | None = None
+    dp: DpSettings | None = None
 
 
 class RoundConfig(_Request):
@@ -72,6 +120,9 @@ class RoundConfig(_Request):
     norm_bound: NormBound = Field(default_factory=lambda: NormBound(),
                                   description="how updates with an outlying L2 norm are treated at aggregation")
     poll_interval_s: float = Field(default=5.0, gt=0, le=3600, description="pace steering: how soon devices ask again")
+    privacy: PrivacySettings = Field(default_factory=lambda: PrivacySettings(),
+                                     description="SecAgg+ and DP-FedAvg (docs/privacy.md); only FedAvg, FedProx and "
+                                                 "FedAdam run under either")
 
     @model_validator(mode="after")
     def _target_at_least_minimum(self) -> RoundConfig:
@@ -103,6 +154,29 @@ class UploadSpec(_Response):
     max_bytes: int
 
 
+SecureStageName = Literal["selection", "advertise_keys", "share_keys", "masked_input", "unmask", "done"]
+
+
+class SecureAggregationTask(_Response):
+    """Where a SecAgg+ round stands for this device: the stage, and the stage's request for it when it owes a
+    reply (null while it waits for the others: ask again after `retry_after_s`)."""
+
+    stage: SecureStageName
+    client: int | None = Field(description="this device's number in the round (fixed when selection closes)")
+    config: dict[str, Any] | None = Field(description="the round's SecAggConfig (fedzoo.secagg.config)")
+    request: dict[str, Any] | None = Field(description="the stage's request for this device (docs/privacy.md)")
+    reply_url: str | None = Field(description="POST the reply here; masked_input as application/octet-stream")
+    stage_deadline_at: datetime | None
+    retry_after_s: float = Field(description="when to ask again for the next stage")
+
+
+class TaskPrivacy(_Response):
+    clip_norm: float | None = Field(description="DP: clip the delta to this L2 norm before anything leaves the device")
+    equal_weights: bool = Field(description="every update counts the same (DP); else examples, capped by the round")
+    max_examples: int = Field(description="the cap on a device's example count in its weight")
+    secure_aggregation: SecureAggregationTask | None = None
+
+
 class Task(_Response):
     """Work for one device: download the model and training graph, train, upload the delta by the deadline."""
 
@@ -117,6 +191,7 @@ class Task(_Response):
     deadline_at: datetime
     training: TrainingConfig
     upload: UploadSpec
+    privacy: TaskPrivacy | None = Field(default=None, description="set when the round runs SecAgg+ or DP-FedAvg")
 
 
 class TaskResponse(_Response):
@@ -167,3 +242,54 @@ class RoundView(_Response):
     result_model_id: str | None
     outcome: dict[str, Any] | None
     next_round_id: int | None
+
+
+BASE64_32_BYTES = r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=$"  # an X25519 key or a SHA-256 commitment
+BASE64_33_BYTES = r"^[A-Za-z0-9+/]{44}$"  # a Shamir share value
+BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+
+
+class AdvertiseKeysReply(_Request):
+    """Stage 1: the device's two fresh X25519 public keys (base64 of 32 bytes)."""
+
+    cipher_public_key: str = Field(pattern=BASE64_32_BYTES)
+    mask_public_key: str = Field(pattern=BASE64_32_BYTES)
+
+
+class DealtShare(_Request):
+    holder: int = Field(ge=0, lt=65_536)
+    ciphertext: str = Field(min_length=4, max_length=340, pattern=BASE64,
+                            description="base64 of nonce || ChaCha20-Poly1305 (at most 255 bytes)")
+    self_mask_commitment: str = Field(pattern=BASE64_32_BYTES)
+    mask_key_commitment: str = Field(pattern=BASE64_32_BYTES)
+
+
+class ShareKeysReply(_Request):
+    """Stage 2: one encrypted share pair per neighbour, with commitments."""
+
+    shares: list[DealtShare] = Field(max_length=MAX_NEIGHBOURS)
+    self_mask_seed_commitment: str = Field(pattern=BASE64_32_BYTES)
+
+
+class RevealedShare(_Request):
+    owner: int = Field(ge=0, lt=65_536)
+    kind: Literal["self_mask", "mask_key"]
+    value: str = Field(pattern=BASE64_33_BYTES, description="base64 of the 33-byte share value")
+
+
+class UnmaskReply(_Request):
+    """Stage 4: for each neighbour, the share of its self-mask seed (survived) or its mask key (dropped)."""
+
+    shares: list[RevealedShare] = Field(max_length=MAX_NEIGHBOURS)
+    undecryptable: list[Annotated[int, Field(ge=0, lt=65_536)]] = Field(default_factory=list,
+                                                                        max_length=MAX_NEIGHBOURS)
+
+
+class SecureReplyReceipt(_Response):
+    round_id: int
+    stage: SecureStageName
+    client: int
+    received: int = Field(description="replies this stage has so far")
+    expected: int = Field(description="replies the stage waits for before it closes early")
+    current_stage: SecureStageName | None = Field(description="the round's stage now (the reply may have closed one)")
+    round_state: RoundStateName

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -9,6 +12,17 @@ import numpy as np
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.update_codec import encode_update
 from fedzoo.edge.onnx_initializers import read_float_initializers
+
+
+@contextmanager
+def ready_simulation(federation, server_url: str, cache_root: Path, admin_token: str | None = None) -> Iterator[Any]:
+    """A Simulation whose base model is published and whose devices are registered."""
+    from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, Simulation
+
+    with Simulation(federation, server_url, admin_token or DEFAULT_ADMIN_TOKEN, cache_root=cache_root) as simulation:
+        simulation.publish_base_model()
+        simulation.register_devices()
+        yield simulation
 
 
 def device_client(simulation, index: int) -> FedzooClient:

@@ -11,7 +11,9 @@ A second SDK that reproduces every case speaks the same protocol:
 - `commitments`: the share and seed commitments the server checks;
 - `graph`: each client's neighbours for a round configuration;
 - `quantise`: inputs on exact levels (so rounding is deterministic) and the ring values they become;
-- `unmask_refusals`: unmask requests an honest client must refuse, with the `ProtocolViolation.reason`.
+- `unmask_refusals`: unmask requests an honest client must refuse, with the `ProtocolViolation.reason`;
+- `framing`: a share_keys and an unmask reply and their binary framing (`fedzoo.secagg.framing`), as the
+  REST endpoints take them.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from fedzoo.secagg.client import (
 )
 from fedzoo.secagg.config import SecAggConfig
 from fedzoo.secagg.encoding import quantise
+from fedzoo.secagg.framing import encode_share_keys, encode_unmask
+from fedzoo.secagg.messages import to_base64
 from fedzoo.secagg.graph import neighbours
 from fedzoo.secagg.shamir import PRIME
 
@@ -57,6 +61,18 @@ def _shamir_case() -> dict[str, Any]:
                                                       for i in range(2)]
     shares = [[x, format(sum(c * x**power for power, c in enumerate(coefficients)) % PRIME, "x")] for x in (2, 5, 7, 8)]
     return {"prime": format(PRIME, "x"), "threshold": 3, "shares": shares, "secret": _hex(secret)}
+
+
+def _framing_case() -> dict[str, Any]:
+    share_keys = {"self_mask_seed_commitment": to_base64(seed("seed commitment")), "shares": [
+        {"holder": holder, "ciphertext": to_base64((seed(f"ciphertext {holder}") * 4)[:102]),
+         "self_mask_commitment": to_base64(seed(f"self mask commitment {holder}")),
+         "mask_key_commitment": to_base64(seed(f"mask key commitment {holder}"))} for holder in (2, 300)]}
+    unmask = {"shares": [{"owner": 2, "kind": SELF_MASK, "value": to_base64(b"\x01" + seed("share 2"))},
+                         {"owner": 300, "kind": MASK_KEY, "value": to_base64(b"\x00" + seed("share 300"))}],
+              "undecryptable": [7]}
+    return {"share_keys": {"reply": share_keys, "framed": _hex(encode_share_keys(share_keys))},
+            "unmask": {"reply": unmask, "framed": _hex(encode_unmask(unmask))}}
 
 
 def secagg_vectors() -> dict[str, Any]:
@@ -97,6 +113,7 @@ def secagg_vectors() -> dict[str, Any]:
             "self_mask_seed": {"owner": 1, "seed": _hex(seed("self mask seed")),
                                "commitment": self_mask_commitment(CONFIG, 1, seed("self mask seed"))},
         },
+        "framing": _framing_case(),
         "graph": {str(client): peers for client, peers in neighbours(CONFIG).items()},
         "quantise": {"vector": on_levels.tolist(), "weight": 1.0,
                      "ring": quantise(on_levels, CONFIG, 1.0, np.random.default_rng(0)).tolist()},

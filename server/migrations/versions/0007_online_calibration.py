@@ -1,7 +1,7 @@
 """Online latency recalibration: each device's calibration state beside its scales, and per-class factors.
 
 Revision ID: 0007_online_calibration
-Revises: 0005_operator_view
+Revises: 0006_secure_rounds
 Create Date: 2026-12-05
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0007_online_calibration"
-down_revision = "0005_operator_view"
+down_revision = "0006_secure_rounds"
 branch_labels = None
 depends_on = None
 LATENCY_SLOTS = 8  # as in 0001_registry

@@ -1,0 +1,110 @@
+"""The device's part of a private round: DP clipping, and the four SecAgg+ stages over REST.
+
+Under DP-FedAvg (`task.privacy.clip_norm`) the device clips its delta before anything leaves it. Under
+SecAgg+ (`task.privacy.secure_aggregation`) it never uploads the delta: it quantises it into the round's
+ring (`fedzoo.secagg.encoding`, levels = 127 is the int8 encoding's range), then answers each stage
+the server shows it at check-in (`GET /v1/fl/task`) with `fedzoo.secagg.SecAggClient`, whose secrets live
+in this process only and die with the round. The device refuses a server that breaks the protocol, e.g.
+one that lists a client as both survived and dropped (which would let it collect both of that client's
+secrets): `ProtocolViolation`, reported as the outcome `refused: <reason>`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from fedzoo.clients.client import FedzooClient
+from fedzoo.clients.errors import ConflictError, ServerUnavailableError
+from fedzoo.dp.clipping import clip_delta
+from fedzoo.secagg import SecAggClient, SecAggConfig, example_weight, flatten, quantise
+from fedzoo.secagg.errors import ProtocolViolation
+from fedzoo.secagg.framing import rest_reply
+
+Parameters = dict[str, np.ndarray]
+CheckIn = Callable[[], dict[str, Any]]
+log = logging.getLogger(__name__)
+
+
+def clip_for_privacy(delta: Parameters, privacy: dict[str, Any] | None) -> Parameters:
+    """The delta clipped to the round's DP clip norm (unchanged without DP)."""
+    if privacy is None or privacy.get("clip_norm") is None:
+        return delta
+    return clip_delta(delta, privacy["clip_norm"])[0]
+
+
+def ring_input(delta: Parameters, config: SecAggConfig, privacy: dict[str, Any], num_examples: int) -> np.ndarray:
+    """The device's input to SecAgg+: the clipped, weighted, quantised delta and its weight (equal under DP)."""
+    weight = 1.0 if privacy["equal_weights"] else example_weight(num_examples, privacy["max_examples"])
+    return quantise(flatten(delta), config, weight)
+
+
+def answer_stage(protocol: SecAggClient, stage: str, request: dict[str, Any], vector: np.ndarray
+                 ) -> dict[str, Any] | bytes:
+    """This device's reply to one stage, as the REST endpoint takes it (`fedzoo.secagg.framing.rest_reply`)."""
+    if stage == "advertise_keys":
+        return rest_reply(protocol.advertise_keys())
+    if stage == "masked_input":
+        return rest_reply(protocol.masked_input(request, vector))
+    return rest_reply(getattr(protocol, stage)(request))
+
+
+def take_part_securely(client: FedzooClient, work: dict[str, Any], delta: Parameters, num_examples: int,
+                       check_in: CheckIn, sleep: Callable[[float], None] = time.sleep) -> tuple[str, int]:
+    """Answer every SecAgg+ stage the server asks of this device; returns (outcome, bytes sent).
+
+    Outcomes: "accepted" (this device's unmask reply is stored), "refused: <reason>" (the device refused
+    the server, or the server refused a reply), "dropped out" (the round went on without it)."""
+    protocol: SecAggClient | None = None
+    vector: np.ndarray | None = None
+    sent = 0
+    while True:
+        secure = work["privacy"]["secure_aggregation"]
+        if secure["stage"] not in ("selection", "done") and secure["client"] is None:
+            return "refused: not_in_cohort", sent
+        if secure["request"] is not None:
+            if protocol is None:
+                config = SecAggConfig.from_dict(secure["config"])
+                protocol, vector = SecAggClient(config, secure["client"]), ring_input(delta, config, work["privacy"],
+                                                                                     num_examples)
+            try:
+                reply = answer_stage(protocol, secure["stage"], secure["request"], vector)
+            except ProtocolViolation as violation:
+                log.warning("round %s: this device refuses the server's %s request: %s", work["round_id"],
+                            secure["stage"], violation)
+                return f"refused: {violation.reason}", sent
+            outcome = _deliver(client, secure["reply_url"], reply)
+            sent += len(reply) if isinstance(reply, bytes) else len(json.dumps(reply).encode())
+            if outcome is not None:
+                return outcome, sent
+            if secure["stage"] == "unmask":
+                return "accepted", sent
+        elif secure["stage"] == "done":
+            return "dropped out", sent
+        sleep(secure["retry_after_s"])
+        answer = check_in()
+        if answer.get("task") is None or answer["task"]["round_id"] != work["round_id"]:
+            return "dropped out", sent
+        work = answer["task"]
+
+
+def _deliver(client: FedzooClient, reply_url: str, reply: dict[str, Any] | bytes) -> str | None:
+    """Send a reply until the server has it (None) or refuses it ("refused: <code>"); a 409 duplicate_reply
+    after a re-send means the first attempt got through."""
+    policy, failures = client.http.retry, 0
+    while True:
+        try:
+            client.secure_reply(reply_url, reply)
+            return None
+        except ConflictError as error:
+            return None if error.code == "duplicate_reply" else f"refused: {error.code}"
+        except ServerUnavailableError:
+            failures += 1
+            if failures == policy.max_attempts:
+                raise
+            client.http.sleep(policy.delay_s(failures - 1))

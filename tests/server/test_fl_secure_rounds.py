@@ -1,0 +1,406 @@
+"""SecAgg+ and DP-FedAvg rounds over REST, against a real server on loopback with real devices' keys."""
+
+import base64
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from fedzoo.clients.participation import LocalData, participate_once
+from fedzoo.clients.secure_participation import answer_stage
+from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, prepare_federation
+from fedzoo.edge.onnx_initializers import read_float_initializers
+from fedzoo.secagg import SecAggClient, SecAggConfig, dequantise_sum, flatten, quantise, unflatten
+from fedzoo.secagg.crypto import MASK_DTYPES
+from fedzoo.secagg.framing import decode_unmask
+from fedzoo.server.fl import secure_rounds
+from fl_helpers import device_client, ready_simulation, round_config
+
+ADMIN = DEFAULT_ADMIN_TOKEN
+DEVICES = 6
+POLL_S = 0.05
+
+
+@pytest.fixture(scope="module")
+def federation():
+    return prepare_federation("digits", num_clients=DEVICES, alpha=None, hidden_units=8, pretrain_epochs=1, seed=0)
+
+
+@pytest.fixture
+def server(tmp_path):
+    with LoopbackServer(tmp_path / "server", deadline_check_s=0.2) as running:
+        yield running
+
+
+@pytest.fixture
+def simulation(federation, server, tmp_path):
+    with ready_simulation(federation, server.url, tmp_path / "devices") as sim:
+        yield sim
+
+
+def secure_config(**overrides):
+    privacy = overrides.pop("privacy", {"secure_aggregation": {"neighbour_count": 4, "threshold": 3,
+                                                               "clip_range": 0.05, "stage_deadline_s": 3}})
+    settings = {"min_clients": 3, "target_clients": DEVICES, "deadline_s": 60, "poll_interval_s": POLL_S,
+                "max_accuracy_drop": 1.0, "privacy": privacy}
+    return round_config(**{**settings, **overrides})
+
+
+class ScriptedDevice(threading.Thread):
+    """A device that answers the SecAgg+ stages with a known delta (so the test knows its exact ring input),
+    and can stop before a stage (a dropout) or alter a reply (a misbehaving device)."""
+
+    def __init__(self, client, task, delta, seed, stop_before=None, tamper=None):
+        super().__init__(daemon=True)
+        self.client, self.task, self.delta, self.seed = client, task, delta, seed
+        self.stop_before, self.tamper = stop_before, tamper
+        self.answered, self.ring_input, self.error, self.number = [], None, None, None
+
+    def run(self):
+        try:
+            self._run()
+        except Exception as error:  # reported by the test
+            self.error = error
+
+    def _run(self):
+        protocol = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            work = self.client.fl_task(self.task)["task"]
+            if work is None:
+                return
+            secure = work["privacy"]["secure_aggregation"]
+            if secure["request"] is not None:
+                stage = secure["stage"]
+                if stage == self.stop_before:
+                    return
+                if protocol is None:
+                    config = SecAggConfig.from_dict(secure["config"])
+                    protocol, self.number = SecAggClient(config, secure["client"]), secure["client"]
+                    self.ring_input = quantise(flatten(self.delta), config, 1.0, np.random.default_rng(self.seed))
+                reply = answer_stage(protocol, stage, secure["request"], self.ring_input)
+                if self.tamper is not None:
+                    reply = self.tamper(stage, reply)
+                self.client.secure_reply(secure["reply_url"], reply)
+                self.answered.append(stage)
+                if stage == "unmask":
+                    return
+            time.sleep(POLL_S)
+
+
+def scripted_devices(simulation, federation, per_device):
+    parameters = read_float_initializers(federation.model)
+    rng = np.random.default_rng(7)
+    devices = []
+    for index in range(DEVICES):
+        delta = {name: rng.normal(0, 0.01, value.shape).astype(np.float32) for name, value in parameters.items()}
+        devices.append(ScriptedDevice(device_client(simulation, index), federation.card.task, delta, seed=index,
+                                      **per_device.get(index, {})))
+    return devices
+
+
+def wait_for_end(simulation, round_id, timeout_s=60):
+    deadline = time.monotonic() + timeout_s
+    view = simulation.admin.fl_round(round_id)
+    while view["state"] in ("open", "collecting", "aggregating") and time.monotonic() < deadline:
+        time.sleep(0.1)
+        view = simulation.admin.fl_round(round_id)
+    return view
+
+
+def run_scripted_round(simulation, federation, config, per_device=None):
+    round_id = simulation.start_plan(config)
+    devices = scripted_devices(simulation, federation, per_device or {})
+    for device in devices:
+        device.start()
+    for device in devices:
+        device.join(timeout=90)
+    assert [device.error for device in devices] == [None] * DEVICES
+    return round_id, devices, wait_for_end(simulation, round_id)
+
+
+def expected_parameters(federation, view, survivors):
+    """The FedAvg result computed here from the survivors' exact ring inputs (what the server must publish)."""
+    secure = view["outcome"]["secure_aggregation"]
+    parameters = read_float_initializers(federation.model)
+    config = SecAggConfig("check", secure["num_clients"], secure["neighbour_count"], secure["threshold"],
+                          sum(value.size for value in parameters.values()), secure["clip_range"], secure["levels"])
+    ring_sum = sum((device.ring_input.astype(np.int64) for device in survivors), np.zeros(config.vector_length + 1,
+                                                                                          dtype=np.int64))
+    total, weight = dequantise_sum((ring_sum % 2**config.modulus_bits).astype(MASK_DTYPES[config.modulus_bits]),
+                                   config)
+    mean = unflatten(total / weight, {name: value.shape for name, value in parameters.items()})
+    return {name: parameters[name] + mean[name] for name in parameters}
+
+
+def published_parameters(simulation, view):
+    card = simulation.admin.card(view["result_model_id"])
+    return card, read_float_initializers(simulation.admin.download_model(card).read_bytes())
+
+
+def test_a_device_dropping_after_key_sharing_leaves_the_exact_sum_of_the_others(simulation, federation):
+    round_id, devices, view = run_scripted_round(simulation, federation, secure_config(),
+                                                 {2: {"stop_before": "masked_input"}})
+    assert view["state"] == "closed", view["outcome"]
+    secure = view["outcome"]["secure_aggregation"]
+    assert (secure["survivors"], secure["dropped"], secure["misbehaving"]) == (DEVICES - 1, 1, {})
+    assert devices[2].answered == ["advertise_keys", "share_keys"]
+    survivors = [device for index, device in enumerate(devices) if index != 2]
+    assert all(device.answered[-1] == "unmask" for device in survivors)
+    card, published = published_parameters(simulation, view)
+    expected = expected_parameters(federation, view, survivors)
+    for name, value in expected.items():
+        np.testing.assert_allclose(published[name], value, rtol=0, atol=1e-6)
+    # and it is not the sum with the dropped device in it
+    with_dropped = expected_parameters(federation, view, devices)
+    assert any(not np.allclose(published[name], with_dropped[name], atol=1e-6) for name in published)
+    assert card.details["federated"]["privacy"] == {"secure_aggregation": True, "dp": None}
+
+
+def test_a_device_returning_bad_shares_is_named_and_the_sum_is_still_exact(simulation, federation):
+    def corrupt(stage, reply):
+        if stage != "unmask":
+            return reply
+        unmask = decode_unmask(reply)
+        for share in unmask["shares"]:  # one bit off: still a field element, but not the committed share
+            value = bytearray(base64.b64decode(share["value"]))
+            value[-1] ^= 1
+            share["value"] = base64.b64encode(bytes(value)).decode()
+        return unmask  # sent as JSON: the server takes either form
+
+    _, devices, view = run_scripted_round(simulation, federation, secure_config(), {4: {"tamper": corrupt}})
+    assert view["state"] == "closed", view["outcome"]
+    misbehaving = view["outcome"]["secure_aggregation"]["misbehaving"]
+    assert list(misbehaving) == [str(devices[4].number)] and "commitment" in misbehaving[str(devices[4].number)]
+    _, published = published_parameters(simulation, view)
+    expected = expected_parameters(federation, view, devices)
+    for name, value in expected.items():
+        np.testing.assert_allclose(published[name], value, rtol=0, atol=1e-6)
+
+
+def sdk_round(simulation, federation, config):
+    """Every device runs the SDK's own participation (train, clip, quantise, the four stages), concurrently."""
+    round_id = simulation.start_plan(config)
+    results = [None] * DEVICES
+
+    def device(index):
+        shard = federation.shards[index]
+        data = LocalData(federation.pool.x[shard], federation.pool.y[shard])
+        results[index] = participate_once(device_client(simulation, index), federation.card.task, data, seed=index)
+
+    threads = [threading.Thread(target=device, args=(index,), daemon=True) for index in range(DEVICES)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    return round_id, results, wait_for_end(simulation, round_id)
+
+
+def test_sdk_devices_run_a_secure_round_that_publishes(simulation, federation):
+    _, results, view = sdk_round(simulation, federation, secure_config())
+    assert [result.outcome for result in results] == ["accepted"] * DEVICES
+    assert view["state"] == "closed", view["outcome"]
+    assert view["outcome"]["secure_aggregation"]["survivors"] == DEVICES
+    # what each device sent: the masked vector at 2 bytes a value, plus keys and shares
+    vector_bytes = (sum(v.size for v in read_float_initializers(federation.model).values()) + 1) * 2
+    assert all(vector_bytes < result.upload_bytes < vector_bytes + 3000 for result in results)
+
+
+def test_devices_refuse_a_server_that_lists_a_client_as_both_survived_and_dropped(simulation, federation,
+                                                                                   monkeypatch):
+    class LyingServer(secure_rounds.SecAggServer):
+        def collect_masked_inputs(self, replies):
+            requests = super().collect_masked_inputs(replies)
+            for request in requests.values():  # claim the first survivor dropped too: both its secrets
+                request["dropped"] = sorted({*request["dropped"], request["survivors"][0]})
+            return requests
+
+    monkeypatch.setattr(secure_rounds, "SecAggServer", LyingServer)
+    _, results, view = sdk_round(simulation, federation, secure_config(deadline_s=15))
+    assert [result.outcome for result in results] == ["refused: overlapping_lists"] * DEVICES
+    assert view["state"] == "failed" and "cannot be recovered" in view["outcome"]["failure"]
+    assert view["result_model_id"] is None
+
+
+def test_plans_with_rules_that_need_every_update_are_refused_under_privacy(simulation):
+    with httpx.Client(base_url=simulation.server_url, headers={"Authorization": f"Bearer {ADMIN}"}) as admin:
+        base = {"model_id": simulation.federation.card.id, "evaluation_sha256": simulation.evaluation_sha256}
+        for strategy in ({"name": "median"}, {"name": "trimmed_mean", "trim_fraction": 0.2}, {"name": "krum"}):
+            for privacy in ({"secure_aggregation": {}}, {"dp": {"max_epsilon": 8, "clip_norm": 0.5}}):
+                answer = admin.post("/v1/fl/rounds", json={**base, **secure_config(strategy=strategy, privacy=privacy)})
+                assert answer.status_code == 422, answer.text
+                assert answer.json()["error"]["field"] == "strategy.name"
+        bad = [({"secure_aggregation": {"neighbour_count": 5}}, "privacy.secure_aggregation"),
+               ({"secure_aggregation": {"neighbour_count": 4, "threshold": 2}}, "privacy.secure_aggregation"),
+               ({"secure_aggregation": {"levels": 0}}, "privacy.secure_aggregation.levels"),
+               ({"dp": {"max_epsilon": -1, "clip_norm": 0.5}}, "privacy.dp.max_epsilon"),
+               ({"dp": {"max_epsilon": 8}}, "privacy.dp.clip_norm"),
+               ({"dp": {"max_epsilon": 0.01, "clip_norm": 0.5, "noise_multiplier": 0.1}}, "privacy.dp.max_epsilon"),
+               ({"secure_aggregation": {}, "extra": 1}, "privacy.extra")]
+        for privacy, field in bad:
+            answer = admin.post("/v1/fl/rounds", json={**base, **secure_config(privacy=privacy)})
+            assert answer.status_code == 422, (privacy, answer.text)
+            assert answer.json()["error"]["field"] == field, (privacy, answer.json())
+        small = admin.post("/v1/fl/rounds", json={**base, **secure_config(target_clients=2, min_clients=2)})
+        assert small.status_code == 422 and small.json()["error"]["field"] == "privacy.secure_aggregation"
+
+
+def test_secure_stage_endpoints_check_the_token_the_stage_and_the_body(simulation, federation):
+    round_id = simulation.start_plan(secure_config())
+    url = f"{simulation.server_url}/v1/fl/rounds/{round_id}/secagg"
+    keys = {"cipher_public_key": "A" * 43 + "=", "mask_public_key": "A" * 43 + "="}
+    tokens = simulation.tokens
+    with httpx.Client(timeout=30) as http:
+        auth = lambda index: {"Authorization": f"Bearer {tokens[index]}"}  # noqa: E731
+        assert http.post(f"{url}/advertise_keys", json=keys).status_code == 401
+        assert http.post(f"{url}/advertise_keys", json=keys, headers={"Authorization": "Bearer nope"}).status_code == 401
+        refused = http.post(f"{url}/advertise_keys", json=keys, headers=auth(0))
+        assert (refused.status_code, refused.json()["error"]["code"]) == (403, "not_selected")
+        assert http.post(f"{simulation.server_url}/v1/fl/rounds/999/secagg/unmask", json={"shares": []},
+                         headers=auth(0)).status_code == 404
+        for index in range(DEVICES):  # selection closes: the round is at advertise_keys
+            task = device_client(simulation, index).fl_task(federation.card.task)["task"]
+        assert task["privacy"]["secure_aggregation"]["stage"] == "advertise_keys"
+        too_early = http.post(f"{url}/unmask", json={"shares": []}, headers=auth(0))
+        assert (too_early.status_code, too_early.json()["error"]["code"]) == (409, "wrong_stage")
+        for body, field in (({**keys, "cipher_public_key": "short"}, "cipher_public_key"),
+                            ({**keys, "client": 3}, "client"), ({"mask_public_key": keys["mask_public_key"]},
+                                                                 "cipher_public_key")):
+            bad = http.post(f"{url}/advertise_keys", json=body, headers=auth(0))
+            assert (bad.status_code, bad.json()["error"]["field"]) == (422, field), bad.text
+        assert http.post(f"{url}/advertise_keys", content=b"{", headers={**auth(0), "Content-Type": "application/json"}
+                         ).status_code == 400
+        wrong_type = http.post(f"{url}/masked_input", content=b"\0" * 10, headers={**auth(0), "Content-Type": "text/plain"})
+        assert wrong_type.status_code == 415
+        stored = http.post(f"{url}/advertise_keys", json=keys, headers=auth(0))  # stored: the server checks keys later
+        assert stored.status_code == 201 and stored.json()["received"] == 1
+        again = http.post(f"{url}/advertise_keys", json=keys, headers=auth(0))
+        assert (again.status_code, again.json()["error"]["code"]) == (409, "duplicate_reply")
+        upload = http.post(f"{simulation.server_url}/v1/fl/rounds/{round_id}/updates", headers=auth(1),
+                           files={"delta": ("d.npz", b"x")}, data={"metadata": '{"base_version": 1, "num_examples": 1}'})
+        assert (upload.status_code, upload.json()["error"]["code"]) == (409, "secure_round")
+
+
+def test_a_masked_vector_of_the_wrong_length_is_refused_naming_it(simulation, federation):
+    round_id = simulation.start_plan(secure_config())
+    devices = scripted_devices(simulation, federation, {index: {"stop_before": "masked_input"}
+                                                        for index in range(DEVICES)})
+    for device in devices:
+        device.start()
+    for device in devices:
+        device.join(timeout=60)
+    task = device_client(simulation, 0).fl_task(federation.card.task)["task"]
+    assert task["privacy"]["secure_aggregation"]["stage"] == "masked_input"
+    with httpx.Client(timeout=30) as http:
+        answer = http.post(f"{simulation.server_url}/v1/fl/rounds/{round_id}/secagg/masked_input", content=b"\0" * 10,
+                           headers={"Authorization": f"Bearer {simulation.tokens[0]}",
+                                    "Content-Type": "application/octet-stream"})
+    assert (answer.status_code, answer.json()["error"]["field"]) == (422, "masked_vector")
+
+
+def test_a_server_restart_between_stages_loses_nothing_and_the_sum_is_exact(simulation, federation, server):
+    resume = threading.Event()
+
+    class PausingDevice(ScriptedDevice):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.paused = threading.Event()
+
+        def _run(self):
+            original = self.tamper
+
+            def pause_then(stage, reply):
+                if stage == "masked_input":  # computed; the server restarts before it is sent
+                    self.paused.set()
+                    resume.wait(30)
+                return original(stage, reply) if original else reply
+
+            self.tamper = pause_then
+            super()._run()
+
+    round_id = simulation.start_plan(secure_config(privacy={"secure_aggregation": {
+        "neighbour_count": 4, "threshold": 3, "stage_deadline_s": 20}}))
+    parameters = read_float_initializers(federation.model)
+    rng = np.random.default_rng(3)
+    devices = [PausingDevice(device_client(simulation, index), federation.card.task,
+                             {name: rng.normal(0, 0.01, value.shape).astype(np.float32)
+                              for name, value in parameters.items()}, seed=index) for index in range(DEVICES)]
+    for device in devices:
+        device.start()
+    assert all(device.paused.wait(30) for device in devices)
+    server.restart()
+    resume.set()
+    for device in devices:
+        device.join(timeout=60)
+    assert [device.error for device in devices] == [None] * DEVICES
+    view = wait_for_end(simulation, round_id)
+    assert view["state"] == "closed", view["outcome"]
+    _, published = published_parameters(simulation, view)
+    for name, value in expected_parameters(federation, view, devices).items():
+        np.testing.assert_allclose(published[name], value, rtol=0, atol=1e-6)
+
+
+def test_dp_with_secure_aggregation_records_epsilon_on_the_card(simulation, federation):
+    from fedzoo.dp.accountant import epsilon_after
+
+    privacy = {"secure_aggregation": {"neighbour_count": 4, "threshold": 3, "stage_deadline_s": 5},
+               "dp": {"max_epsilon": 50, "delta": 1e-5, "clip_norm": 0.5, "noise_multiplier": 1.5}}
+    _, results, view = sdk_round(simulation, federation, secure_config(privacy=privacy))
+    assert [result.outcome for result in results] == ["accepted"] * DEVICES
+    assert view["state"] == "closed", view["outcome"]
+    card = simulation.admin.card(view["result_model_id"])
+    dp = card.details["federated"]["privacy"]["dp"]
+    assert card.details["federated"]["privacy"]["secure_aggregation"] is True
+    assert (dp["rounds"], dp["delta"], dp["accountant"], dp["noise_multiplier"]) == (1, 1e-5, "rdp", 1.5)
+    assert dp["epsilon"] == pytest.approx(epsilon_after(1, 1.5, 1.0, 1e-5, "rdp"))
+    assert dp["sensitivity"] > dp["clip_norm"]  # quantisation can lengthen a clipped delta: more noise
+
+
+def test_a_dp_plan_stops_before_its_budget_and_its_ledger_survives_a_restart(simulation, federation, server):
+    from fedzoo.dp.accountant import epsilon_after
+    from fl_helpers import honest_delta, upload
+
+    budget = (epsilon_after(2, 1.0, 1.0, 1e-5) + epsilon_after(3, 1.0, 1.0, 1e-5)) / 2
+    config = round_config(min_clients=3, target_clients=3, num_rounds=5, max_accuracy_drop=1.0,
+                          privacy={"dp": {"max_epsilon": budget, "clip_norm": 0.1, "noise_multiplier": 1.0}})
+    round_id = simulation.start_plan(config)
+    cards = []
+    for number in (1, 2):
+        for index in range(3):
+            client = device_client(simulation, index)
+            task = client.fl_task(federation.card.task)["task"]
+            assert task["privacy"]["clip_norm"] == 0.1 and task["privacy"]["equal_weights"] is True
+            upload(client, task, honest_delta(task_model(client, task), 0.05))  # norm > 0.1: the server clips
+        view = wait_for_end(simulation, round_id)
+        assert view["state"] == "closed", view["outcome"]
+        cards.append(simulation.admin.card(view["result_model_id"]))
+        if number == 1:
+            server.restart()  # the ledger is in the database, not in the service
+            round_id = view["next_round_id"]
+    assert [card.details["federated"]["privacy"]["dp"]["rounds"] for card in cards] == [1, 2]
+    assert cards[1].details["federated"]["privacy"]["dp"]["epsilon"] == pytest.approx(epsilon_after(2, 1.0, 1.0, 1e-5))
+    assert view["next_round_id"] is None and "max_epsilon" in view["outcome"]["plan_stopped"]
+
+
+def task_model(client, task):
+    return client.download(task["model_url"], task["model_sha256"]).read_bytes()
+
+
+@pytest.mark.slow
+def test_two_gunicorn_workers_run_a_secure_round_with_a_dropout_to_the_exact_sum(federation, tmp_path):
+    from server_helpers import ADMIN_TOKEN, start_gunicorn, stop_gunicorn
+
+    server = start_gunicorn(tmp_path / "data", workers=2)
+    try:
+        with ready_simulation(federation, server.base_url, tmp_path / "devices", ADMIN_TOKEN) as simulation:
+            _, devices, view = run_scripted_round(simulation, federation, secure_config(),
+                                                  {5: {"stop_before": "masked_input"}})
+            assert view["state"] == "closed", view["outcome"]
+            assert view["outcome"]["secure_aggregation"]["survivors"] == DEVICES - 1
+            _, published = published_parameters(simulation, view)
+            for name, value in expected_parameters(federation, view, devices[:5]).items():
+                np.testing.assert_allclose(published[name], value, rtol=0, atol=1e-6)
+    finally:
+        stop_gunicorn(server)
