@@ -8,7 +8,9 @@ One participation (Bonawitz et al. 2019's device side):
 3. train locally with `fedzoo.edge.trainer`: the round's optimizer, epochs and batch size, and for
    FedProx the proximal term `mu * (w - w_global)` added to every gradient before the numpy step;
 4. upload `trained - global` (float32 or INT8, `fedzoo.clients.update_codec`) with the number of
-   examples and the client's own loss and accuracy on its data.
+   examples and the client's own loss and accuracy on its data; with a graph built with
+   `batch_norm="training"`, the change of every BatchNorm running statistic travels along as
+   `running.<name>`.
 
 The data never leaves the device; only the delta does. The transport never re-sends a POST that
 may have reached the server; `deliver_update` does, knowing the server keeps one update per device
@@ -30,7 +32,7 @@ import numpy as np
 from fedzoo.cards import ModelCard, Normalisation
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.errors import ConflictError, ServerUnavailableError
-from fedzoo.clients.update_codec import Encoding, encode_update
+from fedzoo.clients.update_codec import Encoding, encode_update, statistics_delta
 from fedzoo.edge.onnx_initializers import read_float_initializers, replace_initializers
 from fedzoo.edge.optimizers import SGD, Adam, Optimizer
 from fedzoo.edge.runtime import create_session
@@ -81,7 +83,8 @@ def normalise(x: np.ndarray, normalisation: Normalisation | None) -> np.ndarray:
 def train_locally(
     training_graph: bytes, model: bytes, card: ModelCard, training: dict[str, Any], data: LocalData, seed: int = 0
 ) -> tuple[Parameters, dict[str, float]]:
-    """Fine-tune the model's trainable parameters on local data; returns the delta and local metrics."""
+    """Fine-tune the model's trainable parameters (and running statistics) on local data; returns the delta
+    and local metrics."""
     if training["optimizer"] not in OPTIMIZERS:
         raise InvalidInputError(f"unknown optimizer {training['optimizer']!r}; this client knows {sorted(OPTIMIZERS)}",
                                 field="optimizer")
@@ -96,14 +99,15 @@ def train_locally(
         order = rng.permutation(len(targets))
         for start in range(0, len(order), training["batch_size"]):
             batch = order[start : start + training["batch_size"]]
-            loss, gradients = trainer.loss_and_gradients(features[batch], targets[batch])
+            loss, gradients, statistics = trainer.run_batch(features[batch], targets[batch])
             if proximal_mu:
                 for name, gradient in gradients.items():
                     gradient += proximal_mu * (trainer.parameters[name] - global_parameters[name])
-            trainer.optimizer.step(trainer.parameters, gradients)
+            trainer.apply(gradients, statistics)
             losses.append(loss * len(batch))
     delta = {name: trainer.parameters[name] - global_parameters[name] for name in trainer.parameter_names}
-    trained_model = replace_initializers(model, trainer.parameters)
+    delta.update(statistics_delta(trainer.statistics, initial))
+    trained_model = replace_initializers(model, {**trainer.parameters, **trainer.statistics})
     session = create_session(trained_model)
     logits = session.run(None, {session.get_inputs()[0].name: features})[0]
     accuracy = float((logits.argmax(axis=1) == targets).mean())
