@@ -63,17 +63,17 @@ def is_lowerable(node: onnx.NodeProto, shapes: dict[str, StaticShape]) -> bool:
     return x[2] * x[3] * y[2] * y[3] <= MAX_PLANE_PRODUCT
 
 
-class _Emitter:
-    """Appends the nodes and constants of one lowered conv, named after its output."""
+class Emitter:
+    """Appends the nodes and constants of one lowered conv, named `<its output>/<tag>/...`."""
 
-    def __init__(self, output: str, fresh_name: Callable[[str], str]) -> None:
+    def __init__(self, output: str, tag: str, fresh_name: Callable[[str], str]) -> None:
         self.nodes: list[onnx.NodeProto] = []
         self.constants: list[onnx.TensorProto] = []
-        self._output = output
+        self._prefix = f"{output}/{tag}"
         self._fresh_name = fresh_name
 
     def constant(self, value: np.ndarray) -> str:
-        name = self._fresh_name(f"{self._output}/depthwise/const")
+        name = self._fresh_name(f"{self._prefix}/const")
         self.constants.append(numpy_helper.from_array(np.asarray(value), name))
         return name
 
@@ -81,7 +81,7 @@ class _Emitter:
         return self.constant(np.asarray(values, np.int64))
 
     def emit(self, op_type: str, inputs: list[str], output: str | None = None, **attributes) -> str:
-        output = output or self._fresh_name(f"{self._output}/depthwise/{op_type}")
+        output = output or self._fresh_name(f"{self._prefix}/{op_type}")
         self.nodes.append(helper.make_node(op_type, inputs, [output], name=output, **attributes))
         return output
 
@@ -97,7 +97,7 @@ def lower_depthwise(
         tuple(x_shape[2:]), tuple(y_shape[2:]), tuple(weight_shape[2:]), tuple(attributes.get("strides", [1, 1])),
         tuple(attributes.get("dilations", [1, 1])), tuple(attributes.get("pads", [0, 0, 0, 0])),
     )  # fmt: skip
-    out = _Emitter(node.output[0], fresh_name)
+    out = Emitter(node.output[0], "depthwise", fresh_name)
     weight_rows = out.emit("Reshape", [node.input[1], out.int64s(channels, len(taps))])
     matrices = out.emit("MatMul", [weight_rows, out.constant(taps.reshape(len(taps), plane * out_plane))])
     matrices = out.emit("Reshape", [matrices, out.int64s(channels, plane, out_plane)])
