@@ -27,13 +27,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from fedzoo.edge.trainer import INPUT_NAME, RUNNING_PREFIX, TARGET_NAME
 from fedzoo.errors import InvalidInputError
 from fedzoo.server.fl.schemas import NormBound
 from fedzoo.server.fl.screening import screen_updates
 from fedzoo.server.fl.strategies import ClientUpdate, Parameters
-
-TRAINING_GRAPH_DATA_INPUTS = ("x", "y")
-
 
 def training_graph_state(training_graph: bytes) -> tuple[list[str], list[str]]:
     """The training graph's trainable parameters and running statistics, in input order (docs/training-graphs.md):
@@ -42,8 +40,8 @@ def training_graph_state(training_graph: bytes) -> tuple[list[str], list[str]]:
 
     graph = onnx.load_model_from_string(training_graph).graph
     outputs = {value.name for value in graph.output}
-    state = [value.name for value in graph.input if value.name not in TRAINING_GRAPH_DATA_INPUTS]
-    statistics = [name for name in state if f"running.{name}" in outputs]
+    state = [value.name for value in graph.input if value.name not in (INPUT_NAME, TARGET_NAME)]
+    statistics = [name for name in state if RUNNING_PREFIX + name in outputs]
     return [name for name in state if name not in statistics], statistics
 
 
@@ -63,11 +61,11 @@ def validate_statistics(statistics: Parameters, base: Parameters) -> float:
     if missing or unexpected:
         raise InvalidInputError(
             f"an update carries all of the model's running statistics or none; missing {missing}, unexpected {unexpected}",
-            field=f"running.{(missing or unexpected)[0]}",
+            field=RUNNING_PREFIX + (missing or unexpected)[0],
         )
     squared = 0.0
     for name, value in statistics.items():
-        field = f"running.{name}"
+        field = RUNNING_PREFIX + name
         if value.shape != base[name].shape or value.dtype != np.float32:
             raise InvalidInputError(f"statistic delta {field!r} is {value.dtype} {value.shape}, the statistic float32 "
                                     f"{base[name].shape}", field=field)
