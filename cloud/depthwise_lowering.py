@@ -47,14 +47,25 @@ def tap_matrices(
     return taps
 
 
-def is_lowerable(node: onnx.NodeProto, shapes: dict[str, StaticShape]) -> bool:
-    """A 2-D depthwise Conv (one filter per channel) with static spatial shapes and a small enough plane."""
+def conv_2d_shapes(
+    node: onnx.NodeProto, shapes: dict[str, StaticShape]
+) -> tuple[dict, StaticShape, StaticShape, StaticShape] | None:
+    """The attributes and the weight, input and output shapes of a 2-D Conv with explicit pads, else None."""
     if node.op_type != "Conv":
-        return False
+        return None
     attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     weight, x, y = shapes.get(node.input[1]), shapes.get(node.input[0]), shapes.get(node.output[0])
     if weight is None or x is None or y is None or len(weight) != 4 or attributes.get("auto_pad", b"NOTSET") != b"NOTSET":
+        return None
+    return attributes, weight, x, y
+
+
+def is_lowerable(node: onnx.NodeProto, shapes: dict[str, StaticShape]) -> bool:
+    """A 2-D depthwise Conv (one filter per channel) with static spatial shapes and a small enough plane."""
+    conv = conv_2d_shapes(node, shapes)
+    if conv is None:
         return False
+    attributes, weight, x, y = conv
     channels = weight[0]
     if attributes.get("group", 1) != channels or weight[1] != 1 or x[1] != channels or channels == 1:
         return False

@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from fedzoo.cloud.depthwise_lowering import Emitter, tap_matrices
+from fedzoo.cloud.depthwise_lowering import Emitter, conv_2d_shapes, tap_matrices
 from fedzoo.cloud.gradient_rules import StaticShape
 
 # Largest H*W * OH*OW lowered. Measured on tests/cloud/architectures.py's ResNet-18 (batch 32, 1 thread, CPU
@@ -39,12 +39,10 @@ MAX_PLANE_PRODUCT = 64 * 16
 
 def is_lowerable(node: onnx.NodeProto, shapes: dict[str, StaticShape]) -> bool:
     """A 2-D, ungrouped Conv with static shapes (but the batch) on a small enough plane, not a plain 1x1."""
-    if node.op_type != "Conv":
+    conv = conv_2d_shapes(node, shapes)
+    if conv is None:
         return False
-    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    weight, x, y = shapes.get(node.input[1]), shapes.get(node.input[0]), shapes.get(node.output[0])
-    if weight is None or x is None or y is None or len(weight) != 4 or attributes.get("auto_pad", b"NOTSET") != b"NOTSET":
-        return False
+    attributes, weight, x, y = conv
     if attributes.get("group", 1) != 1 or any(dim is None for dim in (*weight, *x[1:], *y[1:])):
         return False
     # A 1x1 conv that keeps the plane needs no im2col: the Conv rule's per-image GEMMs serve it better.
