@@ -33,6 +33,7 @@ from fedzoo.server.fl.schemas import NormBound
 from fedzoo.server.fl.screening import screen_updates
 from fedzoo.server.fl.strategies import ClientUpdate, Parameters
 
+
 def training_graph_state(training_graph: bytes) -> tuple[list[str], list[str]]:
     """The training graph's trainable parameters and running statistics, in input order (docs/training-graphs.md):
     every input but `x` and `y`; a statistic is an input with a `running.<name>` output."""
@@ -53,17 +54,16 @@ def variance_names(onnx_bytes: bytes) -> set[str]:
     return {node.input[4] for node in graph.node if node.op_type == "BatchNormalization" and len(node.input) > 4}
 
 
-def validate_statistics(statistics: Parameters, base: Parameters) -> float:
-    """Check an update's statistics deltas (none, or exactly the model's) and return their L2 norm."""
+def validate_statistics(statistics: Parameters, base: Parameters) -> None:
+    """Check an update's statistics deltas: none, or exactly the model's, each float32, shaped and finite."""
     if not statistics:
-        return 0.0
+        return
     missing, unexpected = sorted(set(base) - set(statistics)), sorted(set(statistics) - set(base))
     if missing or unexpected:
         raise InvalidInputError(
             f"an update carries all of the model's running statistics or none; missing {missing}, unexpected {unexpected}",
             field=RUNNING_PREFIX + (missing or unexpected)[0],
         )
-    squared = 0.0
     for name, value in statistics.items():
         field = RUNNING_PREFIX + name
         if value.shape != base[name].shape or value.dtype != np.float32:
@@ -71,8 +71,6 @@ def validate_statistics(statistics: Parameters, base: Parameters) -> float:
                                     f"{base[name].shape}", field=field)
         if not np.all(np.isfinite(value)):
             raise InvalidInputError(f"statistic delta {field!r} holds NaN or infinite values", field=field)
-        squared += float(np.vdot(value, value))
-    return math.sqrt(squared)
 
 
 def aggregate_statistics(
