@@ -4,7 +4,8 @@ For each hand-built architecture of tests/cloud/architectures.py (MobileNetV3-sm
 ResNet-18, an EfficientNet-B0-like net, SqueezeNet, ShuffleNetV2, LeNet-5, an MLP regressor with MSE),
 exported with non-trivial BatchNorm statistics, side by side in one run, 1 thread each:
 1. time per training step (forward, backward, SGD-momentum update; batch 32), every parameter trained,
-   median over interleaved rounds:
+   median over interleaved rounds, as wall time and as the process's CPU time (both runtimes use one thread;
+   CPU time is the steadier figure on a shared, loaded machine, where wall time also counts waiting for a core):
    - ours: `fedzoo.edge.trainer.Trainer` running the training graph (BN folded, as shipped);
    - torch eager: the same BN-folded network as torch modules in eval mode (the identical computation);
 2. peak RSS (VmHWM) of a client process per runtime that loads the model and trains 20 steps.
@@ -20,6 +21,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -133,9 +135,10 @@ def main() -> None:
 
     torch.set_num_threads(1)
     print(f"onnxruntime {onnxruntime.__version__}, torch {torch.__version__}, CPU, 1 thread, batch {BATCH_SIZE}, "
-          f"wall time, median of {arguments.rounds} interleaved rounds x {arguments.steps_per_round} steps; "
+          f"wall and CPU time, median of {arguments.rounds} interleaved rounds x {arguments.steps_per_round} steps; "
           "measured on a shared, loaded machine (other jobs running): compare the columns of one row, not runs")  # fmt: skip
-    header = f"{'architecture':22s} {'params':>8s} {'ours ms':>8s} {'torch ms':>8s} {'ours/torch':>10s} {'ours RSS MB':>11s} {'torch RSS MB':>12s}"
+    header = (f"{'architecture':22s} {'params':>8s} {'ours ms':>8s} {'torch ms':>8s} {'ours/torch':>10s} "
+              f"{'ours CPU ms':>11s} {'torch CPU ms':>12s} {'CPU ours/torch':>14s} {'ours RSS MB':>11s} {'torch RSS MB':>12s}")
     rows = []
     with tempfile.TemporaryDirectory() as directory:
         folder = Path(directory)
@@ -156,15 +159,14 @@ def main() -> None:
             batch_x, batch_y = x[:BATCH_SIZE], y[:BATCH_SIZE]
             torch_x, torch_y = torch.from_numpy(batch_x), torch.from_numpy(batch_y)
             torch_step = _torch_step(copy.deepcopy(network), architecture.loss)
-            times = time_steps(
-                {"ours": lambda: trainer.step(batch_x, batch_y), "torch": lambda: torch_step(torch_x, torch_y)},
-                arguments.rounds,
-                arguments.steps_per_round,
-            )
+            steps = {"ours": lambda: trainer.step(batch_x, batch_y), "torch": lambda: torch_step(torch_x, torch_y)}
+            times = time_steps(steps, arguments.rounds, arguments.steps_per_round)
+            cpu_times = time_steps(steps, arguments.rounds, arguments.steps_per_round, clock=time.process_time)
             memory = {kind: run_client(kind, folder, name)["peak_rss_mb"] for kind in CLIENTS}
             parameters = sum(int(np.prod(init.dims)) for init in proto.graph.initializer)
             rows.append(
                 f"{name:22s} {parameters:8d} {times['ours']:8.1f} {times['torch']:8.1f} {times['ours'] / times['torch']:10.2f} "
+                f"{cpu_times['ours']:11.1f} {cpu_times['torch']:12.1f} {cpu_times['ours'] / cpu_times['torch']:14.2f} "
                 f"{memory['ort']:11.1f} {memory['torch']:12.1f}"
             )
             print(rows[-1] if len(rows) > 1 else f"{header}\n{rows[-1]}", flush=True)

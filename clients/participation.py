@@ -8,9 +8,10 @@ One participation (Bonawitz et al. 2019's device side):
 3. train locally with `fedzoo.edge.trainer`: the round's optimizer, epochs and batch size, and for
    FedProx the proximal term `mu * (w - w_global)` added to every gradient before the numpy step;
 4. upload `trained - global` (float32 or INT8, `fedzoo.clients.update_codec`) with the number of
-   examples and the client's own loss and accuracy on its data. In a private round the delta is first
-   clipped (DP-FedAvg), and under SecAgg+ it is never uploaded: the device answers the protocol's
-   stages instead (`fedzoo.clients.secure_participation`).
+   examples and the client's own loss and accuracy on its data; with a graph built with
+   `batch_norm="training"`, the change of every BatchNorm running statistic travels along as
+   `running.<name>`. In a private round the delta is first clipped (DP-FedAvg), and under SecAgg+ it is
+   never uploaded: the device answers the protocol's stages instead (`fedzoo.clients.secure_participation`).
 
 The data never leaves the device; only the delta does. The transport never re-sends a POST that
 may have reached the server; `deliver_update` does, knowing the server keeps one update per device
@@ -33,7 +34,7 @@ from fedzoo.cards import ModelCard, Normalisation
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.errors import ConflictError, IntegrityError, ServerUnavailableError
 from fedzoo.clients.secure_participation import clip_for_privacy, take_part_securely
-from fedzoo.clients.update_codec import Encoding, encode_update
+from fedzoo.clients.update_codec import Encoding, encode_update, split_statistics, statistics_delta
 from fedzoo.edge.onnx_initializers import read_float_initializers, replace_initializers
 from fedzoo.edge.optimizers import SGD, Adam, Optimizer
 from fedzoo.edge.runtime import create_session
@@ -84,7 +85,8 @@ def normalise(x: np.ndarray, normalisation: Normalisation | None) -> np.ndarray:
 def train_locally(
     training_graph: bytes, model: bytes, card: ModelCard, training: dict[str, Any], data: LocalData, seed: int = 0
 ) -> tuple[Parameters, dict[str, float]]:
-    """Fine-tune the model's trainable parameters on local data; returns the delta and local metrics."""
+    """Fine-tune the model's trainable parameters (and running statistics) on local data; returns the delta
+    and local metrics."""
     if training["optimizer"] not in OPTIMIZERS:
         raise InvalidInputError(f"unknown optimizer {training['optimizer']!r}; this client knows {sorted(OPTIMIZERS)}",
                                 field="optimizer")
@@ -99,14 +101,15 @@ def train_locally(
         order = rng.permutation(len(targets))
         for start in range(0, len(order), training["batch_size"]):
             batch = order[start : start + training["batch_size"]]
-            loss, gradients = trainer.loss_and_gradients(features[batch], targets[batch])
+            loss, gradients, statistics = trainer.run_batch(features[batch], targets[batch])
             if proximal_mu:
                 for name, gradient in gradients.items():
                     gradient += proximal_mu * (trainer.parameters[name] - global_parameters[name])
-            trainer.optimizer.step(trainer.parameters, gradients)
+            trainer.apply(gradients, statistics)
             losses.append(loss * len(batch))
     delta = {name: trainer.parameters[name] - global_parameters[name] for name in trainer.parameter_names}
-    trained_model = replace_initializers(model, trainer.parameters)
+    delta.update(statistics_delta(trainer.statistics, initial))
+    trained_model = replace_initializers(model, {**trainer.parameters, **trainer.statistics})
     session = create_session(trained_model)
     logits = session.run(None, {session.get_inputs()[0].name: features})[0]
     accuracy = float((logits.argmax(axis=1) == targets).mean())
@@ -129,6 +132,8 @@ def run_task(
     delta, metrics = train_locally(graph, model, card, work["training"], data, seed)
     if transform is not None:
         delta = transform(delta)
+    if work.get("privacy"):  # a private round aggregates the weights only: the running statistics stay the parent's
+        delta, _statistics = split_statistics(delta)
     delta = clip_for_privacy(delta, work.get("privacy"))
     metadata = {"base_version": work["base_version"], "num_examples": len(data), "metrics": metrics}
     if not all(np.all(np.isfinite(value)) for value in delta.values()) or not all(map(math.isfinite, metrics.values())):

@@ -11,6 +11,11 @@ archive is written by numpy without pickles and has one of two encodings:
   most ``scale / 2``. One packed array instead of one per tensor matters for small models: a zip
   member costs ~200 bytes of headers, as much as a 50-weight tensor's int8 values.
 
+BatchNorm running statistics (graphs built with `batch_norm="training"`) travel in the same archive,
+in either encoding, as entries named `running.<statistic>` holding `trained - global` of that
+statistic (`statistics_delta`); the server averages them apart from the parameters' deltas
+(`fedzoo.server.fl.running_statistics`).
+
 The server decodes with `decode_update`, which also guards against archives that expand to more
 than `max_decoded_bytes` (a zip bomb), or whose array headers declare more values than they hold,
 before reading any array.
@@ -26,6 +31,7 @@ from typing import Literal
 
 import numpy as np
 
+from fedzoo.edge.trainer import RUNNING_PREFIX
 from fedzoo.errors import InvalidInputError
 
 Encoding = Literal["fp32", "int8"]
@@ -51,6 +57,18 @@ def quantize_int8(delta: np.ndarray) -> tuple[np.ndarray, float]:
     scale = max(largest / INT8_LEVELS, float(np.finfo(np.float32).tiny)) if largest > 0 else 1.0
     quantized = np.clip(np.rint(delta / scale), -INT8_LEVELS, INT8_LEVELS).astype(np.int8)
     return quantized, scale
+
+
+def statistics_delta(trained: dict[str, np.ndarray], initial: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The update entries of the running statistics: `running.<name>` -> trained - initial value."""
+    return {RUNNING_PREFIX + name: (value - initial[name]).astype(np.float32) for name, value in trained.items()}
+
+
+def split_statistics(update: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """An update's parameter deltas and its running-statistic deltas (keyed by the statistic's name)."""
+    parameters = {name: value for name, value in update.items() if not name.startswith(RUNNING_PREFIX)}
+    statistics = {name[len(RUNNING_PREFIX):]: value for name, value in update.items() if name.startswith(RUNNING_PREFIX)}
+    return parameters, statistics
 
 
 def encode_update(delta: dict[str, np.ndarray], encoding: Encoding = "fp32") -> bytes:

@@ -30,7 +30,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from fedzoo.cloud.batchnorm_training import lower_batch_norms, running_name
-from fedzoo.cloud.depthwise_lowering import is_lowerable, lower_depthwise
+from fedzoo.cloud import depthwise_lowering, small_plane_conv_lowering
 from fedzoo.cloud.forward_preparation import infer_shapes, prepare_forward
 from fedzoo.cloud.gradient_rules import GRADIENT_RULES, ForwardNode, GraphBuilder, MissingGradientRuleError, StaticShape, rule_for
 from fedzoo.errors import InvalidInputError
@@ -328,19 +328,23 @@ def _single_input_and_output(model: onnx.ModelProto) -> tuple[onnx.ValueInfoProt
     return data_inputs[0], graph.output[0].name
 
 
-def _lower_trainable_depthwise(
+def _lower_trainable_convs(
     nodes: list[onnx.NodeProto], shapes: dict[str, StaticShape], parameters: set[str], fresh_name: _FreshNames
 ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
-    """Depthwise convs with a trainable kernel as MatMuls (`fedzoo.cloud.depthwise_lowering` says why)."""
+    """Convs with a trainable kernel as MatMuls where onnxruntime's Conv is slow for them: depthwise ones
+    (`fedzoo.cloud.depthwise_lowering`) and those on small planes (`fedzoo.cloud.small_plane_conv_lowering`).
+    A frozen kernel stays a Conv: onnxruntime runs those with its fast blocked kernels."""
     lowered: list[onnx.NodeProto] = []
     constants: list[onnx.TensorProto] = []
     for node in nodes:
-        if node.input[1:2] and node.input[1] in parameters and is_lowerable(node, shapes):
-            replacement, new_constants = lower_depthwise(node, shapes, fresh_name)
-            lowered.extend(replacement)
-            constants.extend(new_constants)
-        else:
-            lowered.append(node)
+        trainable_kernel = node.op_type == "Conv" and node.input[1] in parameters
+        replacement, new_constants = [node], []
+        if trainable_kernel and depthwise_lowering.is_lowerable(node, shapes):
+            replacement, new_constants = depthwise_lowering.lower_depthwise(node, shapes, fresh_name)
+        elif trainable_kernel and small_plane_conv_lowering.is_lowerable(node, shapes):
+            replacement, new_constants = small_plane_conv_lowering.lower_small_plane_conv(node, shapes, fresh_name)
+        lowered.extend(replacement)
+        constants.extend(new_constants)
     return lowered, constants
 
 
@@ -499,7 +503,7 @@ def build_training_graph(
         opset_imports=list(model.opset_import),
     )
     shapes = infer_shapes(forward)
-    forward_nodes, lowering_constants = _lower_trainable_depthwise(forward_nodes, shapes, set(parameters), fresh_names)
+    forward_nodes, lowering_constants = _lower_trainable_convs(forward_nodes, shapes, set(parameters), fresh_names)
     if lowering_constants:
         frozen = [*frozen, *lowering_constants]
         del forward.graph.node[:]

@@ -47,14 +47,25 @@ def tap_matrices(
     return taps
 
 
-def is_lowerable(node: onnx.NodeProto, shapes: dict[str, StaticShape]) -> bool:
-    """A 2-D depthwise Conv (one filter per channel) with static spatial shapes and a small enough plane."""
+def conv_2d_shapes(
+    node: onnx.NodeProto, shapes: dict[str, StaticShape]
+) -> tuple[dict, StaticShape, StaticShape, StaticShape] | None:
+    """The attributes and the weight, input and output shapes of a 2-D Conv with explicit pads, else None."""
     if node.op_type != "Conv":
-        return False
+        return None
     attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     weight, x, y = shapes.get(node.input[1]), shapes.get(node.input[0]), shapes.get(node.output[0])
     if weight is None or x is None or y is None or len(weight) != 4 or attributes.get("auto_pad", b"NOTSET") != b"NOTSET":
+        return None
+    return attributes, weight, x, y
+
+
+def is_lowerable(node: onnx.NodeProto, shapes: dict[str, StaticShape]) -> bool:
+    """A 2-D depthwise Conv (one filter per channel) with static spatial shapes and a small enough plane."""
+    conv = conv_2d_shapes(node, shapes)
+    if conv is None:
         return False
+    attributes, weight, x, y = conv
     channels = weight[0]
     if attributes.get("group", 1) != channels or weight[1] != 1 or x[1] != channels or channels == 1:
         return False
@@ -63,17 +74,17 @@ def is_lowerable(node: onnx.NodeProto, shapes: dict[str, StaticShape]) -> bool:
     return x[2] * x[3] * y[2] * y[3] <= MAX_PLANE_PRODUCT
 
 
-class _Emitter:
-    """Appends the nodes and constants of one lowered conv, named after its output."""
+class Emitter:
+    """Appends the nodes and constants of one lowered conv, named `<its output>/<tag>/...`."""
 
-    def __init__(self, output: str, fresh_name: Callable[[str], str]) -> None:
+    def __init__(self, output: str, tag: str, fresh_name: Callable[[str], str]) -> None:
         self.nodes: list[onnx.NodeProto] = []
         self.constants: list[onnx.TensorProto] = []
-        self._output = output
+        self._prefix = f"{output}/{tag}"
         self._fresh_name = fresh_name
 
     def constant(self, value: np.ndarray) -> str:
-        name = self._fresh_name(f"{self._output}/depthwise/const")
+        name = self._fresh_name(f"{self._prefix}/const")
         self.constants.append(numpy_helper.from_array(np.asarray(value), name))
         return name
 
@@ -81,7 +92,7 @@ class _Emitter:
         return self.constant(np.asarray(values, np.int64))
 
     def emit(self, op_type: str, inputs: list[str], output: str | None = None, **attributes) -> str:
-        output = output or self._fresh_name(f"{self._output}/depthwise/{op_type}")
+        output = output or self._fresh_name(f"{self._prefix}/{op_type}")
         self.nodes.append(helper.make_node(op_type, inputs, [output], name=output, **attributes))
         return output
 
@@ -97,7 +108,7 @@ def lower_depthwise(
         tuple(x_shape[2:]), tuple(y_shape[2:]), tuple(weight_shape[2:]), tuple(attributes.get("strides", [1, 1])),
         tuple(attributes.get("dilations", [1, 1])), tuple(attributes.get("pads", [0, 0, 0, 0])),
     )  # fmt: skip
-    out = _Emitter(node.output[0], fresh_name)
+    out = Emitter(node.output[0], "depthwise", fresh_name)
     weight_rows = out.emit("Reshape", [node.input[1], out.int64s(channels, len(taps))])
     matrices = out.emit("MatMul", [weight_rows, out.constant(taps.reshape(len(taps), plane * out_plane))])
     matrices = out.emit("Reshape", [matrices, out.int64s(channels, plane, out_plane)])

@@ -712,7 +712,7 @@ def _conv_weight_gradient(ctx: GraphBuilder, node: ForwardNode, geometry: _ConvG
 
     Groups become groups of this conv: x goes to (C_in/g, g*N, H, W), dy to (C_out, N, oh, ow), so output
     channel o only sees the batch copies of its own group's inputs. The result has the kernel size or a
-    little more (rows a stride never reached), so it is sliced to the kernel size.
+    little more (rows a stride never reached): less end padding drops them where it can, a Slice otherwise.
     """
     groups = geometry.groups
     in_channels = geometry.input_shape[1]
@@ -727,17 +727,25 @@ def _conv_weight_gradient(ctx: GraphBuilder, node: ForwardNode, geometry: _ConvG
         swapped = ctx.emit("Transpose", [by_group], perm=[1, 0, *range(2, 3 + len(spatial_in))])
         x_swapped = ctx.emit("Reshape", [swapped, int64s(ctx, [in_per_group, -1, *spatial_in])])
     dy_kernel = ctx.emit("Transpose", [dy], perm=[1, 0, *range(2, 2 + len(spatial_out))])
+    # Rows past the kernel that a stride never reached are not computed where the end padding can give them up.
+    spatial = len(geometry.kernel)
+    full_kernel = list(_conv_weight_gradient_size(geometry))
+    pads = list(geometry.pads)
+    for axis in range(spatial):
+        excess_rows = full_kernel[axis] - geometry.kernel[axis]
+        if 0 < excess_rows * geometry.dilations[axis] <= pads[spatial + axis]:
+            pads[spatial + axis] -= excess_rows * geometry.dilations[axis]
+            full_kernel[axis] = geometry.kernel[axis]
     full = ctx.emit(
         "Conv",
         [x_swapped, dy_kernel],
         group=groups,
         strides=list(geometry.dilations),
         dilations=list(geometry.strides),
-        pads=list(geometry.pads),
+        pads=pads,
     )
     weight = ctx.emit("Transpose", [full], perm=[1, 0, *range(2, 2 + len(spatial_in))])
-    full_kernel = _conv_weight_gradient_size(geometry)
-    if full_kernel != geometry.kernel:
+    if tuple(full_kernel) != geometry.kernel:
         axes = list(range(2, 2 + len(geometry.kernel)))
         weight = ctx.emit(
             "Slice", [weight, int64s(ctx, [0] * len(axes)), int64s(ctx, list(geometry.kernel)), int64s(ctx, axes)]

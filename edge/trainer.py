@@ -120,7 +120,8 @@ class Trainer:
             raise InvalidInputError(f"need as many targets as inputs (>0), got {len(features)} and {len(targets)}")
         return {INPUT_NAME: features, TARGET_NAME: targets, **self.parameters, **self.statistics}
 
-    def _run(self, features: np.ndarray, targets: np.ndarray) -> tuple[float, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    def run_batch(self, features: np.ndarray, targets: np.ndarray) -> tuple[float, dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The batch loss, every parameter's gradient and the updated running statistics, changing nothing."""
         try:
             loss, *values = self._session.run(self._output_names, self._feeds(features, targets))
         except _ORT_RUN_ERRORS as error:  # e.g. a label outside [0, classes) or images of the wrong shape
@@ -130,14 +131,18 @@ class Trainer:
 
     def loss_and_gradients(self, features: np.ndarray, targets: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
         """The batch loss and the gradient of every trainable parameter, without changing anything."""
-        loss, gradients, _ = self._run(features, targets)
+        loss, gradients, _ = self.run_batch(features, targets)
         return loss, gradients
+
+    def apply(self, gradients: Mapping[str, np.ndarray], statistics: Mapping[str, np.ndarray]) -> None:
+        """One optimizer step with these gradients, and the running statistics of the same batch adopted."""
+        self.optimizer.step(self.parameters, gradients)
+        self.statistics.update(statistics)
 
     def step(self, features: np.ndarray, targets: np.ndarray) -> float:
         """One optimizer step on one batch (and the running statistics' update); returns the batch loss before it."""
-        loss, gradients, statistics = self._run(features, targets)
-        self.optimizer.step(self.parameters, gradients)
-        self.statistics.update(statistics)
+        loss, gradients, statistics = self.run_batch(features, targets)
+        self.apply(gradients, statistics)
         return loss
 
     def train_epoch(self, features: np.ndarray, targets: np.ndarray, batch_size: int, seed: int = 0) -> float:

@@ -44,7 +44,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,7 @@ from sqlalchemy.orm import Session
 from fedzoo.cards import Metrics, ModelCard
 from fedzoo.dp.accountant import PrivacyBudgetExhausted
 from fedzoo.secagg.errors import RoundAborted
-from fedzoo.clients.update_codec import decode_update
+from fedzoo.clients.update_codec import decode_update, split_statistics
 from fedzoo.edge.onnx_initializers import read_float_initializers, replace_initializers
 from fedzoo.errors import FedzooError, InvalidInputError, NotFoundError
 from fedzoo.server.blobstore import BlobStore
@@ -67,6 +67,7 @@ from fedzoo.server.fl.evaluation import client_reported_metrics, decide_publicat
 from fedzoo.server.fl.faults import crash_point
 from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLRefusedUpload, FLRound, FLUpdate
 from fedzoo.server.fl.schemas import RoundConfig, Task, TaskResponse, TrainingConfig, UpdateMetadata, UploadSpec
+from fedzoo.server.fl.running_statistics import aggregate_statistics, training_graph_state, validate_statistics, variance_names
 from fedzoo.server.fl.screening import Screened, screen_updates
 from fedzoo.server.fl.secure_rounds import DONE, PrivateRounds, is_private, with_calibrated_noise
 from fedzoo.server.fl.strategies import (
@@ -77,7 +78,6 @@ from fedzoo.server.models import DeviceRecord
 from fedzoo.server import registry
 from fedzoo.signing import CardSigningKey, sign_card
 
-TRAINING_GRAPH_DATA_INPUTS = ("x", "y")
 log = logging.getLogger(__name__)
 AGGREGATION_LEASE_S = 4.0  # renewed every LEASE_RENEWAL_S while the owner works: a crash costs at most this
 LEASE_RENEWAL_S = 1.0
@@ -98,23 +98,18 @@ def as_utc(moment: datetime) -> datetime:
 
 @dataclass(frozen=True)
 class RoundBase:
-    """What the round needs to know about its base model: the trainable parameters and where the blobs are."""
+    """What the round needs to know about its base model: the trainable parameters, the BatchNorm running
+    statistics devices update (`fedzoo.server.fl.running_statistics`) and where the blobs are."""
 
     card: ModelCard
     onnx_bytes: bytes
     parameters: Parameters
+    statistics: Parameters = field(default_factory=dict)
+    variances: frozenset[str] = frozenset()  # the statistics that are running variances
 
     @property
     def float32_bytes(self) -> int:
-        return sum(value.size * 4 for value in self.parameters.values())
-
-
-def trainable_parameter_names(training_graph: bytes) -> list[str]:
-    """The training graph's parameter inputs: every input but `x` and `y` (see docs/design.md)."""
-    import onnx
-
-    graph = onnx.load_model_from_string(training_graph).graph
-    return [value.name for value in graph.input if value.name not in TRAINING_GRAPH_DATA_INPUTS]
+        return sum(value.size * 4 for value in (*self.parameters.values(), *self.statistics.values()))
 
 
 def validate_delta(delta: Parameters, base: Parameters) -> float:
@@ -200,15 +195,17 @@ class RoundService:
         with self.store.open(card.sha256) as stream:
             onnx_bytes = stream.read()
         with self.store.open(card.training_graph) as stream:
-            names = trainable_parameter_names(stream.read())
+            names, statistic_names = training_graph_state(stream.read())
         initializers = read_float_initializers(onnx_bytes)
-        missing = [name for name in names if name not in initializers]
+        missing = [name for name in (*names, *statistic_names) if name not in initializers]
         if missing:
             raise InvalidInputError(
                 f"the training graph of {model_id!r} trains {missing}, which are not initializers of its model",
                 field="model_id",
             )
-        base = RoundBase(card, onnx_bytes, {name: initializers[name] for name in names})
+        base = RoundBase(card, onnx_bytes, {name: initializers[name] for name in names},
+                         {name: initializers[name] for name in statistic_names},
+                         frozenset(variance_names(onnx_bytes)) if statistic_names else frozenset())
         if len(self._base_models) >= 8:
             self._base_models.pop(next(iter(self._base_models)))
         self._base_models[card.sha256] = base
@@ -428,7 +425,9 @@ class RoundService:
             raise PayloadTooLarge(f"the update has {len(data)} bytes; this round's model allows at most {limit}",
                                   field="delta")
         delta, encoding = decode_update(data, max_decoded_bytes=limit)
+        delta, statistics = split_statistics(delta)
         norm = validate_delta(delta, base.parameters)
+        validate_statistics(statistics, base.statistics)
         for name, value in metadata.metrics.items():
             if not math.isfinite(value):
                 raise InvalidInputError(f"metric {name!r} is {value}; metrics must be finite", field=f"metrics.{name}")
@@ -661,7 +660,13 @@ class RoundService:
             parameters = aggregate()
             if not all(np.all(np.isfinite(value)) for value in parameters.values()):
                 raise InvalidInputError(f"the {strategy.name} aggregate holds NaN or infinite weights")
-            onnx_bytes = replace_initializers(base.onnx_bytes, parameters)
+            statistics: Parameters = {}
+            if base.statistics and not is_private(config):  # under SecAgg+/DP the statistics stay the parent's
+                blobs = {row.device_id: row.blob_sha256 for row in rows}
+                statistics, summary["running_statistics"] = aggregate_statistics(
+                    base.statistics, kept, lambda update: self._delta_loader(blobs[update.device_id], statistics=True)(),
+                    config.norm_bound, base.variances)
+            onnx_bytes = replace_initializers(base.onnx_bytes, {**parameters, **statistics})
             with self.store.open(config.evaluation_sha256) as stream:
                 evaluation_npz = stream.read()
             measured = evaluate(onnx_bytes, base.card, evaluation_npz)
@@ -731,10 +736,11 @@ class RoundService:
         round_row.outcome_json = json.dumps({"metrics": card.metrics.model_dump(), **summary})
         self._open_next(session, round_row, config, card)
 
-    def _delta_loader(self, blob_sha256: str) -> Callable[[], Parameters]:
+    def _delta_loader(self, blob_sha256: str, statistics: bool = False) -> Callable[[], Parameters]:
+        """A loader of an update's parameter deltas, or of its running-statistic deltas."""
         def load() -> Parameters:
             with self.store.open(blob_sha256) as stream:
-                return decode_update(stream.read())[0]
+                return split_statistics(decode_update(stream.read())[0])[1 if statistics else 0]
 
         return load
 

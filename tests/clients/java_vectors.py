@@ -10,7 +10,7 @@ from a stale copy. What it writes (every file read by `clients/java/fedzoo-clien
   parameters after every step of each optimizer in `OPTIMIZER_CASES` (`<case>.<step>.<name>`);
 - `local.npz` + `local.json`: a device's shard (`x` in [0, 1], `y`), the batch orders Python's
   `train_locally` draws (`order<epoch>`), the training config and the resulting delta (`delta.<name>`) and
-  metrics, for each case in `LOCAL_CASES`;
+  metrics, for each case in `LOCAL_CASES` (the `batch_norm` case trains `bn_model.onnx` with `bn_graph.onnx`);
 - `codec_delta.npz` (a float32 delta) with `codec_fp32.npz` / `codec_int8.npz`, Python's encodings of it;
 - `calibration/<name>.onnx`: calibration models a device times for its profile;
 - `bn_model.onnx` + `bn_graph.onnx` (a conv net whose BatchNorm trains with batch statistics, `batch_norm="training"`)
@@ -52,6 +52,8 @@ LOCAL_CASES = {
     "sgd_momentum_fedprox": {"local_epochs": 2, "batch_size": 16, "learning_rate": 0.05, "optimizer": "sgd",
                              "momentum": 0.9, "proximal_mu": 0.5},
     "adam": {"local_epochs": 2, "batch_size": 32, "learning_rate": 0.01, "optimizer": "adam", "momentum": 0.0},
+    # the BatchNorm model in training mode: the delta carries the running statistics as `running.<name>`
+    "batch_norm": {"local_epochs": 1, "batch_size": 16, "learning_rate": 0.05, "optimizer": "sgd", "momentum": 0.9},
 }
 CALIBRATION_MODELS = ("cal-tiny-fp32",)
 GRAPH_STEPS = 3
@@ -136,6 +138,9 @@ def write_vectors(out: Path, seed: int = 0) -> None:
             arrays.update({f"{case}.{step}.{k}": v.copy() for k, v in parameters.items()})
     _npz(out / "optimizer.npz", arrays)
 
+    bn_model = conv_batchnorm_classifier(seed).SerializeToString()
+    bn_graph = build_training_graph(onnx.load_from_string(bn_model), batch_norm="training").SerializeToString()
+
     # one device's local training, with the batch orders train_locally draws from its seed
     shard = split.train.x[32:232], split.train.y[32:232]
     data = LocalData(*shard)
@@ -147,7 +152,8 @@ def write_vectors(out: Path, seed: int = 0) -> None:
         orders = np.random.default_rng(local_seed)
         for epoch in range(training["local_epochs"]):
             local_arrays[f"{case}.order{epoch}"] = orders.permutation(len(shard[1])).astype(np.int64)
-        delta, metrics = train_locally(graph, model, card_object, training, data, seed=local_seed)
+        case_graph, case_model = (bn_graph, bn_model) if case == "batch_norm" else (graph, model)
+        delta, metrics = train_locally(case_graph, case_model, card_object, training, data, seed=local_seed)
         local_arrays.update({f"{case}.delta.{k}": v for k, v in delta.items()})
         local_json[case] = {"training": training, "metrics": metrics}
     _npz(out / "local.npz", local_arrays)
@@ -162,8 +168,6 @@ def write_vectors(out: Path, seed: int = 0) -> None:
     (out / "codec_int8.npz").write_bytes(encode_update(delta, "int8"))
 
     # graphs beyond cross-entropy on folded weights: BatchNorm in training mode, and an mse loss on float targets
-    bn_model = conv_batchnorm_classifier(seed).SerializeToString()
-    bn_graph = build_training_graph(onnx.load_from_string(bn_model), batch_norm="training").SerializeToString()
     mse_graph = build_training_graph(model_proto, loss="mse").SerializeToString()
     (out / "bn_model.onnx").write_bytes(bn_model)
     (out / "bn_graph.onnx").write_bytes(bn_graph)

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).parent))  # the shared helpers next to this file (importlib mode)
 from autodiff_reference import initializers, relative_error, run_training_graph, torch_reference_gradients
-from fedzoo.cloud import depthwise_lowering
+from fedzoo.cloud import depthwise_lowering, small_plane_conv_lowering
 from fedzoo.cloud.autodiff import build_training_graph, nameable_parameters
 from fedzoo.cloud.gradient_rules import GRADIENT_RULES, MissingGradientRuleError
 from fedzoo.errors import InvalidInputError
@@ -118,7 +118,11 @@ CASES = {
         (2, 3, 15, 14), (3, 1, 3, 2), group=3, strides=[1, 2], dilations=[2, 1], pads=[1, 0, 2, 1]
     ),
     "conv_grouped": lambda: _conv_case((2, 4, 6, 6), (6, 2, 3, 3), group=2, pads=[1, 0, 1, 0]),
-    "conv_pointwise": lambda: _conv_case((3, 5, 4, 4), (7, 5, 1, 1)),
+    "conv_strided_dilated_asymmetric_large_plane": lambda: _conv_case(
+        (2, 3, 17, 16), (4, 3, 3, 2), strides=[2, 3], dilations=[2, 1], pads=[0, 1, 2, 0]
+    ),
+    "conv_pointwise": lambda: _conv_case((3, 5, 6, 6), (7, 5, 1, 1)),
+    "conv_pointwise_strided_small_plane": lambda: _conv_case((3, 5, 4, 4), (7, 5, 1, 1), strides=[2, 2]),
     "conv_first_layer_no_input_gradient": lambda: _conv_case((2, 1, 8, 8), (4, 1, 3, 3), with_scale=False, strides=[2, 2]),
     "gemm": lambda: _gemm_case(0, 0, 1.0, 1.0, (5,)),
     "gemm_transB_alpha_beta": lambda: _gemm_case(0, 1, 0.5, 2.0, (1, 5)),
@@ -307,6 +311,18 @@ def test_trainable_depthwise_on_small_planes_becomes_matmuls(case, lowered):
     assert any(n.op_type == "Conv" and n.input[1] == "w" for n in frozen.graph.node)
 
 
+@pytest.mark.parametrize("case, lowered", [("conv_strided_dilated_asymmetric", True), ("conv_pointwise_strided_small_plane", True),
+                                           ("conv_first_layer_no_input_gradient", True), ("conv", False),
+                                           ("conv_strided_dilated_asymmetric_large_plane", False), ("conv_grouped", False)])
+def test_trainable_ungrouped_convs_on_small_planes_become_matmuls(case, lowered):
+    model, _ = CASES[case]()
+    graph = build_training_graph(model, ["w", "b"], loss="mse")
+    assert (not any(n.op_type == "Conv" and n.input[1] == "w" for n in graph.graph.node)) == lowered
+    # Frozen, the kernel is a constant and stays a Conv, which onnxruntime runs fastest.
+    frozen = build_training_graph(model, ["b"], loss="mse")
+    assert any(n.op_type == "Conv" and n.input[1] == "w" for n in frozen.graph.node)
+
+
 def test_every_rule_is_checked_against_torch():
     covered = {n.op_type for build in CASES.values() for n in build()[0].graph.node}
     assert set(GRADIENT_RULES) <= covered, set(GRADIENT_RULES) - covered
@@ -482,9 +498,11 @@ def conv_geometries(draw):
 
 @settings(max_examples=20, deadline=None)
 @given(conv_geometries(), st.integers(0, 2**16), st.booleans())
-def test_conv_gradients_match_finite_differences(geometry, seed, lower_depthwise):
-    # Without the lowering a trainable depthwise conv goes through the Conv rule (its large-plane path).
-    with mock.patch.object(depthwise_lowering, "MAX_PLANE_PRODUCT", depthwise_lowering.MAX_PLANE_PRODUCT if lower_depthwise else 0):
+def test_conv_gradients_match_finite_differences(geometry, seed, lower):
+    # Without the lowerings a trainable conv goes through the Conv rule (its large-plane path); with them a
+    # depthwise conv on a small plane is lowered, and every ungrouped one, whatever its plane.
+    with mock.patch.object(depthwise_lowering, "MAX_PLANE_PRODUCT", depthwise_lowering.MAX_PLANE_PRODUCT if lower else 0), \
+            mock.patch.object(small_plane_conv_lowering, "MAX_PLANE_PRODUCT", 10**9 if lower else 0):
         _check_conv_geometry(geometry, seed)
 
 

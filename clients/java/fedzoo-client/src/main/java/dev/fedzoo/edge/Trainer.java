@@ -180,7 +180,8 @@ public final class Trainer implements AutoCloseable {
         return apply(lossAndGradients(x, y));
     }
 
-    private float apply(LossAndGradients result) {
+    /** One optimizer step with a batch's gradients (adjusted or not) and its running statistics adopted; returns its loss. */
+    public float apply(LossAndGradients result) {
         optimizer.step(parameters, result.gradients);
         statistics.putAll(result.statistics);
         return result.loss;

@@ -120,6 +120,8 @@ public final class Participation {
     /**
      * Fine-tunes the model's trainable parameters on local data with the round's optimizer, epochs and batch size,
      * adding FedProx's {@code proximal_mu * (w - w_global)} to every gradient; returns the delta and local metrics.
+     * A graph built with {@code batch_norm="training"} also updates the BatchNorm running statistics, whose change
+     * travels in the delta as {@code running.<name>} (the server averages them apart from the parameters).
      */
     public static TrainingResult trainLocally(byte[] trainingGraph, byte[] model, ModelCard card, JSONObject training,
                                               LocalData data, BatchOrder order, StopSignal stop, int threads) {
@@ -135,6 +137,10 @@ public final class Participation {
             Map<String, FloatTensor> global = new LinkedHashMap<String, FloatTensor>();
             for (String name : trainer.parameterNames()) {
                 global.put(name, trainer.parameters().get(name).copy());
+            }
+            Map<String, FloatTensor> globalStatistics = new LinkedHashMap<String, FloatTensor>();
+            for (Map.Entry<String, FloatTensor> statistic : trainer.statistics().entrySet()) {
+                globalStatistics.put(statistic.getKey(), statistic.getValue().copy());
             }
             FloatTensor features = EdgeSession.normalise(data.x, card.normalisationMean(), card.normalisationStd());
             double weightedLoss = 0.0;
@@ -157,21 +163,21 @@ public final class Participation {
                             }
                         }
                     }
-                    optimizer.step(trainer.parameters(), result.gradients);
+                    trainer.apply(result);
                     weightedLoss += (double) result.loss * (end - start);
                 }
             }
             Map<String, FloatTensor> delta = new LinkedHashMap<String, FloatTensor>();
             for (String name : trainer.parameterNames()) {
-                float[] trained = trainer.parameters().get(name).data();
-                float[] anchor = global.get(name).data();
-                float[] difference = new float[trained.length];
-                for (int i = 0; i < trained.length; i++) {
-                    difference[i] = trained[i] - anchor[i];
-                }
-                delta.put(name, new FloatTensor(global.get(name).shape(), difference));
+                delta.put(name, difference(trainer.parameters().get(name), global.get(name)));
             }
-            EdgeSession session = new EdgeSession(OnnxInitializers.replace(model, trainer.parameters()), null, threads);
+            for (Map.Entry<String, FloatTensor> statistic : trainer.statistics().entrySet()) {
+                delta.put(Trainer.RUNNING_PREFIX + statistic.getKey(),
+                        difference(statistic.getValue(), globalStatistics.get(statistic.getKey())));
+            }
+            Map<String, FloatTensor> trainedState = new LinkedHashMap<String, FloatTensor>(trainer.parameters());
+            trainedState.putAll(trainer.statistics());
+            EdgeSession session = new EdgeSession(OnnxInitializers.replace(model, trainedState), null, threads);
             double accuracy;
             try {
                 accuracy = EdgeSession.accuracy(EdgeSession.argmax(session.run(features, false)), data.y);
@@ -185,6 +191,16 @@ public final class Participation {
         } finally {
             trainer.close();
         }
+    }
+
+    private static FloatTensor difference(FloatTensor trained, FloatTensor anchor) {
+        float[] values = trained.data();
+        float[] start = anchor.data();
+        float[] difference = new float[values.length];
+        for (int i = 0; i < values.length; i++) {
+            difference[i] = values[i] - start[i];
+        }
+        return new FloatTensor(anchor.shape(), difference);
     }
 
     /** One check-in: first any update kept from an earlier attempt, else the task's work if this device was selected. */

@@ -2,6 +2,7 @@ package dev.fedzoo.edge;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.io.File;
 import java.util.LinkedHashMap;
@@ -123,7 +124,7 @@ class TrainingGoldenTest {
         JSONObject cases = new JSONObject(new String(TestSupport.read(vector("local.json")), TestSupport.UTF8));
         ModelCard card = new ModelCard(new JSONObject(new String(TestSupport.read(vector("card.json")), TestSupport.UTF8)));
         LocalData data = new LocalData(TestSupport.tensor(local.get("x")), local.get("y").longs());
-        for (final String name : new String[] {"sgd_momentum_fedprox", "adam"}) {
+        for (final String name : new String[] {"sgd_momentum_fedprox", "adam", "batch_norm"}) {
             final Map<String, Npy.Array> orders = local;
             Participation.BatchOrder pythonOrder = new Participation.BatchOrder() {
                 public int[] permutation(int epoch, int size) {
@@ -136,10 +137,16 @@ class TrainingGoldenTest {
                 }
             };
             JSONObject expected = cases.getJSONObject(name);
-            Participation.TrainingResult result = Participation.trainLocally(TestSupport.read(vector("training_graph.onnx")),
-                    TestSupport.read(vector("model.onnx")), card, expected.getJSONObject("training"), data, pythonOrder, null, 1);
+            boolean batchNorm = name.equals("batch_norm");  // its delta carries the running statistics too
+            Participation.TrainingResult result = Participation.trainLocally(
+                    TestSupport.read(vector(batchNorm ? "bn_graph.onnx" : "training_graph.onnx")),
+                    TestSupport.read(vector(batchNorm ? "bn_model.onnx" : "model.onnx")), card,
+                    expected.getJSONObject("training"), data, pythonOrder, null, 1);
             Map<String, FloatTensor> delta = withPrefix(local, name + ".delta.");
             assertEquals(delta.keySet(), result.delta.keySet());
+            if (batchNorm) {
+                assertTrue(result.delta.containsKey(Trainer.RUNNING_PREFIX + "bn.running_var"), "statistics in the delta");
+            }
             for (String parameter : delta.keySet()) {
                 TestSupport.assertClose(delta.get(parameter), result.delta.get(parameter), RELATIVE, name + " delta " + parameter);
             }
