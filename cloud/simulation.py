@@ -51,7 +51,8 @@ from fedzoo.edge.trainer import Trainer, write_parameters
 from fedzoo.errors import InvalidInputError
 from fedzoo.secagg import RoundAborted, dequantise_sum, example_weight, flatten, quantise, run_local_round, unflatten
 from fedzoo.secagg.config import SecAggConfig
-from fedzoo.server.fl.strategies import ClientUpdate, make_strategy, require_secure_aggregation_support
+from fedzoo.server.fl.strategies import (ClientUpdate, make_strategy, require_secure_aggregation_support,
+                                         weighted_mean_delta)
 from fedzoo.signing import CardSigningKey, sign_card
 
 DEFAULT_ADMIN_TOKEN = "simulation-admin-token"
@@ -562,17 +563,38 @@ def _cohort_secagg_config(options: SecureAggregationOptions, round_id: str, coho
                         minimum_survivors=threshold)
 
 
+class ServerStep:
+    """The server's step from a round's mean delta: the strategy's own, or with momentum v <- beta v + mean
+    and the strategy's step along v (FedAvgM; under DP it is post-processing and costs no privacy)."""
+
+    def __init__(self, aggregator, momentum: float) -> None:
+        self.aggregator, self.momentum = aggregator, momentum
+        self.velocity: dict[str, np.ndarray] | None = None
+
+    def __call__(self, parameters: dict[str, np.ndarray], mean_delta: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if not self.momentum:
+            return self.aggregator.apply_mean_delta(parameters, mean_delta)
+        if self.velocity is None:
+            self.velocity = {name: np.zeros_like(value, dtype=np.float64) for name, value in mean_delta.items()}
+        for name, value in mean_delta.items():
+            self.velocity[name] = self.momentum * self.velocity[name] + value
+        return self.aggregator.apply_mean_delta(parameters, self.velocity)
+
+
 def run_private_rounds(
     federation: Federation, rounds: int, clients_per_round: int, training: dict[str, Any],
     strategy: dict[str, Any] | None = None, secure_aggregation: SecureAggregationOptions | None = None,
     dp: DpOptions | None = None, executor: str = "processes", num_workers: int | None = None, seed: int = 0,
-    progress=None,
+    progress=None, server_momentum: float = 0.0, equal_weights: bool = False, evaluate_on: str = "test",
 ) -> list[PrivateRoundRecord]:
     """Federated rounds over the federation's devices with SecAgg+ and/or DP-FedAvg (or neither: the
     baseline); returns one record per round run. A DP plan stops early when its budget would be exceeded.
 
     Selection: with DP every device joins a round independently with probability clients_per_round / N
-    (Poisson sampling, what the accountant assumes); without, clients_per_round devices at random."""
+    (Poisson sampling, what the accountant assumes); without, clients_per_round devices at random.
+    `server_momentum` > 0 makes FedAvg FedAvgM (DP-FedAvgM under DP: McMahan et al. 2018); `equal_weights`
+    gives the non-private baseline DP's equal weighting; `evaluate_on="validation"` measures each round on
+    the validation split, the one to choose settings on (the test split reports them)."""
     device_count = len(federation.shards)
     if not 3 <= clients_per_round <= device_count:
         raise InvalidInputError(f"clients_per_round must lie in [3, {device_count}], got {clients_per_round}",
@@ -582,6 +604,14 @@ def run_private_rounds(
     aggregator = make_strategy(strategy or {"name": "fedavg"})
     if secure_aggregation is not None or dp is not None:
         require_secure_aggregation_support(aggregator)  # DP, too, needs only the equal-weighted sum
+    if server_momentum and aggregator.name not in ("fedavg", "fedprox"):
+        raise InvalidInputError(f"server_momentum applies to fedavg and fedprox, not {aggregator.name!r}",
+                                field="server_momentum")
+    if not 0 <= server_momentum < 1:
+        raise InvalidInputError(f"server_momentum must lie in [0, 1), got {server_momentum}", field="server_momentum")
+    if evaluate_on not in ("test", "validation"):
+        raise InvalidInputError(f"evaluate_on must be 'test' or 'validation', got {evaluate_on!r}", field="evaluate_on")
+    server_step = ServerStep(aggregator, server_momentum)
     rng = np.random.default_rng(seed)  # cohorts and training seeds: the same whatever the privacy options
     protocol_rng = np.random.default_rng([seed, 1])  # quantisation and dropouts
     privacy = None
@@ -594,7 +624,8 @@ def run_private_rounds(
     parameters = read_float_initializers(federation.model)
     shapes = {name: value.shape for name, value in parameters.items()}
     vector_length = sum(value.size for value in parameters.values())
-    test_features = normalise(federation.split.test.x, federation.card.input.normalisation)
+    evaluation = getattr(federation.split, evaluate_on)
+    evaluation_features = normalise(evaluation.x, federation.card.input.normalisation)
     context = _PrivateContext(federation.model, federation.training_graph, federation.card, federation.pool.x,
                               federation.pool.y, federation.shards)
     workers = make_executor(executor, num_workers)
@@ -653,19 +684,23 @@ def run_private_rounds(
                     mean = privacy.noised_mean(weighted_sum[:-1], within_count, sensitivity)
                 else:
                     mean = weighted_sum / total_weight
-                parameters = aggregator.apply_mean_delta(parameters, unflatten(mean, shapes))
+                parameters = server_step(parameters, unflatten(mean, shapes))
             elif privacy is not None:
                 survivors = len(results)
                 clipped_sum = sum((flatten(delta) for delta, _, _ in results), np.zeros(vector_length))
                 mean = privacy.noised_mean(clipped_sum, within_count)
-                parameters = aggregator.apply_mean_delta(parameters, unflatten(mean, shapes))
+                parameters = server_step(parameters, unflatten(mean, shapes))
             else:
                 survivors = len(results)
-                updates = [ClientUpdate(f"device-{index}", examples, lambda delta=delta: delta, 0.0)
+                updates = [ClientUpdate(f"device-{index}", 1 if equal_weights else examples,
+                                        lambda delta=delta: delta, 0.0)
                            for index, (delta, examples, _) in zip(cohort, results)]
-                parameters = aggregator.aggregate_fit(parameters, updates)
+                if server_momentum:
+                    parameters = server_step(parameters, weighted_mean_delta(parameters, updates))
+                else:
+                    parameters = aggregator.aggregate_fit(parameters, updates)
             aggregation_seconds = time.perf_counter() - aggregation_started
-            accuracy = accuracy_of(write_parameters(federation.model, parameters), test_features, federation.split.test.y)
+            accuracy = accuracy_of(write_parameters(federation.model, parameters), evaluation_features, evaluation.y)
             record = PrivateRoundRecord(
                 number, len(results), survivors, accuracy,
                 privacy.ledger.epsilon_spent if privacy is not None else None, clip_norm,

@@ -4,10 +4,12 @@ that need each update are refused."""
 import numpy as np
 import pytest
 
-from fedzoo.cloud.simulation import DpOptions, SecureAggregationOptions, prepare_federation, run_private_rounds
+from fedzoo.cloud.simulation import (DpOptions, SecureAggregationOptions, ServerStep, prepare_federation,
+                                     run_private_rounds)
 from fedzoo.dp.accountant import epsilon_after
 from fedzoo.dp.noise import AdaptiveClipping
-from fedzoo.server.fl.strategies import SecureAggregationUnsupportedError
+from fedzoo.errors import InvalidInputError
+from fedzoo.server.fl.strategies import SecureAggregationUnsupportedError, make_strategy
 
 TRAINING = {"optimizer": "sgd", "learning_rate": 0.05, "local_epochs": 1, "batch_size": 16}
 
@@ -76,3 +78,40 @@ def test_fedprox_devices_get_the_proximal_term_under_secure_aggregation(federati
     run_private_rounds(federation, 1, 10, TRAINING, {"name": "fedprox", "proximal_mu": 0.3},
                        secure_aggregation=options, executor="in-process")
     assert len(seen) == 10 and all(training == {**TRAINING, "proximal_mu": 0.3} for training in seen)
+
+
+def test_server_momentum_steps_along_the_running_sum_of_mean_deltas():
+    step = ServerStep(make_strategy({"name": "fedavg", "server_learning_rate": 0.5}), momentum=0.9)
+    parameters = {"w": np.zeros(2, dtype=np.float32)}
+    mean_delta = {"w": np.array([1.0, -2.0])}
+    first = step(parameters, mean_delta)
+    second = step(first, mean_delta)
+    np.testing.assert_allclose(first["w"], 0.5 * mean_delta["w"])
+    np.testing.assert_allclose(second["w"], first["w"] + 0.5 * 1.9 * mean_delta["w"], rtol=1e-6)
+
+
+def test_momentum_changes_dp_rounds_from_the_second_on_and_is_refused_where_it_has_no_meaning(federation):
+    dp = DpOptions(max_epsilon=50.0, clip_norm=0.3)
+    plain = run_private_rounds(federation, 2, 10, TRAINING, dp=dp, executor="in-process", seed=2)
+    momentum = run_private_rounds(federation, 2, 10, TRAINING, dp=dp, executor="in-process", seed=2, server_momentum=0.9)
+    assert momentum[0].accuracy == plain[0].accuracy and momentum[1].accuracy != plain[1].accuracy
+    with pytest.raises(InvalidInputError) as error:
+        run_private_rounds(federation, 1, 10, TRAINING, {"name": "fedadam"}, executor="in-process", server_momentum=0.9)
+    assert error.value.field == "server_momentum"
+    with pytest.raises(InvalidInputError) as error:
+        run_private_rounds(federation, 1, 10, TRAINING, executor="in-process", server_momentum=1.0)
+    assert error.value.field == "server_momentum"
+
+
+def test_settings_are_chosen_on_the_validation_split_and_the_baseline_can_weigh_devices_equally(federation):
+    on_test = run_private_rounds(federation, 1, 10, TRAINING, executor="in-process", seed=3)
+    on_validation = run_private_rounds(federation, 1, 10, TRAINING, executor="in-process", seed=3, evaluate_on="validation")
+    equal = run_private_rounds(federation, 3, 10, TRAINING, executor="in-process", seed=3, evaluate_on="validation",
+                               equal_weights=True)
+    weighted = run_private_rounds(federation, 3, 10, TRAINING, executor="in-process", seed=3, evaluate_on="validation")
+    # the same model, measured on the other split; then the same cohorts weighted 1 each instead of by examples
+    assert on_validation[0].accuracy != on_test[0].accuracy
+    assert [r.accuracy for r in equal] != [r.accuracy for r in weighted]
+    with pytest.raises(InvalidInputError) as error:
+        run_private_rounds(federation, 1, 10, TRAINING, executor="in-process", evaluate_on="train")
+    assert error.value.field == "evaluate_on"
