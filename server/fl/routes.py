@@ -26,8 +26,8 @@ from fedzoo.server.fl.rounds import MAX_ROUND_ID, RoundService
 from fedzoo.server.fl.schemas import RoundConfig, RoundView, TaskQuery, TaskResponse, UpdateMetadata, UpdateReceipt
 from fedzoo.server.openapi import documented
 from fedzoo.server.routes.common import (
-    EXTENSION_KEY, calling_device, json_body, json_response, parse_json, query_args, rate_limit,
-    require_admin_token, validation_error,
+    EXTENSION_KEY, authenticated_rate_limited, calling_device, context, json_body, json_response, parse_json,
+    query_args, require_admin_token, validation_error,
 )
 from fedzoo.server.schemas import StrictRequest
 
@@ -91,9 +91,8 @@ def get_task() -> Response:
             response=UpdateReceipt, status=201,
             path_params=ROUND_ID, errors=(403, 404, 409, 413, 422, 429))
 def upload_update(round_id: int) -> Response:
-    rate_limit("upload_per_address")
-    device = calling_device()
-    rate_limit("upload_per_device", device.id)
+    with context().db.read() as connection:
+        device = authenticated_rate_limited(connection, "upload")
     if request.mimetype != MULTIPART:
         raise BadRequest(f"send the update as {MULTIPART} with parts 'metadata' and 'delta'", field="Content-Type")
     # the JSON part arrives as a plain form field (our SDK) or, with a filename, as a file part (other clients)
