@@ -91,7 +91,8 @@ class LoopbackServer:
             def log_request(self, *args: Any, **kwargs: Any) -> None:  # a simulation makes thousands of requests
                 pass
 
-        app = create_app(ServerConfig.from_env(environ=self.environ, data_dir=self.data_dir, admin_token=self.admin_token))
+        app = create_app(ServerConfig.from_env(environ=self.environ, data_dir=self.data_dir,
+                                               admin_token=self.admin_token))
         self._server = make_server("127.0.0.1", self.port or 0, app, threaded=True, request_handler=_QuietHandler)
         self.port = self._server.server_port
         self._deadlines = start_deadline_watcher(app, self.deadline_check_s)

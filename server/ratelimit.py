@@ -154,7 +154,8 @@ class RateLimiter:
         if not windows:
             return
         if isinstance(self.storage, SQLiteCounterStorage):  # the default store: every window in one statement
-            counts = self.storage.incr_many([(item.key_for(rule, key), item.get_expiry()) for item, rule, key in windows])
+            counts = self.storage.incr_many([(item.key_for(rule, key), item.get_expiry())
+                                             for item, rule, key in windows])
             allowed = [count <= item.amount for count, (item, _, _) in zip(counts, windows)]
         else:
             allowed = [self.strategy.hit(item, rule, key) for item, rule, key in windows]
