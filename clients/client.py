@@ -1,7 +1,8 @@
 """The fedzoo device SDK: register, look up the best model, download it, run it, report its latency,
 and the federated-learning calls. numpy + onnxruntime + httpx only; never torch.
 
-    client = FedzooClient("http://127.0.0.1:8000", cache_dir="~/.cache/fedzoo", state_file="~/.config/fedzoo/client.json")
+    client = FedzooClient("http://127.0.0.1:8000", cache_dir="~/.cache/fedzoo",
+                          state_file="~/.config/fedzoo/client.json")  # device id, token, its expiry
     client.register(collect_device_profile("phone-17"), enrollment_token)  # keeps the token it is given
     choice = client.lookup("mnist", latency_budget_ms=5.0)
     path = client.download_model(choice["model"])             # resumable, sha256-checked, cached
@@ -127,7 +128,8 @@ class FedzooClient:
             })
 
     def _refresh_token_if_due(self) -> None:
-        if self.token_refresh_at_s is not None and self.device_id is not None and time.time() >= self.token_refresh_at_s:
+        due_at_s = self.token_refresh_at_s
+        if due_at_s is not None and self.device_id is not None and time.time() >= due_at_s:
             self.refresh_token()
 
     def list_models(self, task: str | None = None, limit: int = 50, offset: int = 0) -> dict[str, Any]:

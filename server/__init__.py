@@ -7,7 +7,10 @@ Layout, web layer to storage:
     openapi.py      `@documented` routes -> /v1/openapi.json (the FL blueprint uses it too)
     schemas.py      pydantic request/response bodies
     registry.py     publish / list / get models, import a zoo directory, refresh estimates
-    devices.py      register devices (tokens stored hashed), authenticate, telemetry
+    devices.py      register devices (tokens stored hashed, expiring, rotated), authenticate, revoke, telemetry
+    enrollment.py   enrollment tokens: create, list, revoke, take one use per registration
+    ratelimit.py    per-address and per-device rate limits in a store the workers share
+    enrollment_cli.py  `fedzoo enrollment ...`: the operator's commands, over REST
     lookup.py       the best model under latency and memory budgets, one SQL query
     latency.py      measured -> card device class -> predictor; `LatencyEstimator`
     blobstore.py    `BlobStore` by sha256 (`FileBlobStore`; S3 could implement it)

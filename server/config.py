@@ -31,7 +31,8 @@ class ServerConfig:
     fl_max_examples_per_update: int = DEFAULT_FL_MAX_EXAMPLES_PER_UPDATE
     open_enrollment: bool = False  # devices register without an enrollment token: labs and demos only
     device_token_ttl_s: int = DEFAULT_DEVICE_TOKEN_TTL_S
-    rate_limits: dict[str, str] = field(default_factory=dict)  # rule -> limits, see fedzoo.server.ratelimit
+    # rule -> limits (fedzoo.server.ratelimit); from_env fills in the defaults, an empty dict limits nothing
+    rate_limits: dict[str, str] = field(default_factory=dict)
     rate_limit_storage_uri: str | None = None  # None: a SQLite file in data_dir, shared by one host's workers
     # card signing (docs/signed-models.md): the server's own key, the operator keys it trusts, and whether an
     # unsigned card may be published

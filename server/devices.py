@@ -82,7 +82,7 @@ def register(session: Session, estimator: LatencyEstimator, profile: DeviceProfi
         raise Conflict(f"device {profile.device_id!r} is already registered; use the token it was given",
                        field="device_id", code="device_exists")
     token = new_device_token()
-    scales = scales or estimator.device_scales(profile)
+    scales = scales if scales is not None else estimator.device_scales(profile)
     session.add(DeviceRecord(
         id=profile.device_id,
         token_hash=hash_token(token),

@@ -61,6 +61,17 @@ def revoke(session: Session, token_id: str) -> EnrollmentToken:
     return record
 
 
+def state(record: EnrollmentToken) -> str:
+    """revoked, used_up, expired or active: the first that applies, in that order."""
+    if record.revoked_at is not None:
+        return "revoked"
+    if record.uses >= record.max_uses:
+        return "used_up"
+    if as_utc(record.expires_at) <= datetime.now(timezone.utc):
+        return "expired"
+    return "active"
+
+
 def consume(session: Session, token: str, device_class: str | None) -> EnrollmentToken:
     """Take one use of `token` for a device of `device_class`; 401 (field Authorization) naming why not."""
     token_hash = hash_token(token)

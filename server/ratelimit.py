@@ -17,7 +17,8 @@ proxy's address, so raise the per-address rules there (or let the proxy limit).
 Counters are fixed windows (`limits.FixedWindowRateLimiter`) in the store at `FEDZOO_RATE_LIMIT_STORAGE_URI`:
 `redis://…` or `memcached://…` for a fleet of hosts; by default a SQLite file next to the registry
 (`sqlite:///<data_dir>/rate-limits.db`, the `SQLiteCounterStorage` below), which the gunicorn workers of one
-host share without any extra service. Refused requests get 429 `rate_limited` with `Retry-After`.
+host share without any extra service; there a request's windows (a lookup's per-address and per-device ones)
+are counted in one statement. Refused requests get 429 `rate_limited` with `Retry-After`.
 """
 
 from __future__ import annotations
@@ -95,16 +96,25 @@ class SQLiteCounterStorage(Storage):
         return connection
 
     def incr(self, key: str, expiry: int, amount: int = 1) -> int:
+        return self.incr_many([(key, expiry)], amount)[0]
+
+    def incr_many(self, keys: list[tuple[str, int]], amount: int = 1) -> list[int]:
+        """`incr` of several (key, expiry) at once: one statement, one transaction (a lookup counts two)."""
         now = time.time()
         self._hits += 1
         if self._hits % self.PURGE_EVERY_HITS == 0:
             self._connection().execute("DELETE FROM counters WHERE expires_at <= ?", (now,))
-        return self._connection().execute(
-            "INSERT INTO counters (key, count, expires_at) VALUES (?1, ?2, ?3) ON CONFLICT (key) DO UPDATE SET "
-            "count = CASE WHEN expires_at <= ?4 THEN ?2 ELSE count + ?2 END, "
-            "expires_at = CASE WHEN expires_at <= ?4 THEN ?3 ELSE expires_at END RETURNING count",
-            (key, amount, now + expiry, now),
-        ).fetchone()[0]
+        rows = self._connection().execute(
+            "INSERT INTO counters (key, count, expires_at) VALUES "
+            + ", ".join("(?, ?, ?)" for _ in keys)
+            + " ON CONFLICT (key) DO UPDATE SET count = CASE WHEN expires_at <= ? THEN excluded.count "
+              "ELSE count + excluded.count END, "
+              "expires_at = CASE WHEN expires_at <= ? THEN excluded.expires_at ELSE expires_at END "
+              "RETURNING key, count",
+            [value for key, expiry in keys for value in (key, amount, now + expiry)] + [now, now],
+        ).fetchall()
+        counts = dict(rows)
+        return [counts[key] for key, _ in keys]
 
     def _row(self, key: str) -> tuple[int, float] | None:
         return self._connection().execute("SELECT count, expires_at FROM counters WHERE key = ? AND expires_at > ?",
@@ -130,7 +140,7 @@ class SQLiteCounterStorage(Storage):
 
 
 class RateLimiter:
-    """`hit(rule, key)` counts one request against a rule and raises 429 when a window is used up."""
+    """`hit((rule, key), ...)` counts one request against each rule and raises 429 when a window is used up."""
 
     def __init__(self, rules: dict[str, str], storage_uri: str) -> None:
         self.storage = storage_from_string(storage_uri)
@@ -139,9 +149,18 @@ class RateLimiter:
             rule: parse_many(text) for rule, text in rules.items() if text.lower() != OFF
         }
 
-    def hit(self, rule: str, key: str) -> None:
-        for item in self.items.get(rule, ()):
-            if not self.strategy.hit(item, rule, key):
+    def hit(self, *rule_keys: tuple[str, str]) -> None:
+        windows = [(item, rule, key) for rule, key in rule_keys for item in self.items.get(rule, ())]
+        if not windows:
+            return
+        if isinstance(self.storage, SQLiteCounterStorage):  # the default store: every window in one statement
+            counts = self.storage.incr_many([(item.key_for(rule, key), item.get_expiry())
+                                             for item, rule, key in windows])
+            allowed = [count <= item.amount for count, (item, _, _) in zip(counts, windows)]
+        else:
+            allowed = [self.strategy.hit(item, rule, key) for item, rule, key in windows]
+        for ok, (item, rule, key) in zip(allowed, windows):
+            if not ok:
                 reset_at, _ = self.strategy.get_window_stats(item, rule, key)
                 retry_after_s = max(1, math.ceil(reset_at - time.time()))
                 raise TooManyRequests(f"too many requests: the limit {item} ({rule.replace('_', ' ')}) is used up; "

@@ -43,8 +43,8 @@ from fedzoo.server.fl.schemas import (
 )
 from fedzoo.server.openapi import OCTET_STREAM, documented
 from fedzoo.server.routes.common import (
-    EXTENSION_KEY, calling_device, context, json_body, json_response, parse_json, query_args, raw_body, rate_limit,
-    require_admin_token, validation_error,
+    EXTENSION_KEY, authenticated_rate_limited, calling_device, context, json_body, json_response, parse_json,
+    query_args, raw_body, require_admin_token, validation_error,
 )
 from fedzoo.server.schemas import StrictRequest
 
@@ -108,9 +108,8 @@ def get_task() -> Response:
             response=UpdateReceipt, status=201,
             path_params=ROUND_ID, errors=(403, 404, 409, 413, 422, 429))
 def upload_update(round_id: int) -> Response:
-    rate_limit("upload_per_address")
-    device = calling_device()
-    rate_limit("upload_per_device", device.id)
+    with context().db.read() as connection:
+        device = authenticated_rate_limited(connection, "upload")
     if request.mimetype != MULTIPART:
         raise BadRequest(f"send the update as {MULTIPART} with parts 'metadata' and 'delta'", field="Content-Type")
     # the JSON part arrives as a plain form field (our SDK) or, with a filename, as a file part (other clients)

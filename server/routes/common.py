@@ -8,12 +8,13 @@ from typing import Any, TypeVar
 
 from flask import Response, current_app, request
 from pydantic import BaseModel, ValidationError
+from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from fedzoo.server.auth import bearer_token, require_admin, require_reader
 from fedzoo.server.context import ServerContext
 from fedzoo.server.devices import AuthenticatedDevice, authenticate
-from fedzoo.server.errors import MalformedJSON, PayloadTooLarge, UnsupportedMediaType, ValidationFailed
+from fedzoo.server.errors import MalformedJSON, PayloadTooLarge, Unauthorized, UnsupportedMediaType, ValidationFailed
 
 Model = TypeVar("Model", bound=BaseModel)
 EXTENSION_KEY = "fedzoo"
@@ -126,10 +127,28 @@ def calling_device(session: Session | None = None) -> AuthenticatedDevice:
     return device
 
 
+def client_address() -> str:
+    return request.remote_addr or "unknown"
+
+
 def rate_limit(rule: str, key: str | None = None) -> None:
     """Count this request against a rate-limit rule (`fedzoo.server.ratelimit`), keyed by `key` (a device
     id) or, without one, by the client's address; 429 when the rule's window is used up."""
-    context().limiter.hit(rule, key if key is not None else (request.remote_addr or "unknown"))
+    context().limiter.hit((rule, key if key is not None else client_address()))
+
+
+def authenticated_rate_limited(connection: Session | Connection, action: str) -> AuthenticatedDevice:
+    """The calling device, with this request counted against `<action>_per_address` and `<action>_per_device`
+    in one go once the token is known (a refused token counts against the address alone); its last-seen time
+    is recorded."""
+    try:
+        device = authenticate(connection, bearer_token(request.headers.get("Authorization")))
+    except Unauthorized:
+        rate_limit(f"{action}_per_address")
+        raise
+    context().limiter.hit((f"{action}_per_address", client_address()), (f"{action}_per_device", device.id))
+    context().last_seen.seen(context().db.engine, device.id)
+    return device
 
 
 def next_offset(offset: int, returned: int, total: int) -> int | None:

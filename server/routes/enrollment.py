@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-
 from flask import Blueprint, Response
 
 from fedzoo.server import enrollment
@@ -22,18 +20,11 @@ TOKEN_ID = {"token_id": {"type": "string", "pattern": "^enr_[0-9a-f]{16}$"}}
 
 
 def _view_fields(record: EnrollmentToken) -> dict:
-    if record.revoked_at is not None:
-        state = "revoked"
-    elif record.uses >= record.max_uses:
-        state = "used_up"
-    elif as_utc(record.expires_at) <= datetime.now(timezone.utc):
-        state = "expired"
-    else:
-        state = "active"
     return {"id": record.id, "label": record.label, "device_class": record.device_class,
             "max_uses": record.max_uses, "uses": record.uses, "created_at": as_utc(record.created_at),
             "expires_at": as_utc(record.expires_at),
-            "revoked_at": as_utc(record.revoked_at) if record.revoked_at else None, "state": state}
+            "revoked_at": as_utc(record.revoked_at) if record.revoked_at else None,
+            "state": enrollment.state(record)}
 
 
 @documented(blueprint, "POST", "/v1/enrollment-tokens",

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 
-from flask import Blueprint, Response, request
+from flask import Blueprint, Response
 
-from fedzoo.server import devices, lookup
-from fedzoo.server.auth import bearer_token
+from fedzoo.server import lookup
 from fedzoo.server.openapi import documented
-from fedzoo.server.routes.common import context, json_body, rate_limit
+from fedzoo.server.routes.common import authenticated_rate_limited, context, json_body
 from fedzoo.server.schemas import LookupRequest, LookupResponse
 
 blueprint = Blueprint("lookup", __name__)
@@ -21,12 +20,9 @@ blueprint = Blueprint("lookup", __name__)
                     "(404 no_model_for_task; 409 no_model_fits names the closest)",
             auth="device", request=LookupRequest, response=LookupResponse, errors=(404, 409, 422, 429))
 def lookup_model() -> Response:
-    rate_limit("lookup_per_address")
     server = context()
     with server.db.read() as connection:
-        device = devices.authenticate(connection, bearer_token(request.headers.get("Authorization")))
-        rate_limit("lookup_per_device", device.id)
-        server.last_seen.seen(server.db.engine, device.id)
+        device = authenticated_rate_limited(connection, "lookup")
         body = json_body(LookupRequest)
         query = lookup.LookupQuery(task=body.task, latency_budget_ms=body.latency_budget_ms,
                                    memory_budget_mb=body.memory_budget_mb, min_accuracy=body.min_accuracy,

@@ -26,7 +26,8 @@ def profile(device_id: str) -> DeviceProfile:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    with LoopbackServer(tmp_path_factory.mktemp("server"), environ={"FEDZOO_DEVICE_TOKEN_TTL_S": str(TOKEN_TTL_S)}) as running:
+    environ = {"FEDZOO_DEVICE_TOKEN_TTL_S": str(TOKEN_TTL_S)}
+    with LoopbackServer(tmp_path_factory.mktemp("server"), environ=environ) as running:
         yield running
 
 
