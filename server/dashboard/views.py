@@ -96,7 +96,7 @@ def needs_login(view: Callable[..., Response]) -> Callable[..., Response]:
 
 def _local_path(target: str | None) -> str:
     """Where to go after logging in: a dashboard path only (no open redirect)."""
-    if target and target.startswith("/ui/") and not target.startswith("//"):
+    if target and target.startswith("/ui/"):
         return target
     return url_for("dashboard.overview")
 
