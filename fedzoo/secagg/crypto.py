@@ -105,9 +105,10 @@ def mask(key: bytes, length: int, modulus_bits: int) -> np.ndarray:
     return np.frombuffer(stream, dtype=dtype).copy()
 
 
-def commitment(*parts: bytes) -> str:
-    """SHA-256 over length-prefixed parts, base64: binds a value without revealing it (the values are random)."""
+def commitment(*parts: bytes, size: int = 32) -> str:
+    """SHA-256 over length-prefixed parts, its first `size` bytes in base64: binds a value without revealing it
+    (the values are random)."""
     digest = hashlib.sha256(b"fedzoo-secagg/v1/commitment")
     for part in parts:
         digest.update(len(part).to_bytes(4, "big") + part)
-    return base64.b64encode(digest.digest()).decode("ascii")
+    return base64.b64encode(digest.digest()[:size]).decode("ascii")

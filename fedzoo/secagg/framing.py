@@ -1,12 +1,12 @@
 """Compact binary framing of the two share-carrying replies, the bulk of SecAgg+'s traffic after the vector.
 
-As JSON, a neighbour costs ≈ 400 bytes (base64 ciphertext, two base64 commitments, the unmask share);
-framed, ≈ 205: 169 to share keys with it, 36 to reveal one of its shares. Both replies are otherwise the
+As JSON, a neighbour costs ≈ 350 bytes (base64 ciphertext, two base64 commitments, the unmask share);
+framed, ≈ 173: 137 to share keys with it, 36 to reveal one of its shares. Both replies are otherwise the
 dicts of `fedzoo.secagg.client` (without `stage` and `client`, which the transport knows). Integers are
 big-endian; client numbers are 16-bit, so a framed round has at most 65,536 clients.
 
     share_keys: seed_commitment (32) | count (u16) | count x [holder (u16) | ciphertext length (u8) |
-                ciphertext | self_mask_commitment (32) | mask_key_commitment (32)]
+                ciphertext | self_mask_commitment (16) | mask_key_commitment (16)]
     unmask:     count (u16) | count x [owner (u16) | kind (u8: 0 self_mask, 1 mask_key) | value (33)] |
                 undecryptable count (u16) | undecryptable x owner (u16)
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from fedzoo.secagg.client import SHARE_COMMITMENT_BYTES
 from fedzoo.secagg.errors import ProtocolViolation
 from fedzoo.secagg.messages import from_base64, to_base64
 from fedzoo.secagg.shamir import SHARE_BYTES
@@ -52,8 +53,8 @@ def encode_share_keys(reply: dict[str, Any]) -> bytes:
         if not 0 < len(ciphertext) < 256:
             raise ProtocolViolation("a share ciphertext must hold 1 to 255 bytes", reason="malformed")
         out += _u16(entry.get("holder"), "holder") + bytes([len(ciphertext)]) + ciphertext
-        out += _fixed(entry.get("self_mask_commitment"), DIGEST_BYTES, "self_mask_commitment")
-        out += _fixed(entry.get("mask_key_commitment"), DIGEST_BYTES, "mask_key_commitment")
+        out += _fixed(entry.get("self_mask_commitment"), SHARE_COMMITMENT_BYTES, "self_mask_commitment")
+        out += _fixed(entry.get("mask_key_commitment"), SHARE_COMMITMENT_BYTES, "mask_key_commitment")
     return bytes(out)
 
 
@@ -66,8 +67,8 @@ def decode_share_keys(data: bytes) -> dict[str, Any]:
         holder = reader.u16()
         ciphertext = reader.take(reader.u8())
         shares.append({"holder": holder, "ciphertext": to_base64(ciphertext),
-                       "self_mask_commitment": to_base64(reader.take(DIGEST_BYTES)),
-                       "mask_key_commitment": to_base64(reader.take(DIGEST_BYTES))})
+                       "self_mask_commitment": to_base64(reader.take(SHARE_COMMITMENT_BYTES)),
+                       "mask_key_commitment": to_base64(reader.take(SHARE_COMMITMENT_BYTES))})
     reader.end()
     return {"shares": shares, "self_mask_seed_commitment": seed_commitment}
 

@@ -18,7 +18,9 @@ from typing import Any
 import numpy as np
 
 from fedzoo.secagg import crypto
-from fedzoo.secagg.client import MASK_KEY, SELF_MASK, pairwise_mask, self_mask, self_mask_commitment, share_commitment
+from fedzoo.secagg.client import (
+    MASK_KEY, SELF_MASK, SHARE_COMMITMENT_BYTES, pairwise_mask, self_mask, self_mask_commitment, share_commitment,
+)
 from fedzoo.secagg.config import SecAggConfig
 from fedzoo.secagg.errors import ProtocolViolation, RoundAborted
 from fedzoo.secagg.graph import neighbours
@@ -187,7 +189,7 @@ def _parse_dealt(reply: dict[str, Any], expected_holders: set[int]) -> _Dealt | 
             return None
         holder = entry["holder"]
         if not isinstance(entry.get("ciphertext"), str) or not all(
-                _is_digest(entry.get(f"{kind}_commitment")) for kind in (SELF_MASK, MASK_KEY)):
+                _is_digest(entry.get(f"{kind}_commitment"), SHARE_COMMITMENT_BYTES) for kind in (SELF_MASK, MASK_KEY)):
             return None
         ciphertexts[holder] = entry["ciphertext"]
         commitments[(SELF_MASK, holder)] = entry[f"{SELF_MASK}_commitment"]
@@ -197,9 +199,9 @@ def _parse_dealt(reply: dict[str, Any], expected_holders: set[int]) -> _Dealt | 
     return _Dealt(ciphertexts, commitments, seed_commitment)
 
 
-def _is_digest(value: Any) -> bool:
+def _is_digest(value: Any, size: int = 32) -> bool:
     try:
-        return isinstance(value, str) and len(from_base64(value, "commitment")) == 32
+        return isinstance(value, str) and len(from_base64(value, "commitment")) == size
     except ProtocolViolation:
         return False
 

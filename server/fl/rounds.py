@@ -26,6 +26,10 @@ A round moves `open → collecting → aggregating → closed | failed`:
   the aggregate held non-finite weights, or it was refused for publication. Either way, if the plan
   has rounds left, the next round opens at once (from the last published model).
 
+Private rounds (`privacy.secure_aggregation`, `privacy.dp`, see `fedzoo.server.fl.secure_rounds`): under
+SecAgg+ the collecting state has sub-stages in which devices run the protocol instead of uploading deltas,
+and aggregation starts from the unmasked sum; under DP the server adds noise and keeps the plan's ledger.
+
 Deadlines are enforced twice: every call into the service first advances the rounds whose deadline
 or lease has passed (`advance`), so the state is right whenever anyone looks, and the serving process
 runs `advance` in the background (`fedzoo.server.fl.deadlines`), so an overdue round closes or fails,
@@ -55,11 +59,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from fedzoo.cards import Metrics, ModelCard
-from fedzoo.dp.accountant import PrivacyBudgetExhausted
-from fedzoo.secagg.errors import RoundAborted
 from fedzoo.clients.update_codec import decode_update, split_statistics
+from fedzoo.dp.accountant import PrivacyBudgetExhausted
 from fedzoo.edge.onnx_initializers import read_float_initializers, replace_initializers
 from fedzoo.errors import FedzooError, InvalidInputError, NotFoundError
+from fedzoo.secagg.errors import RoundAborted
 from fedzoo.server.blobstore import BlobStore
 from fedzoo.server.db import Database
 from fedzoo.server.errors import Conflict, Forbidden, PayloadTooLarge

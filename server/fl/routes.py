@@ -18,7 +18,7 @@ closed); 413 over the size limit; 422 naming the tensor whose name, shape, dtype
 SecAgg+ rounds (`privacy.secure_aggregation`) take no delta upload (409 `secure_round`): the device replies
 to each stage that `GET /v1/fl/task` shows it (`task.privacy.secure_aggregation`) at
 `POST /v1/fl/rounds/<id>/secagg/<stage>`: `advertise_keys` as JSON; `share_keys` and `unmask` as JSON or,
-≈ half the bytes, as `application/octet-stream` framed by `fedzoo.secagg.framing` (what the SDK sends);
+about half the bytes, as `application/octet-stream` framed by `fedzoo.secagg.framing` (what the SDK sends);
 `masked_input` as `application/octet-stream` (the masked vector's little-endian ring values, 2 or 4 bytes
 each). The device's client number comes from its token, never from the body. 201 means
 the reply is stored and counts; 409 `wrong_stage` (the stage is closed or not open yet), `duplicate_reply`,

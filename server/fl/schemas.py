@@ -246,6 +246,7 @@ class RoundView(_Response):
 
 BASE64_32_BYTES = r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=$"  # an X25519 key or a SHA-256 commitment
 BASE64_33_BYTES = r"^[A-Za-z0-9+/]{44}$"  # a Shamir share value
+BASE64_16_BYTES = r"^[A-Za-z0-9+/]{21}[AQgw]==$"  # a share commitment
 BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
 
@@ -260,8 +261,8 @@ class DealtShare(_Request):
     holder: int = Field(ge=0, lt=65_536)
     ciphertext: str = Field(min_length=4, max_length=340, pattern=BASE64,
                             description="base64 of nonce || ChaCha20-Poly1305 (at most 255 bytes)")
-    self_mask_commitment: str = Field(pattern=BASE64_32_BYTES)
-    mask_key_commitment: str = Field(pattern=BASE64_32_BYTES)
+    self_mask_commitment: str = Field(pattern=BASE64_16_BYTES)
+    mask_key_commitment: str = Field(pattern=BASE64_16_BYTES)
 
 
 class ShareKeysReply(_Request):

@@ -66,8 +66,8 @@ def _shamir_case() -> dict[str, Any]:
 def _framing_case() -> dict[str, Any]:
     share_keys = {"self_mask_seed_commitment": to_base64(seed("seed commitment")), "shares": [
         {"holder": holder, "ciphertext": to_base64((seed(f"ciphertext {holder}") * 4)[:102]),
-         "self_mask_commitment": to_base64(seed(f"self mask commitment {holder}")),
-         "mask_key_commitment": to_base64(seed(f"mask key commitment {holder}"))} for holder in (2, 300)]}
+         "self_mask_commitment": to_base64(seed(f"self mask commitment {holder}")[:16]),
+         "mask_key_commitment": to_base64(seed(f"mask key commitment {holder}")[:16])} for holder in (2, 300)]}
     unmask = {"shares": [{"owner": 2, "kind": SELF_MASK, "value": to_base64(b"\x01" + seed("share 2"))},
                          {"owner": 300, "kind": MASK_KEY, "value": to_base64(b"\x00" + seed("share 300"))}],
               "undecryptable": [7]}
