@@ -51,7 +51,7 @@ from fedzoo.edge.trainer import Trainer, write_parameters
 from fedzoo.errors import InvalidInputError
 from fedzoo.secagg import RoundAborted, dequantise_sum, example_weight, flatten, quantise, run_local_round, unflatten
 from fedzoo.secagg.config import SecAggConfig
-from fedzoo.server.fl.strategies import (ClientUpdate, make_strategy, require_secure_aggregation_support,
+from fedzoo.server.fl.strategies import (ClientUpdate, Strategy, make_strategy, require_secure_aggregation_support,
                                          weighted_mean_delta)
 from fedzoo.signing import CardSigningKey, sign_card
 
@@ -567,7 +567,7 @@ class ServerStep:
     """The server's step from a round's mean delta: the strategy's own, or with momentum v <- beta v + mean
     and the strategy's step along v (FedAvgM; under DP it is post-processing and costs no privacy)."""
 
-    def __init__(self, aggregator, momentum: float) -> None:
+    def __init__(self, aggregator: Strategy, momentum: float) -> None:
         self.aggregator, self.momentum = aggregator, momentum
         self.velocity: dict[str, np.ndarray] | None = None
 
