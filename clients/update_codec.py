@@ -31,7 +31,6 @@ from typing import Literal
 
 import numpy as np
 
-from fedzoo.edge.trainer import RUNNING_PREFIX
 from fedzoo.errors import InvalidInputError
 
 Encoding = Literal["fp32", "int8"]
@@ -41,6 +40,9 @@ SCALES_KEY = "@scales"
 VALUES_KEY = "@values"
 INT8_KEYS = {LAYOUT_KEY, SCALES_KEY, VALUES_KEY}
 INT8_LEVELS = 127
+# the entries of running statistics: the training graph's name of an updated statistic (fedzoo.edge.trainer's
+# RUNNING_PREFIX, not imported: the server reads updates without loading onnxruntime)
+RUNNING_PREFIX = "running."
 # the .npy format versions numpy writes for plain arrays, and their header readers
 NPY_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 

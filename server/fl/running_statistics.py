@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from fedzoo.edge.trainer import INPUT_NAME, RUNNING_PREFIX, TARGET_NAME
+from fedzoo.clients.update_codec import RUNNING_PREFIX
 from fedzoo.errors import InvalidInputError
 from fedzoo.server.fl.schemas import NormBound
 from fedzoo.server.fl.screening import screen_updates
@@ -38,6 +38,8 @@ def training_graph_state(training_graph: bytes) -> tuple[list[str], list[str]]:
     """The training graph's trainable parameters and running statistics, in input order (docs/training-graphs.md):
     every input but `x` and `y`; a statistic is an input with a `running.<name>` output."""
     import onnx
+
+    from fedzoo.edge.trainer import INPUT_NAME, TARGET_NAME  # imported here: it loads onnxruntime
 
     graph = onnx.load_model_from_string(training_graph).graph
     outputs = {value.name for value in graph.output}
