@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from server_helpers import REFERENCE_CALIBRATION_MS, device_profile, make_card, tiny_onnx_model
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from fedzoo.device import DeviceProfile
 from fedzoo.server import devices, migrations, registry
@@ -14,7 +14,7 @@ from fedzoo.server.db import Database
 from fedzoo.server.errors import Unauthorized
 from fedzoo.server.latency import CalibrationScalingEstimator, KernelPredictorEstimator
 from fedzoo.server.lookup import LookupQuery, lookup
-from fedzoo.server.models import DeviceRecord, ModelRecord
+from fedzoo.server.models import FACTOR_COLUMNS, ClassLatencyCalibration, DeviceRecord, ModelRecord
 
 
 def test_calibration_scaling_is_the_geometric_mean_of_the_ratios():
@@ -77,13 +77,22 @@ def test_refresh_recomputes_what_another_estimator_stored(tmp_path):
     store.put(blob)
     with database.session() as session:
         registry.publish(session, store, old, make_card(blob, "m", 0.9, 4_000_000))  # 4.05 ms on the reference
+        registry.publish(session, store, old, make_card(blob, "reported", 0.5, 1_000_000, task="mnist"))
         token = devices.register(session, old, DeviceProfile.model_validate(device_profile("d", slowdown=3.0))).token
     query = LookupQuery(task="digits", latency_budget_ms=5.0)
     with database.session() as session:
         assert lookup(session, devices.authenticate(session, token), query).chosen.latency_ms == pytest.approx(4.05)
-        assert registry.refresh_latency_estimates(session, store, new) == (1, 1)
+    with database.session() as session:  # telemetry refines the old estimator's scales; a class learnt factors
+        devices.report_latency(session, "d", "reported", 1.2, None, None, groups=len(old.groups))
+        session.add(ClassLatencyCalibration(device_class="pi4", devices=3, **dict.fromkeys(FACTOR_COLUMNS, 1.5)))
+    with database.session() as session:
+        assert session.scalar(select(DeviceRecord.latency_reports)) == 1
+        assert registry.refresh_latency_estimates(session, store, new) == (2, 1)
         assert registry.refresh_latency_estimates(session, store, new) == (0, 0)
     with database.session() as session:
+        record = session.get(DeviceRecord, "d")
+        assert (record.latency_reports, record.latency_calibration_json, record.latency_log_sigma) == (0, None, None)
+        assert session.scalar(select(func.count()).select_from(ClassLatencyCalibration)) == 0
         assert session.scalar(select(DeviceRecord.scale_0)) == pytest.approx(3.0)
         assert session.scalar(select(ModelRecord.latency_signature)) == new.signature
         with pytest.raises(Exception, match="none of the 1 digits models fits"):
