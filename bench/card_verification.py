@@ -34,7 +34,6 @@ INPUTS = 784
 
 def mlp_onnx(size_kb: int, seed: int) -> bytes:
     """A real ONNX classifier 784 -> hidden -> 10 of about `size_kb` KB of float32 weights."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     hidden = max(1, size_kb * 1024 // 4 // (INPUTS + 10))

@@ -32,7 +32,6 @@ from fedzoo.secagg.messages import (
     from_base64,
     listed_entries,
     to_base64,
-    vector_from_base64,
     vector_to_base64,
 )
 from fedzoo.secagg.shamir import SHARE_BYTES, share_value_bytes, split_secret

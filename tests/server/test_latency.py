@@ -11,7 +11,6 @@ from fedzoo.device import DeviceProfile
 from fedzoo.server import devices, migrations, registry
 from fedzoo.server.blobstore import FileBlobStore
 from fedzoo.server.db import Database
-from fedzoo.server.errors import Unauthorized
 from fedzoo.server.latency import CalibrationScalingEstimator, KernelPredictorEstimator
 from fedzoo.server.lookup import LookupQuery, lookup
 from fedzoo.server.models import FACTOR_COLUMNS, ClassLatencyCalibration, DeviceRecord, ModelRecord
