@@ -26,7 +26,7 @@ def publish(live_server: LiveServer, model_id: str, accuracy: float, predicted_m
 @pytest.fixture
 def client(live_server: LiveServer, tmp_path) -> FedzooClient:
     sdk = FedzooClient(live_server.base_url, cache_dir=tmp_path / "cache")
-    sdk.register(DeviceProfile.model_validate(device_profile("d1")))  # calibrated at the reference's speed
+    sdk.register(DeviceProfile.model_validate(device_profile("d1")), live_server.enrollment_token())  # at the reference's speed
     yield sdk
     sdk.close()
 
@@ -82,4 +82,4 @@ def test_a_device_without_onnx_calibrates_on_the_served_models_and_registers(liv
         assert served == calibration_models()
         profile = collect_device_profile("no-onnx-device", calibration_models=served)
         assert [benchmark.model for benchmark in profile.benchmarks] == list(served)
-        assert sdk.register(profile)["latency_scales_basis"]
+        assert sdk.register(profile, live_server.enrollment_token())["latency_scales_basis"]
