@@ -18,6 +18,7 @@ from fedzoo.server.card_keys import FleetKeys
 from fedzoo.server.config import ServerConfig
 from fedzoo.server.context import ServerContext
 from fedzoo.server.db import Database
+from fedzoo.server.devices import LastSeenRecorder
 from fedzoo.server.errors import APIError, from_domain_error
 from fedzoo.server import dashboard
 from fedzoo.server.fl import routes as fl_routes
@@ -119,14 +120,16 @@ def create_app(config: ServerConfig | None = None, estimator: LatencyEstimator |
     app = Flask(__name__, static_folder=None)  # no static route: nothing but the blob store serves files
     app.config["MAX_CONTENT_LENGTH"] = config.max_request_bytes
     app.json.sort_keys = False
+    database = Database(config.database_url)
     app.extensions[EXTENSION_KEY] = ServerContext(
         config=config,
-        db=Database(config.database_url),
+        db=database,
         store=FileBlobStore(config.blob_dir),
         estimator=estimator,
         limiter=RateLimiter(config.rate_limits,
                             config.rate_limit_storage_uri or f"sqlite:///{config.data_dir / 'rate-limits.db'}"),
         keys=FleetKeys.from_config(config),
+        last_seen=LastSeenRecorder(database.engine),
     )
     if config.open_enrollment:  # each worker says it: no one should find out from a stranger's device
         log.warning("OPEN ENROLLMENT: FEDZOO_OPEN_ENROLLMENT is on; anyone who reaches this server can register "

@@ -3,7 +3,7 @@ signing keys."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fedzoo.server.blobstore import BlobStore
 from fedzoo.server.card_keys import FleetKeys
@@ -22,4 +22,4 @@ class ServerContext:
     estimator: LatencyEstimator
     limiter: RateLimiter
     keys: FleetKeys
-    last_seen: LastSeenRecorder = field(default_factory=LastSeenRecorder)
+    last_seen: LastSeenRecorder

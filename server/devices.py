@@ -8,7 +8,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, Engine, bindparam, select, update
 from sqlalchemy.exc import SQLAlchemyError
@@ -33,6 +33,7 @@ from fedzoo.server.models import (
 ROTATION_GRACE_S = 120
 
 LAST_SEEN_RESOLUTION_S = 60.0
+LAST_SEEN_FLUSH_INTERVAL_S = 5.0
 log = logging.getLogger(__name__)
 
 
@@ -154,31 +155,59 @@ def revoke(session: Session, device_id: str) -> DeviceRecord:
 
 class LastSeenRecorder:
     """Keeps each device's `last_seen_at` for the fleet view without a write on every request: a process
-    writes a device's time at most once per `resolution_s` (so the shown time is at most that old)."""
+    notes a device at most once per `resolution_s` and writes the noted devices together, in one statement,
+    `flush_interval_s` after the first of them (a timer thread, so no request waits for the write). The fleet
+    view flushes its own process first; another worker's devices show at most `flush_interval_s` late, and a
+    killed worker loses at most that much."""
 
-    def __init__(self, resolution_s: float = LAST_SEEN_RESOLUTION_S, max_entries: int = 100_000) -> None:
+    def __init__(self, engine: Engine, resolution_s: float = LAST_SEEN_RESOLUTION_S,
+                 flush_interval_s: float = LAST_SEEN_FLUSH_INTERVAL_S, max_entries: int = 100_000) -> None:
+        self.engine = engine
         self.resolution_s = resolution_s
+        self.flush_interval_s = flush_interval_s
         self.max_entries = max_entries
-        self._written: OrderedDict[str, float] = OrderedDict()
+        self._noted: OrderedDict[str, float] = OrderedDict()  # device id -> monotonic time last noted
+        self._pending: dict[str, datetime] = {}  # device id -> when seen, not written yet
+        self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
 
-    def seen(self, engine: Engine, device_id: str) -> None:
-        """Record that `device_id` made an authenticated request now."""
+    def seen(self, device_id: str) -> None:
+        """Note that `device_id` made an authenticated request now."""
         now = time.monotonic()
         with self._lock:
-            written = self._written.get(device_id)
-            if written is not None and now - written < self.resolution_s:
+            noted = self._noted.get(device_id)
+            if noted is not None and now - noted < self.resolution_s:
                 return
-            self._written[device_id] = now
-            self._written.move_to_end(device_id)
-            while len(self._written) > self.max_entries:
-                self._written.popitem(last=False)
+            self._noted[device_id] = now
+            self._noted.move_to_end(device_id)
+            while len(self._noted) > self.max_entries:
+                self._noted.popitem(last=False)
+            self._pending[device_id] = utc_now()
+            if self._timer is None:
+                self._timer = threading.Timer(self.flush_interval_s, self.flush)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def flush(self) -> None:
+        """Write every noted time now, in one statement."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        if not pending:
+            return
         try:
-            with engine.begin() as connection:
-                connection.execute(update(DeviceRecord).where(DeviceRecord.id == device_id)
-                                   .values(last_seen_at=utc_now()))
-        except SQLAlchemyError:  # a missed last-seen time must never fail the device's request
-            log.warning("could not record that device %s was seen", device_id, exc_info=True)
+            with self.engine.begin() as connection:
+                connection.execute(_SET_LAST_SEEN, [{"device_id": device_id, "seen_at": seen_at}
+                                                    for device_id, seen_at in pending.items()])
+        except SQLAlchemyError:  # a missed last-seen time must never fail a request
+            log.warning("could not record when %d devices were last seen", len(pending), exc_info=True)
+
+
+_DEVICES = DeviceRecord.__table__
+_SET_LAST_SEEN = (update(_DEVICES).where(_DEVICES.c.id == bindparam("device_id"))
+                  .values(last_seen_at=bindparam("seen_at")))
 
 
 def report_latency(session: Session, device_id: str, model_id: str, median_ms: float, p90_ms: float | None,

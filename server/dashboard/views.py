@@ -128,6 +128,7 @@ def logout() -> Response:
 @needs_login
 def overview() -> Response:
     service().advance()
+    context().last_seen.flush()
     with context().db.session() as session:
         models = registry.list_cards(session, None, None, 1, 0).total
         classes = operator_view.device_class_counts(session)
@@ -207,6 +208,7 @@ def round_state(round_id: int) -> Response:
 @needs_login
 def fleet() -> Response:
     query = query_args(DeviceListQuery)
+    context().last_seen.flush()
     with context().db.session() as session:
         classes = operator_view.device_class_counts(session)
         listed = operator_view.list_devices(session, query.device_class, query.limit, query.offset)

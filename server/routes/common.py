@@ -123,7 +123,7 @@ def calling_device(session: Session | None = None) -> AuthenticatedDevice:
     else:
         with context().db.session() as own_session:
             device = authenticate(own_session, token)
-    context().last_seen.seen(context().db.engine, device.id)
+    context().last_seen.seen(device.id)
     return device
 
 
@@ -147,7 +147,7 @@ def authenticated_rate_limited(connection: Session | Connection, action: str) ->
         rate_limit(f"{action}_per_address")
         raise
     context().limiter.hit((f"{action}_per_address", client_address()), (f"{action}_per_device", device.id))
-    context().last_seen.seen(context().db.engine, device.id)
+    context().last_seen.seen(device.id)
     return device
 
 

@@ -47,6 +47,7 @@ def list_participants(round_id: int) -> Response:
 def list_devices() -> Response:
     require_reader_token()
     query = query_args(DeviceListQuery)
+    context().last_seen.flush()
     with context().db.session() as session:
         page = operator_view.list_devices(session, query.device_class, query.limit, query.offset)
     return json_response(DeviceList(**page.as_dict("devices")))
@@ -56,6 +57,7 @@ def list_devices() -> Response:
             "last seen", auth="viewer", response=DeviceClassCounts, errors=(403,))
 def device_classes() -> Response:
     require_reader_token()
+    context().last_seen.flush()
     with context().db.session() as session:
         counts = operator_view.device_class_counts(session)
     return json_response(DeviceClassCounts(device_classes=counts, total=sum(row["devices"] for row in counts)))

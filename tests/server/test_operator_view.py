@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import time
 
 import httpx
 import pytest
+from sqlalchemy import select
 from fl_helpers import device_client, honest_delta, round_config, upload
 from server_helpers import (
     ADMIN_TOKEN, VIEWER_TOKEN, config_for_tests, device_profile, make_card, running_live_server, tiny_onnx_model,
@@ -16,6 +18,13 @@ from server_helpers import (
 
 from fedzoo.clients.errors import ConflictError
 from fedzoo.cloud.simulation import Simulation, prepare_federation
+from fedzoo.device import DeviceProfile
+from fedzoo.server import devices
+from fedzoo.server.app import prepare_registry
+from fedzoo.server.db import Database
+from fedzoo.server.devices import LastSeenRecorder
+from fedzoo.server.latency import default_estimator
+from fedzoo.server.models import DeviceRecord
 
 READ_ENDPOINTS = ("/v1/fl/rounds", "/v1/fl/rounds/1/participants", "/v1/devices", "/v1/devices/classes",
                   "/v1/models/base/lineage", "/v1/models/base/latency")
@@ -184,3 +193,31 @@ def test_unknown_rounds_and_models_are_404(live_server, path):
     with viewer(live_server) as client:
         response = client.get(path)
     assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
+
+
+def test_last_seen_times_are_noted_once_per_resolution_and_written_together_by_the_timer(tmp_path):
+    config = config_for_tests(tmp_path)
+    prepare_registry(config, default_estimator())
+    database = Database(config.database_url)
+    with database.session() as session:
+        for device_id in ("a", "b", "c"):
+            devices.register(session, default_estimator(), DeviceProfile.model_validate(device_profile(device_id)))
+
+    def seen_times() -> dict[str, object]:
+        with database.read() as connection:
+            return dict(connection.execute(select(DeviceRecord.id, DeviceRecord.last_seen_at)).all())
+
+    recorder = LastSeenRecorder(database.engine, resolution_s=60.0, flush_interval_s=0.3)
+    recorder.seen("a")
+    recorder.seen("b")
+    assert seen_times() == {"a": None, "b": None, "c": None}  # no request waits for the write
+    deadline = time.monotonic() + 10.0
+    while None in ((times := seen_times())["a"], times["b"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert times["a"] is not None and times["b"] is not None and times["c"] is None
+    recorder.seen("a")  # within the resolution: not noted again
+    recorder.seen("c")
+    recorder.flush()  # what the fleet view does before reading
+    after = seen_times()
+    assert after["a"] == times["a"] and after["c"] is not None
+    database.dispose()
