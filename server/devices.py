@@ -61,6 +61,9 @@ _DEVICE_COLUMNS = (DeviceRecord.id, DeviceRecord.device_class, DeviceRecord.memo
 _BY_TOKEN = select(*_DEVICE_COLUMNS).where(DeviceRecord.token_hash == bindparam("token_hash"))
 _BY_PREVIOUS_TOKEN = select(*_DEVICE_COLUMNS[:-2], DeviceRecord.previous_token_valid_until, DeviceRecord.revoked_at
                             ).where(DeviceRecord.previous_token_hash == bindparam("token_hash"))
+_DEVICES = DeviceRecord.__table__
+_SET_LAST_SEEN = (update(_DEVICES).where(_DEVICES.c.id == bindparam("device_id"))
+                  .values(last_seen_at=bindparam("seen_at")))
 REREGISTER = "register again with an enrollment token (POST /v1/devices)"
 
 
@@ -203,11 +206,6 @@ class LastSeenRecorder:
                                                     for device_id, seen_at in pending.items()])
         except SQLAlchemyError:  # a missed last-seen time must never fail a request
             log.warning("could not record when %d devices were last seen", len(pending), exc_info=True)
-
-
-_DEVICES = DeviceRecord.__table__
-_SET_LAST_SEEN = (update(_DEVICES).where(_DEVICES.c.id == bindparam("device_id"))
-                  .values(last_seen_at=bindparam("seen_at")))
 
 
 def report_latency(session: Session, device_id: str, model_id: str, median_ms: float, p90_ms: float | None,
