@@ -31,11 +31,15 @@ pass's medians of the reported models (a report measured at another time), judge
   each shortlisted model (its other-pass median), keeps the first that fits, reports every timing, and asks
   again when none fits (`fedzoo.clients.confirmation`). Its extra seconds per lookup are estimated from the
   policy's runs x the timed medians plus a session setup each, not measured.
+Both twice, side by side: with no fleet telemetry, and with the models' fleet latency factors learned from
+the *other* classes' devices (each one a device that reported every model in the other pass; the server's
+`model_factor`): a device of a class the fleet has never seen, whose models other devices have run.
 
 Run: .venv/bin/python bench/latency_fleet.py [--timings timings.json] [--reference candidate.json ...]
-[--rounds N] (--timings gets every class's medians per pass; each --reference is a refitted reference
-predictor judged on the same timings as the shipped one, side by side; --rounds fewer interleaved rounds than
-the default 300, for a shorter run on a shared machine, at the price of noisier medians)
+[--rounds N] [--judge-timings timings.json] (--timings gets every class's medians per pass; each --reference is
+a refitted reference predictor judged on the same timings as the shipped one, side by side; --rounds fewer
+interleaved rounds than the default 300, for a shorter run on a shared machine, at the price of noisier
+medians; --judge-timings judges the medians of an earlier run of the same zoo again, measuring nothing)
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ from fedzoo.edge.fleet import DeviceClass, available_fleet, run_on_device_class
 from fedzoo.edge.latency_predictor import CALIBRATION_GROUPS, REFERENCE_MODEL_PATH, KernelLatencyPredictor, kernel_features
 from fedzoo.server.lookup import SHORTLIST_SIGMAS
 from fedzoo.server.models import LATENCY_SLOTS
-from fedzoo.server.online_calibration import MEASURED_LOG_SIGMA, CalibrationState, kalman_update
+from fedzoo.server.online_calibration import MEASURED_LOG_SIGMA, CalibrationState, kalman_update, model_factor
 
 # 300 rounds, not 30: with 30, this VM's speed spells moved two sessions of the same model apart by up to 28%
 # (re-measurement within ±10%: 54-89% per class); with 300 they repeated within ±10% for 96-100% of the zoo
@@ -67,9 +71,12 @@ QUOTA_ROUNDS, QUOTA_RUNS_PER_ROUND = 30, 1
 BUDGET_DRAWS = 2000
 GENERATED_ARCHITECTURES = 28
 PASSES = ("a", "b")
-REGRET_KEYS = ("differ", "miss", "differ_margin", "miss_margin", "differ_server", "miss_server", "differ_ceiling",
-               "miss_ceiling", "differ_confirmed", "miss_confirmed", "confirm_s")
 TELEMETRY_REPORTS = (0, 1, 3)
+FLEET = ("", "_fleet")  # the online figures without fleet telemetry, and with the other classes' model factors
+ONLINE_KEYS = tuple(f"{key}{fleet}" for fleet in FLEET for key in (
+    "differ_server", "miss_server", "differ_confirmed", "miss_confirmed", "confirm_s",
+    *(f"within_after_{count}" for count in TELEMETRY_REPORTS)))
+REGRET_KEYS = ("differ", "miss", "differ_margin", "miss_margin", "differ_ceiling", "miss_ceiling", *ONLINE_KEYS)
 TELEMETRY_DRAWS = 20  # random choices of the reported models per class and pass
 
 
@@ -207,6 +214,28 @@ def reference_costs(reference: KernelLatencyPredictor, features: list) -> np.nda
     return np.array([[reference._reference_group_costs_ms(f)[g] for g in CALIBRATION_GROUPS] for f in features])
 
 
+def calibrate(
+    reference: KernelLatencyPredictor, zoo_features: dict, calibration_features: dict, calibration_names: list[str],
+    calibration_ms: np.ndarray,
+) -> tuple[KernelLatencyPredictor, np.ndarray, np.ndarray]:
+    """The reference calibrated with one pass's calibration timings, and the server's form of it: every zoo
+    model's group costs (in the layout calibration found) and the device's registration scales."""
+    predictor = reference.calibrated_from_features(
+        calibration_features[False], list(calibration_ms), calibration_features[True], calibration_names
+    )
+    costs = reference_costs(reference, zoo_features[predictor.all_plain_layout])
+    return predictor, costs, np.array([predictor.group_scales[g] for g in CALIBRATION_GROUPS])
+
+
+def fleet_model_factors(device_residuals: list[np.ndarray]) -> np.ndarray:
+    """Every model's fleet latency factor (1 where the server has none) when each of these devices reported
+    every model with these log residuals against its registration scales (`online_calibration.model_factor`)."""
+    factors = [model_factor((float(residuals[index]), float(np.mean(residuals)), residuals.size)
+                            for residuals in device_residuals)
+               for index in range(device_residuals[0].size)]
+    return np.array([1.0 if factor is None else factor for factor in factors])
+
+
 def within_after_reports(costs: np.ndarray, scales: np.ndarray, reported_ms: np.ndarray, measured: np.ndarray,
                          rng: np.random.Generator) -> dict[int, float]:
     """Share within ±10% of the models not reported, after each count of TELEMETRY_REPORTS random reports."""
@@ -286,47 +315,53 @@ def another_run_estimate(other_zoo_ms: np.ndarray, other_calibration_ms: np.ndar
 def judge(
     label: str, reference: KernelLatencyPredictor, zoo_features: dict, calibration_features: dict, calibration_names: list[str],
     calibration_ms: np.ndarray, measured: np.ndarray, ceiling: np.ndarray, other_measured: np.ndarray,
-    accuracy: np.ndarray, precision: np.ndarray, names: list[str], rng: np.random.Generator,
+    fleet_factors: np.ndarray, accuracy: np.ndarray, precision: np.ndarray, names: list[str], class_index: int,
 ) -> tuple[dict, np.ndarray]:
     """Calibrate `reference` with one pass's calibration timings, print how it predicts that pass's zoo
-    timings beside the noise ceiling's estimate `ceiling`, and return its summary row and predictions."""
-    predictor = reference.calibrated_from_features(
-        calibration_features[False], list(calibration_ms), calibration_features[True], calibration_names
-    )
+    timings beside the noise ceiling's estimate `ceiling`, and return its summary row and predictions.
+    `fleet_factors`: the models' fleet latency factors from the other classes' telemetry."""
+    rng = np.random.default_rng(class_index)
+    predictor, costs, scales = calibrate(reference, zoo_features, calibration_features, calibration_names,
+                                         calibration_ms)
     layout_features = zoo_features[predictor.all_plain_layout]
     predicted = np.array([predictor.predict_from_features(f) for f in layout_features])
-    server_form = np.array([sum(predictor.group_costs_ms(f).values()) for f in layout_features])
-    scales = ", ".join(f"{g}={s:.2f}" for g, s in predictor.group_scales.items())
-    print(f"    reference {label}: calibration scales {scales}; fp32 convs all in plain NCHW: {predictor.all_plain_layout}")
+    server_form = costs @ scales
+    scale_text = ", ".join(f"{g}={s:.2f}" for g, s in predictor.group_scales.items())
+    print(f"    reference {label}: calibration scales {scale_text}; fp32 convs all in plain NCHW: {predictor.all_plain_layout}")
     for kind in ("fp32", "int8"):
         mask = precision == kind
         print(f"      calibrated predictor ({kind})   {accuracy_figures(predicted[mask], measured[mask])}")
         print(f"      server's form, scales only ({kind}) {accuracy_figures(server_form[mask], measured[mask])}")
     differ, miss, lost, draws = lookup_regret(predicted, measured, accuracy, names, rng)
     differ_margin, miss_margin, lost_margin, _ = lookup_regret(predicted, measured, accuracy, names, rng, 0.10)
-    differ_server, miss_server, _, _ = lookup_regret(server_form, measured, accuracy, names, rng)
     differ_ceiling, miss_ceiling, _, _ = lookup_regret(ceiling, measured, accuracy, names, rng)
     print(f"      lookup over {draws} budgets: predicted-best != truly-best {differ:6.1%}, chosen misses budget "
           f"{miss:6.1%}, mean accuracy lost {lost * 100:.3f} pt; with a 10% safety margin: differs "
           f"{differ_margin:6.1%}, misses {miss_margin:6.1%}, accuracy lost {lost_margin * 100:.3f} pt")
-    costs = reference_costs(reference, layout_features)
-    scales = np.array([predictor.group_scales[g] for g in CALIBRATION_GROUPS])
-    after_reports = within_after_reports(costs, scales, other_measured, measured, rng)
-    differ_confirmed, miss_confirmed, confirm_s = confirmed_lookup_regret(
-        costs, scales, other_measured, measured, accuracy, names, rng)
-    print("      server's form within ±10% after " + ", ".join(
-        f"{count} reports {share:6.1%}" for count, share in after_reports.items())
-        + f"; device-confirmed first lookup: differs {differ_confirmed:6.1%}, misses {miss_confirmed:6.1%}, "
-          f"~{confirm_s:.3f} s timing per lookup")
     row = {
         "within": within_10_percent(predicted, measured), "precision": precision,
         "ceiling": within_10_percent(ceiling, measured), "differ": differ, "miss": miss,
         "differ_margin": differ_margin, "miss_margin": miss_margin,
-        "within_server": within_10_percent(server_form, measured), "differ_server": differ_server, "miss_server": miss_server,
+        "within_server": within_10_percent(server_form, measured),
+        "within_server_fleet": within_10_percent(server_form * fleet_factors, measured),
         "differ_ceiling": differ_ceiling, "miss_ceiling": miss_ceiling,
-        "differ_confirmed": differ_confirmed, "miss_confirmed": miss_confirmed, "confirm_s": confirm_s,
-        **{f"within_after_{count}": share for count, share in after_reports.items()},
     }
+    for fleet, factors in zip(FLEET, (np.ones_like(fleet_factors), fleet_factors)):
+        # each side gets the same draws: they differ only by the factors
+        rng = np.random.default_rng(class_index)
+        differ_server, miss_server, _, _ = lookup_regret(costs @ scales * factors, measured, accuracy, names, rng)
+        after_reports = within_after_reports(costs * factors[:, None], scales, other_measured, measured, rng)
+        differ_confirmed, miss_confirmed, confirm_s = confirmed_lookup_regret(
+            costs * factors[:, None], scales, other_measured, measured, accuracy, names, rng)
+        print(f"      server's form{' with fleet factors' if fleet else ''} within ±10% after " + ", ".join(
+            f"{count} reports {share:6.1%}" for count, share in after_reports.items())
+            + f"; first lookup predictor-only: differs {differ_server:6.1%}, misses {miss_server:6.1%}; "
+              f"device-confirmed: differs {differ_confirmed:6.1%}, misses {miss_confirmed:6.1%}, "
+              f"~{confirm_s:.3f} s timing per lookup")
+        row.update({f"differ_server{fleet}": differ_server, f"miss_server{fleet}": miss_server,
+                    f"differ_confirmed{fleet}": differ_confirmed, f"miss_confirmed{fleet}": miss_confirmed,
+                    f"confirm_s{fleet}": confirm_s,
+                    **{f"within_after_{count}{fleet}": share for count, share in after_reports.items()}})
     return row, predicted
 
 
@@ -337,9 +372,15 @@ def main() -> None:
                         help="a refitted reference predictor to judge beside the shipped one (repeatable)")
     parser.add_argument("--rounds", type=int, default=ROUNDS,
                         help=f"interleaved timing rounds per class and pass (default {ROUNDS}; fewer: noisier)")
+    parser.add_argument("--judge-timings", type=Path,
+                        help="judge the medians an earlier run wrote with --timings (same zoo) instead of measuring")
     arguments = parser.parse_args()
     start = time.time()
+    saved_timings = json.loads(arguments.judge_timings.read_text()) if arguments.judge_timings else None
     fleet, dropped = available_fleet()
+    if saved_timings is not None:
+        dropped += [f"{c.name}: not in {arguments.judge_timings}" for c in fleet if c.name not in saved_timings]
+        fleet = [c for c in fleet if c.name in saved_timings]
     with tempfile.TemporaryDirectory() as folder:
         models, accuracy_by_name, precision_by_name, source = zoo_models(Path(folder))
     calibration = calibration_models()
@@ -358,7 +399,16 @@ def main() -> None:
     precision = np.array([precision_by_name[name] for name in names])
     zoo_ms: dict[tuple[str, str], np.ndarray] = {}
     calibration_ms: dict[tuple[str, str], np.ndarray] = {}
-    for pass_name in PASSES:
+    if saved_timings is not None:
+        if any(saved_timings[c.name]["models"] != names for c in fleet):
+            sys.exit(f"{arguments.judge_timings} has other zoo models than {source}")
+        for device_class in fleet:
+            for pass_name in PASSES:
+                timings = saved_timings[device_class.name][pass_name]
+                zoo_ms[device_class.name, pass_name] = np.array(timings["measured_ms"])
+                calibration_ms[device_class.name, pass_name] = np.array(
+                    [timings["calibration_ms"][name] for name in calibration])
+    for pass_name in PASSES if saved_timings is None else ():
         for device_class in fleet:
             class_start = time.time()
             timings = measure_class(device_class, models, calibration, arguments.rounds)
@@ -371,6 +421,14 @@ def main() -> None:
                   f"p90/median {np.median([timings[f'zoo:{n}'].p90_ms / timings[f'zoo:{n}'].median_ms for n in names]):.2f}, "
                   f"runs per sample {min(timings[f'zoo:{n}'].runs_per_sample for n in names)}.."
                   f"{max(timings[f'zoo:{n}'].runs_per_sample for n in names)}")
+    # Each class and pass as a device that reported every zoo model: its log residuals against its
+    # registration scales, from which the other classes' fleet factors are made.
+    residuals = {
+        (label, device_class.name, pass_name): np.log(zoo_ms[device_class.name, pass_name] / (costs @ scales))
+        for label, reference in references.items() for device_class in fleet for pass_name in PASSES
+        for _, costs, scales in [calibrate(reference, zoo_features, calibration_features, list(calibration),
+                                           calibration_ms[device_class.name, pass_name])]
+    }
     rows: dict[str, list[dict]] = {label: [] for label in references}
     saved: dict[str, dict] = {}
     for class_index, device_class in enumerate(fleet):
@@ -383,10 +441,14 @@ def main() -> None:
             print(f"  pass {pass_name}: pass {other_pass}'s zoo timings, calibrated   {accuracy_figures(ceiling, measured)}")
             predictions = {}
             for label, reference in references.items():
+                fleet_factors = fleet_model_factors(
+                    [residuals[label, c.name, other_pass] for c in fleet if c.name != device_class.name])
+                print(f"    reference {label}: fleet factors from the other classes' pass {other_pass}: "
+                      f"{fleet_factors.min():.3f}..{fleet_factors.max():.3f}")
                 # the same budget draws for every reference and pass, so their regrets differ only by their estimates
                 row, predictions[label] = judge(
                     label, reference, zoo_features, calibration_features, list(calibration), calibration_ms[key],
-                    measured, ceiling, zoo_ms[other], accuracy, precision, names, np.random.default_rng(class_index),
+                    measured, ceiling, zoo_ms[other], fleet_factors, accuracy, precision, names, class_index,
                 )
                 rows[label].append({"class": device_class.name, **row})
             saved[device_class.name][pass_name] = {
@@ -426,17 +488,21 @@ def print_summary(rows: list[dict]) -> None:
     print(f"  the other pass's zoo timings, calibrated, within ±10% (the noise ceiling): {np.mean(ceiling):.1%}")
     print(f"  the server's form (scales only, no similarity correction) within ±10%: "
           f"{np.mean(np.concatenate([row['within_server'] for row in rows])):.1%}; lookup differs "
-          f"{mean['differ_server']:.1%}, misses {mean['miss_server']:.1%}")
+          f"{mean['differ_server']:.1%}, misses {mean['miss_server']:.1%}; with the other classes' fleet factors "
+          f"{np.mean(np.concatenate([row['within_server_fleet'] for row in rows])):.1%}")
     print(f"  lookup: predicted-best differs {mean['differ']:.1%} (goal <= 5%), misses budget {mean['miss']:.1%} "
           f"(goal <= 2%); with a 10% margin differs {mean['differ_margin']:.1%}, misses {mean['miss_margin']:.1%}")
     print(f"  lookup by the other pass's calibrated timings (the noise ceiling of regret): differs "
           f"{mean['differ_ceiling']:.1%}, misses budget {mean['miss_ceiling']:.1%}")
-    after = {count: np.mean([row[f"within_after_{count}"] for row in rows]) for count in TELEMETRY_REPORTS}
-    print("  online recalibration (server's form, models not reported) within ±10% after "
-          + ", ".join(f"{count} reports {share:.1%}" for count, share in after.items()) + " (goal >= 95% after 3)")
-    print(f"  first lookup, predictor-only (server's form): differs {mean['differ_server']:.1%}, misses "
-          f"{mean['miss_server']:.1%}; device-confirmed: differs {mean['differ_confirmed']:.1%} (goal <= 3%), "
-          f"misses {mean['miss_confirmed']:.1%} (goal <= 1%), ~{mean['confirm_s']:.3f} s timing per lookup (goal <= 2 s)")
+    for fleet, wording in zip(FLEET, ("no fleet telemetry", "fleet factors from the other classes")):
+        print(f"  {wording}:")
+        print("    online recalibration (server's form, models not reported) within ±10% after "
+              + ", ".join(f"{count} reports {mean[f'within_after_{count}{fleet}']:.1%}" for count in TELEMETRY_REPORTS)
+              + " (goal >= 95% after 3)")
+        print(f"    first lookup, predictor-only (server's form): differs {mean[f'differ_server{fleet}']:.1%}, misses "
+              f"{mean[f'miss_server{fleet}']:.1%}; device-confirmed: differs {mean[f'differ_confirmed{fleet}']:.1%} "
+              f"(goal <= 3%), misses {mean[f'miss_confirmed{fleet}']:.1%} (goal <= 1%), "
+              f"~{mean[f'confirm_s{fleet}']:.3f} s timing per lookup (goal <= 2 s)")
 
 
 if __name__ == "__main__":

@@ -202,8 +202,11 @@ def model_latency(api: FedzooHTTP, model_id: str, output_format: str) -> None:
     rows = [(row["device_class"], _milliseconds(row["card_ms"]), row["card_source"], _milliseconds(row["predicted_ms"]),
              _milliseconds(row["measured_ms"]), row["devices_measured"], row["reports"])
             for row in latency["device_classes"]]
-    print_table(f"latency of {model_id}", ("device class", "card ms", "card source", "predicted ms", "measured ms",
-                                           "devices measured", "reports"), rows)
+    factor = latency.get("fleet_latency_factor")
+    title = f"latency of {model_id}" + (
+        f" (fleet latency factor x{factor:.3f} from {latency['fleet_factor_devices']} devices)" if factor else "")
+    print_table(title, ("device class", "card ms", "card source", "predicted ms", "measured ms", "devices measured",
+                        "reports"), rows)
 
 
 # devices -----------------------------------------------------------------------------------------

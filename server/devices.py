@@ -211,8 +211,8 @@ class LastSeenRecorder:
 def report_latency(session: Session, device_id: str, model_id: str, median_ms: float, p90_ms: float | None,
                    threads: int | None, *, groups: int) -> TelemetryResult:
     """Record one measurement, refresh the median the lookup uses for this (device, model) and, on the pair's
-    first report, recalibrate the device's scales for the other models (`online_calibration`; `groups`: how
-    many latency groups the server's estimator has)."""
+    first report, recalibrate the device's scales for the other models and the model's fleet factor
+    (`online_calibration`; `groups`: how many latency groups the server's estimator has)."""
     if session.get(ModelRecord, model_id) is None:
         raise NotFoundError(f"no model {model_id!r} is published")
     session.add(LatencyReport(device_id=device_id, model_id=model_id, median_ms=median_ms, p90_ms=p90_ms,
@@ -227,9 +227,10 @@ def report_latency(session: Session, device_id: str, model_id: str, median_ms: f
     value = measured_median_ms(recent)
     aggregate = session.get(MeasuredLatency, (device_id, model_id))
     if aggregate is None:
-        session.add(MeasuredLatency(device_id=device_id, model_id=model_id, median_ms=value, reports=1))
+        aggregate = MeasuredLatency(device_id=device_id, model_id=model_id, median_ms=value, reports=1)
+        session.add(aggregate)
         reports = 1
-        online_calibration.recalibrate(session, device_id, model_id, median_ms, groups)
+        online_calibration.recalibrate(session, aggregate, groups)
     else:
         aggregate.median_ms = value
         aggregate.reports += 1

@@ -4,7 +4,8 @@ For a (device, model) pair the lookup takes the first of:
 
 1. **measured** — the median of this device's own recent telemetry for this model;
 2. **card device class** — the card's `latency_ms[device.device_class]`, when the card has that class;
-3. **predictor** — `sum over groups g of model_cost_ms[g] * device_scale[g]`.
+3. **predictor** — `model_factor * sum over groups g of model_cost_ms[g] * device_scale[g]` (the factor is
+   what the fleet's telemetry says of the model, `fedzoo.server.online_calibration`; 1 until then).
 
 Step 3 is the form of the kernel-level predictor in `fedzoo.edge.latency_predictor`: a model's
 latency on the reference device splits into a few cost groups (per-inference overhead, dense and

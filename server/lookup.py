@@ -2,9 +2,10 @@
 
 Latency per (device, model) follows `fedzoo.server.latency`: this device's measured median, else the
 card's latency for the device's class, else the predictor's group costs of the model dotted with the
-device's group scales. All three are columns already in the database, so the whole choice is one
-query: filter by task (index `ix_models_task_accuracy`), compute the latency with COALESCE, keep
-what fits, order by accuracy (then latency, then id) and take two rows: the choice and the runner-up.
+device's group scales, times the model's fleet latency factor. All three are columns already in the
+database, so the whole choice is one query: filter by task (index `ix_models_task_accuracy`), compute the
+latency with COALESCE, keep what fits, order by accuracy (then latency, then id) and take two rows: the
+choice and the runner-up.
 
 Uncertainty: each latency carries a log-space sigma (`fedzoo.server.online_calibration`: the device's
 own, which telemetry shrinks, for predictions; small constants for measured medians and card figures).
@@ -130,7 +131,8 @@ def _candidates_sql(precision_filter: bool) -> str:
         f"d.{scale} * COALESCE(CASE WHEN d.latency_reports = 0 THEN c.{factor} END, 1.0) AS {scale}"
         for scale, factor in zip(SCALE_COLUMNS, FACTOR_COLUMNS)
     )
-    predicted = " + ".join(f"m.{cost} * s.{scale}" for cost, scale in zip(COST_COLUMNS, SCALE_COLUMNS))
+    predicted = "COALESCE(m.latency_factor, 1.0) * (" + " + ".join(
+        f"m.{cost} * s.{scale}" for cost, scale in zip(COST_COLUMNS, SCALE_COLUMNS)) + ")"
     return f"""
         SELECT m.id AS model_id, m.accuracy AS accuracy,
                COALESCE(measured.median_ms, by_class.median_ms, {predicted}) AS latency_ms,

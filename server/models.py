@@ -57,6 +57,10 @@ class ModelRecord(Base):
     cost_6_ms: Mapped[float] = mapped_column(Float)
     cost_7_ms: Mapped[float] = mapped_column(Float)
     card_json: Mapped[str] = mapped_column(Text)
+    # The fleet's word on this model (`fedzoo.server.online_calibration`): its predicted latency times this
+    # factor, the median of several devices' measured / predicted ratios relative to their other models.
+    latency_factor: Mapped[float | None] = mapped_column(Float, nullable=True)
+    latency_factor_devices: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     published_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
 
     __table_args__ = (Index("ix_models_task_accuracy", "task", "accuracy"),)
@@ -156,6 +160,8 @@ class MeasuredLatency(Base):
     model_id: Mapped[str] = mapped_column(ForeignKey("models.id", ondelete="CASCADE"), primary_key=True)
     median_ms: Mapped[float] = mapped_column(Float)
     reports: Mapped[int] = mapped_column(Integer)
+    # log(first report / the prediction by the device's registration scales), for the model's latency factor
+    log_residual: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class ClassLatencyCalibration(Base):

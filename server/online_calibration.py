@@ -23,6 +23,16 @@ Class: for devices of a class without telemetry of their own, the lookup multipl
 class's factors: per slot, the median over the class's most recently recalibrated devices (at least
 `CLASS_MIN_DEVICES`) of `exp(theta - theta_at_registration)`, bounded to `CLASS_FACTOR_BOUNDS`. A device's
 telemetry thus reaches other devices only through a bounded median of several devices' corrections.
+
+Model: what no device's scales explain is often the model's own: the reference predictor misjudges a
+layer shape on every CPU alike (on the emulated fleet, one model's residual correlated 0.5-0.9 across
+device classes). So each device's first report of a model also leaves its residual against the device's
+registration scales, `log(measured / predicted)`, and the model's `latency_factor` (which multiplies its
+predicted latency for every device, the filter's costs included) is the median over its most recent
+devices of that residual *minus the same device's mean residual over its other reported models*: the
+device's own speed cancels, only the model's difference stays. It needs `MODEL_MIN_DEVICES` devices with at
+least two reported models each and is bounded to `MODEL_FACTOR_BOUNDS`: a few devices' word moves no model
+far, for anyone.
 """
 
 from __future__ import annotations
@@ -31,14 +41,15 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from statistics import median
+from typing import Iterable
 
 import numpy as np
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from fedzoo.server.models import (
-    COST_COLUMNS, FACTOR_COLUMNS, LATENCY_SLOTS, SCALE_COLUMNS, ClassLatencyCalibration, DeviceRecord, ModelRecord,
-    utc_now,
+    COST_COLUMNS, FACTOR_COLUMNS, LATENCY_SLOTS, SCALE_COLUMNS, ClassLatencyCalibration, DeviceRecord,
+    MeasuredLatency, ModelRecord, utc_now,
 )
 
 # Prior log-scale uncertainty (common to every group, and per group) and what no scale explains (a model's own
@@ -56,6 +67,12 @@ CARD_CLASS_LOG_SIGMA = 0.10
 CLASS_MIN_DEVICES = 3
 CLASS_RECENT_DEVICES = 50
 CLASS_FACTOR_BOUNDS = (0.5, 2.0)
+MODEL_MIN_DEVICES = 3
+MODEL_RECENT_DEVICES = 50
+# The factors bench/latency_fleet.py's zoo needs lay within 0.89-1.14 (two runs, 56 models); the bound leaves
+# room for a CPU that differs more, and no more, whatever the devices claim.
+MODEL_FACTOR_BOUNDS = (0.75, 1.33)
+DEVICE_MODELS_REFRESHED = 20  # a first report refreshes the factors of at most this many of the device's models
 
 
 @dataclass
@@ -112,17 +129,20 @@ def kalman_update(state: CalibrationState, scales: np.ndarray, costs_ms: np.ndar
     return np.exp(np.log(scales) + gain * innovation)
 
 
-def recalibrate(session: Session, device_id: str, model_id: str, measured_ms: float, groups: int) -> None:
-    """Refine the device's scales from its first report of a model, then its class's factors (`groups`:
-    how many slots the estimator uses)."""
-    device = session.get(DeviceRecord, device_id, with_for_update=True)  # two reports at once: one waits
-    model = session.get(ModelRecord, model_id)
+def recalibrate(session: Session, measured: MeasuredLatency, groups: int) -> None:
+    """Refine the device's scales from its first report of a model (`measured`, the pair's new row), then
+    the factors of its models and of its class (`groups`: how many slots the estimator uses)."""
+    device = session.get(DeviceRecord, measured.device_id, with_for_update=True)  # two reports at once: one waits
+    model = session.get(ModelRecord, measured.model_id)
     if device is None or model is None or device.latency_signature != model.latency_signature:
         return  # costs and scales from different estimators do not multiply
     scales = np.array([getattr(device, column) for column in SCALE_COLUMNS])
     state = CalibrationState.from_json(device.latency_calibration_json, tuple(scales), groups)
     costs = np.array([getattr(model, column) for column in COST_COLUMNS])
-    updated = kalman_update(state, scales, costs, measured_ms)
+    registered_ms = float(costs @ np.exp(state.registered_log_scales))
+    if registered_ms > 0.0:
+        measured.log_residual = math.log(measured.median_ms / registered_ms)
+    updated = kalman_update(state, scales, costs * (model.latency_factor or 1.0), measured.median_ms)
     for column, value in zip(SCALE_COLUMNS, updated):
         setattr(device, column, float(value))
     device.latency_calibration_json = state.to_json()
@@ -130,8 +150,57 @@ def recalibrate(session: Session, device_id: str, model_id: str, measured_ms: fl
     device.latency_reports = state.reports
     device.latency_calibrated_at = utc_now()
     session.flush()
+    refresh_model_factors(session, device.id, model.id)
     if device.device_class:
         update_class_factors(session, device.device_class, device.latency_signature)
+
+
+def model_factor(residuals: Iterable[tuple[float, float, int]]) -> float | None:
+    """A model's latency factor (module docstring) from its devices' (log residual of the model, mean log
+    residual over all the device's reported models, how many): the median over the devices with at least
+    two of `residual - mean of the device's other residuals`, bounded; None below MODEL_MIN_DEVICES."""
+    relative = [count * (residual - mean) / (count - 1) for residual, mean, count in residuals if count >= 2]
+    if len(relative) < MODEL_MIN_DEVICES:
+        return None
+    low, high = MODEL_FACTOR_BOUNDS
+    return min(max(math.exp(median(relative)), low), high)
+
+
+def refresh_model_factors(session: Session, device_id: str, reported_model_id: str) -> None:
+    """The factors of the model just reported and of (some of) the device's other models, whose devices'
+    means this report changed (bounded work per report)."""
+    others = session.scalars(
+        select(MeasuredLatency.model_id)
+        .where(MeasuredLatency.device_id == device_id, MeasuredLatency.model_id != reported_model_id,
+               MeasuredLatency.log_residual.is_not(None))
+        .order_by(MeasuredLatency.model_id)
+        .limit(DEVICE_MODELS_REFRESHED - 1)
+    ).all()
+    for model_id in [reported_model_id, *others]:
+        update_model_factor(session, model_id)
+
+
+def update_model_factor(session: Session, model_id: str) -> None:
+    """One model's factor from its most recently recalibrated devices that are not revoked."""
+    residuals = session.execute(
+        select(MeasuredLatency.device_id, MeasuredLatency.log_residual)
+        .join(DeviceRecord, DeviceRecord.id == MeasuredLatency.device_id)
+        .where(MeasuredLatency.model_id == model_id, MeasuredLatency.log_residual.is_not(None),
+               DeviceRecord.revoked_at.is_(None))
+        .order_by(DeviceRecord.latency_calibrated_at.desc())
+        .limit(MODEL_RECENT_DEVICES)
+    ).all()
+    residual = MeasuredLatency.log_residual
+    device_means = {device_id: (mean, count) for device_id, mean, count in session.execute(
+        select(MeasuredLatency.device_id, func.avg(residual), func.count(residual))
+        .where(MeasuredLatency.device_id.in_([device_id for device_id, _ in residuals]))
+        .group_by(MeasuredLatency.device_id)
+    )}
+    factor = model_factor((value, *device_means[device_id]) for device_id, value in residuals)
+    model = session.get(ModelRecord, model_id)
+    model.latency_factor = factor
+    model.latency_factor_devices = 0 if factor is None else sum(device_means[d][1] >= 2 for d, _ in residuals)
+    session.flush()
 
 
 def update_class_factors(session: Session, device_class: str, signature: str) -> None:

@@ -145,3 +145,7 @@ class ClassLatency(Response):
 class ModelLatency(Response):
     model_id: str
     device_classes: list[ClassLatency]
+    fleet_latency_factor: float | None = Field(
+        description="what every device's prediction of the model is multiplied by: the median over its devices of "
+                    "measured / predicted relative to their other models (none below 3 such devices)")
+    fleet_factor_devices: int = Field(description="how many devices the factor rests on")

@@ -226,8 +226,8 @@ def model_latency(session: Session, model_id: str) -> list[dict[str, Any]]:
         .where(MeasuredLatency.model_id == model_id, DeviceRecord.device_class.is_not(None))
     ):
         measured[device_class].append((median_ms, reports))
-    predicted_expression = sum(getattr(record, cost) * getattr(DeviceRecord, scale)
-                               for cost, scale in zip(COST_COLUMNS, SCALE_COLUMNS))
+    predicted_expression = (record.latency_factor or 1.0) * sum(getattr(record, cost) * getattr(DeviceRecord, scale)
+                                                                for cost, scale in zip(COST_COLUMNS, SCALE_COLUMNS))
     predicted: dict[str, list[float]] = defaultdict(list)
     for device_class, predicted_ms in session.execute(
         select(DeviceRecord.device_class, predicted_expression).where(DeviceRecord.device_class.is_not(None))
@@ -244,6 +244,12 @@ def model_latency(session: Session, model_id: str) -> list[dict[str, Any]]:
         "devices_measured": len(measured[device_class]),
         "reports": sum(reports for _, reports in measured[device_class]),
     } for device_class in classes]
+
+
+def fleet_latency_factor(session: Session, model_id: str) -> dict[str, Any]:
+    """What the fleet's telemetry says of the model's latency (`online_calibration.update_model_factor`)."""
+    record = _find_model(session, model_id)
+    return {"fleet_latency_factor": record.latency_factor, "fleet_factor_devices": record.latency_factor_devices}
 
 
 # overview and zoo -----------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
 from fedzoo.cards import ModelCard
@@ -25,7 +25,8 @@ from fedzoo.server.errors import Conflict
 from fedzoo.server.latency import LatencyEstimator, ModelCosts, slot_values
 from fedzoo.server.lookup import estimate_memory_mb
 from fedzoo.server.models import (
-    COST_COLUMNS, SCALE_COLUMNS, ClassLatencyCalibration, DeviceRecord, ModelClassLatency, ModelRecord,
+    COST_COLUMNS, SCALE_COLUMNS, ClassLatencyCalibration, DeviceRecord, MeasuredLatency, ModelClassLatency,
+    ModelRecord,
 )
 from fedzoo.zoo import Zoo
 
@@ -174,8 +175,9 @@ def list_cards(session: Session, task: str | None, precision: str | None, limit:
 
 
 def refresh_latency_estimates(session: Session, store: BlobStore, estimator: LatencyEstimator) -> tuple[int, int]:
-    """Recompute the costs of models and the scales of devices that another estimator computed
-    (so a new predictor never mixes with old numbers); returns (models, devices) recomputed."""
+    """Recompute the costs of models and the scales of devices that another estimator computed (so a new
+    predictor never mixes with old numbers: what telemetry learnt on top of them is dropped too); returns
+    (models, devices) recomputed."""
     stale_models = session.scalars(select(ModelRecord).where(ModelRecord.latency_signature != estimator.signature))
     model_count = 0
     for record in stale_models:
@@ -201,5 +203,8 @@ def refresh_latency_estimates(session: Session, store: BlobStore, estimator: Lat
         device_count += 1
     if device_count:
         session.execute(delete(ClassLatencyCalibration))
+    if model_count or device_count:  # residuals against the old costs or scales say nothing of the new ones
+        session.execute(update(MeasuredLatency).values(log_residual=None))
+        session.execute(update(ModelRecord).values(latency_factor=None, latency_factor_devices=0))
     session.flush()
     return model_count, device_count

@@ -13,7 +13,7 @@ from fedzoo.server.blobstore import FileBlobStore
 from fedzoo.server.db import Database
 from fedzoo.server.latency import CalibrationScalingEstimator, KernelPredictorEstimator
 from fedzoo.server.lookup import LookupQuery, lookup
-from fedzoo.server.models import FACTOR_COLUMNS, ClassLatencyCalibration, DeviceRecord, ModelRecord
+from fedzoo.server.models import FACTOR_COLUMNS, ClassLatencyCalibration, DeviceRecord, MeasuredLatency, ModelRecord
 
 
 def test_calibration_scaling_is_the_geometric_mean_of_the_ratios():
@@ -84,8 +84,10 @@ def test_refresh_recomputes_what_another_estimator_stored(tmp_path):
     with database.session() as session:  # telemetry refines the old estimator's scales; a class learnt factors
         devices.report_latency(session, "d", "reported", 1.2, None, None, groups=len(old.groups))
         session.add(ClassLatencyCalibration(device_class="pi4", devices=3, **dict.fromkeys(FACTOR_COLUMNS, 1.5)))
+        session.get(ModelRecord, "m").latency_factor = 1.2  # and the fleet a model factor
     with database.session() as session:
         assert session.scalar(select(DeviceRecord.latency_reports)) == 1
+        assert session.scalar(select(MeasuredLatency.log_residual)) is not None
         assert registry.refresh_latency_estimates(session, store, new) == (2, 1)
         assert registry.refresh_latency_estimates(session, store, new) == (0, 0)
     with database.session() as session:
@@ -94,6 +96,8 @@ def test_refresh_recomputes_what_another_estimator_stored(tmp_path):
         assert session.scalar(select(func.count()).select_from(ClassLatencyCalibration)) == 0
         assert session.scalar(select(DeviceRecord.scale_0)) == pytest.approx(3.0)
         assert session.scalar(select(ModelRecord.latency_signature)) == new.signature
+        assert session.get(ModelRecord, "m").latency_factor is None
+        assert session.scalar(select(MeasuredLatency.log_residual)) is None
         with pytest.raises(Exception, match="none of the 1 digits models fits"):
             lookup(session, devices.authenticate(session, token), query)  # 12.15 ms now
     database.dispose()

@@ -7,6 +7,7 @@ import random
 from statistics import median
 
 import pytest
+from sqlalchemy import select
 from server_helpers import REFERENCE_CALIBRATION_MS, device_profile, make_card, tiny_onnx_model
 
 from fedzoo.device import DeviceProfile
@@ -16,7 +17,7 @@ from fedzoo.server.db import Database
 from fedzoo.server.errors import NoModelFits, NotFound
 from fedzoo.server.latency import CalibrationScalingEstimator
 from fedzoo.server.lookup import LookupQuery, estimate_memory_mb, lookup
-from fedzoo.server.models import ClassLatencyCalibration, DeviceRecord
+from fedzoo.server.models import ClassLatencyCalibration, DeviceRecord, ModelRecord
 
 CLASSES = ["pi4", "phone", None]
 
@@ -30,7 +31,13 @@ def effective_scale(session, device_id):
     return record.scale_0
 
 
-def expected_choice(cards, scale, profile, measured, query):
+def model_factors(session):
+    """Each model's fleet latency factor as telemetry left it (1 where there is none)."""
+    return {model_id: factor or 1.0 for model_id, factor in session.execute(
+        select(ModelRecord.id, ModelRecord.latency_factor))}
+
+
+def expected_choice(cards, scale, factors, profile, measured, query):
     """The rules of fedzoo.server.latency and lookup, evaluated directly."""
     estimator = CalibrationScalingEstimator(REFERENCE_CALIBRATION_MS)
     rows = []
@@ -42,7 +49,7 @@ def expected_choice(cards, scale, profile, measured, query):
         elif profile.device_class in card.latency_ms:
             latency = card.latency_ms[profile.device_class].median_ms
         else:
-            latency = estimator.model_costs(card, b"").reference_ms * scale
+            latency = factors[card.id] * estimator.model_costs(card, b"").reference_ms * scale
         rows.append((card, latency))
     if not rows:
         return "404"
@@ -103,7 +110,7 @@ def test_the_query_applies_the_documented_rules(tmp_path):
                 precision=rng.choice([None, "fp32", "int8"]),
             )
             scale = effective_scale(session, profiles[index].device_id)
-            expected = expected_choice(cards, scale, profiles[index], measured[index], query)
+            expected = expected_choice(cards, scale, model_factors(session), profiles[index], measured[index], query)
             device = devices.authenticate(session, tokens[index])
             try:
                 result = lookup(session, device, query)

@@ -8,12 +8,17 @@ import math
 
 import numpy as np
 import pytest
-from server_helpers import LiveServer, device_profile, make_card, tiny_onnx_model
+from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
+from server_helpers import ADMIN_TOKEN, LiveServer, device_profile, make_card, tiny_onnx_model
 
+from fedzoo.cli import cli
 from fedzoo.edge.calibration_models import CALIBRATION_MODEL_NAMES
-from fedzoo.server.models import ClassLatencyCalibration, DeviceRecord
+from fedzoo.server.models import ClassLatencyCalibration, DeviceRecord, ModelRecord
 from fedzoo.server.online_calibration import (
-    CLASS_FACTOR_BOUNDS, MEASURED_LOG_SIGMA, CalibrationState, initial_log_sigma, kalman_update,
+    CLASS_FACTOR_BOUNDS, MEASURED_LOG_SIGMA, MODEL_FACTOR_BOUNDS, CalibrationState, initial_log_sigma, kalman_update,
+    model_factor,
 )
 from fedzoo.server.schemas import CalibrationModelList, LookupResponse
 
@@ -126,6 +131,79 @@ def test_the_class_learns_from_several_devices_only_and_within_bounds(live_serve
         pytest.approx(everything["runner_up"]["latency_ms"], rel=0.15)  # the median barely moved
     other_class = live_server.register(device_profile("phone-1", device_class="phone"))
     assert lookup(live_server, other_class, latency_budget_ms=5.0)["latency_ms"] == pytest.approx(4.0)
+
+
+def model_row(live_server: LiveServer, model_id: str) -> ModelRecord:
+    with live_server.app.extensions["fedzoo"].db.session() as session:
+        return session.get(ModelRecord, model_id)
+
+
+def medium_and_fast_ms(live_server: LiveServer, token: str) -> tuple[float, float]:
+    """The lookup's latency of "medium" (the runner-up above 0.85) and of "fast" (the choice under 3 ms)."""
+    medium = lookup(live_server, token, latency_budget_ms=100.0, min_accuracy=0.85, precision="fp32")["runner_up"]
+    fast = lookup(live_server, token, latency_budget_ms=3.0)
+    assert medium["model_id"] == "medium" and fast["model"]["id"] == "fast"
+    return medium["latency_ms"], fast["latency_ms"]
+
+
+def test_the_fleet_learns_a_models_own_latency_from_several_devices_only(live_server, three_models):
+    """Devices of different speeds all find "medium" 20% slower than its prediction relative to "fast": after
+    three of them, a fresh device of no known class is predicted exactly that, and its own report of it as
+    predicted leaves its scales alone. A revoked device's word stops counting."""
+    def report_both(device_id: str, slowdown: float) -> str:
+        token = live_server.register(device_profile(device_id, slowdown=slowdown, device_class=f"cpu-{device_id}"))
+        report(live_server, token, "fast", 1.0 * slowdown)
+        report(live_server, token, "medium", 4.0 * slowdown * 1.2)
+        return token
+
+    fresh = live_server.register(device_profile("fresh"))
+    report_both("d1", 1.0)
+    report_both("d2", 1.5)
+    assert medium_and_fast_ms(live_server, fresh) == pytest.approx((4.0, 1.0))  # two devices: no factor
+    report_both("d3", 2.0)
+    assert medium_and_fast_ms(live_server, fresh) == pytest.approx((4.0 * 1.2, 1.0 / 1.2))
+    with live_server.admin() as admin:  # the operator's view shows it, and its predictions include it
+        medium_view = admin.get("/v1/models/medium/latency").json()
+    assert medium_view["fleet_latency_factor"] == pytest.approx(1.2) and medium_view["fleet_factor_devices"] == 3
+    d1_row = next(row for row in medium_view["device_classes"] if row["device_class"] == "cpu-d1")
+    assert d1_row["predicted_ms"] == pytest.approx(d1_row["measured_ms"], rel=0.10)  # without the factor: 12% under
+    table = CliRunner().invoke(cli, ["models", "latency", "medium", "--server", live_server.base_url],
+                               env={"FEDZOO_VIEWER_TOKEN": ADMIN_TOKEN, "COLUMNS": "200"}, catch_exceptions=False)
+    assert "fleet latency factor x1.200 from 3 devices" in table.stdout
+    assert model_row(live_server, "slow").latency_factor is None  # nobody ran it
+
+    report(live_server, fresh, "medium", 4.8)  # as the fleet said: nothing left for its own scales to learn
+    assert device_row(live_server, "fresh").scale_0 == pytest.approx(1.0, abs=1e-6)
+
+    with live_server.admin() as admin:
+        assert admin.post("/v1/devices/d3/revoke").status_code == 200
+    report(live_server, live_server.register(device_profile("d4")), "medium", 4.0)  # refreshes medium's factor
+    assert model_row(live_server, "medium").latency_factor is None  # d1, d2 left (d4 ran one model only)
+    second_fresh = live_server.register(device_profile("fresh-2"))
+    assert medium_and_fast_ms(live_server, second_fresh)[0] == pytest.approx(4.0)
+
+
+@given(st.lists(st.tuples(st.floats(-20, 20), st.floats(-20, 20), st.integers(1, 1000)), max_size=60))
+def test_a_models_factor_stays_within_bounds_whatever_the_devices_claim(residuals):
+    factor = model_factor(residuals)
+    if sum(count >= 2 for _, _, count in residuals) < 3:
+        assert factor is None
+    else:
+        assert MODEL_FACTOR_BOUNDS[0] <= factor <= MODEL_FACTOR_BOUNDS[1]
+
+
+def test_a_models_factor_is_the_median_against_each_devices_other_models():
+    """Three devices of different speeds each ran the model and two others; it was 10% slower than their
+    other models on each. A fourth device's 10x claim moves the median within the bound only."""
+    def device(speed: float, model_ratio: float) -> tuple[float, float, int]:
+        residuals = [math.log(model_ratio) + speed, speed, speed]  # the model's first, then two others
+        return residuals[0], sum(residuals) / len(residuals), len(residuals)
+
+    honest = [device(speed, 1.1) for speed in (0.0, 0.5, -0.3)]
+    assert model_factor(honest[:2]) is None
+    assert model_factor(honest) == pytest.approx(1.1)
+    assert model_factor(honest + [device(0.0, 10.0)]) == pytest.approx(1.1)  # the median of 4: two honest ones
+    assert model_factor([device(0.0, 10.0)] * 3) == MODEL_FACTOR_BOUNDS[1]
 
 
 def test_a_margin_and_a_shortlist(live_server, three_models):

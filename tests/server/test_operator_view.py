@@ -146,6 +146,7 @@ def test_lineage_walks_ancestors_and_descendants_and_latency_compares_card_predi
     assert (pi4["device_class"], pi4["card_ms"], pi4["card_source"]) == ("pi4", 4.0, "measured")
     assert (pi4["measured_ms"], pi4["devices_measured"], pi4["reports"]) == (6.0, 2, 2)
     assert pi4["predicted_ms"] > 0
+    assert (latency["fleet_latency_factor"], latency["fleet_factor_devices"]) == (None, 0)  # one model each: none
     (pi4_int8,) = unmeasured["device_classes"]
     assert (pi4_int8["card_ms"], pi4_int8["measured_ms"], pi4_int8["devices_measured"]) == (None, None, 0)
 
