@@ -408,27 +408,28 @@ def main() -> None:
                 zoo_ms[device_class.name, pass_name] = np.array(timings["measured_ms"])
                 calibration_ms[device_class.name, pass_name] = np.array(
                     [timings["calibration_ms"][name] for name in calibration])
-    for pass_name in PASSES if saved_timings is None else ():
-        for device_class in fleet:
-            class_start = time.time()
-            timings = measure_class(device_class, models, calibration, arguments.rounds)
-            key = (device_class.name, pass_name)
-            zoo_ms[key] = np.array([timings[f"zoo:{n}"].median_ms for n in names])
-            calibration_ms[key] = np.array([timings[f"cal:{n}"].median_ms for n in calibration])
-            print(f"[{device_class.name} pass {pass_name}] threads={device_class.threads} cpus={device_class.cpus} "
-                  f"quota={device_class.cpu_quota} graph_optimization={device_class.graph_optimization} "
-                  f"({time.time() - class_start:.0f} s): zoo medians {zoo_ms[key].min():.3f}..{zoo_ms[key].max():.3f} ms, "
-                  f"p90/median {np.median([timings[f'zoo:{n}'].p90_ms / timings[f'zoo:{n}'].median_ms for n in names]):.2f}, "
-                  f"runs per sample {min(timings[f'zoo:{n}'].runs_per_sample for n in names)}.."
-                  f"{max(timings[f'zoo:{n}'].runs_per_sample for n in names)}")
+    else:
+        for pass_name in PASSES:
+            for device_class in fleet:
+                class_start = time.time()
+                timings = measure_class(device_class, models, calibration, arguments.rounds)
+                key = (device_class.name, pass_name)
+                zoo_ms[key] = np.array([timings[f"zoo:{n}"].median_ms for n in names])
+                calibration_ms[key] = np.array([timings[f"cal:{n}"].median_ms for n in calibration])
+                print(f"[{device_class.name} pass {pass_name}] threads={device_class.threads} cpus={device_class.cpus} "
+                      f"quota={device_class.cpu_quota} graph_optimization={device_class.graph_optimization} "
+                      f"({time.time() - class_start:.0f} s): zoo medians {zoo_ms[key].min():.3f}..{zoo_ms[key].max():.3f} ms, "
+                      f"p90/median {np.median([timings[f'zoo:{n}'].p90_ms / timings[f'zoo:{n}'].median_ms for n in names]):.2f}, "
+                      f"runs per sample {min(timings[f'zoo:{n}'].runs_per_sample for n in names)}.."
+                      f"{max(timings[f'zoo:{n}'].runs_per_sample for n in names)}")
     # Each class and pass as a device that reported every zoo model: its log residuals against its
     # registration scales, from which the other classes' fleet factors are made.
-    residuals = {
-        (label, device_class.name, pass_name): np.log(zoo_ms[device_class.name, pass_name] / (costs @ scales))
-        for label, reference in references.items() for device_class in fleet for pass_name in PASSES
-        for _, costs, scales in [calibrate(reference, zoo_features, calibration_features, list(calibration),
-                                           calibration_ms[device_class.name, pass_name])]
-    }
+    residuals: dict[tuple[str, str, str], np.ndarray] = {}
+    for label, reference in references.items():
+        for key in zoo_ms:
+            _, costs, scales = calibrate(reference, zoo_features, calibration_features, list(calibration),
+                                         calibration_ms[key])
+            residuals[(label, *key)] = np.log(zoo_ms[key] / (costs @ scales))
     rows: dict[str, list[dict]] = {label: [] for label in references}
     saved: dict[str, dict] = {}
     for class_index, device_class in enumerate(fleet):
