@@ -32,7 +32,8 @@ predicted latency for every device, the filter's costs included) is the median o
 devices of that residual *minus the same device's mean residual over its other reported models*: the
 device's own speed cancels, only the model's difference stays. It needs `MODEL_MIN_DEVICES` devices with at
 least two reported models each and is bounded to `MODEL_FACTOR_BOUNDS`: a few devices' word moves no model
-far, for anyone.
+far, for anyone. A federated version has its parent's graph with new weights, hence its parent's latency:
+until enough devices ran the version itself, it takes its parent's factor (when their costs are the same).
 """
 
 from __future__ import annotations
@@ -198,9 +199,21 @@ def update_model_factor(session: Session, model_id: str) -> None:
     )}
     factor = model_factor((value, *device_means[device_id]) for device_id, value in residuals)
     model = session.get(ModelRecord, model_id)
-    model.latency_factor = factor
-    model.latency_factor_devices = 0 if factor is None else sum(device_means[d][1] >= 2 for d, _ in residuals)
+    if factor is not None:
+        model.latency_factor = factor
+        model.latency_factor_devices = sum(device_means[device_id][1] >= 2 for device_id, _ in residuals)
+    else:
+        inherit_model_factor(session, model)
     session.flush()
+
+
+def inherit_model_factor(session: Session, model: ModelRecord) -> None:
+    """The parent's factor for a model with the parent's costs (a federated version), else none."""
+    parent = session.get(ModelRecord, model.parent_id) if model.parent_id else None
+    same_costs = parent is not None and parent.latency_signature == model.latency_signature and all(
+        math.isclose(getattr(parent, column), getattr(model, column), rel_tol=1e-9) for column in COST_COLUMNS)
+    model.latency_factor = parent.latency_factor if same_costs else None
+    model.latency_factor_devices = parent.latency_factor_devices if same_costs else 0
 
 
 def update_class_factors(session: Session, device_class: str, signature: str) -> None:

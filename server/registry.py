@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from fedzoo.cards import ModelCard
 from fedzoo.device import DeviceProfile
 from fedzoo.errors import InvalidInputError, NotFoundError
+from fedzoo.server import online_calibration
 from fedzoo.server.blobstore import BlobStore
 from fedzoo.server.errors import Conflict
 from fedzoo.server.latency import LatencyEstimator, ModelCosts, slot_values
@@ -113,7 +114,9 @@ def publish(session: Session, store: BlobStore, estimator: LatencyEstimator, car
         raise Conflict(f"model {card.id!r} is already published with a different card; publish a new id or version",
                        field="id", code="model_exists")
     model_bytes = check_card_blobs(card, store)
-    session.add(card_record(card, estimator.model_costs(card, model_bytes), estimator.signature))
+    record = card_record(card, estimator.model_costs(card, model_bytes), estimator.signature)
+    online_calibration.inherit_model_factor(session, record)  # a federated version: its parent's graph
+    session.add(record)
     session.flush()  # the model row first: the latency rows reference it
     session.add_all(
         ModelClassLatency(model_id=card.id, device_class=device_class, median_ms=latency.median_ms,

@@ -149,7 +149,8 @@ def medium_and_fast_ms(live_server: LiveServer, token: str) -> tuple[float, floa
 def test_the_fleet_learns_a_models_own_latency_from_several_devices_only(live_server, three_models):
     """Devices of different speeds all find "medium" 20% slower than its prediction relative to "fast": after
     three of them, a fresh device of no known class is predicted exactly that, and its own report of it as
-    predicted leaves its scales alone. A revoked device's word stops counting."""
+    predicted leaves its scales alone. A federated version of "medium" starts with its factor. A revoked
+    device's word stops counting."""
     def report_both(device_id: str, slowdown: float) -> str:
         token = live_server.register(device_profile(device_id, slowdown=slowdown, device_class=f"cpu-{device_id}"))
         report(live_server, token, "fast", 1.0 * slowdown)
@@ -175,12 +176,26 @@ def test_the_fleet_learns_a_models_own_latency_from_several_devices_only(live_se
     report(live_server, fresh, "medium", 4.8)  # as the fleet said: nothing left for its own scales to learn
     assert device_row(live_server, "fresh").scale_0 == pytest.approx(1.0, abs=1e-6)
 
+    v2 = tiny_onnx_model(seed=2, hidden=8)  # a federated version: the parent's graph, new weights
+    v2_card = make_card(v2, "medium-v2", 0.91, 1000, version=2, parent_id="medium",
+                        latency_ms={"reference": {"median_ms": 4.0, "source": "measured"}})
+    assert live_server.publish(v2_card, v2).status_code == 201
+    assert model_row(live_server, "medium-v2").latency_factor == pytest.approx(1.2)
+    pruned = tiny_onnx_model(seed=4, hidden=4)  # another graph: another latency, no factor of its parent's
+    assert live_server.publish(make_card(pruned, "medium-pruned", 0.5, 500, parent_id="medium", latency_ms={
+        "reference": {"median_ms": 2.0, "source": "measured"}}), pruned).status_code == 201
+    assert model_row(live_server, "medium-pruned").latency_factor is None
+    v2_answer = lookup(live_server, fresh, latency_budget_ms=100.0, min_accuracy=0.905, precision="fp32")
+    assert v2_answer["runner_up"]["model_id"] == "medium-v2"
+    assert v2_answer["runner_up"]["latency_ms"] == pytest.approx(4.0 * 1.2)
+
     with live_server.admin() as admin:
         assert admin.post("/v1/devices/d3/revoke").status_code == 200
     report(live_server, live_server.register(device_profile("d4")), "medium", 4.0)  # refreshes medium's factor
     assert model_row(live_server, "medium").latency_factor is None  # d1, d2 left (d4 ran one model only)
     second_fresh = live_server.register(device_profile("fresh-2"))
-    assert medium_and_fast_ms(live_server, second_fresh)[0] == pytest.approx(4.0)
+    back = lookup(live_server, second_fresh, latency_budget_ms=4.5)  # 4.8 ms with the factor: over the budget
+    assert (back["model"]["id"], back["latency_ms"]) == ("medium", pytest.approx(4.0))
 
 
 @given(st.lists(st.tuples(st.floats(-20, 20), st.floats(-20, 20), st.integers(1, 1000)), max_size=60))
