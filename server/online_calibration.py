@@ -169,7 +169,7 @@ def model_factor(residuals: Iterable[tuple[float, float, int]]) -> float | None:
 
 def refresh_model_factors(session: Session, device_id: str, reported_model_id: str) -> None:
     """The factors of the model just reported and of (some of) the device's other models, whose devices'
-    means this report changed (bounded work per report)."""
+    means this report changed: four queries and the updates, whatever the fleet's size."""
     others = session.scalars(
         select(MeasuredLatency.model_id)
         .where(MeasuredLatency.device_id == device_id, MeasuredLatency.model_id != reported_model_id,
@@ -177,33 +177,41 @@ def refresh_model_factors(session: Session, device_id: str, reported_model_id: s
         .order_by(MeasuredLatency.model_id)
         .limit(DEVICE_MODELS_REFRESHED - 1)
     ).all()
-    for model_id in [reported_model_id, *others]:
-        update_model_factor(session, model_id)
+    update_model_factors(session, [reported_model_id, *others])
 
 
-def update_model_factor(session: Session, model_id: str) -> None:
-    """One model's factor from its most recently recalibrated devices that are not revoked."""
-    residuals = session.execute(
-        select(MeasuredLatency.device_id, MeasuredLatency.log_residual)
-        .join(DeviceRecord, DeviceRecord.id == MeasuredLatency.device_id)
-        .where(MeasuredLatency.model_id == model_id, MeasuredLatency.log_residual.is_not(None),
-               DeviceRecord.revoked_at.is_(None))
-        .order_by(DeviceRecord.latency_calibrated_at.desc())
-        .limit(MODEL_RECENT_DEVICES)
-    ).all()
+def update_model_factors(session: Session, model_ids: list[str]) -> None:
+    """These models' factors, each from its most recently recalibrated devices that are not revoked."""
     residual = MeasuredLatency.log_residual
+    ranked = (
+        select(MeasuredLatency.model_id, MeasuredLatency.device_id, residual,
+               func.row_number().over(partition_by=MeasuredLatency.model_id,
+                                      order_by=DeviceRecord.latency_calibrated_at.desc()).label("recency"))
+        .join(DeviceRecord, DeviceRecord.id == MeasuredLatency.device_id)
+        .where(MeasuredLatency.model_id.in_(model_ids), residual.is_not(None), DeviceRecord.revoked_at.is_(None))
+        .subquery()
+    )
+    by_model: dict[str, list[tuple[str, float]]] = {model_id: [] for model_id in model_ids}
+    for model_id, device_id, value in session.execute(
+        select(ranked.c.model_id, ranked.c.device_id, ranked.c.log_residual)
+        .where(ranked.c.recency <= MODEL_RECENT_DEVICES)
+    ):
+        by_model[model_id].append((device_id, value))
+    device_ids = {device_id for rows in by_model.values() for device_id, _ in rows}
     device_means = {device_id: (mean, count) for device_id, mean, count in session.execute(
         select(MeasuredLatency.device_id, func.avg(residual), func.count(residual))
-        .where(MeasuredLatency.device_id.in_([device_id for device_id, _ in residuals]))
+        .where(MeasuredLatency.device_id.in_(device_ids))
         .group_by(MeasuredLatency.device_id)
     )}
-    factor = model_factor((value, *device_means[device_id]) for device_id, value in residuals)
-    model = session.get(ModelRecord, model_id)
-    if factor is not None:
-        model.latency_factor = factor
-        model.latency_factor_devices = sum(device_means[device_id][1] >= 2 for device_id, _ in residuals)
-    else:
-        inherit_model_factor(session, model)
+    models = {model.id: model for model in session.scalars(select(ModelRecord).where(ModelRecord.id.in_(model_ids)))}
+    for model_id, rows in by_model.items():
+        model = models[model_id]
+        factor = model_factor((value, *device_means[device_id]) for device_id, value in rows)
+        if factor is not None:
+            model.latency_factor = factor
+            model.latency_factor_devices = sum(device_means[device_id][1] >= 2 for device_id, _ in rows)
+        else:
+            inherit_model_factor(session, model)
     session.flush()
 
 

@@ -247,7 +247,7 @@ def model_latency(session: Session, model_id: str) -> list[dict[str, Any]]:
 
 
 def fleet_latency_factor(session: Session, model_id: str) -> dict[str, Any]:
-    """What the fleet's telemetry says of the model's latency (`online_calibration.update_model_factor`)."""
+    """What the fleet's telemetry says of the model's latency (`online_calibration.update_model_factors`)."""
     record = _find_model(session, model_id)
     return {"fleet_latency_factor": record.latency_factor, "fleet_factor_devices": record.latency_factor_devices}
 
