@@ -209,7 +209,8 @@ def test_a_models_factor_stays_within_bounds_whatever_the_devices_claim(residual
 
 def test_a_models_factor_is_the_median_against_each_devices_other_models():
     """Three devices of different speeds each ran the model and two others; it was 10% slower than their
-    other models on each. A fourth device's 10x claim moves the median within the bound only."""
+    other models on each. A fourth device's 10x claim does not move the median; three such claims take it to
+    the bound, no further."""
     def device(speed: float, model_ratio: float) -> tuple[float, float, int]:
         residuals = [math.log(model_ratio) + speed, speed, speed]  # the model's first, then two others
         return residuals[0], sum(residuals) / len(residuals), len(residuals)
