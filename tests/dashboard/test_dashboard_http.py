@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_helpers import ADMIN_TOKEN, VIEWER_TOKEN, config_for_tests, running_live_server
+from server_helpers import ADMIN_TOKEN, VIEWER_TOKEN, config_for_tests, log_in, running_live_server
 
 from fedzoo.server.dashboard import session as dashboard_session
 
@@ -38,12 +38,6 @@ def test_templates_and_own_static_files_point_nowhere_off_origin():
         text = path.read_text()
         assert not re.search(r"https?://|//[a-z0-9.-]+\.[a-z]{2,}/", text), path
         assert "<script>" not in text and " style=" not in text and "<style" not in text, path  # CSP: none inline
-
-
-def log_in(client: httpx.Client, token: str) -> httpx.Response:
-    form = client.get("/ui/login")
-    form_token = re.search(r'name="form_token" value="([^"]+)"', form.text).group(1)
-    return client.post("/ui/login", data={"form_token": form_token, "token": token, "next": "/ui/fleet"})
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ The fixtures themselves are in conftest.py; import helpers with `from server_hel
 from __future__ import annotations
 
 import hashlib
+import re
 import os
 import signal
 import socket
@@ -81,6 +82,13 @@ def make_card(model_bytes: bytes, model_id: str, accuracy: float, macs: int, tas
         "sha256": hashlib.sha256(model_bytes).hexdigest(),
         **fields,
     })
+
+
+def log_in(client: httpx.Client, token: str) -> httpx.Response:
+    """Log in to the dashboard with the login form (its CSRF field included), as a browser does."""
+    form = client.get("/ui/login")
+    form_token = re.search(r'name="form_token" value="([^"]+)"', form.text).group(1)
+    return client.post("/ui/login", data={"form_token": form_token, "token": token, "next": "/ui/fleet"})
 
 
 def device_profile(device_id: str, slowdown: float = 1.0, device_class: str | None = None,

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 
+import httpx
 import numpy as np
 import pytest
 from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
-from server_helpers import ADMIN_TOKEN, LiveServer, device_profile, make_card, tiny_onnx_model
+from server_helpers import (
+    ADMIN_TOKEN, VIEWER_TOKEN, LiveServer, device_profile, log_in, make_card, tiny_onnx_model,
+)
 
 from fedzoo.cli import cli
 from fedzoo.edge.calibration_models import CALIBRATION_MODEL_NAMES
@@ -171,6 +175,11 @@ def test_the_fleet_learns_a_models_own_latency_from_several_devices_only(live_se
     table = CliRunner().invoke(cli, ["models", "latency", "medium", "--server", live_server.base_url],
                                env={"FEDZOO_VIEWER_TOKEN": ADMIN_TOKEN, "COLUMNS": "200"}, catch_exceptions=False)
     assert "fleet latency factor x1.200 from 3 devices" in table.stdout
+    with httpx.Client(base_url=live_server.base_url) as browser:
+        log_in(browser, VIEWER_TOKEN)
+        page = browser.get("/ui/models/medium").text
+    factor_line = " ".join(re.search(r'<p id="fleet-latency-factor">(.*?)</p>', page, re.S).group(1).split())
+    assert factor_line.startswith("Fleet latency factor: ×1.2 on every device") and "from 3 devices" in factor_line
     assert model_row(live_server, "slow").latency_factor is None  # nobody ran it
 
     report(live_server, fresh, "medium", 4.8)  # as the fleet said: nothing left for its own scales to learn
