@@ -213,9 +213,10 @@ def model_lineage(session: Session, model_id: str) -> dict[str, Any]:
             "descendants": [_lineage_node(row) for row in descendants]}
 
 
-def model_latency(session: Session, model_id: str) -> list[dict[str, Any]]:
+def model_latency(session: Session, model_id: str) -> dict[str, Any]:
     """Per device class: the card's latency, the server's prediction (median over the class's devices) and
-    the devices' telemetry (median over the class's devices of each device's median)."""
+    the devices' telemetry (median over the class's devices of each device's median); and the model's fleet
+    latency factor (`online_calibration.update_model_factors`), which the predictions include."""
     record = _find_model(session, model_id)
     card_latency = {row.device_class: row for row in session.scalars(
         select(ModelClassLatency).where(ModelClassLatency.model_id == model_id))}
@@ -234,7 +235,7 @@ def model_latency(session: Session, model_id: str) -> list[dict[str, Any]]:
     ):
         predicted[device_class].append(predicted_ms)
     classes = sorted(set(card_latency) | set(measured) | set(predicted))
-    return [{
+    rows = [{
         "device_class": device_class,
         "card_ms": card_latency[device_class].median_ms if device_class in card_latency else None,
         "card_source": card_latency[device_class].source if device_class in card_latency else None,
@@ -244,12 +245,8 @@ def model_latency(session: Session, model_id: str) -> list[dict[str, Any]]:
         "devices_measured": len(measured[device_class]),
         "reports": sum(reports for _, reports in measured[device_class]),
     } for device_class in classes]
-
-
-def fleet_latency_factor(session: Session, model_id: str) -> dict[str, Any]:
-    """What the fleet's telemetry says of the model's latency (`online_calibration.update_model_factors`)."""
-    record = _find_model(session, model_id)
-    return {"fleet_latency_factor": record.latency_factor, "fleet_factor_devices": record.latency_factor_devices}
+    return {"device_classes": rows, "fleet_latency_factor": record.latency_factor,
+            "fleet_factor_devices": record.latency_factor_devices}
 
 
 # overview and zoo -----------------------------------------------------------------------------------

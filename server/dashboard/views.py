@@ -156,9 +156,8 @@ def model(model_id: str) -> Response:
         card = registry.get_card(session, model_id)
         lineage = operator_view.model_lineage(session, model_id)
         latency = operator_view.model_latency(session, model_id)
-        factor = operator_view.fleet_latency_factor(session, model_id)
-    return page("model.html", card=card, lineage=lineage, latency=latency, chart=charts.latency_per_class(latency),
-                **factor)
+    return page("model.html", card=card, lineage=lineage, latency=latency,
+                chart=charts.latency_per_class(latency["device_classes"]))
 
 
 @blueprint.get("/zoo")

@@ -78,6 +78,5 @@ def model_lineage(model_id: str) -> Response:
 def model_latency(model_id: str) -> Response:
     require_reader_token()
     with context().db.session() as session:
-        classes = operator_view.model_latency(session, model_id)
-        factor = operator_view.fleet_latency_factor(session, model_id)
-    return json_response(ModelLatency(model_id=model_id, device_classes=classes, **factor))
+        latency = operator_view.model_latency(session, model_id)
+    return json_response(ModelLatency(model_id=model_id, **latency))
