@@ -61,7 +61,9 @@ from fedzoo.edge.fleet import DeviceClass, available_fleet, run_on_device_class
 from fedzoo.edge.latency_predictor import CALIBRATION_GROUPS, REFERENCE_MODEL_PATH, KernelLatencyPredictor, kernel_features
 from fedzoo.server.lookup import SHORTLIST_SIGMAS
 from fedzoo.server.models import LATENCY_SLOTS
-from fedzoo.server.online_calibration import MEASURED_LOG_SIGMA, CalibrationState, kalman_update, model_factor
+from fedzoo.server.online_calibration import (
+    MEASURED_LOG_SIGMA, CalibrationState, kalman_update, model_factor, relative_residuals,
+)
 
 # 300 rounds, not 30: with 30, this VM's speed spells moved two sessions of the same model apart by up to 28%
 # (re-measurement within ±10%: 54-89% per class); with 300 they repeated within ±10% for 96-100% of the zoo
@@ -229,9 +231,9 @@ def calibrate(
 
 def fleet_model_factors(device_residuals: list[np.ndarray]) -> np.ndarray:
     """Every model's fleet latency factor (1 where the server has none) when each of these devices reported
-    every model with these log residuals against its registration scales (`online_calibration.model_factor`)."""
-    factors = [model_factor((float(residuals[index]), float(np.mean(residuals)), residuals.size)
-                            for residuals in device_residuals)
+    every model with these log residuals against its registration scales (`online_calibration`'s rule)."""
+    factors = [model_factor(relative_residuals((float(residuals[index]), float(np.mean(residuals)), residuals.size)
+                                               for residuals in device_residuals))
                for index in range(device_residuals[0].size)]
     return np.array([1.0 if factor is None else factor for factor in factors])
 
@@ -313,16 +315,15 @@ def another_run_estimate(other_zoo_ms: np.ndarray, other_calibration_ms: np.ndar
 
 
 def judge(
-    label: str, reference: KernelLatencyPredictor, zoo_features: dict, calibration_features: dict, calibration_names: list[str],
-    calibration_ms: np.ndarray, measured: np.ndarray, ceiling: np.ndarray, other_measured: np.ndarray,
-    fleet_factors: np.ndarray, accuracy: np.ndarray, precision: np.ndarray, names: list[str], class_index: int,
+    label: str, calibrated: tuple[KernelLatencyPredictor, np.ndarray, np.ndarray], zoo_features: dict,
+    measured: np.ndarray, ceiling: np.ndarray, other_measured: np.ndarray, fleet_factors: np.ndarray,
+    accuracy: np.ndarray, precision: np.ndarray, names: list[str], class_index: int,
 ) -> tuple[dict, np.ndarray]:
-    """Calibrate `reference` with one pass's calibration timings, print how it predicts that pass's zoo
-    timings beside the noise ceiling's estimate `ceiling`, and return its summary row and predictions.
-    `fleet_factors`: the models' fleet latency factors from the other classes' telemetry."""
+    """Print how a reference `calibrated` with one pass's calibration timings (`calibrate`) predicts that
+    pass's zoo timings beside the noise ceiling's estimate `ceiling`, and return its summary row and
+    predictions. `fleet_factors`: the models' fleet latency factors from the other classes' telemetry."""
     rng = np.random.default_rng(class_index)
-    predictor, costs, scales = calibrate(reference, zoo_features, calibration_features, calibration_names,
-                                         calibration_ms)
+    predictor, costs, scales = calibrated
     layout_features = zoo_features[predictor.all_plain_layout]
     predicted = np.array([predictor.predict_from_features(f) for f in layout_features])
     server_form = costs @ scales
@@ -422,13 +423,16 @@ def main() -> None:
                       f"p90/median {np.median([timings[f'zoo:{n}'].p90_ms / timings[f'zoo:{n}'].median_ms for n in names]):.2f}, "
                       f"runs per sample {min(timings[f'zoo:{n}'].runs_per_sample for n in names)}.."
                       f"{max(timings[f'zoo:{n}'].runs_per_sample for n in names)}")
-    # Each class and pass as a device that reported every zoo model: its log residuals against its
-    # registration scales, from which the other classes' fleet factors are made.
+    # Every reference calibrated with every class's and pass's timings; each class and pass is also a device
+    # that reported every zoo model: its log residuals against its registration scales make the other
+    # classes' fleet factors.
+    calibrated: dict[tuple[str, str, str], tuple[KernelLatencyPredictor, np.ndarray, np.ndarray]] = {}
     residuals: dict[tuple[str, str, str], np.ndarray] = {}
     for label, reference in references.items():
         for key in zoo_ms:
-            _, costs, scales = calibrate(reference, zoo_features, calibration_features, list(calibration),
-                                         calibration_ms[key])
+            calibrated[(label, *key)] = calibrate(reference, zoo_features, calibration_features, list(calibration),
+                                                  calibration_ms[key])
+            _, costs, scales = calibrated[(label, *key)]
             residuals[(label, *key)] = np.log(zoo_ms[key] / (costs @ scales))
     rows: dict[str, list[dict]] = {label: [] for label in references}
     saved: dict[str, dict] = {}
@@ -441,15 +445,15 @@ def main() -> None:
             ceiling = another_run_estimate(zoo_ms[other], calibration_ms[other], calibration_ms[key])
             print(f"  pass {pass_name}: pass {other_pass}'s zoo timings, calibrated   {accuracy_figures(ceiling, measured)}")
             predictions = {}
-            for label, reference in references.items():
+            for label in references:
                 fleet_factors = fleet_model_factors(
                     [residuals[label, c.name, other_pass] for c in fleet if c.name != device_class.name])
                 print(f"    reference {label}: fleet factors from the other classes' pass {other_pass}: "
                       f"{fleet_factors.min():.3f}..{fleet_factors.max():.3f}")
                 # the same budget draws for every reference and pass, so their regrets differ only by their estimates
                 row, predictions[label] = judge(
-                    label, reference, zoo_features, calibration_features, list(calibration), calibration_ms[key],
-                    measured, ceiling, zoo_ms[other], fleet_factors, accuracy, precision, names, class_index,
+                    label, calibrated[(label, *key)], zoo_features, measured, ceiling, zoo_ms[other], fleet_factors,
+                    accuracy, precision, names, class_index,
                 )
                 rows[label].append({"class": device_class.name, **row})
             saved[device_class.name][pass_name] = {

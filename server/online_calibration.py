@@ -42,7 +42,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from statistics import median
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 from sqlalchemy import func, select
@@ -156,11 +156,16 @@ def recalibrate(session: Session, measured: MeasuredLatency, groups: int) -> Non
         update_class_factors(session, device.device_class, device.latency_signature)
 
 
-def model_factor(residuals: Iterable[tuple[float, float, int]]) -> float | None:
-    """A model's latency factor (module docstring) from its devices' (log residual of the model, mean log
-    residual over all the device's reported models, how many): the median over the devices with at least
-    two of `residual - mean of the device's other residuals`, bounded; None below MODEL_MIN_DEVICES."""
-    relative = [count * (residual - mean) / (count - 1) for residual, mean, count in residuals if count >= 2]
+def relative_residuals(residuals: Iterable[tuple[float, float, int]]) -> list[float]:
+    """From a model's devices' (log residual of the model, mean log residual over all the device's reported
+    models, how many): `residual - mean of the device's other residuals`, for the devices with at least two
+    (one model alone cannot tell the device's speed from the model's)."""
+    return [count * (residual - mean) / (count - 1) for residual, mean, count in residuals if count >= 2]
+
+
+def model_factor(relative: Sequence[float]) -> float | None:
+    """A model's latency factor (module docstring) from its devices' `relative_residuals`: their median, bounded;
+    None below MODEL_MIN_DEVICES."""
     if len(relative) < MODEL_MIN_DEVICES:
         return None
     low, high = MODEL_FACTOR_BOUNDS
@@ -206,10 +211,10 @@ def update_model_factors(session: Session, model_ids: list[str]) -> None:
     models = {model.id: model for model in session.scalars(select(ModelRecord).where(ModelRecord.id.in_(model_ids)))}
     for model_id, rows in by_model.items():
         model = models[model_id]
-        factor = model_factor((value, *device_means[device_id]) for device_id, value in rows)
+        relative = relative_residuals((value, *device_means[device_id]) for device_id, value in rows)
+        factor = model_factor(relative)
         if factor is not None:
-            model.latency_factor = factor
-            model.latency_factor_devices = sum(device_means[device_id][1] >= 2 for device_id, _ in rows)
+            model.latency_factor, model.latency_factor_devices = factor, len(relative)
         else:
             inherit_model_factor(session, model)
     session.flush()

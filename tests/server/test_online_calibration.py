@@ -22,7 +22,7 @@ from fedzoo.edge.calibration_models import CALIBRATION_MODEL_NAMES
 from fedzoo.server.models import ClassLatencyCalibration, DeviceRecord, ModelRecord
 from fedzoo.server.online_calibration import (
     CLASS_FACTOR_BOUNDS, MEASURED_LOG_SIGMA, MODEL_FACTOR_BOUNDS, CalibrationState, initial_log_sigma, kalman_update,
-    model_factor,
+    model_factor, relative_residuals,
 )
 from fedzoo.server.schemas import CalibrationModelList, LookupResponse
 
@@ -209,7 +209,7 @@ def test_the_fleet_learns_a_models_own_latency_from_several_devices_only(live_se
 
 @given(st.lists(st.tuples(st.floats(-20, 20), st.floats(-20, 20), st.integers(1, 1000)), max_size=60))
 def test_a_models_factor_stays_within_bounds_whatever_the_devices_claim(residuals):
-    factor = model_factor(residuals)
+    factor = model_factor(relative_residuals(residuals))
     if sum(count >= 2 for _, _, count in residuals) < 3:
         assert factor is None
     else:
@@ -225,10 +225,10 @@ def test_a_models_factor_is_the_median_against_each_devices_other_models():
         return residuals[0], sum(residuals) / len(residuals), len(residuals)
 
     honest = [device(speed, 1.1) for speed in (0.0, 0.5, -0.3)]
-    assert model_factor(honest[:2]) is None
-    assert model_factor(honest) == pytest.approx(1.1)
-    assert model_factor(honest + [device(0.0, 10.0)]) == pytest.approx(1.1)  # the median of 4: two honest ones
-    assert model_factor([device(0.0, 10.0)] * 3) == MODEL_FACTOR_BOUNDS[1]
+    assert model_factor(relative_residuals(honest[:2])) is None
+    assert model_factor(relative_residuals(honest)) == pytest.approx(1.1)
+    assert model_factor(relative_residuals(honest + [device(0.0, 10.0)])) == pytest.approx(1.1)  # two honest middles
+    assert model_factor(relative_residuals([device(0.0, 10.0)] * 3)) == MODEL_FACTOR_BOUNDS[1]
 
 
 def test_a_margin_and_a_shortlist(live_server, three_models):
