@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,14 +55,17 @@ class FedzooClient:
         state_file: str | Path | None = None,
         trusted_keys: TrustedKeys | None = None,
         progress: ProgressCallback | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         """`state_file` keeps the device id, token and token expiry across restarts (a token saved there is
         used when `token` is not given). `trusted_keys` pins the fleet's card-signing keys: every card must then
         verify before its model is downloaded or loaded, and the newest version accepted per family is kept in
         the state file (default `<cache_dir>/state.json`) so that no later card can roll the family back.
-        `progress`, when given, hears every download and upload's bytes as they move (for progress bars)."""
+        `progress`, when given, hears every download and upload's bytes as they move (for progress bars).
+        `clock` gives this device's Unix time, which decides when the token is due for rotation."""
         self.http = FedzooHTTP(base_url, token=token, retry=retry, timeout_s=timeout_s)
         self.progress = progress
+        self.clock = clock
         self.cache = BlobCache(Path(cache_dir).expanduser() if cache_dir is not None else None)
         self.downloaded_bytes = 0
         self.uploaded_bytes = 0
@@ -117,7 +121,7 @@ class FedzooClient:
         return answer
 
     def _keep_token(self, token: str, lifetime_s: float | None) -> None:
-        now = time.time()
+        now = self.clock()
         self.http.token = token
         self.token_refresh_at_s = now + lifetime_s * REFRESH_AT_LIFETIME_FRACTION if lifetime_s is not None else None
         if self.state_file is not None:
@@ -129,7 +133,7 @@ class FedzooClient:
 
     def _refresh_token_if_due(self) -> None:
         due_at_s = self.token_refresh_at_s
-        if due_at_s is not None and self.device_id is not None and time.time() >= due_at_s:
+        if due_at_s is not None and self.device_id is not None and self.clock() >= due_at_s:
             self.refresh_token()
 
     def list_models(self, task: str | None = None, limit: int = 50, offset: int = 0) -> dict[str, Any]:

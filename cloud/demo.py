@@ -5,7 +5,8 @@ training graphs, signs its cards with an operator key, serves it with the produc
 acts as a device (register with calibration timings, look up the best model under a budget,
 verify the card against the pinned keys, download, run, report latency), runs federated rounds that fine-tune a zoo model from virtual devices'
 Dirichlet shards and publish new versions, and finally lets a device of the Java (Android) SDK run a model and
-take part in a round beside a Python device, when a JDK and Maven are present (it says so when it skips).
+take part in a round beside a Python device (that stage needs a JDK and Maven; `--skip-java` skips it). A stage
+that cannot run ends the demo with a one-line reason and a non-zero exit status.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +43,9 @@ SERVER_START_TIMEOUT_S = 120.0
 class DemoRun:
     """What the stages hand on to each other."""
 
-    workdir: Path
+    workdir: Path  # absolute: every path the demo hands to a subprocess derives from it
     preset: str
+    skip_java: bool = False
     admin_token: str = "demo-admin-token"
     split: DatasetSplit | None = None
     server: subprocess.Popen | None = None
@@ -179,6 +182,18 @@ def stage_client(run: DemoRun) -> str:
     )
 
 
+def _round_summary(state: str, accepted_updates: int, result_model_id: str | None, outcome: dict | None) -> str:
+    """'closed, N updates, accuracy A -> model' or 'failed, N updates (the server's reason)'."""
+    outcome = outcome or {}
+    if state == "closed":
+        accuracy = outcome.get("evaluation", {}).get("accuracy")
+        parent = outcome.get("parent_evaluation", {}).get("accuracy")
+        measured = f", accuracy {accuracy:.4f}" if accuracy is not None else ""
+        measured += f" (parent {parent:.4f})" if parent is not None else ""
+        return f"closed, {accepted_updates} updates{measured} -> {result_model_id}"
+    return f"{state}, {accepted_updates} updates ({outcome.get('failure', 'no reason recorded')})"
+
+
 def stage_federated(run: DemoRun) -> str:
     from fedzoo.cloud.simulation import Simulation, federation_from_zoo
 
@@ -196,26 +211,45 @@ def stage_federated(run: DemoRun) -> str:
     run.federation = federation
     run.evaluation_sha256 = simulation.evaluation_sha256
     run.latest_model_id = next((r.result_model_id for r in reversed(records) if r.result_model_id), base.id)
-    rounds = ", ".join(
-        f"round {record.number}: {record.state}, {record.accepted_updates} updates"
-        + (f", accuracy {record.accuracy:.4f} -> {record.result_model_id}" if record.accuracy is not None else "")
-        + (f" ({record.outcome['failure']})" if record.outcome and "failure" in record.outcome else "")
-        for record in records
-    )
+    rounds = "; ".join(f"round {record.number}: " + _round_summary(record.state, record.accepted_updates,
+                                                                    record.result_model_id, record.outcome)
+                       for record in records)
     return (f"fine-tuned {base.id} (accuracy {base.metrics.accuracy:.4f}) with 5 virtual devices under SecAgg+ "
             f"(the server saw only the sum of their updates): {rounds}; no DP: with 5 devices any useful epsilon "
             f"costs 20-30 accuracy points (docs/privacy.md), so the demo runs none rather than report a hollow one")
 
 
-def _java_sdk_command(run: DemoRun) -> list[str] | None:
-    """`java -cp <fedzoo-client and its dependencies> dev.fedzoo.Cli`, built with Maven; None without a JDK and Maven."""
+class StageError(FedzooError):
+    """A demo stage that cannot run: the message is the one-line reason the demo ends with."""
+
+
+def _run_quietly(command: list[str], log: Path, what: str, timeout_s: float) -> str:
+    """Run `command` with its output kept in `log` (none reaches the terminal: Maven's colour codes included) and
+    return its stdout; a failure becomes a StageError naming `what`, the exit status and the log."""
+    try:
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise StageError(f"{what} did not finish within {timeout_s:.0f} s") from None
+    log.write_text(completed.stdout + completed.stderr)
+    if completed.returncode != 0:
+        last_line = next((line for line in reversed((completed.stderr or completed.stdout).splitlines()) if line.strip()), "")
+        raise StageError(f"{what} failed with exit status {completed.returncode}: {last_line.strip()[:300]} (log: {log})")
+    return completed.stdout
+
+
+def _java_sdk_command(run: DemoRun) -> list[str]:
+    """`java -cp <fedzoo-client and its dependencies> dev.fedzoo.Cli`, built with Maven (quiet, output in a log)."""
     pom = Path(__file__).resolve().parent.parent / "clients" / "java" / "pom.xml"
-    if not (shutil.which("java") and shutil.which("mvn") and pom.is_file()):
-        return None
-    classpath_file = run.workdir / "java-classpath.txt"
-    subprocess.run(["mvn", "-B", "-q", "-Dstyle.color=never", "-f", str(pom), "-pl", "fedzoo-client", "-DskipTests", "package",
-                    "dependency:build-classpath", "-DincludeScope=compile", f"-Dmdep.outputFile={classpath_file}"],
-                   check=True, stdout=subprocess.DEVNULL)
+    missing = [tool for tool in ("java", "mvn") if shutil.which(tool) is None]
+    if missing or not pom.is_file():
+        absent = " and ".join(f"'{tool}'" for tool in missing) + " on PATH" if missing else str(pom)
+        raise StageError(f"the Java device needs a JDK, Maven and the source tree's clients/java: {absent} not found "
+                         f"(install them, or pass --skip-java)")
+    classpath_file = run.workdir / "java-classpath.txt"  # absolute: Maven resolves a relative one against the module
+    _run_quietly(["mvn", "-B", "-q", "-Dstyle.color=never", "-f", str(pom), "-pl", "fedzoo-client", "-DskipTests",
+                  "package", "dependency:build-classpath", "-DincludeScope=compile",
+                  f"-Dmdep.outputFile={classpath_file}"],
+                 run.workdir / "java-build.log", "building the Java SDK with Maven (offline?)", timeout_s=900)
     jar = next((pom.parent / "fedzoo-client" / "target").glob("fedzoo-client-*.jar"))
     return ["java", "-cp", f"{jar}{os.pathsep}{classpath_file.read_text().strip()}", "dev.fedzoo.Cli"]
 
@@ -227,17 +261,18 @@ def stage_java_device(run: DemoRun) -> str:
     from fedzoo.clients.participation import participate_once
     from fedzoo.edge.device_profile import collect_device_profile
 
+    if run.skip_java:
+        return "skipped (--skip-java)"
     task = run.federation.card.task
     java = _java_sdk_command(run)
-    if java is None:
-        return "skipped: the Java device needs a JDK and Maven on PATH and the source tree's clients/java (not found)"
     state, data = run.workdir / "java-device", run.workdir / "java-data"
     data.mkdir(parents=True, exist_ok=True)
     np.savez(data / "test.npz", x=run.split.test.x, y=run.split.test.y)
     shard = run.federation.client_data(0)
     np.savez(data / "shard.npz", x=shard.x, y=shard.y)
-    cli = lambda *args: json.loads(subprocess.run([*java, *args, "--state", str(state)], check=True,  # noqa: E731
-                                                  capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    log = run.workdir / "java-device.log"
+    cli = lambda *args: json.loads(_run_quietly([*java, *args, "--state", str(state)], log,  # noqa: E731
+                                                f"the Java device's '{args[0]}'", timeout_s=300).splitlines()[-1])
     admin = FedzooClient(run.server_url, cache_dir=run.workdir / "java-round-admin")
     enrollment_token = admin.create_enrollment_token(run.admin_token, max_uses=2, label="demo java + python")["token"]
     cli("register", "--server", run.server_url, "--device-id", f"demo-java-{os.getpid()}",
@@ -254,16 +289,20 @@ def stage_java_device(run: DemoRun) -> str:
         python_device.register(collect_device_profile(f"demo-python-{os.getpid()}", run_calibration=False),
                                enrollment_token)
         python_result = participate_once(python_device, task, run.federation.client_data(1), "fp32")
-    java_result = json.loads(java_device.communicate(timeout=300)[0].strip().splitlines()[-1])
+    java_output = java_device.communicate(timeout=300)[0].strip()
+    if java_device.returncode != 0:
+        raise StageError(f"the Java device's 'participate' failed with exit status {java_device.returncode}: "
+                         f"{java_output.splitlines()[-1] if java_output else 'no output'}")
+    java_result = json.loads(java_output.splitlines()[-1])
     view = admin.fl_round(round_id)
     while view["state"] in ("open", "collecting", "aggregating"):
         time.sleep(0.2)
         view = admin.fl_round(round_id)
     admin.close()
     return (f"Java device ran {ran['model_id']} at test accuracy {ran['accuracy']:.4f}; round {round_id} with it "
-            f"(int8: {java_result['outcome']}) and a Python device (fp32: {python_result.outcome}) {view['state']} "
-            f"with {view['accepted_updates']} updates -> {view['result_model_id']} (a plain round: the Java SDK does "
-            f"not speak SecAgg+ yet)")
+            f"(int8: {java_result['outcome']}) and a Python device (fp32: {python_result.outcome}): "
+            f"{_round_summary(view['state'], view['accepted_updates'], view['result_model_id'], view['outcome'])} "
+            f"(a plain round: the Java SDK does not speak SecAgg+ yet)")
 
 
 # (title, function) in data-flow order
@@ -294,17 +333,30 @@ def stop_server(run: DemoRun) -> None:
               show_default=True, help="Where the zoo, the server's data and the device caches go.")
 @click.option("--preset", type=click.Choice(["default", "tiny"]), default="default", show_default=True,
               help="Size of the zoo build: default (a few minutes) or tiny (a smoke run, low accuracy).")
-def demo(workdir: Path, preset: str) -> None:
+@click.option("--skip-java", is_flag=True, help="Skip the Java SDK device's stage (it needs a JDK and Maven).")
+def demo(workdir: Path, preset: str, skip_java: bool) -> None:
     """Build a zoo, compress it, serve it, act as a device and run federated rounds, on MNIST-5k."""
-    run = DemoRun(workdir=workdir, preset=preset)
-    workdir.mkdir(parents=True, exist_ok=True)
+    run = DemoRun(workdir=workdir.resolve(), preset=preset, skip_java=skip_java)
+    run.workdir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     try:
         for title, stage in STAGES:
             stage_started = time.perf_counter()
             console.print(f"[bold]▶ {title}[/bold]")
-            summary = stage(run)
+            try:
+                summary = stage(run)
+            except Exception as error:  # a stage that cannot run ends the demo with one line, never a traceback
+                raise click.ClickException(_failure_line(run, title, error)) from None
             console.print(f"[green]✓[/green] {summary} [dim]({time.perf_counter() - stage_started:.0f} s)[/dim]")
     finally:
         stop_server(run)
-    console.print(f"demo finished in {time.perf_counter() - started:.0f} s; everything it made is in {workdir}")
+    console.print(f"demo finished in {time.perf_counter() - started:.0f} s; everything it made is in {run.workdir}")
+
+
+def _failure_line(run: DemoRun, title: str, error: Exception) -> str:
+    """The one line a failed stage ends the demo with; an unexpected error's traceback goes to a log beside it."""
+    if isinstance(error, (FedzooError, OSError, httpx.HTTPError, subprocess.SubprocessError)):
+        return f"stage '{title}' could not run: {error}"
+    log = run.workdir / "demo-error.log"
+    log.write_text("".join(traceback.format_exception(error)))
+    return f"stage '{title}' failed: {type(error).__name__}: {error} (traceback: {log})"

@@ -120,7 +120,7 @@ def run_on_device_class(
                     path.write_bytes(model)
                     paths[name] = str(path)
                 else:
-                    paths[name] = str(model)
+                    paths[name] = str(Path(model).resolve())  # a path handed to a subprocess is absolute
             job = {
                 "threads": device_class.threads,
                 "cpus": list(device_class.cpus) if device_class.cpus is not None else None,

@@ -44,10 +44,21 @@ def test_registering_needs_an_enrollment_token(server, tmp_path):
     assert refused.value.code == "enrollment_required" and not isinstance(refused.value, ReregistrationRequiredError)
 
 
+class DeviceClock:
+    """The device's clock, which decides when its token is due for rotation: it moves only when the test says."""
+
+    def __init__(self) -> None:
+        self.now_s = time.time()
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
 def test_the_token_is_rotated_transparently_at_half_its_life_and_survives_a_restart(server, enrollment_token,
                                                                                       tmp_path):
-    state_file = tmp_path / "state.json"
-    with FedzooClient(server.url, cache_dir=tmp_path / "cache", state_file=state_file) as client:
+    state_file, clock = tmp_path / "state.json", DeviceClock()
+    with FedzooClient(server.url, cache_dir=tmp_path / "cache", state_file=state_file, clock=clock) as client:
+        registered_at = time.monotonic()
         registration = client.register(profile("rotating"), enrollment_token)
         assert registration["token_expires_in_s"] == TOKEN_TTL_S
         first = client.token
@@ -55,15 +66,18 @@ def test_the_token_is_rotated_transparently_at_half_its_life_and_survives_a_rest
         assert saved["token"] == first and saved["device_id"] == "rotating"
         assert saved["token_refresh_at_s"] - saved["token_expires_at_s"] == pytest.approx(
             -TOKEN_TTL_S * (1 - REFRESH_AT_LIFETIME_FRACTION))
-        assert client.fl_task("digits")["task"] is None  # not due yet: same token
+        assert client.fl_task("digits")["task"] is None  # not due yet on the device's clock: same token
         assert client.token == first
-        time.sleep(TOKEN_TTL_S * REFRESH_AT_LIFETIME_FRACTION + 0.1)
+        # the server's own clock is real: rotate once half the first token's real lifetime has passed, so the
+        # rotated token outlives the first by that much
+        time.sleep(max(0.0, registered_at + TOKEN_TTL_S * REFRESH_AT_LIFETIME_FRACTION - time.monotonic()))
+        clock.now_s = saved["token_refresh_at_s"]
         assert client.fl_task("digits")["task"] is None  # due: rotated first, then asked
         assert client.token != first and json.loads(state_file.read_text())["token"] == client.token
     assert state_file.stat().st_mode & 0o777 == 0o600
-    with FedzooClient(server.url, cache_dir=tmp_path / "cache", state_file=state_file) as restarted:
+    with FedzooClient(server.url, cache_dir=tmp_path / "cache", state_file=state_file, clock=clock) as restarted:
         assert restarted.token == client.token and restarted.device_id == "rotating"
-        time.sleep(TOKEN_TTL_S * (1 - REFRESH_AT_LIFETIME_FRACTION) + 0.1)  # the first token's lifetime is over
+        time.sleep(max(0.0, registered_at + TOKEN_TTL_S + 0.1 - time.monotonic()))  # the first token's life is over
         assert restarted.fl_task("digits")["task"] is None  # its rotated token still works
 
 

@@ -1,33 +1,84 @@
-"""`fedzoo demo`, the README's main job, end to end on the tiny preset: every stage must run."""
+"""`fedzoo demo`, the README's main job: its contract, not one machine's numbers. Every stage reports; each
+federated round is closed or failed with the server's reason; at least one round of the plan publishes; a stage
+that cannot run ends the demo with one line and a non-zero exit status."""
 
+import re
 import shutil
 import subprocess
 import sys
 
 import pytest
+from click.testing import CliRunner
 
+from fedzoo.cloud import demo as demo_module
 from fedzoo.zoo import Zoo
+
+# "round N: closed, K updates, accuracy A (parent P) -> MODEL" or "round N: failed, K updates (REASON)"
+ROUND = re.compile(r"round (\d+): (?:(closed), (\d+) updates, accuracy [\d.]+ \(parent [\d.]+\) -> (\S+)"
+                   r"|(failed), (\d+) updates \(([^)]+)\))")
+
+
+def rounds_in(line: str) -> list[tuple[str, int]]:
+    """(state, accepted updates) of every round a stage's summary line reports."""
+    return [("closed", int(m[3])) if m[2] else ("failed", int(m[6])) for m in ROUND.finditer(line)]
 
 
 @pytest.mark.slow
-def test_demo_builds_serves_and_runs_a_client_and_federated_rounds(tmp_path):
-    workdir = tmp_path / "demo"
+def test_the_demo_from_a_relative_default_workdir_runs_every_stage_and_publishes_a_round(tmp_path):
+    # as a newcomer types it: no --workdir, so the default relative one, under the current directory
+    has_java = bool(shutil.which("java") and shutil.which("mvn"))
     result = subprocess.run(
-        [sys.executable, "-c", "from fedzoo.cli import main; main()", "demo", "--workdir", str(workdir), "--preset", "tiny"],
-        capture_output=True, text=True, timeout=900,
+        [sys.executable, "-c", "from fedzoo.cli import main; main()", "demo", "--preset", "tiny",
+         *([] if has_java else ["--skip-java"])],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "\x1b[" not in result.stderr and "Traceback" not in result.stderr  # no Maven colour codes leak
     output = " ".join(result.stdout.split())
-    assert output.count("✓") == 9 and "cards signed with operator key" in output
-    assert "federated rounds driven by the server" in output and "round 1: closed" in output
-    # round 2 publishes, or the server's evaluation refused an aggregate worse than round 1's model
-    assert "round 2: closed" in output or "round 2: failed, 5 updates (the aggregate was not published" in output
-    assert "under SecAgg+" in output and "round 1: closed, 5 updates" in output
-    if shutil.which("java") and shutil.which("mvn"):
-        assert "(int8: accepted)" in output and "(fp32: accepted)" in output and "with 2 updates" in output
+    assert output.count("✓") == len(demo_module.STAGES) and "cards signed with operator key" in output
+    federated = output[output.index("▶ federated rounds driven by the server"):output.index("▶ a Java SDK device")]
+    rounds = rounds_in(federated)
+    assert len(rounds) == 2 and "under SecAgg+" in federated
+    assert ("closed", 5) in rounds  # at least one round of the plan publishes
+    java = output[output.index("▶ a Java SDK device"):]
+    if has_java:
+        assert "(int8: accepted)" in java and "(fp32: accepted)" in java and rounds_in(java)[0][1] == 2
     else:
-        assert "skipped: the Java device needs a JDK and Maven" in output
-    cards = Zoo(workdir / "zoo").cards()
+        assert "skipped (--skip-java)" in java
+    cards = Zoo(tmp_path / ".fedzoo" / "demo" / "zoo").cards()
     assert len([card for card in cards if card.parent_id is None]) == 4
     assert any(card.precision == "int8" for card in cards)
     assert all(card.training_graph for card in cards if card.precision == "fp32")
+    assert not (tmp_path / "clients").exists()  # nothing lands beside the Maven module's relative base
+
+
+def test_a_stage_that_cannot_run_ends_the_demo_with_one_line_and_a_non_zero_status(tmp_path, monkeypatch):
+    def offline_build(run):
+        raise demo_module.StageError("building the Java SDK with Maven (offline?) failed with exit status 1")
+
+    reached = []
+    monkeypatch.setattr(demo_module, "STAGES", [("first", lambda run: reached.append(run.workdir) or "done"),
+                                                ("java", offline_build), ("never", lambda run: reached.append(0))])
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(demo_module.demo, ["--workdir", "relative"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output.strip().splitlines()[-1] == (
+        "Error: stage 'java' could not run: building the Java SDK with Maven (offline?) failed with exit status 1")
+    assert reached == [tmp_path / "relative"]  # the workdir was made absolute; no stage ran after the failure
+
+
+def test_an_unexpected_error_is_one_line_with_its_traceback_in_a_log(tmp_path, monkeypatch):
+    monkeypatch.setattr(demo_module, "STAGES", [("broken", lambda run: {}["missing"])])
+    result = CliRunner().invoke(demo_module.demo, ["--workdir", str(tmp_path)])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines()[-1] == (
+        f"Error: stage 'broken' failed: KeyError: 'missing' (traceback: {tmp_path / 'demo-error.log'})")
+    assert "Traceback" in (tmp_path / "demo-error.log").read_text()
+
+
+def test_without_a_jdk_the_java_stage_names_what_is_missing_and_the_way_to_skip_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(demo_module.shutil, "which", lambda tool: None if tool == "mvn" else f"/usr/bin/{tool}")
+    with pytest.raises(demo_module.StageError, match=r"'mvn' on PATH not found \(install them, or pass --skip-java\)"):
+        demo_module._java_sdk_command(demo_module.DemoRun(workdir=tmp_path, preset="tiny"))
+    run = demo_module.DemoRun(workdir=tmp_path, preset="tiny", skip_java=True)
+    assert demo_module.stage_java_device(run) == "skipped (--skip-java)"

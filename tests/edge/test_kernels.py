@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import platform
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -15,6 +17,9 @@ from fedzoo.errors import InvalidInputError
 # stem 3x3 (1->4) + Clip, one inverted residual without expansion (dw 3x3 + Clip, pw + residual Add),
 # head 1x1 (4->8) + Clip, global pool, flatten, classifier.
 TINY = Architecture((1, 8, 8), 4, (Block(1, 4),), 8)
+# onnxruntime's NCHWc kernels exist in its x86 builds only: elsewhere its optimizer leaves every fp32 conv in NCHW,
+# which the splitter reads off the runtime and records as the kernel's layout
+NCHWC_RUNTIME = platform.machine().lower() in {"x86_64", "amd64", "i386", "i686"}
 
 
 def test_fp32_graph_splits_into_fused_kernels() -> None:
@@ -29,6 +34,8 @@ def test_fp32_graph_splits_into_fused_kernels() -> None:
         (("Gemm",), "gemm", "fp32"),
     ]
     assert [k.macs for k in kernels] == [4 * 64 * 9, 4 * 64 * 9, 4 * 64 * 4, 8 * 64 * 4, 8 * 64, 0, 10 * 8]
+    conv_layouts = {k.layout for k in kernels if k.ops[0] == "Conv"}
+    assert conv_layouts == ({""} if NCHWC_RUNTIME else {"nchw"})  # this runtime's layouts, per architecture
     depthwise = kernels[1]
     assert (depthwise.groups, depthwise.kernel_size, depthwise.stride, depthwise.activation) == (4, 3, 1, "clip")
     # The residual Add reads the block input besides the conv's input: both count as input traffic.

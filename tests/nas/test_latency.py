@@ -34,15 +34,23 @@ def test_macs_model_is_deterministic_and_linear_in_macs():
     assert estimator.source == "predicted"
 
 
-def test_predicted_latency_works_or_says_what_is_missing():
-    try:
-        estimator = KernelPredictedLatency()
-    except InvalidInputError as error:
-        assert "use 'measured'" in str(error) and error.field == "latency_source"
-        return
+def test_predicted_latency_grows_with_the_subnet():
+    estimator = KernelPredictedLatency()  # the reference model ships in the package
     small = estimator.latency_ms(build_subnet(SPACE.min_arch(), 10, 1), (1, 1, 8, 8))
     large = estimator.latency_ms(build_subnet(SPACE.max_arch(), 10, 1), (1, 1, 8, 8))
     assert 0 < small < large
+
+
+def test_predicted_latency_without_the_reference_model_says_what_to_use_instead(monkeypatch):
+    from fedzoo.edge.latency_predictor import KernelLatencyPredictor
+
+    def missing(*args, **kwargs):
+        raise FileNotFoundError("reference_latency_model.json")
+
+    monkeypatch.setattr(KernelLatencyPredictor, "load", missing)
+    with pytest.raises(InvalidInputError, match="use 'measured'") as refused:
+        KernelPredictedLatency()
+    assert refused.value.field == "latency_source"
 
 
 def _predicted_on_export(estimator, model):

@@ -10,7 +10,7 @@ import time
 
 import httpx
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 from fl_helpers import device_client, honest_delta, round_config, upload
 from server_helpers import (
     ADMIN_TOKEN, VIEWER_TOKEN, config_for_tests, device_profile, make_card, running_live_server, tiny_onnx_model,
@@ -208,11 +208,18 @@ def test_last_seen_times_are_noted_once_per_resolution_and_written_together_by_t
         with database.read() as connection:
             return dict(connection.execute(select(DeviceRecord.id, DeviceRecord.last_seen_at)).all())
 
+    # no request waits for the write: with a timer that cannot fire during the test, nothing is written yet
+    held = LastSeenRecorder(database.engine, resolution_s=60.0, flush_interval_s=3600.0)
+    held.seen("c")
+    assert seen_times() == {"a": None, "b": None, "c": None}
+    held.flush()
+    assert seen_times()["c"] is not None
+    with database.session() as session:  # start again from no last-seen times
+        session.execute(update(DeviceRecord).values(last_seen_at=None))
     recorder = LastSeenRecorder(database.engine, resolution_s=60.0, flush_interval_s=0.3)
     recorder.seen("a")
     recorder.seen("b")
-    assert seen_times() == {"a": None, "b": None, "c": None}  # no request waits for the write
-    deadline = time.monotonic() + 10.0
+    deadline = time.monotonic() + 10.0  # the timer writes them with no further call
     while None in ((times := seen_times())["a"], times["b"]) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert times["a"] is not None and times["b"] is not None and times["c"] is None

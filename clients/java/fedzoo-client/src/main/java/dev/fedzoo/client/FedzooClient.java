@@ -6,6 +6,7 @@ import java.util.Collections;
 import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.UUID;
+import java.util.function.LongSupplier;
 
 import org.json.JSONArray;
 import org.json.JSONException;
@@ -38,6 +39,12 @@ public final class FedzooClient {
 
     private final FedzooHttp http;
     private final BlobCache cache;
+    private static final LongSupplier SYSTEM_CLOCK_MS = new LongSupplier() {
+        @Override
+        public long getAsLong() {
+            return System.currentTimeMillis();
+        }
+    };
     /** Refresh the device token once this share of its lifetime has passed (as the Python SDK). */
     private static final double REFRESH_AT_LIFETIME_FRACTION = 0.5;
 
@@ -45,6 +52,7 @@ public final class FedzooClient {
     private StateStore state;
     private String deviceId;
     private long tokenRefreshAtMs = -1;
+    private LongSupplier clockMs = SYSTEM_CLOCK_MS;
     private long downloadedBytes;
     private long uploadedBytes;
 
@@ -57,6 +65,15 @@ public final class FedzooClient {
     public FedzooClient(String baseUrl, String token, File cacheDir, RetryPolicy retry, int timeoutMs) {
         this.http = new FedzooHttp(baseUrl, token, retry, timeoutMs);
         this.cache = new BlobCache(cacheDir);
+    }
+
+    /**
+     * This device's clock (Unix milliseconds; the system clock by default), which decides when the token is due for
+     * refresh and whether a card's signature has expired (the Python SDK's {@code clock}).
+     */
+    public FedzooClient withClock(LongSupplier clockMs) {
+        this.clockMs = clockMs;
+        return this;
     }
 
     /**
@@ -159,7 +176,7 @@ public final class FedzooClient {
     private void keepToken(String token, long lifetimeS) {
         // on this device's clock, so a skewed clock cannot make it refresh too late
         http.setToken(token);
-        tokenRefreshAtMs = lifetimeS >= 0 ? System.currentTimeMillis() + Math.round(lifetimeS * 1000 * REFRESH_AT_LIFETIME_FRACTION) : -1;
+        tokenRefreshAtMs = lifetimeS >= 0 ? clockMs.getAsLong() + Math.round(lifetimeS * 1000 * REFRESH_AT_LIFETIME_FRACTION) : -1;
         if (state != null) {
             JSONObject saved = state.load();
             try {
@@ -173,7 +190,7 @@ public final class FedzooClient {
     }
 
     private void refreshTokenIfDue() {
-        if (tokenRefreshAtMs >= 0 && deviceId != null && System.currentTimeMillis() >= tokenRefreshAtMs) {
+        if (tokenRefreshAtMs >= 0 && deviceId != null && clockMs.getAsLong() >= tokenRefreshAtMs) {
             refreshToken();
         }
     }
@@ -278,7 +295,7 @@ public final class FedzooClient {
         if (verifier == null) {
             return;
         }
-        verifier.verify(card, System.currentTimeMillis(), state.acceptedVersion(card.family()));
+        verifier.verify(card, clockMs.getAsLong(), state.acceptedVersion(card.family()));
         state.recordAcceptedVersion(card.family(), card.version());
     }
 

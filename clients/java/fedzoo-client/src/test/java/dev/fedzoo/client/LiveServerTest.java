@@ -71,7 +71,10 @@ class LiveServerTest {
         JSONObject config = new JSONObject().put("model_id", server.ready.getString("model_id")).put("min_clients", targetClients)
                 .put("target_clients", targetClients).put("over_selection", 0.0).put("deadline_s", 120)
                 .put("local_epochs", 1).put("batch_size", 16).put("learning_rate", 0.05).put("optimizer", "sgd")
-                .put("momentum", 0.9).put("evaluation_sha256", server.ready.getString("evaluation_sha256"));
+                .put("momentum", 0.9).put("evaluation_sha256", server.ready.getString("evaluation_sha256"))
+                // the accuracy gate is open: these tests are about the protocol, and whether an aggregate clears a
+                // gate depends on the CPU's numerics (the server's gate has its own tests)
+                .put("max_accuracy_drop", 1.0);
         if (extra != null) {
             JSONObject more = new JSONObject(extra);
             for (java.util.Iterator<String> keys = more.keys(); keys.hasNext();) {

@@ -223,13 +223,16 @@ class ScriptedFaultsTest {
                 "tests/vectors/card_signatures.json")), TestSupport.UTF8));
         JSONObject valid = null;
         JSONObject tampered = null;
+        JSONObject expired = null;
         for (int i = 0; i < vectors.getJSONArray("cases").length(); i++) {
             JSONObject vector = vectors.getJSONArray("cases").getJSONObject(i);
             valid = vector.getString("name").equals("valid") ? vector : valid;
             tampered = vector.getString("name").equals("model_sha256_swapped") ? vector : tampered;
+            expired = vector.getString("name").equals("expired") ? vector : expired;
         }
         StateStore state = new StateStore(TestSupport.workDirectory("signed"));
-        FedzooClient client = client(1).keepStateIn(state)
+        final long[] nowMs = {Timestamps.parseMillis(valid.getString("now"))}; // the vectors' own clock, not the wall's
+        FedzooClient client = client(1).keepStateIn(state).withClock(() -> nowMs[0])
                 .requireSignedCards(CardVerifier.fromJson(vectors.getJSONObject("trusted_keys")));
         dev.fedzoo.ModelCard bad = new dev.fedzoo.ModelCard(tampered.getJSONObject("card"));
         CardSignatureException refused = assertThrows(CardSignatureException.class, () -> client.downloadModel(bad));
@@ -237,15 +240,14 @@ class ScriptedFaultsTest {
         assertTrue(seen.isEmpty(), "nothing was fetched for a card that failed verification");
 
         dev.fedzoo.ModelCard good = new dev.fedzoo.ModelCard(valid.getJSONObject("card"));
-        long expires = Timestamps.parseMillis("2026-12-31T12:00:00Z");
-        if (System.currentTimeMillis() < expires) { // the vectors' validity window, in real time
-            script.add(json(404, "{\"error\": {\"code\": \"not_found\", \"message\": \"no blob\"}}"));
-            assertThrows(ApiException.NotFound.class, () -> client.downloadModel(good));
-            assertEquals(1, seen.size(), "a verified card's model is fetched");
-            assertEquals(Integer.valueOf(good.version()), state.acceptedVersion(good.family()));
-        } else {
-            assertEquals("expired", assertThrows(CardSignatureException.class, () -> client.downloadModel(good)).reason());
-        }
+        script.add(json(404, "{\"error\": {\"code\": \"not_found\", \"message\": \"no blob\"}}"));
+        assertThrows(ApiException.NotFound.class, () -> client.downloadModel(good));
+        assertEquals(1, seen.size(), "a verified card's model is fetched");
+        assertEquals(Integer.valueOf(good.version()), state.acceptedVersion(good.family()));
+
+        nowMs[0] = Timestamps.parseMillis(expired.getString("now")); // the same card, once its signature has expired
+        assertEquals("expired", assertThrows(CardSignatureException.class, () -> client.downloadModel(good)).reason());
+        assertEquals(1, seen.size(), "nothing more was fetched");
     }
 
     @Test
