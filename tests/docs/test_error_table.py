@@ -14,7 +14,7 @@ TABLE_ROW = re.compile(r"^\| (\d{3}|other) \| ([^|]*) \|", re.MULTILINE)
 
 
 def error_classes() -> dict[str, tuple[int, str]]:
-    """Each error class of server/errors.py with its (status, code), inherited where the class sets neither."""
+    """Each error class of server/errors.py with its (status, code); what a class does not set, it inherits."""
     classes: dict[str, tuple[int, str]] = {}
     for node in ast.parse((SERVER / "errors.py").read_text()).body:
         if not isinstance(node, ast.ClassDef):
