@@ -150,7 +150,7 @@ class TrainingConfig(_Response):
 
 class UploadSpec(_Response):
     url: str
-    encodings: list[str] = Field(description="fp32 or int8 (see fedzoo.clients.update_codec)")
+    encodings: list[str] = Field(description="fp32 or int8 (see fedzoo.update_codec)")
     max_bytes: int
 
 
