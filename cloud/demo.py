@@ -201,8 +201,10 @@ def stage_federated(run: DemoRun) -> str:
     base = max(roots, key=lambda card: card.metrics.accuracy)
     federation = federation_from_zoo(run.zoo_dir, base.id, run.split, num_clients=5, alpha=0.5, seed=0)
     # every selected device's update reaches the server only inside the SecAgg+ sum (5 devices: k = 4, t = 3)
-    config = {"min_clients": 3, "target_clients": 5, "over_selection": 0.0, "deadline_s": 300, "num_rounds": 2,
-              "local_epochs": 1, "batch_size": 32, "learning_rate": 0.01, "poll_interval_s": 0.2,
+    # three rounds at a small learning rate: the tiny preset's first round can lose a few points on some CPUs'
+    # numerics (measured: 0.767 -> 0.742 with torch's default kernels), the plan still publishes (0.772, 0.812)
+    config = {"min_clients": 3, "target_clients": 5, "over_selection": 0.0, "deadline_s": 300, "num_rounds": 3,
+              "local_epochs": 1, "batch_size": 32, "learning_rate": 0.005, "poll_interval_s": 0.2,
               "privacy": {"secure_aggregation": {"neighbour_count": 4, "threshold": 3, "stage_deadline_s": 60}}}
     with Simulation(federation, run.server_url, run.admin_token, cache_root=run.workdir / "federation") as simulation:
         simulation.publish_base_model()
@@ -299,8 +301,8 @@ def stage_java_device(run: DemoRun) -> str:
         time.sleep(0.2)
         view = admin.fl_round(round_id)
     admin.close()
-    return (f"Java device ran {ran['model_id']} at test accuracy {ran['accuracy']:.4f}; round {round_id} with it "
-            f"(int8: {java_result['outcome']}) and a Python device (fp32: {python_result.outcome}): "
+    return (f"Java device ran {ran['model_id']} at test accuracy {ran['accuracy']:.4f}; with it (int8: "
+            f"{java_result['outcome']}) and a Python device (fp32: {python_result.outcome}), round {round_id}: "
             f"{_round_summary(view['state'], view['accepted_updates'], view['result_model_id'], view['outcome'])} "
             f"(a plain round: the Java SDK does not speak SecAgg+ yet)")
 

@@ -38,7 +38,7 @@ def test_the_demo_from_a_relative_default_workdir_runs_every_stage_and_publishes
     assert output.count("✓") == len(demo_module.STAGES) and "cards signed with operator key" in output
     federated = output[output.index("▶ federated rounds driven by the server"):output.index("▶ a Java SDK device")]
     rounds = rounds_in(federated)
-    assert len(rounds) == 2 and "under SecAgg+" in federated
+    assert len(rounds) == 3 and "under SecAgg+" in federated
     assert ("closed", 5) in rounds  # at least one round of the plan publishes
     java = output[output.index("▶ a Java SDK device"):]
     if has_java:
