@@ -160,7 +160,8 @@ def stage_client(run: DemoRun) -> str:
     budget_ms = 2 * min(card.latency_ms[DEVICE_CLASS].median_ms for card in cards)
     # a real device ships with this key set; the demo fetches it once, before the device starts
     pinned = TrustedKeys.from_json(httpx.get(f"{run.server_url}/v1/keys").json())
-    with FedzooClient(run.server_url, cache_dir=run.workdir / "device-cache", trusted_keys=pinned) as client:
+    with FedzooClient(run.server_url, cache_dir=run.workdir / "device-cache", trusted_keys=pinned,
+                      state_file=run.workdir / "device-state" / "client.json") as client:
         profile = collect_device_profile(f"demo-device-{os.getpid()}", threads=1)
         # enrolled as an operator would enroll a device: an enrollment token made with the admin token
         client.register(profile, client.create_enrollment_token(run.admin_token, label="demo device")["token"])

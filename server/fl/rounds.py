@@ -766,6 +766,7 @@ class RoundService:
             "id": f"{base.card.family}-v{version}-r{round_row.id}"[:128],
             "version": version,
             "parent_id": base.card.id,
+            "line": base.card.line_id,
             "sha256": sha256,
             "size_bytes": size_bytes,
             "metrics": measured,
