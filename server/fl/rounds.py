@@ -73,7 +73,7 @@ from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLRefusedUploa
 from fedzoo.server.fl.schemas import RoundConfig, Task, TaskResponse, TrainingConfig, UpdateMetadata, UploadSpec
 from fedzoo.server.fl.running_statistics import aggregate_statistics, training_graph_state, validate_statistics, variance_names
 from fedzoo.server.fl.screening import Screened, screen_updates
-from fedzoo.server.fl.secure_rounds import DONE, PrivateRounds, is_private, with_calibrated_noise
+from fedzoo.server.fl.secure_rounds import DONE, PrivateRounds, is_private, published_counts, with_calibrated_noise
 from fedzoo.server.fl.strategies import (
     ClientUpdate, Parameters, Strategy, make_strategy, require_secure_aggregation_support,
 )
@@ -170,6 +170,7 @@ class RoundService:
         aggregation_lease_s: float = AGGREGATION_LEASE_S,
         spill_dir: Path | None = None,
         max_examples_per_update: int = DEFAULT_MAX_EXAMPLES_PER_UPDATE,
+        dp_line_max_epsilon: float | None = None,
     ) -> None:
         self.database, self.store, self.estimator, self.clock = database, store, estimator, clock
         self.signing_key = signing_key  # signs every version a round publishes
@@ -181,7 +182,7 @@ class RoundService:
         if spill_dir is not None:
             spill_dir.mkdir(parents=True, exist_ok=True)
         self._base_models: dict[str, RoundBase] = {}
-        self.private = PrivateRounds(database, clock)
+        self.private = PrivateRounds(database, clock, dp_line_max_epsilon)
         self._parent_metrics: dict[tuple[str, str], Metrics] = {}
 
     # base models ---------------------------------------------------------------------------------
@@ -264,7 +265,7 @@ class RoundService:
     def _open_round(
         self, session: Session, config: RoundConfig, card: ModelCard, number: int, remaining: int, previous: FLRound | None
     ) -> FLRound:
-        ledger = self.private.ledger_for_next_round(session, config, previous)  # raises when over budget
+        ledger = self.private.ledger_for_next_round(session, config, card, previous, remaining)  # raises over budget
         now = self.clock()
         round_row = FLRound(
             task=card.task,
@@ -760,7 +761,8 @@ class RoundService:
     def _publish(self, session: Session, round_row: FLRound, base: RoundBase, sha256: str, size_bytes: int,
                  measured: Metrics, summary: dict[str, Any]) -> ModelCard:
         """Register the aggregate as the next version: its metrics are the server's measurement; what the
-        devices said about themselves travels in `details.federated.client_reported_metrics`."""
+        devices said about themselves travels in `details.federated.client_reported_metrics`; under DP its
+        contributor counts are rounded (`published_counts`)."""
         version = base.card.version + 1
         card = base.card.model_copy(update={
             "id": f"{base.card.family}-v{version}-r{round_row.id}"[:128],
@@ -773,8 +775,7 @@ class RoundService:
             "created_at": self.clock(),
             "details": {**base.card.details, "federated": {
                 "round_id": round_row.id, "round_number": round_row.number, "strategy": summary["strategy"],
-                "accepted_updates": summary["accepted_updates"], "aggregated_updates": summary["aggregated_updates"],
-                "num_examples": summary["num_examples"], "screening": summary["screening"],
+                **published_counts(summary),
                 "metrics_source": "the server's evaluation set (held out, measured on the server)",
                 "parent_evaluation": summary["parent_evaluation"],
                 "client_reported_metrics": summary["client_reported_metrics"], "base_model_id": base.card.id,
