@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
@@ -43,7 +44,7 @@ class DemoRun:
 
     workdir: Path
     preset: str
-    admin_token: str = "demo-admin-token"
+    admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))  # never printed
     split: DatasetSplit | None = None
     server: subprocess.Popen | None = None
     server_url: str = ""

@@ -19,6 +19,9 @@ DEFAULT_DEVICE_TOKEN_TTL_S = 30 * 24 * 3600  # a device rotates its token well w
 # A model line's lifetime privacy budget (epsilon at each plan's delta, docs/privacy.md): every DP plan on the
 # line composes with the earlier ones, and a plan that would take the line past it is refused.
 DEFAULT_DP_LINE_MAX_EPSILON = 10.0
+# The admin token is the one credential that publishes models and starts rounds: 32 bytes (what
+# `secrets.token_urlsafe(32)` gives, and more) leaves guessing hopeless even without the rate limit.
+MIN_ADMIN_TOKEN_BYTES = 32
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,13 @@ class ServerConfig:
     trusted_keys_path: Path | None = None
     require_signed_cards: bool = False
     dp_line_max_epsilon: float = DEFAULT_DP_LINE_MAX_EPSILON
+
+    def __post_init__(self) -> None:
+        if self.admin_token is not None and len(self.admin_token.encode("utf-8")) < MIN_ADMIN_TOKEN_BYTES:
+            raise InvalidInputError(
+                f"FEDZOO_ADMIN_TOKEN has {len(self.admin_token.encode('utf-8'))} bytes; it needs at least "
+                f"{MIN_ADMIN_TOKEN_BYTES}: generate one with python3 -c 'import secrets; "
+                "print(secrets.token_urlsafe(32))'", field="FEDZOO_ADMIN_TOKEN")
 
     @property
     def blob_dir(self) -> Path:
