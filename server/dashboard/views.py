@@ -112,10 +112,12 @@ def login_form() -> Response:
 def login_submit() -> Response:
     login.check_form_token()
     target = _local_path(request.form.get("next"))
-    address = client_address()
-    context().limiter.require_unused(OPERATOR_AUTH_FAILURES, address)  # guessing is refused before comparing
-    if login.log_in(request.form.get("token", ""), context().config) is None:
-        count_operator_auth_failure(address)
+    address, token = client_address(), request.form.get("token", "")
+    if token:  # guessing is refused before the token is compared
+        context().limiter.require_unused(OPERATOR_AUTH_FAILURES, address)
+    if login.log_in(token, context().config) is None:
+        if token:
+            count_operator_auth_failure(address)
         response = page("login.html", next=target, failed=True)
         response.status_code = 401
         return response

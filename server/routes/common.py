@@ -177,13 +177,17 @@ def require_reader_token() -> str:
 @contextmanager
 def operator_auth_limited() -> Iterator[None]:
     """Refuse (429) an address that used up its failed operator-token attempts before comparing its token;
-    count this attempt when it fails (401), so the operator's tokens cannot be guessed at request speed."""
-    limiter, address = context().limiter, client_address()
-    limiter.require_unused(OPERATOR_AUTH_FAILURES, address)
+    count this attempt when it fails (401), so the operator's tokens cannot be guessed at request speed. A
+    request without an Authorization header guesses nothing: it is told 401 and not counted."""
+    address = client_address()
+    guessing = bool(request.headers.get("Authorization"))
+    if guessing:
+        context().limiter.require_unused(OPERATOR_AUTH_FAILURES, address)
     try:
         yield
     except Unauthorized:
-        count_operator_auth_failure(address)
+        if guessing:
+            count_operator_auth_failure(address)
         raise
 
 
