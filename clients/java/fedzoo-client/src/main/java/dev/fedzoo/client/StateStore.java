@@ -4,7 +4,6 @@ import java.io.File;
 import java.io.FileOutputStream;
 import java.io.IOException;
 import java.io.RandomAccessFile;
-import java.nio.channels.FileLock;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
@@ -85,15 +84,29 @@ public final class StateStore {
         writeAtomically(new File(directory, "state.json"), state.toString().getBytes(FedzooHttp.UTF8));
     }
 
-    /** Sets one key of the saved state and saves it. */
+    /** Sets one key of the saved state and saves it (under {@code state.lock}, as {@link #acceptVersion}). */
     public synchronized void put(String key, Object value) {
-        JSONObject state = load();
-        try {
+        try (RandomAccessFile locked = lockState()) {
+            JSONObject state = load();
             state.put(key, value);
+            save(state);
+        } catch (IOException error) {
+            throw new FedzooException("cannot lock " + new File(directory, "state.lock") + ": " + error.getMessage(), error);
         } catch (JSONException error) {
             throw new FedzooException("cannot store " + key + ": " + error.getMessage());
         }
-        save(state);
+    }
+
+    /** {@code state.lock}, held exclusively against other processes until the returned file is closed. */
+    private RandomAccessFile lockState() throws IOException {
+        RandomAccessFile handle = new RandomAccessFile(new File(directory, "state.lock"), "rw");
+        try {
+            handle.getChannel().lock(); // closing the file closes its channel, which releases the lock
+            return handle;
+        } catch (IOException | RuntimeException error) {
+            handle.close();
+            throw error;
+        }
     }
 
     /** The newest card version accepted for model line {@code lineId}, or null. */
@@ -108,9 +121,7 @@ public final class StateStore {
      * ({@link CardSignatureException} {@code rollback}) when a newer version was accepted meanwhile.
      */
     public synchronized void acceptVersion(String lineId, int version) {
-        File lockFile = new File(directory, "state.lock");
-        try (RandomAccessFile lockHandle = new RandomAccessFile(lockFile, "rw");
-             FileLock lock = lockHandle.getChannel().lock()) {
+        try (RandomAccessFile locked = lockState()) {
             JSONObject state = load();
             JSONObject versions = state.optJSONObject(ACCEPTED_VERSIONS);
             if (versions == null) {
@@ -125,7 +136,7 @@ public final class StateStore {
             versions.put(lineId, version);
             save(state);
         } catch (IOException error) {
-            throw new FedzooException("cannot lock " + lockFile + ": " + error.getMessage(), error);
+            throw new FedzooException("cannot lock " + new File(directory, "state.lock") + ": " + error.getMessage(), error);
         } catch (JSONException error) {
             throw new FedzooException("cannot record version of " + lineId + ": " + error.getMessage());
         }
