@@ -61,7 +61,8 @@ def card_for(model: bytes, size_kb: int) -> ModelCard:
 def timed_download(url: str, card: ModelCard, trusted: TrustedKeys | None) -> float:
     """Seconds for one download of the card's model into an empty cache (through verification if pinned)."""
     with tempfile.TemporaryDirectory() as cache:
-        with FedzooClient(url, cache_dir=cache, trusted_keys=trusted) as device:
+        state_file = Path(cache) / "state" / "client.json"  # a fresh device: nothing accepted yet
+        with FedzooClient(url, cache_dir=Path(cache) / "blobs", trusted_keys=trusted, state_file=state_file) as device:
             started = time.perf_counter()
             device.download_model(card)
             return time.perf_counter() - started

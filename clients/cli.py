@@ -4,7 +4,7 @@ The server URL and this device's token (and its expiry: it is rotated before it 
 in a small JSON state file after `register` (default `~/.config/fedzoo/client.json`, or `--state`), so
 later commands need neither. So are the fleet's public keys once given with `--trusted-keys FILE` (a key set
 from `GET /v1/keys` or `fedzoo keys export-public`, fetched out of band): from then on every card must be
-signed by one of them, and the newest version accepted per model family is kept there too, so no later card
+signed by one of them, and the newest version accepted per model line is kept there too, so no later card
 can roll the device back.
 
     fedzoo client register --server http://127.0.0.1:8000 --device-id phone-17 --enrollment-token T

@@ -6,7 +6,7 @@ and the federated-learning calls. numpy + onnxruntime + httpx only; never torch.
     client.register(collect_device_profile("phone-17"), enrollment_token)  # keeps the token it is given
     choice = client.lookup("mnist", latency_budget_ms=5.0)
     path = client.download_model(choice["model"])             # resumable, sha256-checked, cached
-    # FedzooClient(..., trusted_keys=TrustedKeys.load("fleet-keys.json")): cards must be signed by a pinned key
+    # FedzooClient(..., trusted_keys=TrustedKeys.load("fleet-keys.json"), state_file=...): cards signed by a pinned key
     logits = client.session(choice["model"]).run(images)      # onnxruntime, card's normalisation
     client.report_latency(choice["model"]["id"], median_ms=1.2)
     confirmed = client.lookup_confirmed("mnist", latency_budget_ms=5.0)  # the shortlist timed here
@@ -59,8 +59,9 @@ class FedzooClient:
     ) -> None:
         """`state_file` keeps the device id, token and token expiry across restarts (a token saved there is
         used when `token` is not given). `trusted_keys` pins the fleet's card-signing keys: every card must then
-        verify before its model is downloaded or loaded, and the newest version accepted per family is kept in
-        the state file (default `<cache_dir>/state.json`) so that no later card can roll the family back.
+        verify before its model is downloaded or loaded, and the newest version accepted per model line is kept
+        in the state file, which pinning therefore needs (in a durable directory, not the cache: clearing a
+        cache must not reset it), so that no later card can roll a line back.
         `progress`, when given, hears every download and upload's bytes as they move (for progress bars).
         `clock` gives this device's Unix time, which decides when the token is due for rotation."""
         self.http = FedzooHTTP(base_url, token=token, retry=retry, timeout_s=timeout_s)
@@ -70,8 +71,11 @@ class FedzooClient:
         self.downloaded_bytes = 0
         self.uploaded_bytes = 0
         self.state_file = Path(state_file).expanduser() if state_file is not None else None
-        self.card_verifier = (None if trusted_keys is None else
-                              CardVerifier(trusted_keys, self.state_file or self.cache.root / "state.json"))
+        if trusted_keys is not None and self.state_file is None:
+            raise InvalidInputError("pinned keys need a state_file (in a durable state directory, not the cache): "
+                                    "the versions accepted per model line must survive restarts and cache clears",
+                                    field="state_file")
+        self.card_verifier = None if trusted_keys is None else CardVerifier(trusted_keys, self.state_file)
         self.device_id: str | None = None
         self.token_refresh_at_s: float | None = None  # Unix time on this device's clock
         saved = load_state(self.state_file) if self.state_file is not None else {}

@@ -9,6 +9,11 @@ accurate one that truly fits. Every timing is reported as telemetry, so the serv
 device (and the next lookup knows the measured medians). When every shortlisted model turns out too slow,
 the device asks again: the server now has their measured medians and chooses among the rest.
 
+Every shortlisted model is timed through its card, exactly as `FedzooClient.download_model` loads a model:
+with pinned keys the card must verify (signature, expiry, no rollback of its line) before a byte is
+downloaded, the bytes must hash to the card's signed sha256 (never the shortlist's word), and a cached file is
+hashed again, all before onnxruntime opens it.
+
 `ConfirmationPolicy` bounds what confirmation may spend: models timed, bytes downloaded, seconds (a model
 whose timing would not fit the seconds left, by its predicted latency, is skipped). The answer says what
 was measured, what was skipped and why, and whether the chosen model's fit was measured (`confirmed`).
@@ -19,6 +24,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from fedzoo.clients.errors import IntegrityError
 
 if TYPE_CHECKING:
     from fedzoo.clients.client import FedzooClient
@@ -63,7 +70,10 @@ def confirmed_lookup(client: FedzooClient, query: dict[str, Any], policy: Confir
             if reason:
                 skipped.append({"model_id": entry["model_id"], "reason": reason})
                 continue
-            path = client.download(f"/v1/models/{entry['model_id']}/blob", entry["sha256"])
+            card = client.card(entry["model_id"])
+            if card.id != entry["model_id"]:
+                raise IntegrityError(f"the server answered card {card.id!r} for shortlisted model {entry['model_id']!r}")
+            path = client.download_model(card)  # verified, hashed: only then timed
             measurement = benchmark_model(path, threads=policy.threads, warmup_runs=policy.warmup_runs,
                                           timed_runs=policy.timed_runs)
             client.report_latency(entry["model_id"], measurement.median_ms, measurement.p90_ms, policy.threads)

@@ -1,15 +1,21 @@
-"""The device's small JSON state file: server, device id, token and when that token expires.
+"""The device's small JSON state file: server, device id, token and when that token expires, the pinned keys,
+and the newest card version accepted per model line.
 
 Shared by the SDK (`FedzooClient(state_file=...)`, which rewrites it on every registration and token
 rotation) and `fedzoo client`. Keys it does not know are kept, so other parts of the SDK can store theirs in
-the same file. Written atomically (temporary file, then rename) and readable by the owner only: it holds a
-credential.
+the same file. It belongs in a durable state directory, never in the download cache: clearing a cache must not
+reset what the device accepted. Every change is a read-modify-write under an exclusive lock on `<file>.lock`,
+written atomically (temporary file, then rename), so two processes of one app never lose each other's change.
+Readable by the owner only: it holds a credential.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +35,31 @@ def load_state(path: Path) -> dict[str, Any]:
 
 def update_state(path: Path, changes: dict[str, Any]) -> None:
     """Merge `changes` into the saved state."""
-    state = {**load_state(path), **changes}
+    change_state(path, lambda _state: changes)
+
+
+def change_state(path: Path, changes_for: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+    """Merge `changes_for(current state)` into the saved state, atomically with respect to other processes:
+    a compare-and-swap when `changes_for` raises on a state it must not overwrite. Returns the new state."""
+    with _locked(path):
+        state = load_state(path)
+        state = {**state, **changes_for(state)}
+        partial = path.with_name(path.name + ".tmp")
+        descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(json.dumps(state, indent=2))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(partial, path)
+        return state
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".tmp")
-    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(json.dumps(state, indent=2))
-    os.replace(partial, path)
+    descriptor = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # closing releases the lock

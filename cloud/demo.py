@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -20,7 +21,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
@@ -46,7 +47,7 @@ class DemoRun:
     workdir: Path  # absolute: every path the demo hands to a subprocess derives from it
     preset: str
     skip_java: bool = False
-    admin_token: str = "demo-admin-token"
+    admin_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))  # never printed
     split: DatasetSplit | None = None
     server: subprocess.Popen | None = None
     server_url: str = ""
@@ -163,7 +164,8 @@ def stage_client(run: DemoRun) -> str:
     budget_ms = 2 * min(card.latency_ms[DEVICE_CLASS].median_ms for card in cards)
     # a real device ships with this key set; the demo fetches it once, before the device starts
     pinned = TrustedKeys.from_json(httpx.get(f"{run.server_url}/v1/keys").json())
-    with FedzooClient(run.server_url, cache_dir=run.workdir / "device-cache", trusted_keys=pinned) as client:
+    with FedzooClient(run.server_url, cache_dir=run.workdir / "device-cache", trusted_keys=pinned,
+                      state_file=run.workdir / "device-state" / "client.json") as client:
         profile = collect_device_profile(f"demo-device-{os.getpid()}", threads=1)
         # enrolled as an operator would enroll a device: an enrollment token made with the admin token
         client.register(profile, client.create_enrollment_token(run.admin_token, label="demo device")["token"])

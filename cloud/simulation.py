@@ -55,7 +55,7 @@ from fedzoo.server.fl.strategies import (ClientUpdate, Strategy, make_strategy, 
                                          weighted_mean_delta)
 from fedzoo.signing import CardSigningKey, sign_card
 
-DEFAULT_ADMIN_TOKEN = "simulation-admin-token"
+DEFAULT_ADMIN_TOKEN = "simulation-admin-token-0123456789abcdefghij"  # >= 32 bytes, as the server requires
 
 
 # A simulated fleet shares one address, so the per-address rate limits (meant for a real fleet) are off; the

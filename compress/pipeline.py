@@ -146,6 +146,7 @@ def _variant_card(parent: ModelCard, variant_id: str, path: Path, measurement: M
             "id": variant_id,
             "version": 1,
             "parent_id": parent.id,
+            "line": None,  # other weights, not a newer version of the parent's: a line of its own
             "metrics": Metrics(accuracy=measurement.accuracy, loss=measurement.loss, split="test", num_examples=measurement.num_examples),
             "size_bytes": measurement.size_bytes,
             "sha256": sha256_of_file(path),

@@ -79,10 +79,10 @@ class Latency(_Strict):
 
 
 class CardSignature(_Strict):
-    """An ed25519 signature over the card's identity and blob digests (see `fedzoo.signing`).
+    """An ed25519 signature over the whole card but `signature` and `unsigned` (see `fedzoo.signing`).
 
     The signed bytes travel with it, base64-encoded, so a verifier in any language checks exactly those bytes
-    and then compares the fields they hold with the card, with no canonical re-encoding to agree on.
+    and then compares the card they hold with the card, with no canonical re-encoding to agree on.
     """
 
     key_id: str = Field(pattern=r"^[0-9a-f]{16}$")
@@ -99,6 +99,9 @@ class ModelCard(_Strict):
     family: str = Field(min_length=1)
     version: int = Field(default=1, ge=1)
     parent_id: str | None = Field(default=None, pattern=IDENTIFIER_PATTERN)
+    line: str | None = Field(default=None, pattern=IDENTIFIER_PATTERN, description=(
+        "the model line this version continues: the id of its first version (null: this card starts a line); "
+        "rollback and the privacy ledger are kept per line"))
     task: str = Field(pattern=IDENTIFIER_PATTERN, description="what the model does, e.g. mnist")
     input: InputSpec
     labels: list[str] = Field(min_length=2)
@@ -118,6 +121,9 @@ class ModelCard(_Strict):
     details: dict[str, Any] = Field(default_factory=dict, description="provenance: quantization, lineage")
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
     signature: CardSignature | None = Field(default=None, description="by the publisher's key; null if unsigned")
+    unsigned: dict[str, Any] = Field(default_factory=dict, description=(
+        "server measurements that change after publication (the fleet latency factor); outside the signature, "
+        "so a device never acts on them"))
 
     @field_validator("schema_version")
     @classmethod
@@ -133,6 +139,11 @@ class ModelCard(_Strict):
             if not re.fullmatch(SHA256_PATTERN, digest):
                 raise ValueError(f"artifact {kind!r} must be a sha256 hex digest, got {digest!r}")
         return artifacts
+
+    @property
+    def line_id(self) -> str:
+        """The model line this card belongs to (its own id when it starts one)."""
+        return self.line or self.id
 
     def to_json(self) -> str:
         """The card as pretty JSON, the form stored in a zoo and served over REST."""

@@ -1,11 +1,13 @@
 """Ed25519 signatures on model cards, so that a device trusts a model by its fleet's keys, not by TLS alone.
 
-The publisher signs a small JSON payload that binds the card's identity (id, version, family, task), the
-sha256 of every blob the card references, the model's size, and a validity window. The card carries the
-signed bytes themselves (base64, as DSSE envelopes do): a verifier checks the signature over exactly those
-bytes, then parses them and requires every field to equal the card's. No canonical re-encoding has to agree
-between the signer and a verifier in another language; the Java SDK reads the same test vectors
-(`tests/vectors/card_signatures.json`).
+Contract 2 signs the whole card: the payload is `{"contract": 2, "card": <every field but signature and
+unsigned>, "expires_at", "key_id"}`. Whatever a device acts on (normalisation, labels, precision, lineage,
+the privacy claim in `details`, blob digests) is therefore signed, and a field the signer did not sign makes
+the card fail (`field_mismatch`); the only fields outside are `unsigned`, the server's measurements that change
+after publication, which no device acts on. The card carries the signed bytes themselves (base64, as DSSE
+envelopes do): a verifier checks the signature over exactly those bytes, then parses them and requires every
+field of the card to equal the signed one. No canonical re-encoding has to agree between the signer and a
+verifier in another language; the Java SDK reads the same test vectors (`tests/vectors/card_signatures.json`).
 
 A verifier pins a set of public keys by key id (the first 16 hex digits of the sha256 of the raw 32-byte
 public key), so keys can be rotated by adding a new id before retiring the old one.
@@ -31,12 +33,15 @@ from cryptography.hazmat.primitives.serialization import (
     PublicFormat,
     load_pem_private_key,
 )
+from pydantic import ValidationError
 
 from fedzoo.cards import CardSignature, ModelCard
 from fedzoo.errors import CardSignatureError, InvalidInputError
 
-SIGNATURE_DOMAIN = b"fedzoo-card-v1\n"
-"""Prefixed to the payload before signing, so a card signature can never be replayed as another message."""
+SIGNATURE_CONTRACT = 2
+SIGNATURE_DOMAIN = b"fedzoo-card-v2\n"
+"""Prefixed to the payload before signing, so a card signature can never be replayed as another message, nor
+a signature of contract 1 (which covered only identity and blob digests) pass for one of contract 2."""
 
 DEFAULT_CARD_LIFETIME = timedelta(days=365)
 TIMESTAMP_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
@@ -147,36 +152,23 @@ class TrustedKeys:
         return cls.from_json(_read_json(path))
 
 
-def signed_fields(card: ModelCard, key_id: str, expires_at: datetime) -> dict[str, Any]:
-    """What a signature binds: the card's identity, each referenced blob's digest, size and validity."""
-    return {
-        "id": card.id,
-        "version": card.version,
-        "family": card.family,
-        "task": card.task,
-        "blobs": card_blobs(card),
-        "size_bytes": card.size_bytes,
-        "created_at": _timestamp(card.created_at),
-        "expires_at": _timestamp(expires_at),
-        "key_id": key_id,
-    }
+UNSIGNED_FIELDS = ("signature", "unsigned")
+"""The only parts of a card outside its signature: the signature itself, and the server's measurements that
+change after publication (`ModelCard.unsigned`), which no device acts on."""
 
 
-def card_blobs(card: ModelCard) -> dict[str, str]:
-    """Every blob the card references, by role: `model`, `training_graph`, `artifact.<kind>`."""
-    blobs = {"model": card.sha256}
-    if card.training_graph:
-        blobs["training_graph"] = card.training_graph
-    blobs.update({f"artifact.{kind}": digest for kind, digest in card.artifacts.items()})
-    return blobs
+def signed_card_fields(card: ModelCard) -> dict[str, Any]:
+    """The card as the signature covers it: every field but `UNSIGNED_FIELDS`, as JSON values."""
+    return card.model_dump(mode="json", exclude=set(UNSIGNED_FIELDS))
 
 
 def sign_card(
     card: ModelCard, key: CardSigningKey, lifetime: timedelta = DEFAULT_CARD_LIFETIME, now: datetime | None = None
 ) -> ModelCard:
-    """A copy of `card` signed by `key`, valid for `lifetime` from `now`."""
+    """A copy of `card` signed whole by `key`, valid for `lifetime` from `now`."""
     now = now or datetime.now(timezone.utc)
-    fields = signed_fields(card, key.key_id, now + lifetime)
+    fields = {"contract": SIGNATURE_CONTRACT, "card": signed_card_fields(card),
+              "expires_at": _timestamp(now + lifetime), "key_id": key.key_id}
     payload = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
     signature = key.private_key.sign(SIGNATURE_DOMAIN + payload)
     block = CardSignature(key_id=key.key_id, payload=_b64(payload), signature=_b64(signature))
@@ -189,8 +181,9 @@ def verify_card(
     now: datetime | None = None,
     last_accepted_version: int | None = None,
 ) -> None:
-    """Raise `CardSignatureError` unless a trusted key signed this very card, it has not expired, and its
-    version is not below the last one this device accepted for the family (no rollback)."""
+    """Raise `CardSignatureError` unless a trusted key signed this very card (every field but
+    `UNSIGNED_FIELDS`), it has not expired, and its version is not below `last_accepted_version`, the newest
+    this device accepted for the card's line (no rollback)."""
     block = card.signature
     if block is None:
         raise CardSignatureError(f"card {card.id!r} is not signed", reason="unsigned")
@@ -204,14 +197,18 @@ def verify_card(
         public_key.verify(base64.b64decode(block.signature, validate=True), SIGNATURE_DOMAIN + payload)
         fields = json.loads(payload)
     except (InvalidSignature, ValueError):
-        raise CardSignatureError(f"card {card.id!r}: the signature does not verify", reason="bad_signature") from None
-    if not isinstance(fields, dict) or not isinstance(fields.get("expires_at"), str):
-        raise CardSignatureError(f"card {card.id!r}: the signed payload has no expires_at", reason="field_mismatch")
+        raise CardSignatureError(
+            f"card {card.id!r}: the signature does not verify (a card signed under an older contract than "
+            f"{SIGNATURE_DOMAIN!r} needs `fedzoo zoo sign` again)", reason="bad_signature") from None
+    if (not isinstance(fields, dict) or fields.get("contract") != SIGNATURE_CONTRACT
+            or not isinstance(fields.get("expires_at"), str) or not isinstance(fields.get("card"), dict)
+            or fields.get("key_id") != block.key_id):
+        raise CardSignatureError(f"card {card.id!r}: the signed payload is not a contract-{SIGNATURE_CONTRACT} "
+                                 "card payload", reason="field_mismatch")
     expires_at = _parse_timestamp(fields["expires_at"])
-    expected = signed_fields(card, block.key_id, expires_at)
-    if fields != expected:
-        differing = sorted(name for name in set(fields) | set(expected) if fields.get(name) != expected.get(name))
-        raise CardSignatureError(f"card {card.id!r}: the signed fields differ from the card's: {differing}",
+    differing = _differing_fields(fields["card"], card)
+    if differing:
+        raise CardSignatureError(f"card {card.id!r}: fields differ from the signed card: {differing}",
                                  reason="field_mismatch")
     now = now or datetime.now(timezone.utc)
     if now >= expires_at:
@@ -219,8 +216,23 @@ def verify_card(
                                  reason="expired")
     if last_accepted_version is not None and card.version < last_accepted_version:
         raise CardSignatureError(
-            f"card {card.id!r}: version {card.version} of family {card.family!r} is older than version "
+            f"card {card.id!r}: version {card.version} of line {card.line_id!r} is older than version "
             f"{last_accepted_version}, already accepted (rollback refused)", reason="rollback")
+
+
+def _differing_fields(signed: dict[str, Any], card: ModelCard) -> list[str]:
+    """The card's fields whose value is not the signed one; a field the signer did not sign counts too.
+    Both sides are compared as validated cards, so a timestamp's spelling cannot make a difference."""
+    if set(UNSIGNED_FIELDS) & set(signed):
+        return sorted(set(UNSIGNED_FIELDS) & set(signed))
+    try:
+        signed_card = ModelCard.model_validate(signed)
+    except ValidationError as error:
+        return sorted({str(problem["loc"][0]) for problem in error.errors() if problem["loc"]} or {"card"})
+    unsigned_by_signer = set(card.model_fields_set) - set(signed) - set(UNSIGNED_FIELDS)
+    differing = {name for name in ModelCard.model_fields if name not in UNSIGNED_FIELDS
+                 and getattr(signed_card, name) != getattr(card, name)}
+    return sorted(differing | unsigned_by_signer)
 
 
 def _timestamp(moment: datetime) -> str:

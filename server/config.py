@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,12 @@ DEFAULT_MAX_JSON_BYTES = 256 * 1024  # every JSON-only endpoint: cards, profiles
 # otherwise. 10,000 is twice a whole MNIST-5k training split: no honest phone-sized shard comes near it.
 DEFAULT_FL_MAX_EXAMPLES_PER_UPDATE = 10_000
 DEFAULT_DEVICE_TOKEN_TTL_S = 30 * 24 * 3600  # a device rotates its token well within a month (SDKs: at half)
+# A model line's lifetime privacy budget (epsilon at each plan's delta, docs/privacy.md): every DP plan on the
+# line composes with the earlier ones, and a plan that would take the line past it is refused.
+DEFAULT_DP_LINE_MAX_EPSILON = 10.0
+# The admin token is the one credential that publishes models and starts rounds: 32 bytes (what
+# `secrets.token_urlsafe(32)` gives, and more) leaves guessing hopeless even without the rate limit.
+MIN_ADMIN_TOKEN_BYTES = 32
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,14 @@ class ServerConfig:
     signing_key_path: Path | None = None
     trusted_keys_path: Path | None = None
     require_signed_cards: bool = False
+    dp_line_max_epsilon: float = DEFAULT_DP_LINE_MAX_EPSILON
+
+    def __post_init__(self) -> None:
+        if self.admin_token is not None and len(self.admin_token.encode("utf-8")) < MIN_ADMIN_TOKEN_BYTES:
+            raise InvalidInputError(
+                f"FEDZOO_ADMIN_TOKEN has {len(self.admin_token.encode('utf-8'))} bytes; it needs at least "
+                f"{MIN_ADMIN_TOKEN_BYTES}: generate one with python3 -c 'import secrets; "
+                "print(secrets.token_urlsafe(32))'", field="FEDZOO_ADMIN_TOKEN")
 
     @property
     def blob_dir(self) -> Path:
@@ -50,7 +65,7 @@ class ServerConfig:
         `FEDZOO_SECRET_KEY`, `FEDZOO_MAX_REQUEST_BYTES`, `FEDZOO_MAX_JSON_BYTES`, `FEDZOO_FL_MAX_EXAMPLES_PER_UPDATE`,
         `FEDZOO_OPEN_ENROLLMENT`, `FEDZOO_DEVICE_TOKEN_TTL_S`, `FEDZOO_RATE_LIMIT_STORAGE_URI`,
         `FEDZOO_RATE_LIMIT_<RULE>` (see `fedzoo.server.ratelimit`), `FEDZOO_SERVER_SIGNING_KEY`, `FEDZOO_TRUSTED_KEYS`,
-        `FEDZOO_REQUIRE_SIGNED_CARDS`; keyword overrides win."""
+        `FEDZOO_REQUIRE_SIGNED_CARDS`, `FEDZOO_DP_LINE_MAX_EPSILON`; keyword overrides win."""
         from fedzoo.server.ratelimit import rate_limits_from_env
 
         env = dict(os.environ if environ is None else environ)
@@ -74,6 +89,7 @@ class ServerConfig:
             "trusted_keys_path": _optional_path(env, "FEDZOO_TRUSTED_KEYS"),
             # on by default once the operator named the keys to trust; off out of the box (docs/signed-models.md)
             "require_signed_cards": _switch(env, "FEDZOO_REQUIRE_SIGNED_CARDS", bool(env.get("FEDZOO_TRUSTED_KEYS"))),
+            "dp_line_max_epsilon": _positive_float(env, "FEDZOO_DP_LINE_MAX_EPSILON", DEFAULT_DP_LINE_MAX_EPSILON),
         }
         values.update({key: value for key, value in overrides.items() if value is not None})
         return cls(**values)  # type: ignore[arg-type]
@@ -89,6 +105,19 @@ def _positive_int(env: dict[str, str], name: str, default: int) -> int:
         raise InvalidInputError(f"{name} must be a whole number, got {raw!r}", field=name) from None
     if value <= 0:
         raise InvalidInputError(f"{name} must be positive, got {value}", field=name)
+    return value
+
+
+def _positive_float(env: dict[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidInputError(f"{name} must be a number, got {raw!r}", field=name) from None
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidInputError(f"{name} must be a positive number, got {raw!r}", field=name)
     return value
 
 

@@ -54,6 +54,7 @@ class AuthenticatedDevice:
     id: str
     device_class: str | None
     memory_mb: int
+    superseded: bool = False  # authenticated by a token a rotation replaced (still inside its grace)
 
 
 _DEVICE_COLUMNS = (DeviceRecord.id, DeviceRecord.device_class, DeviceRecord.memory_mb,
@@ -125,12 +126,17 @@ def authenticate(session: Session | Connection, token: str) -> AuthenticatedDevi
                                f"over; use the newest token, or {REREGISTER}", field="Authorization",
                                code="token_replaced")
         raise Unauthorized(f"the device token expired; {REREGISTER}", field="Authorization", code="token_expired")
-    return AuthenticatedDevice(device[0], device[1], device[2])
+    return AuthenticatedDevice(device[0], device[1], device[2], superseded=replaced)
 
 
 def rotate_token(session: Session, device: AuthenticatedDevice, token_ttl_s: int) -> tuple[str, int]:
     """A fresh token for `device` (returned once) and its lifetime; the replaced one keeps working for
-    `ROTATION_GRACE_S`, then stops."""
+    `ROTATION_GRACE_S`, then stops. A token already replaced cannot rotate (401 `token_replaced`): its grace
+    serves requests already in flight, and whoever holds a stolen copy must not trade it for a fresh
+    full-lifetime token that locks the device out."""
+    if device.superseded:
+        raise Unauthorized("this device token was replaced by a rotation: it works for the rest of its grace, "
+                           "but only the newest token may rotate", field="Authorization", code="token_replaced")
     record = session.get(DeviceRecord, device.id, with_for_update=True)
     token = new_device_token()
     now = utc_now()

@@ -153,10 +153,10 @@ def _operation(doc: RouteDoc, references: dict[type[BaseModel], dict[str, Any]])
         operation["requestBody"] = {"required": True, "content": {doc.request_media_type: media}}
     if doc.auth == "viewer":  # the operator's read endpoints: the viewer token or the admin token
         operation["security"] = [{"viewerToken": []}, {"adminToken": []}]
-        errors.add(401)
+        errors.update((401, 429))  # 429: too many failed operator tokens from this address
     elif doc.auth is not None:
         operation["security"] = [{f"{doc.auth}Token": []}]
-        errors.add(401)
+        errors.update((401, 429) if doc.auth == "admin" else (401,))
     if doc.response_media_type == OCTET_STREAM:
         success_content = {OCTET_STREAM: {"schema": {"type": "string", "format": "binary"}}}
     else:

@@ -9,6 +9,8 @@ A table of rules, each a `limits` string ("20/minute;200/hour": every window mus
     lookup_per_device     device id       120/minute           POST /v1/lookup
     upload_per_address    client address  600/minute           POST /v1/fl/rounds/<id>/updates
     upload_per_device     device id       30/minute            POST /v1/fl/rounds/<id>/updates
+    operator_auth_failures_per_address
+                          client address  10/minute;100/hour   failed admin or viewer tokens (API, dashboard login)
 
 `FEDZOO_RATE_LIMIT_<RULE>` (e.g. `FEDZOO_RATE_LIMIT_LOOKUP_PER_DEVICE=60/minute`) replaces a default; `off`
 switches that rule off. The client address is the TCP peer: behind a reverse proxy every device shares the
@@ -19,6 +21,10 @@ Counters are fixed windows (`limits.FixedWindowRateLimiter`) in the store at `FE
 (`sqlite:///<data_dir>/rate-limits.db`, the `SQLiteCounterStorage` below), which the gunicorn workers of one
 host share without any extra service; there a request's windows (a lookup's per-address and per-device ones)
 are counted in one statement. Refused requests get 429 `rate_limited` with `Retry-After`.
+
+`operator_auth_failures_per_address` counts only failures: once an address used it up, every admin or viewer
+request from it is refused with 429 before its token is even compared, so the operator's tokens cannot be
+guessed at request speed; the address's right tokens keep working once the window passes.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ DEFAULT_RATE_LIMITS: dict[str, str] = {
     "lookup_per_device": "120/minute",
     "upload_per_address": "600/minute",
     "upload_per_device": "30/minute",
+    "operator_auth_failures_per_address": "10/minute;100/hour",
 }
 OFF = "off"
 
@@ -149,6 +156,12 @@ class RateLimiter:
             rule: parse_many(text) for rule, text in rules.items() if text.lower() != OFF
         }
 
+    def require_unused(self, rule: str, key: str) -> None:
+        """429 when a window of `rule` is already used up for `key`; counts nothing."""
+        for item in self.items.get(rule, ()):
+            if not self.strategy.test(item, rule, key):
+                self._refuse(item, rule, key)
+
     def hit(self, *rule_keys: tuple[str, str]) -> None:
         windows = [(item, rule, key) for rule, key in rule_keys for item in self.items.get(rule, ())]
         if not windows:
@@ -161,7 +174,10 @@ class RateLimiter:
             allowed = [self.strategy.hit(item, rule, key) for item, rule, key in windows]
         for ok, (item, rule, key) in zip(allowed, windows):
             if not ok:
-                reset_at, _ = self.strategy.get_window_stats(item, rule, key)
-                retry_after_s = max(1, math.ceil(reset_at - time.time()))
-                raise TooManyRequests(f"too many requests: the limit {item} ({rule.replace('_', ' ')}) is used up; "
-                                      f"retry in {retry_after_s} s", retry_after_s=retry_after_s)
+                self._refuse(item, rule, key)
+
+    def _refuse(self, item: RateLimitItem, rule: str, key: str) -> None:
+        reset_at, _ = self.strategy.get_window_stats(item, rule, key)
+        retry_after_s = max(1, math.ceil(reset_at - time.time()))
+        raise TooManyRequests(f"too many requests: the limit {item} ({rule.replace('_', ' ')}) is used up; "
+                              f"retry in {retry_after_s} s", retry_after_s=retry_after_s)

@@ -106,7 +106,9 @@ def card_record(card: ModelCard, costs: ModelCosts, latency_signature: str) -> M
 
 
 def publish(session: Session, store: BlobStore, estimator: LatencyEstimator, card: ModelCard) -> PublishResult:
-    """Register a card whose blobs are stored; idempotent for an identical card, 409 for a different one."""
+    """Register a card whose blobs are stored; idempotent for an identical card, 409 for a different one.
+    The card's `unsigned` measurements are the server's to fill when serving it (`served_card`): not stored."""
+    card = card.model_copy(update={"unsigned": {}})
     existing = session.get(ModelRecord, card.id)
     if existing is not None:
         if ModelCard.model_validate_json(existing.card_json).model_dump() == card.model_dump():
@@ -149,11 +151,27 @@ def import_zoo(session: Session, store: BlobStore, estimator: LatencyEstimator, 
 
 
 def get_card(session: Session, model_id: str) -> dict[str, Any]:
-    """The card of a published model as a JSON object; NotFoundError if there is none."""
+    """The card of a published model as a JSON object, as published; NotFoundError if there is none."""
+    return json.loads(_find_record(session, model_id).card_json)
+
+
+def get_served_card(session: Session, model_id: str) -> dict[str, Any]:
+    """The card as devices and operators get it: with the server's current measurements under `unsigned`."""
+    return served_card(_find_record(session, model_id))
+
+
+def served_card(record: ModelRecord) -> dict[str, Any]:
+    """A stored card plus `unsigned`: what the server measured of the model since it was published (the
+    fleet latency factor), outside the card's signature and never acted on by a device."""
+    return {**json.loads(record.card_json), "unsigned": {
+        "fleet_latency_factor": record.latency_factor, "fleet_factor_devices": record.latency_factor_devices}}
+
+
+def _find_record(session: Session, model_id: str) -> ModelRecord:
     record = session.get(ModelRecord, model_id)
     if record is None:
         raise NotFoundError(f"no model {model_id!r} is published")
-    return json.loads(record.card_json)
+    return record
 
 
 def model_sha256(session: Session, model_id: str) -> str:
@@ -166,14 +184,14 @@ def model_sha256(session: Session, model_id: str) -> str:
 
 def list_cards(session: Session, task: str | None, precision: str | None, limit: int, offset: int) -> ModelPage:
     """Cards ordered by task, then accuracy (best first), then id; filtered and paginated."""
-    query = select(ModelRecord.card_json)
+    query = select(ModelRecord)
     count = select(func.count()).select_from(ModelRecord)
     for column, value in ((ModelRecord.task, task), (ModelRecord.precision, precision)):
         if value is not None:
             query = query.where(column == value)
             count = count.where(column == value)
     query = query.order_by(ModelRecord.task, ModelRecord.accuracy.desc(), ModelRecord.id).limit(limit).offset(offset)
-    cards = [json.loads(text) for text in session.scalars(query)]
+    cards = [served_card(record) for record in session.scalars(query)]
     return ModelPage(cards=cards, total=session.scalar(count) or 0, limit=limit, offset=offset)
 
 

@@ -19,7 +19,9 @@ from fedzoo.server.errors import from_domain_error
 from fedzoo.server.fl.models import ROUND_STATES
 from fedzoo.server.fl.routes import service
 from fedzoo.server.operator_schemas import DeviceListQuery, RoundListQuery
-from fedzoo.server.routes.common import EXTENSION_KEY, context, query_args
+from fedzoo.server.routes.common import (
+    EXTENSION_KEY, OPERATOR_AUTH_FAILURES, client_address, context, count_operator_auth_failure, query_args,
+)
 from fedzoo.server.schemas import ModelListQuery, StrictRequest
 
 blueprint = Blueprint("dashboard", __name__, url_prefix="/ui", template_folder="templates",
@@ -110,7 +112,12 @@ def login_form() -> Response:
 def login_submit() -> Response:
     login.check_form_token()
     target = _local_path(request.form.get("next"))
-    if login.log_in(request.form.get("token", ""), context().config) is None:
+    address, token = client_address(), request.form.get("token", "")
+    if token:  # guessing is refused before the token is compared
+        context().limiter.require_unused(OPERATOR_AUTH_FAILURES, address)
+    if login.log_in(token, context().config) is None:
+        if token:
+            count_operator_auth_failure(address)
         response = page("login.html", next=target, failed=True)
         response.status_code = 401
         return response

@@ -50,7 +50,7 @@ class RoundLifecycle:
     def open_round(self, session: Session, config: RoundConfig, card: ModelCard, number: int, remaining: int,
                    previous: FLRound | None) -> FLRound:
         """Open round `number` of a plan on `card` (raises `PrivacyBudgetExhausted` when over the ε budget)."""
-        ledger = self.context.private.ledger_for_next_round(session, config, previous)  # raises when over budget
+        ledger = self.context.private.ledger_for_next_round(session, config, card, previous, remaining)  # raises over budget
         now = self.context.clock()
         round_row = FLRound(
             task=card.task,

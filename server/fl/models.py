@@ -126,6 +126,23 @@ class FLPrivateRound(Base):
     ledger_json: Mapped[str | None] = mapped_column(Text, nullable=True, doc="DP: the plan's ledger at the start")
     ledger_after_json: Mapped[str | None] = mapped_column(Text, nullable=True,
                                                           doc="DP: the ledger after this round released its aggregate")
+    line_id: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True,
+                                                doc="DP: the model line whose ledger the plan continues")
+
+
+class PrivacyLine(Base):
+    """One model line's privacy ledger across all its DP plans: every round a plan released, composed in
+    order. A plan on the line starts from here (one plan at a time), and each release writes the line back."""
+
+    __tablename__ = "privacy_lines"
+
+    line_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    delta: Mapped[float] = mapped_column(Float, doc="every plan on the line accounts at this delta")
+    mechanism: Mapped[str] = mapped_column(String(8), doc="rdp or pld")
+    events_json: Mapped[str] = mapped_column(Text, doc="[[noise_multiplier, sampling_probability, rounds], ...]")
+    epsilon: Mapped[float] = mapped_column(Float, doc="the line's epsilon at delta after those rounds")
+    revision: Mapped[int] = mapped_column(Integer, default=0, doc="raised by each plan opening on the line")
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
 
 
 class FLSecureMessage(Base):

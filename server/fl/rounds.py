@@ -93,10 +93,11 @@ class RoundService:
         aggregation_lease_s: float = AGGREGATION_LEASE_S,
         spill_dir: Path | None = None,
         max_examples_per_update: int = DEFAULT_MAX_EXAMPLES_PER_UPDATE,
+        dp_line_max_epsilon: float | None = None,
     ) -> None:
         self.database, self.store, self.clock = database, store, clock
-        self.context = RoundContext(database, store, clock, BaseModels(store), PrivateRounds(database, clock),
-                                    max_examples_per_update)
+        self.context = RoundContext(database, store, clock, BaseModels(store),
+                                    PrivateRounds(database, clock, dp_line_max_epsilon), max_examples_per_update)
         self.private = self.context.private
         self.lifecycle = RoundLifecycle(self.context, aggregation_lease_s)
         self.selection = Selection(self.context)

@@ -72,7 +72,8 @@ def _create_service(state) -> None:
     server = state.app.extensions[EXTENSION_KEY]
     state.app.extensions[SERVICE_KEY] = RoundService(
         server.db, server.store, server.estimator, server.keys.server_key, spill_dir=server.config.data_dir / "fl-spill",
-        max_examples_per_update=server.config.fl_max_examples_per_update)
+        max_examples_per_update=server.config.fl_max_examples_per_update,
+        dp_line_max_epsilon=server.config.dp_line_max_epsilon)
 
 
 def service() -> RoundService:

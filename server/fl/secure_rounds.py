@@ -19,6 +19,12 @@ sum, which under SecAgg+ is the unmasked sum (the server never needs a clear upd
 `target_clients`. Weights are equal: under SecAgg+ the weight coordinate of the sum must equal the number
 of survivors, else the round fails. The plan's ledger is stored with each round; a round that would take
 epsilon past `max_epsilon` does not open.
+
+One ledger per model line (`PrivacyLine`): a plan on a model continues its line's ledger (or, for a line that
+starts from a DP model, the ledger its card's signed privacy claim carries), so epsilon composes across plans
+and each card states the line's total. A plan that would take the line past the operator's lifetime budget
+(`FEDZOO_DP_LINE_MAX_EPSILON`) is refused before it opens, and one DP plan at a time runs on a line, so two
+plans never compose from the same starting point.
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from fedzoo.dp.accountant import PrivacyLedger, noise_multiplier_for
+from fedzoo.cards import ModelCard
+from fedzoo.dp.accountant import LineEvents, PrivacyLedger, epsilon_of_events, noise_multiplier_for
 from fedzoo.dp.clipping import clip_delta
 from fedzoo.dp.noise import DpFedAvg, quantised_sensitivity
 from fedzoo.errors import InvalidInputError
@@ -46,7 +53,8 @@ from fedzoo.secagg.framing import decode_share_keys, decode_unmask
 from fedzoo.secagg.messages import STAGES, to_base64
 from fedzoo.server.db import Database
 from fedzoo.server.errors import Conflict, Forbidden
-from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLPrivateRound, FLRound, FLSecureMessage
+from fedzoo.server.fl.models import (ACTIVE_STATES, FLParticipant, FLPrivateRound, FLRound, FLSecureMessage,
+                                    PrivacyLine)
 from fedzoo.server.fl.schemas import RoundConfig, SecureAggregationSettings, SecureAggregationTask, TaskPrivacy
 from fedzoo.server.fl.strategies import Parameters, Strategy
 
@@ -58,6 +66,9 @@ READ_REPLY: dict[str, Callable[[bytes], dict[str, Any]]] = {
     "advertise_keys": json.loads, "share_keys": decode_share_keys,
     "masked_input": lambda body: {"masked_vector": to_base64(body)}, "unmask": decode_unmask}
 SAMPLING_PROBABILITY = 1.0  # the server seats whoever checks in: no amplification by sampling (docs/privacy.md)
+# A DP card's contributor counts are rounded to this many: an exact count, next to the published model, tells
+# whoever knows all but one contributor whether that one took part (the round's own view keeps them exact).
+DP_COUNT_ROUNDING = 10
 
 
 def is_private(config: RoundConfig) -> bool:
@@ -92,33 +103,74 @@ def with_calibrated_noise(config: RoundConfig) -> RoundConfig:
 class PrivateRounds:
     """The private part of the round service: stage state, replies, the secure sum, noise and the ledger."""
 
-    def __init__(self, database: Database, clock: Callable[[], datetime]) -> None:
-        self.database, self.clock = database, clock
+    def __init__(self, database: Database, clock: Callable[[], datetime], line_max_epsilon: float | None = None
+                 ) -> None:
+        self.database, self.clock, self.line_max_epsilon = database, clock, line_max_epsilon
         self._replayed: OrderedDict[tuple[int, str], tuple[SecAggServer, dict[int, dict[str, Any]]]] = OrderedDict()
 
     # opening rounds ------------------------------------------------------------------------------
 
-    def ledger_for_next_round(self, session: Session, config: RoundConfig, previous: FLRound | None
-                              ) -> PrivacyLedger | None:
-        """The plan's ledger for a round about to open; raises PrivacyBudgetExhausted when one more round
-        would pass the budget (the round then does not open)."""
+    def ledger_for_next_round(self, session: Session, config: RoundConfig, card: ModelCard,
+                              previous: FLRound | None, planned_rounds: int) -> PrivacyLedger | None:
+        """The plan's ledger for a round about to open on `card`; raises PrivacyBudgetExhausted when one more
+        round would pass the plan's budget or the line's (and, for a plan's first round, when the rounds its
+        own budget lets it run of `planned_rounds` would pass the line's), Conflict while another DP plan runs
+        on the line."""
         dp = config.privacy.dp
         if dp is None:
             return None
         row = session.get(FLPrivateRound, previous.id) if previous is not None else None
         if row is not None and (row.ledger_after_json or row.ledger_json):
             ledger = PrivacyLedger.from_dict(json.loads(row.ledger_after_json or row.ledger_json))
+            ledger.line_max_epsilon = self.line_max_epsilon  # the operator's budget as it is now
         else:
-            ledger = PrivacyLedger(dp.noise_multiplier, SAMPLING_PROBABILITY, dp.delta, dp.max_epsilon, dp.mechanism)
+            ledger = self._start_on_line(session, config, card)
+            ledger.require_line_budget(ledger.rounds_within_plan_budget(planned_rounds))
         ledger.require_budget_for_next_round()
         return ledger
+
+    def _start_on_line(self, session: Session, config: RoundConfig, card: ModelCard) -> PrivacyLedger:
+        """A new plan's ledger, continuing the line's; the line's row is written first, so two plans opening on
+        one line at once are serialised by the database (a row lock on PostgreSQL, the write lock on SQLite)."""
+        dp = config.privacy.dp
+        line = session.get(PrivacyLine, card.line_id)
+        if line is None:
+            events, delta, mechanism = inherited_ledger(card, dp.delta, dp.mechanism)
+            line = PrivacyLine(line_id=card.line_id, delta=delta, mechanism=mechanism, events_json=json.dumps(events),
+                               epsilon=epsilon_of_events(events, delta, mechanism), revision=0,
+                               updated_at=self.clock())
+            session.add(line)
+            try:
+                session.flush()
+            except IntegrityError:
+                raise Conflict(f"another plan is opening on model line {card.line_id!r}; try again",
+                               field="model_id", code="line_busy") from None
+        else:
+            session.execute(update(PrivacyLine).where(PrivacyLine.line_id == card.line_id)
+                            .values(revision=PrivacyLine.revision + 1))
+        running = session.scalar(select(FLRound.id).join(FLPrivateRound, FLPrivateRound.round_id == FLRound.id)
+                                 .where(FLPrivateRound.line_id == card.line_id,
+                                        FLRound.state.in_((*ACTIVE_STATES, "aggregating")))
+                                 .limit(1))
+        if running is not None:
+            raise Conflict(f"model line {card.line_id!r} has a DP plan running (round {running}); a line's privacy "
+                           "ledger takes one plan at a time: start this one when that plan ends",
+                           field="model_id", code="line_busy")
+        if (line.delta, line.mechanism) != (dp.delta, dp.mechanism):
+            raise InvalidInputError(f"model line {card.line_id!r} accounts epsilon at delta={line.delta} with "
+                                    f"{line.mechanism}; a plan on it must use the same delta and mechanism",
+                                    field="privacy.dp.delta")
+        return PrivacyLedger(dp.noise_multiplier, SAMPLING_PROBABILITY, dp.delta, dp.max_epsilon, dp.mechanism,
+                             line=card.line_id, line_events=json.loads(line.events_json),
+                             line_max_epsilon=self.line_max_epsilon)
 
     def record_open(self, session: Session, round_row: FLRound, config: RoundConfig,
                     ledger: PrivacyLedger | None) -> None:
         if is_private(config):
             session.add(FLPrivateRound(
                 round_id=round_row.id, stage=SELECTION if config.privacy.secure_aggregation else None,
-                ledger_json=json.dumps(ledger.to_dict()) if ledger is not None else None))
+                ledger_json=json.dumps(ledger.to_dict()) if ledger is not None else None,
+                line_id=ledger.line if ledger is not None else None))
 
     def start_stages(self, session: Session, round_row: FLRound, config: RoundConfig, vector_length: int) -> None:
         """Selection closed: number the seated devices and open advertise_keys (once, whoever gets here first)."""
@@ -367,12 +419,16 @@ class PrivateRounds:
         summary["privacy"] = card_privacy(config, ledger, sensitivity)
         return strategy.apply_mean_delta(base_parameters, unflatten(mean, shapes)), summary
 
-    @staticmethod
-    def record_release(session: Session, round_id: int, summary: dict[str, Any]) -> None:
-        """A noised aggregate left the server (published or refused): the plan's ledger counts the round."""
+    def record_release(self, session: Session, round_id: int, summary: dict[str, Any]) -> None:
+        """A noised aggregate left the server (published or refused): the plan's ledger and its line's count
+        the round."""
         if "privacy_ledger" in summary:
             session.execute(update(FLPrivateRound).where(FLPrivateRound.round_id == round_id)
                             .values(ledger_after_json=json.dumps(summary["privacy_ledger"])))
+            ledger = PrivacyLedger.from_dict(summary["privacy_ledger"])
+            if ledger.line is not None:
+                session.execute(update(PrivacyLine).where(PrivacyLine.line_id == ledger.line).values(
+                    events_json=json.dumps(ledger.events()), epsilon=ledger.epsilon_spent, updated_at=self.clock()))
 
 
 def card_privacy(config: RoundConfig, ledger: PrivacyLedger | None, sensitivity: float | None) -> dict[str, Any]:
@@ -382,10 +438,38 @@ def card_privacy(config: RoundConfig, ledger: PrivacyLedger | None, sensitivity:
     if ledger is not None:
         record["dp"] = {"epsilon": ledger.epsilon_spent, "delta": ledger.delta, "accountant": ledger.mechanism,
                         "rounds": ledger.rounds_done, "max_epsilon": ledger.max_epsilon,
+                        "plan_epsilon": ledger.plan_epsilon_spent, "line": ledger.line,
+                        "line_events": ledger.events(), "line_max_epsilon": ledger.line_max_epsilon,
                         "noise_multiplier": ledger.noise_multiplier, "clip_norm": dp.clip_norm,
                         "sensitivity": sensitivity or dp.clip_norm,
                         "sampling_probability": ledger.sampling_probability}
     return record
+
+
+def published_counts(summary: dict[str, Any]) -> dict[str, Any]:
+    """The contributor counts a published card states: exact, or under DP rounded to `DP_COUNT_ROUNDING`."""
+    counts = {name: summary[name] for name in ("accepted_updates", "aggregated_updates", "num_examples")}
+    screening = dict(summary["screening"])
+    if not (summary.get("privacy") or {}).get("dp"):
+        return {**counts, "screening": screening}
+
+    def rounded(count: int | None) -> int | None:
+        return None if count is None else DP_COUNT_ROUNDING * math.floor(count / DP_COUNT_ROUNDING + 0.5)
+
+    screening.update({name: rounded(screening[name]) for name in ("counted", "clipped", "rejected")
+                      if name in screening})
+    return {**{name: rounded(count) for name, count in counts.items()}, "screening": screening,
+            "counts_rounded_to": DP_COUNT_ROUNDING}
+
+
+def inherited_ledger(card: ModelCard, delta: float, mechanism: str) -> tuple[LineEvents, float, str]:
+    """A new line's starting ledger: the rounds its card's signed privacy claim says the weights already
+    spent (a pruned or quantized child of a DP model starts a line, not a fresh budget), else none."""
+    claim = ((card.details.get("federated") or {}).get("privacy") or {}).get("dp") or {}
+    events = claim.get("line_events")
+    if not isinstance(events, list) or not events:
+        return [], delta, mechanism
+    return events, float(claim.get("delta", delta)), str(claim.get("accountant", mechanism))
 
 
 def _check_masked_vector(body: bytes, protocol: SecAggConfig) -> None:

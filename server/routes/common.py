@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from flask import Response, current_app, request
@@ -14,10 +16,13 @@ from sqlalchemy.orm import Session
 from fedzoo.server.auth import bearer_token, require_admin, require_reader
 from fedzoo.server.context import ServerContext
 from fedzoo.server.devices import AuthenticatedDevice, authenticate
-from fedzoo.server.errors import MalformedJSON, PayloadTooLarge, Unauthorized, UnsupportedMediaType, ValidationFailed
+from fedzoo.server.errors import (
+    MalformedJSON, PayloadTooLarge, TooManyRequests, Unauthorized, UnsupportedMediaType, ValidationFailed,
+)
 
 Model = TypeVar("Model", bound=BaseModel)
 EXTENSION_KEY = "fedzoo"
+OPERATOR_AUTH_FAILURES = "operator_auth_failures_per_address"
 
 
 def context() -> ServerContext:
@@ -158,13 +163,40 @@ def next_offset(offset: int, returned: int, total: int) -> int | None:
 
 
 def require_admin_token() -> None:
-    require_admin(request.headers.get("Authorization"), context().config.admin_token)
+    with operator_auth_limited():
+        require_admin(request.headers.get("Authorization"), context().config.admin_token)
 
 
 def require_reader_token() -> str:
     """The caller's role (`admin` or `viewer`): the operator's read endpoints take either token."""
     config = context().config
-    return require_reader(request.headers.get("Authorization"), config.admin_token, config.viewer_token)
+    with operator_auth_limited():
+        return require_reader(request.headers.get("Authorization"), config.admin_token, config.viewer_token)
+
+
+@contextmanager
+def operator_auth_limited() -> Iterator[None]:
+    """Refuse (429) an address that used up its failed operator-token attempts before comparing its token;
+    count this attempt when it fails (401), so the operator's tokens cannot be guessed at request speed. A
+    request without an Authorization header guesses nothing: it is told 401 and not counted."""
+    address = client_address()
+    guessing = bool(request.headers.get("Authorization"))
+    if guessing:
+        context().limiter.require_unused(OPERATOR_AUTH_FAILURES, address)
+    try:
+        yield
+    except Unauthorized:
+        if guessing:
+            count_operator_auth_failure(address)
+        raise
+
+
+def count_operator_auth_failure(address: str) -> None:
+    """Count one failed admin or viewer token from `address` (the attempt itself still answers 401)."""
+    try:
+        context().limiter.hit((OPERATOR_AUTH_FAILURES, address))
+    except TooManyRequests:
+        pass  # the window is used up now: the next attempt is refused before its token is compared
 
 
 def json_response(model: BaseModel, status: int = 200) -> Response:

@@ -36,7 +36,7 @@ def list_models() -> Response:
             path_params=MODEL_ID, errors=(404,))
 def get_model(model_id: str) -> Response:
     with context().db.session() as session:
-        return _json(registry.get_card(session, model_id))
+        return _json(registry.get_served_card(session, model_id))
 
 
 @documented(blueprint, "POST", "/v1/models", summary="Publish a card whose blobs were uploaded (PUT /v1/blobs); a signed "

@@ -26,7 +26,9 @@ def fleet(tmp_path_factory):
     """A server holding the base model and the two FL versions of a closed two-round plan."""
     federation = prepare_federation("digits", num_clients=3, alpha=1.0, hidden_units=16, pretrain_epochs=1, seed=2)
     root = tmp_path_factory.mktemp("operator")
-    with LoopbackServer(root / "server", deadline_check_s=0.2, viewer_token=VIEWER_TOKEN) as server:
+    # the tests below send wrong operator tokens on purpose, more than the failure limit allows one address
+    environ = {"FEDZOO_RATE_LIMIT_OPERATOR_AUTH_FAILURES_PER_ADDRESS": "off"}
+    with LoopbackServer(root / "server", deadline_check_s=0.2, viewer_token=VIEWER_TOKEN, environ=environ) as server:
         with Simulation(federation, server.url, cache_root=root / "devices") as sim:
             sim.publish_base_model()
             sim.register_devices()

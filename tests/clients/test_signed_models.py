@@ -4,6 +4,7 @@ a rollback to an older version (also after a restart), a round task naming blobs
 keys fetched from GET /v1/keys; the attacks come from a scripted server playing a compromised one."""
 
 import json
+import shutil
 from datetime import datetime, timedelta, timezone
 
 import httpx
@@ -13,11 +14,13 @@ import pytest
 from click.testing import CliRunner
 
 from fedzoo.cards import ModelCard
+from fedzoo.clients.card_trust import CardVerifier
 from fedzoo.clients.cli import client as client_cli
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.errors import CardSignatureError, IntegrityError
 from fedzoo.clients.participation import participate_once, run_task
 from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, Simulation, prepare_federation
+from fedzoo.errors import InvalidInputError
 from fedzoo.signing import CardSigningKey, TrustedKeys, sign_card
 
 OPERATOR = CardSigningKey.from_seed(bytes(range(32)))
@@ -76,7 +79,7 @@ def test_a_card_signed_by_a_key_fetched_from_the_server_downloads_verifies_and_r
     assert logits.shape == (8, len(card.labels)) and np.isfinite(logits).all()
     device_loads = [model for model in loaded_models if str(tmp_path / "cache") in str(model)]  # not the server's
     assert device_loads == [str(device.cache.blob_path(card.sha256))]
-    assert json.loads((tmp_path / "state.json").read_text())["accepted_versions"] == {card.family: 1}
+    assert json.loads((tmp_path / "state.json").read_text())["accepted_line_versions"] == {card.line_id: 1}
 
 
 def test_swapped_blob_bytes_are_refused_and_never_loaded(federation, scripted_server, tmp_path, loaded_models):
@@ -107,6 +110,9 @@ def test_a_cached_blob_altered_on_disk_is_refused_before_loading(federation, scr
     (lambda card: card.model_copy(update={"sha256": "0" * 64}), "field_mismatch"),
     (lambda card: card.model_copy(update={"version": 9}), "field_mismatch"),
     (lambda card: card.model_copy(update={"training_graph": None}), "field_mismatch"),
+    (lambda card: card.model_copy(update={"labels": card.labels[::-1]}), "field_mismatch"),
+    (lambda card: card.model_copy(update={"input": card.input.model_copy(update={"normalisation": None})}),
+     "field_mismatch"),
     (lambda card: sign_card(card, STRANGER), "unknown_key"),
     (lambda card: sign_card(card, OPERATOR, timedelta(days=1), now=datetime.now(timezone.utc) - timedelta(days=3)),
      "expired"),
@@ -125,7 +131,8 @@ def test_a_forged_card_is_refused_before_a_single_byte_is_downloaded(federation,
 
 def test_a_rollback_to_an_older_version_is_refused_even_after_a_restart(federation, scripted_server, tmp_path,
                                                                       loaded_models):
-    newer = sign_card(federation.card.model_copy(update={"id": "digits-v2", "version": 2}), OPERATOR)
+    newer = sign_card(federation.card.model_copy(update={"id": "digits-v2", "version": 2,
+                                                         "line": federation.card.id}), OPERATOR)
     older = sign_card(federation.card, OPERATOR)
     _serve(scripted_server, newer, federation.model)
     with _device(scripted_server.url, tmp_path) as device:
@@ -138,6 +145,98 @@ def test_a_rollback_to_an_older_version_is_refused_even_after_a_restart(federati
             restarted.download_model(older)
         restarted.download_model(newer)  # the same version stays acceptable
     assert len(loaded_models) == 1
+
+
+def test_rollback_is_kept_per_line_in_the_state_directory_not_the_cache(federation, scripted_server, tmp_path):
+    """Another line of the same family at version 1 is no rollback; clearing the cache resets nothing."""
+    newer = sign_card(federation.card.model_copy(update={"id": "digits-v2", "version": 2,
+                                                         "line": federation.card.id}), OPERATOR)
+    other_line = sign_card(federation.card.model_copy(update={"id": "digits-pruned"}), OPERATOR)
+    older = sign_card(federation.card, OPERATOR)
+    _serve(scripted_server, newer, federation.model)
+    with _device(scripted_server.url, tmp_path) as device:
+        device.download_model(newer)
+        device.download_model(other_line)
+    shutil.rmtree(tmp_path / "cache")
+    with _device(scripted_server.url, tmp_path) as device:
+        with pytest.raises(CardSignatureError) as refused:
+            device.download_model(older)
+    assert refused.value.reason == "rollback"
+    assert json.loads((tmp_path / "state.json").read_text())["accepted_line_versions"] == {
+        federation.card.id: 2, "digits-pruned": 1}
+
+
+def test_accepting_is_a_compare_and_swap_against_a_newer_version_accepted_meanwhile(federation, tmp_path):
+    """Two processes verify concurrently: the one whose version became stale cannot write it over the newer."""
+    newer = sign_card(federation.card.model_copy(update={"id": "digits-v3", "version": 3,
+                                                         "line": federation.card.id}), OPERATOR)
+    older = sign_card(federation.card, OPERATOR)
+    first, second = (CardVerifier(PINNED, tmp_path / "state" / "client.json") for _ in range(2))
+    first.verify(older)  # passes: nothing accepted yet
+    second.verify(newer)
+    second.accept(newer)
+    with pytest.raises(CardSignatureError) as refused:
+        first.accept(older)
+    assert refused.value.reason == "rollback"
+    assert first.accepted_version(federation.card.id) == 3
+
+
+def _serve_shortlist(scripted_server, card: ModelCard, blob: bytes) -> None:
+    """A compromised server whose lookup shortlists `card` (predicted to fit), served with these bytes."""
+    entry = {"model_id": card.id, "sha256": card.sha256, "size_bytes": card.size_bytes, "latency_ms": 0.01,
+             "latency_source": "predicted", "accuracy": 0.9}
+    answer = json.dumps({"model": json.loads(card.to_json()), "latency_ms": 0.01, "shortlist": [entry]}).encode()
+
+    def handle(handler):
+        telemetry = handler.path == "/v1/telemetry"
+        body = (b"{}" if telemetry else answer if handler.path == "/v1/lookup" else
+                blob if handler.path.endswith("/blob") else card.to_json().encode())
+        handler.send_response(201 if telemetry else 200)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    scripted_server.handle = handle
+
+
+@pytest.mark.parametrize("tamper", [
+    lambda card: card.model_copy(update={"labels": card.labels[::-1]}),
+    lambda card: card.model_copy(update={"input": card.input.model_copy(update={"normalisation": None})}),
+    lambda card: sign_card(card, STRANGER),
+])
+def test_confirmed_lookup_refuses_a_tampered_shortlisted_card_before_downloading_it(
+        federation, scripted_server, tmp_path, tamper):
+    tampered = tamper(sign_card(federation.card, OPERATOR))
+    _serve_shortlist(scripted_server, tampered, federation.model)
+    with _device(scripted_server.url, tmp_path) as device:
+        with pytest.raises(CardSignatureError):
+            device.lookup_confirmed(federation.card.task, latency_budget_ms=50.0)
+    assert not any(request["path"].endswith("/blob") for request in scripted_server.requests)
+    assert not (tmp_path / "state.json").exists()
+
+
+def test_confirmed_lookup_refuses_bytes_that_are_not_the_signed_cards(federation, scripted_server, tmp_path):
+    card = sign_card(federation.card, OPERATOR)
+    _serve_shortlist(scripted_server, card, federation.model.replace(federation.model[-64:], bytes(64)))
+    with _device(scripted_server.url, tmp_path) as device:
+        with pytest.raises(IntegrityError, match="hashing to"):
+            device.lookup_confirmed(federation.card.task, latency_budget_ms=50.0)
+        assert device.cache.get(card.sha256) is None
+
+
+def test_confirmed_lookup_times_a_verified_shortlisted_model(federation, scripted_server, tmp_path):
+    card = sign_card(federation.card, OPERATOR)
+    _serve_shortlist(scripted_server, card, federation.model)
+    with _device(scripted_server.url, tmp_path) as device:
+        answer = device.lookup_confirmed(federation.card.task, latency_budget_ms=1000.0)
+    assert answer["confirmed"] and [entry["model_id"] for entry in answer["measurements"]] == [card.id]
+    assert json.loads((tmp_path / "state.json").read_text())["accepted_line_versions"] == {card.line_id: 1}
+
+
+def test_pinned_keys_without_a_state_file_are_refused(tmp_path):
+    with pytest.raises(InvalidInputError, match="state_file") as refused:
+        FedzooClient("http://127.0.0.1:9", cache_dir=tmp_path / "cache", trusted_keys=PINNED)
+    assert refused.value.field == "state_file"
 
 
 def test_without_pinned_keys_the_sdk_keeps_working_as_before(federation, scripted_server, tmp_path):
@@ -156,7 +255,7 @@ def test_the_cli_pins_trusted_keys_in_its_state_file_and_refuses_a_forged_card(f
     result = CliRunner().invoke(client_cli, [*base, "--trusted-keys", str(key_set), "download", federation.card.id])
     assert result.exit_code == 0, result.output
     saved = json.loads(state.read_text())
-    assert saved["trusted_keys"] == PINNED.to_json() and saved["accepted_versions"] == {federation.card.family: 1}
+    assert saved["trusted_keys"] == PINNED.to_json() and saved["accepted_line_versions"] == {federation.card.line_id: 1}
     assert state.stat().st_mode & 0o777 == 0o600
     _serve(scripted_server, sign_card(federation.card, STRANGER), federation.model)
     result = CliRunner().invoke(client_cli, [*base, "download", federation.card.id])  # pinned from the state file
@@ -176,7 +275,8 @@ def test_a_pinned_device_takes_part_in_a_round_and_refuses_a_task_naming_blobs_i
                                "batch_size": 32, "learning_rate": 0.05})
         pinned = TrustedKeys.from_json(httpx.get(f"{server.url}/v1/keys").json())
         devices = [FedzooClient(server.url, token=simulation.tokens[index], cache_dir=tmp_path / f"device-{index}",
-                                trusted_keys=pinned) for index in range(2)]
+                                trusted_keys=pinned, state_file=tmp_path / f"state-{index}" / "client.json")
+                   for index in range(2)]
         work = devices[0].fl_task(federation.card.task)["task"]
         forged = {**work, "model_sha256": "0" * 64, "model_url": "/v1/blobs/" + "0" * 64}
         with pytest.raises(IntegrityError, match="does not"):
@@ -186,5 +286,5 @@ def test_a_pinned_device_takes_part_in_a_round_and_refuses_a_task_naming_blobs_i
         for device in devices:
             device.close()
     assert result.outcome == "accepted"
-    assert json.loads((tmp_path / "device-1" / "state.json").read_text())["accepted_versions"] == {
-        federation.card.family: 1}
+    assert json.loads((tmp_path / "state-1" / "client.json").read_text())["accepted_line_versions"] == {
+        federation.card.line_id: 1}

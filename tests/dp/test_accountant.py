@@ -10,6 +10,7 @@ from fedzoo.dp.accountant import (
     PrivacyBudgetExhausted,
     PrivacyLedger,
     epsilon_after,
+    epsilon_of_events,
     noise_multiplier_for,
 )
 from fedzoo.errors import InvalidInputError
@@ -83,3 +84,35 @@ def test_bad_parameters_name_themselves(changes, field):
         PrivacyLedger(**{"noise_multiplier": 1.0, "sampling_probability": 0.1, "delta": 1e-5, "max_epsilon": 8.0,
                          **changes})
     assert error.value.field == field
+
+
+def test_a_plan_on_a_line_composes_after_the_lines_earlier_rounds():
+    """Two plans' rounds compose in dp-accounting as one sequence: the line's epsilon, not the plan's."""
+    ledger = PrivacyLedger(1.0, 1.0, 1e-5, max_epsilon=8.0, line="digits-v1", line_events=[[1.5, 1.0, 2]],
+                           line_max_epsilon=20.0)
+    ledger.record_round()
+    accountant = dp_accounting.rdp.RdpAccountant()
+    accountant.compose(dp_accounting.GaussianDpEvent(1.5), 2)
+    accountant.compose(dp_accounting.GaussianDpEvent(1.0), 1)
+    assert ledger.epsilon_spent == pytest.approx(accountant.get_epsilon(1e-5), rel=1e-9)
+    assert ledger.plan_epsilon_spent == pytest.approx(epsilon_after(1, 1.0, 1.0, 1e-5))
+    assert ledger.events() == [[1.5, 1.0, 2], [1.0, 1.0, 1]]
+    assert epsilon_of_events(ledger.events(), 1e-5) == ledger.epsilon_spent
+    assert PrivacyLedger.from_dict(ledger.to_dict()) == ledger
+
+
+def test_the_line_budget_stops_a_plan_its_own_budget_would_let_run():
+    ledger = PrivacyLedger(1.0, 1.0, 1e-5, max_epsilon=50.0, line="digits-v1", line_events=[[1.0, 1.0, 3]],
+                           line_max_epsilon=epsilon_after(4, 1.0, 1.0, 1e-5) + 1e-6)
+    ledger.require_budget_for_next_round()  # the fourth round of the line fits
+    ledger.record_round()
+    with pytest.raises(PrivacyBudgetExhausted, match="lifetime budget"):
+        ledger.require_budget_for_next_round()
+
+
+def test_the_rounds_a_plans_budget_allows_are_the_most_whose_epsilon_fits():
+    ledger = PrivacyLedger(1.0, 1.0, 1e-5, max_epsilon=(epsilon_after(2, 1.0, 1.0, 1e-5)
+                                                         + epsilon_after(3, 1.0, 1.0, 1e-5)) / 2)
+    assert ledger.rounds_within_plan_budget(10) == 2
+    assert ledger.rounds_within_plan_budget(1) == 1
+    assert ledger.rounds_within_plan_budget(0) == 0

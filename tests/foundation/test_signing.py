@@ -1,5 +1,7 @@
 """Signed model cards: the shared test vectors, key files and key sets (fedzoo.signing)."""
 
+import base64
+import json
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -11,7 +13,8 @@ from card_signature_vectors import VECTORS_PATH, card_signature_vectors, fleet_k
 
 from fedzoo.cards import ModelCard
 from fedzoo.errors import CardSignatureError, InvalidInputError
-from fedzoo.signing import CardSigningKey, TrustedKeys, key_id_of, sign_card, verify_card
+from fedzoo.signing import (SIGNATURE_CONTRACT, UNSIGNED_FIELDS, CardSigningKey, TrustedKeys, key_id_of, sign_card,
+                            verify_card)
 
 VECTORS = card_signature_vectors()
 
@@ -85,3 +88,24 @@ def test_a_key_set_whose_id_does_not_match_its_key_is_refused():
 def test_a_malformed_key_set_is_refused_with_a_clear_error(bad):
     with pytest.raises(InvalidInputError):
         TrustedKeys.from_json(bad)
+
+
+def test_the_payload_signs_every_card_field_but_the_signature_and_the_unsigned_measurements():
+    card = ModelCard.from_dict(VECTORS["cases"][0]["card"])
+    payload = json.loads(base64.b64decode(card.signature.payload))
+    assert payload["contract"] == SIGNATURE_CONTRACT
+    assert set(payload["card"]) == set(ModelCard.model_fields) - set(UNSIGNED_FIELDS)
+    assert set(UNSIGNED_FIELDS) == {"signature", "unsigned"}
+
+
+def test_a_contract_one_signature_is_refused():
+    """A signature over the old domain (identity and blobs only) never passes for a whole-card one."""
+    key = fleet_key()
+    card = ModelCard.from_dict(VECTORS["cases"][0]["card"])
+    payload = base64.b64decode(card.signature.payload)
+    old = card.signature.model_copy(update={
+        "signature": base64.b64encode(key.private_key.sign(b"fedzoo-card-v1\n" + payload)).decode()})
+    with pytest.raises(CardSignatureError) as caught:
+        verify_card(card.model_copy(update={"signature": old}), TrustedKeys([key.public_key_raw]),
+                    now=datetime(2026, 12, 2, tzinfo=timezone.utc))
+    assert caught.value.reason == "bad_signature"

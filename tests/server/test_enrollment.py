@@ -13,7 +13,8 @@ from datetime import datetime, timedelta, timezone
 import httpx
 import pytest
 from server_helpers import (
-    ADMIN_TOKEN, device_profile, make_card, running_live_server, config_for_tests, tiny_onnx_model,
+    ADMIN_TOKEN, VIEWER_TOKEN, config_for_tests, device_profile, log_in, make_card, running_live_server,
+    tiny_onnx_model,
 )
 from sqlalchemy import update
 
@@ -139,6 +140,18 @@ def test_rotation_gives_a_new_token_and_the_old_one_works_only_for_the_grace(liv
         assert device.post("/v1/lookup", json=GOOD_LOOKUP).status_code == 200
 
 
+def test_a_superseded_token_cannot_rotate_even_inside_its_grace(live_server, published):
+    """A stolen copy of a replaced token must not buy a fresh full-lifetime token that locks the device out."""
+    old = live_server.register(device_profile("d1"))
+    with live_server.client(old) as device:
+        new = device.post("/v1/devices/d1/token").json()["token"]
+        assert device.post("/v1/lookup", json=GOOD_LOOKUP).status_code == 200  # still inside its grace
+        assert error_of(device.post("/v1/devices/d1/token")) == (401, "token_replaced", "Authorization")
+    with live_server.client(new) as device:
+        assert device.post("/v1/lookup", json=GOOD_LOOKUP).status_code == 200  # the newest token is untouched
+        assert device.post("/v1/devices/d1/token").status_code == 201
+
+
 def test_a_revoked_device_is_refused_from_its_next_request_with_every_token(live_server, published):
     old = live_server.register(device_profile("d1"))
     with live_server.client(old) as device:
@@ -175,6 +188,40 @@ def test_rate_limits_answer_429_with_retry_after_per_address_and_per_device(tmp_
             with server.client(device_token) as device:
                 statuses += [device.post("/v1/lookup", json=GOOD_LOOKUP).status_code for _ in range(3)]
         assert statuses == [200, 200, 429, 200, 200, 429, 429, 429, 429]
+
+
+def test_failed_operator_tokens_are_limited_per_address_before_the_token_is_compared(tmp_path):
+    """Admin, viewer and dashboard logins share one count of failures; once used up, even the right token
+    from that address waits (nothing is compared), while successes never count."""
+    base = config_for_tests(tmp_path)
+    limits = {**base.rate_limits, "operator_auth_failures_per_address": "3/minute"}
+    with running_live_server(dataclasses.replace(base, rate_limits=limits)) as server:
+        with server.client(ADMIN_TOKEN) as admin:
+            assert all(admin.get("/v1/devices").status_code == 200 for _ in range(5))  # successes are free
+        with server.client("a-wrong-admin-token-of-the-right-length") as guesser:
+            assert [guesser.post("/v1/enrollment-tokens", json={}).status_code,
+                    guesser.get("/v1/devices").status_code] == [401, 401]
+        with httpx.Client(base_url=server.base_url) as browser:
+            assert log_in(browser, "another-wrong-token").status_code == 401
+            refused_login = log_in(browser, VIEWER_TOKEN)
+        with server.client(ADMIN_TOKEN) as admin:
+            refused = admin.get("/v1/devices")
+        with server.client(VIEWER_TOKEN) as viewer:
+            refused_viewer = viewer.get("/v1/devices")
+    assert error_of(refused) == (429, "rate_limited", None) and 1 <= int(refused.headers["Retry-After"]) <= 60
+    assert refused_viewer.status_code == 429 and refused_login.status_code == 429
+
+
+def test_the_server_refuses_to_start_with_an_admin_token_shorter_than_32_bytes(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FEDZOO_ADMIN_TOKEN", "x" * 31)
+    with pytest.raises(SystemExit) as exited:
+        fedzoo_main(["serve", "--data-dir", str(tmp_path / "data"), "--import-only"])
+    assert exited.value.code != 0
+    message = capsys.readouterr().err
+    assert "FEDZOO_ADMIN_TOKEN has 31 bytes" in message and "x" * 31 not in message  # the secret is not shown
+    assert not (tmp_path / "data").exists()  # refused before anything was created
+    monkeypatch.setenv("FEDZOO_ADMIN_TOKEN", "x" * 32)
+    fedzoo_main(["serve", "--data-dir", str(tmp_path / "data"), "--import-only"])
 
 
 def test_the_operator_cli_creates_lists_and_revokes(live_server, capsys, monkeypatch, published):

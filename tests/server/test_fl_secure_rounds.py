@@ -404,3 +404,88 @@ def test_two_gunicorn_workers_run_a_secure_round_with_a_dropout_to_the_exact_sum
                 np.testing.assert_allclose(published[name], value, rtol=0, atol=1e-6)
     finally:
         stop_gunicorn(server)
+
+
+def _run_dp_round(simulation, federation, round_id):
+    from fl_helpers import honest_delta, upload
+
+    for index in range(3):
+        client = device_client(simulation, index)
+        task = client.fl_task(federation.card.task)["task"]
+        upload(client, task, honest_delta(task_model(client, task), 0.05))
+    view = wait_for_end(simulation, round_id)
+    assert view["state"] == "closed", view["outcome"]
+    return simulation.admin.card(view["result_model_id"])
+
+
+def test_plans_on_one_model_line_compose_into_one_ledger_and_the_card_states_the_total(simulation, federation):
+    """Two chained one-round plans at z=1.5: the second card says epsilon of both rounds, not of its own."""
+    from fedzoo.dp.accountant import epsilon_after
+
+    dp = {"max_epsilon": 8, "delta": 1e-5, "clip_norm": 0.1, "noise_multiplier": 1.5}
+    plan = round_config(min_clients=3, target_clients=3, num_rounds=1, max_accuracy_drop=1.0, privacy={"dp": dp})
+    first = _run_dp_round(simulation, federation, simulation.start_plan(plan))
+    second_plan = {**plan, "model_id": first.id}
+    second = _run_dp_round(simulation, federation, simulation.start_plan(second_plan))
+    claims = [card.details["federated"]["privacy"]["dp"] for card in (first, second)]
+    assert [claim["line"] for claim in claims] == [federation.card.id] * 2 == [first.line_id, second.line_id]
+    assert claims[0]["epsilon"] == pytest.approx(epsilon_after(1, 1.5, 1.0, 1e-5))
+    assert claims[1]["epsilon"] == pytest.approx(epsilon_after(2, 1.5, 1.0, 1e-5))
+    assert claims[1]["epsilon"] > claims[1]["plan_epsilon"]
+    assert claims[1]["plan_epsilon"] == pytest.approx(claims[0]["epsilon"]) and claims[1]["rounds"] == 1
+    assert claims[1]["line_events"] == [[1.5, 1.0, 1], [1.5, 1.0, 1]]
+    federated = second.details["federated"]  # 3 contributors: rounded to the nearest 10 on a DP card
+    assert (federated["accepted_updates"], federated["aggregated_updates"], federated["counts_rounded_to"]) == (0, 0, 10)
+    assert federated["screening"]["counted"] == 0
+
+
+def test_a_dp_cards_contributor_counts_are_rounded_and_a_plain_cards_are_exact():
+    summary = {"accepted_updates": 17, "aggregated_updates": 15, "num_examples": None,
+               "screening": {"norm_limit": 0.1, "counted": 15, "clipped": 2, "rejected": 0}}
+    assert secure_rounds.published_counts(summary) == {**summary, "screening": summary["screening"]}
+    private = secure_rounds.published_counts({**summary, "privacy": {"dp": {"epsilon": 1.0}}})
+    assert private == {"accepted_updates": 20, "aggregated_updates": 20, "num_examples": None,
+                       "screening": {"norm_limit": 0.1, "counted": 20, "clipped": 0, "rejected": 0},
+                       "counts_rounded_to": 10}
+
+
+def test_a_plan_that_would_pass_the_lines_lifetime_budget_is_refused_before_it_opens(simulation, federation):
+    from fedzoo.dp.accountant import epsilon_after
+
+    dp = {"max_epsilon": 8, "delta": 1e-5, "clip_norm": 0.1, "noise_multiplier": 1.5}
+    plan = round_config(min_clients=3, target_clients=3, num_rounds=1, max_accuracy_drop=1.0, privacy={"dp": dp})
+    first = _run_dp_round(simulation, federation, simulation.start_plan(plan))
+    # three rounds at z=0.95 fit their plan's own budget, but not the line's default lifetime budget of 10
+    more = {"max_epsilon": 9.9, "delta": 1e-5, "clip_norm": 0.1, "noise_multiplier": 0.95}
+    assert epsilon_after(3, 0.95, 1.0, 1e-5) < 9.9 and epsilon_after(1, 1.5, 1.0, 1e-5) < 10.0
+    with httpx.Client(base_url=simulation.admin.http.base_url, headers={"Authorization": f"Bearer {ADMIN}"}) as http:
+        refused = http.post("/v1/fl/rounds", json={**plan, "model_id": first.id, "num_rounds": 3,
+                                                    "evaluation_sha256": simulation.evaluation_sha256,
+                                                    "privacy": {"dp": more}})
+        other_delta = http.post("/v1/fl/rounds", json={**plan, "model_id": first.id,
+                                                        "evaluation_sha256": simulation.evaluation_sha256,
+                                                        "privacy": {"dp": {**dp, "delta": 1e-6}}})
+        rounds = http.get("/v1/fl/rounds").json()
+    assert refused.status_code == 422 and refused.json()["error"]["field"] == "privacy.dp.max_epsilon"
+    assert "lifetime budget" in refused.json()["error"]["message"] and federation.card.id in refused.json()["error"][
+        "message"]
+    assert other_delta.status_code == 422 and other_delta.json()["error"]["field"] == "privacy.dp.delta"
+    assert len(rounds["rounds"]) == 1  # nothing opened
+
+
+def test_a_second_dp_plan_on_a_line_waits_for_the_running_one(simulation, federation):
+    dp = {"max_epsilon": 8, "delta": 1e-5, "clip_norm": 0.1, "noise_multiplier": 1.5}
+    plan = round_config(min_clients=3, target_clients=3, num_rounds=1, max_accuracy_drop=1.0, privacy={"dp": dp})
+    running = simulation.start_plan(plan)
+    with httpx.Client(base_url=simulation.admin.http.base_url, headers={"Authorization": f"Bearer {ADMIN}"}) as http:
+        busy = http.post("/v1/fl/rounds", json={**plan, "model_id": federation.card.id,
+                                                 "evaluation_sha256": simulation.evaluation_sha256})
+    assert busy.status_code == 409 and busy.json()["error"]["code"] == "line_busy"
+    assert str(running) in busy.json()["error"]["message"]
+
+
+def test_a_new_line_from_a_dp_model_starts_from_the_ledger_its_signed_card_carries(federation):
+    claim = {"line_events": [[1.5, 1.0, 2]], "delta": 1e-6, "accountant": "pld"}
+    child = federation.card.model_copy(update={"id": "pruned", "details": {"federated": {"privacy": {"dp": claim}}}})
+    assert secure_rounds.inherited_ledger(child, 1e-5, "rdp") == ([[1.5, 1.0, 2]], 1e-6, "pld")
+    assert secure_rounds.inherited_ledger(federation.card, 1e-5, "rdp") == ([], 1e-5, "rdp")

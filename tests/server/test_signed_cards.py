@@ -184,3 +184,20 @@ def test_a_federated_round_publishes_a_version_signed_by_the_servers_key(tmp_pat
     assert published.signature.key_id == server_key.key_id and key_set.key_ids == [server_key.key_id]
     verify_card(published, key_set, last_accepted_version=1)
     assert published.version == 2
+    assert published.line_id == federation.card.id and published.parent_id == federation.card.id
+    assert set(published.unsigned) == {"fleet_latency_factor", "fleet_factor_devices"}
+
+
+def test_the_server_serves_its_measurements_outside_the_signature_and_never_stores_a_publishers(trusting_server):
+    """`unsigned` is the server's: a publisher's block is dropped; the served one changes without re-signing."""
+    card = sign_card(_card(), OPERATOR).model_copy(update={"unsigned": {"fleet_latency_factor": 0.01}})
+    assert trusting_server.publish(card, MODEL).status_code == 201
+    with trusting_server.client() as client:
+        served = client.get(f"/v1/models/{card.id}").json()
+        listed = client.get("/v1/models").json()["models"]
+        pinned = TrustedKeys.from_json(client.get("/v1/keys").json())
+    assert served["unsigned"] == {"fleet_latency_factor": None, "fleet_factor_devices": 0}
+    assert [entry["unsigned"] for entry in listed] == [served["unsigned"]]
+    verify_card(ModelCard.from_dict(served), pinned)
+    with trusting_server.client(ADMIN_TOKEN) as client:  # publishing it again, measurements and all: the same card
+        assert client.post("/v1/models", json=served).status_code == 200

@@ -3,7 +3,9 @@
 Ed25519 is deterministic, so fixed key seeds and fixed times give the same file on every run:
 `python tests/vectors/card_signature_vectors.py` rewrites `card_signatures.json`, and a test checks that the
 committed file is what this script writes. Each case is a card as a device receives it, the verifier's clock,
-the last version it accepted for the family, and the expected verdict: `ok` or a `CardSignatureError.reason`.
+the last version it accepted for the card's line, and the expected verdict: `ok` or a `CardSignatureError.reason`.
+Contract 2 signs the whole card but `signature` and `unsigned`: the `*_edited` cases change one field each a
+device acts on, and `field_left_unsigned` is a card carrying a field its signer never signed.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from fedzoo.cards import InputSpec, Metrics, ModelCard, Normalisation
-from fedzoo.signing import CardSigningKey, TrustedKeys, sign_card
+from fedzoo.cards import InputSpec, Latency, Metrics, ModelCard, Normalisation
+from fedzoo.signing import SIGNATURE_DOMAIN, CardSigningKey, TrustedKeys, sign_card
 
 VECTORS_PATH = Path(__file__).with_name("card_signatures.json")
 SIGNED_AT = datetime(2026, 12, 1, 12, 0, 0, tzinfo=timezone.utc)
@@ -36,7 +38,8 @@ def _card(version: int = 3) -> ModelCard:
         id=f"digits-mlp-v{version}",
         family="digits-mlp",
         version=version,
-        parent_id="digits-mlp-v1",
+        parent_id="digits-mlp-v2",
+        line="digits-mlp-v1",
         task="digits",
         input=InputSpec(name="input", shape=["batch", 1, 8, 8],
                         normalisation=Normalisation(mean=[0.5], std=[0.25])),
@@ -48,6 +51,8 @@ def _card(version: int = 3) -> ModelCard:
         sha256=hashlib.sha256(b"model bytes").hexdigest(),
         training_graph=hashlib.sha256(b"training graph bytes").hexdigest(),
         artifacts={"torch_state": hashlib.sha256(b"torch state").hexdigest()},
+        details={"federated": {"privacy": {"dp": {"epsilon": 4.0, "delta": 1e-05}}}},
+        latency_ms={"phone": Latency(median_ms=2.5, source="measured", threads=1)},
         created_at=SIGNED_AT,
     )
 
@@ -57,6 +62,22 @@ def _tamper_payload(card: ModelCard) -> ModelCard:
     payload = base64.b64decode(card.signature.payload).replace(b'"size_bytes":5432', b'"size_bytes":5433')
     block = card.signature.model_copy(update={"payload": base64.b64encode(payload).decode()})
     return card.model_copy(update={"signature": block})
+
+
+def _signed_without(card: ModelCard, field: str, key: CardSigningKey) -> ModelCard:
+    """A card whose signer left `field` out of the signed payload (validly signed), served with the field."""
+    payload = json.loads(base64.b64decode(sign_card(card, key, LIFETIME, now=SIGNED_AT).signature.payload))
+    del payload["card"][field]
+    raw = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+    block = sign_card(card, key, LIFETIME, now=SIGNED_AT).signature.model_copy(update={
+        "payload": base64.b64encode(raw).decode(),
+        "signature": base64.b64encode(key.private_key.sign(SIGNATURE_DOMAIN + raw)).decode()})
+    return card.model_copy(update={"signature": block})
+
+
+def _edited(card: ModelCard, **changes: Any) -> ModelCard:
+    """The signed card with fields changed after signing (validated, as a device parses it)."""
+    return ModelCard.from_dict({**json.loads(card.to_json()), **changes})
 
 
 def card_signature_vectors() -> dict[str, Any]:
@@ -74,6 +95,24 @@ def card_signature_vectors() -> dict[str, Any]:
          "field_mismatch"),
         ("training_graph_dropped", signed.model_copy(update={"training_graph": None}), within, None,
          "field_mismatch"),
+        ("normalisation_edited", _edited(signed, input={**json.loads(signed.to_json())["input"],
+                                                        "normalisation": {"mean": [0.0], "std": [1.0]}}),
+         within, None, "field_mismatch"),
+        ("labels_edited", _edited(signed, labels=[str(9 - digit) for digit in range(10)]), within, None,
+         "field_mismatch"),
+        ("precision_edited", _edited(signed, precision="int8"), within, None, "field_mismatch"),
+        ("metrics_edited", _edited(signed, metrics={"accuracy": 0.99, "loss": 0.3, "num_examples": 360}), within,
+         None, "field_mismatch"),
+        ("latency_edited", _edited(signed, latency_ms={"phone": {"median_ms": 0.5, "source": "measured"}}), within,
+         None, "field_mismatch"),
+        ("parent_id_edited", _edited(signed, parent_id="digits-mlp-v0"), within, None, "field_mismatch"),
+        ("line_edited", _edited(signed, line="another-line"), within, None, "field_mismatch"),
+        ("privacy_claim_edited", _edited(signed, details={"federated": {"privacy": {"dp": {"epsilon": 1.0,
+                                                                                            "delta": 1e-05}}}}),
+         within, None, "field_mismatch"),
+        ("field_left_unsigned", _signed_without(_card(), "labels", key), within, None, "field_mismatch"),
+        ("unsigned_measurements_changed", _edited(signed, unsigned={"fleet_latency_factor": 1.7}), within, None,
+         "ok"),
         ("expired", signed, SIGNED_AT + LIFETIME, None, "expired"),
         ("rollback", signed, within, 4, "rollback"),
     ]

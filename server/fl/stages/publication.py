@@ -16,6 +16,7 @@ from fedzoo.server.fl.base_models import RoundBase
 from fedzoo.server.fl.evaluation import PublicationDecision, decide_publication, evaluate
 from fedzoo.server.fl.models import FLRound
 from fedzoo.server.fl.round_context import RoundContext
+from fedzoo.server.fl.secure_rounds import published_counts
 from fedzoo.server.fl.stages.aggregation import Aggregate
 from fedzoo.server.latency import LatencyEstimator
 from fedzoo.signing import CardSigningKey, sign_card
@@ -64,21 +65,22 @@ class Publication:
     def publish(self, session: Session, round_row: FLRound, base: RoundBase, sha256: str, size_bytes: int,
                 measured: Metrics, summary: dict[str, Any]) -> ModelCard:
         """Register the aggregate as the next version: its metrics are the server's measurement; what the
-        devices said about themselves travels in `details.federated.client_reported_metrics`."""
+        devices said about themselves travels in `details.federated.client_reported_metrics`; under DP its
+        contributor counts are rounded (`published_counts`)."""
         clock = self.context.clock
         version = base.card.version + 1
         card = base.card.model_copy(update={
             "id": f"{base.card.family}-v{version}-r{round_row.id}"[:128],
             "version": version,
             "parent_id": base.card.id,
+            "line": base.card.line_id,
             "sha256": sha256,
             "size_bytes": size_bytes,
             "metrics": measured,
             "created_at": clock(),
             "details": {**base.card.details, "federated": {
                 "round_id": round_row.id, "round_number": round_row.number, "strategy": summary["strategy"],
-                "accepted_updates": summary["accepted_updates"], "aggregated_updates": summary["aggregated_updates"],
-                "num_examples": summary["num_examples"], "screening": summary["screening"],
+                **published_counts(summary),
                 "metrics_source": "the server's evaluation set (held out, measured on the server)",
                 "parent_evaluation": summary["parent_evaluation"],
                 "client_reported_metrics": summary["client_reported_metrics"], "base_model_id": base.card.id,

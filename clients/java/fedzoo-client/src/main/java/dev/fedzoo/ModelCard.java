@@ -36,9 +36,15 @@ public final class ModelCard {
         return json.optString("id");
     }
 
-    /** The model family versions belong to; signed versions never go backwards within one. */
+    /** The model family (an architecture space; many lines share one). */
     public String family() {
         return json.optString("family");
+    }
+
+    /** The model line this version continues (the id of its first version); signed versions never go backwards within one. */
+    public String lineId() {
+        String line = json.isNull("line") ? null : json.optString("line", null);
+        return line == null || line.isEmpty() ? id() : line;
     }
 
     /** The version within the family (1 when absent). */

@@ -1,5 +1,6 @@
 package dev.fedzoo.client;
 
+import java.math.BigDecimal;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.Collections;
@@ -22,17 +23,20 @@ import dev.fedzoo.ModelCard;
 
 /**
  * Checks a card's ed25519 signature against pinned keys before any of its bytes reach ONNX Runtime, exactly as
- * {@code fedzoo.signing.verify_card}: the signature covers {@code "fedzoo-card-v1\n" + payload}, where the payload
- * (carried base64 in the card) is JSON binding id, version, family, task, every blob's sha256, the model's size
- * and a validity window. The verifier checks the signature over those very bytes, then parses them and
- * requires each field to equal the card's, so no JSON canonicalisation has to agree across languages. A card
- * older than the last version accepted for its family is refused (no rollback to a known-bad model).
+ * {@code fedzoo.signing.verify_card} (contract 2): the signature covers {@code "fedzoo-card-v2\n" + payload},
+ * where the payload (carried base64 in the card) is {@code {"contract": 2, "card": ..., "expires_at", "key_id"}}
+ * and {@code card} is the whole card but {@code signature} and {@code unsigned}. The verifier checks the signature
+ * over those very bytes, then requires the card it received, field by field, to equal the signed one: a field
+ * changed, added or left out of the payload is refused, so no JSON canonicalisation has to agree across
+ * languages. Only {@code unsigned} (the server's measurements, which no device acts on) may differ. A card older
+ * than the last version accepted for its line is refused (no rollback to a known-bad model).
  * Ed25519 comes from BouncyCastle: Android's own provider has it only from API 33.
  */
 public final class CardVerifier {
-    private static final byte[] DOMAIN = "fedzoo-card-v1\n".getBytes(FedzooHttp.UTF8);
-    private static final String[] SIGNED_FIELDS =
-            {"id", "version", "family", "task", "blobs", "size_bytes", "created_at", "expires_at", "key_id"};
+    private static final byte[] DOMAIN = "fedzoo-card-v2\n".getBytes(FedzooHttp.UTF8);
+    private static final int CONTRACT = 2;
+    /** The only parts of a card outside its signature. */
+    static final List<String> UNSIGNED_FIELDS = Arrays.asList("signature", "unsigned");
 
     private final Map<String, Ed25519PublicKeyParameters> keys = new TreeMap<String, Ed25519PublicKeyParameters>();
 
@@ -106,76 +110,103 @@ public final class CardVerifier {
         } catch (InvalidInputException | JSONException malformed) {
             throw new CardSignatureException("card '" + card.id() + "': the signature does not verify", "bad_signature");
         }
+        JSONObject signedCard = fields.optJSONObject("card");
         String expiresAt = fields.optString("expires_at", null);
-        if (expiresAt == null || !expiresAt.matches("\\d{4}-\\d{2}-\\d{2}T\\d{2}:\\d{2}:\\d{2}Z")) {
-            throw new CardSignatureException("card '" + card.id() + "': the signed payload has no valid expires_at",
-                    "field_mismatch");
+        if (fields.optInt("contract", 0) != CONTRACT || signedCard == null || !keyId.equals(fields.optString("key_id"))
+                || expiresAt == null || !expiresAt.matches("\\d{4}-\\d{2}-\\d{2}T\\d{2}:\\d{2}:\\d{2}Z")) {
+            throw new CardSignatureException("card '" + card.id() + "': the signed payload is not a contract-" + CONTRACT
+                    + " card payload", "field_mismatch");
         }
-        TreeSet<String> differing = differingFields(card, keyId, fields);
+        TreeSet<String> differing = differingFields(signedCard, card.json());
         if (!differing.isEmpty()) {
-            throw new CardSignatureException("card '" + card.id() + "': the signed fields differ from the card's: "
+            throw new CardSignatureException("card '" + card.id() + "': fields differ from the signed card: "
                     + differing, "field_mismatch");
         }
         if (nowMillis >= Timestamps.parseMillis(expiresAt)) {
             throw new CardSignatureException("card '" + card.id() + "': the signature expired at " + expiresAt, "expired");
         }
         if (lastAcceptedVersion != null && card.version() < lastAcceptedVersion) {
-            throw new CardSignatureException("card '" + card.id() + "': version " + card.version() + " of family '"
-                    + card.family() + "' is older than version " + lastAcceptedVersion
+            throw new CardSignatureException("card '" + card.id() + "': version " + card.version() + " of line '"
+                    + card.lineId() + "' is older than version " + lastAcceptedVersion
                     + ", already accepted (rollback refused)", "rollback");
         }
     }
 
-    /** Every blob the card references, by role: {@code model}, {@code training_graph}, {@code artifact.<kind>}. */
-    public static Map<String, String> cardBlobs(ModelCard card) {
-        Map<String, String> blobs = new TreeMap<String, String>();
-        blobs.put("model", card.sha256());
-        if (card.trainingGraph() != null && !card.trainingGraph().isEmpty()) {
-            blobs.put("training_graph", card.trainingGraph());
+    /** The card's top-level fields whose value is not the signed one, counting fields on one side only. */
+    private static TreeSet<String> differingFields(JSONObject signed, JSONObject received) {
+        TreeSet<String> names = new TreeSet<String>();
+        for (Iterator<String> keys = signed.keys(); keys.hasNext();) {
+            names.add(keys.next());
         }
-        for (Map.Entry<String, String> artifact : card.artifacts().entrySet()) {
-            blobs.put("artifact." + artifact.getKey(), artifact.getValue());
+        for (Iterator<String> keys = received.keys(); keys.hasNext();) {
+            names.add(keys.next());
         }
-        return blobs;
-    }
-
-    private static TreeSet<String> differingFields(ModelCard card, String keyId, JSONObject fields) {
-        Map<String, Object> expected = new TreeMap<String, Object>();
-        expected.put("id", card.id());
-        expected.put("version", (long) card.version());
-        expected.put("family", card.family());
-        expected.put("task", card.task());
-        expected.put("size_bytes", card.sizeBytes());
-        expected.put("created_at", Timestamps.formatSeconds(Timestamps.parseMillis(card.json().optString("created_at"))));
-        expected.put("expires_at", fields.optString("expires_at"));
-        expected.put("key_id", keyId);
         TreeSet<String> differing = new TreeSet<String>();
-        for (Iterator<String> names = fields.keys(); names.hasNext();) {
-            String name = names.next();
-            if (!Arrays.asList(SIGNED_FIELDS).contains(name)) {
+        for (String name : names) {
+            if (UNSIGNED_FIELDS.contains(name)) {
+                if (signed.has(name)) {
+                    differing.add(name);
+                }
+                continue;
+            }
+            if (!signed.has(name) || !received.has(name)) {
+                differing.add(name);
+            } else if (name.equals("created_at")) {
+                if (!sameInstant(signed.opt(name), received.opt(name))) {
+                    differing.add(name);
+                }
+            } else if (!sameJson(signed.opt(name), received.opt(name))) {
                 differing.add(name);
             }
         }
-        for (Map.Entry<String, Object> field : expected.entrySet()) {
-            Object signed = fields.opt(field.getKey());
-            Object value = signed instanceof Number && !(signed instanceof Double || signed instanceof Float)
-                    ? (Object) ((Number) signed).longValue() : signed;
-            if (!field.getValue().equals(value)) {
-                differing.add(field.getKey());
-            }
-        }
-        JSONObject signedBlobs = fields.optJSONObject("blobs");
-        Map<String, String> blobs = new TreeMap<String, String>();
-        if (signedBlobs != null) {
-            for (Iterator<String> roles = signedBlobs.keys(); roles.hasNext();) {
-                String role = roles.next();
-                blobs.put(role, String.valueOf(signedBlobs.opt(role)));
-            }
-        }
-        if (signedBlobs == null || !blobs.equals(cardBlobs(card))) {
-            differing.add("blobs");
-        }
         return differing;
+    }
+
+    private static boolean sameInstant(Object signed, Object received) {
+        try {
+            return signed instanceof String && received instanceof String
+                    && Timestamps.parseMillis((String) signed) == Timestamps.parseMillis((String) received);
+        } catch (RuntimeException unparsable) {
+            return false;
+        }
+    }
+
+    /** JSON values equal as JSON: numbers by value (360 equals 360.0), objects by keys, arrays in order. */
+    static boolean sameJson(Object a, Object b) {
+        if (a instanceof Number && b instanceof Number) {
+            return new BigDecimal(a.toString()).compareTo(new BigDecimal(b.toString())) == 0;
+        }
+        if (a instanceof JSONObject && b instanceof JSONObject) {
+            JSONObject left = (JSONObject) a;
+            JSONObject right = (JSONObject) b;
+            if (left.length() != right.length()) {
+                return false;
+            }
+            for (Iterator<String> keys = left.keys(); keys.hasNext();) {
+                String key = keys.next();
+                if (!right.has(key) || !sameJson(left.opt(key), right.opt(key))) {
+                    return false;
+                }
+            }
+            return true;
+        }
+        if (a instanceof JSONArray && b instanceof JSONArray) {
+            JSONArray left = (JSONArray) a;
+            JSONArray right = (JSONArray) b;
+            if (left.length() != right.length()) {
+                return false;
+            }
+            for (int i = 0; i < left.length(); i++) {
+                if (!sameJson(left.opt(i), right.opt(i))) {
+                    return false;
+                }
+            }
+            return true;
+        }
+        if (a == null || b == null || a == JSONObject.NULL || b == JSONObject.NULL) {
+            return (a == null || a == JSONObject.NULL) && (b == null || b == JSONObject.NULL);
+        }
+        return a.equals(b);
     }
 
     private static byte[] decodeBase64(String text, String field) {

@@ -9,6 +9,7 @@ import org.json.JSONException;
 import org.json.JSONObject;
 
 import dev.fedzoo.FedzooException;
+import dev.fedzoo.ModelCard;
 import dev.fedzoo.edge.DeviceProfile;
 
 /**
@@ -16,7 +17,10 @@ import dev.fedzoo.edge.DeviceProfile;
  * (the models ranked above its choice that might truly fit, then the choice) timed on this device, most accurate
  * first; the first whose measured median fits is kept, every timing is reported as telemetry, and when none fits
  * the server is asked again (it then knows those medians). The policy bounds bytes and seconds; the answer says
- * what was measured and what was skipped.
+ * what was measured and what was skipped. Every shortlisted model is timed through its card, as
+ * {@link FedzooClient#downloadModel} loads one: with signed cards required the card verifies (signature, expiry,
+ * no rollback of its line) before a byte is fetched, and the bytes must hash to the card's signed sha256, never
+ * the shortlist's word, before ONNX Runtime opens them.
  */
 final class Confirmation {
     /** What creating an onnxruntime session of a small model costs, on top of its runs (as the Python SDK). */
@@ -85,7 +89,12 @@ final class Confirmation {
     /** Times the entry's model (downloaded through the cache), reports the timing, returns its median. */
     private double time(JSONObject entry) throws JSONException {
         String modelId = entry.getString("model_id");
-        File model = client.download("/v1/models/" + modelId + "/blob", entry.getString("sha256"));
+        ModelCard card = client.card(modelId);
+        if (!modelId.equals(card.id())) {
+            throw new IntegrityException("the server answered card '" + card.id() + "' for shortlisted model '"
+                    + modelId + "'");
+        }
+        File model = client.downloadModel(card); // verified and hashed: only then timed
         double[] timings = DeviceProfile.time(BlobCache.readBytes(model), policy.threads, policy.warmupRuns,
                 policy.timedRuns);
         double medianMs = DeviceProfile.percentile(timings, 50);

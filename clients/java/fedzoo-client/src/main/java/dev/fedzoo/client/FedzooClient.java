@@ -93,8 +93,8 @@ public final class FedzooClient {
 
     /**
      * Verify every card against {@code verifier}'s pinned keys before its model is downloaded or loaded, refusing
-     * versions below the newest one accepted for the family (kept in the {@link #keepStateIn state}, which this
-     * needs, so a restart cannot be used to roll a device back).
+     * versions below the newest one accepted for the card's model line (kept in the {@link #keepStateIn state},
+     * which this needs, so a restart cannot be used to roll a device back).
      */
     public FedzooClient requireSignedCards(CardVerifier verifier) {
         if (state == null) {
@@ -295,14 +295,23 @@ public final class FedzooClient {
         if (verifier == null) {
             return;
         }
-        verifier.verify(card, clockMs.getAsLong(), state.acceptedVersion(card.family()));
-        state.recordAcceptedVersion(card.family(), card.version());
+        verifier.verify(card, clockMs.getAsLong(), state.acceptedVersion(card.lineId()));
+        state.acceptVersion(card.lineId(), card.version());
     }
 
-    /** The model's ONNX file in the cache (card verified if required, then downloaded, resumed or reused). */
+    /**
+     * The model's ONNX file in the cache (card verified if required, then downloaded, resumed or reused). With
+     * signed cards required, a cached file is hashed again, so a file altered on disk since is refused too.
+     */
     public File downloadModel(ModelCard card) {
         verifyCard(card);
-        return download("/v1/models/" + card.id() + "/blob", card.sha256());
+        File model = download("/v1/models/" + card.id() + "/blob", card.sha256());
+        if (verifier != null && !BlobCache.sha256Of(model).equals(card.sha256())) {
+            BlobCache.deleteQuietly(model);
+            throw new IntegrityException("cached blob " + model + " does not hash to " + card.sha256()
+                    + " as card '" + card.id() + "' signs; discarded");
+        }
+        return model;
     }
 
     /** Any blob (a training graph, an artifact) by digest, through the cache. */

@@ -3,6 +3,7 @@ package dev.fedzoo.client;
 import java.io.File;
 import java.io.FileOutputStream;
 import java.io.IOException;
+import java.io.RandomAccessFile;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
@@ -17,14 +18,17 @@ import dev.fedzoo.FedzooException;
  * {@code context.getFilesDir()}), each file replaced atomically (written aside, then renamed):
  * <ul>
  * <li>{@code state.json}: {@code server}, {@code device_id}, {@code token} (as the Python CLI's
- * {@code ~/.config/fedzoo/client.json}) and {@code accepted_versions} (family → the newest signed card version
- * accepted, which {@link CardVerifier} refuses to roll back from);</li>
+ * {@code ~/.config/fedzoo/client.json}) and {@code accepted_line_versions} (model line → the newest signed card
+ * version accepted, which {@link CardVerifier} refuses to roll back from; raised only by a compare-and-swap under
+ * an exclusive lock on {@code state.lock}, so two processes cannot write an older version over a newer one);</li>
  * <li>{@code pending/<round>.npz} + {@code pending/<round>.json}: an update trained but not yet confirmed by
  * the server, re-sent by the next participation (a 409 {@code duplicate_update} then counts as delivered).</li>
  * </ul>
- * The token is stored in plain app storage; apps that need more wrap it with the Android Keystore.
+ * The directory must be durable app storage, never a cache directory: clearing a cache must not reset what the
+ * device accepted. The token is stored in plain app storage; apps that need more wrap it with the Android Keystore.
  */
 public final class StateStore {
+    static final String ACCEPTED_VERSIONS = "accepted_line_versions";
     private final File directory;
     private final File pendingDirectory;
 
@@ -80,37 +84,62 @@ public final class StateStore {
         writeAtomically(new File(directory, "state.json"), state.toString().getBytes(FedzooHttp.UTF8));
     }
 
-    /** Sets one key of the saved state and saves it. */
+    /** Sets one key of the saved state and saves it (under {@code state.lock}, as {@link #acceptVersion}). */
     public synchronized void put(String key, Object value) {
-        JSONObject state = load();
-        try {
+        try (RandomAccessFile locked = lockState()) {
+            JSONObject state = load();
             state.put(key, value);
+            save(state);
+        } catch (IOException error) {
+            throw new FedzooException("cannot lock " + new File(directory, "state.lock") + ": " + error.getMessage(), error);
         } catch (JSONException error) {
             throw new FedzooException("cannot store " + key + ": " + error.getMessage());
         }
-        save(state);
     }
 
-    /** The newest card version accepted for {@code family}, or null. */
-    public synchronized Integer acceptedVersion(String family) {
-        JSONObject versions = load().optJSONObject("accepted_versions");
-        return versions == null || !versions.has(family) ? null : versions.optInt(family);
-    }
-
-    /** Records that {@code version} of {@code family} was accepted (never lowers the recorded version). */
-    public synchronized void recordAcceptedVersion(String family, int version) {
-        JSONObject state = load();
+    /** {@code state.lock}, held exclusively against other processes until the returned file is closed. */
+    private RandomAccessFile lockState() throws IOException {
+        RandomAccessFile handle = new RandomAccessFile(new File(directory, "state.lock"), "rw");
         try {
-            JSONObject versions = state.optJSONObject("accepted_versions");
+            handle.getChannel().lock(); // closing the file closes its channel, which releases the lock
+            return handle;
+        } catch (IOException | RuntimeException error) {
+            handle.close();
+            throw error;
+        }
+    }
+
+    /** The newest card version accepted for model line {@code lineId}, or null. */
+    public synchronized Integer acceptedVersion(String lineId) {
+        JSONObject versions = load().optJSONObject(ACCEPTED_VERSIONS);
+        return versions == null || !versions.has(lineId) ? null : versions.optInt(lineId);
+    }
+
+    /**
+     * Records that {@code version} of model line {@code lineId} was accepted: a compare-and-swap, under this
+     * process's lock and an exclusive lock on {@code state.lock} against other processes, that refuses
+     * ({@link CardSignatureException} {@code rollback}) when a newer version was accepted meanwhile.
+     */
+    public synchronized void acceptVersion(String lineId, int version) {
+        try (RandomAccessFile locked = lockState()) {
+            JSONObject state = load();
+            JSONObject versions = state.optJSONObject(ACCEPTED_VERSIONS);
             if (versions == null) {
                 versions = new JSONObject();
-                state.put("accepted_versions", versions);
+                state.put(ACCEPTED_VERSIONS, versions);
             }
-            versions.put(family, Math.max(version, versions.optInt(family, version)));
+            int recorded = versions.optInt(lineId, 0);
+            if (version < recorded) {
+                throw new CardSignatureException("version " + version + " of line '" + lineId + "' is older than version "
+                        + recorded + ", accepted meanwhile (rollback refused)", "rollback");
+            }
+            versions.put(lineId, version);
+            save(state);
+        } catch (IOException error) {
+            throw new FedzooException("cannot lock " + new File(directory, "state.lock") + ": " + error.getMessage(), error);
         } catch (JSONException error) {
-            throw new FedzooException("cannot record version of " + family + ": " + error.getMessage());
+            throw new FedzooException("cannot record version of " + lineId + ": " + error.getMessage());
         }
-        save(state);
     }
 
     /** Keeps an update until {@link #removePending} (the delta first, so a half-written pair never looks complete). */

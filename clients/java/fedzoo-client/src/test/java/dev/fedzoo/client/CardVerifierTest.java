@@ -3,6 +3,7 @@ package dev.fedzoo.client;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.Assertions.fail;
 
 import java.io.File;
@@ -72,11 +73,32 @@ class CardVerifierTest {
         StateStore state = new StateStore(TestSupport.workDirectory("verifier-state"));
         ModelCard card = new ModelCard(valid.getJSONObject("card"));
         long now = Timestamps.parseMillis(valid.getString("now"));
-        verifier.verify(card, now, state.acceptedVersion(card.family()));
-        state.recordAcceptedVersion(card.family(), card.version() + 1); // a newer version arrived since
+        verifier.verify(card, now, state.acceptedVersion(card.lineId()));
+        state.acceptVersion(card.lineId(), card.version() + 1); // a newer version arrived since
         StateStore reopened = new StateStore(state.directory());
         CardSignatureException refused = assertThrows(CardSignatureException.class,
-                () -> verifier.verify(card, now, reopened.acceptedVersion(card.family())));
+                () -> verifier.verify(card, now, reopened.acceptedVersion(card.lineId())));
         assertEquals("rollback", refused.reason());
+        CardSignatureException stale = assertThrows(CardSignatureException.class,
+                () -> reopened.acceptVersion(card.lineId(), card.version())); // the compare-and-swap refuses it too
+        assertEquals("rollback", stale.reason());
+        assertEquals(Integer.valueOf(card.version() + 1), reopened.acceptedVersion(card.lineId()));
+        assertNull(reopened.acceptedVersion(card.family()), "versions are kept per line, not per family");
+    }
+
+    @Test
+    void everyFieldADeviceActsOnIsSignedAndOnlyTheUnsignedMeasurementsMayChange() throws Exception {
+        JSONArray cases = vectors().getJSONArray("cases");
+        int edited = 0;
+        for (int i = 0; i < cases.length(); i++) {
+            JSONObject vector = cases.getJSONObject(i);
+            String name = vector.getString("name");
+            if (name.endsWith("_edited") || name.equals("field_left_unsigned")) {
+                assertEquals("field_mismatch", vector.getString("expect"), name);
+                edited++;
+            }
+        }
+        assertTrue(edited >= 9, "the vectors edit normalisation, labels, precision, metrics, latency, lineage, the "
+                + "privacy claim and leave a field unsigned");
     }
 }

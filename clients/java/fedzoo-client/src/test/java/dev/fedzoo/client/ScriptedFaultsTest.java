@@ -243,11 +243,41 @@ class ScriptedFaultsTest {
         script.add(json(404, "{\"error\": {\"code\": \"not_found\", \"message\": \"no blob\"}}"));
         assertThrows(ApiException.NotFound.class, () -> client.downloadModel(good));
         assertEquals(1, seen.size(), "a verified card's model is fetched");
-        assertEquals(Integer.valueOf(good.version()), state.acceptedVersion(good.family()));
+        assertEquals(Integer.valueOf(good.version()), state.acceptedVersion(good.lineId()));
 
         nowMs[0] = Timestamps.parseMillis(expired.getString("now")); // the same card, once its signature has expired
         assertEquals("expired", assertThrows(CardSignatureException.class, () -> client.downloadModel(good)).reason());
         assertEquals(1, seen.size(), "nothing more was fetched");
+    }
+
+    @Test
+    void aConfirmedLookupRefusesATamperedShortlistedCardBeforeFetchingItsModel() throws Exception {
+        JSONObject vectors = new JSONObject(new String(TestSupport.read(new File(TestSupport.repository(),
+                "tests/vectors/card_signatures.json")), TestSupport.UTF8));
+        for (String name : new String[] {"labels_edited", "normalisation_edited", "unknown_key"}) {
+            JSONObject tampered = null;
+            for (int i = 0; i < vectors.getJSONArray("cases").length(); i++) {
+                JSONObject vector = vectors.getJSONArray("cases").getJSONObject(i);
+                tampered = vector.getString("name").equals(name) ? vector : tampered;
+            }
+            JSONObject card = tampered.getJSONObject("card");
+            JSONObject entry = new JSONObject().put("model_id", card.getString("id")).put("sha256", card.getString("sha256"))
+                    .put("size_bytes", card.getLong("size_bytes")).put("latency_ms", 0.01)
+                    .put("latency_source", "predicted");
+            script.add(json(200, new JSONObject().put("model", card).put("latency_ms", 0.01)
+                    .put("shortlist", new org.json.JSONArray().put(entry)).toString()));
+            script.add(json(200, card.toString()));
+            seen.clear();
+            StateStore state = new StateStore(TestSupport.workDirectory("confirming-" + name));
+            FedzooClient client = client(1).keepStateIn(state)
+                    .requireSignedCards(CardVerifier.fromJson(vectors.getJSONObject("trusted_keys")));
+            CardSignatureException refused = assertThrows(CardSignatureException.class,
+                    () -> client.lookupConfirmed("digits", 50.0, null, null, null, null), name);
+            assertEquals(tampered.getString("expect"), refused.reason(), name);
+            assertEquals(2, seen.size(), name + ": the lookup and the card, never the model: " + seen);
+            assertTrue(seen.get(1).startsWith("GET /v1/models/"), name);
+            assertNull(state.acceptedVersion(new dev.fedzoo.ModelCard(card).lineId()), name);
+        }
     }
 
     @Test
