@@ -98,3 +98,5 @@ def test_readme_set_up_is_two_commands_and_ci_runs_the_same():
     assert "pip install -e '.[all,dev]'" in install_and_demo and "fedzoo demo" in install_and_demo
     assert "pip install --quiet -e '.[all,dev]'" in ci_script
     assert run_tests in ci_script.splitlines()
+    # and the README's first command as a newcomer types it, from the repository root, after the tests
+    assert ".venv/bin/fedzoo demo --preset tiny" in ci_script.splitlines()
