@@ -45,6 +45,7 @@ import math
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -67,16 +68,20 @@ from fedzoo.secagg.errors import RoundAborted
 from fedzoo.server.blobstore import BlobStore
 from fedzoo.server.db import Database
 from fedzoo.server.errors import Conflict, Forbidden, PayloadTooLarge
-from fedzoo.server.fl.evaluation import client_reported_metrics, decide_publication, evaluate
+from fedzoo.server.fl import quarantine, root_trust
+from fedzoo.server.fl.evaluation import (
+    GateReference, best_published, client_reported_metrics, decide_publication, evaluate,
+)
 from fedzoo.server.fl.faults import crash_point
 from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLRefusedUpload, FLRound, FLUpdate
-from fedzoo.server.fl.schemas import RoundConfig, Task, TaskResponse, TrainingConfig, UpdateMetadata, UploadSpec
+from fedzoo.server.fl.schemas import RoundConfig, Task, TaskResponse, UpdateMetadata, UploadSpec, round_training
 from fedzoo.server.fl.running_statistics import aggregate_statistics, training_graph_state, validate_statistics, variance_names
 from fedzoo.server.fl.screening import Screened, screen_updates
 from fedzoo.server.fl.secure_rounds import DONE, PrivateRounds, is_private, with_calibrated_noise
 from fedzoo.server.fl.strategies import (
     ClientUpdate, Parameters, Strategy, make_strategy, require_secure_aggregation_support,
 )
+from fedzoo.server.fl.weighting import bound_weights
 from fedzoo.server.latency import LatencyEstimator
 from fedzoo.server.models import DeviceRecord
 from fedzoo.server import registry
@@ -229,6 +234,14 @@ class RoundService:
         with self.database.session() as session:
             base = self.base_model(session, config.model_id)
             self._check_evaluation_set(config.evaluation_sha256, base.card)
+            if config.root_trust is not None:
+                self._check_evaluation_set(config.root_trust.root_sha256, base.card, "root_trust.root_sha256")
+            if config.gate.anchor_model_id is not None:
+                try:
+                    registry.model_sha256(session, config.gate.anchor_model_id)
+                except NotFoundError:
+                    raise InvalidInputError(f"the gate's anchor {config.gate.anchor_model_id!r} is not a published "
+                                            "model", field="gate.anchor_model_id") from None
             try:
                 round_row = self._open_round(session, config, base.card, number=1, remaining=config.num_rounds,
                                              previous=None)
@@ -244,22 +257,22 @@ class RoundService:
             raise InvalidInputError(f"secure aggregation needs at least 3 selected devices; target_clients x "
                                     f"(1 + over_selection) is {goal}", field="privacy.secure_aggregation")
 
-    def _check_evaluation_set(self, sha256: str, card: ModelCard) -> None:
-        """The evaluation blob must be an `.npz` of images `x` shaped like the model's input and labels `y`."""
+    def _check_evaluation_set(self, sha256: str, card: ModelCard, field: str = "evaluation_sha256") -> None:
+        """The evaluation (or root) blob must be an `.npz` of images `x` shaped like the model's input and
+        labels `y`."""
         if not self.store.exists(sha256):
-            raise InvalidInputError(f"evaluation_sha256 names blob {sha256}, which is not uploaded",
-                                    field="evaluation_sha256")
+            raise InvalidInputError(f"{field} names blob {sha256}, which is not uploaded", field=field)
         try:
             with self.store.open(sha256) as stream, np.load(io.BytesIO(stream.read()), allow_pickle=False) as archive:
                 x_shape, y_shape = archive["x"].shape, archive["y"].shape
         except (KeyError, ValueError, OSError) as error:
-            raise InvalidInputError(f"the evaluation blob is not an .npz with arrays 'x' and 'y': {error}",
-                                    field="evaluation_sha256") from None
+            raise InvalidInputError(f"the {field} blob is not an .npz with arrays 'x' and 'y': {error}",
+                                    field=field) from None
         expected = tuple(dim for dim in card.input.shape[1:])
         if len(x_shape) != len(card.input.shape) or x_shape[1:] != expected or y_shape != x_shape[:1] or not y_shape[0]:
             raise InvalidInputError(
-                f"the evaluation set has x {x_shape} and y {y_shape}; the model needs x (N, {', '.join(map(str, expected))}) "
-                "and y (N,) with N >= 1", field="evaluation_sha256")
+                f"the {field} set has x {x_shape} and y {y_shape}; the model needs x (N, {', '.join(map(str, expected))}) "
+                "and y (N,) with N >= 1", field=field)
 
     def _open_round(
         self, session: Session, config: RoundConfig, card: ModelCard, number: int, remaining: int, previous: FLRound | None
@@ -292,6 +305,10 @@ class RoundService:
         """Select the device for an eligible round and return its task, or tell it when to come back."""
         self.advance()
         with self.database.session() as session:
+            if quarantine.is_quarantined(session, device_id):
+                return TaskResponse(task=None, retry_after_s=IDLE_RETRY_AFTER_S,
+                                    reason="this device is quarantined: its updates kept being left out of "
+                                           "aggregation; the operator can release it")
             query = select(FLRound).where(FLRound.task == task, FLRound.state.in_(ACTIVE_STATES)).order_by(FLRound.id)
             if family is not None:
                 query = query.where(FLRound.family == family)
@@ -351,14 +368,7 @@ class RoundService:
             training_graph_sha256=base.card.training_graph,
             training_graph_url=f"/v1/blobs/{base.card.training_graph}",
             deadline_at=as_utc(round_row.deadline_at),
-            training=TrainingConfig(
-                local_epochs=config.local_epochs,
-                batch_size=config.batch_size,
-                learning_rate=config.learning_rate * config.learning_rate_decay ** (round_row.number - 1),
-                optimizer=config.optimizer,
-                momentum=config.momentum,
-                **strategy_fields,
-            ),
+            training=round_training(config, round_row.number, strategy_fields),
             upload=UploadSpec(
                 url=f"/v1/fl/rounds/{round_row.id}/updates",
                 encodings=["fp32", "int8"],
@@ -621,8 +631,10 @@ class RoundService:
         return session.get(FLRound, round_id)
 
     def _aggregate(self, round_id: int) -> None:
+        started = time.perf_counter()
         with self.database.session() as session:
             round_row = session.get(FLRound, round_id)
+            round_number, plan_id = round_row.number, round_row.plan_id
             config = RoundConfig.model_validate_json(round_row.config_json)
             base = self.base_model(session, round_row.base_model_id)
             rows = list(session.scalars(select(FLUpdate).where(FLUpdate.round_id == round_id).order_by(FLUpdate.id)))
@@ -632,6 +644,11 @@ class RoundService:
         strategy = make_strategy(config.strategy, self.spill_dir)
         if previous_state is not None:
             strategy.load_state(self._load_npz(previous_state))
+        try:
+            root = self._root_update(base, config, round_number)
+        except FedzooError as error:
+            self._refuse(round_id, rows, [], {"strategy": strategy.name}, f"the root set cannot score updates: {error}")
+            return
         if is_private(config):
             screened: list[Screened] = []
             summary: dict[str, Any] = {"strategy": strategy.name, "upload_bytes": sum(row.upload_bytes for row in rows)}
@@ -643,16 +660,22 @@ class RoundService:
                 for row in rows
             ]
             screened, norm_limit = screen_updates(updates, config.norm_bound, revoked)
+            screened, weight_cap = bound_weights(screened, config.weight_bound)
+            if root is not None:
+                screened = root_trust.score_updates(screened, root, config.root_trust)
             kept = [decision.update for decision in screened if decision.update is not None]
             summary = {
                 "accepted_updates": len(rows), "aggregated_updates": len(kept),
-                "num_examples": sum(update.num_examples for update in kept),
+                "num_examples": sum(d.original.num_examples for d in screened if d.update is not None),
                 "upload_bytes": sum(row.upload_bytes for row in rows),
                 "screening": {"norm_limit": norm_limit,
                               **{outcome: sum(d.outcome == outcome for d in screened)
                                  for outcome in ("counted", "clipped", "rejected")}},
+                "weight_bound": {"rule": config.weight_bound.rule, "cap": weight_cap},
                 "client_reported_metrics": client_reported_metrics(kept),
             }
+            if root is not None:
+                summary["root_trust"] = root_trust.summary(root, screened, config.root_trust)
             if len(kept) < config.min_clients:
                 self._refuse(round_id, rows, screened, summary,
                              f"only {len(kept)} of {len(rows)} updates passed screening; "
@@ -664,6 +687,9 @@ class RoundService:
             parameters = aggregate()
             if not all(np.all(np.isfinite(value)) for value in parameters.values()):
                 raise InvalidInputError(f"the {strategy.name} aggregate holds NaN or infinite weights")
+            if root is not None and is_private(config):  # only the sum is visible: check that instead
+                parameters, summary["root_trust"] = root_trust.check_aggregate(base.parameters, parameters, root,
+                                                                               config.root_trust)
             statistics: Parameters = {}
             if base.statistics and not is_private(config):  # under SecAgg+/DP the statistics stay the parent's
                 blobs = {row.device_id: row.blob_sha256 for row in rows}
@@ -674,12 +700,14 @@ class RoundService:
             with self.store.open(config.evaluation_sha256) as stream:
                 evaluation_npz = stream.read()
             measured = evaluate(onnx_bytes, base.card, evaluation_npz)
-            parent = self._parent_evaluation(base, config.evaluation_sha256, evaluation_npz)
+            parent = self._measured(base.card, base.onnx_bytes, config.evaluation_sha256, evaluation_npz)
+            reference = self._gate_reference(plan_id, round_id, config, base.card, parent, evaluation_npz)
         except FedzooError as error:  # a bad result (or an aborted SecAgg+), not a crash: fail cleanly and go on
             self._refuse(round_id, rows, screened, summary, f"aggregation failed: {error}")
             return
-        decision = decide_publication(measured, parent, config.max_accuracy_drop)
+        decision = decide_publication(measured, reference, config.max_accuracy_drop)
         summary.update(evaluation=measured.model_dump(), parent_evaluation=parent.model_dump(),
+                       gate=reference.as_dict(), server_seconds=round(time.perf_counter() - started, 4),
                        publication={"published": decision.publish, "reason": decision.reason})
         if not decision.publish:
             summary["refused_model_sha256"] = self.store.put(onnx_bytes)
@@ -704,12 +732,42 @@ class RoundService:
         summary.update(private_summary)
         return parameters
 
-    def _parent_evaluation(self, base: RoundBase, evaluation_sha256: str, evaluation_npz: bytes) -> Metrics:
-        """The parent measured on the same set as the aggregate (cached: both blobs are immutable)."""
-        key = (base.card.sha256, evaluation_sha256)
+    def _measured(self, card: ModelCard, onnx_bytes: bytes, evaluation_sha256: str, evaluation_npz: bytes) -> Metrics:
+        """A published model (the parent, an anchor) measured on the same set as the aggregate (cached: both
+        blobs are immutable)."""
+        key = (card.sha256, evaluation_sha256)
         if key not in self._parent_metrics:
-            self._parent_metrics[key] = evaluate(base.onnx_bytes, base.card, evaluation_npz)
+            self._parent_metrics[key] = evaluate(onnx_bytes, card, evaluation_npz)
         return self._parent_metrics[key]
+
+    def _gate_reference(self, plan_id: int, round_id: int, config: RoundConfig, parent_card: ModelCard,
+                        parent: Metrics, evaluation_npz: bytes) -> GateReference:
+        """What the aggregate must not fall below (minus the tolerance): see `PublicationGate`."""
+        if config.gate.compare_with == "parent":
+            return GateReference(parent_card.id, parent.accuracy, "parent")
+        with self.database.session() as session:
+            if config.gate.compare_with == "anchor":
+                card = ModelCard.from_dict(registry.get_card(session, config.gate.anchor_model_id))
+                with self.store.open(card.sha256) as stream:
+                    onnx_bytes = stream.read()
+                measured = self._measured(card, onnx_bytes, config.evaluation_sha256, evaluation_npz)
+                return GateReference(card.id, measured.accuracy, "anchor")
+            earlier = session.execute(select(FLRound.base_model_id, FLRound.result_model_id, FLRound.outcome_json).where(
+                FLRound.plan_id == plan_id, FLRound.id != round_id, FLRound.outcome_json.is_not(None))).all()
+        return best_published(parent_card.id, parent, [(base_id, result_id, json.loads(outcome))
+                                                         for base_id, result_id, outcome in earlier])
+
+    def _root_update(self, base: RoundBase, config: RoundConfig, round_number: int) -> root_trust.RootUpdate | None:
+        """The server's own update on the plan's root set (None without one), trained as the devices train."""
+        if config.root_trust is None:
+            return None
+        with self.store.open(base.card.training_graph) as stream:
+            training_graph = stream.read()
+        with self.store.open(config.root_trust.root_sha256) as stream:
+            root_npz = stream.read()
+        training = round_training(config, round_number, make_strategy(config.strategy).configure_fit(round_number))
+        return root_trust.train_root_update(base.onnx_bytes, training_graph, base.card, training, root_npz,
+                                            seed=round_number)
 
     def _refuse(self, round_id: int, rows: list[FLUpdate], screened: list[Screened], summary: dict[str, Any],
                 reason: str) -> None:
@@ -721,11 +779,16 @@ class RoundService:
                 self._record_screening(session, rows, screened)
                 self._fail(session, round_row, reason, summary)
 
-    @staticmethod
-    def _record_screening(session: Session, rows: list[FLUpdate], screened: list[Screened]) -> None:
+    def _record_screening(self, session: Session, rows: list[FLUpdate], screened: list[Screened]) -> None:
+        """Each update's decision, with its reason and weight; then the quarantine policy over its devices."""
         for row, decision in zip(rows, screened):
             session.execute(update(FLUpdate).where(FLUpdate.id == row.id).values(
-                screening=decision.outcome, screening_reason=decision.reason, counted_norm=decision.counted_norm))
+                screening=decision.outcome, screening_reason=decision.reason, counted_norm=decision.counted_norm,
+                aggregation_weight=decision.update.num_examples if decision.update is not None else None,
+                root_cosine=decision.root_cosine))
+        if rows and screened:
+            policy = RoundConfig.model_validate_json(session.get(FLRound, rows[0].round_id).config_json).quarantine
+            quarantine.review(session, rows[0].round_id, [row.device_id for row in rows], policy, self.clock())
 
     def _close(self, session: Session, round_row: FLRound, card: ModelCard, strategy: Strategy,
                summary: dict[str, Any]) -> None:
@@ -777,6 +840,7 @@ class RoundService:
                 "metrics_source": "the server's evaluation set (held out, measured on the server)",
                 "parent_evaluation": summary["parent_evaluation"],
                 "client_reported_metrics": summary["client_reported_metrics"], "base_model_id": base.card.id,
+                "gate": summary["gate"], **({"root_trust": summary["root_trust"]} if "root_trust" in summary else {}),
                 **({"privacy": summary["privacy"]} if "privacy" in summary else {}),
             }},
         })
