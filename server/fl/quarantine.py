@@ -5,8 +5,11 @@ takes part in a seat and the server's time, and keeps probing. The round's `quar
 3 exclusions among a device's last 5 updates) flags such a device when a round records its decisions. A
 quarantined device is not selected again, by any round, until an operator releases it, or revokes it for good
 (`fedzoo fl quarantine`, `GET /v1/fl/quarantine`, the dashboard's Quarantine page). An exclusion is an update
-screening left out (`rejected`: the norm bound's `reject` action, or the root set's cosine test); updates
-left out because the operator revoked the device do not count, nor do those from before a release.
+screening left out (`rejected`): by the norm bound's `reject` action, or by the root set's cosine test when it
+pointed away from the server's update (cosine at most `max_root_cosine`, -0.05 by default). Late in a plan honest
+non-IID updates are about orthogonal to the server's (cosines within +-0.1 of 0, measured by bench/fl_robust.py):
+they are left out of the round but do not count. Updates left out because the operator revoked the device do not
+count, nor do those from before a release.
 """
 
 from __future__ import annotations
@@ -26,6 +29,13 @@ def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
 
 
+def _counts(update, policy: QuarantinePolicy) -> bool:
+    """Whether a recorded update is an exclusion towards quarantine (see the module's docstring)."""
+    if update.screening != "rejected" or update.screening_reason == REVOKED_REASON:
+        return False
+    return update.root_cosine is None or update.root_cosine <= policy.max_root_cosine
+
+
 def is_quarantined(session: Session, device_id: str) -> bool:
     row = session.get(FLQuarantine, device_id)
     return row is not None and row.released_at is None
@@ -43,13 +53,12 @@ def review(session: Session, round_id: int, device_ids: list[str], policy: Quara
         if row is not None and row.released_at is None:
             continue
         recent = session.execute(
-            select(FLUpdate.screening, FLUpdate.screening_reason, FLUpdate.received_at)
+            select(FLUpdate.screening, FLUpdate.screening_reason, FLUpdate.root_cosine, FLUpdate.received_at)
             .where(FLUpdate.device_id == device_id, FLUpdate.screening.is_not(None))
             .order_by(FLUpdate.id.desc()).limit(policy.window_updates)).all()
         if row is not None:  # released: only what came after counts
             recent = [update for update in recent if _aware(update.received_at) > _aware(row.released_at)]
-        exclusions = sum(update.screening == "rejected" and update.screening_reason != REVOKED_REASON
-                         for update in recent)
+        exclusions = sum(_counts(update, policy) for update in recent)
         if exclusions < policy.max_exclusions:
             continue
         reason = (f"{exclusions} of its last {len(recent)} updates were left out of aggregation (policy: "

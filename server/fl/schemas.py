@@ -79,10 +79,15 @@ class PublicationGate(_Request):
 
 class QuarantinePolicy(_Request):
     """A device with `max_exclusions` updates left out among its last `window_updates` is quarantined: never
-    selected again until an operator releases it (or revokes it for good)."""
+    selected again until an operator releases it (or revokes it for good). Exclusions by the norm bound count;
+    root-set exclusions count when the update points away from the server's (`max_root_cosine`)."""
 
     max_exclusions: int = Field(default=3, ge=1, le=1000)
     window_updates: int = Field(default=5, ge=1, le=1000)
+    max_root_cosine: float = Field(
+        default=-0.05, ge=-1.0, le=1.0,
+        description="a root-set exclusion counts only when its cosine is at most this: an update pointing away from "
+                    "the server's, not an honest one about orthogonal to it (late in a plan honest cosines near 0)")
 
     @model_validator(mode="after")
     def _window_holds_the_exclusions(self) -> QuarantinePolicy:
