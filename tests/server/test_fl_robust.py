@@ -27,6 +27,7 @@ from fedzoo.server.fl.evaluation import GateReference, best_published, decide_pu
 from fedzoo.server.fl.root_trust import RootUpdate, check_aggregate
 from fedzoo.server.fl.schemas import RootTrust, WeightBound
 from fedzoo.server.fl.screening import Screened
+from fedzoo.server.fl.secure_rounds import check_secure_sum
 from fedzoo.server.fl.strategies import ClientUpdate
 from fedzoo.server.fl.weighting import bound_weights
 
@@ -338,3 +339,16 @@ def test_the_cli_lists_releases_and_revokes_quarantined_devices(simulation, fede
     revoked = CliRunner().invoke(cli, ["fl", "quarantine", "revoke", "sim-device-1", "--server", server.url],
                                  catch_exceptions=False)
     assert revoked.exit_code == 0 and revoked.stdout.startswith("revoked sim-device-1 at ")
+
+
+def test_the_unmasked_sum_must_lie_within_what_clipped_updates_add_up_to():
+    within = np.array([0.3, -0.25, 0.0])
+    check_secure_sum(within, 3.0, 3, 0.1, equal=True)  # each of 3 devices at most 0.1 a coordinate
+    with pytest.raises(InvalidInputError, match="more than 3.000 updates clipped") as error:
+        check_secure_sum(np.array([0.31, 0.0, 0.0]), 3.0, 3, 0.1, equal=True)
+    assert error.value.field == "clip_range"
+    with pytest.raises(InvalidInputError, match="must weigh the same"):
+        check_secure_sum(within, 4.0, 3, 0.1, equal=True)  # one device claimed weight 2
+    with pytest.raises(InvalidInputError, match="above 1"):
+        check_secure_sum(within, 3.5, 3, 0.1, equal=False)
+    check_secure_sum(within * 0.5, 1.5, 3, 0.1, equal=False)  # example weights below 1 each
