@@ -1,6 +1,6 @@
 """Aggregation memory from 10 to 1,000 updates: streaming strategies stay O(model), spilling ones are bounded.
 
-The updates are real upload archives (`fedzoo.clients.update_codec`, float32) of the MNIST MLP's shapes
+The updates are real upload archives (`fedzoo.update_codec`, float32) of the MNIST MLP's shapes
 (784-64-10, 50,890 parameters) stored in a `FileBlobStore`, loaded lazily exactly as the round service
 does. Peak Python heap during `aggregate_fit` is measured with tracemalloc (numpy reports its buffers to
 it); the memory map the median and trimmed mean spill to lives on disk and is read in blocks of at most
@@ -17,7 +17,7 @@ import tracemalloc
 
 import numpy as np
 
-from fedzoo.clients.update_codec import decode_update, encode_update
+from fedzoo.update_codec import decode_update, encode_update
 from fedzoo.server.blobstore import FileBlobStore
 from fedzoo.server.fl.strategies import (
     ClientUpdate, CoordinateMedian, FedAdam, FedAvg, MultiKrum, NormClipping, TrimmedMean,

@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from fedzoo.clients.update_codec import decode_update, encode_update
+from fedzoo.update_codec import decode_update, encode_update
 from fedzoo.cloud.simulation import DpOptions, prepare_federation, run_private_rounds
 from fedzoo.dp.accountant import noise_multiplier_for
 from fedzoo.dp.noise import AdaptiveClipping

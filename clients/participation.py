@@ -7,7 +7,7 @@ One participation (Bonawitz et al. 2019's device side):
 2. download the round's model and training graph (resumable, sha256-checked, cached);
 3. train locally with `fedzoo.edge.trainer`: the round's optimizer, epochs and batch size, and for
    FedProx the proximal term `mu * (w - w_global)` added to every gradient before the numpy step;
-4. upload `trained - global` (float32 or INT8, `fedzoo.clients.update_codec`) with the number of
+4. upload `trained - global` (float32 or INT8, `fedzoo.update_codec`) with the number of
    examples and the client's own loss and accuracy on its data; with a graph built with
    `batch_norm="training"`, the change of every BatchNorm running statistic travels along as
    `running.<name>`. In a private round the delta is first clipped (DP-FedAvg), and under SecAgg+ it is
@@ -34,7 +34,7 @@ from fedzoo.cards import ModelCard, Normalisation
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.errors import ConflictError, IntegrityError, ServerUnavailableError
 from fedzoo.clients.secure_participation import clip_for_privacy, take_part_securely
-from fedzoo.clients.update_codec import Encoding, encode_update, split_statistics, statistics_delta
+from fedzoo.update_codec import Encoding, encode_update, split_statistics, statistics_delta
 from fedzoo.edge.onnx_initializers import read_float_initializers, replace_initializers
 from fedzoo.edge.optimizers import SGD, Adam, Optimizer
 from fedzoo.edge.runtime import create_session

@@ -40,7 +40,7 @@ from fedzoo.cloud.data import DatasetSplit, dirichlet_partition, load_dataset, s
 from fedzoo.cloud.executors import make_executor
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.participation import LocalData, ParticipationResult, normalise, run_task, train_locally
-from fedzoo.clients.update_codec import Encoding
+from fedzoo.update_codec import Encoding
 from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
 from fedzoo.dp.accountant import PrivacyBudgetExhausted, PrivacyLedger, noise_multiplier_for
 from fedzoo.dp.clipping import clip_delta

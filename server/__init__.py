@@ -15,5 +15,5 @@ Layout, web layer to storage:
     latency.py      measured -> card device class -> predictor; `LatencyEstimator`
     blobstore.py    `BlobStore` by sha256 (`FileBlobStore`; S3 could implement it)
     db.py, models.py, migrations/   SQLAlchemy 2.0 tables and their Alembic history
-    fl/             federated-learning rounds (its own blueprint, tables and revision)
+    fl/             federated-learning rounds (its own blueprint, tables and revision); fl/stages/ the stages of a round
 """

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 
 from fedzoo.cards import IDENTIFIER_PATTERN
-from fedzoo.server.fl.rounds import MAX_ROUND_ID
+from fedzoo.server.fl.round_context import MAX_ROUND_ID
 from fedzoo.server.schemas import Response, StrictRequest
 
 RoundState = Literal["open", "collecting", "aggregating", "closed", "failed"]

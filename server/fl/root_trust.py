@@ -30,7 +30,7 @@ import numpy as np
 
 from fedzoo.cards import ModelCard
 from fedzoo.clients.participation import LocalData, train_locally
-from fedzoo.clients.update_codec import split_statistics
+from fedzoo.update_codec import split_statistics
 from fedzoo.errors import InvalidInputError
 from fedzoo.server.fl.schemas import RootTrust, TrainingConfig
 from fedzoo.server.fl.screening import Screened, joined, scaled

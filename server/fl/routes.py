@@ -6,7 +6,7 @@ with two parts,
 - `metadata`: JSON `{"base_version", "num_examples", "metrics"}` (see `UpdateMetadata`), as a form field
   or a part of type `application/json`; types are strict (`"num_examples": "100"` is refused with 422
   naming the field);
-- `delta`: the `.npz` of `fedzoo.clients.update_codec` (float32 or INT8 deltas keyed by initializer
+- `delta`: the `.npz` of `fedzoo.update_codec` (float32 or INT8 deltas keyed by initializer
   name), at most `task.upload.max_bytes` bytes.
 
 201 means the update is stored and counts, with the weight `counted_examples` (the device's
@@ -36,7 +36,8 @@ from pydantic import Field, ValidationError
 from fedzoo.secagg.errors import ProtocolViolation
 from fedzoo.secagg.framing import decode_share_keys, decode_unmask, encode_share_keys, encode_unmask
 from fedzoo.server.errors import BadRequest, UnsupportedMediaType, ValidationFailed
-from fedzoo.server.fl.rounds import MAX_ROUND_ID, RoundService
+from fedzoo.server.fl.round_context import MAX_ROUND_ID
+from fedzoo.server.fl.rounds import RoundService
 from fedzoo.server.fl.schemas import (
     AdvertiseKeysReply, RoundConfig, RoundView, SecureReplyReceipt, ShareKeysReply, TaskQuery, TaskResponse,
     UnmaskReply, UpdateMetadata, UpdateReceipt,
@@ -59,7 +60,7 @@ class UpdateUpload(StrictRequest):
 
     metadata: UpdateMetadata = Field(description="a JSON part: sent as a form field or as a part of type "
                                                  "application/json")
-    delta: bytes = Field(description="the .npz of weight deltas (fp32 or int8, see fedzoo.clients.update_codec)")
+    delta: bytes = Field(description="the .npz of weight deltas (fp32 or int8, see fedzoo.update_codec)")
 
 
 # OpenAPI `encoding`: what each part of the multipart upload holds

@@ -2,7 +2,7 @@
 
 A training graph built with `batch_norm="training"` takes the running means and variances as inputs and
 returns their updated values (`running.<name>`); devices upload `trained - global` of each statistic next
-to their parameter deltas (`fedzoo.clients.update_codec`). The statistics are not parameters: a server
+to their parameter deltas (`fedzoo.update_codec`). The statistics are not parameters: a server
 optimizer (FedAdam's moments, FedAvgM's momentum, a robust median) has no business stepping them, and
 their changes are on another scale than the weights' (a variance moves by whole units where a weight
 moves by thousandths), so they must not enter the weights' norm screening either. Here they are:
@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from fedzoo.clients.update_codec import RUNNING_PREFIX
+from fedzoo.update_codec import RUNNING_PREFIX
 from fedzoo.errors import InvalidInputError
 from fedzoo.server.fl.schemas import NormBound
 from fedzoo.server.fl.screening import screen_updates

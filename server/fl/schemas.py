@@ -231,7 +231,7 @@ def round_training(config: RoundConfig, round_number: int, strategy_fields: dict
 
 class UploadSpec(_Response):
     url: str
-    encodings: list[str] = Field(description="fp32 or int8 (see fedzoo.clients.update_codec)")
+    encodings: list[str] = Field(description="fp32 or int8 (see fedzoo.update_codec)")
     max_bytes: int
 
 

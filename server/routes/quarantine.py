@@ -8,7 +8,7 @@ from flask import Blueprint, Response
 
 from fedzoo.server import operator_view
 from fedzoo.server.fl import quarantine
-from fedzoo.server.fl.rounds import as_utc
+from fedzoo.server.fl.round_context import as_utc
 from fedzoo.server.fl.routes import service
 from fedzoo.server.openapi import documented
 from fedzoo.server.operator_schemas import PageQuery, QuarantineList, QuarantineRelease

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedzoo.clients.update_codec import decode_update, encode_update
+from fedzoo.update_codec import decode_update, encode_update
 
 ARCHIVES = os.environ.get("FEDZOO_JAVA_ARCHIVES")
 VECTORS = os.environ.get("FEDZOO_JAVA_VECTORS")

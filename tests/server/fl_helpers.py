@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from fedzoo.clients.client import FedzooClient
-from fedzoo.clients.update_codec import encode_update
+from fedzoo.update_codec import encode_update
 from fedzoo.edge.onnx_initializers import read_float_initializers
 
 

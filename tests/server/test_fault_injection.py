@@ -23,7 +23,7 @@ from sqlalchemy.engine import make_url
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.http import RetryPolicy
 from fedzoo.clients.participation import deliver_update
-from fedzoo.clients.update_codec import encode_update
+from fedzoo.update_codec import encode_update
 from fedzoo.cloud.simulation import Simulation, prepare_federation
 from fedzoo.edge.onnx_initializers import read_float_initializers
 

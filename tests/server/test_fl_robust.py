@@ -19,7 +19,7 @@ from server_helpers import log_in
 from fedzoo.cards import Metrics
 from fedzoo.cli import cli, main
 from fedzoo.clients.participation import train_locally
-from fedzoo.clients.update_codec import split_statistics
+from fedzoo.update_codec import split_statistics
 from fedzoo.cloud.simulation import LoopbackServer, Simulation, prepare_federation
 from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.errors import InvalidInputError

@@ -13,7 +13,7 @@ import pytest
 
 from fedzoo.clients.errors import AuthenticationError, BadRequestError, ConflictError, PayloadTooLargeError, PermissionDeniedError
 from fedzoo.clients.participation import normalise, run_task
-from fedzoo.clients.update_codec import encode_update
+from fedzoo.update_codec import encode_update
 from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, Simulation, accuracy_of, prepare_federation
 from fl_helpers import device_client, honest_delta, round_config, upload
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from fedzoo.clients.errors import BadRequestError
 from fedzoo.clients.participation import normalise
-from fedzoo.clients.update_codec import decode_update, encode_update, split_statistics, statistics_delta
+from fedzoo.update_codec import decode_update, encode_update, split_statistics, statistics_delta
 from fedzoo.cloud.autodiff import build_training_graph
 from fedzoo.cloud.simulation import LoopbackServer, Simulation, prepare_federation
 from fedzoo.edge.onnx_initializers import read_float_initializers

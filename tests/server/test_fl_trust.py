@@ -11,7 +11,7 @@ import pytest
 from fl_helpers import device_client, honest_delta, round_config, upload
 
 from fedzoo.clients.errors import ConflictError
-from fedzoo.clients.update_codec import encode_update
+from fedzoo.update_codec import encode_update
 from fedzoo.cloud.simulation import LoopbackServer, Simulation, prepare_federation
 from fedzoo.edge.onnx_initializers import read_float_initializers
 

@@ -14,7 +14,7 @@ import dev.fedzoo.InvalidInputException;
 import dev.fedzoo.edge.FloatTensor;
 
 /**
- * Weight deltas on the wire, exactly as {@code fedzoo.clients.update_codec}: {@code .npz} archives keyed by
+ * Weight deltas on the wire, exactly as {@code fedzoo.update_codec}: {@code .npz} archives keyed by
  * initializer name.
  * <ul>
  * <li>{@link Encoding#FP32}: one float32 array per parameter, stored (not compressed).</li>

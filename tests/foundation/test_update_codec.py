@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes, arrays
 
-from fedzoo.clients.update_codec import UpdateFormatError, decode_update, encode_update, quantize_int8
+from fedzoo.update_codec import UpdateFormatError, decode_update, encode_update, quantize_int8
 
 finite_floats = st.floats(min_value=-1e4, max_value=1e4, allow_nan=False, allow_infinity=False, width=32)
 deltas = st.dictionaries(

@@ -1,0 +1,97 @@
+"""Selection: devices check in with `GET /v1/fl/task`; an eligible device (its task and, if it says so, model
+family match the round) is seated until `target x (1 + over_selection)` devices are, then the round is
+**collecting**. Devices not selected are told when to come back (pace steering: `retry_after_s`); a
+quarantined device (`fedzoo.server.fl.quarantine`) is selected by no round."""
+
+from __future__ import annotations
+
+import math
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from fedzoo.server.fl import quarantine
+from fedzoo.server.fl.base_models import max_upload_bytes
+from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLRound
+from fedzoo.server.fl.round_context import RoundContext, as_utc, count_rows, has_update
+from fedzoo.server.fl.schemas import RoundConfig, Task, TaskResponse, UploadSpec, round_training
+from fedzoo.server.fl.strategies import make_strategy
+
+IDLE_RETRY_AFTER_S = 30.0
+
+
+class Selection:
+    """Seats devices in open rounds and tells each selected device its task."""
+
+    def __init__(self, context: RoundContext) -> None:
+        self.context = context
+
+    def check_in(self, device_id: str, task: str, family: str | None = None) -> TaskResponse:
+        """Select the device for an eligible round and return its task, or tell it when to come back."""
+        private = self.context.private
+        with self.context.database.session() as session:
+            if quarantine.is_quarantined(session, device_id):
+                return TaskResponse(task=None, retry_after_s=IDLE_RETRY_AFTER_S,
+                                    reason="this device is quarantined: its updates kept being left out of "
+                                           "aggregation; the operator can release it")
+            query = select(FLRound).where(FLRound.task == task, FLRound.state.in_(ACTIVE_STATES)).order_by(FLRound.id)
+            if family is not None:
+                query = query.where(FLRound.family == family)
+            rounds = list(session.scalars(query))
+            for round_row in rounds:
+                if has_update(session, round_row.id, device_id) or private.has_finished(
+                        session, round_row.id, device_id):
+                    continue
+                if session.get(FLParticipant, (round_row.id, device_id)) is not None:
+                    return TaskResponse(task=self.task(session, round_row, device_id), retry_after_s=None)
+                if round_row.state == "open":
+                    self._select(session, round_row, device_id)
+                    return TaskResponse(task=self.task(session, round_row, device_id), retry_after_s=None)
+            if rounds:
+                config = RoundConfig.model_validate_json(rounds[0].config_json)
+                remaining_s = (as_utc(rounds[0].deadline_at) - self.context.clock()).total_seconds()
+                return TaskResponse(
+                    task=None,
+                    retry_after_s=round(max(0.1, min(config.poll_interval_s, remaining_s)), 3),
+                    reason="the current round has selected its devices; ask again for the next one",
+                )
+            return TaskResponse(task=None, retry_after_s=IDLE_RETRY_AFTER_S, reason=f"no round is running for task {task!r}")
+
+    def _select(self, session: Session, round_row: FLRound, device_id: str) -> None:
+        """Seat the device; at the selection goal the round stops selecting. Concurrent check-ins may seat a
+        device or two past the goal, which is harmless: reports beyond the target are refused anyway."""
+        config = RoundConfig.model_validate_json(round_row.config_json)
+        goal = math.ceil(config.target_clients * (1 + config.over_selection))
+        session.add(FLParticipant(round_id=round_row.id, device_id=device_id, selected_at=self.context.clock()))
+        session.flush()
+        if count_rows(session, FLParticipant, round_row.id) >= goal:
+            round_row.state = "collecting"
+            base = self.context.bases.get(session, round_row.base_model_id)
+            self.context.private.start_stages(session, round_row, config,
+                                              sum(v.size for v in base.parameters.values()))
+
+    def task(self, session: Session, round_row: FLRound, device_id: str) -> Task:
+        """What a selected device is to do: the model and training graph to fetch, how to train, where to upload."""
+        config = RoundConfig.model_validate_json(round_row.config_json)
+        base = self.context.bases.get(session, round_row.base_model_id)
+        strategy_fields = make_strategy(config.strategy).configure_fit(round_row.number)
+        return Task(
+            round_id=round_row.id,
+            round_number=round_row.number,
+            model_id=base.card.id,
+            base_version=round_row.base_version,
+            model_sha256=base.card.sha256,
+            model_url=f"/v1/models/{base.card.id}/blob",
+            training_graph_sha256=base.card.training_graph,
+            training_graph_url=f"/v1/blobs/{base.card.training_graph}",
+            deadline_at=as_utc(round_row.deadline_at),
+            training=round_training(config, round_row.number, strategy_fields),
+            upload=UploadSpec(
+                url=f"/v1/fl/rounds/{round_row.id}/updates",
+                encodings=["fp32", "int8"],
+                max_bytes=max_upload_bytes(base),
+            ),
+            privacy=self.context.private.task_privacy(
+                session, round_row, config, device_id,
+                config.max_examples_per_update or self.context.max_examples_per_update),
+        )
