@@ -46,7 +46,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from fedzoo.clients.participation import normalise
+from fedzoo.local_training import normalise
 from fedzoo.cloud.attacks import (
     BackdoorAttack, DeviceAttack, LabelFlipAttack, ScaledUpdateAttack, WeightGrabAttack, attack_success_rate,
 )

@@ -39,7 +39,8 @@ from fedzoo.cloud.autodiff import build_training_graph
 from fedzoo.cloud.data import DatasetSplit, dirichlet_partition, load_dataset, split_dataset
 from fedzoo.cloud.executors import make_executor
 from fedzoo.clients.client import FedzooClient
-from fedzoo.clients.participation import LocalData, ParticipationResult, normalise, run_task, train_locally
+from fedzoo.clients.participation import ParticipationResult, run_task
+from fedzoo.local_training import LocalData, normalise, train_locally
 from fedzoo.update_codec import Encoding
 from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
 from fedzoo.dp.accountant import PrivacyBudgetExhausted, PrivacyLedger, noise_multiplier_for

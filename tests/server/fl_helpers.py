@@ -30,6 +30,12 @@ def device_client(simulation, index: int) -> FedzooClient:
                         cache_dir=simulation.cache_root / f"device-{index}")
 
 
+def selected_tasks(simulation, count: int, task: str = "digits") -> tuple[list[FedzooClient], list[dict[str, Any]]]:
+    """The first `count` devices' clients, each checked in: (clients, their tasks)."""
+    devices = [device_client(simulation, index) for index in range(count)]
+    return devices, [device.fl_task(task)["task"] for device in devices]
+
+
 def round_config(**overrides: Any) -> dict[str, Any]:
     config = {"min_clients": 2, "target_clients": 3, "over_selection": 0.0, "deadline_s": 60, "local_epochs": 1,
               "batch_size": 16, "learning_rate": 0.05}

@@ -13,19 +13,19 @@ import httpx
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from fl_helpers import device_client, honest_delta, round_config, upload
+from fl_helpers import honest_delta, ready_simulation, round_config, selected_tasks, upload
 from server_helpers import log_in
 
 from fedzoo.cards import Metrics
 from fedzoo.cli import cli, main
-from fedzoo.clients.participation import train_locally
+from fedzoo.local_training import train_locally
 from fedzoo.update_codec import split_statistics
-from fedzoo.cloud.simulation import LoopbackServer, Simulation, prepare_federation
+from fedzoo.cloud.simulation import LoopbackServer, prepare_federation
 from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.errors import InvalidInputError
 from fedzoo.server.fl.evaluation import GateReference, best_published, decide_publication
-from fedzoo.server.fl.root_trust import RootUpdate, check_aggregate
-from fedzoo.server.fl.schemas import RootTrust, WeightBound
+from fedzoo.server.fl.root_trust import RootUpdate, check_aggregate, train_root_update
+from fedzoo.server.fl.schemas import RootTrust, TrainingConfig, WeightBound
 from fedzoo.server.fl.screening import Screened
 from fedzoo.server.fl.secure_rounds import check_secure_sum
 from fedzoo.server.fl.strategies import ClientUpdate
@@ -48,15 +48,8 @@ def server(tmp_path):
 
 @pytest.fixture
 def simulation(federation, server, tmp_path):
-    with Simulation(federation, server.url, cache_root=tmp_path / "devices") as sim:
-        sim.publish_base_model()
-        sim.register_devices()
+    with ready_simulation(federation, server.url, tmp_path / "devices") as sim:
         yield sim
-
-
-def _tasks(simulation, count):
-    devices = [device_client(simulation, index) for index in range(count)]
-    return devices, [device.fl_task("digits")["task"] for device in devices]
 
 
 def _root_set(federation, count=150) -> bytes:
@@ -106,7 +99,7 @@ def test_a_claimed_example_count_weighs_at_most_k_times_the_rounds_median():
 
 def test_the_round_publishes_the_weights_it_recorded(simulation, federation, server):
     round_id = simulation.start_plan(round_config(min_clients=3, target_clients=3, max_accuracy_drop=OPEN_GATE))
-    devices, tasks = _tasks(simulation, 3)
+    devices, tasks = selected_tasks(simulation, 3)
     for device, task, (scale, examples) in zip(devices, tasks, ((0.001, 10), (0.002, 10), (0.003, 10_000))):
         upload(device, task, honest_delta(federation.model, scale), num_examples=examples)
     view = simulation.admin.fl_round(round_id)
@@ -129,7 +122,7 @@ def test_a_flipped_insider_is_left_out_and_the_honest_part_is_published(simulati
     root_sha = simulation.admin.publish_blob(_root_set(federation), server.admin_token)
     round_id = simulation.start_plan(round_config(min_clients=3, target_clients=4, max_accuracy_drop=OPEN_GATE,
                                                   root_trust={"root_sha256": root_sha}))
-    devices, tasks = _tasks(simulation, 4)
+    devices, tasks = selected_tasks(simulation, 4)
     deltas = [_trained_delta(federation, task, index) for index, task in enumerate(tasks)]
     for index in range(3):
         upload(devices[index], tasks[index], deltas[index], num_examples=len(federation.shards[index]))
@@ -195,13 +188,13 @@ def test_the_gate_compares_with_the_plans_best_version_not_the_parent():
 def test_a_round_is_gated_against_the_best_version_of_its_plan(simulation, federation):
     round_id = simulation.start_plan(round_config(min_clients=2, target_clients=2, num_rounds=2,
                                                   max_accuracy_drop=OPEN_GATE))
-    devices, tasks = _tasks(simulation, 2)
+    devices, tasks = selected_tasks(simulation, 2)
     for device, task in zip(devices, tasks):  # a wrecked model, published through the open gate
         upload(device, task, honest_delta(federation.model, 5.0))
     first = simulation.admin.fl_round(round_id)
     base_accuracy = first["outcome"]["parent_evaluation"]["accuracy"]
     assert first["state"] == "closed" and first["outcome"]["evaluation"]["accuracy"] < base_accuracy
-    devices, tasks = _tasks(simulation, 2)
+    devices, tasks = selected_tasks(simulation, 2)
     for device, task in zip(devices, tasks):
         upload(device, task, honest_delta(federation.model, 0.0))
     second = simulation.admin.fl_round(first["next_round_id"])
@@ -214,7 +207,7 @@ def test_an_anchor_is_the_reference_when_the_operator_names_one(simulation, fede
     round_id = simulation.start_plan(round_config(min_clients=2, target_clients=2, max_accuracy_drop=OPEN_GATE,
                                                   gate={"compare_with": "anchor",
                                                         "anchor_model_id": federation.card.id}))
-    devices, tasks = _tasks(simulation, 2)
+    devices, tasks = selected_tasks(simulation, 2)
     for device, task in zip(devices, tasks):
         upload(device, task, honest_delta(federation.model, 0.001))
     gate = simulation.admin.fl_round(round_id)["outcome"]["gate"]
@@ -247,7 +240,7 @@ def _quarantine_device_2(simulation, federation):
     round_id = simulation.start_plan(round_config(min_clients=2, target_clients=3, num_rounds=2,
                                                   max_accuracy_drop=OPEN_GATE, norm_bound={"action": "reject"},
                                                   quarantine={"max_exclusions": 1, "window_updates": 1}))
-    devices, tasks = _tasks(simulation, 3)
+    devices, tasks = selected_tasks(simulation, 3)
     upload(devices[0], tasks[0], honest_delta(federation.model, 0.001))
     upload(devices[1], tasks[1], honest_delta(federation.model, 0.002))
     upload(devices[2], tasks[2], honest_delta(federation.model, 50.0))
@@ -352,3 +345,32 @@ def test_the_unmasked_sum_must_lie_within_what_clipped_updates_add_up_to():
     with pytest.raises(InvalidInputError, match="above 1"):
         check_secure_sum(within, 3.5, 3, 0.1, equal=False)
     check_secure_sum(within * 0.5, 1.5, 3, 0.1, equal=False)  # example weights below 1 each
+
+
+def test_only_updates_pointing_away_from_the_root_count_towards_quarantine(simulation, federation, server):
+    root_npz = _root_set(federation)
+    root_sha = simulation.admin.publish_blob(root_npz, server.admin_token)
+    simulation.start_plan(round_config(min_clients=2, target_clients=3, max_accuracy_drop=OPEN_GATE,
+                                       root_trust={"root_sha256": root_sha},
+                                       quarantine={"max_exclusions": 1, "window_updates": 1}))
+    devices, tasks = selected_tasks(simulation, 3)
+    root = train_root_update(federation.model, federation.training_graph, federation.card,
+                             TrainingConfig(**tasks[0]["training"]), root_npz, seed=1)  # what the server trains
+    unit = {name: value / root.norm for name, value in root.delta.items()}
+    rng = np.random.default_rng(0)
+    noise = {name: rng.normal(size=value.shape).astype(np.float32) for name, value in root.delta.items()}
+    along = sum(float(np.vdot(noise[name], unit[name])) for name in unit)
+    orthogonal = {name: noise[name] - along * unit[name] for name in unit}
+    length = np.sqrt(sum(float(np.vdot(value, value)) for value in orthogonal.values()))
+    # about orthogonal (cosine -0.01: left out, not harmful) and pointing away (cosine -0.8)
+    aside = {name: (0.01 * (orthogonal[name] / length - 0.01 * unit[name])).astype(np.float32) for name in unit}
+    away = {name: (0.01 * (0.6 * orthogonal[name] / length - 0.8 * unit[name])).astype(np.float32) for name in unit}
+    upload(devices[0], tasks[0], {name: (0.01 * value).astype(np.float32) for name, value in unit.items()})
+    upload(devices[1], tasks[1], aside)
+    upload(devices[2], tasks[2], away)
+    cosines = {row[0]: (row[3], row[7]) for row in _rows(server, tasks[0]["round_id"])}
+    assert cosines["sim-device-0"][0] == "counted" and cosines["sim-device-0"][1] == pytest.approx(1.0, abs=1e-3)
+    assert cosines["sim-device-1"][0] == "rejected" and cosines["sim-device-1"][1] == pytest.approx(-0.01, abs=2e-3)
+    assert cosines["sim-device-2"][0] == "rejected" and cosines["sim-device-2"][1] == pytest.approx(-0.8, abs=2e-3)
+    quarantined = [entry["device_id"] for entry in _get(server, "/v1/fl/quarantine").json()["devices"]]
+    assert quarantined == ["sim-device-2"]
