@@ -85,7 +85,8 @@ class FLUpdate(Base):
     screening_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     counted_norm: Mapped[float | None] = mapped_column(Float, nullable=True, doc="the norm after clipping")
     aggregation_weight: Mapped[float | None] = mapped_column(
-        Float, nullable=True, doc="the weight it had in the aggregate (bounded, times its root-set trust); null: left out")
+        Float, nullable=True,
+        doc="the weight it had in the aggregate (bounded, times its root-set trust); null: left out")
     root_cosine: Mapped[float | None] = mapped_column(
         Float, nullable=True, doc="cosine with the server's own update on the root set (null: no root set)")
 

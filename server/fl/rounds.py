@@ -163,8 +163,8 @@ class RoundService:
         expected = tuple(dim for dim in card.input.shape[1:])
         if len(x_shape) != len(card.input.shape) or x_shape[1:] != expected or y_shape != x_shape[:1] or not y_shape[0]:
             raise InvalidInputError(
-                f"the {field} set has x {x_shape} and y {y_shape}; the model needs x (N, {', '.join(map(str, expected))}) "
-                "and y (N,) with N >= 1", field=field)
+                f"the {field} set has x {x_shape} and y {y_shape}; the model needs x "
+                f"(N, {', '.join(map(str, expected))}) and y (N,) with N >= 1", field=field)
 
     # devices: selection and collection -------------------------------------------------------------
 

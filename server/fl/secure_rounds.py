@@ -19,8 +19,8 @@ sum, which under SecAgg+ is the unmasked sum (the server never needs a clear upd
 `target_clients`. Weights are equal: under SecAgg+ the weight coordinate of the sum must equal the number
 of survivors, else the round fails. Without DP, SecAgg+ rounds weigh updates equally too unless the round keeps
 FedAvg's example weights, and the unmasked sum must lie within what clipped updates can add up to
-(`check_secure_sum`, docs/privacy.md "Robust rounds under SecAgg+"). The plan's ledger is stored with each round; a round that would take
-epsilon past `max_epsilon` does not open.
+(`check_secure_sum`, docs/privacy.md "Robust rounds under SecAgg+"). The plan's ledger is stored with each
+round; a round that would take epsilon past `max_epsilon` does not open.
 """
 
 from __future__ import annotations

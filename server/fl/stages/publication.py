@@ -42,7 +42,7 @@ class Publication:
     def __init__(self, context: RoundContext, estimator: LatencyEstimator, signing_key: CardSigningKey) -> None:
         self.context, self.estimator = context, estimator
         self.signing_key = signing_key  # signs every version a round publishes
-        self._parent_metrics: dict[tuple[str, str], Metrics] = {}
+        self._measurements: dict[tuple[str, str], Metrics] = {}
 
     def candidate(self, base: RoundBase, aggregate: Aggregate, evaluation_sha256: str) -> Candidate:
         """The aggregate written into the base model, measured beside its parent on the evaluation set."""
@@ -85,9 +85,9 @@ class Publication:
         """A published model (the parent, an anchor) measured on the same set as the aggregate (cached: both
         blobs are immutable)."""
         key = (card.sha256, evaluation_sha256)
-        if key not in self._parent_metrics:
-            self._parent_metrics[key] = evaluate(onnx_bytes, card, evaluation_npz)
-        return self._parent_metrics[key]
+        if key not in self._measurements:
+            self._measurements[key] = evaluate(onnx_bytes, card, evaluation_npz)
+        return self._measurements[key]
 
     def publish(self, session: Session, round_row: FLRound, base: RoundBase, sha256: str, size_bytes: int,
                 measured: Metrics, summary: dict[str, Any]) -> ModelCard:
