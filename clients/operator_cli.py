@@ -41,19 +41,27 @@ def _server_url(_ctx: click.Context, _param: click.Parameter, value: str) -> str
     return value
 
 
-def server_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """`--server` and `--token`, turned into one `api` argument: a connection to the server."""
-
+def _connected(command: Callable[..., Any], token_variables: tuple[str, ...], token_help: str) -> Callable[..., Any]:
     @functools.wraps(command)
     def with_api(server: str, token: str | None, **options: Any) -> Any:
-        token = token or os.environ.get("FEDZOO_VIEWER_TOKEN") or os.environ.get("FEDZOO_ADMIN_TOKEN") or None
+        token = token or next((os.environ[name] for name in token_variables if os.environ.get(name)), None)
         with FedzooHTTP(server, token=token, retry=RetryPolicy(max_attempts=3)) as api:
             return command(api=api, **options)
 
-    with_api = click.option("--token", default=None, help="viewer or admin token (default: $FEDZOO_VIEWER_TOKEN, "
-                                                          "else $FEDZOO_ADMIN_TOKEN)")(with_api)
+    with_api = click.option("--token", default=None, help=token_help)(with_api)
     return click.option("--server", envvar="FEDZOO_SERVER", default=DEFAULT_SERVER, show_default=True,
                         callback=_server_url, help="server URL (or $FEDZOO_SERVER)")(with_api)
+
+
+def server_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--server` and `--token`, turned into one `api` argument: a connection to the server."""
+    return _connected(command, ("FEDZOO_VIEWER_TOKEN", "FEDZOO_ADMIN_TOKEN"),
+                      "viewer or admin token (default: $FEDZOO_VIEWER_TOKEN, else $FEDZOO_ADMIN_TOKEN)")
+
+
+def admin_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`server_options` for the commands that change something: the admin token."""
+    return _connected(command, ("FEDZOO_ADMIN_TOKEN",), "admin token (default: $FEDZOO_ADMIN_TOKEN)")
 
 
 def page_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -311,11 +319,17 @@ def show_round(api: FedzooHTTP, round_id: int, output_format: str) -> None:
     fields += [(f"config.{name}", value) for name, value in sorted(view["config"].items())]
     fields += [(f"outcome.{name}", value) for name, value in sorted((view.get("outcome") or {}).items())]
     print_fields(f"round {view['id']}", fields)
-    rows = [(row["device_id"], row["device_class"], _when(row["selected_at"]), row["status"], row["reason"],
-             row["num_examples"], None if row["delta_norm"] is None else f"{row['delta_norm']:.4g}",
-             row["upload_bytes"], _when(row["uploaded_at"])) for row in participants]
+    rows = [(row["device_id"] + (" (quarantined)" if row["quarantined"] else ""), row["device_class"],
+             _when(row["selected_at"]), row["status"], row["reason"], row["num_examples"], _number(row["delta_norm"]),
+             _number(row["aggregation_weight"]), _number(row["root_cosine"]), row["upload_bytes"],
+             _when(row["uploaded_at"])) for row in participants]
     print_table(f"participants of round {view['id']}", ("device", "class", "selected (UTC)", "status", "reason",
-                                                         "examples", "delta norm", "bytes", "uploaded (UTC)"), rows)
+                                                         "examples", "delta norm", "weight", "root cosine", "bytes",
+                                                         "uploaded (UTC)"), rows)
+
+
+def _number(value: float | None) -> str | None:
+    return None if value is None else f"{value:.4g}"
 
 
 def poll_round(api: FedzooHTTP, round_id: int, interval_s: float, timeout_s: float | None,
@@ -371,3 +385,50 @@ def watch_round(api: FedzooHTTP, round_id: int, interval_s: float, timeout_s: fl
         details = ", ".join(f"{name} {value:.4f}" for name, value in metrics.items() if isinstance(value, float))
         click.echo(f"round {round_id} closed: new model {view.get('result_model_id')}{f' ({details})' if details else ''}")
 
+
+
+# quarantine --------------------------------------------------------------------------------------
+
+
+@fl.group()
+def quarantine() -> None:
+    """Devices no longer selected because their updates kept being left out: list, release or revoke."""
+
+
+@quarantine.command(name="list")
+@page_options
+@format_option
+@server_options
+def list_quarantined(api: FedzooHTTP, limit: int, offset: int, all_pages: bool, output_format: str) -> None:
+    """List quarantined devices, each with its latest updates and why aggregation left them out."""
+    page = fetch_list(api, "/v1/fl/quarantine", "devices", {}, limit, offset, all_pages)
+    if output_format == "json":
+        print_json(page)
+        return
+    rows = [(device["device_id"], device["device_class"], _when(device["quarantined_at"]), device["round_id"],
+             "revoked" if device["revoked_at"] else "quarantined", device["reason"]) for device in page["devices"]]
+    print_table("quarantined devices", ("device", "class", "quarantined (UTC)", "round", "state", "reason"), rows,
+                caption=page_caption(page, "devices"))
+    for device in page["devices"]:
+        history = [(item["round_id"], _when(item["received_at"]), item["status"], _number(item["aggregation_weight"]),
+                    _number(item["root_cosine"]), item["reason"]) for item in device["history"]]
+        print_table(f"latest updates of {device['device_id']}", ("round", "received (UTC)", "status", "weight",
+                                                                 "root cosine", "reason"), history)
+
+
+@quarantine.command(name="release")
+@click.argument("device_id")
+@admin_options
+def release_device(api: FedzooHTTP, device_id: str) -> None:
+    """Release a quarantined device: it may be selected again (admin token)."""
+    answer = api.post_json(f"/v1/fl/quarantine/{device_id}/release", None, expected=(200,))
+    click.echo(f"released {answer['device_id']} at {_when(answer['released_at'])} UTC")
+
+
+@quarantine.command(name="revoke")
+@click.argument("device_id")
+@admin_options
+def revoke_device(api: FedzooHTTP, device_id: str) -> None:
+    """Revoke a (quarantined) device for good: every token refused from now on (admin token)."""
+    answer = api.post_json(f"/v1/devices/{device_id}/revoke", None, expected=(200,))
+    click.echo(f"revoked {answer['device_id']} at {_when(answer['revoked_at'])} UTC")

@@ -4,7 +4,7 @@ Nothing is faked between the parts: the server is `fedzoo.server.create_app` on 
 served by werkzeug on 127.0.0.1; every virtual device registers, checks in, downloads, trains with
 `fedzoo.edge.trainer` and uploads through the `fedzoo.clients` SDK over HTTP. Only the data
 differs per device (its Dirichlet shard) and, for robustness experiments, what an attacker does to
-its delta before upload.
+its data and delta (`fedzoo.cloud.attacks`).
 
 Each simulated round: every device checks in (the server selects `target x (1 + over_selection)`),
 the selected ones do their work, in this process one after another (`executor="in-process"`) or as
@@ -34,11 +34,13 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from fedzoo.cards import InputSpec, Metrics, ModelCard, Normalisation
+from fedzoo.cloud.attacks import DeviceAttack, ScaledUpdateAttack
 from fedzoo.cloud.autodiff import build_training_graph
 from fedzoo.cloud.data import DatasetSplit, dirichlet_partition, load_dataset, split_dataset
 from fedzoo.cloud.executors import make_executor
 from fedzoo.clients.client import FedzooClient
-from fedzoo.clients.participation import LocalData, ParticipationResult, normalise, run_task, train_locally
+from fedzoo.clients.participation import ParticipationResult, run_task
+from fedzoo.local_training import LocalData, normalise, train_locally
 from fedzoo.update_codec import Encoding
 from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
 from fedzoo.dp.accountant import PrivacyBudgetExhausted, PrivacyLedger, noise_multiplier_for
@@ -288,19 +290,6 @@ def centralized_baseline(federation: Federation, epochs: int, batch_size: int, l
     return accuracies
 
 
-# attacks -------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ScaledUpdateAttack:
-    """A poisoning device: sends its honest delta multiplied by `scale` (negative flips it)."""
-
-    scale: float = -10.0
-
-    def __call__(self, delta: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {name: (value * np.float32(self.scale)).astype(np.float32) for name, value in delta.items()}
-
-
 # the simulation ------------------------------------------------------------------------------------
 
 
@@ -321,7 +310,7 @@ class _Context:
     pool_y: np.ndarray
     shards: list[np.ndarray]
     encoding: Encoding
-    attack: ScaledUpdateAttack
+    attack: DeviceAttack
 
 
 # One SDK client per device and process, kept across rounds like a real device's (connections stay open).
@@ -345,8 +334,9 @@ def _do_work(context: _Context, work: _Work) -> ParticipationResult:
     shard = context.shards[work.device_index]
     data = LocalData(context.pool_x[shard], context.pool_y[shard])
     client = _device_client(context.base_url, work.token, Path(context.cache_root) / f"device-{work.device_index}")
-    transform = context.attack if work.attacker else None
-    return run_task(client, work.task, data, context.encoding, work.seed, transform)
+    if not work.attacker:
+        return run_task(client, work.task, data, context.encoding, work.seed)
+    return run_task(client, work.task, context.attack.poison(data), context.encoding, work.seed, context.attack)
 
 
 @dataclass
@@ -368,7 +358,7 @@ class Simulation:
     def __init__(
         self, federation: Federation, server_url: str, admin_token: str = DEFAULT_ADMIN_TOKEN,
         executor: str = "in-process", cache_root: str | Path | None = None, attackers: frozenset[int] = frozenset(),
-        attack: ScaledUpdateAttack = ScaledUpdateAttack(), encoding: Encoding = "fp32", seed: int = 0,
+        attack: DeviceAttack = ScaledUpdateAttack(), encoding: Encoding = "fp32", seed: int = 0,
     ) -> None:
         self.federation, self.server_url, self.admin_token = federation, server_url, admin_token
         self.executor = make_executor(executor)
@@ -458,6 +448,7 @@ class Simulation:
         while round_id is not None:
             record = self.run_round(round_id)
             records.append(record)
+            self.attack.observe(record.state)  # what every device sees: whether the round published
             if progress is not None:
                 progress(record)
             recent = records[-stop_after_failed_rounds:] if stop_after_failed_rounds else []

@@ -24,7 +24,9 @@ from fedzoo.server import dashboard
 from fedzoo.server.fl import routes as fl_routes
 from fedzoo.server.latency import LatencyEstimator, default_estimator
 from fedzoo.server.ratelimit import RateLimiter
-from fedzoo.server.routes import blobs, calibration, devices, enrollment, keys, lookup, meta, models, operator
+from fedzoo.server.routes import (
+    blobs, calibration, devices, enrollment, keys, lookup, meta, models, operator, quarantine,
+)
 from fedzoo.server.routes.common import EXTENSION_KEY
 
 BLUEPRINTS = [
@@ -38,6 +40,7 @@ BLUEPRINTS = [
     fl_routes.blueprint,
     keys.blueprint,
     operator.blueprint,  # after fl: it reads through the round service the fl blueprint creates
+    quarantine.blueprint,
     dashboard.blueprint,  # /ui, the operator's pages over the same services
 ]
 

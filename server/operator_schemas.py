@@ -72,16 +72,55 @@ class Participant(Response):
     device_class: str | None
     selected_at: datetime
     status: ParticipantStatus = Field(description="no_update: selected, nothing received (yet)")
-    reason: str | None = Field(description="why an update was clipped, rejected or late")
-    num_examples: int | None = Field(description="the weight the server granted (the device's claim, capped)")
+    reason: str | None = Field(description="why an update was clipped, rejected or late, and how its weight was "
+                                           "bounded and scored")
+    num_examples: int | None = Field(description="the examples the server counted (the device's claim, capped)")
     delta_norm: float | None
+    aggregation_weight: float | None = Field(description="its weight in the aggregate: counted examples bounded by "
+                                                         "the round, times its root-set cosine; null: left out")
+    root_cosine: float | None = Field(description="cosine with the server's own update on the root set (FLTrust)")
     upload_bytes: int | None
     uploaded_at: datetime | None
+    quarantined: bool = Field(description="the device is quarantined now (GET /v1/fl/quarantine)")
 
 
 class ParticipantList(Response):
     round_id: int
     participants: list[Participant]
+
+
+class UpdateHistoryItem(Response):
+    round_id: int
+    received_at: datetime
+    status: Literal["pending", "accepted", "clipped", "rejected"] = Field(description="pending: not aggregated yet")
+    reason: str | None
+    num_examples: int | None
+    delta_norm: float
+    aggregation_weight: float | None
+    root_cosine: float | None
+
+
+class QuarantinedDevice(Response):
+    device_id: str
+    device_class: str | None
+    round_id: int = Field(description="the round whose decision quarantined the device")
+    reason: str
+    quarantined_at: datetime
+    revoked_at: datetime | None = Field(description="set once the operator revoked the device")
+    history: list[UpdateHistoryItem] = Field(description="its latest updates, newest first")
+
+
+class QuarantineList(Response):
+    devices: list[QuarantinedDevice]
+    total: int
+    limit: int
+    offset: int
+    next_offset: int | None = Field(description="offset of the next page, or null on the last page")
+
+
+class QuarantineRelease(Response):
+    device_id: str
+    released_at: datetime
 
 
 class DeviceSummary(Response):

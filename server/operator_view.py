@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from fedzoo.errors import NotFoundError
-from fedzoo.server.fl.models import FLParticipant, FLRefusedUpload, FLRound, FLUpdate
+from fedzoo.server.fl.models import FLParticipant, FLQuarantine, FLRefusedUpload, FLRound, FLUpdate
 from fedzoo.server.fl.round_context import MAX_ROUND_ID, as_utc
 from fedzoo.server.models import (
     COST_COLUMNS, SCALE_COLUMNS, DeviceRecord, MeasuredLatency, ModelClassLatency, ModelRecord,
@@ -55,17 +55,22 @@ def _participant_statuses(session: Session, round_ids: list[int]) -> dict[int, l
         .join(DeviceRecord, DeviceRecord.id == FLParticipant.device_id)
         .where(FLParticipant.round_id.in_(round_ids)).order_by(FLParticipant.selected_at, FLParticipant.device_id)
     )
+    participants = list(participants)
+    quarantined = set(session.scalars(select(FLQuarantine.device_id).where(
+        FLQuarantine.device_id.in_({row.device_id for row in participants}), FLQuarantine.released_at.is_(None))))
     by_round: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for round_id, device_id, selected_at, device_class in participants:
         entry = {"device_id": device_id, "device_class": device_class, "selected_at": as_utc(selected_at),
                  "status": "no_update", "reason": None, "num_examples": None, "delta_norm": None,
-                 "upload_bytes": None, "uploaded_at": None}
+                 "aggregation_weight": None, "root_cosine": None, "upload_bytes": None, "uploaded_at": None,
+                 "quarantined": device_id in quarantined}
         update = updates.get((round_id, device_id))
         refusal = refusals.get((round_id, device_id))
         if update is not None:
             entry.update(status="accepted" if update.screening in (None, "counted") else update.screening,
                          reason=update.screening_reason, num_examples=update.counted_examples,
-                         delta_norm=update.delta_norm, upload_bytes=update.upload_bytes,
+                         delta_norm=update.delta_norm, aggregation_weight=update.aggregation_weight,
+                         root_cosine=update.root_cosine, upload_bytes=update.upload_bytes,
                          uploaded_at=as_utc(update.received_at))
         elif refusal is not None:
             entry.update(status=refusal.kind, reason=refusal.reason, upload_bytes=refusal.upload_bytes,
@@ -123,6 +128,38 @@ def _find_round(session: Session, round_id: int) -> FLRound:
     if row is None:
         raise NotFoundError(f"no federated round {round_id}")
     return row
+
+
+# quarantine --------------------------------------------------------------------------------------
+
+QUARANTINE_HISTORY = 20  # the latest updates shown with each quarantined device
+
+
+def device_update_history(session: Session, device_id: str, limit: int = QUARANTINE_HISTORY) -> list[dict[str, Any]]:
+    """A device's latest updates, newest first, with how aggregation decided each one and why."""
+    rows = session.scalars(select(FLUpdate).where(FLUpdate.device_id == device_id)
+                           .order_by(FLUpdate.id.desc()).limit(limit))
+    return [{"round_id": row.round_id, "received_at": as_utc(row.received_at),
+             "status": "pending" if row.screening is None else ("accepted" if row.screening == "counted"
+                                                                else row.screening),
+             "reason": row.screening_reason, "num_examples": row.counted_examples, "delta_norm": row.delta_norm,
+             "aggregation_weight": row.aggregation_weight, "root_cosine": row.root_cosine} for row in rows]
+
+
+def list_quarantined(session: Session, limit: int, offset: int) -> Page:
+    """Devices in quarantine now, most recent first, each with its update history and whether it is revoked."""
+    query = (select(FLQuarantine, DeviceRecord.device_class, DeviceRecord.revoked_at)
+             .join(DeviceRecord, DeviceRecord.id == FLQuarantine.device_id)
+             .where(FLQuarantine.released_at.is_(None)))
+    total = session.scalar(select(func.count()).select_from(FLQuarantine)
+                           .where(FLQuarantine.released_at.is_(None))) or 0
+    rows = session.execute(query.order_by(FLQuarantine.quarantined_at.desc(), FLQuarantine.device_id)
+                           .limit(limit).offset(offset))
+    return Page([{"device_id": row.device_id, "device_class": device_class, "round_id": row.round_id,
+                  "reason": row.reason, "quarantined_at": as_utc(row.quarantined_at),
+                  "revoked_at": as_utc(revoked_at) if revoked_at else None,
+                  "history": device_update_history(session, row.device_id)}
+                 for row, device_class, revoked_at in rows], total, limit, offset)
 
 
 # devices -----------------------------------------------------------------------------------------

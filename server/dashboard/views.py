@@ -13,12 +13,13 @@ from pydantic import ConfigDict, Field
 
 from fedzoo.cards import IDENTIFIER_PATTERN
 from fedzoo.errors import FedzooError
-from fedzoo.server import operator_view, registry
+from fedzoo.server import devices, operator_view, registry
 from fedzoo.server.dashboard import charts, session as login
-from fedzoo.server.errors import from_domain_error
+from fedzoo.server.errors import Forbidden, from_domain_error
+from fedzoo.server.fl import quarantine as device_quarantine
 from fedzoo.server.fl.models import ROUND_STATES
 from fedzoo.server.fl.routes import service
-from fedzoo.server.operator_schemas import DeviceListQuery, RoundListQuery
+from fedzoo.server.operator_schemas import DeviceListQuery, PageQuery, RoundListQuery
 from fedzoo.server.routes.common import (
     EXTENSION_KEY, OPERATOR_AUTH_FAILURES, client_address, context, count_operator_auth_failure, query_args,
 )
@@ -222,3 +223,28 @@ def fleet() -> Response:
         listed = operator_view.list_devices(session, query.device_class, query.limit, query.offset)
     return page("fleet.html", classes=classes, page=listed.as_dict("devices"), query=query,
                 chart=charts.devices_per_class(classes))
+
+
+@blueprint.get("/quarantine")
+@needs_login
+def quarantine() -> Response:
+    query = query_args(PageQuery)
+    with context().db.session() as session:
+        listed = operator_view.list_quarantined(session, query.limit, query.offset)
+    return page("quarantine.html", page=listed.as_dict("devices"))
+
+
+@blueprint.post("/quarantine/<device_id>/<any(release, revoke):action>")
+@needs_login
+def quarantine_action(device_id: str, action: str) -> Response:
+    """An admin releases a quarantined device, or revokes it for good (`POST /v1/devices/<id>/revoke`'s effect)."""
+    login.check_form_token()
+    if login.current_role() != "admin":
+        raise Forbidden("releasing or revoking a device needs the admin token; log in with it", field="token",
+                        code="admin_required")
+    with context().db.session() as session:
+        if action == "release":
+            device_quarantine.release(session, device_id, service().clock())
+        else:
+            devices.revoke(session, device_id)
+    return redirect(url_for("dashboard.quarantine"))

@@ -1,8 +1,10 @@
 """What the server measures about a round's result, and what it merely records from the devices.
 
 A new version is published (and so served by lookup) only with metrics the server measured itself on
-the round's evaluation set, and only when it is not worse than its parent by more than the round's
-`max_accuracy_drop`; both models are measured on the same set, in the same way a device runs them.
+the round's evaluation set, and only when it is not worse than the gate's reference by more than the round's
+`max_accuracy_drop`; all models are measured on the same set, in the same way a device runs them. The reference
+is by default the best version the plan has published (its base included), not the parent: compared with the
+parent alone, drops each within the tolerance add up round after round (a ratchet).
 The devices' own figures are kept as `client_reported_metrics`, for people to read, never for ranking.
 """
 
@@ -47,15 +49,41 @@ class PublicationDecision:
     reason: str
 
 
-def decide_publication(candidate: Metrics, parent: Metrics, max_accuracy_drop: float) -> PublicationDecision:
-    """Publish unless the candidate's accuracy is below the parent's by more than `max_accuracy_drop`."""
-    floor = parent.accuracy - max_accuracy_drop
+@dataclass(frozen=True)
+class GateReference:
+    """The model a candidate is compared with, and its accuracy on the round's evaluation set."""
+
+    model_id: str
+    accuracy: float
+    kind: str  # "best", "anchor" or "parent" (PublicationGate.compare_with)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"compare_with": self.kind, "model_id": self.model_id, "accuracy": self.accuracy}
+
+
+def best_published(parent_id: str, parent: Metrics, plan_outcomes: Sequence[tuple[str, str | None, dict]]
+                   ) -> GateReference:
+    """The most accurate version of the plan so far: the parent, or any base or result an earlier round of the
+    plan measured on the same evaluation set. `plan_outcomes`: (base model id, result model id, outcome)."""
+    best = GateReference(parent_id, parent.accuracy, "best")
+    for base_id, result_id, outcome in plan_outcomes:
+        for model_id, measured in ((base_id, outcome.get("parent_evaluation")),
+                                   (result_id, outcome.get("evaluation"))):
+            if model_id is not None and measured and measured["accuracy"] > best.accuracy:
+                best = GateReference(model_id, measured["accuracy"], "best")
+    return best
+
+
+def decide_publication(candidate: Metrics, reference: GateReference, max_accuracy_drop: float) -> PublicationDecision:
+    """Publish unless the candidate's accuracy is below the reference's by more than `max_accuracy_drop`."""
+    floor = reference.accuracy - max_accuracy_drop
+    against = f"{'the parent' if reference.kind == 'parent' else reference.kind} {reference.model_id!r}'s " \
+              f"{reference.accuracy:.4f}"
     if candidate.accuracy + 1e-12 < floor:
         return PublicationDecision(False, f"accuracy {candidate.accuracy:.4f} on the server's evaluation set is below "
-                                          f"the parent's {parent.accuracy:.4f} minus the tolerance "
-                                          f"{max_accuracy_drop:g}")
-    return PublicationDecision(True, f"accuracy {candidate.accuracy:.4f} on the server's evaluation set against the "
-                                     f"parent's {parent.accuracy:.4f} (tolerance {max_accuracy_drop:g})")
+                                          f"{against} minus the tolerance {max_accuracy_drop:g}")
+    return PublicationDecision(True, f"accuracy {candidate.accuracy:.4f} on the server's evaluation set against "
+                                     f"{against} (tolerance {max_accuracy_drop:g})")
 
 
 def client_reported_metrics(updates: Sequence[ClientUpdate]) -> dict[str, float]:

@@ -84,6 +84,11 @@ class FLUpdate(Base):
     screening: Mapped[str | None] = mapped_column(String(16), nullable=True, doc="one of SCREENING_OUTCOMES")
     screening_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     counted_norm: Mapped[float | None] = mapped_column(Float, nullable=True, doc="the norm after clipping")
+    aggregation_weight: Mapped[float | None] = mapped_column(
+        Float, nullable=True,
+        doc="the weight it had in the aggregate (bounded, times its root-set trust); null: left out")
+    root_cosine: Mapped[float | None] = mapped_column(
+        Float, nullable=True, doc="cosine with the server's own update on the root set (null: no root set)")
 
     # the database itself refuses a second update from one device in one round, even under races
     __table_args__ = (UniqueConstraint("round_id", "device_id", name="uq_fl_updates_round_device"),)
@@ -157,3 +162,16 @@ class FLSecureMessage(Base):
     device_id: Mapped[str] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
     body: Mapped[bytes] = mapped_column(LargeBinary, doc="the reply: JSON, or the masked vector's raw bytes")
     received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+
+
+class FLQuarantine(Base):
+    """A device the quarantine policy stopped selecting: when, which round's decision tipped it, and why. A
+    released device keeps its row (`released_at`); only exclusions after the release count towards the next."""
+
+    __tablename__ = "fl_quarantine"
+
+    device_id: Mapped[str] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"), primary_key=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("fl_rounds.id", ondelete="CASCADE"))
+    reason: Mapped[str] = mapped_column(Text)
+    quarantined_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+    released_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

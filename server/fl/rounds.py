@@ -17,10 +17,12 @@ A round moves `open → collecting → aggregating → closed | failed`:
   `min_clients`, one worker claims the round (a conditional UPDATE naming it the lease owner, so two
   workers never aggregate the same round). The owner renews its short lease every second while it
   works, so a crashed owner's round is taken over within `AGGREGATION_LEASE_S` seconds, not minutes.
-  It screens the updates (`fedzoo.server.fl.screening`: capped weights, norm bound), runs the
+  It screens the updates (`fedzoo.server.fl.screening`: capped weights, norm bound; robust rounds: weights
+  bounded by the round's median, FLTrust scoring against a root set, docs/federated-rounds.md), runs the
   strategy over the deltas streamed from the blob store, measures the aggregate and its parent on the
   round's evaluation set (`fedzoo.server.fl.evaluation`) and publishes the aggregate as a new model
-  version only if it is not worse than the parent by more than `max_accuracy_drop`. The closing write
+  version only if it is not worse than the plan's best version (or an anchor) by more than
+  `max_accuracy_drop`; devices whose updates keep being left out are quarantined. The closing write
   is again conditional on still owning the lease, so a round is published exactly once. Uploads
   arriving after the claim (stragglers, surplus over-selected devices) get 409.
 - **failed**: the deadline passed with fewer than `min_clients` updates, too few passed screening,
@@ -43,6 +45,7 @@ import io
 import json
 import logging
 import math
+import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -54,8 +57,9 @@ from sqlalchemy.orm import Session
 
 from fedzoo.cards import ModelCard
 from fedzoo.dp.accountant import PrivacyBudgetExhausted
-from fedzoo.errors import FedzooError, InvalidInputError
+from fedzoo.errors import FedzooError, InvalidInputError, NotFoundError
 from fedzoo.secagg.errors import RoundAborted
+from fedzoo.server import registry
 from fedzoo.server.blobstore import BlobStore
 from fedzoo.server.db import Database
 from fedzoo.server.fl.base_models import BaseModels, RoundBase, max_upload_bytes
@@ -69,7 +73,7 @@ from fedzoo.server.fl.secure_rounds import DONE, PrivateRounds, is_private, with
 from fedzoo.server.fl.stages.aggregation import Aggregation
 from fedzoo.server.fl.stages.collection import Collection
 from fedzoo.server.fl.stages.publication import Publication
-from fedzoo.server.fl.stages.screening import record_screening, screen_round
+from fedzoo.server.fl.stages.screening import record_screening, root_update, screen_round
 from fedzoo.server.fl.stages.selection import Selection
 from fedzoo.server.fl.strategies import ClientUpdate, make_strategy, require_secure_aggregation_support
 from fedzoo.server.latency import LatencyEstimator
@@ -123,6 +127,14 @@ class RoundService:
         with self.database.session() as session:
             base = self.base_model(session, config.model_id)
             self._check_evaluation_set(config.evaluation_sha256, base.card)
+            if config.root_trust is not None:
+                self._check_evaluation_set(config.root_trust.root_sha256, base.card, "root_trust.root_sha256")
+            if config.gate.anchor_model_id is not None:
+                try:
+                    registry.model_sha256(session, config.gate.anchor_model_id)
+                except NotFoundError:
+                    raise InvalidInputError(f"the gate's anchor {config.gate.anchor_model_id!r} is not a published "
+                                            "model", field="gate.anchor_model_id") from None
             try:
                 round_row = self.lifecycle.open_round(session, config, base.card, number=1,
                                                       remaining=config.num_rounds, previous=None)
@@ -138,22 +150,22 @@ class RoundService:
             raise InvalidInputError(f"secure aggregation needs at least 3 selected devices; target_clients x "
                                     f"(1 + over_selection) is {goal}", field="privacy.secure_aggregation")
 
-    def _check_evaluation_set(self, sha256: str, card: ModelCard) -> None:
-        """The evaluation blob must be an `.npz` of images `x` shaped like the model's input and labels `y`."""
+    def _check_evaluation_set(self, sha256: str, card: ModelCard, field: str = "evaluation_sha256") -> None:
+        """The evaluation (or root) blob must be an `.npz` of images `x` shaped like the model's input and
+        labels `y`."""
         if not self.store.exists(sha256):
-            raise InvalidInputError(f"evaluation_sha256 names blob {sha256}, which is not uploaded",
-                                    field="evaluation_sha256")
+            raise InvalidInputError(f"{field} names blob {sha256}, which is not uploaded", field=field)
         try:
             with self.store.open(sha256) as stream, np.load(io.BytesIO(stream.read()), allow_pickle=False) as archive:
                 x_shape, y_shape = archive["x"].shape, archive["y"].shape
         except (KeyError, ValueError, OSError) as error:
-            raise InvalidInputError(f"the evaluation blob is not an .npz with arrays 'x' and 'y': {error}",
-                                    field="evaluation_sha256") from None
+            raise InvalidInputError(f"the {field} blob is not an .npz with arrays 'x' and 'y': {error}",
+                                    field=field) from None
         expected = tuple(dim for dim in card.input.shape[1:])
         if len(x_shape) != len(card.input.shape) or x_shape[1:] != expected or y_shape != x_shape[:1] or not y_shape[0]:
             raise InvalidInputError(
-                f"the evaluation set has x {x_shape} and y {y_shape}; the model needs x (N, {', '.join(map(str, expected))}) "
-                "and y (N,) with N >= 1", field="evaluation_sha256")
+                f"the {field} set has x {x_shape} and y {y_shape}; the model needs x "
+                f"(N, {', '.join(map(str, expected))}) and y (N,) with N >= 1", field=field)
 
     # devices: selection and collection -------------------------------------------------------------
 
@@ -269,8 +281,10 @@ class RoundService:
                 self._aggregate(round_id)
 
     def _aggregate(self, round_id: int) -> None:
+        started = time.perf_counter()
         with self.database.session() as session:
             round_row = session.get(FLRound, round_id)
+            round_number, plan_id = round_row.number, round_row.plan_id
             config = RoundConfig.model_validate_json(round_row.config_json)
             base = self.base_model(session, round_row.base_model_id)
             rows = list(session.scalars(select(FLUpdate).where(FLUpdate.round_id == round_id).order_by(FLUpdate.id)))
@@ -278,12 +292,17 @@ class RoundService:
                 DeviceRecord.id.in_({row.device_id for row in rows}), DeviceRecord.revoked_at.is_not(None))))
             previous_state = round_row.strategy_state_sha256
         strategy = self.aggregation.strategy(config, previous_state)
+        try:
+            root = root_update(self.context, base, config, round_number)
+        except FedzooError as error:
+            self._refuse(round_id, rows, [], {"strategy": strategy.name}, f"the root set cannot score updates: {error}")
+            return
         kept: list[ClientUpdate] = []
         if is_private(config):
             screened: list[Screened] = []
             summary: dict[str, Any] = {"strategy": strategy.name, "upload_bytes": sum(row.upload_bytes for row in rows)}
         else:
-            screening = screen_round(self.context, rows, config, revoked)
+            screening = screen_round(self.context, rows, config, revoked, root)
             screened, kept, summary = screening.screened, screening.kept, screening.summary
             if len(kept) < config.min_clients:
                 self._refuse(round_id, rows, screened, summary,
@@ -292,12 +311,14 @@ class RoundService:
                 return
             summary["strategy"] = strategy.name
         try:
-            aggregate = self.aggregation.aggregate(round_id, config, base, rows, kept, strategy, summary)
+            aggregate = self.aggregation.aggregate(round_id, config, base, rows, kept, strategy, summary, root)
             candidate = self.publication.candidate(base, aggregate, config.evaluation_sha256)
+            reference = self.publication.reference(plan_id, round_id, config, base, candidate)
         except FedzooError as error:  # a bad result (or an aborted SecAgg+), not a crash: fail cleanly and go on
             self._refuse(round_id, rows, screened, summary, f"aggregation failed: {error}")
             return
-        decision = self.publication.decide(candidate, config.max_accuracy_drop, summary)
+        summary["server_seconds"] = round(time.perf_counter() - started, 4)
+        decision = self.publication.decide(candidate, reference, config.max_accuracy_drop, summary)
         if not decision.publish:
             summary["refused_model_sha256"] = self.store.put(candidate.onnx_bytes)
             self._refuse(round_id, rows, screened, summary, f"the aggregate was not published: {decision.reason}")
@@ -309,7 +330,7 @@ class RoundService:
             if round_row is None:
                 return
             self.private.record_release(session, round_id, summary)
-            record_screening(session, rows, screened)
+            record_screening(session, rows, screened, config.quarantine, self.clock())
             card = self.publication.publish(session, round_row, base, sha256, len(candidate.onnx_bytes),
                                             candidate.measured, summary)
             self.lifecycle.close(session, round_row, card, strategy, summary)
@@ -321,7 +342,8 @@ class RoundService:
             round_row = self.lifecycle.finish_if_owner(session, round_id, "failed")
             if round_row is not None:
                 self.private.record_release(session, round_id, summary)
-                record_screening(session, rows, screened)
+                record_screening(session, rows, screened,
+                                 RoundConfig.model_validate_json(round_row.config_json).quarantine, self.clock())
                 self.lifecycle.fail(session, round_row, reason, summary)
 
     # reading -------------------------------------------------------------------------------------

@@ -33,6 +33,70 @@ class NormBound(_Request):
     action: Literal["clip", "reject"] = Field(default="clip")
 
 
+class WeightBound(_Request):
+    """How much one update may weigh in the round's mean, relative to the round itself: a device's example
+    count is its own claim, so no claim may buy it the round (docs/federated-rounds.md, "Robust rounds")."""
+
+    rule: Literal["median_multiple", "equal", "examples"] = Field(
+        default="median_multiple",
+        description="median_multiple: min(counted examples, k x the round's median); equal: every update weighs "
+                    "the same; examples: the counted examples alone (capped only by max_examples_per_update)")
+    median_multiple: float = Field(default=2.0, ge=1.0, le=1000.0, description="k of the median_multiple rule")
+
+
+class RootTrust(_Request):
+    """FLTrust (Cao et al., NDSS 2021) against a small training set the operator gives the server: the server
+    trains its own update on it, each update's weight is multiplied by its cosine similarity with that update
+    (at most `min_cosine`: left out) and its norm is bounded by `max_norm_ratio` x the server update's norm."""
+
+    root_sha256: str = Field(pattern=SHA256_PATTERN,
+                             description="blob of an .npz with `x` (N,C,H,W in [0,1]) and `y`: the server's own "
+                                         "training examples, kept apart from the evaluation set")
+    min_cosine: float = Field(default=0.0, ge=0.0, lt=1.0,
+                              description="updates whose cosine with the server's update is at most this are left out")
+    max_norm_ratio: float = Field(default=1.0, gt=0.0, le=1000.0,
+                                  description="each counted update is scaled down to at most this x the norm of "
+                                              "the server's update")
+
+
+class PublicationGate(_Request):
+    """What a new version is compared with before it is published: never only its parent, else small drops
+    add up one tolerance at a time (a ratchet)."""
+
+    compare_with: Literal["best", "anchor", "parent"] = Field(
+        default="best",
+        description="best: the most accurate version the plan has published (its base included); anchor: the "
+                    "model `anchor_model_id`; parent: the round's base model alone (allows a ratchet)")
+    anchor_model_id: str | None = Field(default=None, pattern=IDENTIFIER_PATTERN,
+                                        description="the published model measured as the reference (anchor only)")
+
+    @model_validator(mode="after")
+    def _anchor_named(self) -> PublicationGate:
+        if (self.compare_with == "anchor") != (self.anchor_model_id is not None):
+            raise ValueError("anchor_model_id is required with compare_with 'anchor', and allowed only with it")
+        return self
+
+
+class QuarantinePolicy(_Request):
+    """A device with `max_exclusions` updates left out among its last `window_updates` is quarantined: never
+    selected again until an operator releases it (or revokes it for good). Exclusions by the norm bound count;
+    root-set exclusions count when the update points away from the server's (`max_root_cosine`)."""
+
+    max_exclusions: int = Field(default=3, ge=1, le=1000)
+    window_updates: int = Field(default=5, ge=1, le=1000)
+    max_root_cosine: float = Field(
+        default=-0.05, ge=-1.0, le=1.0,
+        description="a root-set exclusion counts only when its cosine is at most this: an update pointing away from "
+                    "the server's, not an honest one about orthogonal to it (late in a plan honest cosines near 0)")
+
+    @model_validator(mode="after")
+    def _window_holds_the_exclusions(self) -> QuarantinePolicy:
+        if self.max_exclusions > self.window_updates:
+            raise ValueError(f"max_exclusions ({self.max_exclusions}) cannot exceed window_updates "
+                             f"({self.window_updates})")
+        return self
+
+
 MAX_NEIGHBOURS = 200  # k = O(log n) (Bell et al.): 200 is far past any cohort's need, and bounds a reply
 
 
@@ -111,14 +175,24 @@ class RoundConfig(_Request):
                     "devices' own figures")
     max_accuracy_drop: float = Field(
         default=DEFAULT_MAX_ACCURACY_DROP, ge=0.0, le=1.0,
-        description="publish the aggregate only if its accuracy on the evaluation set is at least the parent's "
-                    "minus this; otherwise the round fails and the next one starts again from the parent")
+        description="publish the aggregate only if its accuracy on the evaluation set is at least the gate's "
+                    "reference (by default the plan's best version) minus this; otherwise the round fails and the "
+                    "next one starts again from the parent")
     max_examples_per_update: int | None = Field(
         default=None, ge=1, le=MAX_NUM_EXAMPLES,
         description="an update's FedAvg weight is min(num_examples, this); default: the server's "
                     "FEDZOO_FL_MAX_EXAMPLES_PER_UPDATE (the most examples one device holds for a task)")
     norm_bound: NormBound = Field(default_factory=lambda: NormBound(),
                                   description="how updates with an outlying L2 norm are treated at aggregation")
+    weight_bound: WeightBound = Field(default_factory=lambda: WeightBound(),
+                                      description="an update's weight relative to the round's (robust rounds)")
+    root_trust: RootTrust | None = Field(default=None, description="score each update against the server's own "
+                                                                   "update on an operator-given root set (FLTrust)")
+    gate: PublicationGate = Field(default_factory=lambda: PublicationGate(),
+                                  description="the reference a new version's accuracy is compared with")
+    quarantine: QuarantinePolicy | None = Field(default_factory=lambda: QuarantinePolicy(),
+                                                description="stop selecting devices whose updates keep being left "
+                                                            "out (null: never quarantine)")
     poll_interval_s: float = Field(default=5.0, gt=0, le=3600, description="pace steering: how soon devices ask again")
     privacy: PrivacySettings = Field(default_factory=lambda: PrivacySettings(),
                                      description="SecAgg+ and DP-FedAvg (docs/privacy.md); only FedAvg, FedProx and "
@@ -146,6 +220,13 @@ class TrainingConfig(_Response):
     optimizer: str
     momentum: float
     proximal_mu: float = Field(default=0.0, description="FedProx: add mu * (w - w_global) to every gradient")
+
+
+def round_training(config: RoundConfig, round_number: int, strategy_fields: dict[str, Any]) -> TrainingConfig:
+    """How devices (and the server, on its root set) train in round `round_number` of the plan."""
+    return TrainingConfig(local_epochs=config.local_epochs, batch_size=config.batch_size,
+                          learning_rate=config.learning_rate * config.learning_rate_decay ** (round_number - 1),
+                          optimizer=config.optimizer, momentum=config.momentum, **strategy_fields)
 
 
 class UploadSpec(_Response):

@@ -23,6 +23,9 @@ from fedzoo.server.fl.schemas import NormBound
 from fedzoo.server.fl.strategies import ClientUpdate, Parameters
 
 
+REVOKED_REASON = "the device was revoked by the operator"
+
+
 @dataclass(frozen=True)
 class Screened:
     """One update after screening: what the strategy gets (None when rejected) and why."""
@@ -30,7 +33,8 @@ class Screened:
     original: ClientUpdate
     outcome: str  # "counted", "clipped" or "rejected" (fedzoo.server.fl.models.SCREENING_OUTCOMES)
     reason: str | None
-    update: ClientUpdate | None
+    update: ClientUpdate | None  # its num_examples is the weight the strategy gives it
+    root_cosine: float | None = None  # FLTrust: cosine with the server's own update (fedzoo.server.fl.root_trust)
 
     @property
     def counted_norm(self) -> float | None:
@@ -43,7 +47,8 @@ def norm_limit(norms: list[float], bound: NormBound) -> float:
     return min(limit, bound.max_norm) if bound.max_norm is not None else limit
 
 
-def _scaled(load_delta, factor: float):
+def scaled(load_delta, factor: float):
+    """A loader of the delta multiplied by `factor` (a clipped update)."""
     def load() -> Parameters:
         return {name: (value * np.float32(factor)).astype(np.float32) for name, value in load_delta().items()}
 
@@ -59,7 +64,7 @@ def screen_updates(updates: list[ClientUpdate], bound: NormBound,
     decisions = []
     for update in updates:
         if update.device_id in revoked_device_ids:
-            decisions.append(Screened(update, "rejected", "the device was revoked by the operator", None))
+            decisions.append(Screened(update, "rejected", REVOKED_REASON, None))
             continue
         if update.norm <= limit:
             decisions.append(Screened(update, "counted", None, update))
@@ -71,6 +76,11 @@ def screen_updates(updates: list[ClientUpdate], bound: NormBound,
             decisions.append(Screened(update, "rejected", reason, None))
         else:
             factor = limit / update.norm
-            clipped = replace(update, load_delta=_scaled(update.load_delta, factor), norm=limit)
+            clipped = replace(update, load_delta=scaled(update.load_delta, factor), norm=limit)
             decisions.append(Screened(update, "clipped", f"{reason}; scaled by {factor:.3g}", clipped))
     return decisions, limit
+
+
+def joined(*reasons: str | None) -> str | None:
+    """Several decisions about one update as one recorded reason."""
+    return "; ".join(reason for reason in reasons if reason) or None

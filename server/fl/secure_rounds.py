@@ -17,8 +17,10 @@ UPDATE, so exactly one worker moves it on.
 DP-FedAvg (`privacy.dp`): devices clip their delta to `clip_norm`; the server adds Gaussian noise to the
 sum, which under SecAgg+ is the unmasked sum (the server never needs a clear update), and divides by
 `target_clients`. Weights are equal: under SecAgg+ the weight coordinate of the sum must equal the number
-of survivors, else the round fails. The plan's ledger is stored with each round; a round that would take
-epsilon past `max_epsilon` does not open.
+of survivors, else the round fails. Without DP, SecAgg+ rounds weigh updates equally too unless the round keeps
+FedAvg's example weights, and the unmasked sum must lie within what clipped updates can add up to
+(`check_secure_sum`, docs/privacy.md "Robust rounds under SecAgg+"). The plan's ledger is stored with each
+round; a round that would take epsilon past `max_epsilon` does not open.
 
 One ledger per model line (`PrivacyLine`): a plan on a model continues its line's ledger (or, for a line that
 starts from a DP model, the ledger its card's signed privacy claim carries), so epsilon composes across plans
@@ -199,7 +201,7 @@ class PrivateRounds:
         secure = None
         if config.privacy.secure_aggregation is not None:
             secure = self._stage_view(session, round_row, config, device_id)
-        return TaskPrivacy(clip_norm=dp.clip_norm if dp is not None else None, equal_weights=dp is not None,
+        return TaskPrivacy(clip_norm=dp.clip_norm if dp is not None else None, equal_weights=equal_weights(config),
                            max_examples=max_examples, secure_aggregation=secure)
 
     def _stage_view(self, session: Session, round_row: FLRound, config: RoundConfig,
@@ -395,11 +397,9 @@ class PrivateRounds:
                 "misbehaving": {str(client): why for client, why in result.misbehaving.items()}}
             summary["upload_bytes"] = int(upload_bytes)
             if dp is not None:
-                if not math.isclose(total_weight, count):
-                    raise InvalidInputError(f"the weights of the {count} survivors sum to {total_weight:.3f}: under "
-                                            "DP every update must weigh the same (1)", field="weight")
                 sensitivity = quantised_sensitivity(protocol.clip_range, protocol.clip_range / protocol.levels,
                                                     vector_length)
+            check_secure_sum(total, total_weight, count, protocol.clip_range, equal_weights(config))
             mean_or_sum = total if dp is not None else total / total_weight
         else:  # DP without SecAgg+: the server sees each delta, and clips it itself rather than trust the device
             count = len(clear_deltas)
@@ -429,6 +429,31 @@ class PrivateRounds:
             if ledger.line is not None:
                 session.execute(update(PrivacyLine).where(PrivacyLine.line_id == ledger.line).values(
                     events_json=json.dumps(ledger.events()), epsilon=ledger.epsilon_spent, updated_at=self.clock()))
+
+
+def equal_weights(config: RoundConfig) -> bool:
+    """Whether every device's update weighs the same: always under DP; under SecAgg+ unless the round keeps
+    FedAvg's example weights (`weight_bound.rule` "examples"), since the server cannot bound each device's weight
+    by the round's median when it sees only the sum: equal weights are the bound it can check."""
+    return config.privacy.dp is not None or config.weight_bound.rule != "examples"
+
+
+def check_secure_sum(total: np.ndarray, total_weight: float, survivors: int, clip_range: float, equal: bool) -> None:
+    """What the unmasked sum itself proves: every device's weight is at most 1 (exactly 1 under equal weights)
+    and every coordinate it adds is within +-clip_range x its weight, so no coordinate of the sum may exceed
+    `total_weight x clip_range`. A sum outside that envelope means some device sent values its SDK would have
+    clipped: the round is refused (InvalidInputError), since the server cannot tell which device did it."""
+    if equal and not math.isclose(total_weight, survivors):
+        raise InvalidInputError(f"the weights of the {survivors} survivors sum to {total_weight:.3f}: every update "
+                                "must weigh the same (1)", field="weight")
+    if not 0 < total_weight <= survivors * (1 + 1e-9):
+        raise InvalidInputError(f"the weights of the {survivors} survivors sum to {total_weight:.3f}, outside "
+                                f"(0, {survivors}]: some device sent a weight above 1", field="weight")
+    largest = float(np.max(np.abs(total))) if total.size else 0.0
+    if largest > total_weight * clip_range * (1 + 1e-9):
+        raise InvalidInputError(f"a coordinate of the unmasked sum is {largest:.6g}, more than {total_weight:.3f} "
+                                f"updates clipped to +-{clip_range:g} can add up to: some device sent values outside "
+                                "the clipping range", field="clip_range")
 
 
 def card_privacy(config: RoundConfig, ledger: PrivacyLedger | None, sensitivity: float | None) -> dict[str, Any]:

@@ -40,10 +40,11 @@ DEFAULT_WORKING_MEMORY_BYTES = 32 * 1024 * 1024
 
 @dataclass(frozen=True)
 class ClientUpdate:
-    """One accepted update: who sent it, how many examples it trained on, and a loader for its delta."""
+    """One accepted update: who sent it, its weight (the examples it trained on, as the round bounds them), and
+    a loader for its delta."""
 
     device_id: str
-    num_examples: int
+    num_examples: float
     load_delta: Callable[[], Parameters]
     norm: float
     metrics: dict[str, float] = field(default_factory=dict)

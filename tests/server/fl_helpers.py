@@ -30,6 +30,12 @@ def device_client(simulation, index: int) -> FedzooClient:
                         cache_dir=simulation.cache_root / f"device-{index}")
 
 
+def selected_tasks(simulation, count: int, task: str = "digits") -> tuple[list[FedzooClient], list[dict[str, Any]]]:
+    """The first `count` devices' clients, each checked in: (clients, their tasks)."""
+    devices = [device_client(simulation, index) for index in range(count)]
+    return devices, [device.fl_task(task)["task"] for device in devices]
+
+
 # `max_accuracy_drop` that publishes whatever comes out. Real training's accuracy after a round depends on the
 # CPU's floating-point path, so tests that are not about the gate open it; tests of the gate set their own.
 OPEN_GATE = 1.0

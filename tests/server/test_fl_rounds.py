@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from fedzoo.clients.errors import AuthenticationError, BadRequestError, ConflictError, PayloadTooLargeError, PermissionDeniedError
-from fedzoo.clients.participation import normalise, run_task
+from fedzoo.clients.participation import run_task
+from fedzoo.local_training import normalise
 from fedzoo.update_codec import encode_update
 from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, Simulation, accuracy_of, prepare_federation
 from fl_helpers import device_client, honest_delta, round_config, upload

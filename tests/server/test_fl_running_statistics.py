@@ -13,7 +13,7 @@ from fl_helpers import device_client, honest_delta, round_config, upload
 from torch import nn
 
 from fedzoo.clients.errors import BadRequestError
-from fedzoo.clients.participation import normalise
+from fedzoo.local_training import normalise
 from fedzoo.update_codec import decode_update, encode_update, split_statistics, statistics_delta
 from fedzoo.cloud.autodiff import build_training_graph
 from fedzoo.cloud.simulation import LoopbackServer, Simulation, prepare_federation

@@ -8,7 +8,7 @@ import sqlite3
 import httpx
 import numpy as np
 import pytest
-from fl_helpers import device_client, honest_delta, round_config, upload
+from fl_helpers import device_client, honest_delta, round_config, selected_tasks, upload
 
 from fedzoo.clients.errors import ConflictError
 from fedzoo.update_codec import encode_update
@@ -33,11 +33,6 @@ def simulation(federation, server, tmp_path):
         sim.publish_base_model()
         sim.register_devices()
         yield sim
-
-
-def _tasks(simulation, count):
-    devices = [device_client(simulation, index) for index in range(count)]
-    return devices, [device.fl_task("digits")["task"] for device in devices]
 
 
 def _published_parameters(simulation, round_id):
@@ -72,7 +67,7 @@ def test_num_examples_must_be_a_json_integer(simulation, federation):
 
 def test_an_inflated_example_count_is_capped_to_the_rounds_limit(simulation, federation, server):
     round_id = simulation.start_plan(round_config(min_clients=2, target_clients=2, max_examples_per_update=50))
-    devices, tasks = _tasks(simulation, 2)
+    devices, tasks = selected_tasks(simulation, 2)
     small, large = honest_delta(federation.model, 0.001), honest_delta(federation.model, 0.003)
     receipt = upload(devices[0], tasks[0], small, num_examples=1_000_000_000)
     assert receipt["counted_examples"] == 50
@@ -95,7 +90,7 @@ def test_an_update_far_outside_the_norm_bound_is_rejected_or_clipped_and_recorde
                                                                                    action):
     round_id = simulation.start_plan(round_config(min_clients=2, target_clients=3,
                                                   norm_bound={"median_multiple": 3.0, "action": action}))
-    devices, tasks = _tasks(simulation, 3)
+    devices, tasks = selected_tasks(simulation, 3)
     upload(devices[0], tasks[0], honest_delta(federation.model, 0.001))
     upload(devices[1], tasks[1], honest_delta(federation.model, 0.002))
     upload(devices[2], tasks[2], honest_delta(federation.model, 3e29))  # the probe's attack, inside float32
@@ -121,7 +116,7 @@ def test_an_update_far_outside_the_norm_bound_is_rejected_or_clipped_and_recorde
 
 def test_a_worse_aggregate_is_not_published_and_lookup_keeps_the_parent(simulation, federation, server):
     round_id = simulation.start_plan(round_config(min_clients=2, target_clients=2, num_rounds=2, max_accuracy_drop=0.02))
-    devices, tasks = _tasks(simulation, 2)
+    devices, tasks = selected_tasks(simulation, 2)
     for device, task in zip(devices, tasks):  # equal, huge deltas: no norm outlier, but a wrecked model
         upload(device, task, honest_delta(federation.model, 5.0), metrics={"accuracy": 1.0, "loss": 0.0})
     view = simulation.admin.fl_round(round_id)
@@ -142,7 +137,7 @@ def test_a_worse_aggregate_is_not_published_and_lookup_keeps_the_parent(simulati
 
 def test_published_accuracy_is_the_servers_measurement_not_the_devices_claim(simulation, federation):
     round_id = simulation.start_plan(round_config(min_clients=2, target_clients=2))
-    devices, tasks = _tasks(simulation, 2)
+    devices, tasks = selected_tasks(simulation, 2)
     upload(devices[0], tasks[0], honest_delta(federation.model, 0.0005), num_examples=10,
            metrics={"accuracy": 1.0, "loss": 1e308})
     upload(devices[1], tasks[1], honest_delta(federation.model, 0.0005), num_examples=30,
@@ -201,7 +196,7 @@ def test_the_norm_limit_is_the_smaller_of_the_median_multiple_and_the_absolute_b
 
 def test_a_revoked_devices_pending_update_is_not_aggregated(simulation, federation, server):
     round_id = simulation.start_plan(round_config(min_clients=2, target_clients=3))
-    devices, tasks = _tasks(simulation, 3)
+    devices, tasks = selected_tasks(simulation, 3)
     upload(devices[0], tasks[0], honest_delta(federation.model, 0.5))  # stored, then its device is revoked
     revoked = httpx.post(f"{simulation.server_url}/v1/devices/sim-device-0/revoke",
                          headers={"Authorization": f"Bearer {simulation.admin_token}"})

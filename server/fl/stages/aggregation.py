@@ -13,6 +13,7 @@ import numpy as np
 
 from fedzoo.errors import InvalidInputError
 from fedzoo.server.fl.base_models import RoundBase
+from fedzoo.server.fl.root_trust import RootUpdate, check_aggregate
 from fedzoo.server.fl.models import FLUpdate
 from fedzoo.server.fl.round_context import RoundContext
 from fedzoo.server.fl.running_statistics import aggregate_statistics
@@ -45,9 +46,11 @@ class Aggregation:
         return strategy
 
     def aggregate(self, round_id: int, config: RoundConfig, base: RoundBase, rows: list[FLUpdate],
-                  kept: list[ClientUpdate], strategy: Strategy, summary: dict[str, Any]) -> Aggregate:
-        """The aggregate of the kept updates (or of the private sum); fills in the summary. Raises a
-        `FedzooError` for a bad result (non-finite weights, an aborted SecAgg+)."""
+                  kept: list[ClientUpdate], strategy: Strategy, summary: dict[str, Any],
+                  root: RootUpdate | None = None) -> Aggregate:
+        """The aggregate of the kept updates (or of the private sum, checked against the `root` update when
+        there is one: the sum is all the server sees); fills in the summary. Raises a `FedzooError` for a bad
+        result (non-finite weights, an aborted SecAgg+, a private aggregate pointing away from the root)."""
         if is_private(config):
             parameters, private_summary = self.context.private.aggregate(
                 round_id, config, base.parameters, strategy, [self.context.delta_loader(row.blob_sha256) for row in rows])
@@ -56,6 +59,8 @@ class Aggregation:
             parameters = strategy.aggregate_fit(base.parameters, kept)
         if not all(np.all(np.isfinite(value)) for value in parameters.values()):
             raise InvalidInputError(f"the {strategy.name} aggregate holds NaN or infinite weights")
+        if root is not None and is_private(config):
+            parameters, summary["root_trust"] = check_aggregate(base.parameters, parameters, root, config.root_trust)
         statistics: Parameters = {}
         if base.statistics and not is_private(config):  # under SecAgg+/DP the statistics stay the parent's
             blobs = {row.device_id: row.blob_sha256 for row in rows}

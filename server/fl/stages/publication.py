@@ -1,21 +1,27 @@
 """Evaluation and publication: the aggregate and its parent are measured on the round's evaluation set
 (`fedzoo.server.fl.evaluation`); the aggregate is published as a new, signed model version only if it is
-not worse than the parent by more than `max_accuracy_drop`. Its metrics are the server's measurement."""
+not worse than the gate's reference (by default the best version of the plan: no ratchet) by more than
+`max_accuracy_drop`. Its metrics are the server's measurement."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from fedzoo.cards import Metrics, ModelCard
 from fedzoo.edge.onnx_initializers import replace_initializers
 from fedzoo.server import registry
 from fedzoo.server.fl.base_models import RoundBase
-from fedzoo.server.fl.evaluation import PublicationDecision, decide_publication, evaluate
+from fedzoo.server.fl.evaluation import (
+    GateReference, PublicationDecision, best_published, decide_publication, evaluate,
+)
 from fedzoo.server.fl.models import FLRound
 from fedzoo.server.fl.round_context import RoundContext
+from fedzoo.server.fl.schemas import RoundConfig
 from fedzoo.server.fl.secure_rounds import published_counts
 from fedzoo.server.fl.stages.aggregation import Aggregate
 from fedzoo.server.latency import LatencyEstimator
@@ -37,7 +43,7 @@ class Publication:
     def __init__(self, context: RoundContext, estimator: LatencyEstimator, signing_key: CardSigningKey) -> None:
         self.context, self.estimator = context, estimator
         self.signing_key = signing_key  # signs every version a round publishes
-        self._parent_metrics: dict[tuple[str, str], Metrics] = {}
+        self._measurements: dict[tuple[str, str], Metrics] = {}
 
     def candidate(self, base: RoundBase, aggregate: Aggregate, evaluation_sha256: str) -> Candidate:
         """The aggregate written into the base model, measured beside its parent on the evaluation set."""
@@ -45,22 +51,44 @@ class Publication:
         with self.context.store.open(evaluation_sha256) as stream:
             evaluation_npz = stream.read()
         measured = evaluate(onnx_bytes, base.card, evaluation_npz)
-        return Candidate(onnx_bytes, measured, self._parent_evaluation(base, evaluation_sha256, evaluation_npz))
+        return Candidate(onnx_bytes, measured, self._measured(base.card, base.onnx_bytes, evaluation_sha256,
+                                                              evaluation_npz))
+
+    def reference(self, plan_id: int, round_id: int, config: RoundConfig, base: RoundBase,
+                  candidate: Candidate) -> GateReference:
+        """What the aggregate must not fall below (minus the tolerance): see `PublicationGate`."""
+        if config.gate.compare_with == "parent":
+            return GateReference(base.card.id, candidate.parent.accuracy, "parent")
+        with self.context.database.session() as session:
+            if config.gate.compare_with == "anchor":
+                card = ModelCard.from_dict(registry.get_card(session, config.gate.anchor_model_id))
+                with self.context.store.open(card.sha256) as stream:
+                    onnx_bytes = stream.read()
+                with self.context.store.open(config.evaluation_sha256) as stream:
+                    evaluation_npz = stream.read()
+                measured = self._measured(card, onnx_bytes, config.evaluation_sha256, evaluation_npz)
+                return GateReference(card.id, measured.accuracy, "anchor")
+            earlier = session.execute(select(FLRound.base_model_id, FLRound.result_model_id, FLRound.outcome_json).where(
+                FLRound.plan_id == plan_id, FLRound.id != round_id, FLRound.outcome_json.is_not(None))).all()
+        return best_published(base.card.id, candidate.parent, [(base_id, result_id, json.loads(outcome))
+                                                                for base_id, result_id, outcome in earlier])
 
     @staticmethod
-    def decide(candidate: Candidate, max_accuracy_drop: float, summary: dict[str, Any]) -> PublicationDecision:
-        """The accuracy gate; records both measurements and the decision in the summary."""
-        decision = decide_publication(candidate.measured, candidate.parent, max_accuracy_drop)
+    def decide(candidate: Candidate, reference: GateReference, max_accuracy_drop: float,
+               summary: dict[str, Any]) -> PublicationDecision:
+        """The accuracy gate; records the measurements, the reference and the decision in the summary."""
+        decision = decide_publication(candidate.measured, reference, max_accuracy_drop)
         summary.update(evaluation=candidate.measured.model_dump(), parent_evaluation=candidate.parent.model_dump(),
-                       publication={"published": decision.publish, "reason": decision.reason})
+                       gate=reference.as_dict(), publication={"published": decision.publish, "reason": decision.reason})
         return decision
 
-    def _parent_evaluation(self, base: RoundBase, evaluation_sha256: str, evaluation_npz: bytes) -> Metrics:
-        """The parent measured on the same set as the aggregate (cached: both blobs are immutable)."""
-        key = (base.card.sha256, evaluation_sha256)
-        if key not in self._parent_metrics:
-            self._parent_metrics[key] = evaluate(base.onnx_bytes, base.card, evaluation_npz)
-        return self._parent_metrics[key]
+    def _measured(self, card: ModelCard, onnx_bytes: bytes, evaluation_sha256: str, evaluation_npz: bytes) -> Metrics:
+        """A published model (the parent, an anchor) measured on the same set as the aggregate (cached: both
+        blobs are immutable)."""
+        key = (card.sha256, evaluation_sha256)
+        if key not in self._measurements:
+            self._measurements[key] = evaluate(onnx_bytes, card, evaluation_npz)
+        return self._measurements[key]
 
     def publish(self, session: Session, round_row: FLRound, base: RoundBase, sha256: str, size_bytes: int,
                 measured: Metrics, summary: dict[str, Any]) -> ModelCard:
@@ -84,6 +112,7 @@ class Publication:
                 "metrics_source": "the server's evaluation set (held out, measured on the server)",
                 "parent_evaluation": summary["parent_evaluation"],
                 "client_reported_metrics": summary["client_reported_metrics"], "base_model_id": base.card.id,
+                "gate": summary["gate"], **({"root_trust": summary["root_trust"]} if "root_trust" in summary else {}),
                 **({"privacy": summary["privacy"]} if "privacy" in summary else {}),
             }},
         })

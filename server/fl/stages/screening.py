@@ -1,22 +1,28 @@
 """Screening: before a strategy sees a round's updates, the server bounds each device's claims
-(`fedzoo.server.fl.screening`: capped weights, norm bound, revoked devices) and records each decision on
-the update's row."""
+(`fedzoo.server.fl.screening`: capped weights, norm bound, revoked devices), bounds each weight by the round
+(`fedzoo.server.fl.weighting`), scores each update against its own update on the root set
+(`fedzoo.server.fl.root_trust`), and records each decision on the update's row, then applies the quarantine
+policy (`fedzoo.server.fl.quarantine`)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from fedzoo.server.fl import quarantine, root_trust
+from fedzoo.server.fl.base_models import RoundBase
 from fedzoo.server.fl.evaluation import client_reported_metrics
 from fedzoo.server.fl.models import FLUpdate
 from fedzoo.server.fl.round_context import RoundContext
-from fedzoo.server.fl.schemas import RoundConfig
+from fedzoo.server.fl.schemas import QuarantinePolicy, RoundConfig, round_training
 from fedzoo.server.fl.screening import Screened, screen_updates
-from fedzoo.server.fl.strategies import ClientUpdate
+from fedzoo.server.fl.strategies import ClientUpdate, make_strategy
+from fedzoo.server.fl.weighting import bound_weights
 
 
 @dataclass(frozen=True)
@@ -28,30 +34,57 @@ class ScreenedRound:
     summary: dict[str, Any]
 
 
+def root_update(context: RoundContext, base: RoundBase, config: RoundConfig,
+                round_number: int) -> root_trust.RootUpdate | None:
+    """The server's own update on the plan's root set (None without one), trained as the devices train."""
+    if config.root_trust is None:
+        return None
+    with context.store.open(base.card.training_graph) as stream:
+        training_graph = stream.read()
+    with context.store.open(config.root_trust.root_sha256) as stream:
+        root_npz = stream.read()
+    training = round_training(config, round_number, make_strategy(config.strategy).configure_fit(round_number))
+    return root_trust.train_root_update(base.onnx_bytes, training_graph, base.card, training, root_npz,
+                                        seed=round_number)
+
+
 def screen_round(context: RoundContext, rows: list[FLUpdate], config: RoundConfig,
-                 revoked: frozenset[str]) -> ScreenedRound:
-    """Screen a round's stored updates (a revoked device's update never counts)."""
+                 revoked: frozenset[str], root: root_trust.RootUpdate | None) -> ScreenedRound:
+    """Screen a round's stored updates (a revoked device's update never counts), bound their weights and,
+    with a root set, score them against the server's own update."""
     updates = [
         ClientUpdate(row.device_id, row.counted_examples or row.num_examples,
                      context.delta_loader(row.blob_sha256), row.delta_norm, json.loads(row.metrics_json))
         for row in rows
     ]
     screened, norm_limit = screen_updates(updates, config.norm_bound, revoked)
+    screened, weight_cap = bound_weights(screened, config.weight_bound)
+    if root is not None:
+        screened = root_trust.score_updates(screened, root, config.root_trust)
     kept = [decision.update for decision in screened if decision.update is not None]
     summary = {
         "accepted_updates": len(rows), "aggregated_updates": len(kept),
-        "num_examples": sum(update.num_examples for update in kept),
+        "num_examples": sum(d.original.num_examples for d in screened if d.update is not None),
         "upload_bytes": sum(row.upload_bytes for row in rows),
         "screening": {"norm_limit": norm_limit,
                       **{outcome: sum(d.outcome == outcome for d in screened)
                          for outcome in ("counted", "clipped", "rejected")}},
+        "weight_bound": {"rule": config.weight_bound.rule, "cap": weight_cap},
         "client_reported_metrics": client_reported_metrics(kept),
     }
+    if root is not None:
+        summary["root_trust"] = root_trust.summary(root, screened, config.root_trust)
     return ScreenedRound(screened, kept, summary)
 
 
-def record_screening(session: Session, rows: list[FLUpdate], screened: list[Screened]) -> None:
-    """Write each update's screening outcome, reason and counted norm to its row."""
+def record_screening(session: Session, rows: list[FLUpdate], screened: list[Screened],
+                     policy: QuarantinePolicy | None, now: datetime) -> None:
+    """Write each update's decision, reason, counted norm, weight and root cosine to its row; then apply the
+    quarantine policy to the round's devices."""
     for row, decision in zip(rows, screened):
         session.execute(update(FLUpdate).where(FLUpdate.id == row.id).values(
-            screening=decision.outcome, screening_reason=decision.reason, counted_norm=decision.counted_norm))
+            screening=decision.outcome, screening_reason=decision.reason, counted_norm=decision.counted_norm,
+            aggregation_weight=decision.update.num_examples if decision.update is not None else None,
+            root_cosine=decision.root_cosine))
+    if rows and screened:
+        quarantine.review(session, rows[0].round_id, [row.device_id for row in rows], policy, now)

@@ -1,6 +1,7 @@
 """Selection: devices check in with `GET /v1/fl/task`; an eligible device (its task and, if it says so, model
 family match the round) is seated until `target x (1 + over_selection)` devices are, then the round is
-**collecting**. Devices not selected are told when to come back (pace steering: `retry_after_s`)."""
+**collecting**. Devices not selected are told when to come back (pace steering: `retry_after_s`); a
+quarantined device (`fedzoo.server.fl.quarantine`) is selected by no round."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import math
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from fedzoo.server.fl import quarantine
 from fedzoo.server.fl.base_models import max_upload_bytes
 from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLRound
 from fedzoo.server.fl.round_context import RoundContext, as_utc, count_rows, has_update
-from fedzoo.server.fl.schemas import RoundConfig, Task, TaskResponse, TrainingConfig, UploadSpec
+from fedzoo.server.fl.schemas import RoundConfig, Task, TaskResponse, UploadSpec, round_training
 from fedzoo.server.fl.strategies import make_strategy
 
 IDLE_RETRY_AFTER_S = 30.0
@@ -28,6 +30,10 @@ class Selection:
         """Select the device for an eligible round and return its task, or tell it when to come back."""
         private = self.context.private
         with self.context.database.session() as session:
+            if quarantine.is_quarantined(session, device_id):
+                return TaskResponse(task=None, retry_after_s=IDLE_RETRY_AFTER_S,
+                                    reason="this device is quarantined: its updates kept being left out of "
+                                           "aggregation; the operator can release it")
             query = select(FLRound).where(FLRound.task == task, FLRound.state.in_(ACTIVE_STATES)).order_by(FLRound.id)
             if family is not None:
                 query = query.where(FLRound.family == family)
@@ -79,14 +85,7 @@ class Selection:
             training_graph_sha256=base.card.training_graph,
             training_graph_url=f"/v1/blobs/{base.card.training_graph}",
             deadline_at=as_utc(round_row.deadline_at),
-            training=TrainingConfig(
-                local_epochs=config.local_epochs,
-                batch_size=config.batch_size,
-                learning_rate=config.learning_rate * config.learning_rate_decay ** (round_row.number - 1),
-                optimizer=config.optimizer,
-                momentum=config.momentum,
-                **strategy_fields,
-            ),
+            training=round_training(config, round_row.number, strategy_fields),
             upload=UploadSpec(
                 url=f"/v1/fl/rounds/{round_row.id}/updates",
                 encodings=["fp32", "int8"],

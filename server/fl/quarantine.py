@@ -1,0 +1,82 @@
+"""Quarantine: a device whose updates keep being left out of aggregation stops being selected.
+
+Robust aggregation bounds what one round's harmful update can do; an insider still costs every round it
+takes part in a seat and the server's time, and keeps probing. The round's `quarantine` policy (on by default:
+3 exclusions among a device's last 5 updates) flags such a device when a round records its decisions. A
+quarantined device is not selected again, by any round, until an operator releases it, or revokes it for good
+(`fedzoo fl quarantine`, `GET /v1/fl/quarantine`, the dashboard's Quarantine page). An exclusion is an update
+screening left out (`rejected`): by the norm bound's `reject` action, or by the root set's cosine test when it
+pointed away from the server's update (cosine at most `max_root_cosine`, -0.05 by default). Late in a plan honest
+non-IID updates are about orthogonal to the server's (cosines within +-0.1 of 0, measured by bench/fl_robust.py):
+they are left out of the round but do not count. Updates left out because the operator revoked the device do not
+count, nor do those from before a release.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from fedzoo.errors import NotFoundError
+from fedzoo.server.fl.models import FLQuarantine, FLUpdate
+from fedzoo.server.fl.schemas import QuarantinePolicy
+from fedzoo.server.fl.screening import REVOKED_REASON
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+
+
+def _counts(update, policy: QuarantinePolicy) -> bool:
+    """Whether a recorded update is an exclusion towards quarantine (see the module's docstring)."""
+    if update.screening != "rejected" or update.screening_reason == REVOKED_REASON:
+        return False
+    return update.root_cosine is None or update.root_cosine <= policy.max_root_cosine
+
+
+def is_quarantined(session: Session, device_id: str) -> bool:
+    row = session.get(FLQuarantine, device_id)
+    return row is not None and row.released_at is None
+
+
+def review(session: Session, round_id: int, device_ids: list[str], policy: QuarantinePolicy | None,
+           now: datetime) -> list[str]:
+    """Quarantine the devices of a round whose last `window_updates` recorded updates (since any release)
+    hold `max_exclusions` exclusions; returns the ids newly quarantined."""
+    if policy is None:
+        return []
+    flagged = []
+    for device_id in device_ids:
+        row = session.get(FLQuarantine, device_id)
+        if row is not None and row.released_at is None:
+            continue
+        recent = session.execute(
+            select(FLUpdate.screening, FLUpdate.screening_reason, FLUpdate.root_cosine, FLUpdate.received_at)
+            .where(FLUpdate.device_id == device_id, FLUpdate.screening.is_not(None))
+            .order_by(FLUpdate.id.desc()).limit(policy.window_updates)).all()
+        if row is not None:  # released: only what came after counts
+            recent = [update for update in recent if _aware(update.received_at) > _aware(row.released_at)]
+        exclusions = sum(_counts(update, policy) for update in recent)
+        if exclusions < policy.max_exclusions:
+            continue
+        reason = (f"{exclusions} of its last {len(recent)} updates were left out of aggregation (policy: "
+                  f"{policy.max_exclusions} of {policy.window_updates}); round {round_id} decided it")
+        if row is None:
+            session.add(FLQuarantine(device_id=device_id, round_id=round_id, reason=reason, quarantined_at=now))
+        else:
+            row.round_id, row.reason, row.quarantined_at, row.released_at = round_id, reason, now, None
+        flagged.append(device_id)
+    session.flush()
+    return flagged
+
+
+def release(session: Session, device_id: str, now: datetime) -> FLQuarantine:
+    """Lift a device's quarantine (it may be selected again); its earlier exclusions no longer count."""
+    row = session.get(FLQuarantine, device_id)
+    if row is None or row.released_at is not None:
+        raise NotFoundError(f"device {device_id!r} is not quarantined")
+    row.released_at = now
+    session.flush()
+    return row
