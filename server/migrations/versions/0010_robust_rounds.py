@@ -1,7 +1,7 @@
 """Robust rounds: each update's aggregation weight and root-set cosine, and the quarantined devices.
 
-Revision ID: 0009_robust_rounds
-Revises: 0008_model_latency_factor
+Revision ID: 0010_robust_rounds
+Revises: 0009_ledger_lines
 Create Date: 2026-12-06
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0009_robust_rounds"
-down_revision = "0008_model_latency_factor"
+revision = "0010_robust_rounds"
+down_revision = "0009_ledger_lines"
 branch_labels = None
 depends_on = None
 
