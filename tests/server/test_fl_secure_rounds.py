@@ -269,6 +269,14 @@ def test_secure_stage_endpoints_check_the_token_the_stage_and_the_body(simulatio
         assert http.post(f"{url}/advertise_keys", json=keys, headers={"Authorization": "Bearer nope"}).status_code == 401
         refused = http.post(f"{url}/advertise_keys", json=keys, headers=auth(0))
         assert (refused.status_code, refused.json()["error"]["code"]) == (403, "not_selected")
+        enrollment = simulation.admin.create_enrollment_token(ADMIN, max_uses=1)["token"]
+        profile = {"device_id": "keyless", "platform": "linux-x86_64", "cpu": {"model": "virtual", "cores": 1},
+                   "memory_mb": 2048, "runtime": {"onnxruntime": "simulated", "threads": 1}}
+        keyless = http.post(f"{simulation.server_url}/v1/devices", json=profile,
+                            headers={"Authorization": f"Bearer {enrollment}"}).json()["token"]
+        check_in = http.get(f"{simulation.server_url}/v1/fl/task", params={"task": federation.card.task},
+                            headers={"Authorization": f"Bearer {keyless}"}).json()
+        assert check_in["task"] is None and check_in["reason"].startswith("signing_key_required")
         assert http.post(f"{simulation.server_url}/v1/fl/rounds/999/secagg/unmask", json={"shares": []},
                          headers=auth(0)).status_code == 404
         for index in range(DEVICES):  # selection closes: the round is at advertise_keys
