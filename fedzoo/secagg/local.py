@@ -37,7 +37,8 @@ class LocalRound:
     download_bytes: dict[int, dict[str, int]] = field(default_factory=dict)  # client -> stage -> request JSON bytes
     client_seconds: dict[int, dict[str, float]] = field(default_factory=dict)  # client -> stage -> its own work
     refusals: dict[int, str] = field(default_factory=dict)  # client -> ProtocolViolation reason
-    unmask_seconds: float = 0.0  # the server's work in the last stage
+    unmask_seconds: float = 0.0  # the server's work in the last stage (wall clock)
+    unmask_cpu_seconds: float = 0.0  # the same in this process's CPU time (what a loaded machine does not inflate)
     consistency_seconds: float = 0.0  # the server's work closing the consistency check (verifying, relaying)
 
 
@@ -91,7 +92,7 @@ def run_local_round(config: SecAggConfig, ring_vectors: Mapping[int, np.ndarray]
     requests = server.collect_consistency(replies)
     consistency_seconds = time.perf_counter() - started
     replies = exchange("unmask", requests)
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     result = server.collect_unmask_shares(replies)
     return LocalRound(result, uploads, rest_uploads, downloads, seconds, refusals, time.perf_counter() - started,
-                      consistency_seconds)
+                      time.process_time() - started_cpu, consistency_seconds)
