@@ -1,4 +1,4 @@
-"""Search for survivor stories that let a lying SecAgg+ server unmask one device, with and without the consistency check.
+"""Search for survivor stories that let a lying SecAgg+ server unmask a device, with and without the consistency check.
 
 The server may show each honest device any survivor set (at most `--sets` distinct ones), and may forward
 each dealer's shares to only some of its neighbours; every device survives and is honest. A device shown a
@@ -46,9 +46,9 @@ class Program:
         for number, (coefficients, _, _) in enumerate(self.rows):
             for column, value in coefficients.items():
                 matrix[number, column] += value
+        lower, upper = [row[1] for row in self.rows], [row[2] for row in self.rows]
         answer = milp(np.zeros(len(self.index)), integrality=np.ones(len(self.index)), bounds=Bounds(0, 1),
-                      constraints=LinearConstraint(matrix, [row[1] for row in self.rows], [row[2] for row in self.rows]),
-                      options={"time_limit": time_limit_s})
+                      constraints=LinearConstraint(matrix, lower, upper), options={"time_limit": time_limit_s})
         return {0: "found", 2: "none"}.get(answer.status, "undecided (time limit)"), answer.x
 
 

@@ -217,8 +217,8 @@ def test_devices_refuse_a_server_that_tells_each_a_different_survivor_set(simula
         def collect_masked_inputs(self, replies):
             requests = super().collect_masked_inputs(replies)
             survivors = sorted(requests)
-            self.stories = {client: [c for c in survivors if c != survivors[(survivors.index(client) + 1) % len(survivors)]]
-                            for client in survivors}
+            successor = {client: survivors[(position + 1) % len(survivors)] for position, client in enumerate(survivors)}
+            self.stories = {client: [c for c in survivors if c != successor[client]] for client in survivors}
             return {client: dict(request, survivors=self.stories[client]) for client, request in requests.items()}
 
         def collect_consistency(self, replies):
