@@ -529,7 +529,7 @@ class PrivateRoundRecord:
     clip_norm: float | None
     round_seconds: float
     aggregation_seconds: float  # SecAgg+: the whole protocol; else the sum
-    upload_bytes_per_client: float | None  # SecAgg+: mean JSON bytes a survivor sent over the four stages
+    upload_bytes_per_client: float | None  # SecAgg+: mean JSON bytes a survivor sent over the five stages
     aborted: bool = False  # SecAgg+ could not unmask: the model stays, no privacy is spent
 
 

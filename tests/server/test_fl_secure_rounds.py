@@ -182,7 +182,7 @@ def test_a_device_returning_bad_shares_is_named_and_the_sum_is_still_exact(simul
 
 
 def sdk_round(simulation, federation, config):
-    """Every device runs the SDK's own participation (train, clip, quantise, the four stages), concurrently."""
+    """Every device runs the SDK's own participation (train, clip, quantise, the five stages), concurrently."""
     round_id = simulation.start_plan(config)
     results = [None] * DEVICES
 
