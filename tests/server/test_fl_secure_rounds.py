@@ -235,6 +235,14 @@ def test_devices_refuse_a_server_that_tells_each_a_different_survivor_set(simula
     assert view["state"] == "failed" and view["result_model_id"] is None
 
 
+def test_devices_refuse_parameters_below_their_own_bounds_whatever_the_server_says(simulation, federation):
+    """The operator's plan asks for 2 neighbours among 6 devices: valid for the server, below every device's floor."""
+    weak = {"secure_aggregation": {"neighbour_count": 2, "clip_range": 0.05, "stage_deadline_s": 3}}
+    _, results, view = sdk_round(simulation, federation, secure_config(privacy=weak, deadline_s=10))
+    assert [result.outcome for result in results] == ["refused: config_out_of_bounds"] * DEVICES
+    assert view["state"] == "failed" and view["result_model_id"] is None
+
+
 def test_plans_with_rules_that_need_every_update_are_refused_under_privacy(simulation):
     with httpx.Client(base_url=simulation.server_url, headers={"Authorization": f"Bearer {ADMIN}"}) as admin:
         base = {"model_id": simulation.federation.card.id, "evaluation_sha256": simulation.evaluation_sha256}
