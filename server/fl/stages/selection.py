@@ -38,6 +38,7 @@ class Selection:
             if family is not None:
                 query = query.where(FLRound.family == family)
             rounds = list(session.scalars(query))
+            refusal = None
             for round_row in rounds:
                 if has_update(session, round_row.id, device_id) or private.has_finished(
                         session, round_row.id, device_id):
@@ -45,6 +46,10 @@ class Selection:
                 if session.get(FLParticipant, (round_row.id, device_id)) is not None:
                     return TaskResponse(task=self.task(session, round_row, device_id), retry_after_s=None)
                 if round_row.state == "open":
+                    refusal = private.seat_refusal(session, RoundConfig.model_validate_json(round_row.config_json),
+                                                   device_id)
+                    if refusal is not None:
+                        continue
                     self._select(session, round_row, device_id)
                     return TaskResponse(task=self.task(session, round_row, device_id), retry_after_s=None)
             if rounds:
@@ -53,7 +58,7 @@ class Selection:
                 return TaskResponse(
                     task=None,
                     retry_after_s=round(max(0.1, min(config.poll_interval_s, remaining_s)), 3),
-                    reason="the current round has selected its devices; ask again for the next one",
+                    reason=refusal or "the current round has selected its devices; ask again for the next one",
                 )
             return TaskResponse(task=None, retry_after_s=IDLE_RETRY_AFTER_S, reason=f"no round is running for task {task!r}")
 
