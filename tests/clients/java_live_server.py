@@ -17,6 +17,8 @@ After that it answers one JSON line per command line on stdin:
     {"cmd": "restart"}                                     stop and start the server (same port and data)
     {"cmd": "python_device", "device_id", "shard", "encoding"}
                                                            a Python SDK device registers and participates once
+    {"cmd": "expire_token", "device_id"}                   end a device's token lifetime now (as if its TTL passed)
+    {"cmd": "revoke", "device_id"}                         the admin revokes a device (POST /v1/devices/<id>/revoke)
     {"cmd": "quit"}
 """
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -52,6 +55,21 @@ def _python_device(server: LoopbackServer, federation, data_dir: Path, enrollmen
         result = participate_once(client, federation.card.task, federation.client_data(command["shard"]),
                                   command.get("encoding", "fp32"))
     return {"round_id": result.round_id, "outcome": result.outcome, "upload_bytes": result.upload_bytes}
+
+
+def _expire_token(server: LoopbackServer, device_id: str) -> dict:
+    # the token's lifetime ends in the database, where the server reads it on every request
+    with sqlite3.connect(server.data_dir / "registry.db") as database:
+        changed = database.execute("UPDATE devices SET token_expires_at = '2000-01-01 00:00:00.000000' WHERE id = ?",
+                                   (device_id,)).rowcount
+    return {"ok": changed == 1}
+
+
+def _revoke(server: LoopbackServer, device_id: str) -> dict:
+    with FedzooClient(server.url) as admin:
+        answer = admin.http.request("POST", f"/v1/devices/{device_id}/revoke",
+                                    headers={"Authorization": f"Bearer {DEFAULT_ADMIN_TOKEN}"})
+    return {"ok": answer.status_code == 200}
 
 
 def main() -> None:
@@ -89,6 +107,10 @@ def main() -> None:
                 if command["cmd"] == "restart":
                     server.restart()
                     _reply({"ok": True, "url": server.url})
+                elif command["cmd"] == "expire_token":
+                    _reply(_expire_token(server, command["device_id"]))
+                elif command["cmd"] == "revoke":
+                    _reply(_revoke(server, command["device_id"]))
                 elif command["cmd"] == "python_device":
                     _reply(_python_device(server, federation, data_dir, enrollment_token, command))
                 else:

@@ -107,6 +107,11 @@ public final class FedzooClient {
         return http.token();
     }
 
+    /** This device's id once registered (or loaded from the state), else null. */
+    public String deviceId() {
+        return deviceId;
+    }
+
     /** Bytes this client transferred in downloads (0 for cache hits). */
     public long downloadedBytes() {
         return downloadedBytes;

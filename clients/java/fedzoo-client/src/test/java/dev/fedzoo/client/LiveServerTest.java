@@ -261,8 +261,10 @@ class LiveServerTest {
         FedzooClient unenrolled = new FedzooClient(server.url, null, TestSupport.workDirectory("unenrolled"), QUICK, 30_000);
         ApiException.Authentication refused = assertThrows(ApiException.Authentication.class,
                 () -> unenrolled.register(DeviceProfile.collect("java-unenrolled", 1, null, null), null));
-        // the status only: HttpURLConnection drops the body of a 401 answering a streamed (fixed-length) POST
         assertEquals(401, refused.status());
+        assertEquals("enrollment_required", refused.code(), "the body of a 401 answering a POST is read");
+        assertEquals("Authorization", refused.field());
+        assertTrue(!(refused instanceof ApiException.ReregistrationRequired), "an enrollment token is what it lacks");
 
         StateStore state = new StateStore(TestSupport.workDirectory("refresh-state"));
         FedzooClient device = new FedzooClient(server.url, null, TestSupport.workDirectory("cache"), QUICK, 30_000)
@@ -284,6 +286,33 @@ class LiveServerTest {
                 .keepStateIn(state);
         assertEquals(device.token(), restarted.token());
         assertNotNull(restarted.lookup("digits", 50.0, null, null).getJSONObject("model"));
+    }
+
+    @Test
+    @Order(11)
+    void anExpiredTokenAndARevokedDeviceAreToldApartOnGetsAndPosts() throws Exception {
+        FedzooClient expiring = registeredDevice(server.url);
+        String modelId = server.ready.getString("model_id");
+        assertTrue(server.command(new JSONObject().put("cmd", "expire_token").put("device_id", expiring.deviceId()))
+                .getBoolean("ok"));
+        ApiException.ReregistrationRequired onGet = assertThrows(ApiException.ReregistrationRequired.class,
+                () -> expiring.flTask("digits", null));
+        assertEquals("token_expired", onGet.code());
+        ApiException.ReregistrationRequired onPost = assertThrows(ApiException.ReregistrationRequired.class,
+                () -> expiring.reportLatency(modelId, 0.5, null, 1));
+        assertEquals("token_expired", onPost.code());
+        assertEquals("Authorization", onPost.field());
+        assertTrue(onPost.getMessage().contains("register again with an enrollment token"), onPost.getMessage());
+
+        FedzooClient revoked = registeredDevice(server.url);
+        assertTrue(server.command(new JSONObject().put("cmd", "revoke").put("device_id", revoked.deviceId()))
+                .getBoolean("ok"));
+        assertEquals("device_revoked", assertThrows(ApiException.ReregistrationRequired.class,
+                () -> revoked.lookup("digits", 50.0, null, null)).code());
+        assertEquals("device_revoked", assertThrows(ApiException.ReregistrationRequired.class,
+                () -> revoked.reportLatency(modelId, 0.5, null, 1)).code());
+        assertEquals("device_revoked", assertThrows(ApiException.ReregistrationRequired.class,
+                revoked::refreshToken).code());
     }
 
     /** The newest published version of {@code family}. */
