@@ -16,7 +16,7 @@ from fedzoo.server.fl.rounds import MAX_ROUND_ID
 from fedzoo.server.schemas import Response, StrictRequest
 
 RoundState = Literal["open", "collecting", "aggregating", "closed", "failed"]
-ParticipantStatus = Literal["accepted", "clipped", "rejected", "late", "no_update"]
+ParticipantStatus = Literal["accepted", "clipped", "rejected", "late", "declined", "no_update"]
 ModelStage = Literal["base", "pruned", "int8", "federated"]
 
 
@@ -72,7 +72,7 @@ class Participant(Response):
     device_class: str | None
     selected_at: datetime
     status: ParticipantStatus = Field(description="no_update: selected, nothing received (yet)")
-    reason: str | None = Field(description="why an update was clipped, rejected or late")
+    reason: str | None = Field(description="why an update was clipped, rejected or late, or why the device declined the task")
     num_examples: int | None = Field(description="the weight the server granted (the device's claim, capped)")
     delta_norm: float | None
     upload_bytes: int | None

@@ -58,6 +58,7 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from fedzoo.capabilities import UPLOAD_ENCODINGS, Capabilities
 from fedzoo.cards import Metrics, ModelCard
 from fedzoo.clients.update_codec import decode_update, split_statistics
 from fedzoo.dp.accountant import PrivacyBudgetExhausted
@@ -67,6 +68,7 @@ from fedzoo.secagg.errors import RoundAborted
 from fedzoo.server.blobstore import BlobStore
 from fedzoo.server.db import Database
 from fedzoo.server.errors import Conflict, Forbidden, PayloadTooLarge
+from fedzoo.server.fl.eligibility import DECLINED, missing_capabilities
 from fedzoo.server.fl.evaluation import client_reported_metrics, decide_publication, evaluate
 from fedzoo.server.fl.faults import crash_point
 from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLRefusedUpload, FLRound, FLUpdate
@@ -288,23 +290,33 @@ class RoundService:
 
     # devices: check-in ---------------------------------------------------------------------------
 
-    def check_in(self, device_id: str, task: str, family: str | None = None) -> TaskResponse:
-        """Select the device for an eligible round and return its task, or tell it when to come back."""
+    def check_in(self, device_id: str, task: str, family: str | None = None,
+                 capabilities: Capabilities = Capabilities()) -> TaskResponse:
+        """Select the device for a round it is capable of and return its task, or tell it when to come back."""
         self.advance()
         with self.database.session() as session:
             query = select(FLRound).where(FLRound.task == task, FLRound.state.in_(ACTIVE_STATES)).order_by(FLRound.id)
             if family is not None:
                 query = query.where(FLRound.family == family)
             rounds = list(session.scalars(query))
+            incapable = []
             for round_row in rounds:
                 if self._has_update(session, round_row.id, device_id) or self.private.has_finished(
-                        session, round_row.id, device_id):
+                        session, round_row.id, device_id) or self._declined(session, round_row.id, device_id):
                     continue
                 if session.get(FLParticipant, (round_row.id, device_id)) is not None:
                     return TaskResponse(task=self._task(session, round_row, device_id), retry_after_s=None)
                 if round_row.state == "open":
+                    missing = missing_capabilities(RoundConfig.model_validate_json(round_row.config_json), capabilities)
+                    if missing:
+                        incapable.append(f"round {round_row.id} needs {' and '.join(missing)}")
+                        continue
                     self._select(session, round_row, device_id)
                     return TaskResponse(task=self._task(session, round_row, device_id), retry_after_s=None)
+            if incapable:
+                return TaskResponse(task=None, retry_after_s=IDLE_RETRY_AFTER_S,
+                                    reason=f"{'; '.join(incapable)}, which this device did not declare "
+                                           "(GET /v1/fl/task's secure_aggregation, dp_clipping, encodings)")
             if rounds:
                 config = RoundConfig.model_validate_json(rounds[0].config_json)
                 remaining_s = (as_utc(rounds[0].deadline_at) - self.clock()).total_seconds()
@@ -320,6 +332,26 @@ class RoundService:
         return session.scalar(
             select(func.count()).select_from(FLUpdate).where(FLUpdate.round_id == round_id, FLUpdate.device_id == device_id)
         ) > 0
+
+    @staticmethod
+    def _declined(session: Session, round_id: int, device_id: str) -> bool:
+        return session.scalar(select(func.count()).select_from(FLRefusedUpload).where(
+            FLRefusedUpload.round_id == round_id, FLRefusedUpload.device_id == device_id,
+            FLRefusedUpload.kind == DECLINED)) > 0
+
+    def decline(self, device_id: str, round_id: int, reason: str, message: str) -> dict[str, Any]:
+        """A selected device will not do the round's task: recorded with its reason, and the round no longer offers
+        it to the device. Its seat stays taken (under SecAgg+ it misses the stages: a dropout)."""
+        with self.database.session() as session:
+            _find_round(session, round_id)
+            if session.get(FLParticipant, (round_id, device_id)) is None:
+                raise Forbidden(f"device {device_id!r} was not selected for round {round_id}; only a selected device "
+                                "declines its task", field="round_id", code="not_selected")
+            if not self._declined(session, round_id, device_id):
+                session.add(FLRefusedUpload(round_id=round_id, device_id=device_id, kind=DECLINED,
+                                            reason=f"{reason}: {message}"[:2000], upload_bytes=0,
+                                            received_at=self.clock()))
+        return {"round_id": round_id, "reason": reason}
 
     def _select(self, session: Session, round_row: FLRound, device_id: str) -> None:
         """Seat the device; at the selection goal the round stops selecting. Concurrent check-ins may seat a
@@ -361,7 +393,7 @@ class RoundService:
             ),
             upload=UploadSpec(
                 url=f"/v1/fl/rounds/{round_row.id}/updates",
-                encodings=["fp32", "int8"],
+                encodings=list(UPLOAD_ENCODINGS),
                 max_bytes=self.max_upload_bytes(base),
             ),
             privacy=self.private.task_privacy(session, round_row, config, device_id,
@@ -829,5 +861,7 @@ class RoundService:
                 "result_model_id": round_row.result_model_id,
                 "outcome": json.loads(round_row.outcome_json) if round_row.outcome_json else None,
                 "next_round_id": next_round,
+                "declined_devices": session.scalar(select(func.count()).select_from(FLRefusedUpload).where(
+                    FLRefusedUpload.round_id == round_id, FLRefusedUpload.kind == DECLINED)) or 0,
             }
 

@@ -15,6 +15,7 @@ import dev.fedzoo.FedzooException;
 import dev.fedzoo.ModelCard;
 import dev.fedzoo.edge.DeviceProfile;
 import dev.fedzoo.edge.EdgeSession;
+import dev.fedzoo.fl.Capabilities;
 
 /**
  * One device's session with one fedzoo server, as {@code fedzoo.clients.client.FedzooClient}: register, look up
@@ -332,15 +333,33 @@ public final class FedzooClient {
 
     // federated learning ----------------------------------------------------------------------------------
 
-    /** Checks in: {@code {"task": {...} | null, "retry_after_s": ...}}; {@code family} may be null. */
+    /** Checks in, declaring what this SDK can do: {@code {"task": {...} | null, "retry_after_s": ...}}; {@code family} may be null. */
     public JSONObject flTask(String task, String family) {
+        return flTask(task, family, Capabilities.JAVA_SDK);
+    }
+
+    /** Checks in, declaring {@code capabilities} (the server hands out only tasks they cover). */
+    public JSONObject flTask(String task, String family, Capabilities capabilities) {
         Map<String, String> query = new LinkedHashMap<String, String>();
         query.put("task", task);
         if (family != null) {
             query.put("family", family);
         }
+        query.putAll(capabilities.toQuery());
         refreshTokenIfDue();
         return http.getJson("/v1/fl/task", query);
+    }
+
+    /** Tells the server this device will not do round {@code roundId}'s task, and why (the round records it). */
+    public JSONObject declineTask(long roundId, String reason, String message) {
+        JSONObject body = new JSONObject();
+        try {
+            body.put("reason", reason).put("message", message.length() > 500 ? message.substring(0, 500) : message);
+        } catch (JSONException impossible) {
+            throw new IllegalStateException(impossible);
+        }
+        refreshTokenIfDue();
+        return http.postJson("/v1/fl/rounds/" + roundId + "/decline", body, FedzooHttp.Resend.SAFE, 201);
     }
 
     /** A round's state, counts and outcome ({@code GET /v1/fl/rounds/<id>}). */

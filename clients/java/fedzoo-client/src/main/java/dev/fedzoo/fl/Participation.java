@@ -23,6 +23,7 @@ import dev.fedzoo.client.StateStore;
 import dev.fedzoo.client.StopSignal;
 import dev.fedzoo.client.Timestamps;
 import dev.fedzoo.codec.UpdateCodec;
+import dev.fedzoo.dp.Clipping;
 import dev.fedzoo.edge.Adam;
 import dev.fedzoo.edge.EdgeSession;
 import dev.fedzoo.edge.FloatTensor;
@@ -40,6 +41,11 @@ import dev.fedzoo.edge.Trainer;
  * checked between batches and between requests. With a {@link StateStore}, a trained update is saved before it is
  * sent and removed only once the server confirmed it, so an update trained before the process died is re-sent by
  * the next check-in (a 409 {@code duplicate_update} then means an earlier attempt got through: delivered).
+ *
+ * <p>In a private round ({@code task.privacy}) the delta is first reduced to the weights and clipped for DP
+ * ({@link #privateDelta}). A task this SDK cannot do is declined with a reason the round records
+ * ({@link FedzooClient#declineTask}); the server hands out such tasks only to devices that declared they can
+ * ({@link Capabilities}), so this happens only by mistake.
  */
 public final class Participation {
     /** The batch order of each epoch: a permutation of {@code 0..size-1}. */
@@ -236,6 +242,10 @@ public final class Participation {
                 throw new CardSignatureException("round " + roundId + " names blobs its signed card "
                         + card.id() + " does not", "field_mismatch");
             }
+            JSONObject privacy = work.optJSONObject("privacy");
+            if (privacy != null && privacy.optJSONObject("secure_aggregation") != null) {
+                return decline(roundId, "unsupported_secure_aggregation", "this SDK does not speak SecAgg+");
+            }
             if (stopped(stop)) {
                 return outcome(roundId, "stopped");
             }
@@ -256,10 +266,11 @@ public final class Participation {
                 // the server would refuse it (422); a model that diverged here is no update worth the bytes
                 return new ParticipationResult(roundId, "diverged", 0, data.size(), trained.metrics, null);
             }
+            Map<String, FloatTensor> delta = privacy != null ? privateDelta(trained.delta, privacy) : trained.delta;
             JSONArray accepted = work.getJSONObject("upload").getJSONArray("encodings");
             UpdateCodec.Encoding chosen = contains(accepted, encoding.wireName()) ? encoding : UpdateCodec.Encoding.FP32;
             StateStore.PendingUpdate update = new StateStore.PendingUpdate(roundId, work.getJSONObject("upload").getString("url"),
-                    metadata, work.getString("deadline_at"), chosen.wireName(), UpdateCodec.encode(trained.delta, chosen));
+                    metadata, work.getString("deadline_at"), chosen.wireName(), UpdateCodec.encode(delta, chosen));
             if (state != null) {
                 state.savePending(update);
             }
@@ -270,6 +281,33 @@ public final class Participation {
         } catch (JSONException error) {
             throw new FedzooException("the server's task is not what this client understands: " + error.getMessage(), error);
         }
+    }
+
+    /**
+     * What a private round (DP-FedAvg and/or SecAgg+) takes of a trained delta: the weights only (the running
+     * statistics stay the parent's, as the server aggregates them), clipped to the round's DP clip norm if it has one.
+     */
+    public static Map<String, FloatTensor> privateDelta(Map<String, FloatTensor> delta, JSONObject privacy) {
+        Map<String, FloatTensor> weights = new LinkedHashMap<String, FloatTensor>();
+        for (Map.Entry<String, FloatTensor> entry : delta.entrySet()) {
+            if (!entry.getKey().startsWith(Trainer.RUNNING_PREFIX)) {
+                weights.put(entry.getKey(), entry.getValue());
+            }
+        }
+        return privacy.isNull("clip_norm") ? weights : Clipping.clip(weights, privacy.optDouble("clip_norm"));
+    }
+
+    /**
+     * Declines round {@code roundId}'s task with {@code reason} (the round records it); the outcome is
+     * {@code refused: <reason>} even when the server could not be told.
+     */
+    private ParticipationResult decline(long roundId, String reason, String message) {
+        try {
+            client.declineTask(roundId, reason, message);
+        } catch (FedzooException unrecorded) {
+            // a server that broke the protocol may not listen; the device stops all the same
+        }
+        return outcome(roundId, "refused: " + reason);
     }
 
     /**

@@ -29,6 +29,7 @@ import dev.fedzoo.TestSupport;
 import dev.fedzoo.codec.UpdateCodec;
 import dev.fedzoo.edge.DeviceProfile;
 import dev.fedzoo.edge.EdgeSession;
+import dev.fedzoo.fl.Capabilities;
 import dev.fedzoo.fl.LocalData;
 import dev.fedzoo.fl.Participation;
 import dev.fedzoo.fl.ParticipationResult;
@@ -313,6 +314,60 @@ class LiveServerTest {
                 () -> revoked.reportLatency(modelId, 0.5, null, 1)).code());
         assertEquals("device_revoked", assertThrows(ApiException.ReregistrationRequired.class,
                 revoked::refreshToken).code());
+    }
+
+    private static JSONObject participants(long roundId) throws Exception {
+        FedzooClient admin = new FedzooClient(server.url, server.ready.getString("admin_token"),
+                TestSupport.workDirectory("admin"));
+        return admin.http().getJson("/v1/fl/rounds/" + roundId + "/participants", null);
+    }
+
+    @Test
+    @Order(12)
+    void aDpRoundSelectsOnlyDevicesThatClipAndTheJavaDevicesDeltaArrivesClipped() throws Exception {
+        double clipNorm = 0.05;
+        long roundId = startRound(1, "{\"privacy\": {\"dp\": {\"max_epsilon\": 1000.0, \"clip_norm\": " + clipNorm
+                + ", \"noise_multiplier\": 1.0}}, \"max_accuracy_drop\": 1.0}");
+        FedzooClient device = registeredDevice(server.url);
+        JSONObject undeclared = device.flTask("digits", null, new Capabilities(null, false, null));
+        assertTrue(undeclared.isNull("task"));
+        assertTrue(undeclared.getString("reason").contains("DP clipping"), undeclared.toString());
+
+        ParticipationResult result = new Participation(device, null).participateOnce("digits", server.shard(2),
+                UpdateCodec.Encoding.FP32, null, null);
+        assertEquals("accepted", result.outcome, result.toString());
+        assertEquals(Long.valueOf(roundId), result.roundId);
+        JSONObject view = waitUntilFinished(roundId);
+        assertEquals("closed", view.getString("state"), view.toString());
+        JSONObject participant = participants(roundId).getJSONArray("participants").getJSONObject(0);
+        assertEquals(device.deviceId(), participant.getString("device_id"));
+        assertTrue(participant.getDouble("delta_norm") <= clipNorm * (1 + 1e-5),
+                "the server received a delta within the clip norm: " + participant);
+        assertTrue(participant.getDouble("delta_norm") >= clipNorm * (1 - 1e-5), "one local epoch moves further than "
+                + clipNorm + ", so the delta was clipped to it: " + participant);
+    }
+
+    @Test
+    @Order(13)
+    void aSecureRoundSkipsDevicesThatDoNotSpeakItsProtocolAndOneSelectedByMistakeDeclinesOnRecord() throws Exception {
+        long roundId = startRound(3, "{\"privacy\": {\"secure_aggregation\": {\"neighbour_count\": 2, "
+                + "\"threshold\": 2}}, \"deadline_s\": 3, \"max_accuracy_drop\": 1.0}");
+        FedzooClient device = registeredDevice(server.url);
+        Participation participation = new Participation(device, null);
+        ParticipationResult skipped = participation.participateOnce("digits", server.shard(0), UpdateCodec.Encoding.INT8,
+                null, null);
+        assertEquals("no task", skipped.outcome, "the round does not select a device that did not declare SecAgg+");
+
+        JSONObject work = device.flTask("digits", null, new Capabilities(1, true, null)).getJSONObject("task");
+        assertEquals(roundId, work.getLong("round_id"), "a device that claims too much is selected");
+        ParticipationResult declined = participation.runTask(work, server.shard(0), UpdateCodec.Encoding.INT8, 1L, null);
+        assertEquals("refused: unsupported_secure_aggregation", declined.outcome);
+        assertEquals(0, device.uploadedBytes());
+        JSONObject view = waitUntilFinished(roundId);
+        assertEquals(1, view.getInt("declined_devices"), view.toString());
+        JSONObject participant = participants(roundId).getJSONArray("participants").getJSONObject(0);
+        assertEquals("declined", participant.getString("status"));
+        assertTrue(participant.getString("reason").startsWith("unsupported_secure_aggregation"), participant.toString());
     }
 
     /** The newest published version of {@code family}. */
