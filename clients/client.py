@@ -11,6 +11,9 @@ and the federated-learning calls. numpy + onnxruntime + httpx only; never torch.
     client.report_latency(choice["model"]["id"], median_ms=1.2)
     confirmed = client.lookup_confirmed("mnist", latency_budget_ms=5.0)  # the shortlist timed here
 
+Registering also makes the device's long-term Ed25519 signing key (kept in the state file, its public half
+sent to the server): SecAgg+ rounds need it (`fedzoo.clients.secure_participation`, docs/privacy.md).
+
 The device token expires (the server says when); every device call first trades it for a fresh one once
 less than `REFRESH_AT_LIFETIME_FRACTION` of its lifetime is left, keeping the expiry in the state file so a
 restarted app does the same. A token the server refuses as expired or revoked raises
@@ -19,11 +22,14 @@ restarted app does the same. A token the server refuses as expired or revoked ra
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import time
 from pathlib import Path
 from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedzoo.capabilities import PYTHON_SDK, Capabilities
 from fedzoo.cards import ModelCard
@@ -36,10 +42,12 @@ from fedzoo.clients.http import FedzooHTTP, RetryPolicy
 from fedzoo.clients.metered import MeteredBytes, MeteredFile, ProgressCallback
 from fedzoo.device import DeviceProfile
 from fedzoo.errors import InvalidInputError
+from fedzoo.secagg import signatures
 from fedzoo.signing import TrustedKeys
 
 # Rotate the device token once less than this share of its lifetime is left (the Java SDK does the same).
 REFRESH_AT_LIFETIME_FRACTION = 0.5
+SIGNING_KEY_STATE = "secagg_signing_key"  # the state file's key for the raw Ed25519 private key (base64)
 
 
 class FedzooClient:
@@ -55,12 +63,14 @@ class FedzooClient:
         state_file: str | Path | None = None,
         trusted_keys: TrustedKeys | None = None,
         progress: ProgressCallback | None = None,
+        signing_key: Ed25519PrivateKey | None = None,
     ) -> None:
         """`state_file` keeps the device id, token and token expiry across restarts (a token saved there is
         used when `token` is not given). `trusted_keys` pins the fleet's card-signing keys: every card must then
         verify before its model is downloaded or loaded, and the newest version accepted per family is kept in
         the state file (default `<cache_dir>/state.json`) so that no later card can roll the family back.
-        `progress`, when given, hears every download and upload's bytes as they move (for progress bars)."""
+        `progress`, when given, hears every download and upload's bytes as they move (for progress bars).
+        `signing_key` is the device's long-term SecAgg+ key where it is not kept in the state file."""
         self.http = FedzooHTTP(base_url, token=token, retry=retry, timeout_s=timeout_s)
         self.progress = progress
         self.cache = BlobCache(Path(cache_dir).expanduser() if cache_dir is not None else None)
@@ -76,6 +86,9 @@ class FedzooClient:
             self.device_id = saved.get("device_id")
             self.http.token = saved["token"]
             self.token_refresh_at_s = saved.get("token_refresh_at_s")
+        self.signing_key = signing_key
+        if signing_key is None and saved.get(SIGNING_KEY_STATE):
+            self.signing_key = signatures.load_signing_key(base64.b64decode(saved[SIGNING_KEY_STATE]))
 
     def close(self) -> None:
         self.http.close()
@@ -98,11 +111,18 @@ class FedzooClient:
         after an ambiguous failure: a second registration would be refused as a duplicate."""
         device_token, self.http.token = self.http.token, None  # an old device token is no enrollment credential
         headers = {"Authorization": f"Bearer {enrollment_token}"} if enrollment_token is not None else None
+        signing_key = signatures.new_signing_key()  # a new identity, a new key
+        body = {**json.loads(profile.model_dump_json()),
+                "signing_public_key": base64.b64encode(signatures.public_bytes(signing_key)).decode("ascii")}
         try:
-            registration = self.http.request("POST", "/v1/devices", json=json.loads(profile.model_dump_json()),
-                                             headers=headers, expected=(201,)).json()
+            registration = self.http.request("POST", "/v1/devices", json=body, headers=headers,
+                                             expected=(201,)).json()
         finally:
             self.http.token = device_token
+        self.signing_key = signing_key
+        if self.state_file is not None:
+            update_state(self.state_file, {SIGNING_KEY_STATE: base64.b64encode(
+                signatures.private_bytes(signing_key)).decode("ascii")})
         self.device_id = registration["device_id"]
         self._keep_token(registration["token"], registration.get("token_expires_in_s"))
         return registration

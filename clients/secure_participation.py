@@ -4,10 +4,12 @@ Under DP-FedAvg (`task.privacy.clip_norm`) the device clips its delta before any
 SecAgg+ (`task.privacy.secure_aggregation`) it never uploads the delta: it quantises it into the round's
 ring (`fedzoo.secagg.encoding`, levels = 127 is the int8 encoding's range), then answers each stage
 the server shows it at check-in (`GET /v1/fl/task`) with `fedzoo.secagg.SecAggClient`, whose secrets live
-in this process only and die with the round. The device refuses a server that breaks the protocol, e.g.
-one that lists a client as both survived and dropped (which would let it collect both of that client's
-secrets): `ProtocolViolation`, reported as the outcome `refused: <reason>` and told to the server
-(`POST /v1/fl/rounds/<id>/decline`), which records it; so is a round of a protocol version it does not speak.
+in this process only and die with the round; it signs with the device's long-term key (`client.signing_key`,
+made at registration). The device refuses a server that breaks the protocol, e.g. one that relays keys
+without their owner's signature, shows it a survivor set fewer than t neighbours signed, or sends parameters
+outside the device's own `SecAggBounds`: `ProtocolViolation`, reported as the outcome `refused: <reason>` and
+told to the server (`POST /v1/fl/rounds/<id>/decline`), which records it; so is a round of a protocol version
+it does not speak.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from fedzoo.capabilities import SECURE_AGGREGATION_VERSION
 from fedzoo.clients.errors import APIError, ConflictError, ServerUnavailableError
 from fedzoo.dp.clipping import clip_delta
 from fedzoo.secagg import SecAggClient, SecAggConfig, example_weight, flatten, quantise
+from fedzoo.secagg.bounds import SecAggBounds
 from fedzoo.secagg.errors import ProtocolViolation
 from fedzoo.secagg.framing import rest_reply
 
@@ -57,7 +60,8 @@ def answer_stage(protocol: SecAggClient, stage: str, request: dict[str, Any], ve
 
 
 def take_part_securely(client: FedzooClient, work: dict[str, Any], delta: Parameters, num_examples: int,
-                       check_in: CheckIn, sleep: Callable[[float], None] = time.sleep) -> tuple[str, int]:
+                       check_in: CheckIn, sleep: Callable[[float], None] = time.sleep,
+                       bounds: SecAggBounds = SecAggBounds()) -> tuple[str, int]:
     """Answer every SecAgg+ stage the server asks of this device; returns (outcome, bytes sent).
 
     Outcomes: "accepted" (this device's unmask reply is stored), "refused: <reason>" (the device refused
@@ -75,11 +79,13 @@ def take_part_securely(client: FedzooClient, work: dict[str, Any], delta: Parame
         if secure["stage"] not in ("selection", "done") and secure["client"] is None:
             return "refused: not_in_cohort", sent
         if secure["request"] is not None:
-            if protocol is None:
-                config = SecAggConfig.from_dict(secure["config"])
-                protocol, vector = SecAggClient(config, secure["client"]), ring_input(delta, config, work["privacy"],
-                                                                                     num_examples)
+            if client.signing_key is None:
+                return "refused: signing_key_required", sent
             try:
+                if protocol is None:
+                    config = SecAggConfig.from_dict(secure["config"])
+                    protocol = SecAggClient(config, secure["client"], client.signing_key, bounds)
+                    vector = ring_input(delta, config, work["privacy"], num_examples)
                 reply = answer_stage(protocol, secure["stage"], secure["request"], vector)
             except ProtocolViolation as violation:
                 log.warning("round %s: this device refuses the server's %s request: %s", work["round_id"],

@@ -51,6 +51,8 @@ from fedzoo.edge.trainer import Trainer, write_parameters
 from fedzoo.errors import InvalidInputError
 from fedzoo.secagg import RoundAborted, dequantise_sum, example_weight, flatten, quantise, run_local_round, unflatten
 from fedzoo.secagg.config import SecAggConfig
+from fedzoo.secagg.signatures import load_signing_key
+from fedzoo.secagg.signatures import private_bytes as signing_private_bytes
 from fedzoo.server.fl.strategies import (ClientUpdate, Strategy, make_strategy, require_secure_aggregation_support,
                                          weighted_mean_delta)
 from fedzoo.signing import CardSigningKey, sign_card
@@ -308,6 +310,7 @@ class ScaledUpdateAttack:
 class _Work:
     device_index: int
     token: str
+    signing_key: bytes  # the device's raw Ed25519 private key (SecAgg+ rounds)
     task: dict[str, Any]
     seed: int
     attacker: bool
@@ -328,10 +331,11 @@ class _Context:
 _DEVICE_CLIENTS: dict[tuple[str, str], FedzooClient] = {}
 
 
-def _device_client(base_url: str, token: str, cache_dir: Path) -> FedzooClient:
+def _device_client(base_url: str, token: str, cache_dir: Path, signing_key: bytes) -> FedzooClient:
     key = (base_url, token)
     if key not in _DEVICE_CLIENTS:
-        _DEVICE_CLIENTS[key] = FedzooClient(base_url, token=token, cache_dir=cache_dir)
+        _DEVICE_CLIENTS[key] = FedzooClient(base_url, token=token, cache_dir=cache_dir,
+                                            signing_key=load_signing_key(signing_key))
     return _DEVICE_CLIENTS[key]
 
 
@@ -344,7 +348,8 @@ def _do_work(context: _Context, work: _Work) -> ParticipationResult:
     """One selected device's work; a top-level function so Ray can ship it to a worker."""
     shard = context.shards[work.device_index]
     data = LocalData(context.pool_x[shard], context.pool_y[shard])
-    client = _device_client(context.base_url, work.token, Path(context.cache_root) / f"device-{work.device_index}")
+    client = _device_client(context.base_url, work.token, Path(context.cache_root) / f"device-{work.device_index}",
+                            work.signing_key)
     transform = context.attack if work.attacker else None
     return run_task(client, work.task, data, context.encoding, work.seed, transform)
 
@@ -378,6 +383,7 @@ class Simulation:
         self.rng = random.Random(seed)
         self.admin = FedzooClient(server_url, cache_dir=self.cache_root / "admin")
         self.tokens: list[str] = []
+        self.signing_keys: list[bytes] = []  # each device's raw Ed25519 private key, beside its token
 
     def close(self) -> None:
         self.admin.close()
@@ -413,6 +419,7 @@ class Simulation:
             )
             with FedzooClient(self.server_url, cache_dir=self.cache_root / "register") as client:
                 self.tokens.append(client.register(profile, enrollment_token)["token"])
+                self.signing_keys.append(signing_private_bytes(client.signing_key))
 
     def start_plan(self, round_config: dict[str, Any]) -> int:
         """Ask the server for a plan of rounds (evaluated on the federation's test split); returns the first round id."""
@@ -425,10 +432,12 @@ class Simulation:
         self.rng.shuffle(order)
         work = []
         for index in order:
-            client = _device_client(self.server_url, self.tokens[index], self.cache_root / f"device-{index}")
+            client = _device_client(self.server_url, self.tokens[index], self.cache_root / f"device-{index}",
+                                    self.signing_keys[index])
             task = client.fl_task(self.federation.card.task)["task"]
             if task is not None and task["round_id"] == round_id:
-                work.append(_Work(index, self.tokens[index], task, self.rng.randrange(2**31), index in self.attackers))
+                work.append(_Work(index, self.tokens[index], self.signing_keys[index], task, self.rng.randrange(2**31),
+                                  index in self.attackers))
         context = _Context(self.server_url, str(self.cache_root), self.federation.pool.x, self.federation.pool.y,
                            self.federation.shards, self.encoding, self.attack)
         if any((item.task.get("privacy") or {}).get("secure_aggregation") for item in work):

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 from fedzoo.errors import InvalidInputError
 
-# The SecAgg+ wire protocol of this checkout's fedzoo.secagg; bumped with any change a device would notice.
-SECURE_AGGREGATION_VERSION = 1
+# The SecAgg+ wire protocol of this checkout's fedzoo.secagg (2: signed keys and a consistency check); bumped with
+# any change a device would notice.
+SECURE_AGGREGATION_VERSION = 2
 UPLOAD_ENCODINGS = ("fp32", "int8")
 ENCODING_NAME = re.compile(r"^[a-z0-9_]{1,16}$")
 MAX_ENCODINGS = 8

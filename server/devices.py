@@ -3,6 +3,7 @@ revocation, and latency telemetry."""
 
 from __future__ import annotations
 
+import base64
 import logging
 import threading
 import time
@@ -16,10 +17,11 @@ from sqlalchemy.orm import Session
 
 from fedzoo.device import DeviceProfile
 from fedzoo.errors import NotFoundError
+from fedzoo.secagg import signatures
 from fedzoo.server import online_calibration
 from fedzoo.server.auth import hash_token, new_device_token
 from fedzoo.server.config import DEFAULT_DEVICE_TOKEN_TTL_S
-from fedzoo.server.errors import Conflict, Unauthorized
+from fedzoo.server.errors import Conflict, Unauthorized, ValidationFailed
 from fedzoo.server.latency import (
     MEASURED_WINDOW_REPORTS, DeviceScales, LatencyEstimator, measured_median_ms, slot_values,
 )
@@ -75,13 +77,25 @@ class TelemetryResult:
     reports: int
 
 
+def signing_public_key(text: str | None) -> bytes | None:
+    """The raw key of a registration's base64 `signing_public_key`; 422 if it is not an Ed25519 public key."""
+    if text is None:
+        return None
+    raw = base64.b64decode(text)
+    if not signatures.is_signing_public_key(raw):
+        raise ValidationFailed("signing_public_key is not an Ed25519 public key (base64 of its raw 32 bytes)",
+                               field="signing_public_key")
+    return raw
+
+
 def register(session: Session, estimator: LatencyEstimator, profile: DeviceProfile,
              token_ttl_s: int = DEFAULT_DEVICE_TOKEN_TTL_S, enrollment_token_id: str | None = None,
-             scales: DeviceScales | None = None) -> Registration:
+             scales: DeviceScales | None = None, signing_public_key: bytes | None = None) -> Registration:
     """Store a new device and return its token (shown once), valid for `token_ttl_s`. A taken device_id is
     a conflict: the token of an existing device is never replaced by someone who merely knows its id.
     `scales` (default: computed here) may be computed before the transaction takes a write lock: it can
-    take seconds, and on SQLite every other writer waits meanwhile."""
+    take seconds, and on SQLite every other writer waits meanwhile. `signing_public_key` (raw Ed25519) is
+    stored for good: SecAgg+ rounds check the device's signatures against it."""
     if session.get(DeviceRecord, profile.device_id) is not None:
         raise Conflict(f"device {profile.device_id!r} is already registered; use the token it was given",
                        field="device_id", code="device_exists")
@@ -97,6 +111,7 @@ def register(session: Session, estimator: LatencyEstimator, profile: DeviceProfi
         latency_scales_basis=scales.basis[:200],
         latency_signature=estimator.signature,
         profile_json=profile.model_dump_json(),
+        signing_public_key=signing_public_key,
         **dict(zip(SCALE_COLUMNS, slot_values(scales.scales, 1.0))),
     ))
     session.flush()

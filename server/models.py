@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import BigInteger, DateTime, Float, ForeignKey, Index, Integer, LargeBinary, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from fedzoo.server.db import Base
@@ -107,6 +107,9 @@ class DeviceRecord(Base):
     previous_token_valid_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     enrollment_token_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # the device's long-term Ed25519 public key (raw 32 bytes), given at registration and never changed: its
+    # signatures in SecAgg+ rounds are checked against it; a device without one takes part in plain rounds only
+    signing_public_key: Mapped[bytes | None] = mapped_column(LargeBinary(32), nullable=True)
     # Online recalibration (`fedzoo.server.online_calibration`): the scale columns above follow this device's
     # telemetry; the state (registration scales, covariance of the log scales) is kept as JSON beside them.
     latency_calibration_json: Mapped[str | None] = mapped_column(Text, nullable=True)

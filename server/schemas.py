@@ -56,9 +56,13 @@ MAX_STORED_INTEGER = 2**62
 
 
 class DeviceProfileRequest(DeviceProfile):
-    """`fedzoo.device.DeviceProfile` as POST /v1/devices takes it."""
+    """`fedzoo.device.DeviceProfile` as POST /v1/devices takes it, with the device's long-term signing key."""
 
     memory_mb: int = Field(ge=1, le=1_048_576 * 1024, description="device memory (MiB)")
+    signing_public_key: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=$",
+        description="base64 of the device's raw 32-byte Ed25519 public key; needed to take part in SecAgg+ rounds "
+                    "(docs/privacy.md), fixed for the device's lifetime")
 
 
 class ModelCardRequest(ModelCard):

@@ -1,14 +1,21 @@
-"""SecAgg+ secure aggregation (Bonawitz et al. 2017; Bell et al. 2020), independent of any transport.
+"""SecAgg+ secure aggregation (Bonawitz et al. 2017, §6 for a lying server; Bell et al. 2020), independent of any transport.
 
-The server learns the sum of the clients' quantised updates and nothing else about any one of them,
-even when clients drop out at any stage. Modules, in the order a round uses them:
+The server learns the sum of the surviving clients' quantised updates and nothing else about any one of
+them, even when clients drop out at any stage and even when it lies about who dropped out or swaps keys,
+as long as the devices' registered signing keys are genuine (docs/privacy.md, "Threat model"). Modules,
+in the order a round uses them:
 
-- `config`: the round's public parameters (`SecAggConfig`).
+- `config`: the round's public parameters (`SecAggConfig`: `round_id`, `num_clients`, `neighbour_count`,
+  `threshold`, `vector_length`, `clip_range`, `levels`, `minimum_survivors`); `bounds`: the limits a
+  device holds on them itself (`SecAggBounds`).
 - `graph`: the k-regular communication graph (a shuffled ring).
 - `encoding`: clip, weight and quantise an update into Z_{2^16} or Z_{2^32}; read the sum back.
-- `shamir`: t-of-k secret sharing over GF(2^521 - 1).
-- `crypto`: X25519, HKDF, ChaCha20-Poly1305 and the AES-CTR mask generator.
-- `client` / `server`: the two sides of the four stages; `messages`: their JSON-compatible shapes.
+- `shamir`: t-of-k secret sharing over GF(2^256 + 297) (`shamir.PRIME`).
+- `crypto`: X25519, HKDF, ChaCha20-Poly1305 and the AES-CTR mask generator; `signatures`: the Ed25519
+  signatures on advertised keys and on the survivor set, and the bytes they cover.
+- `client` / `server`: the two sides of the five stages (`advertise_keys`, `share_keys`, `masked_input`,
+  `consistency_check`, `unmask`); `messages`: their JSON-compatible shapes; `framing`: the binary form
+  of the share replies.
 - `local`: a whole round in one process (tests, benches, the simulator).
 
 Only numpy and `cryptography` are needed, so the device SDK imports this as the server does.

@@ -1,18 +1,23 @@
-"""A client's side of one SecAgg+ round (Bonawitz et al. 2017, with Bell et al. 2020's sparse graph).
+"""A client's side of one SecAgg+ round (Bonawitz et al. 2017 §6, with Bell et al. 2020's sparse graph).
 
-Four stages, each a reply to the server's message for it:
+Five stages, each a reply to the server's message for it:
 
-1. `advertise_keys()`: two fresh X25519 public keys (cipher, mask).
-2. `share_keys(request)`: given its neighbours' keys, Shamir-share a fresh self-mask seed b and the
-   mask private key among them, each share pair encrypted to its holder, with commitments to each share.
+1. `advertise_keys()`: two fresh X25519 public keys (cipher, mask), signed with the device's long-term
+   Ed25519 key (`signatures.advertise_payload`).
+2. `share_keys(request)`: given its neighbours' keys, each signature checked against the neighbour's
+   long-term key, Shamir-share a fresh self-mask seed b and the mask private key among them, each share
+   pair encrypted to its holder, with commitments to each share.
 3. `masked_input(request, vector)`: given the ciphertexts its neighbours sent it, the input masked by
    PRG(b) and by one pairwise mask per neighbour that shared (+ towards larger ids, - towards smaller).
-4. `unmask(request)`: given the server's lists of survivors and dropped clients, for each neighbour
-   the share of b (it survived) or of its mask key (it dropped), never both. A client refuses lists
-   that overlap, that drop itself, or that leave fewer than `minimum_survivors` inputs.
+4. `consistency_check(request)`: sign the survivor set the server shows it (it must include this client
+   and hold at least `minimum_survivors`).
+5. `unmask(request)`: only if at least t neighbours signed that very set: for each neighbour that shared,
+   the share of b (it survived) or of its mask key (it did not), never both.
 
-Because the threshold exceeds half the neighbours, even a server that tells different clients
-different stories about one client collects fewer than t shares of at least one of its two secrets.
+Why stage 4: a server that tells different devices different stories about who dropped out can collect
+b of a victim from its neighbours and the mask keys of those neighbours from theirs, and so read the
+victim's input. With t > k/2 neighbours' signatures required on one identical set, it cannot show two
+overlapping neighbourhoods two sets (docs/privacy.md, "Threat model").
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ import os
 from typing import Any
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from fedzoo.secagg import crypto
+from fedzoo.secagg import crypto, signatures
+from fedzoo.secagg.bounds import SecAggBounds
 from fedzoo.secagg.config import SecAggConfig
 from fedzoo.secagg.errors import ProtocolViolation
 from fedzoo.secagg.graph import neighbours
@@ -73,18 +80,27 @@ def pairwise_mask(config: SecAggConfig, private_key: crypto.X25519PrivateKey, pe
 
 
 class SecAggClient:
-    """One client in one round: call the four stages in order; it keeps its secrets only until `unmask`."""
+    """One client in one round: call the five stages in order; it keeps its secrets only until `unmask`.
 
-    def __init__(self, config: SecAggConfig, client: int) -> None:
+    `signing_key` is the device's long-term Ed25519 key (its public half registered with the server);
+    `bounds` are the device's own limits on the configuration; `trusted_signing_keys`, when the operator
+    pins the enrolled devices' public keys on the device, are the only neighbour keys it accepts."""
+
+    def __init__(self, config: SecAggConfig, client: int, signing_key: Ed25519PrivateKey,
+                 bounds: SecAggBounds = SecAggBounds(), trusted_signing_keys: frozenset[bytes] | None = None) -> None:
         if not 0 <= client < config.num_clients:
             raise ProtocolViolation(f"client number {client} is outside [0, {config.num_clients})", reason="malformed")
+        bounds.check(config)
         self.config, self.client = config, client
         self.neighbours = set(neighbours(config)[client])
+        self._signing_key, self._trusted_signing_keys = signing_key, trusted_signing_keys
         self._stage = "advertise_keys"
         self._cipher_private = self._mask_private = self._seed = None
         self._mask_public_keys: dict[int, bytes] = {}
         self._cipher_public_keys: dict[int, bytes] = {}
+        self._signing_public_keys: dict[int, bytes] = {}
         self._received: dict[int, bytes] = {}
+        self._survivors: frozenset[int] | None = None
 
     def _enter(self, stage: str) -> None:
         if self._stage != stage:
@@ -92,16 +108,19 @@ class SecAggClient:
                                     reason="wrong_stage")
 
     def advertise_keys(self) -> dict[str, Any]:
-        """Stage 1: fresh public keys for this round."""
+        """Stage 1: fresh public keys for this round, signed with the device's long-term key."""
         self._enter("advertise_keys")
         self._cipher_private, cipher_public = crypto.new_key_pair()
         self._mask_private, mask_public = crypto.new_key_pair()
+        signature = self._signing_key.sign(signatures.advertise_payload(self.config, self.client, cipher_public,
+                                                                        mask_public))
         self._stage = "share_keys"
         return {"stage": "advertise_keys", "client": self.client, "cipher_public_key": to_base64(cipher_public),
-                "mask_public_key": to_base64(mask_public)}
+                "mask_public_key": to_base64(mask_public), "signature": to_base64(signature)}
 
     def share_keys(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Stage 2: shares of the self-mask seed and the mask key, one encrypted pair per neighbour with keys."""
+        """Stage 2: shares of the self-mask seed and the mask key, one encrypted pair per neighbour with keys,
+        once every neighbour's keys carry its long-term signature."""
         self._enter("share_keys")
         request = expect_stage(request, "share_keys")
         peers, entries = listed_entries(request, "public_keys", "client", self.config.num_clients)
@@ -111,6 +130,9 @@ class SecAggClient:
         for peer, entry in zip(peers, entries):
             self._cipher_public_keys[peer] = _key(entry.get("cipher_public_key"), "cipher_public_key")
             self._mask_public_keys[peer] = _key(entry.get("mask_public_key"), "mask_public_key")
+            self._signing_public_keys[peer] = self._neighbour_signing_key(peer, entry)
+        if len(set(self._signing_public_keys.values())) != len(self._signing_public_keys):
+            raise ProtocolViolation("the server relayed one signing key for two neighbours", reason="bad_signature")
         if len(peers) < self.config.threshold:
             raise ProtocolViolation(f"only {len(peers)} neighbours have keys; sharing needs {self.config.threshold}",
                                     reason="too_few_neighbours")
@@ -154,31 +176,38 @@ class SecAggClient:
         for peer in senders:
             mask = pairwise_mask(self.config, self._mask_private, self._mask_public_keys[peer])
             masked = masked + mask if self.client < peer else masked - mask  # wraps modulo 2^bits
-        self._stage = "unmask"
+        self._stage = "consistency_check"
         return {"stage": "masked_input", "client": self.client,
                 "masked_vector": vector_to_base64(masked, self.config.modulus_bits)}
 
+    def consistency_check(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Stage 4: sign the survivor set the server shows this client (it must be in it, and it must be large
+        enough); the set is kept, and unmasking later happens only for this very set."""
+        self._enter("consistency_check")
+        request = expect_stage(request, "consistency_check")
+        survivors = frozenset(client_ids(request.get("survivors"), self.config.num_clients, "survivors"))
+        self._check_survivors(survivors)
+        self._survivors = survivors
+        signature = self._signing_key.sign(signatures.consistency_payload(self.config, self.client, survivors))
+        self._stage = "unmask"
+        return {"stage": "consistency_check", "client": self.client, "signature": to_base64(signature)}
+
     def unmask(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Stage 4: for each neighbour that shared, its self-mask share if it survived, its mask-key share if it
-        dropped; refuses lists that would let the server unmask anyone."""
+        """Stage 5: given at least t neighbours' signatures on the survivor set this client signed, for each
+        neighbour that shared its self-mask share if it survived, else its mask-key share."""
         self._enter("unmask")
         request = expect_stage(request, "unmask")
-        survivors = set(client_ids(request.get("survivors"), self.config.num_clients, "survivors"))
-        dropped = set(client_ids(request.get("dropped"), self.config.num_clients, "dropped"))
-        if survivors & dropped:
-            raise ProtocolViolation(f"the server lists clients {sorted(survivors & dropped)} as both survived and "
-                                    "dropped: revealing both their secrets would unmask their input",
-                                    reason="overlapping_lists")
-        if self.client not in survivors:
-            raise ProtocolViolation("the server asks this client to unmask while listing it as not survived",
-                                    reason="not_a_survivor")
-        if len(survivors) < self.config.minimum_survivors:
-            raise ProtocolViolation(f"only {len(survivors)} survivors; this client unmasks sums of at least "
-                                    f"{self.config.minimum_survivors}", reason="too_few_survivors")
+        survivors = frozenset(client_ids(request.get("survivors"), self.config.num_clients, "survivors"))
+        if survivors != self._survivors:
+            raise ProtocolViolation("the server asks this client to unmask for another survivor set than the one it "
+                                    "signed", reason="inconsistent_survivors")
+        self._check_survivors(survivors)
+        signers = self._consistency_signers(request, survivors)
+        if len(signers) < self.config.threshold:
+            raise ProtocolViolation(f"only {len(signers)} neighbours signed this survivor set; this client reveals "
+                                    f"shares under {self.config.threshold}", reason="too_few_signatures")
         shares, undecryptable = [], []
         for owner, ciphertext in sorted(self._received.items()):
-            if owner not in survivors and owner not in dropped:
-                continue
             try:
                 key = crypto.agree(self._cipher_private, self._cipher_public_keys[owner], "share-encryption",
                                    self.config.context)
@@ -196,6 +225,43 @@ class SecAggClient:
         self._cipher_private = self._mask_private = self._seed = None  # this round's secrets are no longer needed
         self._received = {}
         return {"stage": "unmask", "client": self.client, "shares": shares, "undecryptable": undecryptable}
+
+    def _check_survivors(self, survivors: frozenset[int]) -> None:
+        if self.client not in survivors:
+            raise ProtocolViolation("the server lists this client as not survived", reason="not_a_survivor")
+        if len(survivors) < self.config.minimum_survivors:
+            raise ProtocolViolation(f"only {len(survivors)} survivors; this client unmasks sums of at least "
+                                    f"{self.config.minimum_survivors}", reason="too_few_survivors")
+
+    def _neighbour_signing_key(self, peer: int, entry: dict[str, Any]) -> bytes:
+        """The neighbour's long-term key, once its signature on the keys the server relayed checks out."""
+        signing_key = from_base64(entry.get("signing_public_key"), "signing_public_key")
+        signature = from_base64(entry.get("signature"), "signature")
+        payload = signatures.advertise_payload(self.config, peer, self._cipher_public_keys[peer],
+                                               self._mask_public_keys[peer])
+        if self._trusted_signing_keys is not None and signing_key not in self._trusted_signing_keys:
+            raise ProtocolViolation(f"client {peer}'s signing key is not one of the keys pinned on this device",
+                                    reason="bad_signature")
+        if not signatures.verify(signing_key, signature, payload):
+            raise ProtocolViolation(f"client {peer}'s keys do not carry its signature: the server may have replaced "
+                                    "them", reason="bad_signature")
+        return signing_key
+
+    def _consistency_signers(self, request: dict[str, Any], survivors: frozenset[int]) -> set[int]:
+        """The neighbours whose signature on `survivors` the request carries; any signature that does not verify
+        is refused, since only the server could have altered it."""
+        signers, entries = listed_entries(request, "signatures", "client", self.config.num_clients)
+        if not set(signers) <= self.neighbours:
+            raise ProtocolViolation(f"the server sent signatures of clients {sorted(set(signers) - self.neighbours)} "
+                                    "that are not this client's neighbours", reason="malformed")
+        for signer, entry in zip(signers, entries):
+            signing_key = self._signing_public_keys.get(signer)
+            signature = from_base64(entry.get("signature"), "signature")
+            payload = signatures.consistency_payload(self.config, signer, survivors)
+            if signing_key is None or not signatures.verify(signing_key, signature, payload):
+                raise ProtocolViolation(f"client {signer}'s signature on the survivor set does not verify",
+                                        reason="bad_signature")
+        return set(signers)
 
 
 def _key(value: Any, what: str) -> bytes:

@@ -15,6 +15,12 @@ from fedzoo.errors import InvalidInputError
 INT8_LEVELS = 127  # the int8 update encoding's range: values are integers in [-127, 127]
 
 
+def least_survivors(threshold: int) -> int:
+    """The fewest inputs a sum may hold: 3 (with 2, each reads the other's input), and t (fewer survivors than t
+    cannot give t shares of a neighbour's secret anyway)."""
+    return max(3, threshold)
+
+
 @dataclass(frozen=True)
 class SecAggConfig:
     """Public parameters of one round (see docs/privacy.md for how to size them).
@@ -27,7 +33,8 @@ class SecAggConfig:
     - `vector_length`: coordinates of the (flattened) update.
     - `clip_range`: each coordinate is clipped to [-clip_range, clip_range] before quantisation.
     - `levels`: quantised values are integers in [-levels, levels] (127: the int8 encoding).
-    - `minimum_survivors`: clients refuse to unmask a sum of fewer inputs than this.
+    - `minimum_survivors`: clients refuse to unmask a sum of fewer inputs than this; at least max(3, t)
+      (with 2, each survivor would read the other's input from the sum), which is the default.
     """
 
     round_id: str
@@ -37,7 +44,7 @@ class SecAggConfig:
     vector_length: int
     clip_range: float
     levels: int = INT8_LEVELS
-    minimum_survivors: int = 2
+    minimum_survivors: int | None = None
 
     def __post_init__(self) -> None:
         if not self.round_id:
@@ -56,9 +63,12 @@ class SecAggConfig:
             raise InvalidInputError(f"clip_range must be a positive number, got {self.clip_range}", field="clip_range")
         if not 1 <= self.levels <= 2**15 - 1:
             raise InvalidInputError(f"levels must lie in [1, 32767], got {self.levels}", field="levels")
-        if not 1 <= self.minimum_survivors <= self.num_clients:
-            raise InvalidInputError(f"minimum_survivors must lie in [1, {self.num_clients}], got "
-                                    f"{self.minimum_survivors}", field="minimum_survivors")
+        if self.minimum_survivors is None:
+            object.__setattr__(self, "minimum_survivors", least_survivors(self.threshold))
+        least = least_survivors(self.threshold)
+        if type(self.minimum_survivors) is not int or not least <= self.minimum_survivors <= self.num_clients:
+            raise InvalidInputError(f"minimum_survivors must lie in [max(3, threshold) = {least}, {self.num_clients}]"
+                                    f", got {self.minimum_survivors}", field="minimum_survivors")
         if 2 * self.levels * self.num_clients + 1 > 2**32:
             raise InvalidInputError("num_clients x levels is too large for a 32-bit ring", field="levels")
 

@@ -9,7 +9,10 @@ class ProtocolViolation(FedzooError):
     """A client refuses a server message that would break the protocol or its privacy.
 
     `reason` is one stable word both SDKs report the same way (shared test vectors):
-    `wrong_stage`, `malformed`, `overlapping_lists`, `not_a_survivor`, `too_few_neighbours`, `too_few_survivors`.
+    `wrong_stage`, `malformed`, `not_a_survivor`, `too_few_neighbours`, `too_few_survivors`, `bad_signature`
+    (a neighbour's keys or survivor-set signature do not verify), `too_few_signatures` (fewer than t neighbours
+    signed this client's survivor set), `inconsistent_survivors` (unmasking for another set than the one it
+    signed), `config_out_of_bounds` (parameters outside the device's own `SecAggBounds`).
     """
 
     def __init__(self, message: str, reason: str) -> None:

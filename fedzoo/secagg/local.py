@@ -2,7 +2,8 @@
 
 Messages go through `json`, so the byte counts are real upload sizes as JSON; `rest_bytes` counts what the
 REST endpoints take (the masked vector raw, the share replies framed). `dropouts[stage]` names the clients that vanish instead of replying to that stage; a
-client that refuses a request (`ProtocolViolation`) drops out too, and its reason is recorded.
+client that refuses a request (`ProtocolViolation`) drops out too, and its reason is recorded. Each client's
+long-term signing key is made here unless `signing_keys` gives it (a test's own `clients` need theirs there).
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from fedzoo.errors import InvalidInputError
+from fedzoo.secagg import signatures
 from fedzoo.secagg.client import SecAggClient
 from fedzoo.secagg.config import SecAggConfig
 from fedzoo.secagg.errors import ProtocolViolation
@@ -32,22 +36,25 @@ class LocalRound:
     rest_bytes: dict[int, dict[str, int]] = field(default_factory=dict)  # the same over REST (framing.rest_reply)
     refusals: dict[int, str] = field(default_factory=dict)  # client -> ProtocolViolation reason
     unmask_seconds: float = 0.0  # the server's work in the last stage
+    consistency_seconds: float = 0.0  # clients' and server's work in the consistency check (signing, verifying)
 
 
 def run_local_round(config: SecAggConfig, ring_vectors: Mapping[int, np.ndarray],
                     dropouts: Mapping[str, set[int]] | None = None,
-                    clients: Mapping[int, SecAggClient] | None = None) -> LocalRound:
-    """Run the four stages for the clients that have an input (honest `SecAggClient`s unless `clients` gives
+                    clients: Mapping[int, SecAggClient] | None = None,
+                    signing_keys: Mapping[int, Ed25519PrivateKey] | None = None) -> LocalRound:
+    """Run the five stages for the clients that have an input (honest `SecAggClient`s unless `clients` gives
     some); raises RoundAborted if unmasking fails."""
     dropouts = dict(dropouts or {})
     unknown = set(dropouts) - set(STAGES)
     if unknown:
         raise InvalidInputError(f"unknown stages {sorted(unknown)} in dropouts; use {list(STAGES)}", field="dropouts")
-    clients = {index: (clients or {}).get(index) or SecAggClient(config, index) for index in ring_vectors}
+    keys = {index: (signing_keys or {}).get(index) or signatures.new_signing_key() for index in ring_vectors}
+    clients = {index: (clients or {}).get(index) or SecAggClient(config, index, keys[index]) for index in ring_vectors}
     uploads: dict[int, dict[str, int]] = {index: {} for index in clients}
     rest_uploads: dict[int, dict[str, int]] = {index: {} for index in clients}
     refusals: dict[int, str] = {}
-    server = SecAggServer(config)
+    server = SecAggServer(config, {index: signatures.public_bytes(key) for index, key in keys.items()})
 
     def exchange(stage: str, requests: dict[int, dict | None]) -> list[dict]:
         carried = []
@@ -71,7 +78,10 @@ def run_local_round(config: SecAggConfig, ring_vectors: Mapping[int, np.ndarray]
     requests = server.collect_keys(exchange("advertise_keys", dict.fromkeys(clients)))
     requests = server.collect_shares(exchange("share_keys", requests))
     requests = server.collect_masked_inputs(exchange("masked_input", requests))
+    started = time.perf_counter()
+    requests = server.collect_consistency(exchange("consistency_check", requests))
+    consistency_seconds = time.perf_counter() - started
     replies = exchange("unmask", requests)
     started = time.perf_counter()
     result = server.collect_unmask_shares(replies)
-    return LocalRound(result, uploads, rest_uploads, refusals, time.perf_counter() - started)
+    return LocalRound(result, uploads, rest_uploads, refusals, time.perf_counter() - started, consistency_seconds)

@@ -15,7 +15,7 @@ import numpy as np
 from fedzoo.secagg.crypto import MASK_DTYPES
 from fedzoo.secagg.errors import ProtocolViolation
 
-STAGES = ("advertise_keys", "share_keys", "masked_input", "unmask")
+STAGES = ("advertise_keys", "share_keys", "masked_input", "consistency_check", "unmask")
 
 
 def to_base64(data: bytes) -> str:

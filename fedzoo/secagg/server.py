@@ -4,7 +4,9 @@ Each `collect_*` method closes a stage: it takes the replies that arrived in tim
 is missing or malformed has dropped out at that stage) and returns the next stage's request for each
 client still in the round. `collect_unmask_shares` returns the exact sum of the survivors' inputs.
 
-Shares the server receives are checked against the commitments their dealer made when sharing, so a
+Every device's advertised keys and its signature on the survivor set are checked against its registered
+long-term key (`signing_keys`) before they are relayed: an honest server never forwards what honest
+devices would refuse. Shares the server receives are checked against the commitments their dealer made when sharing, so a
 client that returns a wrong share is caught and its share ignored; a reconstructed secret is checked
 against the dealer's public key or seed commitment, so a dealer that shared inconsistent values makes
 the round abort (`RoundAborted`) instead of producing a wrong sum.
@@ -12,12 +14,13 @@ the round abort (`RoundAborted`) instead of producing a wrong sum.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from fedzoo.secagg import crypto
+from fedzoo.secagg import crypto, signatures
 from fedzoo.secagg.client import (
     MASK_KEY, SELF_MASK, SHARE_COMMITMENT_BYTES, pairwise_mask, self_mask, self_mask_commitment, share_commitment,
 )
@@ -48,15 +51,21 @@ class _Dealt:
 
 
 class SecAggServer:
-    """One round's server state; call the `collect_*` methods in order with the replies that arrived."""
+    """One round's server state; call the `collect_*` methods in order with the replies that arrived.
 
-    def __init__(self, config: SecAggConfig) -> None:
+    `signing_keys`: each client's registered Ed25519 public key (a client without one cannot take part)."""
+
+    def __init__(self, config: SecAggConfig, signing_keys: Mapping[int, bytes]) -> None:
         self.config = config
+        self.signing_keys = dict(signing_keys)
         self.graph = neighbours(config)
         self.keys: dict[int, tuple[bytes, bytes]] = {}  # client -> (cipher public key, mask public key)
+        self.key_signatures: dict[int, bytes] = {}
         self.dealt: dict[int, _Dealt] = {}
         self.forwarded: dict[int, list[int]] = {}  # holder -> owners whose shares it was sent
         self.masked: dict[int, np.ndarray] = {}
+        self.survivor_signatures: dict[int, bytes] = {}
+        self.revealers: set[int] = set()  # clients asked to unmask: t of their neighbours signed the survivor set
         self.misbehaving: dict[int, str] = {}
 
     def _replies(self, replies: list[dict[str, Any]], stage: str, allowed: set[int]) -> dict[int, dict[str, Any]]:
@@ -82,10 +91,16 @@ class SecAggServer:
             if len(keys) != 2 or not all(len(key) == 32 and crypto.is_usable_public_key(key) for key in keys):
                 self.misbehaving[client] = "advertised malformed keys"
                 continue
-            self.keys[client] = keys
+            signature = _signature(reply.get("signature"))
+            if not self._signed_by(client, signature, signatures.advertise_payload(self.config, client, *keys)):
+                self.misbehaving[client] = "advertised keys without its valid signature"
+                continue
+            self.keys[client], self.key_signatures[client] = keys, signature
         return {client: {"stage": "share_keys", "public_keys": [
                     {"client": peer, "cipher_public_key": to_base64(self.keys[peer][0]),
-                     "mask_public_key": to_base64(self.keys[peer][1])}
+                     "mask_public_key": to_base64(self.keys[peer][1]),
+                     "signing_public_key": to_base64(self.signing_keys[peer]),
+                     "signature": to_base64(self.key_signatures[peer])}
                     for peer in self.graph[client] if peer in self.keys]}
                 for client in self.keys}
 
@@ -106,7 +121,7 @@ class SecAggServer:
         return requests
 
     def collect_masked_inputs(self, replies: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-        """Close stage 3; the unmask request, with the same two disjoint lists, for each survivor."""
+        """Close stage 3; the consistency_check request, the same survivor set, for each survivor."""
         for client, reply in self._replies(replies, "masked_input", set(self.dealt)).items():
             try:
                 self.masked[client] = vector_from_base64(reply.get("masked_vector"), self.config.vector_length + 1,
@@ -117,14 +132,33 @@ class SecAggServer:
         if len(survivors) < self.config.minimum_survivors:
             raise RoundAborted(f"only {len(survivors)} masked inputs arrived; the round needs "
                                f"{self.config.minimum_survivors}", clients=survivors)
-        dropped = sorted(set(self.dealt) - set(self.masked))
-        return {client: {"stage": "unmask", "survivors": survivors, "dropped": dropped} for client in survivors}
+        return {client: {"stage": "consistency_check", "survivors": survivors} for client in survivors}
+
+    def collect_consistency(self, replies: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+        """Close stage 4; the unmask request (the survivor set and the neighbours' signatures on it) for each
+        survivor that signed it and has t neighbours who did (an honest client refuses with fewer)."""
+        survivors = sorted(self.masked)
+        payload = {client: signatures.consistency_payload(self.config, client, survivors) for client in survivors}
+        for client, reply in self._replies(replies, "consistency_check", set(survivors)).items():
+            signature = _signature(reply.get("signature"))
+            if self._signed_by(client, signature, payload[client]):
+                self.survivor_signatures[client] = signature
+            else:
+                self.misbehaving[client] = "signed the survivor set with an invalid signature"
+        requests = {}
+        for client in sorted(self.survivor_signatures):
+            signed = [peer for peer in self.graph[client] if peer in self.survivor_signatures]
+            if len(signed) >= self.config.threshold:
+                requests[client] = {"stage": "unmask", "survivors": survivors, "signatures": [
+                    {"client": peer, "signature": to_base64(self.survivor_signatures[peer])} for peer in signed]}
+        self.revealers = set(requests)
+        return requests
 
     def collect_unmask_shares(self, replies: list[dict[str, Any]]) -> SecAggResult:
-        """Close stage 4: reconstruct the survivors' self-mask seeds and the dropped clients' mask keys, remove
+        """Close stage 5: reconstruct the survivors' self-mask seeds and the dropped clients' mask keys, remove
         their masks and return the exact sum; raises RoundAborted if a needed secret cannot be recovered."""
         survivors, dropped = sorted(self.masked), sorted(set(self.dealt) - set(self.masked))
-        shares = self._verified_shares(self._replies(replies, "unmask", set(survivors)), set(survivors), set(dropped))
+        shares = self._verified_shares(self._replies(replies, "unmask", self.revealers), set(survivors), set(dropped))
         total = np.zeros(self.config.vector_length + 1, dtype=crypto.MASK_DTYPES[self.config.modulus_bits])
         for client in survivors:
             total += self.masked[client]
@@ -172,6 +206,10 @@ class SecAggServer:
                 shares.setdefault((owner, kind), []).append((holder + 1, value))
         return shares
 
+    def _signed_by(self, client: int, signature: bytes | None, payload: bytes) -> bool:
+        key = self.signing_keys.get(client)
+        return key is not None and signature is not None and signatures.verify(key, signature, payload)
+
     def _recover(self, owner: int, kind: str, shares: dict[tuple[int, str], list[tuple[int, int]]]) -> bytes | None:
         try:
             return combine_shares(shares.get((owner, kind), []), self.config.threshold)
@@ -197,6 +235,13 @@ def _parse_dealt(reply: dict[str, Any], expected_holders: set[int]) -> _Dealt | 
     if set(ciphertexts) != expected_holders:
         return None
     return _Dealt(ciphertexts, commitments, seed_commitment)
+
+
+def _signature(text: Any) -> bytes | None:
+    try:
+        return from_base64(text, "signature")
+    except ProtocolViolation:
+        return None
 
 
 def _is_digest(value: Any, size: int = 32) -> bool:

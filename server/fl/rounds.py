@@ -299,7 +299,7 @@ class RoundService:
             if family is not None:
                 query = query.where(FLRound.family == family)
             rounds = list(session.scalars(query))
-            incapable = []
+            incapable, refusal = [], None
             for round_row in rounds:
                 if self._has_update(session, round_row.id, device_id) or self.private.has_finished(
                         session, round_row.id, device_id) or self._declined(session, round_row.id, device_id):
@@ -307,13 +307,17 @@ class RoundService:
                 if session.get(FLParticipant, (round_row.id, device_id)) is not None:
                     return TaskResponse(task=self._task(session, round_row, device_id), retry_after_s=None)
                 if round_row.state == "open":
-                    missing = missing_capabilities(RoundConfig.model_validate_json(round_row.config_json), capabilities)
+                    config = RoundConfig.model_validate_json(round_row.config_json)
+                    missing = missing_capabilities(config, capabilities)
                     if missing:
                         incapable.append(f"round {round_row.id} needs {' and '.join(missing)}")
                         continue
+                    refusal = self.private.seat_refusal(session, config, device_id)
+                    if refusal is not None:
+                        continue
                     self._select(session, round_row, device_id)
                     return TaskResponse(task=self._task(session, round_row, device_id), retry_after_s=None)
-            if incapable:
+            if incapable and refusal is None:
                 return TaskResponse(task=None, retry_after_s=IDLE_RETRY_AFTER_S,
                                     reason=f"{'; '.join(incapable)}, which this device did not declare "
                                            "(GET /v1/fl/task's secure_aggregation, dp_clipping, encodings)")
@@ -323,7 +327,7 @@ class RoundService:
                 return TaskResponse(
                     task=None,
                     retry_after_s=round(max(0.1, min(config.poll_interval_s, remaining_s)), 3),
-                    reason="the current round has selected its devices; ask again for the next one",
+                    reason=refusal or "the current round has selected its devices; ask again for the next one",
                 )
             return TaskResponse(task=None, retry_after_s=IDLE_RETRY_AFTER_S, reason=f"no round is running for task {task!r}")
 

@@ -21,7 +21,8 @@ not do its task says so at `POST /v1/fl/rounds/<id>/decline` (`{"reason", "messa
 
 SecAgg+ rounds (`privacy.secure_aggregation`) take no delta upload (409 `secure_round`): the device replies
 to each stage that `GET /v1/fl/task` shows it (`task.privacy.secure_aggregation`) at
-`POST /v1/fl/rounds/<id>/secagg/<stage>`: `advertise_keys` as JSON; `share_keys` and `unmask` as JSON or,
+`POST /v1/fl/rounds/<id>/secagg/<stage>`: `advertise_keys` and `consistency_check` as JSON, each signed with
+the device's registered key (422 `signature` when it does not verify); `share_keys` and `unmask` as JSON or,
 about half the bytes, as `application/octet-stream` framed by `fedzoo.secagg.framing` (what the SDK sends);
 `masked_input` as `application/octet-stream` (the masked vector's little-endian ring values, 2 or 4 bytes
 each). The device's client number comes from its token, never from the body. 201 means
@@ -42,8 +43,8 @@ from fedzoo.secagg.framing import decode_share_keys, decode_unmask, encode_share
 from fedzoo.server.errors import BadRequest, UnsupportedMediaType, ValidationFailed
 from fedzoo.server.fl.rounds import MAX_ROUND_ID, RoundService
 from fedzoo.server.fl.schemas import (
-    AdvertiseKeysReply, DeclineReceipt, DeclineRequest, RoundConfig, RoundView, SecureReplyReceipt, ShareKeysReply, TaskQuery, TaskResponse,
-    UnmaskReply, UpdateMetadata, UpdateReceipt,
+    AdvertiseKeysReply, ConsistencyCheckReply, DeclineReceipt, DeclineRequest, RoundConfig, RoundView, SecureReplyReceipt,
+    ShareKeysReply, TaskQuery, TaskResponse, UnmaskReply, UpdateMetadata, UpdateReceipt,
 )
 from fedzoo.server.openapi import OCTET_STREAM, documented
 from fedzoo.server.routes.common import (
@@ -152,13 +153,12 @@ def _secure_reply(device_id: str, round_id: int, stage: str, body: bytes) -> Res
 
 
 @documented(blueprint, "POST", "/v1/fl/rounds/<int:round_id>/secagg/advertise_keys",
-            summary="SecAgg+ stage 1: this device's two fresh X25519 public keys", auth="device",
+            summary="SecAgg+ stage 1: this device's two fresh X25519 public keys, signed with its registered key",
+            auth="device",
             request=AdvertiseKeysReply, response=SecureReplyReceipt, status=201, path_params=ROUND_ID,
             errors=SECURE_ERRORS)
 def secagg_advertise_keys(round_id: int) -> Response:
-    device = calling_device()
-    reply = json_body(AdvertiseKeysReply)
-    return _secure_reply(device.id, round_id, "advertise_keys", reply.model_dump_json().encode())
+    return _json_reply(round_id, "advertise_keys", AdvertiseKeysReply)
 
 
 @documented(blueprint, "POST", "/v1/fl/rounds/<int:round_id>/secagg/share_keys",
@@ -181,8 +181,21 @@ def secagg_masked_input(round_id: int) -> Response:
     return _secure_reply(device.id, round_id, "masked_input", raw_body(service().max_masked_vector_bytes(round_id)))
 
 
+@documented(blueprint, "POST", "/v1/fl/rounds/<int:round_id>/secagg/consistency_check",
+            summary="SecAgg+ stage 4: this device's signature on the survivor set it was sent", auth="device",
+            request=ConsistencyCheckReply, response=SecureReplyReceipt, status=201, path_params=ROUND_ID,
+            errors=SECURE_ERRORS)
+def secagg_consistency_check(round_id: int) -> Response:
+    return _json_reply(round_id, "consistency_check", ConsistencyCheckReply)
+
+
+def _json_reply(round_id: int, stage: str, model: type[AdvertiseKeysReply | ConsistencyCheckReply]) -> Response:
+    device = calling_device()
+    return _secure_reply(device.id, round_id, stage, json_body(model).model_dump_json().encode())
+
+
 @documented(blueprint, "POST", "/v1/fl/rounds/<int:round_id>/secagg/unmask",
-            summary="SecAgg+ stage 4: one share per neighbour (self-mask seed if it survived, mask key if it dropped; "
+            summary="SecAgg+ stage 5: one share per neighbour (self-mask seed if it survived, mask key if it dropped; "
                     "JSON, or application/octet-stream framed by fedzoo.secagg.framing)",
             auth="device", request=UnmaskReply, response=SecureReplyReceipt, status=201, path_params=ROUND_ID,
             errors=SECURE_ERRORS)

@@ -172,7 +172,8 @@ class UploadSpec(_Response):
     max_bytes: int
 
 
-SecureStageName = Literal["selection", "advertise_keys", "share_keys", "masked_input", "unmask", "done"]
+SecureStageName = Literal["selection", "advertise_keys", "share_keys", "masked_input", "consistency_check", "unmask",
+                          "done"]
 
 
 class SecureAggregationTask(_Response):
@@ -282,14 +283,24 @@ class DeclineReceipt(_Response):
 BASE64_32_BYTES = r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=$"  # an X25519 key or a SHA-256 commitment
 BASE64_33_BYTES = r"^[A-Za-z0-9+/]{44}$"  # a Shamir share value
 BASE64_16_BYTES = r"^[A-Za-z0-9+/]{21}[AQgw]==$"  # a share commitment
+BASE64_64_BYTES = r"^[A-Za-z0-9+/]{85}[AQgw]==$"  # an Ed25519 signature
 BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
 
 class AdvertiseKeysReply(_Request):
-    """Stage 1: the device's two fresh X25519 public keys (base64 of 32 bytes)."""
+    """Stage 1: the device's two fresh X25519 public keys (base64 of 32 bytes), signed with its registered key."""
 
     cipher_public_key: str = Field(pattern=BASE64_32_BYTES)
     mask_public_key: str = Field(pattern=BASE64_32_BYTES)
+    signature: str = Field(pattern=BASE64_64_BYTES, description="Ed25519 over fedzoo.secagg.signatures."
+                                                                "advertise_payload (docs/privacy.md)")
+
+
+class ConsistencyCheckReply(_Request):
+    """Stage 4: the device's signature on the survivor set it was sent."""
+
+    signature: str = Field(pattern=BASE64_64_BYTES, description="Ed25519 over fedzoo.secagg.signatures."
+                                                                "consistency_payload (docs/privacy.md)")
 
 
 class DealtShare(_Request):

@@ -1,8 +1,10 @@
 """Private rounds over REST: SecAgg+ stages as sub-states of a collecting round, and DP-FedAvg's noise and ledger.
 
-A round whose config has `privacy.secure_aggregation` runs the four stages of `fedzoo.secagg` while it is
+A round whose config has `privacy.secure_aggregation` runs the five stages of `fedzoo.secagg` while it is
 `collecting`: when selection closes, the selected devices are numbered 0 .. n-1 (in the order they were
-seated) and the stage moves `selection → advertise_keys → share_keys → masked_input → unmask → done`.
+seated) and the stage moves `selection → advertise_keys → share_keys → masked_input → consistency_check →
+unmask → done`. Only devices that registered a signing key are seated: their signatures on their keys and on
+the survivor set are checked against it here (422 `signature`) and again by their neighbours.
 Each stage closes when every device it waits for replied, or at its own deadline (`stage_deadline_s`,
 never past the round's); a device that missed a stage is out of the later ones (a dropout, which the
 protocol recovers from). At `done` the round aggregates like any other, under the aggregation lease.
@@ -39,24 +41,28 @@ from fedzoo.dp.accountant import PrivacyLedger, noise_multiplier_for
 from fedzoo.dp.clipping import clip_delta
 from fedzoo.dp.noise import DpFedAvg, quantised_sensitivity
 from fedzoo.errors import InvalidInputError
-from fedzoo.secagg import SecAggConfig, SecAggServer, dequantise_sum, flatten, unflatten
+from fedzoo.secagg import SecAggConfig, SecAggServer, dequantise_sum, flatten, signatures, unflatten
+from fedzoo.secagg.config import least_survivors
 from fedzoo.secagg.crypto import MASK_DTYPES
-from fedzoo.secagg.errors import RoundAborted
+from fedzoo.secagg.errors import ProtocolViolation, RoundAborted
 from fedzoo.secagg.framing import decode_share_keys, decode_unmask
-from fedzoo.secagg.messages import STAGES, to_base64
+from fedzoo.secagg.messages import STAGES, from_base64, to_base64
 from fedzoo.server.db import Database
-from fedzoo.server.errors import Conflict, Forbidden
+from fedzoo.server.errors import Conflict, Forbidden, ValidationFailed
 from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLPrivateRound, FLRound, FLSecureMessage
 from fedzoo.server.fl.schemas import RoundConfig, SecureAggregationSettings, SecureAggregationTask, TaskPrivacy
 from fedzoo.server.fl.strategies import Parameters, Strategy
+from fedzoo.server.models import DeviceRecord
 
 SELECTION, DONE = "selection", "done"
-COLLECT = {"advertise_keys": "collect_keys", "share_keys": "collect_shares", "masked_input": "collect_masked_inputs"}
+COLLECT = {"advertise_keys": "collect_keys", "share_keys": "collect_shares", "masked_input": "collect_masked_inputs",
+           "consistency_check": "collect_consistency"}
 MAX_CACHED_STAGES = 16
 # how each stage's stored reply reads back as the dict `SecAggServer` takes (share replies are kept framed)
 READ_REPLY: dict[str, Callable[[bytes], dict[str, Any]]] = {
     "advertise_keys": json.loads, "share_keys": decode_share_keys,
-    "masked_input": lambda body: {"masked_vector": to_base64(body)}, "unmask": decode_unmask}
+    "masked_input": lambda body: {"masked_vector": to_base64(body)}, "consistency_check": json.loads,
+    "unmask": decode_unmask}
 SAMPLING_PROBABILITY = 1.0  # the server seats whoever checks in: no amplification by sampling (docs/privacy.md)
 
 
@@ -72,11 +78,11 @@ def next_stage(stage: str) -> str:
 def secagg_config(settings: SecureAggregationSettings, round_id: int, cohort: int, vector_length: int,
                   clip_range: float, min_clients: int) -> SecAggConfig:
     """The round's SecAgg+ parameters for a cohort of `cohort` devices: k capped below the cohort, t above k/2,
-    and devices refuse to unmask a sum of fewer than max(t, min_clients) inputs."""
+    and devices refuse to unmask a sum of fewer than max(3, t, min_clients) inputs (all of a cohort of 3)."""
     neighbour_count = min(settings.neighbour_count, (cohort - 1) // 2 * 2)
     threshold = max(neighbour_count // 2 + 1, min(settings.threshold or 0, neighbour_count))
     return SecAggConfig(f"fl-round-{round_id}", cohort, neighbour_count, threshold, vector_length, clip_range,
-                        settings.levels, minimum_survivors=min(cohort, max(threshold, min_clients)))
+                        settings.levels, minimum_survivors=min(cohort, max(least_survivors(threshold), min_clients)))
 
 
 def with_calibrated_noise(config: RoundConfig) -> RoundConfig:
@@ -119,6 +125,16 @@ class PrivateRounds:
             session.add(FLPrivateRound(
                 round_id=round_row.id, stage=SELECTION if config.privacy.secure_aggregation else None,
                 ledger_json=json.dumps(ledger.to_dict()) if ledger is not None else None))
+
+    @staticmethod
+    def seat_refusal(session: Session, config: RoundConfig, device_id: str) -> str | None:
+        """Why the device cannot be seated in a round of this plan, or None: SecAgg+ needs its signing key."""
+        if config.privacy.secure_aggregation is None:
+            return None
+        if session.scalar(select(DeviceRecord.signing_public_key).where(DeviceRecord.id == device_id)) is None:
+            return ("signing_key_required: this round runs secure aggregation, which needs the device's signing key; "
+                    "register the device again with `signing_public_key` (docs/privacy.md)")
+        return None
 
     def start_stages(self, session: Session, round_row: FLRound, config: RoundConfig, vector_length: int) -> None:
         """Selection closed: number the seated devices and open advertise_keys (once, whoever gets here first)."""
@@ -192,12 +208,14 @@ class PrivateRounds:
                                 code="not_in_cohort")
             client = participants.index(device_id)
             protocol = SecAggConfig.from_dict(json.loads(row.secagg_config_json))
-            expected = self._protocol(session, round_id, stage)[1]
+            server, expected = self._protocol(session, round_id, stage)
         if client not in expected:
             raise Conflict(f"device {device_id!r} missed an earlier stage of round {round_id} and is out of it",
                            code="dropped_out")
         if stage == "masked_input":
             _check_masked_vector(body, protocol)
+        if stage in ("advertise_keys", "consistency_check"):
+            _check_signature(body, stage, protocol, client, server.signing_keys.get(client), expected[client])
         with self.database.session() as session:
             # the same conditional write as closing the stage: a reply either lands in an open stage or is refused
             still_open = session.execute(
@@ -294,7 +312,7 @@ class PrivateRounds:
         if key not in self._replayed:
             row = session.get(FLPrivateRound, round_id)
             protocol = SecAggConfig.from_dict(json.loads(row.secagg_config_json))
-            server = SecAggServer(protocol)
+            server = SecAggServer(protocol, self._signing_keys(session, round_id))
             requests: dict[int, dict[str, Any]] = {client: {"stage": "advertise_keys"}
                                                    for client in range(protocol.num_clients)}
             for done in STAGES[: STAGES.index(stage)]:
@@ -303,6 +321,14 @@ class PrivateRounds:
             while len(self._replayed) > MAX_CACHED_STAGES:
                 self._replayed.popitem(last=False)
         return self._replayed[key]
+
+    @staticmethod
+    def _signing_keys(session: Session, round_id: int) -> dict[int, bytes]:
+        """Client number -> the registered signing key of the device seated under it."""
+        participants = json.loads(session.get(FLPrivateRound, round_id).participants_json)
+        keys = dict(session.execute(select(DeviceRecord.id, DeviceRecord.signing_public_key)
+                                    .where(DeviceRecord.id.in_(participants))).all())
+        return {client: keys[device] for client, device in enumerate(participants) if keys.get(device) is not None}
 
     @staticmethod
     def _replies(session: Session, round_id: int, stage: str) -> list[dict[str, Any]]:
@@ -394,6 +420,25 @@ def _check_masked_vector(body: bytes, protocol: SecAggConfig) -> None:
         raise InvalidInputError(f"the masked vector must be {protocol.vector_length + 1} little-endian values of "
                                 f"{protocol.modulus_bits} bits ({expected} bytes), got {len(body)} bytes",
                                 field="masked_vector")
+
+
+def _check_signature(body: bytes, stage: str, protocol: SecAggConfig, client: int, signing_key: bytes | None,
+                     request: dict[str, Any]) -> None:
+    """422 unless the reply's signature is the device's, over its keys (advertise_keys) or over the survivor set it
+    was sent (consistency_check): a reply its neighbours would refuse is never stored."""
+    reply = json.loads(body)
+    try:
+        signature = from_base64(reply.get("signature"), "signature")
+        payload = (signatures.advertise_payload(protocol, client, from_base64(reply["cipher_public_key"], "key"),
+                                                from_base64(reply["mask_public_key"], "key"))
+                   if stage == "advertise_keys" else
+                   signatures.consistency_payload(protocol, client, request["survivors"]))
+    except ProtocolViolation:
+        signature, payload = b"", b""
+    if signing_key is None or not signatures.verify(signing_key, signature, payload):
+        raise ValidationFailed(f"the {stage} signature does not verify against this device's registered signing key "
+                               "(sign the payload of docs/privacy.md with the key given at registration)",
+                               field="signature")
 
 
 def _aware(moment: datetime) -> datetime:

@@ -36,13 +36,15 @@ def register_device() -> Response:
                            "(ask the fleet's operator: fedzoo enrollment create)", field="Authorization",
                            code="enrollment_required")
     enrollment_token = bearer_token(authorization) if authorization is not None else None
-    profile = DeviceProfile.model_validate(json_body(DeviceProfileRequest).model_dump())
+    body = json_body(DeviceProfileRequest)
+    profile = DeviceProfile.model_validate(body.model_dump(exclude={"signing_public_key"}))
+    signing_public_key = devices.signing_public_key(body.signing_public_key)
     scales = server.estimator.device_scales(profile)  # before the enrollment use takes the write lock
     with server.db.session() as session:
         enrolled_by = (enrollment.consume(session, enrollment_token, profile.device_class).id
                        if enrollment_token is not None else None)
         registration = devices.register(session, server.estimator, profile, server.config.device_token_ttl_s,
-                                        enrolled_by, scales)
+                                        enrolled_by, scales, signing_public_key)
     return json_response(DeviceRegistration(
         device_id=registration.device_id, token=registration.token,
         token_expires_in_s=registration.token_expires_in_s, latency_scales=registration.latency_scales,

@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[1] / "vectors"))  # the vector writer (importlib mode)
 from secagg_vectors import VECTORS_PATH  # noqa: E402
 
-from fedzoo.secagg import ProtocolViolation, SecAggClient, SecAggConfig, SecAggServer
+from fedzoo.secagg import ProtocolViolation, SecAggClient, SecAggConfig, SecAggServer, signatures
 from fedzoo.secagg.framing import decode_share_keys, decode_unmask, encode_share_keys, encode_unmask
 
 FRAMING = json.loads(VECTORS_PATH.read_text())["framing"]
@@ -32,13 +32,15 @@ def test_the_vectors_frame_and_read_back(stage, encode, decode):
 
 def test_a_real_rounds_replies_round_trip_at_about_173_bytes_a_neighbour():
     config = SecAggConfig("framing", num_clients=9, neighbour_count=8, threshold=5, vector_length=4, clip_range=1.0)
-    clients = {index: SecAggClient(config, index) for index in range(config.num_clients)}
-    server = SecAggServer(config)
+    keys = {index: signatures.new_signing_key() for index in range(config.num_clients)}
+    clients = {index: SecAggClient(config, index, keys[index]) for index in range(config.num_clients)}
+    server = SecAggServer(config, {index: signatures.public_bytes(key) for index, key in keys.items()})
     requests = server.collect_keys([client.advertise_keys() for client in clients.values()])
     replies = [clients[index].share_keys(request) for index, request in requests.items()]
     requests = server.collect_shares(replies)
     masked = [clients[index].masked_input(request, np.zeros(5, dtype=np.uint16)) for index, request in requests.items()]
-    unmask = [clients[index].unmask(request) for index, request in server.collect_masked_inputs(masked).items()]
+    checked = [clients[index].consistency_check(request) for index, request in server.collect_masked_inputs(masked).items()]
+    unmask = [clients[index].unmask(request) for index, request in server.collect_consistency(checked).items()]
     for reply, framed_reply in ((replies[0], encode_share_keys(replies[0])), (unmask[0], encode_unmask(unmask[0]))):
         decoded = (decode_share_keys if "self_mask_seed_commitment" in reply else decode_unmask)(framed_reply)
         assert decoded == {key: value for key, value in reply.items() if key not in ("stage", "client")}

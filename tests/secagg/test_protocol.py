@@ -1,4 +1,7 @@
-"""Whole SecAgg+ rounds: exact sums whoever drops out when, lying servers refused, bad shares caught."""
+"""Whole SecAgg+ rounds: exact sums whoever drops out when, lying servers refused, bad shares caught.
+
+The two attacks of issue #34 are reproduced in full: each is first run against clients with the defence taken
+out, to show the attack really reads the victim's input, then against the real clients, which refuse it."""
 
 import base64
 import os
@@ -14,11 +17,14 @@ from fedzoo.secagg import (
     SecAggClient,
     SecAggConfig,
     SecAggServer,
+    crypto,
     quantise,
     run_local_round,
+    signatures,
 )
+from fedzoo.secagg.client import pairwise_mask, self_mask
 from fedzoo.secagg.graph import neighbours
-from fedzoo.secagg.messages import STAGES
+from fedzoo.secagg.messages import STAGES, from_base64, to_base64
 from fedzoo.secagg.shamir import ShareError, combine_shares
 
 
@@ -36,9 +42,10 @@ def _plain_sum(config, inputs, clients):
 def _exact(config, inputs, dropouts):
     local = run_local_round(config, inputs, dropouts)
     result = local.result
-    # survivors sent a masked input: those dropping at the unmask stage still count
-    gone_before_unmask = set().union(*(c for stage, c in dropouts.items() if stage != "unmask")) | set(local.refusals)
-    assert set(result.survivors) == set(range(config.num_clients)) - gone_before_unmask
+    # survivors sent a masked input: those dropping at the consistency check or the unmask stage still count
+    late = ("consistency_check", "unmask")
+    gone_before = set().union(*(c for stage, c in dropouts.items() if stage not in late)) | set(local.refusals)
+    assert set(result.survivors) == set(range(config.num_clients)) - gone_before
     assert np.array_equal(result.ring_sum, _plain_sum(config, inputs, result.survivors))
     return local
 
@@ -61,7 +68,7 @@ def test_the_sum_is_exact_when_clients_drop_at_every_stage_at_once():
     for seed in range(3):
         order = random.Random(seed).sample(range(30), 8)
         dropouts = {"advertise_keys": set(order[:2]), "share_keys": set(order[2:4]),
-                    "masked_input": set(order[4:6]), "unmask": set(order[6:])}
+                    "masked_input": set(order[4:6]), "consistency_check": {order[6]}, "unmask": set(order[7:])}
         _exact(config, _inputs(config, seed), dropouts)
 
 
@@ -73,84 +80,246 @@ def test_many_seeded_rounds_of_sixty_clients_with_30_percent_dropping_after_key_
         _exact(config, _inputs(config, seed), {"masked_input": dropping})
 
 
-def _through_masked_inputs(config, inputs):
-    clients = {index: SecAggClient(config, index) for index in range(config.num_clients)}
-    server = SecAggServer(config)
+def _parties(config, client_class=SecAggClient):
+    keys = {index: signatures.new_signing_key() for index in range(config.num_clients)}
+    clients = {index: client_class(config, index, keys[index]) for index in range(config.num_clients)}
+    return clients, SecAggServer(config, {index: signatures.public_bytes(key) for index, key in keys.items()})
+
+
+def _through_masked_inputs(config, inputs, client_class=SecAggClient):
+    clients, server = _parties(config, client_class)
     requests = server.collect_keys([c.advertise_keys() for c in clients.values()])
     requests = server.collect_shares([clients[i].share_keys(r) for i, r in requests.items()])
     return clients, server, requests, inputs
 
 
-def test_clients_refuse_a_server_that_lists_a_client_as_survived_and_dropped():
-    config = SecAggConfig("round-lie", 12, 6, 4, 10, 1.0)
-    clients, server, requests, inputs = _through_masked_inputs(config, _inputs(config, 0))
-    victim = 3
-    masked = [clients[i].masked_input(r, inputs[i]) for i, r in requests.items()]
-    honest = server.collect_masked_inputs(masked)
-    for index, request in honest.items():
-        lie = dict(request, dropped=sorted(set(request["dropped"]) | {victim}))
-        if index == victim:
+def _to_unmask(config, inputs, client_class=SecAggClient):
+    """An honest round up to the unmask requests."""
+    clients, server, requests, inputs = _through_masked_inputs(config, inputs, client_class)
+    requests = server.collect_masked_inputs([clients[i].masked_input(r, inputs[i]) for i, r in requests.items()])
+    requests = server.collect_consistency([clients[i].consistency_check(r) for i, r in requests.items()])
+    return clients, server, requests
+
+
+class _TrustingClient(SecAggClient):
+    """A client with the consistency check taken out: it reveals for whatever survivor set it is shown (v1)."""
+
+    def _consistency_signers(self, request, survivors):
+        return set(self.neighbours)
+
+
+class _UncheckingClient(SecAggClient):
+    """A client that takes relayed keys on trust, without checking the neighbour's signature (v1)."""
+
+    def _neighbour_signing_key(self, peer, entry):
+        return from_base64(entry["signing_public_key"], "signing_public_key")
+
+
+def _share_value(share):
+    return int.from_bytes(base64.b64decode(share["value"]), "big")
+
+
+def _read_input(config, masked_vector, victim, seed, mask_key_of, victim_mask_public_key, peers):
+    """What the server reads once it holds the victim's self-mask seed and, for each neighbour the victim masked
+    with, one private key of that pair: the masked vector minus every mask."""
+    value = masked_vector - self_mask(config, seed)
+    for peer in peers:
+        mask = pairwise_mask(config, mask_key_of[peer], victim_mask_public_key)
+        value = value - mask if victim < peer else value + mask
+    return value
+
+
+def _inconsistent_stories(config, inputs, client_class, victim):
+    """Issue #34's attack: the victim's neighbours each hear "the victim and I survived, the victim's other
+    neighbours dropped"; everyone else hears "the victim's neighbours dropped". Every story holds the listener
+    and is long enough. The server collects b of the victim from its neighbours and the mask key of each
+    neighbour from theirs. Returns (what the server read of the victim's input or None, refusal reasons)."""
+    clients, server, requests, inputs = _through_masked_inputs(config, inputs, client_class)
+    masked = {i: clients[i].masked_input(r, inputs[i]) for i, r in requests.items()}
+    around = set(neighbours(config)[victim])
+    everyone = set(range(config.num_clients))
+    story = {client: sorted((everyone - around) | ({client} if client in around else set())) for client in everyone}
+    signed = {client: clients[client].consistency_check({"stage": "consistency_check", "survivors": story[client]})
+              for client in everyone}
+    shares, refusals = {}, {}
+    for client in everyone:
+        # the best the server can do: every neighbour's signature made on the very story this client heard
+        same_story = [{"client": peer, "signature": signed[peer]["signature"]}
+                      for peer in neighbours(config)[client] if story[peer] == story[client]]
+        try:
+            reply = clients[client].unmask({"stage": "unmask", "survivors": story[client], "signatures": same_story})
+        except ProtocolViolation as refusal:
+            refusals[client] = refusal.reason
             continue
-        with pytest.raises(ProtocolViolation) as refusal:
-            clients[index].unmask(lie)
-        assert refusal.value.reason == "overlapping_lists"
-
-
-def test_a_server_telling_neighbours_different_stories_never_gets_both_secrets():
-    """Half the victim's neighbours hear it dropped, half that it survived: since t > k/2, one half is short."""
-    config = SecAggConfig("round-split", 16, 8, 5, 10, 1.0)
-    clients, server, requests, inputs = _through_masked_inputs(config, _inputs(config, 1))
-    masked = [clients[i].masked_input(r, inputs[i]) for i, r in requests.items()]
-    honest = server.collect_masked_inputs(masked)
-    victim = 0
-    victim_neighbours = neighbours(config)[victim]
-    told_dropped = set(victim_neighbours[: len(victim_neighbours) // 2])
-    shares = {"self_mask": [], "mask_key": []}
-    for index in victim_neighbours:
-        request = honest[index]
-        if index in told_dropped:
-            request = {"stage": "unmask", "survivors": [c for c in request["survivors"] if c != victim],
-                       "dropped": sorted(set(request["dropped"]) | {victim})}
-        reply = clients[index].unmask(request)
         for share in reply["shares"]:
-            if share["owner"] == victim:
-                shares[share["kind"]].append((index + 1, int.from_bytes(base64.b64decode(share["value"]), "big")))
-    assert len(shares["self_mask"]) + len(shares["mask_key"]) == len(victim_neighbours)  # one kind each, never both
-    assert min(len(shares["self_mask"]), len(shares["mask_key"])) < config.threshold
-    with pytest.raises(ShareError):
-        combine_shares(min(shares.values(), key=len), config.threshold)
+            shares.setdefault((share["owner"], share["kind"]), []).append((client + 1, _share_value(share)))
+    try:
+        seed = combine_shares(shares.get((victim, "self_mask"), []), config.threshold)
+        mask_keys = {peer: crypto.load_private_key(combine_shares(shares.get((peer, "mask_key"), []), config.threshold))
+                     for peer in around}
+    except ShareError:
+        return None, refusals
+    victim_keys = server.keys[victim]
+    masked_vector = from_base64(masked[victim]["masked_vector"], "masked_vector")
+    vector = np.frombuffer(masked_vector, dtype=crypto.MASK_DTYPES[config.modulus_bits]).copy()
+    return _read_input(config, vector, victim, seed, mask_keys, victim_keys[1], sorted(around)), refusals
+
+
+# n = 30, k = 8, t = 5: the parameters of the review that found the attack
+ATTACKED = SecAggConfig("round-split", 30, 8, 5, 12, 1.0)
+
+
+def test_without_the_consistency_check_a_server_telling_different_stories_reads_one_input_exactly():
+    inputs = _inputs(ATTACKED, 1)
+    read, refusals = _inconsistent_stories(ATTACKED, inputs, _TrustingClient, victim=0)
+    assert refusals == {}  # every per-client check on its own list passes
+    assert read is not None and np.array_equal(read, inputs[0])
+
+
+@pytest.mark.parametrize("victim", [0, 7, 29])
+def test_a_server_telling_neighbours_different_stories_never_gets_both_secrets(victim):
+    """Each neighbour of the victim heard a story that no t of its own neighbours signed: it reveals nothing."""
+    inputs = _inputs(ATTACKED, 1)
+    read, refusals = _inconsistent_stories(ATTACKED, inputs, SecAggClient, victim)
+    assert read is None
+    assert set(neighbours(ATTACKED)[victim]) <= set(refusals)
+    assert set(refusals.values()) == {"too_few_signatures"}
+
+
+def _substituted_keys(config, inputs, client_class, victim, forge_signing_keys=False, pin_enrolled_keys=False):
+    """Issue #34's second attack: the server relays its own X25519 keys as each of the victim's neighbours'. The
+    victim then encrypts its self-mask seed's shares to the server and masks with keys the server holds.
+    Returns what the server read of the victim's input (or None) and the victim's refusal reason."""
+    keys = {index: signatures.new_signing_key() for index in range(config.num_clients)}
+    registered = {index: signatures.public_bytes(key) for index, key in keys.items()}
+    pinned = frozenset(registered.values()) if pin_enrolled_keys else None
+    clients = {index: client_class(config, index, keys[index], trusted_signing_keys=pinned)
+               for index in range(config.num_clients)}
+    server = SecAggServer(config, registered)
+    requests = server.collect_keys([c.advertise_keys() for c in clients.values()])
+    forged_ciphers, forged_masks = {}, {}
+    entries = []
+    for entry in requests[victim]["public_keys"]:
+        peer = entry["client"]
+        forged_ciphers[peer], cipher_public = crypto.new_key_pair()
+        forged_masks[peer], mask_public = crypto.new_key_pair()
+        forged = dict(entry, cipher_public_key=to_base64(cipher_public), mask_public_key=to_base64(mask_public))
+        if forge_signing_keys:  # the server also lies about the neighbour's long-term key
+            server_key = signatures.new_signing_key()
+            forged.update(signing_public_key=to_base64(signatures.public_bytes(server_key)), signature=to_base64(
+                server_key.sign(signatures.advertise_payload(config, peer, cipher_public, mask_public))))
+        entries.append(forged)
+    try:
+        dealt = clients[victim].share_keys({"stage": "share_keys", "public_keys": entries})
+    except ProtocolViolation as refusal:
+        return None, refusal.reason
+    seed_shares = []
+    for share in dealt["shares"]:
+        holder = share["holder"]
+        key = crypto.agree(forged_ciphers[holder], server.keys[victim][0], "share-encryption", config.context)
+        plaintext = crypto.decrypt(key, from_base64(share["ciphertext"], "ciphertext"),
+                                   client_module.share_associated_data(config, victim, holder))
+        seed_shares.append((holder + 1, int.from_bytes(plaintext[8 : 8 + 33], "big")))
+    seed = combine_shares(seed_shares, config.threshold)
+    encrypted = [{"owner": peer, "ciphertext": to_base64(b"\0" * 60)} for peer in forged_masks]
+    masked = clients[victim].masked_input({"stage": "masked_input", "encrypted_shares": encrypted}, inputs[victim])
+    vector = np.frombuffer(from_base64(masked["masked_vector"], "masked_vector"),
+                           dtype=crypto.MASK_DTYPES[config.modulus_bits]).copy()
+    return _read_input(config, vector, victim, seed, forged_masks, server.keys[victim][1], sorted(forged_masks)), None
+
+
+def test_without_signatures_a_server_substituting_keys_reads_one_input_from_the_masked_vector_alone():
+    inputs = _inputs(ATTACKED, 2)
+    read, refusal = _substituted_keys(ATTACKED, inputs, _UncheckingClient, victim=3)
+    assert refusal is None and np.array_equal(read, inputs[3])
+
+
+def test_a_server_substituting_keys_is_refused_by_the_neighbours_signatures():
+    read, refusal = _substituted_keys(ATTACKED, _inputs(ATTACKED, 2), SecAggClient, victim=3)
+    assert read is None and refusal == "bad_signature"
+
+
+def test_a_server_also_substituting_long_term_keys_is_refused_where_the_enrolled_keys_are_pinned():
+    """The server relays the long-term keys too: without pinning this is trust on first use (docs/privacy.md)."""
+    inputs = _inputs(ATTACKED, 2)
+    read, refusal = _substituted_keys(ATTACKED, inputs, SecAggClient, victim=3, forge_signing_keys=True)
+    assert refusal is None and np.array_equal(read, inputs[3])  # the documented limit
+    read, refusal = _substituted_keys(ATTACKED, inputs, SecAggClient, victim=3, forge_signing_keys=True,
+                                      pin_enrolled_keys=True)
+    assert read is None and refusal == "bad_signature"
+
+
+def test_a_key_advertisement_presented_as_another_clients_or_under_other_parameters_is_refused():
+    config = SecAggConfig("round-replay", 12, 6, 4, 10, 1.0)
+    clients, server = _parties(config)
+    requests = server.collect_keys([c.advertise_keys() for c in clients.values()])
+    victim = 0
+    entries = requests[victim]["public_keys"]
+    other_parameters = SecAggConfig("round-replay", 12, 6, 4, 11, 1.0)  # same graph, another vector length
+    swapped = [entries[0], dict(entries[0], client=entries[1]["client"],
+                                signing_public_key=entries[1]["signing_public_key"]),
+               *entries[2:]]  # the first neighbour's keys presented as the second's, under the second's long-term key
+    for tampered in (swapped, [dict(entries[0], signature=entries[1]["signature"]), *entries[1:]]):
+        fresh = SecAggClient(config, victim, signatures.new_signing_key())
+        fresh.advertise_keys()
+        with pytest.raises(ProtocolViolation) as refusal:
+            fresh.share_keys({"stage": "share_keys", "public_keys": tampered})
+        assert refusal.value.reason == "bad_signature"
+    stranger = SecAggClient(other_parameters, victim, signatures.new_signing_key())
+    stranger.advertise_keys()
+    with pytest.raises(ProtocolViolation) as refusal:
+        stranger.share_keys({"stage": "share_keys", "public_keys": entries})
+    assert refusal.value.reason == "bad_signature"
+
+
+def test_the_server_drops_a_client_whose_advertised_keys_are_not_signed_by_its_registered_key():
+    config = SecAggConfig("round-unsigned", 12, 6, 4, 10, 1.0)
+    clients, server = _parties(config)
+    replies = [c.advertise_keys() for c in clients.values()]
+    replies[2]["signature"] = replies[3]["signature"]
+    del replies[4]["signature"]
+    requests = server.collect_keys(replies)
+    assert {2, 4} & set(requests) == set() and "signature" in server.misbehaving[2] and 4 in server.misbehaving
+
+
+def test_a_server_unmasking_for_another_set_than_the_one_signed_is_refused():
+    config = SecAggConfig("round-other-set", 12, 6, 4, 10, 1.0)
+    clients, _, requests = _to_unmask(config, _inputs(config, 0))
+    request = requests[0]
+    with pytest.raises(ProtocolViolation) as refusal:
+        clients[0].unmask(dict(request, survivors=[c for c in request["survivors"] if c != 5]))
+    assert refusal.value.reason == "inconsistent_survivors"
 
 
 @pytest.mark.parametrize("tamper, reason", [
-    (lambda request: dict(request, survivors=request["survivors"][:1]), "too_few_survivors"),
-    (lambda request: dict(request, survivors=[c for c in request["survivors"] if c != 0],
-                          dropped=request["dropped"] + [0]), "not_a_survivor"),
+    (lambda request: dict(request, survivors=request["survivors"][:2]), "too_few_survivors"),
+    (lambda request: dict(request, survivors=[c for c in request["survivors"] if c != 0]), "not_a_survivor"),
     (lambda request: dict(request, survivors="everyone"), "malformed"),
     (lambda request: dict(request, stage="share_keys"), "wrong_stage"),
 ])
-def test_clients_refuse_unmask_requests_that_break_the_rules(tamper, reason):
-    config = SecAggConfig("round-rules", 10, 6, 4, 10, 1.0, minimum_survivors=3)
+def test_clients_refuse_survivor_sets_that_break_the_rules(tamper, reason):
+    config = SecAggConfig("round-rules", 10, 6, 4, 10, 1.0)
     clients, server, requests, inputs = _through_masked_inputs(config, _inputs(config, 2))
     honest = server.collect_masked_inputs([clients[i].masked_input(r, inputs[i]) for i, r in requests.items()])
     with pytest.raises(ProtocolViolation) as refusal:
-        clients[0].unmask(tamper(honest[0]))
+        clients[0].consistency_check(tamper(honest[0]))
     assert refusal.value.reason == reason
 
 
 def test_stages_out_of_order_and_too_few_neighbours_are_refused():
     config = SecAggConfig("round-order", 10, 6, 4, 10, 1.0)
-    client = SecAggClient(config, 0)
+    clients, server = _parties(config)
+    client = clients[0]
     with pytest.raises(ProtocolViolation) as refusal:
-        client.unmask({"stage": "unmask", "survivors": [0, 1], "dropped": []})
+        client.unmask({"stage": "unmask", "survivors": [0, 1, 2, 3], "signatures": []})
     assert refusal.value.reason == "wrong_stage"
-    client.advertise_keys()
-    others = [SecAggClient(config, peer).advertise_keys() for peer in neighbours(config)[0][:3]]
-    keys = [{k: v for k, v in reply.items() if k != "stage"} for reply in others]
+    requests = server.collect_keys([c.advertise_keys() for c in clients.values()])
+    keys = requests[0]["public_keys"]
     with pytest.raises(ProtocolViolation) as refusal:
-        client.share_keys({"stage": "share_keys", "public_keys": keys})
+        client.share_keys({"stage": "share_keys", "public_keys": keys[:3]})
     assert refusal.value.reason == "too_few_neighbours"
     stranger = next(c for c in range(10) if c not in neighbours(config)[0] and c != 0)
-    fresh = SecAggClient(config, 0)
+    fresh = SecAggClient(config, 0, signatures.new_signing_key())
     fresh.advertise_keys()
     with pytest.raises(ProtocolViolation, match="not this client's neighbours"):
         fresh.share_keys({"stage": "share_keys", "public_keys": [dict(keys[0], client=stranger)]})
@@ -182,7 +351,9 @@ class _BadDealer(SecAggClient):
 def test_a_holder_returning_wrong_shares_is_named_and_the_sum_stays_exact():
     config = SecAggConfig("round-liar", 20, 12, 7, 20, 1.0)
     inputs = _inputs(config, 3)
-    local = run_local_round(config, inputs, {"masked_input": {5, 6}}, clients={4: _LyingHolder(config, 4)})
+    key = signatures.new_signing_key()
+    local = run_local_round(config, inputs, {"masked_input": {5, 6}}, clients={4: _LyingHolder(config, 4, key)},
+                            signing_keys={4: key})
     assert np.array_equal(local.result.ring_sum, _plain_sum(config, inputs, local.result.survivors))
     assert list(local.result.misbehaving) == [4]
     assert "does not match its commitment" in local.result.misbehaving[4]
@@ -192,8 +363,10 @@ def test_a_holder_returning_wrong_shares_is_named_and_the_sum_stays_exact():
 def test_a_dealer_sharing_garbage_aborts_the_round_with_no_sum(dealer_drops):
     config = SecAggConfig("round-dealer", 20, 12, 7, 20, 1.0)
     dropouts = {"masked_input": {9}} if dealer_drops else {}
+    key = signatures.new_signing_key()
     with pytest.raises(RoundAborted) as aborted:
-        run_local_round(config, _inputs(config, 4), dropouts, clients={9: _BadDealer(config, 9)})
+        run_local_round(config, _inputs(config, 4), dropouts, clients={9: _BadDealer(config, 9, key)},
+                        signing_keys={9: key})
     assert aborted.value.clients == [9]
 
 
@@ -205,6 +378,7 @@ def test_a_tampered_ciphertext_is_reported_and_others_suffice():
     entry = requests[victim_holder]["encrypted_shares"][0]
     entry["ciphertext"] = entry["ciphertext"][:-4] + ("AAAA" if entry["ciphertext"][-4:] != "AAAA" else "BBBB")
     requests = server.collect_masked_inputs([clients[i].masked_input(r, inputs[i]) for i, r in requests.items()])
+    requests = server.collect_consistency([clients[i].consistency_check(r) for i, r in requests.items()])
     replies = [clients[i].unmask(r) for i, r in requests.items()]
     assert next(r for r in replies if r["client"] == victim_holder)["undecryptable"] == [entry["owner"]]
     result = server.collect_unmask_shares(replies)
@@ -219,16 +393,17 @@ def test_too_few_masked_inputs_abort_before_anyone_unmasks():
 
 def test_a_client_advertising_a_low_order_key_is_dropped_by_the_server_and_refused_by_clients():
     config = SecAggConfig("round-keys", 12, 6, 4, 10, 1.0)
-    clients = {index: SecAggClient(config, index) for index in range(12)}
+    clients, server = _parties(config)
     replies = [client.advertise_keys() for client in clients.values()]
     replies[5]["mask_public_key"] = base64.b64encode(bytes(32)).decode()  # the all-zero point: no agreement
-    server = SecAggServer(config)
     requests = server.collect_keys(replies)
     assert 5 not in requests and "malformed keys" in server.misbehaving[5]
     neighbour = neighbours(config)[5][0]
     forged = dict(requests[neighbour])
     forged["public_keys"] = requests[neighbour]["public_keys"] + [
-        {"client": 5, "cipher_public_key": replies[5]["cipher_public_key"], "mask_public_key": replies[5]["mask_public_key"]}]
+        {"client": 5, "cipher_public_key": replies[5]["cipher_public_key"], "mask_public_key": replies[5]["mask_public_key"],
+         "signing_public_key": to_base64(signatures.public_bytes(signatures.new_signing_key())),
+         "signature": replies[5]["signature"]}]
     with pytest.raises(ProtocolViolation) as refusal:
         clients[neighbour].share_keys(forged)
     assert refusal.value.reason == "malformed"

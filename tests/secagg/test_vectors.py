@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "vectors"))  # the vector wri
 from secagg_vectors import CONFIG, VECTORS_PATH, vectors_text  # noqa: E402
 
 from fedzoo.secagg import ProtocolViolation, SecAggClient, SecAggConfig, SecAggServer, quantise
-from fedzoo.secagg import crypto
+from fedzoo.secagg import crypto, signatures
 from fedzoo.secagg.client import MASK_KEY, SELF_MASK, self_mask_commitment, share_commitment
 from fedzoo.secagg.graph import neighbours
 from fedzoo.secagg.shamir import combine_shares
@@ -67,14 +67,51 @@ def test_graph_and_quantisation():
         assert ring.tolist() == case["ring"]
 
 
-@pytest.mark.parametrize("case", VECTORS["unmask_refusals"], ids=lambda case: case["reason"])
-def test_unmask_refusals(case):
-    clients = {index: SecAggClient(CONFIG, index) for index in range(CONFIG.num_clients)}
-    server = SecAggServer(CONFIG)
+def test_signed_payloads_and_signatures():
+    case = VECTORS["signing"]
+    key = signatures.load_signing_key(bytes.fromhex(case["private_key"]))
+    public_key = bytes.fromhex(case["public_key"])
+    assert signatures.public_bytes(key) == public_key
+    assert signatures.config_digest(CONFIG).hex() == case["config_digest"]
+    advertise = case["advertise"]
+    payload = signatures.advertise_payload(CONFIG, advertise["client"], bytes.fromhex(advertise["cipher_public_key"]),
+                                           bytes.fromhex(advertise["mask_public_key"]))
+    consistency = case["consistency"]
+    survivors = consistency["survivors"]
+    for signed, expected in ((payload, advertise),
+                             (signatures.consistency_payload(CONFIG, consistency["client"], survivors), consistency),
+                             (signatures.consistency_payload(CONFIG, consistency["client"], survivors[::-1]), consistency)):
+        assert signed.hex() == expected["payload"]
+        assert key.sign(signed).hex() == expected["signature"]
+        assert signatures.verify(public_key, bytes.fromhex(expected["signature"]), signed)
+        assert not signatures.verify(public_key, bytes.fromhex(expected["signature"]), signed[:-1] + b"\x00")
+    other_round = SecAggConfig.from_dict(dict(VECTORS["config"], round_id="vector-round-2"))
+    assert signatures.consistency_payload(other_round, consistency["client"], survivors).hex() != consistency["payload"]
+
+
+def _round_through_masked_inputs():
+    keys = {index: signatures.new_signing_key() for index in range(CONFIG.num_clients)}
+    clients = {index: SecAggClient(CONFIG, index, keys[index]) for index in range(CONFIG.num_clients)}
+    server = SecAggServer(CONFIG, {index: signatures.public_bytes(key) for index, key in keys.items()})
     requests = server.collect_keys([client.advertise_keys() for client in clients.values()])
     requests = server.collect_shares([clients[i].share_keys(r) for i, r in requests.items()])
-    client = clients[case["client"]]
-    client.masked_input(requests[case["client"]], np.zeros(CONFIG.vector_length + 1, dtype=np.uint16))
+    for index, client in clients.items():
+        client.masked_input(requests[index], np.zeros(CONFIG.vector_length + 1, dtype=np.uint16))
+    return clients
+
+
+@pytest.mark.parametrize("case", VECTORS["refusals"], ids=lambda case: case["reason"])
+def test_refusals(case):
+    client = _round_through_masked_inputs()[case["client"]]
+    if case["signed_survivors"] is not None:
+        client.consistency_check({"stage": "consistency_check", "survivors": case["signed_survivors"]})
     with pytest.raises(ProtocolViolation) as refusal:
-        client.unmask(case["request"])
+        getattr(client, "unmask" if case["signed_survivors"] is not None else "consistency_check")(case["request"])
     assert refusal.value.reason == case["reason"]
+
+
+@pytest.mark.parametrize("config", VECTORS["bounds_refusals"], ids=lambda config: str(config["neighbour_count"]))
+def test_configurations_outside_the_default_bounds_are_refused(config):
+    with pytest.raises(ProtocolViolation) as refusal:
+        SecAggClient(SecAggConfig.from_dict(config), 0, signatures.new_signing_key())
+    assert refusal.value.reason == "config_out_of_bounds"

@@ -12,6 +12,7 @@ import numpy as np
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.update_codec import encode_update
 from fedzoo.edge.onnx_initializers import read_float_initializers
+from fedzoo.secagg.signatures import load_signing_key
 
 
 @contextmanager
@@ -27,7 +28,8 @@ def ready_simulation(federation, server_url: str, cache_root: Path, admin_token:
 
 def device_client(simulation, index: int) -> FedzooClient:
     return FedzooClient(simulation.server_url, token=simulation.tokens[index],
-                        cache_dir=simulation.cache_root / f"device-{index}")
+                        cache_dir=simulation.cache_root / f"device-{index}",
+                        signing_key=load_signing_key(simulation.signing_keys[index]))
 
 
 def round_config(**overrides: Any) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from fedzoo.clients.participation import LocalData, participate_once
 from fedzoo.clients.secure_participation import answer_stage
 from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, prepare_federation
 from fedzoo.edge.onnx_initializers import read_float_initializers
-from fedzoo.secagg import SecAggClient, SecAggConfig, dequantise_sum, flatten, quantise, unflatten
+from fedzoo.secagg import SecAggClient, SecAggConfig, dequantise_sum, flatten, quantise, signatures, unflatten
 from fedzoo.secagg.crypto import MASK_DTYPES
 from fedzoo.secagg.framing import decode_unmask
 from fedzoo.server.fl import secure_rounds
@@ -78,7 +78,8 @@ class ScriptedDevice(threading.Thread):
                     return
                 if protocol is None:
                     config = SecAggConfig.from_dict(secure["config"])
-                    protocol, self.number = SecAggClient(config, secure["client"]), secure["client"]
+                    protocol = SecAggClient(config, secure["client"], self.client.signing_key)
+                    self.number = secure["client"]
                     self.ring_input = quantise(flatten(self.delta), config, 1.0, np.random.default_rng(self.seed))
                 reply = answer_stage(protocol, stage, secure["request"], self.ring_input)
                 if self.tamper is not None:
@@ -208,20 +209,30 @@ def test_sdk_devices_run_a_secure_round_that_publishes(simulation, federation):
     assert all(vector_bytes < result.upload_bytes < vector_bytes + 3000 for result in results)
 
 
-def test_devices_refuse_a_server_that_lists_a_client_as_both_survived_and_dropped(simulation, federation,
-                                                                                   monkeypatch):
+def test_devices_refuse_a_server_that_tells_each_a_different_survivor_set(simulation, federation, monkeypatch):
     class LyingServer(secure_rounds.SecAggServer):
+        """Tells each device that its ring successor dropped (so no two neighbours hold the same story) and forwards,
+        as it must, only the neighbours' signatures made on the story the device heard."""
+
         def collect_masked_inputs(self, replies):
             requests = super().collect_masked_inputs(replies)
-            for request in requests.values():  # claim the first survivor dropped too: both its secrets
-                request["dropped"] = sorted({*request["dropped"], request["survivors"][0]})
+            survivors = sorted(requests)
+            self.stories = {client: [c for c in survivors if c != survivors[(survivors.index(client) + 1) % len(survivors)]]
+                            for client in survivors}
+            return {client: dict(request, survivors=self.stories[client]) for client, request in requests.items()}
+
+        def collect_consistency(self, replies):
+            signed = {reply["client"]: reply["signature"] for reply in replies}
+            requests = {client: {"stage": "unmask", "survivors": self.stories[client], "signatures": [
+                {"client": peer, "signature": signed[peer]} for peer in self.graph[client]
+                if peer in signed and self.stories[peer] == self.stories[client]]} for client in signed}
+            self.revealers = set(requests)
             return requests
 
     monkeypatch.setattr(secure_rounds, "SecAggServer", LyingServer)
     _, results, view = sdk_round(simulation, federation, secure_config(deadline_s=15))
-    assert [result.outcome for result in results] == ["refused: overlapping_lists"] * DEVICES
-    assert view["state"] == "failed" and "cannot be recovered" in view["outcome"]["failure"]
-    assert view["result_model_id"] is None
+    assert [result.outcome for result in results] == ["refused: too_few_signatures"] * DEVICES
+    assert view["state"] == "failed" and view["result_model_id"] is None
 
 
 def test_plans_with_rules_that_need_every_update_are_refused_under_privacy(simulation):
@@ -250,7 +261,7 @@ def test_plans_with_rules_that_need_every_update_are_refused_under_privacy(simul
 def test_secure_stage_endpoints_check_the_token_the_stage_and_the_body(simulation, federation):
     round_id = simulation.start_plan(secure_config())
     url = f"{simulation.server_url}/v1/fl/rounds/{round_id}/secagg"
-    keys = {"cipher_public_key": "A" * 43 + "=", "mask_public_key": "A" * 43 + "="}
+    keys = {"cipher_public_key": "A" * 43 + "=", "mask_public_key": "A" * 43 + "=", "signature": "A" * 86 + "=="}
     tokens = simulation.tokens
     with httpx.Client(timeout=30) as http:
         auth = lambda index: {"Authorization": f"Bearer {tokens[index]}"}  # noqa: E731
@@ -265,6 +276,13 @@ def test_secure_stage_endpoints_check_the_token_the_stage_and_the_body(simulatio
         assert task["privacy"]["secure_aggregation"]["stage"] == "advertise_keys"
         too_early = http.post(f"{url}/unmask", json={"shares": []}, headers=auth(0))
         assert (too_early.status_code, too_early.json()["error"]["code"]) == (409, "wrong_stage")
+        signature = {"signature": keys["signature"]}
+        assert http.post(f"{url}/consistency_check", json=signature).status_code == 401
+        too_early = http.post(f"{url}/consistency_check", json=signature, headers=auth(0))
+        assert (too_early.status_code, too_early.json()["error"]["code"]) == (409, "wrong_stage")
+        for body in ({"signature": "short"}, {}, {**signature, "survivors": [0]}):
+            bad = http.post(f"{url}/consistency_check", json=body, headers=auth(0))
+            assert bad.status_code == 422 and bad.json()["error"]["field"] in ("signature", "survivors"), bad.text
         for body, field in (({**keys, "cipher_public_key": "short"}, "cipher_public_key"),
                             ({**keys, "client": 3}, "client"), ({"mask_public_key": keys["mask_public_key"]},
                                                                  "cipher_public_key")):
@@ -274,6 +292,13 @@ def test_secure_stage_endpoints_check_the_token_the_stage_and_the_body(simulatio
                          ).status_code == 400
         wrong_type = http.post(f"{url}/masked_input", content=b"\0" * 10, headers={**auth(0), "Content-Type": "text/plain"})
         assert wrong_type.status_code == 415
+        unsigned = http.post(f"{url}/advertise_keys", json=keys, headers=auth(0))  # a signature, but not device 0's
+        assert (unsigned.status_code, unsigned.json()["error"]["field"]) == (422, "signature"), unsigned.text
+        secure = device_client(simulation, 0).fl_task(federation.card.task)["task"]["privacy"]["secure_aggregation"]
+        protocol = SecAggConfig.from_dict(secure["config"])
+        raw_key = base64.b64decode(keys["cipher_public_key"])
+        keys["signature"] = base64.b64encode(device_client(simulation, 0).signing_key.sign(
+            signatures.advertise_payload(protocol, secure["client"], raw_key, raw_key))).decode()
         stored = http.post(f"{url}/advertise_keys", json=keys, headers=auth(0))  # stored: the server checks keys later
         assert stored.status_code == 201 and stored.json()["received"] == 1
         again = http.post(f"{url}/advertise_keys", json=keys, headers=auth(0))

@@ -7,13 +7,17 @@ A second SDK that reproduces every case speaks the same protocol:
 - `hkdf`, `x25519`: key derivation and agreement (purpose and round context in HKDF's info);
 - `mask`: the AES-256-CTR generator's first values and the SHA-256 of its whole output;
 - `share_decryption`: a share ciphertext (nonce || ChaCha20-Poly1305) that opens to a known plaintext;
-- `shamir`: shares over GF(2^521 - 1) and the secret any `threshold` of them give;
+- `shamir`: shares over GF(2^256 + 297) and the secret any `threshold` of them give;
 - `commitments`: the share and seed commitments the server checks;
 - `graph`: each client's neighbours for a round configuration;
 - `quantise`: inputs on exact levels (so rounding is deterministic) and the ring values they become;
-- `unmask_refusals`: unmask requests an honest client must refuse, with the `ProtocolViolation.reason`;
+- `signing`: the configuration digest, and the stage 1 (advertised keys) and stage 4 (survivor set) payloads
+  with their Ed25519 signatures under a fixed key (Ed25519 signatures are deterministic);
+- `refusals`: consistency_check and unmask requests an honest client must refuse, with the
+  `ProtocolViolation.reason` (`signed_survivors`: the set client 0 signed first, or null when the request
+  is the consistency_check itself), and configurations outside the default `SecAggBounds`;
 - `framing`: a share_keys and an unmask reply and their binary framing (`fedzoo.secagg.framing`), as the
-  REST endpoints take them.
+  REST endpoints take them; the consistency_check reply is JSON `{"signature": <base64 of 64 bytes>}`.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
-from fedzoo.secagg import crypto
+from fedzoo.secagg import crypto, signatures
 from fedzoo.secagg.client import (
     MASK_KEY,
     SELF_MASK,
@@ -75,6 +79,58 @@ def _framing_case() -> dict[str, Any]:
             "unmask": {"reply": unmask, "framed": _hex(encode_unmask(unmask))}}
 
 
+def _signing_case() -> dict[str, Any]:
+    key = signatures.load_signing_key(seed("device signing key"))
+    cipher_public = crypto.public_bytes(crypto.load_private_key(seed("cipher key")))
+    mask_public = crypto.public_bytes(crypto.load_private_key(seed("mask key")))
+    advertise = signatures.advertise_payload(CONFIG, 1, cipher_public, mask_public)
+    survivors = [0, 1, 2, 4, 5, 7]
+    consistency = signatures.consistency_payload(CONFIG, 1, survivors)
+    return {
+        "private_key": _hex(seed("device signing key")), "public_key": _hex(signatures.public_bytes(key)),
+        "config_digest": _hex(signatures.config_digest(CONFIG)),
+        "advertise": {"client": 1, "cipher_public_key": _hex(cipher_public), "mask_public_key": _hex(mask_public),
+                      "payload": _hex(advertise), "signature": _hex(key.sign(advertise))},
+        "consistency": {"client": 1, "survivors": survivors, "payload": _hex(consistency),
+                        "signature": _hex(key.sign(consistency))},
+    }
+
+
+def _refusal_cases() -> list[dict[str, Any]]:
+    everyone = list(range(CONFIG.num_clients))
+    neighbour, stranger = neighbours(CONFIG)[0][0], next(c for c in everyone if c not in neighbours(CONFIG)[0] and c)
+    zero_signature = to_base64(bytes(64))
+
+    def unmask(survivors: list[int], signed: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"stage": "unmask", "survivors": survivors, "signatures": signed}
+
+    consistency = [
+        ({"stage": "consistency_check", "survivors": [1, 2, 3, 4]}, "not_a_survivor"),
+        ({"stage": "consistency_check", "survivors": [0, 1]}, "too_few_survivors"),
+        ({"stage": "consistency_check", "survivors": [0, 1, 1, 2]}, "malformed"),
+        ({"stage": "consistency_check", "survivors": [0, 1, 2, CONFIG.num_clients]}, "malformed"),
+        ({"stage": "unmask", "survivors": everyone, "signatures": []}, "wrong_stage"),
+    ]
+    after_signing = [
+        (unmask(everyone[:-1], []), "inconsistent_survivors"),
+        (unmask(everyone, []), "too_few_signatures"),
+        (unmask(everyone, [{"client": neighbour, "signature": zero_signature}]), "bad_signature"),
+        (unmask(everyone, [{"client": stranger, "signature": zero_signature}]), "malformed"),
+    ]
+    return ([{"client": 0, "signed_survivors": None, "request": request, "reason": reason}
+             for request, reason in consistency]
+            + [{"client": 0, "signed_survivors": everyone, "request": request, "reason": reason}
+               for request, reason in after_signing])
+
+
+def _bounds_cases() -> list[dict[str, Any]]:
+    """Valid configurations an honest client with the default SecAggBounds refuses (`config_out_of_bounds`)."""
+    base = CONFIG.to_dict()
+    return [dict(base, num_clients=12, neighbour_count=2, threshold=2, minimum_survivors=3),  # k below 4
+            dict(base, num_clients=70_000, neighbour_count=4, threshold=3, minimum_survivors=3, levels=1),  # n > 65,536
+            dict(base, num_clients=500, neighbour_count=202, threshold=102, minimum_survivors=102)]  # k above 200
+
+
 def secagg_vectors() -> dict[str, Any]:
     context = CONFIG.context
     alice = crypto.load_private_key(seed("alice"))
@@ -89,7 +145,6 @@ def secagg_vectors() -> dict[str, Any]:
     # values exactly on quantisation levels (k / 254 with clip_range 0.5), so rounding is deterministic
     on_levels = np.array([-127, -64, -1, 0, 1, 63], dtype=np.float64) / 254
     assert np.array_equal(on_levels * 254.0, np.round(on_levels * 254.0))
-    survivors = [0, 1, 2, 3, 5]
     return {
         "config": CONFIG.to_dict(),
         "context": context.decode(),
@@ -117,17 +172,9 @@ def secagg_vectors() -> dict[str, Any]:
         "graph": {str(client): peers for client, peers in neighbours(CONFIG).items()},
         "quantise": {"vector": on_levels.tolist(), "weight": 1.0,
                      "ring": quantise(on_levels, CONFIG, 1.0, np.random.default_rng(0)).tolist()},
-        "unmask_refusals": [
-            {"client": 0, "request": {"stage": "unmask", "survivors": survivors, "dropped": [3, 4]},
-             "reason": "overlapping_lists"},
-            {"client": 0, "request": {"stage": "unmask", "survivors": [1, 2, 3], "dropped": [0]},
-             "reason": "not_a_survivor"},
-            {"client": 0, "request": {"stage": "unmask", "survivors": [0, 1], "dropped": []},
-             "reason": "too_few_survivors"},
-            {"client": 0, "request": {"stage": "unmask", "survivors": [0, 1, 1, 2], "dropped": []},
-             "reason": "malformed"},
-            {"client": 0, "request": {"stage": "masked_input", "encrypted_shares": []}, "reason": "wrong_stage"},
-        ],
+        "signing": _signing_case(),
+        "refusals": _refusal_cases(),
+        "bounds_refusals": _bounds_cases(),
     }
 
 

@@ -12,8 +12,12 @@ import java.util.Map;
  * device that declares nothing is selected for plain rounds only.
  */
 public final class Capabilities {
-    /** What this SDK can do: DP clipping, fp32 and int8 updates (no SecAgg+ yet). */
-    public static final Capabilities JAVA_SDK = new Capabilities(null, true, Arrays.asList("fp32", "int8"));
+    /** The SecAgg+ protocol version this SDK speaks ({@code fedzoo.capabilities.SECURE_AGGREGATION_VERSION}). */
+    public static final int SECURE_AGGREGATION_VERSION = 2;
+
+    /** What this SDK can do: SecAgg+ (this version), DP clipping, fp32 and int8 updates. */
+    public static final Capabilities JAVA_SDK = new Capabilities(SECURE_AGGREGATION_VERSION, true,
+            Arrays.asList("fp32", "int8"));
 
     /** The SecAgg+ protocol version spoken, or null for none. */
     public final Integer secureAggregation;

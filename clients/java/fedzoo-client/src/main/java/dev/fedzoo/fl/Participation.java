@@ -7,6 +7,7 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Random;
+import java.util.Set;
 
 import org.json.JSONArray;
 import org.json.JSONException;
@@ -31,6 +32,7 @@ import dev.fedzoo.edge.OnnxInitializers;
 import dev.fedzoo.edge.Optimizer;
 import dev.fedzoo.edge.Sgd;
 import dev.fedzoo.edge.Trainer;
+import dev.fedzoo.secagg.SecAggBounds;
 
 /**
  * The device's part of federated learning, as {@code fedzoo.clients.participation}: check in, download the
@@ -43,9 +45,9 @@ import dev.fedzoo.edge.Trainer;
  * the next check-in (a 409 {@code duplicate_update} then means an earlier attempt got through: delivered).
  *
  * <p>In a private round ({@code task.privacy}) the delta is first reduced to the weights and clipped for DP
- * ({@link #privateDelta}). A task this SDK cannot do is declined with a reason the round records
- * ({@link FedzooClient#declineTask}); the server hands out such tasks only to devices that declared they can
- * ({@link Capabilities}), so this happens only by mistake.
+ * ({@link #privateDelta}); under SecAgg+ it never leaves the device: {@link SecureParticipation} runs the stages.
+ * The server hands private tasks only to devices that declared they can do them ({@link Capabilities}); a
+ * refusal (a server that broke the protocol, another protocol version) is told to the server, which records it.
  */
 public final class Participation {
     /** The batch order of each epoch: a permutation of {@code 0..size-1}. */
@@ -77,11 +79,23 @@ public final class Participation {
     private final StateStore state;
     private final Random random = new Random();
     private int threads = 1;
+    private SecAggBounds bounds = new SecAggBounds();
+    private Set<String> trustedSigningKeys;
 
     /** Participation of {@code client}'s device; {@code state} (may be null) keeps unsent updates across restarts. */
     public Participation(FedzooClient client, StateStore state) {
         this.client = client;
         this.state = state;
+    }
+
+    /**
+     * The device's own limits on a SecAgg+ round's parameters (default {@link SecAggBounds#SecAggBounds()}) and,
+     * when the operator pins them on the device, the enrolled devices' signing keys (base64; null: any).
+     */
+    public Participation secureAggregation(SecAggBounds bounds, Set<String> trustedSigningKeys) {
+        this.bounds = bounds;
+        this.trustedSigningKeys = trustedSigningKeys;
+        return this;
     }
 
     /** Intra-op threads for training (default 1, as the Python trainer). */
@@ -243,9 +257,6 @@ public final class Participation {
                         + card.id() + " does not", "field_mismatch");
             }
             JSONObject privacy = work.optJSONObject("privacy");
-            if (privacy != null && privacy.optJSONObject("secure_aggregation") != null) {
-                return decline(roundId, "unsupported_secure_aggregation", "this SDK does not speak SecAgg+");
-            }
             if (stopped(stop)) {
                 return outcome(roundId, "stopped");
             }
@@ -267,6 +278,18 @@ public final class Participation {
                 return new ParticipationResult(roundId, "diverged", 0, data.size(), trained.metrics, null);
             }
             Map<String, FloatTensor> delta = privacy != null ? privateDelta(trained.delta, privacy) : trained.delta;
+            if (privacy != null && privacy.optJSONObject("secure_aggregation") != null) {
+                final ModelCard round = card;
+                SecureParticipation.Outcome secure = new SecureParticipation(client, bounds, trustedSigningKeys).takePart(
+                        work, SecureParticipation.ringInputOf(delta, privacy, data.size(), random),
+                        new SecureParticipation.CheckIn() {
+                            public JSONObject checkIn() {
+                                return client.flTask(round.task(), round.family());
+                            }
+                        }, stop);
+                return new ParticipationResult(roundId, secure.outcome, secure.sentBytes, data.size(), trained.metrics,
+                        null);
+            }
             JSONArray accepted = work.getJSONObject("upload").getJSONArray("encodings");
             UpdateCodec.Encoding chosen = contains(accepted, encoding.wireName()) ? encoding : UpdateCodec.Encoding.FP32;
             StateStore.PendingUpdate update = new StateStore.PendingUpdate(roundId, work.getJSONObject("upload").getString("url"),
@@ -295,19 +318,6 @@ public final class Participation {
             }
         }
         return privacy.isNull("clip_norm") ? weights : Clipping.clip(weights, privacy.optDouble("clip_norm"));
-    }
-
-    /**
-     * Declines round {@code roundId}'s task with {@code reason} (the round records it); the outcome is
-     * {@code refused: <reason>} even when the server could not be told.
-     */
-    private ParticipationResult decline(long roundId, String reason, String message) {
-        try {
-            client.declineTask(roundId, reason, message);
-        } catch (FedzooException unrecorded) {
-            // a server that broke the protocol may not listen; the device stops all the same
-        }
-        return outcome(roundId, "refused: " + reason);
     }
 
     /**
