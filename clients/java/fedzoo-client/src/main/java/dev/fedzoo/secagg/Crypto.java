@@ -31,7 +31,9 @@ import org.bouncycastle.util.encoders.Base64;
 public final class Crypto {
     public static final int KEY_BYTES = 32;
     static final int NONCE_BYTES = 12;
+    private static final int MASK_CHUNK_BYTES = 16_384;
     private static final SecureRandom RANDOM = new SecureRandom();
+    private static final X25519PrivateKeyParameters PROBE_KEY = new X25519PrivateKeyParameters(RANDOM);
 
     private Crypto() {
     }
@@ -46,13 +48,16 @@ public final class Crypto {
         return privateKey.generatePublicKey().getEncoded();
     }
 
-    /** Whether a 32-byte X25519 public key gives a key agreement (low-order points give none). */
+    /**
+     * Whether a 32-byte X25519 public key gives a key agreement (low-order points give none, whatever the private key:
+     * a clamped scalar is a multiple of 8, so one probe key serves every check).
+     */
     public static boolean isUsablePublicKey(byte[] publicKey) {
         if (publicKey.length != KEY_BYTES) {
             return false;
         }
         try {
-            sharedSecret(newKeyPair(), publicKey);
+            sharedSecret(PROBE_KEY, publicKey);
             return true;
         } catch (IllegalStateException lowOrder) {
             return false;
@@ -126,24 +131,41 @@ public final class Crypto {
      * {@code key} (zero IV: each key serves one stream), little-endian; 32-bit values are held in int's bits.
      */
     public static int[] mask(byte[] key, int length, int modulusBits) {
+        int[] values = new int[length];
+        addMask(values, key, 1, modulusBits);
+        return values;
+    }
+
+    /**
+     * Adds {@code sign} times {@link #mask}'s values to {@code into} (wrapping, as the ring does), streaming the
+     * keystream in chunks instead of holding a whole mask: a device adds k + 1 of them to its input.
+     */
+    public static void addMask(int[] into, byte[] key, int sign, int modulusBits) {
         int width = modulusBits / 8;
-        byte[] stream;
+        Cipher aes;
         try {
-            Cipher aes = Cipher.getInstance("AES/CTR/NoPadding");
+            aes = Cipher.getInstance("AES/CTR/NoPadding");
             aes.init(Cipher.ENCRYPT_MODE, new SecretKeySpec(key, "AES"), new IvParameterSpec(new byte[16]));
-            stream = aes.doFinal(new byte[length * width]);
         } catch (GeneralSecurityException unavailable) {
             throw new IllegalStateException("AES/CTR is part of every Java and Android platform", unavailable);
         }
-        int[] values = new int[length];
-        for (int i = 0, at = 0; i < length; i++, at += width) {
-            int value = (stream[at] & 0xff) | (stream[at + 1] & 0xff) << 8;
-            if (width == 4) {
-                value |= (stream[at + 2] & 0xff) << 16 | (stream[at + 3] & 0xff) << 24;
+        byte[] zeros = new byte[MASK_CHUNK_BYTES];
+        byte[] stream = new byte[MASK_CHUNK_BYTES];
+        for (int start = 0; start < into.length; start += MASK_CHUNK_BYTES / width) {
+            int count = Math.min(MASK_CHUNK_BYTES / width, into.length - start);
+            try {
+                aes.update(zeros, 0, count * width, stream, 0);
+            } catch (GeneralSecurityException impossible) { // the output buffer is large enough
+                throw new IllegalStateException(impossible);
             }
-            values[i] = value;
+            for (int i = 0, at = 0; i < count; i++, at += width) {
+                int value = (stream[at] & 0xff) | (stream[at + 1] & 0xff) << 8;
+                if (width == 4) {
+                    value |= (stream[at + 2] & 0xff) << 16 | (stream[at + 3] & 0xff) << 24;
+                }
+                into[start + i] += sign * value;
+            }
         }
-        return values;
     }
 
     /** SHA-256 over length-prefixed parts, its first {@code size} bytes in base64: binds a value without revealing it. */

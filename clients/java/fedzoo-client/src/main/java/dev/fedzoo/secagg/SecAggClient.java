@@ -52,6 +52,7 @@ public final class SecAggClient {
     private final Map<Integer, byte[]> cipherPublicKeys = new HashMap<Integer, byte[]>();
     private final Map<Integer, byte[]> maskPublicKeys = new HashMap<Integer, byte[]>();
     private final Map<Integer, byte[]> signingPublicKeys = new HashMap<Integer, byte[]>();
+    private final Map<Integer, byte[]> shareEncryptionKeys = new HashMap<Integer, byte[]>();
     private Map<Integer, byte[]> received = new TreeMap<Integer, byte[]>();
     private Set<Integer> survivors;
 
@@ -148,6 +149,7 @@ public final class SecAggClient {
         for (int i = 0; i < holders.length; i++) {
             int holder = holders[i];
             byte[] key = Crypto.agree(cipherPrivate, cipherPublicKeys.get(holder), "share-encryption", context);
+            shareEncryptionKeys.put(holder, key); // the same key opens the shares this neighbour sends back
             byte[] seedValue = Shamir.valueBytes(seedShares[i]);
             byte[] keyValue = Shamir.valueBytes(keyShares[i]);
             byte[] ciphertext = Crypto.encrypt(key, Graph.concat(SecAggConfig.u32(client), SecAggConfig.u32(holder),
@@ -187,10 +189,10 @@ public final class SecAggClient {
         int length = config.vectorLength + 1;
         int bits = config.modulusBits();
         int[] masked = ringVector.clone();
-        add(masked, Crypto.mask(Crypto.deriveKey(seed, "self-mask", context), length, bits), 1);
+        Crypto.addMask(masked, Crypto.deriveKey(seed, "self-mask", context), 1, bits);
         for (int peer : senders) {
             byte[] key = Crypto.agree(maskPrivate, maskPublicKeys.get(peer), "pairwise-mask", context);
-            add(masked, Crypto.mask(key, length, bits), client < peer ? 1 : -1); // wraps modulo 2^bits
+            Crypto.addMask(masked, key, client < peer ? 1 : -1, bits); // wraps modulo 2^bits
         }
         stage = "consistency_check";
         int width = bits / 8;
@@ -251,7 +253,7 @@ public final class SecAggClient {
         JSONArray undecryptable = new JSONArray();
         for (Map.Entry<Integer, byte[]> entry : received.entrySet()) {
             int owner = entry.getKey();
-            byte[] key = Crypto.agree(cipherPrivate, cipherPublicKeys.get(owner), "share-encryption", context);
+            byte[] key = shareEncryptionKeys.get(owner);
             byte[] plaintext = Crypto.decrypt(key, entry.getValue(), shareAssociatedData(config, owner, client));
             byte[] header = Graph.concat(SecAggConfig.u32(owner), SecAggConfig.u32(client));
             if (plaintext == null || plaintext.length != 8 + 2 * Shamir.SHARE_BYTES
@@ -269,6 +271,7 @@ public final class SecAggClient {
         maskPrivate = null;
         seed = null;
         received = new TreeMap<Integer, byte[]>();
+        shareEncryptionKeys.clear();
         return reply("unmask").with("shares", shares).with("undecryptable", undecryptable);
     }
 
@@ -309,12 +312,6 @@ public final class SecAggClient {
 
     private Json reply(String stageName) {
         return new Json().with("stage", stageName).with("client", client);
-    }
-
-    private static void add(int[] into, int[] mask, int sign) {
-        for (int i = 0; i < into.length; i++) {
-            into[i] += sign * mask[i];
-        }
     }
 
     private static int[] sorted(Set<Integer> values) {
