@@ -61,8 +61,11 @@ def answer_stage(protocol: SecAggClient, stage: str, request: dict[str, Any], ve
 
 def take_part_securely(client: FedzooClient, work: dict[str, Any], delta: Parameters, num_examples: int,
                        check_in: CheckIn, sleep: Callable[[float], None] = time.sleep,
-                       bounds: SecAggBounds = SecAggBounds()) -> tuple[str, int]:
-    """Answer every SecAgg+ stage the server asks of this device; returns (outcome, bytes sent).
+                       bounds: SecAggBounds = SecAggBounds(), trusted_signing_keys: frozenset[bytes] | None = None
+                       ) -> tuple[str, int]:
+    """Answer every SecAgg+ stage the server asks of this device; returns (outcome, bytes sent). `bounds` are the
+    device's own limits on the round's parameters; `trusted_signing_keys`, where the operator ships the enrolled
+    devices' public keys, are the only neighbour keys it accepts (docs/privacy.md, "Threat model").
 
     Outcomes: "accepted" (this device's unmask reply is stored), "refused: <reason>" (the device refused
     the server, or the server refused a reply), "dropped out" (the round went on without it)."""
@@ -84,7 +87,7 @@ def take_part_securely(client: FedzooClient, work: dict[str, Any], delta: Parame
             try:
                 if protocol is None:
                     config = SecAggConfig.from_dict(secure["config"])
-                    protocol = SecAggClient(config, secure["client"], client.signing_key, bounds)
+                    protocol = SecAggClient(config, secure["client"], client.signing_key, bounds, trusted_signing_keys)
                     vector = ring_input(delta, config, work["privacy"], num_examples)
                 reply = answer_stage(protocol, secure["stage"], secure["request"], vector)
             except ProtocolViolation as violation:

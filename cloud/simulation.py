@@ -529,7 +529,7 @@ class PrivateRoundRecord:
     clip_norm: float | None
     round_seconds: float
     aggregation_seconds: float  # SecAgg+: the whole protocol; else the sum
-    upload_bytes_per_client: float | None  # SecAgg+: mean JSON bytes a survivor sent over the four stages
+    upload_bytes_per_client: float | None  # SecAgg+: mean JSON bytes a survivor sent over the five stages
     aborted: bool = False  # SecAgg+ could not unmask: the model stays, no privacy is spent
 
 
@@ -568,8 +568,7 @@ def _cohort_secagg_config(options: SecureAggregationOptions, round_id: str, coho
                           clip_range: float) -> SecAggConfig:
     neighbour_count = min(options.neighbour_count, (cohort - 1) // 2 * 2)
     threshold = min(neighbour_count, max(options.threshold, neighbour_count // 2 + 1))
-    return SecAggConfig(round_id, cohort, neighbour_count, threshold, vector_length, clip_range, options.levels,
-                        minimum_survivors=threshold)
+    return SecAggConfig(round_id, cohort, neighbour_count, threshold, vector_length, clip_range, options.levels)
 
 
 class ServerStep:

@@ -1,4 +1,4 @@
-"""SecAgg+ secure aggregation (Bonawitz et al. 2017, §6 for a lying server; Bell et al. 2020), independent of any transport.
+"""SecAgg+ secure aggregation (Bonawitz et al. 2017, §6 against a lying server; Bell et al. 2020), over any transport.
 
 The server learns the sum of the surviving clients' quantised updates and nothing else about any one of
 them, even when clients drop out at any stage and even when it lies about who dropped out or swaps keys,

@@ -16,8 +16,8 @@ Five stages, each a reply to the server's message for it:
 
 Why stage 4: a server that tells different devices different stories about who dropped out can collect
 b of a victim from its neighbours and the mask keys of those neighbours from theirs, and so read the
-victim's input. With t > k/2 neighbours' signatures required on one identical set, it cannot show two
-overlapping neighbourhoods two sets (docs/privacy.md, "Threat model").
+victim's input. With t neighbours' signatures required on one identical set, two devices that share more than
+2(k - t) neighbours never reveal under different sets (docs/privacy.md, "Threat model").
 """
 
 from __future__ import annotations

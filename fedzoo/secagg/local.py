@@ -34,9 +34,12 @@ class LocalRound:
     result: SecAggResult
     upload_bytes: dict[int, dict[str, int]] = field(default_factory=dict)  # client -> stage -> bytes
     rest_bytes: dict[int, dict[str, int]] = field(default_factory=dict)  # the same over REST (framing.rest_reply)
+    download_bytes: dict[int, dict[str, int]] = field(default_factory=dict)  # client -> stage -> request JSON bytes
+    client_seconds: dict[int, dict[str, float]] = field(default_factory=dict)  # client -> stage -> its CPU time
     refusals: dict[int, str] = field(default_factory=dict)  # client -> ProtocolViolation reason
-    unmask_seconds: float = 0.0  # the server's work in the last stage
-    consistency_seconds: float = 0.0  # clients' and server's work in the consistency check (signing, verifying)
+    unmask_seconds: float = 0.0  # the server's work in the last stage (wall clock)
+    unmask_cpu_seconds: float = 0.0  # the same in this process's CPU time (what a loaded machine does not inflate)
+    consistency_cpu_seconds: float = 0.0  # the server's CPU time closing the consistency check (verify, relay)
 
 
 def run_local_round(config: SecAggConfig, ring_vectors: Mapping[int, np.ndarray],
@@ -53,6 +56,8 @@ def run_local_round(config: SecAggConfig, ring_vectors: Mapping[int, np.ndarray]
     clients = {index: (clients or {}).get(index) or SecAggClient(config, index, keys[index]) for index in ring_vectors}
     uploads: dict[int, dict[str, int]] = {index: {} for index in clients}
     rest_uploads: dict[int, dict[str, int]] = {index: {} for index in clients}
+    downloads: dict[int, dict[str, int]] = {index: {} for index in clients}
+    seconds: dict[int, dict[str, float]] = {index: {} for index in clients}
     refusals: dict[int, str] = {}
     server = SecAggServer(config, {index: signatures.public_bytes(key) for index, key in keys.items()})
 
@@ -62,6 +67,9 @@ def run_local_round(config: SecAggConfig, ring_vectors: Mapping[int, np.ndarray]
             if index in dropouts.get(stage, set()):
                 continue
             client = clients[index]
+            if request is not None:
+                downloads[index][stage] = len(json.dumps(request).encode())
+            started = time.process_time()
             try:
                 reply = (client.advertise_keys() if stage == "advertise_keys" else
                          client.masked_input(request, ring_vectors[index]) if stage == "masked_input" else
@@ -69,6 +77,7 @@ def run_local_round(config: SecAggConfig, ring_vectors: Mapping[int, np.ndarray]
             except ProtocolViolation as violation:
                 refusals[index] = violation.reason
                 continue
+            seconds[index][stage] = time.process_time() - started
             body = json.dumps(reply)
             uploads[index][stage] = len(body.encode())
             rest_uploads[index][stage] = rest_reply_bytes(reply)
@@ -78,10 +87,12 @@ def run_local_round(config: SecAggConfig, ring_vectors: Mapping[int, np.ndarray]
     requests = server.collect_keys(exchange("advertise_keys", dict.fromkeys(clients)))
     requests = server.collect_shares(exchange("share_keys", requests))
     requests = server.collect_masked_inputs(exchange("masked_input", requests))
-    started = time.perf_counter()
-    requests = server.collect_consistency(exchange("consistency_check", requests))
-    consistency_seconds = time.perf_counter() - started
+    replies = exchange("consistency_check", requests)
+    started = time.process_time()
+    requests = server.collect_consistency(replies)
+    consistency_cpu_seconds = time.process_time() - started
     replies = exchange("unmask", requests)
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     result = server.collect_unmask_shares(replies)
-    return LocalRound(result, uploads, rest_uploads, refusals, time.perf_counter() - started, consistency_seconds)
+    return LocalRound(result, uploads, rest_uploads, downloads, seconds, refusals, time.perf_counter() - started,
+                      time.process_time() - started_cpu, consistency_cpu_seconds)

@@ -6,8 +6,8 @@ client still in the round. `collect_unmask_shares` returns the exact sum of the 
 
 Every device's advertised keys and its signature on the survivor set are checked against its registered
 long-term key (`signing_keys`) before they are relayed: an honest server never forwards what honest
-devices would refuse. Shares the server receives are checked against the commitments their dealer made when sharing, so a
-client that returns a wrong share is caught and its share ignored; a reconstructed secret is checked
+devices would refuse. Shares the server receives are checked against the commitments their dealer made
+when sharing, so a client that returns a wrong share is caught and its share ignored; a reconstructed secret is checked
 against the dealer's public key or seed commitment, so a dealer that shared inconsistent values makes
 the round abort (`RoundAborted`) instead of producing a wrong sum.
 """

@@ -28,6 +28,8 @@ from fedzoo.secagg.config import SecAggConfig
 SIGNING_KEY_BYTES = 32
 SIGNATURE_BYTES = 64
 PREFIX = b"fedzoo-secagg/v2/"
+_FIELD = 2**255 - 19  # Ed25519's curve is over GF(2^255 - 19); d is its curve constant (RFC 8032, 5.1)
+_D = -121665 * pow(121666, -1, _FIELD) % _FIELD
 
 
 def signed_message(label: str, *parts: bytes) -> bytes:
@@ -73,14 +75,20 @@ def public_bytes(key: Ed25519PrivateKey) -> bytes:
 
 
 def is_signing_public_key(raw: bytes) -> bool:
-    """Whether `raw` is a 32-byte Ed25519 public key (a point on the curve)."""
+    """Whether `raw` encodes a point of Ed25519 (RFC 8032, 5.1.3). OpenSSL takes any 32 bytes as a public key and
+    only fails when verifying, so a registration is checked here instead."""
     if len(raw) != SIGNING_KEY_BYTES:
         return False
-    try:
-        Ed25519PublicKey.from_public_bytes(raw)
-    except ValueError:
+    y = int.from_bytes(raw, "little") & (2**255 - 1)
+    if y >= _FIELD:
         return False
-    return True
+    x_squared = (y * y - 1) * pow(_D * y * y + 1, -1, _FIELD) % _FIELD
+    if x_squared == 0:
+        return raw[31] >> 7 == 0  # x = 0 has no negative
+    x = pow(x_squared, (_FIELD + 3) // 8, _FIELD)
+    if x * x % _FIELD != x_squared:
+        x = x * pow(2, (_FIELD - 1) // 4, _FIELD) % _FIELD
+    return x * x % _FIELD == x_squared
 
 
 def verify(public_key: bytes, signature: bytes, message: bytes) -> bool:

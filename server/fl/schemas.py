@@ -50,7 +50,7 @@ class SecureAggregationSettings(_Request):
     clip_range: float = Field(default=0.05, gt=0, le=1e6,
                               description="each coordinate is clipped to +-clip_range (under DP: the clip norm)")
     stage_deadline_s: float = Field(default=30.0, gt=0, le=24 * 3600,
-                                    description="each of the four stages closes this long after it opened "
+                                    description="each of the five stages closes this long after it opened "
                                                 "(or when every device it waits for replied)")
 
     @model_validator(mode="after")

@@ -39,7 +39,8 @@ def test_a_real_rounds_replies_round_trip_at_about_173_bytes_a_neighbour():
     replies = [clients[index].share_keys(request) for index, request in requests.items()]
     requests = server.collect_shares(replies)
     masked = [clients[index].masked_input(request, np.zeros(5, dtype=np.uint16)) for index, request in requests.items()]
-    checked = [clients[index].consistency_check(request) for index, request in server.collect_masked_inputs(masked).items()]
+    requests = server.collect_masked_inputs(masked)
+    checked = [clients[index].consistency_check(request) for index, request in requests.items()]
     unmask = [clients[index].unmask(request) for index, request in server.collect_consistency(checked).items()]
     for reply, framed_reply in ((replies[0], encode_share_keys(replies[0])), (unmask[0], encode_unmask(unmask[0]))):
         decoded = (decode_share_keys if "self_mask_seed_commitment" in reply else decode_unmask)(framed_reply)

@@ -78,9 +78,10 @@ def test_signed_payloads_and_signatures():
                                            bytes.fromhex(advertise["mask_public_key"]))
     consistency = case["consistency"]
     survivors = consistency["survivors"]
+    signer = consistency["client"]
     for signed, expected in ((payload, advertise),
-                             (signatures.consistency_payload(CONFIG, consistency["client"], survivors), consistency),
-                             (signatures.consistency_payload(CONFIG, consistency["client"], survivors[::-1]), consistency)):
+                             (signatures.consistency_payload(CONFIG, signer, survivors), consistency),
+                             (signatures.consistency_payload(CONFIG, signer, survivors[::-1]), consistency)):
         assert signed.hex() == expected["payload"]
         assert key.sign(signed).hex() == expected["signature"]
         assert signatures.verify(public_key, bytes.fromhex(expected["signature"]), signed)

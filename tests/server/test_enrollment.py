@@ -5,6 +5,7 @@ rotation with a grace period, and revocation read from the database on every req
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import logging
@@ -18,6 +19,7 @@ from server_helpers import (
 from sqlalchemy import update
 
 from fedzoo.cli import main as fedzoo_main
+from fedzoo.secagg import signatures
 from fedzoo.server.app import create_app
 from fedzoo.server.models import DeviceRecord, EnrollmentToken
 
@@ -30,9 +32,13 @@ def published(live_server):
     assert live_server.publish(make_card(blob, "m1", 0.9, 1000), blob).status_code == 201
 
 
-def register(live_server, device_id: str, enrollment_token: str | None, **profile) -> httpx.Response:
+def register(live_server, device_id: str, enrollment_token: str | None, signing_public_key: str | None = None,
+             **profile) -> httpx.Response:
+    body = device_profile(device_id, **profile)
+    if signing_public_key is not None:
+        body["signing_public_key"] = signing_public_key
     with live_server.client(enrollment_token) as client:
-        return client.post("/v1/devices", json=device_profile(device_id, **profile))
+        return client.post("/v1/devices", json=body)
 
 
 def error_of(response: httpx.Response) -> tuple[int, str, str | None]:
@@ -79,6 +85,26 @@ def test_a_token_enrolls_max_uses_devices_and_then_is_used_up(live_server, publi
     assert (listed["uses"], listed["state"]) == (2, "used_up")
     with live_server.client(second.json()["token"]) as device:  # the enrolled devices work
         assert device.post("/v1/lookup", json=GOOD_LOOKUP).status_code == 200
+
+
+def stored_signing_key(live_server, device_id: str) -> bytes | None:
+    with live_server.app.extensions["fedzoo"].db.session() as session:
+        return session.get(DeviceRecord, device_id).signing_public_key
+
+
+def test_a_device_registers_its_signing_key_and_a_key_that_is_not_ed25519_is_refused_naming_it(live_server):
+    token = live_server.enrollment_token(max_uses=10)
+    public_key = signatures.public_bytes(signatures.new_signing_key())
+    assert register(live_server, "keyed", token, base64.b64encode(public_key).decode()).status_code == 201
+    assert stored_signing_key(live_server, "keyed") == public_key
+    assert register(live_server, "keyless", token).status_code == 201  # plain rounds only
+    assert stored_signing_key(live_server, "keyless") is None
+    not_a_point = next(candidate for candidate in (bytes([y]) + bytes(30) + bytes([x]) for y in range(256)
+                                                   for x in (0, 128))
+                       if not signatures.is_signing_public_key(candidate))
+    for bad in (base64.b64encode(not_a_point).decode(), "short", base64.b64encode(bytes(33)).decode()):
+        assert error_of(register(live_server, "refused", token, bad)) == (422, "invalid_field", "signing_public_key")
+    assert register(live_server, "refused", token, base64.b64encode(public_key).decode()).status_code == 201
 
 
 def test_expired_and_revoked_enrollment_tokens_are_refused_with_their_own_codes(live_server):

@@ -182,7 +182,7 @@ def test_a_device_returning_bad_shares_is_named_and_the_sum_is_still_exact(simul
 
 
 def sdk_round(simulation, federation, config):
-    """Every device runs the SDK's own participation (train, clip, quantise, the four stages), concurrently."""
+    """Every device runs the SDK's own participation (train, clip, quantise, the five stages), concurrently."""
     round_id = simulation.start_plan(config)
     results = [None] * DEVICES
 
@@ -217,8 +217,8 @@ def test_devices_refuse_a_server_that_tells_each_a_different_survivor_set(simula
         def collect_masked_inputs(self, replies):
             requests = super().collect_masked_inputs(replies)
             survivors = sorted(requests)
-            self.stories = {client: [c for c in survivors if c != survivors[(survivors.index(client) + 1) % len(survivors)]]
-                            for client in survivors}
+            successor = {client: survivors[(position + 1) % len(survivors)] for position, client in enumerate(survivors)}
+            self.stories = {client: [c for c in survivors if c != successor[client]] for client in survivors}
             return {client: dict(request, survivors=self.stories[client]) for client, request in requests.items()}
 
         def collect_consistency(self, replies):
@@ -232,6 +232,14 @@ def test_devices_refuse_a_server_that_tells_each_a_different_survivor_set(simula
     monkeypatch.setattr(secure_rounds, "SecAggServer", LyingServer)
     _, results, view = sdk_round(simulation, federation, secure_config(deadline_s=15))
     assert [result.outcome for result in results] == ["refused: too_few_signatures"] * DEVICES
+    assert view["state"] == "failed" and view["result_model_id"] is None
+
+
+def test_devices_refuse_parameters_below_their_own_bounds_whatever_the_server_says(simulation, federation):
+    """The operator's plan asks for 2 neighbours among 6 devices: valid for the server, below every device's floor."""
+    weak = {"secure_aggregation": {"neighbour_count": 2, "clip_range": 0.05, "stage_deadline_s": 3}}
+    _, results, view = sdk_round(simulation, federation, secure_config(privacy=weak, deadline_s=10))
+    assert [result.outcome for result in results] == ["refused: config_out_of_bounds"] * DEVICES
     assert view["state"] == "failed" and view["result_model_id"] is None
 
 
@@ -269,6 +277,14 @@ def test_secure_stage_endpoints_check_the_token_the_stage_and_the_body(simulatio
         assert http.post(f"{url}/advertise_keys", json=keys, headers={"Authorization": "Bearer nope"}).status_code == 401
         refused = http.post(f"{url}/advertise_keys", json=keys, headers=auth(0))
         assert (refused.status_code, refused.json()["error"]["code"]) == (403, "not_selected")
+        enrollment = simulation.admin.create_enrollment_token(ADMIN, max_uses=1)["token"]
+        profile = {"device_id": "keyless", "platform": "linux-x86_64", "cpu": {"model": "virtual", "cores": 1},
+                   "memory_mb": 2048, "runtime": {"onnxruntime": "simulated", "threads": 1}}
+        keyless = http.post(f"{simulation.server_url}/v1/devices", json=profile,
+                            headers={"Authorization": f"Bearer {enrollment}"}).json()["token"]
+        check_in = http.get(f"{simulation.server_url}/v1/fl/task", params={"task": federation.card.task},
+                            headers={"Authorization": f"Bearer {keyless}"}).json()
+        assert check_in["task"] is None and check_in["reason"].startswith("signing_key_required")
         assert http.post(f"{simulation.server_url}/v1/fl/rounds/999/secagg/unmask", json={"shares": []},
                          headers=auth(0)).status_code == 404
         for index in range(DEVICES):  # selection closes: the round is at advertise_keys
