@@ -308,12 +308,12 @@ class RoundService:
                     return TaskResponse(task=self._task(session, round_row, device_id), retry_after_s=None)
                 if round_row.state == "open":
                     config = RoundConfig.model_validate_json(round_row.config_json)
+                    refusal = self.private.seat_refusal(session, config, device_id)
+                    if refusal is not None:  # what the device is (keyless) before what it says it can do
+                        continue
                     missing = missing_capabilities(config, capabilities)
                     if missing:
                         incapable.append(f"round {round_row.id} needs {' and '.join(missing)}")
-                        continue
-                    refusal = self.private.seat_refusal(session, config, device_id)
-                    if refusal is not None:
                         continue
                     self._select(session, round_row, device_id)
                     return TaskResponse(task=self._task(session, round_row, device_id), retry_after_s=None)
