@@ -256,7 +256,6 @@ public final class Participation {
                 throw new CardSignatureException("round " + roundId + " names blobs its signed card "
                         + card.id() + " does not", "field_mismatch");
             }
-            JSONObject privacy = work.optJSONObject("privacy");
             if (stopped(stop)) {
                 return outcome(roundId, "stopped");
             }
@@ -277,14 +276,14 @@ public final class Participation {
                 // the server would refuse it (422); a model that diverged here is no update worth the bytes
                 return new ParticipationResult(roundId, "diverged", 0, data.size(), trained.metrics, null);
             }
+            JSONObject privacy = work.optJSONObject("privacy");
             Map<String, FloatTensor> delta = privacy != null ? privateDelta(trained.delta, privacy) : trained.delta;
             if (privacy != null && privacy.optJSONObject("secure_aggregation") != null) {
-                final ModelCard round = card;
                 SecureParticipation.Outcome secure = new SecureParticipation(client, bounds, trustedSigningKeys).takePart(
                         work, SecureParticipation.ringInputOf(delta, privacy, data.size(), random),
                         new SecureParticipation.CheckIn() {
                             public JSONObject checkIn() {
-                                return client.flTask(round.task(), round.family());
+                                return client.flTask(card.task(), card.family());
                             }
                         }, stop);
                 return new ParticipationResult(roundId, secure.outcome, secure.sentBytes, data.size(), trained.metrics,
