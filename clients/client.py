@@ -32,6 +32,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from fedzoo.capabilities import PYTHON_SDK, Capabilities
 from fedzoo.cards import ModelCard
 from fedzoo.clients.card_trust import CardVerifier
 from fedzoo.clients.confirmation import ConfirmationPolicy, confirmed_lookup
@@ -275,11 +276,17 @@ class FedzooClient:
 
     # federated learning ----------------------------------------------------------------------------
 
-    def fl_task(self, task: str, family: str | None = None) -> dict[str, Any]:
-        """Check in: `{"task": {...} | None, "retry_after_s": ...}`."""
+    def fl_task(self, task: str, family: str | None = None, capabilities: Capabilities = PYTHON_SDK) -> dict[str, Any]:
+        """Check in, declaring what this device can do: `{"task": {...} | None, "retry_after_s": ...}`."""
         self._refresh_token_if_due()
-        params = {"task": task} if family is None else {"task": task, "family": family}
+        params = {"task": task, **({} if family is None else {"family": family}), **capabilities.to_query()}
         return self.http.get_json("/v1/fl/task", params=params)
+
+    def decline_task(self, round_id: int, reason: str, message: str = "") -> dict[str, Any]:
+        """Tell the server this device will not do round `round_id`'s task, and why (the round records it)."""
+        self._refresh_token_if_due()
+        return self.http.post_json(f"/v1/fl/rounds/{round_id}/decline", {"reason": reason, "message": message[:500]},
+                                   expected=(201,))
 
     def fl_round(self, round_id: int) -> dict[str, Any]:
         self._refresh_token_if_due()

@@ -7,7 +7,9 @@ the server shows it at check-in (`GET /v1/fl/task`) with `fedzoo.secagg.SecAggCl
 in this process only and die with the round; it signs with the device's long-term key (`client.signing_key`,
 made at registration). The device refuses a server that breaks the protocol, e.g. one that relays keys
 without their owner's signature, shows it a survivor set fewer than t neighbours signed, or sends parameters
-outside the device's own `SecAggBounds`: `ProtocolViolation`, reported as the outcome `refused: <reason>`.
+outside the device's own `SecAggBounds`: `ProtocolViolation`, reported as the outcome `refused: <reason>` and
+told to the server (`POST /v1/fl/rounds/<id>/decline`), which records it; so is a round of a protocol version
+it does not speak.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from fedzoo.clients.client import FedzooClient
-from fedzoo.clients.errors import ConflictError, ServerUnavailableError
+from fedzoo.capabilities import SECURE_AGGREGATION_VERSION
+from fedzoo.clients.errors import APIError, ConflictError, ServerUnavailableError
 from fedzoo.dp.clipping import clip_delta
 from fedzoo.secagg import SecAggClient, SecAggConfig, example_weight, flatten, quantise
 from fedzoo.secagg.bounds import SecAggBounds
@@ -69,6 +72,11 @@ def take_part_securely(client: FedzooClient, work: dict[str, Any], delta: Parame
     protocol: SecAggClient | None = None
     vector: np.ndarray | None = None
     sent = 0
+    version = work["privacy"]["secure_aggregation"].get("version")
+    if version != SECURE_AGGREGATION_VERSION:
+        return _decline(client, work["round_id"], "unsupported_secure_aggregation",
+                        f"the round speaks SecAgg+ version {version}; this device speaks {SECURE_AGGREGATION_VERSION}"
+                        ), sent
     while True:
         secure = work["privacy"]["secure_aggregation"]
         if secure["stage"] not in ("selection", "done") and secure["client"] is None:
@@ -85,7 +93,7 @@ def take_part_securely(client: FedzooClient, work: dict[str, Any], delta: Parame
             except ProtocolViolation as violation:
                 log.warning("round %s: this device refuses the server's %s request: %s", work["round_id"],
                             secure["stage"], violation)
-                return f"refused: {violation.reason}", sent
+                return _decline(client, work["round_id"], violation.reason, str(violation)), sent
             outcome = _deliver(client, secure["reply_url"], reply)
             sent += len(reply) if isinstance(reply, bytes) else len(json.dumps(reply).encode())
             if outcome is not None:
@@ -99,6 +107,16 @@ def take_part_securely(client: FedzooClient, work: dict[str, Any], delta: Parame
         if answer.get("task") is None or answer["task"]["round_id"] != work["round_id"]:
             return "dropped out", sent
         work = answer["task"]
+
+
+def _decline(client: FedzooClient, round_id: int, reason: str, message: str) -> str:
+    """Tell the server why this device stops (the round records it); "refused: <reason>" either way: a server
+    that broke the protocol may not listen."""
+    try:
+        client.decline_task(round_id, reason, message)
+    except (APIError, ServerUnavailableError) as error:
+        log.warning("round %s: the server did not record this device's refusal (%s): %s", round_id, reason, error)
+    return f"refused: {reason}"
 
 
 def _deliver(client: FedzooClient, reply_url: str, reply: dict[str, Any] | bytes) -> str | None:

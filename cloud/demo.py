@@ -259,8 +259,10 @@ def _java_sdk_command(run: DemoRun) -> list[str]:
 
 
 def stage_java_device(run: DemoRun) -> str:
-    """A Java SDK device (the Android SDK on the JVM) beside a Python one: it looks up and runs a model, then both
-    take part in one federated round."""
+    """A Java SDK device (the Android SDK on the JVM) beside two Python ones: it looks up and runs a model, then the
+    three take part in one private round (SecAgg+, the smallest cohort: k = 2, t = 2, all three must survive)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from fedzoo.clients.client import FedzooClient
     from fedzoo.clients.participation import participate_once
     from fedzoo.edge.device_profile import collect_device_profile
@@ -278,21 +280,28 @@ def stage_java_device(run: DemoRun) -> str:
     cli = lambda *args: json.loads(_run_quietly([*java, *args, "--state", str(state)], log,  # noqa: E731
                                                 f"the Java device's '{args[0]}'", timeout_s=300).splitlines()[-1])
     admin = FedzooClient(run.server_url, cache_dir=run.workdir / "java-round-admin")
-    enrollment_token = admin.create_enrollment_token(run.admin_token, max_uses=2, label="demo java + python")["token"]
+    enrollment_token = admin.create_enrollment_token(run.admin_token, max_uses=3, label="demo java + python")["token"]
     cli("register", "--server", run.server_url, "--device-id", f"demo-java-{os.getpid()}",
         "--enrollment-token", enrollment_token)
     ran = cli("run", "--task", task, "--latency-budget-ms", "1000", "--inputs", str(data / "test.npz"))
     round_id = admin.create_rounds({"model_id": run.latest_model_id, "evaluation_sha256": run.evaluation_sha256,
-                                    "min_clients": 2, "target_clients": 2,
-                                    "over_selection": 0.0, "deadline_s": 300, "local_epochs": 1, "batch_size": 32,
-                                    "learning_rate": 0.01}, run.admin_token)["id"]
+                                    "min_clients": 3, "target_clients": 3, "over_selection": 0.0, "deadline_s": 300,
+                                    "local_epochs": 1, "batch_size": 32, "learning_rate": 0.01, "poll_interval_s": 0.5,
+                                    "privacy": {"secure_aggregation": {"neighbour_count": 2, "threshold": 2,
+                                                                       "stage_deadline_s": 60}}},
+                                   run.admin_token)["id"]
     java_device = subprocess.Popen([*java, "participate", "--task", task, "--data", str(data / "shard.npz"),
                                     "--encoding", "int8", "--max-idle-s", "60", "--state", str(state)],
                                    stdout=subprocess.PIPE, text=True)
-    with FedzooClient(run.server_url, cache_dir=run.workdir / "python-device") as python_device:
-        python_device.register(collect_device_profile(f"demo-python-{os.getpid()}", run_calibration=False),
-                               enrollment_token)
-        python_result = participate_once(python_device, task, run.federation.client_data(1), "fp32")
+
+    def python_device(index: int) -> str:
+        with FedzooClient(run.server_url, cache_dir=run.workdir / f"python-device-{index}") as device:
+            device.register(collect_device_profile(f"demo-python-{index}-{os.getpid()}", run_calibration=False),
+                            enrollment_token)
+            return participate_once(device, task, run.federation.client_data(index)).outcome
+
+    with ThreadPoolExecutor(max_workers=2) as pool:  # SecAgg+ devices answer each stage together
+        python_outcomes = list(pool.map(python_device, (1, 2)))
     java_output = java_device.communicate(timeout=300)[0].strip()
     if java_device.returncode != 0:
         raise StageError(f"the Java device's 'participate' failed with exit status {java_device.returncode}: "
@@ -303,10 +312,10 @@ def stage_java_device(run: DemoRun) -> str:
         time.sleep(0.2)
         view = admin.fl_round(round_id)
     admin.close()
-    return (f"Java device ran {ran['model_id']} at test accuracy {ran['accuracy']:.4f}; with it (int8: "
-            f"{java_result['outcome']}) and a Python device (fp32: {python_result.outcome}), round {round_id}: "
-            f"{_round_summary(view['state'], view['accepted_updates'], view['result_model_id'], view['outcome'])} "
-            f"(a plain round: the Java SDK does not speak SecAgg+ yet)")
+    return (f"Java device ran {ran['model_id']} at test accuracy {ran['accuracy']:.4f}; with it "
+            f"({java_result['outcome']}) and two Python devices ({', '.join(python_outcomes)}), SecAgg+ round "
+            f"{round_id}: "
+            f"{_round_summary(view['state'], view['accepted_updates'], view['result_model_id'], view['outcome'])}")
 
 
 # (title, function) in data-flow order
@@ -319,7 +328,7 @@ STAGES: list[tuple[str, Callable[[DemoRun], str]]] = [
     ("model server: import the zoo and serve it", stage_serve),
     ("device: register, look up, download, run, report latency", stage_client),
     ("federated rounds driven by the server", stage_federated),
-    ("a Java SDK device beside a Python one", stage_java_device),
+    ("a Java SDK device beside two Python ones in a SecAgg+ round", stage_java_device),
 ]
 
 

@@ -94,12 +94,14 @@ class FLUpdate(Base):
     __table_args__ = (UniqueConstraint("round_id", "device_id", name="uq_fl_updates_round_device"),)
 
 
-REFUSAL_KINDS = ("late", "rejected")
+REFUSAL_KINDS = ("late", "rejected", "declined")
 
 
 class FLRefusedUpload(Base):
     """An upload a selected device sent but the round refused: `late` (the round no longer took updates) or
-    `rejected` (stale base version, too large, malformed delta). Kept so operators see more than the counted."""
+    `rejected` (stale base version, too large, malformed delta); or a task the device `declined` (one it cannot do,
+    or a server that broke the protocol: `fedzoo.server.fl.eligibility`). Kept so operators see more than the
+    counted."""
 
     __tablename__ = "fl_refused_uploads"
 

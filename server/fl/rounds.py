@@ -55,6 +55,7 @@ import numpy as np
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
+from fedzoo.capabilities import Capabilities
 from fedzoo.cards import ModelCard
 from fedzoo.dp.accountant import PrivacyBudgetExhausted
 from fedzoo.errors import FedzooError, InvalidInputError, NotFoundError
@@ -63,9 +64,10 @@ from fedzoo.server import registry
 from fedzoo.server.blobstore import BlobStore
 from fedzoo.server.db import Database
 from fedzoo.server.fl.base_models import BaseModels, RoundBase, max_upload_bytes
+from fedzoo.server.fl.eligibility import DECLINED
 from fedzoo.server.fl.faults import crash_point
 from fedzoo.server.fl.lifecycle import AGGREGATION_LEASE_S, RoundLifecycle
-from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLRound, FLUpdate
+from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLRefusedUpload, FLRound, FLUpdate
 from fedzoo.server.fl.round_context import RoundContext, as_utc, count_rows, find_round, utc_now
 from fedzoo.server.fl.schemas import RoundConfig, TaskResponse, UpdateMetadata
 from fedzoo.server.fl.screening import Screened
@@ -169,10 +171,15 @@ class RoundService:
 
     # devices: selection and collection -------------------------------------------------------------
 
-    def check_in(self, device_id: str, task: str, family: str | None = None) -> TaskResponse:
-        """Select the device for an eligible round and return its task, or tell it when to come back."""
+    def check_in(self, device_id: str, task: str, family: str | None = None,
+                 capabilities: Capabilities = Capabilities()) -> TaskResponse:
+        """Select the device for a round it is capable of and return its task, or tell it when to come back."""
         self.advance()
-        return self.selection.check_in(device_id, task, family)
+        return self.selection.check_in(device_id, task, family, capabilities)
+
+    def decline(self, device_id: str, round_id: int, reason: str, message: str) -> dict[str, Any]:
+        """A selected device will not do the round's task (`Selection.decline`)."""
+        return self.selection.decline(device_id, round_id, reason, message)
 
     @staticmethod
     def max_upload_bytes(base: RoundBase) -> int:
@@ -373,4 +380,6 @@ class RoundService:
                 "result_model_id": round_row.result_model_id,
                 "outcome": json.loads(round_row.outcome_json) if round_row.outcome_json else None,
                 "next_round_id": next_round,
+                "declined_devices": session.scalar(select(func.count()).select_from(FLRefusedUpload).where(
+                    FLRefusedUpload.round_id == round_id, FLRefusedUpload.kind == DECLINED)) or 0,
             }

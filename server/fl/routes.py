@@ -15,6 +15,10 @@ with two parts,
 `stale_update` (wrong `base_version`), `round_not_accepting` (deadline passed, target reached, or
 closed); 413 over the size limit; 422 naming the tensor whose name, shape, dtype or values are wrong.
 
+A device checking in declares what it can do (`secure_aggregation` version, `dp_clipping`, `encodings`: see
+`fedzoo.capabilities`); a round whose plan needs more does not select it. A selected device that cannot or will
+not do its task says so at `POST /v1/fl/rounds/<id>/decline` (`{"reason", "message"}`), which the round records.
+
 SecAgg+ rounds (`privacy.secure_aggregation`) take no delta upload (409 `secure_round`): the device replies
 to each stage that `GET /v1/fl/task` shows it (`task.privacy.secure_aggregation`) at
 `POST /v1/fl/rounds/<id>/secagg/<stage>`: `advertise_keys` and `consistency_check` as JSON, each signed with
@@ -40,8 +44,8 @@ from fedzoo.server.errors import BadRequest, UnsupportedMediaType, ValidationFai
 from fedzoo.server.fl.round_context import MAX_ROUND_ID
 from fedzoo.server.fl.rounds import RoundService
 from fedzoo.server.fl.schemas import (
-    AdvertiseKeysReply, ConsistencyCheckReply, RoundConfig, RoundView, SecureReplyReceipt, ShareKeysReply, TaskQuery,
-    TaskResponse, UnmaskReply, UpdateMetadata, UpdateReceipt,
+    AdvertiseKeysReply, ConsistencyCheckReply, DeclineReceipt, DeclineRequest, RoundConfig, RoundView, SecureReplyReceipt,
+    ShareKeysReply, TaskQuery, TaskResponse, UnmaskReply, UpdateMetadata, UpdateReceipt,
 )
 from fedzoo.server.openapi import OCTET_STREAM, documented
 from fedzoo.server.routes.common import (
@@ -102,7 +106,18 @@ def get_round(round_id: int) -> Response:
 def get_task() -> Response:
     device = calling_device()
     query = query_args(TaskQuery)
-    return json_response(service().check_in(device.id, query.task, query.family))
+    return json_response(service().check_in(device.id, query.task, query.family, query.capabilities()))
+
+
+@documented(blueprint, "POST", "/v1/fl/rounds/<int:round_id>/decline",
+            summary="A selected device declines the round's task, with a reason (one it cannot do, or a server that "
+                    "broke the protocol); the round records it", auth="device", request=DeclineRequest,
+            response=DeclineReceipt, status=201, path_params=ROUND_ID, errors=(403, 404, 422))
+def decline_task(round_id: int) -> Response:
+    device = calling_device()
+    body = json_body(DeclineRequest)
+    return json_response(DeclineReceipt(**service().decline(device.id, round_id, body.reason, body.message)),
+                         status=201)
 
 
 @documented(blueprint, "POST", "/v1/fl/rounds/<int:round_id>/updates",

@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from fedzoo.capabilities import SECURE_AGGREGATION_VERSION, Capabilities, parse_encodings
 from fedzoo.cards import IDENTIFIER_PATTERN, SHA256_PATTERN
 
 RoundStateName = Literal["open", "collecting", "aggregating", "closed", "failed"]
@@ -206,11 +207,28 @@ class RoundConfig(_Request):
 
 
 class TaskQuery(_Request):
-    """A device checking in: what it can work on."""
+    """A device checking in: what it can work on, and what it can do (fedzoo.capabilities; a device that declares
+    nothing is selected for plain rounds only)."""
 
     task: str = Field(pattern=IDENTIFIER_PATTERN, description="the task the device has data for, e.g. mnist")
     family: str | None = Field(default=None, min_length=1, max_length=200,
                                description="only rounds of this model family")
+    secure_aggregation: int | None = Field(default=None, ge=1, le=1000,
+                                           description="the SecAgg+ protocol version the device speaks")
+    dp_clipping: bool = Field(default=False, description="the device clips its delta to a DP round's clip norm")
+    encodings: str | None = Field(default=None, max_length=200,
+                                  description="the update encodings the device can upload, comma-separated: fp32,int8")
+
+    @field_validator("encodings")
+    @classmethod
+    def _encoding_names(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_encodings(value)
+        return value
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(self.secure_aggregation, self.dp_clipping,
+                            parse_encodings(self.encodings) if self.encodings is not None else None)
 
 
 class TrainingConfig(_Response):
@@ -244,6 +262,8 @@ class SecureAggregationTask(_Response):
     reply (null while it waits for the others: ask again after `retry_after_s`)."""
 
     stage: SecureStageName
+    version: int = Field(default=SECURE_AGGREGATION_VERSION, description="the SecAgg+ protocol version of the round (fedzoo.capabilities); a device that "
+                                     "speaks another declines the round")
     client: int | None = Field(description="this device's number in the round (fixed when selection closes)")
     config: dict[str, Any] | None = Field(description="the round's SecAggConfig (fedzoo.secagg.config)")
     request: dict[str, Any] | None = Field(description="the stage's request for this device (docs/privacy.md)")
@@ -324,6 +344,21 @@ class RoundView(_Response):
     result_model_id: str | None
     outcome: dict[str, Any] | None
     next_round_id: int | None
+    declined_devices: int = Field(description="selected devices that declined the task (POST .../decline)")
+
+
+class DeclineRequest(_Request):
+    """A selected device says it will not do the round's task, and why (a task it cannot do, or a server
+    that broke the protocol)."""
+
+    reason: str = Field(pattern=r"^[a-z][a-z0-9_]{0,63}$",
+                        description="e.g. unsupported_secure_aggregation, unsupported_dp_clipping, overlapping_lists")
+    message: str = Field(default="", max_length=500, description="details for the operator")
+
+
+class DeclineReceipt(_Response):
+    round_id: int
+    reason: str
 
 
 BASE64_32_BYTES = r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=$"  # an X25519 key or a SHA-256 commitment

@@ -17,6 +17,16 @@ After that it answers one JSON line per command line on stdin:
     {"cmd": "restart"}                                     stop and start the server (same port and data)
     {"cmd": "python_device", "device_id", "shard", "encoding"}
                                                            a Python SDK device registers and participates once
+    {"cmd": "expire_token", "device_id"}                   end a device's token lifetime now (as if its TTL passed)
+    {"cmd": "revoke", "device_id"}                         the admin revokes a device (POST /v1/devices/<id>/revoke)
+    {"cmd": "python_secure_devices", "device_ids", "seed", "num_examples"}
+                                                           Python SDK devices register and, each in a thread, take part
+                                                           in the open SecAgg+ round (take_part_securely) with a delta on
+                                                           exact quantisation levels (k / 128, k in [-127, 127], for a
+                                                           clip_range of 127/128 and weight 1): answers their "levels"
+    {"cmd": "python_secure_results"}                       waits for those devices: {"outcomes": [...]}
+    {"cmd": "check_secure_sum", "round_id", "levels"}      the largest difference between the round's published model
+                                                           and its base plus the FedAvg of these devices' levels / 128
     {"cmd": "quit"}
 """
 
@@ -24,13 +34,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
 
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.participation import participate_once
+from fedzoo.clients.secure_participation import take_part_securely
+from fedzoo.edge.onnx_initializers import read_float_initializers
+from fedzoo.secagg import flatten, unflatten
 from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, Simulation, prepare_federation
 from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
 from fedzoo.edge.runtime import EdgeSession
@@ -45,13 +61,84 @@ def _reply(message: dict) -> None:
 
 
 def _python_device(server: LoopbackServer, federation, data_dir: Path, enrollment_token: str, command: dict) -> dict:
-    profile = DeviceProfile(device_id=command["device_id"], platform="linux-x86_64", cpu=CpuInfo(model="python", cores=1),
-                            memory_mb=1024, runtime=RuntimeInfo(onnxruntime="python", threads=1))
     with FedzooClient(server.url, cache_dir=data_dir / "python-devices" / command["device_id"]) as client:
-        client.register(profile, enrollment_token)
+        client.register(_profile(command["device_id"]), enrollment_token)
         result = participate_once(client, federation.card.task, federation.client_data(command["shard"]),
                                   command.get("encoding", "fp32"))
     return {"round_id": result.round_id, "outcome": result.outcome, "upload_bytes": result.upload_bytes}
+
+
+def _expire_token(server: LoopbackServer, device_id: str) -> dict:
+    # the token's lifetime ends in the database, where the server reads it on every request
+    with sqlite3.connect(server.data_dir / "registry.db") as database:
+        changed = database.execute("UPDATE devices SET token_expires_at = '2000-01-01 00:00:00.000000' WHERE id = ?",
+                                   (device_id,)).rowcount
+    return {"ok": changed == 1}
+
+
+def _revoke(server: LoopbackServer, device_id: str) -> dict:
+    with FedzooClient(server.url) as admin:
+        answer = admin.http.request("POST", f"/v1/devices/{device_id}/revoke",
+                                    headers={"Authorization": f"Bearer {DEFAULT_ADMIN_TOKEN}"})
+    return {"ok": answer.status_code == 200}
+
+
+LEVEL_SCALE = 128  # a delta of k / 128 quantises exactly to k when clip_range = 127 / 128 and the weight is 1
+
+
+class SecureDevices:
+    """Python SDK devices taking part in a SecAgg+ round in threads, each with a delta on exact levels."""
+
+    def __init__(self) -> None:
+        self.threads: list[threading.Thread] = []
+        self.outcomes: dict[str, str] = {}
+
+    def start(self, server: LoopbackServer, federation, data_dir: Path, enrollment_token: str, command: dict) -> dict:
+        shapes = {name: value.shape for name, value in read_float_initializers(federation.model).items()}
+        rng = np.random.default_rng(command["seed"])
+        levels = {}
+        for device_id in command["device_ids"]:
+            delta = {name: (rng.integers(-127, 128, shape) / LEVEL_SCALE).astype(np.float32)
+                     for name, shape in shapes.items()}
+            levels[device_id] = [int(round(value * LEVEL_SCALE)) for value in flatten(delta)]
+            client = FedzooClient(server.url, cache_dir=data_dir / "python-devices" / device_id)
+            client.register(_profile(device_id), enrollment_token)
+            work = client.fl_task(federation.card.task)["task"]  # selected now, so seated before the stages open
+            thread = threading.Thread(target=self._take_part, args=(client, federation.card.task, work, delta,
+                                                                     command["num_examples"]), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+        return {"levels": levels}
+
+    def _take_part(self, client: FedzooClient, task: str, work: dict, delta: dict, num_examples: int) -> None:
+        try:
+            outcome, _sent = take_part_securely(client, work, delta, num_examples, lambda: client.fl_task(task),
+                                                sleep=lambda seconds: time.sleep(min(seconds, 0.2)))
+        except Exception as error:  # reported to the Java test
+            outcome = f"error: {error!r}"
+        self.outcomes[client.device_id] = outcome
+
+    def results(self) -> dict:
+        for thread in self.threads:
+            thread.join(timeout=120)
+        self.threads = []
+        return {"outcomes": self.outcomes}
+
+
+def _check_secure_sum(simulation: Simulation, command: dict) -> dict:
+    view = simulation.admin.fl_round(command["round_id"])
+    base = read_float_initializers(simulation.admin.download_model(simulation.admin.card(view["base_model_id"]))
+                                   .read_bytes())
+    published = read_float_initializers(simulation.admin.download_model(simulation.admin.card(view["result_model_id"]))
+                                        .read_bytes())
+    levels = np.asarray(command["levels"], dtype=np.float64)
+    mean = unflatten(levels.sum(axis=0) / LEVEL_SCALE / len(levels), {name: value.shape for name, value in base.items()})
+    return {"max_abs_diff": max(float(np.max(np.abs(published[name] - (base[name] + mean[name])))) for name in base)}
+
+
+def _profile(device_id: str) -> DeviceProfile:
+    return DeviceProfile(device_id=device_id, platform="linux-x86_64", cpu=CpuInfo(model="python", cores=1),
+                         memory_mb=1024, runtime=RuntimeInfo(onnxruntime="python", threads=1))
 
 
 def main() -> None:
@@ -82,6 +169,7 @@ def main() -> None:
                     "family": federation.card.family, "task": federation.card.task,
                     "evaluation_sha256": simulation.evaluation_sha256, "shards": NUM_SHARDS,
                     "python_accuracy": python_accuracy, "operator_key_id": operator.key_id})
+            secure_devices = SecureDevices()
             for line in sys.stdin:
                 command = json.loads(line)
                 if command["cmd"] == "quit":
@@ -89,6 +177,16 @@ def main() -> None:
                 if command["cmd"] == "restart":
                     server.restart()
                     _reply({"ok": True, "url": server.url})
+                elif command["cmd"] == "expire_token":
+                    _reply(_expire_token(server, command["device_id"]))
+                elif command["cmd"] == "revoke":
+                    _reply(_revoke(server, command["device_id"]))
+                elif command["cmd"] == "python_secure_devices":
+                    _reply(secure_devices.start(server, federation, data_dir, enrollment_token, command))
+                elif command["cmd"] == "python_secure_results":
+                    _reply(secure_devices.results())
+                elif command["cmd"] == "check_secure_sum":
+                    _reply(_check_secure_sum(simulation, command))
                 elif command["cmd"] == "python_device":
                     _reply(_python_device(server, federation, data_dir, enrollment_token, command))
                 else:

@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import math
 
-from sqlalchemy import select
+from typing import Any
+
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from fedzoo.capabilities import UPLOAD_ENCODINGS, Capabilities
+from fedzoo.server.errors import Forbidden
 from fedzoo.server.fl import quarantine
 from fedzoo.server.fl.base_models import max_upload_bytes
-from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLRound
-from fedzoo.server.fl.round_context import RoundContext, as_utc, count_rows, has_update
+from fedzoo.server.fl.eligibility import DECLINED, missing_capabilities
+from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLRefusedUpload, FLRound
+from fedzoo.server.fl.round_context import RoundContext, as_utc, count_rows, find_round, has_update
 from fedzoo.server.fl.schemas import RoundConfig, Task, TaskResponse, UploadSpec, round_training
 from fedzoo.server.fl.strategies import make_strategy
 
@@ -26,8 +31,9 @@ class Selection:
     def __init__(self, context: RoundContext) -> None:
         self.context = context
 
-    def check_in(self, device_id: str, task: str, family: str | None = None) -> TaskResponse:
-        """Select the device for an eligible round and return its task, or tell it when to come back."""
+    def check_in(self, device_id: str, task: str, family: str | None = None,
+                 capabilities: Capabilities = Capabilities()) -> TaskResponse:
+        """Select the device for a round it is capable of and return its task, or tell it when to come back."""
         private = self.context.private
         with self.context.database.session() as session:
             if quarantine.is_quarantined(session, device_id):
@@ -38,20 +44,28 @@ class Selection:
             if family is not None:
                 query = query.where(FLRound.family == family)
             rounds = list(session.scalars(query))
-            refusal = None
+            incapable, refusal = [], None
             for round_row in rounds:
                 if has_update(session, round_row.id, device_id) or private.has_finished(
-                        session, round_row.id, device_id):
+                        session, round_row.id, device_id) or self._declined(session, round_row.id, device_id):
                     continue
                 if session.get(FLParticipant, (round_row.id, device_id)) is not None:
                     return TaskResponse(task=self.task(session, round_row, device_id), retry_after_s=None)
                 if round_row.state == "open":
-                    refusal = private.seat_refusal(session, RoundConfig.model_validate_json(round_row.config_json),
-                                                   device_id)
-                    if refusal is not None:
+                    config = RoundConfig.model_validate_json(round_row.config_json)
+                    refusal = private.seat_refusal(session, config, device_id)
+                    if refusal is not None:  # what the device is (keyless) before what it says it can do
+                        continue
+                    missing = missing_capabilities(config, capabilities)
+                    if missing:
+                        incapable.append(f"round {round_row.id} needs {' and '.join(missing)}")
                         continue
                     self._select(session, round_row, device_id)
                     return TaskResponse(task=self.task(session, round_row, device_id), retry_after_s=None)
+            if incapable and refusal is None:
+                return TaskResponse(task=None, retry_after_s=IDLE_RETRY_AFTER_S,
+                                    reason=f"{'; '.join(incapable)}, which this device did not declare "
+                                           "(GET /v1/fl/task's secure_aggregation, dp_clipping, encodings)")
             if rounds:
                 config = RoundConfig.model_validate_json(rounds[0].config_json)
                 remaining_s = (as_utc(rounds[0].deadline_at) - self.context.clock()).total_seconds()
@@ -61,6 +75,26 @@ class Selection:
                     reason=refusal or "the current round has selected its devices; ask again for the next one",
                 )
             return TaskResponse(task=None, retry_after_s=IDLE_RETRY_AFTER_S, reason=f"no round is running for task {task!r}")
+
+    @staticmethod
+    def _declined(session: Session, round_id: int, device_id: str) -> bool:
+        return session.scalar(select(func.count()).select_from(FLRefusedUpload).where(
+            FLRefusedUpload.round_id == round_id, FLRefusedUpload.device_id == device_id,
+            FLRefusedUpload.kind == DECLINED)) > 0
+
+    def decline(self, device_id: str, round_id: int, reason: str, message: str) -> dict[str, Any]:
+        """A selected device will not do the round's task: recorded with its reason, and the round no longer offers
+        it to the device. Its seat stays taken (under SecAgg+ it misses the stages: a dropout)."""
+        with self.context.database.session() as session:
+            find_round(session, round_id)
+            if session.get(FLParticipant, (round_id, device_id)) is None:
+                raise Forbidden(f"device {device_id!r} was not selected for round {round_id}; only a selected device "
+                                "declines its task", field="round_id", code="not_selected")
+            if not self._declined(session, round_id, device_id):
+                session.add(FLRefusedUpload(round_id=round_id, device_id=device_id, kind=DECLINED,
+                                            reason=f"{reason}: {message}"[:2000], upload_bytes=0,
+                                            received_at=self.context.clock()))
+        return {"round_id": round_id, "reason": reason}
 
     def _select(self, session: Session, round_row: FLRound, device_id: str) -> None:
         """Seat the device; at the selection goal the round stops selecting. Concurrent check-ins may seat a
@@ -93,7 +127,7 @@ class Selection:
             training=round_training(config, round_row.number, strategy_fields),
             upload=UploadSpec(
                 url=f"/v1/fl/rounds/{round_row.id}/updates",
-                encodings=["fp32", "int8"],
+                encodings=list(UPLOAD_ENCODINGS),
                 max_bytes=max_upload_bytes(base),
             ),
             privacy=self.context.private.task_privacy(

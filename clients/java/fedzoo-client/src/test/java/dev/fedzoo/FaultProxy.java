@@ -10,6 +10,7 @@ import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.atomic.AtomicInteger;
 
 import com.sun.net.httpserver.HttpExchange;
 import com.sun.net.httpserver.HttpHandler;
@@ -24,7 +25,7 @@ public final class FaultProxy implements AutoCloseable {
     private final HttpServer server;
     private final String target;
     private volatile long cutBlobAfterBytes = -1;
-    private volatile boolean dropNextUploadAnswer;
+    private final AtomicInteger uploadAnswersToDrop = new AtomicInteger();
     /** Each request seen: "METHOD path [Range]". */
     public final List<String> requests = Collections.synchronizedList(new ArrayList<String>());
 
@@ -47,8 +48,13 @@ public final class FaultProxy implements AutoCloseable {
         cutBlobAfterBytes = bytes;
     }
 
+    /**
+     * Lets the next upload reach the server and drops its answer, and the answer to the JDK's own re-send of it
+     * (HttpURLConnection sends a buffered POST once more when the connection dies before an answer): to the device,
+     * the server never answered.
+     */
     public void dropNextUploadAnswer() {
-        dropNextUploadAnswer = true;
+        uploadAnswersToDrop.set(2);
     }
 
     private void forward(HttpExchange exchange) throws IOException {
@@ -73,8 +79,7 @@ public final class FaultProxy implements AutoCloseable {
         int status = upstream.getResponseCode();
         InputStream stream = status >= 400 ? upstream.getErrorStream() : upstream.getInputStream();
         byte[] answer = stream == null ? new byte[0] : TestSupport.readAll(stream);
-        if (path.endsWith("/updates") && dropNextUploadAnswer) {
-            dropNextUploadAnswer = false;
+        if (path.endsWith("/updates") && uploadAnswersToDrop.getAndUpdate(left -> Math.max(0, left - 1)) > 0) {
             exchange.close(); // the server has the update; the device never hears so
             return;
         }

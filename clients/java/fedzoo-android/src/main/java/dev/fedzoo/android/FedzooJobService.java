@@ -1,12 +1,18 @@
 package dev.fedzoo.android;
 
 import java.io.File;
+import java.util.Random;
 
 import org.json.JSONObject;
 
 import android.app.job.JobParameters;
 import android.app.job.JobService;
+import android.content.Context;
+import android.net.ConnectivityManager;
+import android.net.NetworkInfo;
+import android.os.BatteryManager;
 import android.os.PersistableBundle;
+import android.os.PowerManager;
 import android.util.Log;
 
 import dev.fedzoo.FedzooException;
@@ -20,13 +26,17 @@ import dev.fedzoo.fl.ParticipationResult;
 
 /**
  * One participation per job run, on a worker thread (JobService callbacks run on the main thread), then the next
- * job is scheduled after the server's pacing. {@link #onStopJob} (constraints lost: unplugged, screen on) sets
- * the stop signal, which the SDK checks between batches and requests; an update already trained stays in the
- * {@link StateStore} and goes out at the next run. The app subclasses this service, supplies its private data,
- * and declares it in its manifest with {@code android.permission.BIND_JOB_SERVICE}. Compiled, never run on a device.
+ * job is scheduled with the same constraints: after the server's pacing, or after a backoff that doubles with each
+ * failure in a row ({@link FedzooScheduler#backoffMs}). A run that finds its constraints not holding (JobScheduler
+ * should never start one, but a device's state changes between the decision and the start) trains nothing and
+ * waits for them again. {@link #onStopJob} (constraints lost: unplugged, screen on) sets the stop signal, which the
+ * SDK checks between batches and requests; an update already trained stays in the {@link StateStore} and goes out
+ * at the next run. The app subclasses this service, supplies its private data, and declares it in its manifest
+ * with {@code android.permission.BIND_JOB_SERVICE}. Tested under Robolectric; never run on a device.
  */
 public abstract class FedzooJobService extends JobService {
     private static final String LOG_TAG = "fedzoo";
+    private final Random random = new Random();
     private volatile StopSignal stop;
 
     /** The device's private training data; called on the worker thread. */
@@ -37,8 +47,29 @@ public abstract class FedzooJobService extends JobService {
         return new File(getFilesDir(), "fedzoo");
     }
 
+    /** The client a run uses (override for other timeouts or retries); the server and token come from the state. */
+    protected FedzooClient client(StateStore state) {
+        JSONObject saved = state.load();
+        return new FedzooClient(saved.optString("server"), null, new File(stateDirectory(), "cache")).keepStateIn(state);
+    }
+
+    /** Called on the worker thread when a run has ended (the next one is scheduled): its result, or the failure that
+     * ended it (one of the two is null). */
+    protected void onParticipationEnded(ParticipationResult result, FedzooException failure) {
+        if (failure != null) {
+            Log.w(LOG_TAG, "participation failed, backing off: " + failure.getMessage());
+        } else {
+            Log.i(LOG_TAG, "participation: " + result);
+        }
+    }
+
     @Override
     public boolean onStartJob(final JobParameters params) {
+        FedzooScheduler.Constraints constraints = FedzooScheduler.Constraints.of(params.getExtras());
+        if (!constraintsHold(constraints)) {
+            scheduleNext(params, 0, failures(params));
+            return false; // nothing to do now: the next run waits for the constraints again
+        }
         stop = new StopSignal();
         final StopSignal signal = stop;
         new Thread(new Runnable() {
@@ -58,34 +89,61 @@ public abstract class FedzooJobService extends JobService {
         return true; // run again when the constraints hold again
     }
 
+    /** Whether the device is, right now, in the state the job asked for (charging, unmetered, idle). */
+    protected boolean constraintsHold(FedzooScheduler.Constraints constraints) {
+        if (constraints.requiresCharging
+                && !((BatteryManager) getSystemService(Context.BATTERY_SERVICE)).isCharging()) {
+            return false;
+        }
+        if (constraints.requiresUnmeteredNetwork) {
+            ConnectivityManager connectivity = (ConnectivityManager) getSystemService(Context.CONNECTIVITY_SERVICE);
+            NetworkInfo network = connectivity.getActiveNetworkInfo();
+            if (network == null || !network.isConnected() || connectivity.isActiveNetworkMetered()) {
+                return false;
+            }
+        }
+        return !constraints.requiresDeviceIdle || !((PowerManager) getSystemService(Context.POWER_SERVICE)).isInteractive();
+    }
+
     private void participate(JobParameters params, StopSignal signal) {
         PersistableBundle extras = params.getExtras();
-        String task = extras.getString(FedzooScheduler.EXTRA_TASK);
-        String encoding = extras.getString(FedzooScheduler.EXTRA_ENCODING, "fp32");
-        String family = extras.getString(FedzooScheduler.EXTRA_FAMILY);
         StateStore state = new StateStore(stateDirectory());
-        JSONObject saved = state.load();
-        if (!saved.has("server") || !saved.has("token")) {
+        if (!state.load().has("token")) {
             Log.w(LOG_TAG, "not registered: register with a client that keepStateIn(this state) before scheduling");
             jobFinished(params, false);
             return;
         }
-        FedzooClient client = new FedzooClient(saved.optString("server"), null, new File(stateDirectory(), "cache"))
-                .keepStateIn(state);
+        FedzooClient client = client(state);
         client.http().setSleeper(signal);
+        ParticipationResult result = null;
+        FedzooException failure = null;
         try {
-            ParticipationResult result = new Participation(client, state).participateOnce(task, localData(),
-                    UpdateCodec.Encoding.fromWireName(encoding), family, signal);
-            Log.i(LOG_TAG, "participation: " + result);
-            if (!signal.isStopped()) {
-                FedzooScheduler.Constraints constraints = new FedzooScheduler.Constraints();
-                FedzooScheduler.schedule(this, getClass(), params.getJobId(), task, encoding, family,
-                        result.nextCheckInMs(new java.util.Random()), constraints);
-            }
-            jobFinished(params, false);
-        } catch (FedzooException failure) {
-            Log.w(LOG_TAG, "participation failed, retrying later: " + failure.getMessage());
-            jobFinished(params, true);
+            result = new Participation(client, state).participateOnce(extras.getString(FedzooScheduler.EXTRA_TASK),
+                    localData(), UpdateCodec.Encoding.fromWireName(extras.getString(FedzooScheduler.EXTRA_ENCODING, "fp32")),
+                    extras.getString(FedzooScheduler.EXTRA_FAMILY), signal);
+        } catch (FedzooException error) {
+            failure = error;
         }
+        if (!signal.isStopped()) { // a stopped job is run again by JobScheduler (onStopJob answered true)
+            if (failure != null) {
+                int failures = failures(params) + 1;
+                scheduleNext(params, FedzooScheduler.backoffMs(failures), failures);
+            } else {
+                scheduleNext(params, result.nextCheckInMs(random), 0);
+            }
+        }
+        jobFinished(params, false);
+        onParticipationEnded(result, failure);
+    }
+
+    private void scheduleNext(JobParameters params, long delayMs, int failures) {
+        PersistableBundle extras = params.getExtras();
+        FedzooScheduler.schedule(this, getClass(), params.getJobId(), extras.getString(FedzooScheduler.EXTRA_TASK),
+                extras.getString(FedzooScheduler.EXTRA_ENCODING, "fp32"), extras.getString(FedzooScheduler.EXTRA_FAMILY),
+                delayMs, FedzooScheduler.Constraints.of(extras), failures);
+    }
+
+    private static int failures(JobParameters params) {
+        return params.getExtras().getInt(FedzooScheduler.EXTRA_FAILURES, 0);
     }
 }

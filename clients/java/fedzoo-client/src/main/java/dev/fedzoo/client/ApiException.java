@@ -1,7 +1,10 @@
 package dev.fedzoo.client;
 
+import java.util.Arrays;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.Map;
+import java.util.Set;
 
 import org.json.JSONException;
 import org.json.JSONObject;
@@ -68,6 +71,25 @@ public class ApiException extends FedzooException {
         }
     }
 
+    /**
+     * 401 {@code token_expired}, {@code token_replaced} or {@code device_revoked}: this device's token will never work
+     * again. Register anew with an enrollment token from the fleet's operator
+     * ({@link FedzooClient#register(dev.fedzoo.edge.DeviceProfile, String)}).
+     */
+    public static class ReregistrationRequired extends Authentication {
+        private static final long serialVersionUID = 1L;
+
+        public ReregistrationRequired(int status, String code, String message, String field) {
+            super(status, code, message, field);
+        }
+
+        @Override
+        public String getMessage() {
+            return super.getMessage() + "; this device must register again with an enrollment token from the fleet's "
+                    + "operator: FedzooClient.register(profile, enrollmentToken)";
+        }
+    }
+
     /** 403: the token is valid but may not do this (e.g. {@code not_selected} for a round). */
     public static class PermissionDenied extends ApiException {
         private static final long serialVersionUID = 1L;
@@ -119,6 +141,9 @@ public class ApiException extends FedzooException {
     }
 
     private static final Map<Integer, Factory> BY_STATUS = new HashMap<Integer, Factory>();
+    /** 401 codes after which the same token never works again ({@code fedzoo.server.devices.authenticate}). */
+    private static final Set<String> REREGISTRATION_CODES = new HashSet<String>(
+            Arrays.asList("token_expired", "token_replaced", "device_revoked"));
 
     static {
         BY_STATUS.put(400, BadRequest::new);
@@ -145,6 +170,9 @@ public class ApiException extends FedzooException {
             }
         } catch (JSONException | NullPointerException notJson) {
             // a proxy's HTML page or plain text: keep it as the message
+        }
+        if (status == 401 && REREGISTRATION_CODES.contains(code)) {
+            return new ReregistrationRequired(status, code, message, field);
         }
         Factory factory = BY_STATUS.get(status);
         return factory != null ? factory.create(status, code, message, field) : new ApiException(status, code, message, field);

@@ -8,6 +8,8 @@ import java.util.Map;
 import java.util.UUID;
 import java.util.function.LongSupplier;
 
+import org.bouncycastle.crypto.params.Ed25519PrivateKeyParameters;
+import org.bouncycastle.util.encoders.Base64;
 import org.json.JSONArray;
 import org.json.JSONException;
 import org.json.JSONObject;
@@ -16,6 +18,8 @@ import dev.fedzoo.FedzooException;
 import dev.fedzoo.ModelCard;
 import dev.fedzoo.edge.DeviceProfile;
 import dev.fedzoo.edge.EdgeSession;
+import dev.fedzoo.fl.Capabilities;
+import dev.fedzoo.secagg.Signatures;
 
 /**
  * One device's session with one fedzoo server, as {@code fedzoo.clients.client.FedzooClient}: register, look up
@@ -48,9 +52,13 @@ public final class FedzooClient {
     /** Refresh the device token once this share of its lifetime has passed (as the Python SDK). */
     private static final double REFRESH_AT_LIFETIME_FRACTION = 0.5;
 
+    /** The state's key for the device's long-term SecAgg+ signing key (raw Ed25519 private key, base64), as Python's. */
+    static final String SIGNING_KEY_STATE = "secagg_signing_key";
+
     private CardVerifier verifier;
     private StateStore state;
     private String deviceId;
+    private Ed25519PrivateKeyParameters signingKey;
     private long tokenRefreshAtMs = -1;
     private LongSupplier clockMs = SYSTEM_CLOCK_MS;
     private long downloadedBytes;
@@ -84,6 +92,9 @@ public final class FedzooClient {
         this.state = state;
         JSONObject saved = state.load();
         deviceId = saved.optString("device_id", null);
+        if (signingKey == null && saved.has(SIGNING_KEY_STATE)) {
+            signingKey = new Ed25519PrivateKeyParameters(Base64.decode(saved.optString(SIGNING_KEY_STATE)), 0);
+        }
         if (http.token() == null && saved.has("token")) {
             http.setToken(saved.optString("token"));
             tokenRefreshAtMs = saved.optLong("token_refresh_at_ms", -1);
@@ -124,6 +135,16 @@ public final class FedzooClient {
         return http.token();
     }
 
+    /** This device's id once registered (or loaded from the state), else null. */
+    public String deviceId() {
+        return deviceId;
+    }
+
+    /** The device's long-term SecAgg+ signing key (made at registration, kept in the state), or null. */
+    public Ed25519PrivateKeyParameters signingKey() {
+        return signingKey;
+    }
+
     /** Bytes this client transferred in downloads (0 for cache hits). */
     public long downloadedBytes() {
         return downloadedBytes;
@@ -147,12 +168,21 @@ public final class FedzooClient {
                 : Collections.singletonMap("Authorization", "Bearer " + enrollmentToken);
         String deviceToken = http.token();
         http.setToken(null); // an old device token is no enrollment credential
+        Ed25519PrivateKeyParameters newSigningKey = Signatures.newSigningKey(); // a new identity, a new key
         JSONObject registration;
         try {
-            registration = http.request("POST", "/v1/devices", profile.toJson().toString().getBytes(FedzooHttp.UTF8),
+            JSONObject body = profile.toJson().put("signing_public_key",
+                    Base64.toBase64String(Signatures.publicBytes(newSigningKey)));
+            registration = http.request("POST", "/v1/devices", body.toString().getBytes(FedzooHttp.UTF8),
                     "application/json", headers, FedzooHttp.Resend.UNSAFE, 201).json();
+        } catch (JSONException impossible) {
+            throw new IllegalStateException(impossible);
         } finally {
             http.setToken(deviceToken);
+        }
+        signingKey = newSigningKey;
+        if (state != null) {
+            state.put(SIGNING_KEY_STATE, Base64.toBase64String(newSigningKey.getEncoded()));
         }
         deviceId = registration.optString("device_id");
         keepToken(registration.optString("token"), registration.optLong("token_expires_in_s", -1));
@@ -353,15 +383,44 @@ public final class FedzooClient {
 
     // federated learning ----------------------------------------------------------------------------------
 
-    /** Checks in: {@code {"task": {...} | null, "retry_after_s": ...}}; {@code family} may be null. */
+    /** Checks in, declaring what this SDK can do: {@code {"task": {...} | null, "retry_after_s": ...}}; {@code family} may be null. */
     public JSONObject flTask(String task, String family) {
+        return flTask(task, family, Capabilities.JAVA_SDK);
+    }
+
+    /** Checks in, declaring {@code capabilities} (the server hands out only tasks they cover). */
+    public JSONObject flTask(String task, String family, Capabilities capabilities) {
         Map<String, String> query = new LinkedHashMap<String, String>();
         query.put("task", task);
         if (family != null) {
             query.put("family", family);
         }
+        query.putAll(capabilities.toQuery());
         refreshTokenIfDue();
         return http.getJson("/v1/fl/task", query);
+    }
+
+    /** Tells the server this device will not do round {@code roundId}'s task, and why (the round records it). */
+    public JSONObject declineTask(long roundId, String reason, String message) {
+        JSONObject body = new JSONObject();
+        try {
+            body.put("reason", reason).put("message", message.length() > 500 ? message.substring(0, 500) : message);
+        } catch (JSONException impossible) {
+            throw new IllegalStateException(impossible);
+        }
+        refreshTokenIfDue();
+        return http.postJson("/v1/fl/rounds/" + roundId + "/decline", body, FedzooHttp.Resend.SAFE, 201);
+    }
+
+    /** Sends this device's reply to a SecAgg+ stage: a JSON object, or the framed or raw bytes the stage takes. */
+    public JSONObject secureReply(String replyUrl, Object reply) {
+        refreshTokenIfDue();
+        boolean raw = reply instanceof byte[];
+        byte[] body = raw ? (byte[]) reply : reply.toString().getBytes(FedzooHttp.UTF8);
+        JSONObject receipt = http.request("POST", replyUrl, body, raw ? "application/octet-stream" : "application/json",
+                null, FedzooHttp.Resend.SAFE, 201).json();
+        uploadedBytes += body.length;
+        return receipt;
     }
 
     /** A round's state, counts and outcome ({@code GET /v1/fl/rounds/<id>}). */

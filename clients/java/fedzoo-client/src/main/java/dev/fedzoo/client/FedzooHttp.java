@@ -32,6 +32,13 @@ import dev.fedzoo.FedzooException;
  * uploads (the server answers a repeated upload with 409 {@code duplicate_update}, which counts as delivered).
  * Registration and telemetry are {@link Resend#UNSAFE}: a second registration would be refused as a duplicate and
  * the token lost, so the caller gets a {@link ServerUnavailableException} saying the request may have been applied.
+ *
+ * <p>Request bodies are handed to the connection whole, not streamed: the JDK's {@link HttpURLConnection} throws
+ * away the answer to a streamed request that the server refused with 401 (an {@code HttpRetryException} instead of
+ * the body), and the body names why ({@code token_expired}, {@code device_revoked}, {@code enrollment_required}).
+ * The bodies are in memory already, so this costs one copy. One consequence on the JDK (not on Android, whose
+ * connection is OkHttp's): when a kept-alive connection dies before any answer, the JDK sends a buffered request
+ * once more by itself, as the server had not answered.
  */
 public final class FedzooHttp {
     /** Whether a request may be sent again after a failure that leaves open whether the server applied it. */
@@ -146,8 +153,7 @@ public final class FedzooHttp {
             try {
                 connection = open(method, path, headers);
                 if (body != null) {
-                    connection.setDoOutput(true);
-                    connection.setFixedLengthStreamingMode(body.length);
+                    connection.setDoOutput(true); // buffered, not streamed: see the class comment
                     connection.setRequestProperty("Content-Type", contentType);
                     OutputStream out = connection.getOutputStream();
                     out.write(body);

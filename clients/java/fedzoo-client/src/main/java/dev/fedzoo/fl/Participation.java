@@ -7,6 +7,7 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Random;
+import java.util.Set;
 
 import org.json.JSONArray;
 import org.json.JSONException;
@@ -23,6 +24,7 @@ import dev.fedzoo.client.StateStore;
 import dev.fedzoo.client.StopSignal;
 import dev.fedzoo.client.Timestamps;
 import dev.fedzoo.codec.UpdateCodec;
+import dev.fedzoo.dp.Clipping;
 import dev.fedzoo.edge.Adam;
 import dev.fedzoo.edge.EdgeSession;
 import dev.fedzoo.edge.FloatTensor;
@@ -30,6 +32,7 @@ import dev.fedzoo.edge.OnnxInitializers;
 import dev.fedzoo.edge.Optimizer;
 import dev.fedzoo.edge.Sgd;
 import dev.fedzoo.edge.Trainer;
+import dev.fedzoo.secagg.SecAggBounds;
 
 /**
  * The device's part of federated learning, as {@code fedzoo.clients.participation}: check in, download the
@@ -40,6 +43,11 @@ import dev.fedzoo.edge.Trainer;
  * checked between batches and between requests. With a {@link StateStore}, a trained update is saved before it is
  * sent and removed only once the server confirmed it, so an update trained before the process died is re-sent by
  * the next check-in (a 409 {@code duplicate_update} then means an earlier attempt got through: delivered).
+ *
+ * <p>In a private round ({@code task.privacy}) the delta is first reduced to the weights and clipped for DP
+ * ({@link #privateDelta}); under SecAgg+ it never leaves the device: {@link SecureParticipation} runs the stages.
+ * The server hands private tasks only to devices that declared they can do them ({@link Capabilities}); a
+ * refusal (a server that broke the protocol, another protocol version) is told to the server, which records it.
  */
 public final class Participation {
     /** The batch order of each epoch: a permutation of {@code 0..size-1}. */
@@ -71,11 +79,23 @@ public final class Participation {
     private final StateStore state;
     private final Random random = new Random();
     private int threads = 1;
+    private SecAggBounds bounds = new SecAggBounds();
+    private Set<String> trustedSigningKeys;
 
     /** Participation of {@code client}'s device; {@code state} (may be null) keeps unsent updates across restarts. */
     public Participation(FedzooClient client, StateStore state) {
         this.client = client;
         this.state = state;
+    }
+
+    /**
+     * The device's own limits on a SecAgg+ round's parameters (default {@link SecAggBounds#SecAggBounds()}) and,
+     * when the operator pins them on the device, the enrolled devices' signing keys (base64; null: any).
+     */
+    public Participation secureAggregation(SecAggBounds bounds, Set<String> trustedSigningKeys) {
+        this.bounds = bounds;
+        this.trustedSigningKeys = trustedSigningKeys;
+        return this;
     }
 
     /** Intra-op threads for training (default 1, as the Python trainer). */
@@ -256,10 +276,23 @@ public final class Participation {
                 // the server would refuse it (422); a model that diverged here is no update worth the bytes
                 return new ParticipationResult(roundId, "diverged", 0, data.size(), trained.metrics, null);
             }
+            JSONObject privacy = work.optJSONObject("privacy");
+            Map<String, FloatTensor> delta = privacy != null ? privateDelta(trained.delta, privacy) : trained.delta;
+            if (privacy != null && privacy.optJSONObject("secure_aggregation") != null) {
+                SecureParticipation.Outcome secure = new SecureParticipation(client, bounds, trustedSigningKeys).takePart(
+                        work, SecureParticipation.ringInputOf(delta, privacy, data.size(), random),
+                        new SecureParticipation.CheckIn() {
+                            public JSONObject checkIn() {
+                                return client.flTask(card.task(), card.family());
+                            }
+                        }, stop);
+                return new ParticipationResult(roundId, secure.outcome, secure.sentBytes, data.size(), trained.metrics,
+                        null);
+            }
             JSONArray accepted = work.getJSONObject("upload").getJSONArray("encodings");
             UpdateCodec.Encoding chosen = contains(accepted, encoding.wireName()) ? encoding : UpdateCodec.Encoding.FP32;
             StateStore.PendingUpdate update = new StateStore.PendingUpdate(roundId, work.getJSONObject("upload").getString("url"),
-                    metadata, work.getString("deadline_at"), chosen.wireName(), UpdateCodec.encode(trained.delta, chosen));
+                    metadata, work.getString("deadline_at"), chosen.wireName(), UpdateCodec.encode(delta, chosen));
             if (state != null) {
                 state.savePending(update);
             }
@@ -270,6 +303,20 @@ public final class Participation {
         } catch (JSONException error) {
             throw new FedzooException("the server's task is not what this client understands: " + error.getMessage(), error);
         }
+    }
+
+    /**
+     * What a private round (DP-FedAvg and/or SecAgg+) takes of a trained delta: the weights only (the running
+     * statistics stay the parent's, as the server aggregates them), clipped to the round's DP clip norm if it has one.
+     */
+    public static Map<String, FloatTensor> privateDelta(Map<String, FloatTensor> delta, JSONObject privacy) {
+        Map<String, FloatTensor> weights = new LinkedHashMap<String, FloatTensor>();
+        for (Map.Entry<String, FloatTensor> entry : delta.entrySet()) {
+            if (!entry.getKey().startsWith(Trainer.RUNNING_PREFIX)) {
+                weights.put(entry.getKey(), entry.getValue());
+            }
+        }
+        return privacy.isNull("clip_norm") ? weights : Clipping.clip(weights, privacy.optDouble("clip_norm"));
     }
 
     /**

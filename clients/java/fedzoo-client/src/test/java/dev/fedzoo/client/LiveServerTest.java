@@ -29,6 +29,11 @@ import dev.fedzoo.TestSupport;
 import dev.fedzoo.codec.UpdateCodec;
 import dev.fedzoo.edge.DeviceProfile;
 import dev.fedzoo.edge.EdgeSession;
+import dev.fedzoo.fl.Capabilities;
+import dev.fedzoo.fl.SecureParticipation;
+import dev.fedzoo.secagg.SecAggBounds;
+import dev.fedzoo.secagg.SecAggClient;
+import dev.fedzoo.secagg.SecAggConfig;
 import dev.fedzoo.fl.LocalData;
 import dev.fedzoo.fl.Participation;
 import dev.fedzoo.fl.ParticipationResult;
@@ -264,8 +269,10 @@ class LiveServerTest {
         FedzooClient unenrolled = new FedzooClient(server.url, null, TestSupport.workDirectory("unenrolled"), QUICK, 30_000);
         ApiException.Authentication refused = assertThrows(ApiException.Authentication.class,
                 () -> unenrolled.register(DeviceProfile.collect("java-unenrolled", 1, null, null), null));
-        // the status only: HttpURLConnection drops the body of a 401 answering a streamed (fixed-length) POST
         assertEquals(401, refused.status());
+        assertEquals("enrollment_required", refused.code(), "the body of a 401 answering a POST is read");
+        assertEquals("Authorization", refused.field());
+        assertTrue(!(refused instanceof ApiException.ReregistrationRequired), "an enrollment token is what it lacks");
 
         StateStore state = new StateStore(TestSupport.workDirectory("refresh-state"));
         FedzooClient device = new FedzooClient(server.url, null, TestSupport.workDirectory("cache"), QUICK, 30_000)
@@ -287,6 +294,233 @@ class LiveServerTest {
                 .keepStateIn(state);
         assertEquals(device.token(), restarted.token());
         assertNotNull(restarted.lookup("digits", 50.0, null, null).getJSONObject("model"));
+    }
+
+    @Test
+    @Order(11)
+    void anExpiredTokenAndARevokedDeviceAreToldApartOnGetsAndPosts() throws Exception {
+        FedzooClient expiring = registeredDevice(server.url);
+        String modelId = server.ready.getString("model_id");
+        assertTrue(server.command(new JSONObject().put("cmd", "expire_token").put("device_id", expiring.deviceId()))
+                .getBoolean("ok"));
+        ApiException.ReregistrationRequired onGet = assertThrows(ApiException.ReregistrationRequired.class,
+                () -> expiring.flTask("digits", null));
+        assertEquals("token_expired", onGet.code());
+        ApiException.ReregistrationRequired onPost = assertThrows(ApiException.ReregistrationRequired.class,
+                () -> expiring.reportLatency(modelId, 0.5, null, 1));
+        assertEquals("token_expired", onPost.code());
+        assertEquals("Authorization", onPost.field());
+        assertTrue(onPost.getMessage().contains("register again with an enrollment token"), onPost.getMessage());
+
+        FedzooClient revoked = registeredDevice(server.url);
+        assertTrue(server.command(new JSONObject().put("cmd", "revoke").put("device_id", revoked.deviceId()))
+                .getBoolean("ok"));
+        assertEquals("device_revoked", assertThrows(ApiException.ReregistrationRequired.class,
+                () -> revoked.lookup("digits", 50.0, null, null)).code());
+        assertEquals("device_revoked", assertThrows(ApiException.ReregistrationRequired.class,
+                () -> revoked.reportLatency(modelId, 0.5, null, 1)).code());
+        assertEquals("device_revoked", assertThrows(ApiException.ReregistrationRequired.class,
+                revoked::refreshToken).code());
+    }
+
+    private static JSONObject participants(long roundId) throws Exception {
+        FedzooClient admin = new FedzooClient(server.url, server.ready.getString("admin_token"),
+                TestSupport.workDirectory("admin"));
+        return admin.http().getJson("/v1/fl/rounds/" + roundId + "/participants", null);
+    }
+
+    @Test
+    @Order(12)
+    void aDpRoundSelectsOnlyDevicesThatClipAndTheJavaDevicesDeltaArrivesClipped() throws Exception {
+        double clipNorm = 0.05;
+        long roundId = startRound(1, "{\"privacy\": {\"dp\": {\"max_epsilon\": 1000.0, \"clip_norm\": " + clipNorm
+                + ", \"noise_multiplier\": 1.0}}, \"max_accuracy_drop\": 1.0}");
+        FedzooClient device = registeredDevice(server.url);
+        JSONObject undeclared = device.flTask("digits", null, new Capabilities(null, false, null));
+        assertTrue(undeclared.isNull("task"));
+        assertTrue(undeclared.getString("reason").contains("DP clipping"), undeclared.toString());
+
+        ParticipationResult result = new Participation(device, null).participateOnce("digits", server.shard(2),
+                UpdateCodec.Encoding.FP32, null, null);
+        assertEquals("accepted", result.outcome, result.toString());
+        assertEquals(Long.valueOf(roundId), result.roundId);
+        JSONObject view = waitUntilFinished(roundId);
+        assertEquals("closed", view.getString("state"), view.toString());
+        JSONObject participant = participants(roundId).getJSONArray("participants").getJSONObject(0);
+        assertEquals(device.deviceId(), participant.getString("device_id"));
+        assertTrue(participant.getDouble("delta_norm") <= clipNorm * (1 + 1e-5),
+                "the server received a delta within the clip norm: " + participant);
+        assertTrue(participant.getDouble("delta_norm") >= clipNorm * (1 - 1e-5), "one local epoch moves further than "
+                + clipNorm + ", so the delta was clipped to it: " + participant);
+    }
+
+    @Test
+    @Order(13)
+    void aSecureRoundSkipsDevicesThatDoNotSpeakItsProtocolAndOneHandedAnotherVersionDeclinesOnRecord() throws Exception {
+        long roundId = startRound(3, "{\"privacy\": {\"secure_aggregation\": {\"neighbour_count\": 2, "
+                + "\"threshold\": 2}}, \"deadline_s\": 3, \"max_accuracy_drop\": 1.0}");
+        FedzooClient device = registeredDevice(server.url);
+        JSONObject skipped = device.flTask("digits", null, new Capabilities(1, true, null));
+        assertTrue(skipped.isNull("task"), "the round does not select a device that speaks SecAgg+ version 1");
+        assertTrue(skipped.getString("reason").contains("secure aggregation version "
+                + Capabilities.SECURE_AGGREGATION_VERSION), skipped.toString());
+
+        JSONObject work = device.flTask("digits", null).getJSONObject("task");
+        assertEquals(roundId, work.getLong("round_id"));
+        // as if the server had changed its protocol under the device: a task of a version this SDK does not speak
+        work.getJSONObject("privacy").getJSONObject("secure_aggregation").put("version", 99);
+        SecureParticipation.Outcome declined = new SecureParticipation(device, new SecAggBounds(), null).takePart(work,
+                config -> new int[config.vectorLength + 1], () -> device.flTask("digits", null), null);
+        assertEquals("refused: unsupported_secure_aggregation", declined.outcome);
+        assertEquals(0, device.uploadedBytes());
+        JSONObject view = waitUntilFinished(roundId);
+        assertEquals(1, view.getInt("declined_devices"), view.toString());
+        JSONObject participant = participants(roundId).getJSONArray("participants").getJSONObject(0);
+        assertEquals("declined", participant.getString("status"));
+        assertTrue(participant.getString("reason").startsWith("unsupported_secure_aggregation"), participant.toString());
+    }
+
+    /** A Java device that answers the SecAgg+ stages with a known input, or drops out after sharing its keys. */
+    private static final class JavaSecureDevice extends Thread {
+        final FedzooClient client = registeredDevice(server.url);
+        final int[] levels;
+        final boolean dropsAfterSharingKeys;
+        final List<String> answered = new java.util.ArrayList<String>();
+        volatile String outcome;
+        volatile Throwable error;
+
+        JavaSecureDevice(int vectorLength, long seed, boolean dropsAfterSharingKeys) {
+            java.util.Random random = new java.util.Random(seed);
+            levels = new int[vectorLength];
+            for (int i = 0; i < vectorLength; i++) {
+                levels[i] = random.nextInt(255) - 127;
+            }
+            this.dropsAfterSharingKeys = dropsAfterSharingKeys;
+        }
+
+        @Override
+        public void run() {
+            try {
+                JSONObject work = client.flTask("digits", null).getJSONObject("task");
+                if (dropsAfterSharingKeys) {
+                    dropAfterSharingKeys(work);
+                    return;
+                }
+                // the SDK's own stage loop, with an input on exact quantisation levels (so the test knows it)
+                outcome = new SecureParticipation(client, new SecAggBounds(), null).takePart(work, config -> {
+                    double[] vector = new double[levels.length];
+                    for (int i = 0; i < vector.length; i++) {
+                        vector[i] = levels[i] / 128.0;
+                    }
+                    return dev.fedzoo.secagg.Encoding.quantise(vector, config, 1.0, new java.util.Random(1));
+                }, () -> client.flTask("digits", null), null).outcome;
+            } catch (Throwable failure) {
+                error = failure;
+            }
+        }
+
+        private void dropAfterSharingKeys(JSONObject work) throws Exception {
+            SecAggClient protocol = null;
+            while (!answered.contains("share_keys")) {
+                JSONObject secure = work.getJSONObject("privacy").getJSONObject("secure_aggregation");
+                JSONObject request = secure.optJSONObject("request");
+                if (request != null) {
+                    if (protocol == null) {
+                        protocol = new SecAggClient(SecAggConfig.fromJson(secure.getJSONObject("config")),
+                                secure.getInt("client"), client.signingKey(), new SecAggBounds(), null);
+                    }
+                    Object body;
+                    if (secure.getString("stage").equals("advertise_keys")) {
+                        JSONObject keys = protocol.advertiseKeys();
+                        keys.remove("stage");
+                        keys.remove("client");
+                        body = keys;
+                    } else {
+                        body = dev.fedzoo.secagg.Framing.encodeShareKeys(protocol.shareKeys(request));
+                    }
+                    client.secureReply(secure.getString("reply_url"), body);
+                    answered.add(secure.getString("stage"));
+                }
+                Thread.sleep(50);
+                work = client.flTask("digits", null).getJSONObject("task");
+            }
+            outcome = "dropped out after " + answered; // and never checks in again
+        }
+    }
+
+    @Test
+    @Order(14)
+    void aSecureRoundOfJavaAndPythonDevicesWithAJavaDropoutAfterKeySharingSumsTheOthersExactly() throws Exception {
+        long roundId = startRound(5, "{\"privacy\": {\"secure_aggregation\": {\"neighbour_count\": 4, "
+                + "\"threshold\": 3, \"clip_range\": 0.9921875, \"stage_deadline_s\": 4}}, \"min_clients\": 3, "
+                + "\"deadline_s\": 90, \"max_accuracy_drop\": 1.0, \"poll_interval_s\": 0.1, "
+                + "\"max_examples_per_update\": 10}");
+        JSONObject python = server.command(new JSONObject().put("cmd", "python_secure_devices")
+                .put("device_ids", new JSONArray(Arrays.asList("python-secure-1", "python-secure-2"))).put("seed", 5)
+                .put("num_examples", 10));
+        int vectorLength = python.getJSONObject("levels").getJSONArray("python-secure-1").length();
+        List<JavaSecureDevice> java = Arrays.asList(new JavaSecureDevice(vectorLength, 1, false),
+                new JavaSecureDevice(vectorLength, 2, false), new JavaSecureDevice(vectorLength, 3, true));
+        for (JavaSecureDevice device : java) {
+            device.start();
+        }
+        for (JavaSecureDevice device : java) {
+            device.join(120_000);
+            assertNull(device.error, String.valueOf(device.error));
+        }
+        JSONObject results = server.command(new JSONObject().put("cmd", "python_secure_results"));
+        JSONObject view = waitUntilFinished(roundId);
+        assertEquals("closed", view.getString("state"), view.toString());
+        assertEquals("accepted", java.get(0).outcome);
+        assertEquals("accepted", java.get(1).outcome);
+        assertEquals(Arrays.asList("advertise_keys", "share_keys"), java.get(2).answered);
+        assertEquals("accepted", results.getJSONObject("outcomes").getString("python-secure-1"), results.toString());
+        assertEquals("accepted", results.getJSONObject("outcomes").getString("python-secure-2"), results.toString());
+        JSONObject secure = view.getJSONObject("outcome").getJSONObject("secure_aggregation");
+        assertEquals(4, secure.getInt("survivors"), secure.toString());
+        assertEquals(1, secure.getInt("dropped"), secure.toString());
+
+        JSONArray survivors = new JSONArray().put(python.getJSONObject("levels").getJSONArray("python-secure-1"))
+                .put(python.getJSONObject("levels").getJSONArray("python-secure-2"))
+                .put(new JSONArray(java.get(0).levels)).put(new JSONArray(java.get(1).levels));
+        double exact = server.command(new JSONObject().put("cmd", "check_secure_sum").put("round_id", roundId)
+                .put("levels", survivors)).getDouble("max_abs_diff");
+        assertTrue(exact <= 1e-6, "the published model is the base plus the FedAvg of the 4 survivors: " + exact);
+        double withDropped = server.command(new JSONObject().put("cmd", "check_secure_sum").put("round_id", roundId)
+                .put("levels", new JSONArray(survivors.toString()).put(new JSONArray(java.get(2).levels))))
+                .getDouble("max_abs_diff");
+        assertTrue(withDropped > 1e-3, "and not the sum with the dropped device's input: " + withDropped);
+    }
+
+    @Test
+    @Order(15)
+    void javaDevicesTrainClipAndTakePartInASecureDpRoundThroughTheSdksOwnParticipation() throws Exception {
+        long roundId = startRound(3, "{\"privacy\": {\"secure_aggregation\": {\"neighbour_count\": 2, "
+                + "\"threshold\": 2, \"clip_range\": 0.05, \"stage_deadline_s\": 20}, \"dp\": {\"max_epsilon\": 1000.0, "
+                + "\"clip_norm\": 0.5, \"noise_multiplier\": 1.0}}, \"max_accuracy_drop\": 1.0, \"poll_interval_s\": 0.1}");
+        final List<ParticipationResult> results = java.util.Collections.synchronizedList(new java.util.ArrayList<ParticipationResult>());
+        List<Thread> devices = new java.util.ArrayList<Thread>();
+        for (int i = 0; i < 3; i++) {
+            final FedzooClient device = registeredDevice(server.url);
+            final int shard = i;
+            devices.add(new Thread(() -> results.add(new Participation(device, null).participateOnce("digits",
+                    server.shard(shard), UpdateCodec.Encoding.INT8, null, null))));
+        }
+        for (Thread device : devices) {
+            device.start();
+        }
+        for (Thread device : devices) {
+            device.join(120_000);
+        }
+        assertEquals(3, results.size());
+        for (ParticipationResult result : results) {
+            assertEquals("accepted", result.outcome, result.toString());
+            assertEquals(Long.valueOf(roundId), result.roundId);
+            assertTrue(result.uploadBytes > 0);
+        }
+        JSONObject view = waitUntilFinished(roundId);
+        assertEquals("closed", view.getString("state"), view.toString());
+        assertEquals(3, view.getJSONObject("outcome").getJSONObject("secure_aggregation").getInt("survivors"));
     }
 
     /** The newest published version of {@code family}. */

@@ -1,0 +1,175 @@
+package dev.fedzoo.fl;
+
+import java.util.Map;
+import java.util.Random;
+import java.util.Set;
+
+import org.json.JSONObject;
+
+import dev.fedzoo.FedzooException;
+import dev.fedzoo.client.ApiException;
+import dev.fedzoo.client.FedzooClient;
+import dev.fedzoo.client.StopSignal;
+import dev.fedzoo.edge.FloatTensor;
+import dev.fedzoo.secagg.Encoding;
+import dev.fedzoo.secagg.Framing;
+import dev.fedzoo.secagg.ProtocolViolation;
+import dev.fedzoo.secagg.SecAggBounds;
+import dev.fedzoo.secagg.SecAggClient;
+import dev.fedzoo.secagg.SecAggConfig;
+
+/**
+ * The device's part of a SecAgg+ round over REST, as {@code fedzoo.clients.secure_participation}: it never uploads
+ * its delta; it quantises it into the round's ring and answers each stage the server shows it at check-in
+ * ({@code task.privacy.secure_aggregation}) with a {@link SecAggClient}, whose secrets live in this call only. The
+ * device refuses a server that breaks the protocol (a relayed key without its owner's signature, a survivor set
+ * fewer than t neighbours signed, parameters outside its {@link SecAggBounds}) and tells the server why
+ * ({@code POST .../decline}, recorded by the round); so it does a round of a protocol version it does not speak.
+ */
+public final class SecureParticipation {
+    /** Asks the server again for this device's task ({@code GET /v1/fl/task}). */
+    public interface CheckIn {
+        JSONObject checkIn();
+    }
+
+    /** The device's input to the round, made once the round's configuration is known. */
+    public interface RingSource {
+        int[] ringInput(SecAggConfig config);
+    }
+
+    /** How taking part ended: {@code accepted}, {@code refused: <reason>}, {@code dropped out} or {@code stopped}. */
+    public static final class Outcome {
+        public final String outcome;
+        public final long sentBytes;
+
+        Outcome(String outcome, long sentBytes) {
+            this.outcome = outcome;
+            this.sentBytes = sentBytes;
+        }
+    }
+
+    private final FedzooClient client;
+    private final SecAggBounds bounds;
+    private final Set<String> trustedSigningKeys;
+
+    /** The participation of {@code client}'s device under {@code bounds}; {@code trustedSigningKeys} (may be null). */
+    public SecureParticipation(FedzooClient client, SecAggBounds bounds, Set<String> trustedSigningKeys) {
+        this.client = client;
+        this.bounds = bounds;
+        this.trustedSigningKeys = trustedSigningKeys;
+    }
+
+    /** The ring input of a trained delta: weighted (equal under DP, else by capped examples), clipped, quantised. */
+    public static RingSource ringInputOf(final Map<String, FloatTensor> delta, final JSONObject privacy,
+                                         final int numExamples, final Random random) {
+        return new RingSource() {
+            public int[] ringInput(SecAggConfig config) {
+                double weight = privacy.optBoolean("equal_weights") ? 1.0
+                        : Encoding.exampleWeight(numExamples, privacy.optInt("max_examples", numExamples));
+                return Encoding.quantise(Encoding.flatten(delta), config, weight, random);
+            }
+        };
+    }
+
+    /** Answers every SecAgg+ stage the server asks of this device in the round of {@code work}. */
+    public Outcome takePart(JSONObject work, RingSource input, CheckIn checkIn, StopSignal stop) {
+        long roundId = work.optLong("round_id");
+        JSONObject secure = work.optJSONObject("privacy").optJSONObject("secure_aggregation");
+        if (secure.optInt("version") != Capabilities.SECURE_AGGREGATION_VERSION) {
+            return decline(roundId, "unsupported_secure_aggregation", "the round speaks SecAgg+ version "
+                    + secure.opt("version") + "; this device speaks " + Capabilities.SECURE_AGGREGATION_VERSION, 0);
+        }
+        SecAggClient protocol = null;
+        int[] ring = null;
+        long sent = 0;
+        while (true) {
+            String stage = secure.optString("stage");
+            if (!stage.equals("selection") && !stage.equals("done") && secure.isNull("client")) {
+                return new Outcome("refused: not_in_cohort", sent);
+            }
+            JSONObject request = secure.optJSONObject("request");
+            if (request != null) {
+                if (client.signingKey() == null) {
+                    return new Outcome("refused: signing_key_required", sent);
+                }
+                Object reply;
+                try {
+                    if (protocol == null) {
+                        protocol = new SecAggClient(SecAggConfig.fromJson(secure.optJSONObject("config")),
+                                secure.optInt("client"), client.signingKey(), bounds, trustedSigningKeys);
+                        ring = input.ringInput(protocol.config());
+                    }
+                    reply = answer(protocol, stage, request, ring);
+                } catch (ProtocolViolation violation) {
+                    return decline(roundId, violation.reason(), violation.getMessage(), sent);
+                }
+                String refused = deliver(secure.optString("reply_url"), reply);
+                sent += reply instanceof byte[] ? ((byte[]) reply).length : reply.toString().length();
+                if (refused != null) {
+                    return new Outcome(refused, sent);
+                }
+                if (stage.equals("unmask")) {
+                    return new Outcome("accepted", sent);
+                }
+            } else if (stage.equals("done")) {
+                return new Outcome("dropped out", sent);
+            }
+            if (stop != null && stop.isStopped()) {
+                return new Outcome("stopped", sent);
+            }
+            client.http().sleepS(secure.optDouble("retry_after_s", 1.0));
+            JSONObject next = checkIn.checkIn().optJSONObject("task");
+            if (next == null || next.optLong("round_id") != roundId) {
+                return new Outcome("dropped out", sent);
+            }
+            secure = next.optJSONObject("privacy").optJSONObject("secure_aggregation");
+        }
+    }
+
+    /** This device's reply to one stage, as the REST endpoint takes it: JSON, or framed or raw bytes. */
+    static Object answer(SecAggClient protocol, String stage, JSONObject request, int[] ring) {
+        if (stage.equals("advertise_keys")) {
+            return withoutStageAndClient(protocol.advertiseKeys());
+        }
+        if (stage.equals("share_keys")) {
+            return Framing.encodeShareKeys(protocol.shareKeys(request));
+        }
+        if (stage.equals("masked_input")) {
+            return protocol.maskedInput(request, ring);
+        }
+        if (stage.equals("consistency_check")) {
+            return withoutStageAndClient(protocol.consistencyCheck(request));
+        }
+        if (stage.equals("unmask")) {
+            return Framing.encodeUnmask(protocol.unmask(request));
+        }
+        throw new ProtocolViolation("the server asks for an unknown stage '" + stage + "'", "wrong_stage");
+    }
+
+    private static JSONObject withoutStageAndClient(JSONObject reply) {
+        reply.remove("stage"); // the URL and the token say them
+        reply.remove("client");
+        return reply;
+    }
+
+    /** Sends a reply (re-sent while the server cannot be reached); null when stored, else "refused: <code>". */
+    private String deliver(String replyUrl, Object reply) {
+        try {
+            client.secureReply(replyUrl, reply);
+            return null;
+        } catch (ApiException.Conflict conflict) {
+            return conflict.code().equals("duplicate_reply") ? null : "refused: " + conflict.code();
+        } catch (ApiException refused) {
+            return "refused: " + refused.code();
+        }
+    }
+
+    private Outcome decline(long roundId, String reason, String message, long sent) {
+        try {
+            client.declineTask(roundId, reason, message);
+        } catch (FedzooException unrecorded) {
+            // a server that broke the protocol may not listen; the device stops all the same
+        }
+        return new Outcome("refused: " + reason, sent);
+    }
+}
