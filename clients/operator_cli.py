@@ -371,3 +371,8 @@ def watch_round(api: FedzooHTTP, round_id: int, interval_s: float, timeout_s: fl
         details = ", ".join(f"{name} {value:.4f}" for name, value in metrics.items() if isinstance(value, float))
         click.echo(f"round {round_id} closed: new model {view.get('result_model_id')}{f' ({details})' if details else ''}")
 
+
+# `fedzoo fl simulate` runs the server and the devices here: the cloud side, imported when it runs
+from fedzoo.cloud.simulate_cli import simulate  # noqa: E402
+
+fl.add_command(simulate)
