@@ -344,6 +344,11 @@ def train_supernet_worker(config: BuildConfig, reporter: BuildReporter | None = 
         pass  # the checkpoint holds the epochs done; the caller reports the stop
     finally:
         leave_workers()
+    return trained_epochs(config, space)
+
+
+def trained_epochs(config: BuildConfig, space: SearchSpace) -> int:
+    """The epochs this build's supernet checkpoint holds (0 without one)."""
     saved = _load_checkpoint(config.out / CHECKPOINT_FOLDER / "supernet.pt", _training_fingerprint(config, space))
     return 0 if saved is None else int(saved["epoch"])
 
@@ -503,7 +508,7 @@ def build_zoo(
             config.out.mkdir(parents=True, exist_ok=True)
 
         with _timed("train", seconds, cpu_seconds):
-            if config.training_workers > 1:
+            if config.training_workers > 1 and trained_epochs(config, space) < config.training.epochs:
                 _train_on_local_workers(config, reporter)
             supernet = train_supernet(config, space, parts, num_classes, channels, reporter, device)  # resumes
 
@@ -529,7 +534,7 @@ def build_zoo(
             details = {
                 "build": {"seed": config.seed, "preset": config.preset, "strategy": config.strategy, "epochs": config.training.epochs,
                           "evaluations": len(state.evaluated), "search_latency_source": estimator.source,
-                          **_training_setup(config, device)},
+                          "train_examples": len(parts["train"].y), **_training_setup(config, device)},
             }
             reporter.start_stage("write cards", len(chosen))
             cards = []

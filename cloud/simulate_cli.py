@@ -22,12 +22,11 @@ import click
 SERVER_DESCRIPTION = "fedzoo server in this process (werkzeug threaded, loopback TCP, SQLite)"
 
 
-def _cloud_examples(card: Any) -> int:
-    """The examples the zoo trained on that the devices must not hold: a capped preset's first training examples."""
-    from fedzoo.cloud.pipeline import PRESETS
-
-    preset = PRESETS.get(((card.details or {}).get("build") or {}).get("preset", ""))
-    return (preset.max_train_examples or 0) if preset is not None else 0
+def _cloud_examples(card: Any, train_examples: int) -> int:
+    """The examples the zoo trained on that the devices must not hold: a capped build trained on the first
+    `details.build.train_examples` of the training split (an uncapped one on all of them: none can be held out)."""
+    trained = int(((card.details or {}).get("build") or {}).get("train_examples", train_examples))
+    return trained if trained < train_examples else 0
 
 
 def peak_rss_mb() -> float:
@@ -88,7 +87,7 @@ def run_simulation(zoo_dir: Path, model_id: str, clients: int, per_round: int, r
     card = Zoo(zoo_dir).card(model_id)
     split = split_dataset(load_dataset(dataset or card.task), seed=seed)
     federation = federation_from_zoo(zoo_dir, model_id, split, num_clients=clients, alpha=alpha, seed=seed,
-                                     cloud_examples=_cloud_examples(card))
+                                     cloud_examples=_cloud_examples(card, len(split.train)))
     config = {"min_clients": per_round, "target_clients": per_round, "over_selection": 0.0, "num_rounds": rounds,
               **round_settings}
     started = time.perf_counter()

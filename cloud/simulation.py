@@ -480,7 +480,8 @@ class Simulation:
         view = self.admin.fl_round(round_id)
         while view["state"] in ("open", "collecting", "aggregating"):
             deadline = view["deadline_at"]
-            time.sleep(0.2 if view["state"] == "aggregating" else min(0.5, _seconds_until(deadline) + 0.05))
+            # short polls: at fleet scale a round's own work is seconds, and every poll's wait adds to it
+            time.sleep(0.05 if view["state"] == "aggregating" else min(0.25, _seconds_until(deadline) + 0.05))
             view = self.admin.fl_round(round_id)
         accuracy = None
         if view["result_model_id"] is not None:

@@ -11,8 +11,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from fedzoo.card_views import card_fields
-from fedzoo.nas.devices import device_option
 from fedzoo.compress.cli import compress
+from fedzoo.nas.devices import device_option
 from fedzoo.output import format_option, print_fields, print_json
 from fedzoo.signing import CardSigningKey
 from fedzoo.zoo import Zoo
@@ -88,13 +88,15 @@ def build(no_compress: bool, no_training_graphs: bool, signing_key: Path | None,
     from fedzoo.nas.distributed import launched_as_worker
 
     key = _signing_key(signing_key, unsigned)  # before the build: a missing key must not cost a training run
-    training_workers = 1 if launched_as_worker() or options["num_workers"] is None else options["num_workers"]
+    # under torchrun its workers train (the build report records their number); else --workers local ones
+    training_workers = int(os.environ["WORLD_SIZE"]) if launched_as_worker() else options["num_workers"] or 1
     config = BuildConfig(compress=not no_compress, training_graphs=not no_training_graphs, training_workers=training_workers, **options)
     console = Console(stderr=True)
     if launched_as_worker():  # one of torchrun's workers: all train together, the first goes on to write the zoo
-        epochs = train_supernet_worker(config)
-        if int(os.environ["RANK"]) != 0:
-            console.print(f"worker {os.environ['RANK']}: supernet trained for {epochs} epochs; worker 0 writes the zoo")
+        epochs, rank = train_supernet_worker(config), os.environ["RANK"]
+        if rank != "0" or epochs < config.training.epochs:
+            then = "worker 0 writes the zoo" if epochs == config.training.epochs else "run the same command again to resume"
+            console.print(f"worker {rank}: the supernet has trained {epochs} of {config.training.epochs} epochs; {then}")
             return
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:

@@ -34,6 +34,7 @@ from torch import nn
 from fedzoo.nas.training import Replica
 
 _ENVIRONMENT_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+FRESH_STORE_PER_ATTEMPT = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"  # torchrun users set it to 1 too (docs)
 
 
 class _SumOverWorkers(torch.autograd.Function):
@@ -170,6 +171,9 @@ def run_local_workers(entrypoint: Callable[..., Any], arguments: tuple, workers:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    # the agent's shared TCP store outlives a restart with the failed attempt's keys in it, and the restarted
+    # workers' gloo then dials the dead workers' addresses: a fresh store for every attempt instead
+    os.environ[FRESH_STORE_PER_ATTEMPT] = "1"
     config = LaunchConfig(
         min_nodes=1, max_nodes=1, nproc_per_node=workers, run_id=f"fedzoo-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{_free_port()}", max_restarts=max_restarts,

@@ -68,6 +68,22 @@ def test_the_build_report_and_the_cards_say_where_the_supernet_trained(built):
     assert set(report["stage_seconds"]) == {"data", "train", "search", "cards"}
     assert report["train_examples"] == len(built.normalised["train"].y)
     assert all(card.details["build"]["device"] == device for card in built.cards)
+    # what `fedzoo fl simulate` keeps out of the devices' data: the capped preset's first training examples
+    assert all(card.details["build"]["train_examples"] == pipeline.PRESETS["tiny"].max_train_examples for card in built.cards)
+
+
+@pytest.mark.slow
+def test_a_build_on_two_training_workers_trains_there_and_writes_the_zoo_here(tmp_path):
+    result = build_zoo(tiny_config(tmp_path / "zoo", training_workers=2, epochs=1, evaluations=4, population_size=2,
+                                   device="cpu"))
+    report = json.loads((tmp_path / "zoo" / pipeline.BUILD_REPORT).read_text())
+    assert report["training"] == {"device": "cpu", "training_workers": 2, "mixed_precision": False}
+    checkpoint = torch.load(tmp_path / "zoo" / pipeline.CHECKPOINT_FOLDER / "supernet.pt", weights_only=False)
+    assert checkpoint["epoch"] == 1
+    # the zoo's cards come from the weights the workers trained
+    trained = result.supernet.state_dict()
+    assert all(torch.equal(trained[name], checkpoint["model"][name]) for name in trained)
+    assert len(result.cards) >= 1 and all(card.details["build"]["training_workers"] == 2 for card in result.cards)
 
 
 def test_workers_that_do_not_split_the_batch_evenly_are_refused_before_any_work(tmp_path):
