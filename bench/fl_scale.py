@@ -13,7 +13,8 @@ Each run is its own process, so its peak RSS is its own. Figures per round, roun
 starts worker processes or Ray actors):
 - overhead = round wall time - the clients' summed training seconds / the clients trained at once (1 for
   Flower in-process, the workers or Ray CPUs otherwise): what the framework adds around the local work;
-- peak RSS of the process holding the server (fedzoo: server + driver; Flower: the driver with the strategy).
+- peak RSS (VmHWM) of the process holding the server (fedzoo: server + driver; Flower: the driver with the
+  strategy).
 Goals: fedzoo's overhead <= 2x Flower in-process at 200 clients; 1,000 clients per round complete with the
 server's peak RSS <= 1 GB.
 
@@ -135,7 +136,7 @@ def main() -> None:
                 concurrency = outcome.get("workers", 1) if framework == "fedzoo" else (os.cpu_count() if framework == "flower-ray" else 1)
                 wall, train, overhead = figures(outcome["rounds"], concurrency)
                 results[clients, framework] = (overhead, outcome["peak_rss_mb"])
-                print(f"{clients:>7} {framework:<18} {wall:8.2f} {train:8.2f} {overhead:10.2f} {outcome['peak_rss_mb']:11.0f}", flush=True)
+                print(f"{clients:>7} {framework:<18} {wall:8.2f} {train:8.2f} {overhead:10.2f} {outcome['peak_rss_mb']:11.1f}", flush=True)
     if (200, "fedzoo") in results and (200, "flower-inprocess") in results:
         ratio = results[200, "fedzoo"][0] / max(results[200, "flower-inprocess"][0], 1e-9)
         print(f"overhead at 200 clients, fedzoo / Flower in-process: {ratio:.1f}x (goal <= 2x)")

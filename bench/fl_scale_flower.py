@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import time
 
 import numpy as np
@@ -28,6 +27,7 @@ from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.strategy import FedAvg
 
 from fedzoo.cards import ModelCard
+from fedzoo.cloud.simulate_cli import peak_rss_mb
 from fedzoo.clients.participation import LocalData, train_locally
 from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.edge.trainer import write_parameters
@@ -139,8 +139,7 @@ def main() -> None:
         rounds = run_in_process(Shared(arguments.data, arguments.clients), arguments.clients, arguments.rounds)
     else:
         rounds = run_on_ray(arguments.data, arguments.clients, arguments.rounds, arguments.cpus_per_client)
-    print(json.dumps({"rounds": rounds, "wall_seconds": time.perf_counter() - started,
-                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(json.dumps({"rounds": rounds, "wall_seconds": time.perf_counter() - started, "peak_rss_mb": peak_rss_mb()}))
 
 
 if __name__ == "__main__":

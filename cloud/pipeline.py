@@ -48,8 +48,8 @@ from fedzoo.nas.search import SEARCH_STRATEGIES, Constraints, SearchState, run_s
 from fedzoo.nas.space import FAMILY, Arch, SearchSpace, arch_hash, default_space, tiny_space
 from fedzoo.nas.subnet import build_subnet, count_macs, count_params, evaluate_accuracy
 from fedzoo.nas.devices import DeviceData, describe_device, resolve_device
-from fedzoo.nas.distributed import join_workers, launched_as_worker, leave_workers, local_rank, newest_state, \
-    run_local_workers, synchronise_batchnorm
+from fedzoo.nas.distributed import join_workers, leave_workers, local_rank, newest_state, run_local_workers, \
+    synchronise_batchnorm
 from fedzoo.nas.supernet import Supernet
 from fedzoo.nas.training import ONE_WORKER, Replica, TrainingConfig, make_optimizer, steps_per_epoch, train_supernet_epoch
 from fedzoo.zoo import Zoo, atomic_write_bytes
