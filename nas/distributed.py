@@ -43,15 +43,11 @@ class _SumOverWorkers(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor) -> torch.Tensor:
-        total = tensor.clone()
-        dist.all_reduce(total)
-        return total
+        return sum_over_workers(tensor)
 
     @staticmethod
     def backward(ctx: Any, gradient: torch.Tensor) -> torch.Tensor:
-        total = gradient.clone()
-        dist.all_reduce(total)
-        return total
+        return sum_over_workers(gradient)
 
 
 class SynchronisedBatchNorm(nn.BatchNorm2d):
