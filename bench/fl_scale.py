@@ -95,6 +95,11 @@ def figures(rounds: list[dict], concurrency: int) -> tuple[float, float, float]:
     return wall, train, wall - train / concurrency
 
 
+def round_outcomes(rounds: list[dict]) -> str:
+    """Each round's state (fedzoo) and the updates aggregated in it, e.g. `closed 1000, closed 1000`."""
+    return ", ".join(f"{r.get('state', 'done')} {r.get('accepted_updates', r.get('results'))}" for r in rounds)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--setup-flower", action="store_true", help="create the Flower venv first")
@@ -113,8 +118,8 @@ def main() -> None:
         sys.exit(f"no Flower venv at {arguments.flower_venv}: run with --setup-flower once")
     print(f"{DATASET}, MLP-{HIDDEN_UNITS}, every client every round, {arguments.rounds} rounds; {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.1f}")
-    print(f"{'clients':>7} {'framework':<18} {'round s':>8} {'train s':>8} {'overhead s':>10} {'peak RSS MB':>11}")
-    results: dict[tuple[int, str], tuple[float, float]] = {}
+    print(f"{'clients':>7} {'framework':<18} {'round s':>8} {'train s':>8} {'overhead s':>10} {'peak RSS MB':>11}  rounds")
+    results: dict[tuple[int, str], tuple[float, float, bool]] = {}  # overhead s, peak RSS MB, every round closed
     with tempfile.TemporaryDirectory(prefix="fedzoo-fl-scale-") as folder:
         zoo_dir, model_id, data = prepare(Path(folder))
         for clients in [int(value) for value in arguments.clients.split(",")]:
@@ -135,13 +140,17 @@ def main() -> None:
                     continue
                 concurrency = outcome.get("workers", 1) if framework == "fedzoo" else (os.cpu_count() if framework == "flower-ray" else 1)
                 wall, train, overhead = figures(outcome["rounds"], concurrency)
-                results[clients, framework] = (overhead, outcome["peak_rss_mb"])
-                print(f"{clients:>7} {framework:<18} {wall:8.2f} {train:8.2f} {overhead:10.2f} {outcome['peak_rss_mb']:11.1f}", flush=True)
+                closed = all(r.get("state", "closed") == "closed" for r in outcome["rounds"])
+                results[clients, framework] = (overhead, outcome["peak_rss_mb"], closed)
+                print(f"{clients:>7} {framework:<18} {wall:8.2f} {train:8.2f} {overhead:10.2f} {outcome['peak_rss_mb']:11.1f}  "
+                      f"{round_outcomes(outcome['rounds'])}", flush=True)
     if (200, "fedzoo") in results and (200, "flower-inprocess") in results:
         ratio = results[200, "fedzoo"][0] / max(results[200, "flower-inprocess"][0], 1e-9)
         print(f"overhead at 200 clients, fedzoo / Flower in-process: {ratio:.1f}x (goal <= 2x)")
     if (1000, "fedzoo") in results:
-        print(f"1,000 clients per round: completed; server peak RSS {results[1000, 'fedzoo'][1]:.0f} MB (goal <= 1024)")
+        _, peak_mb, closed = results[1000, "fedzoo"]
+        print(f"1,000 clients per round: {'every round closed' if closed else 'NOT every round closed'}; "
+              f"server peak RSS {peak_mb:.0f} MB (goal <= 1024)")
 
 
 if __name__ == "__main__":
