@@ -432,3 +432,9 @@ def revoke_device(api: FedzooHTTP, device_id: str) -> None:
     """Revoke a (quarantined) device for good: every token refused from now on (admin token)."""
     answer = api.post_json(f"/v1/devices/{device_id}/revoke", None, expected=(200,))
     click.echo(f"revoked {answer['device_id']} at {_when(answer['revoked_at'])} UTC")
+
+
+# `fedzoo fl simulate` runs the server and the devices here: the cloud side, imported when it runs
+from fedzoo.cloud.simulate_cli import simulate  # noqa: E402
+
+fl.add_command(simulate)

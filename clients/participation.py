@@ -48,6 +48,7 @@ class ParticipationResult:
     num_examples: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     retry_after_s: float | None = None
+    train_seconds: float = 0.0  # the local training's wall time (kept on the device; simulations measure overhead with it)
 
 
 def run_task(
@@ -62,7 +63,9 @@ def run_task(
     # through the card, so that pinned keys verify it before any of its bytes are used
     model = client.download_model(card).read_bytes()
     graph = client.download_training_graph(card).read_bytes()
+    started = time.perf_counter()
     delta, metrics = train_locally(graph, model, card, work["training"], data, seed)
+    train_seconds = time.perf_counter() - started
     if transform is not None:
         delta = transform(delta)
     if work.get("privacy"):  # a private round aggregates the weights only: the running statistics stay the parent's
@@ -71,15 +74,15 @@ def run_task(
     metadata = {"base_version": work["base_version"], "num_examples": len(data), "metrics": metrics}
     if not all(np.all(np.isfinite(value)) for value in delta.values()) or not all(map(math.isfinite, metrics.values())):
         # the server would refuse it (422); a model that diverged here is no update worth the bytes
-        return ParticipationResult(work["round_id"], "diverged", 0, len(data), metrics)
+        return ParticipationResult(work["round_id"], "diverged", 0, len(data), metrics, train_seconds=train_seconds)
     if work.get("privacy") and work["privacy"]["secure_aggregation"] is not None:
         check_in = lambda: client.fl_task(card.task, card.family)  # noqa: E731
         outcome, sent = take_part_securely(client, work, delta, len(data), check_in)
-        return ParticipationResult(work["round_id"], outcome, sent, len(data), metrics)
+        return ParticipationResult(work["round_id"], outcome, sent, len(data), metrics, train_seconds=train_seconds)
     chosen = encoding if encoding in work["upload"]["encodings"] else "fp32"
     payload = encode_update(delta, chosen)
     outcome = deliver_update(client, work["upload"]["url"], metadata, payload)
-    return ParticipationResult(work["round_id"], outcome, len(payload), len(data), metrics)
+    return ParticipationResult(work["round_id"], outcome, len(payload), len(data), metrics, train_seconds=train_seconds)
 
 
 def deliver_update(client: FedzooClient, upload_url: str, metadata: dict[str, Any], payload: bytes) -> str:

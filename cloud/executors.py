@@ -29,6 +29,7 @@ class Executor(ABC):
     """Runs independent work items and returns their results in item order."""
 
     name: str
+    workers: int = 1  # items it runs at once
 
     @abstractmethod
     def map(
@@ -79,7 +80,7 @@ class ProcessExecutor(Executor):
     name = "processes"
 
     def __init__(self, num_workers: int) -> None:
-        self.num_workers = num_workers
+        self.num_workers = self.workers = num_workers
         self._pool: ProcessPoolExecutor | None = None
         self._context: Any = None
 
@@ -112,7 +113,8 @@ class ProcessExecutor(Executor):
 
 class RayExecutor(Executor):
     """Items as Ray tasks of one CPU each; starts a local Ray instance unless one is already running
-    (connect to a cluster by starting Ray with `address=` before building)."""
+    (connect to a cluster by starting Ray with `address=` before building). The context goes into Ray's
+    object store once per context (not once per map, nor per item): every task reads that copy."""
 
     name = "ray"
 
@@ -127,14 +129,19 @@ class RayExecutor(Executor):
         self._started_here = not ray.is_initialized()
         if self._started_here:
             ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        self.workers = int(ray.cluster_resources().get("CPU", 1))
         self._remote_functions: dict[Callable, Any] = {}
+        self._context: Any = None
+        self._context_reference: Any = None
 
     def map(self, function, context, items, on_result=None):
         ray = self._ray
         if function not in self._remote_functions:
             self._remote_functions[function] = ray.remote(num_cpus=1)(function)
         remote = self._remote_functions[function]
-        context_reference = ray.put(context)
+        if context is not self._context:  # one copy in the object store for every map with this context
+            self._context, self._context_reference = context, ray.put(context)
+        context_reference = self._context_reference
         pending = [remote.remote(context_reference, item) for item in items]
         order = {reference: index for index, reference in enumerate(pending)}
         results: list[Any] = [None] * len(pending)

@@ -5,7 +5,8 @@ Stages, in order::
 
     data      load, split (seeded), normalise with the train split's statistics
     check     the smallest subnet must fit the constraints, else fail before any training
-    train     the supernet, sandwich rule + in-place distillation; checkpoint after every epoch
+    train     the supernet, sandwich rule + in-place distillation, on `device`, in one process or data-parallel
+              on `training_workers` (fedzoo.nas.distributed); checkpoint after every epoch
     search    evolutionary search on validation loss and latency (the preset's estimator), candidates evaluated in
               one process per core (or on Ray); checkpoint after every generation
     cards     extract, recalibrate BN, test accuracy, export ONNX, measure latency, write cards
@@ -14,6 +15,7 @@ Stages, in order::
 
 Checkpoints live in `<out>/.checkpoint/`; running the same build again resumes from them. Every random
 draw is seeded from `BuildConfig.seed`, so two builds with the same settings train the same supernet.
+`<out>/build_report.json` records the settings, the device and workers that trained, and each stage's time.
 """
 
 from __future__ import annotations
@@ -45,11 +47,15 @@ from fedzoo.nas.latency import LatencyEstimator, make_latency_estimator
 from fedzoo.nas.search import SEARCH_STRATEGIES, Constraints, SearchState, run_search, select_zoo
 from fedzoo.nas.space import FAMILY, Arch, SearchSpace, arch_hash, default_space, tiny_space
 from fedzoo.nas.subnet import build_subnet, count_macs, count_params, evaluate_accuracy
+from fedzoo.nas.devices import DeviceData, describe_device, resolve_device
+from fedzoo.nas.distributed import join_workers, leave_workers, local_rank, newest_state, run_local_workers, \
+    synchronise_batchnorm
 from fedzoo.nas.supernet import Supernet
-from fedzoo.nas.training import TrainingConfig, make_optimizer, steps_per_epoch, train_supernet_epoch
+from fedzoo.nas.training import ONE_WORKER, Replica, TrainingConfig, make_optimizer, steps_per_epoch, train_supernet_epoch
 from fedzoo.zoo import Zoo, atomic_write_bytes
 
 CHECKPOINT_FOLDER = ".checkpoint"
+BUILD_REPORT = "build_report.json"
 
 
 class BuildInterrupted(FedzooError):
@@ -119,6 +125,10 @@ class BuildConfig:
     torch_threads: int = 1
     stop_after_epoch: int | None = None
     stop_after_generation: int | None = None
+    # where training, search evaluation, the cards' scoring and fine-tuning run (fedzoo.nas.devices)
+    device: str = "auto"
+    training_workers: int = 1  # data-parallel supernet training processes on this machine (fedzoo.nas.distributed)
+    mixed_precision: bool = False  # bfloat16 autocast for the supernet's forward passes
 
     def resolved_preset(self) -> Preset:
         if self.preset not in PRESETS:
@@ -255,7 +265,7 @@ def _load_checkpoint(path: Path, fingerprint: str) -> Any | None:
     """The checkpoint at `path` if it was written by a build with these settings; an error if not."""
     if not path.is_file():
         return None
-    state = torch.load(path, weights_only=False) if path.suffix == ".pt" else json.loads(path.read_text())
+    state = torch.load(path, map_location="cpu", weights_only=False) if path.suffix == ".pt" else json.loads(path.read_text())
     if state.get("fingerprint") != fingerprint:
         raise InvalidInputError(
             f"{path} was written by a build with other settings; delete {path.parent} or use another --out",
@@ -267,35 +277,89 @@ def _load_checkpoint(path: Path, fingerprint: str) -> Any | None:
 # stages --------------------------------------------------------------------------------------
 
 def train_supernet(
-    config: BuildConfig, space: SearchSpace, parts: dict[str, Subset], num_classes: int, in_channels: int, reporter: BuildReporter
+    config: BuildConfig, space: SearchSpace, parts: dict[str, Subset], num_classes: int, in_channels: int, reporter: BuildReporter,
+    device: torch.device = torch.device("cpu"), replica: Replica = ONE_WORKER,
 ) -> Supernet:
-    """The trained supernet, resumed from the last epoch checkpoint if there is one."""
+    """The trained supernet (on the CPU, in eval mode), resumed from the last epoch checkpoint if there is one.
+    With several workers (`replica`), each trains on its slice of every batch; each machine's first worker
+    writes the checkpoint, and a restarted group resumes from the newest copy any worker holds."""
     training = config.training
     checkpoint = config.out / CHECKPOINT_FOLDER / "supernet.pt"
     fingerprint = _training_fingerprint(config, space)
     torch.manual_seed(config.seed)
     supernet = Supernet(space, num_classes, in_channels).to(memory_format=torch.channels_last)
+    if replica.world_size > 1:
+        synchronise_batchnorm(supernet)
+    supernet.to(device)
     optimizer = make_optimizer(supernet, training)
     first_epoch = 0
     state = _load_checkpoint(checkpoint, fingerprint)
+    if replica.world_size > 1:
+        state = newest_state(state)
     if state is not None:
         supernet.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         first_epoch = state["epoch"]
         reporter.note(f"resuming supernet training after epoch {first_epoch} of {training.epochs}")
-    train = parts["train"]
+    writes_checkpoints = replica.world_size == 1 or local_rank() == 0
+    train = DeviceData.place(parts["train"].x, parts["train"].y, device)
     for epoch in range(first_epoch, training.epochs):
-        reporter.start_stage(f"train supernet, epoch {epoch + 1}/{training.epochs}", steps_per_epoch(len(train.y), training.batch_size))
+        reporter.start_stage(f"train supernet, epoch {epoch + 1}/{training.epochs}", steps_per_epoch(len(train), training.batch_size))
         loss = train_supernet_epoch(
-            supernet, optimizer, train.x, train.y, training, config.seed, epoch,
-            on_step=lambda done, total: reporter.advance(done),
+            supernet, optimizer, train, None, training, config.seed, epoch,
+            on_step=lambda done, total: reporter.advance(done), replica=replica, mixed_precision=config.mixed_precision,
         )
-        state = {"fingerprint": fingerprint, "epoch": epoch + 1, "model": supernet.state_dict(), "optimizer": optimizer.state_dict()}
-        atomic_write_bytes(checkpoint, _torch_bytes(state))
+        if writes_checkpoints:
+            model_state = {name: value.cpu() for name, value in supernet.state_dict().items()}
+            state = {"fingerprint": fingerprint, "epoch": epoch + 1, "model": model_state, "optimizer": optimizer.state_dict()}
+            atomic_write_bytes(checkpoint, _torch_bytes(state))
         reporter.note(f"epoch {epoch + 1}/{training.epochs}: largest-subnet train loss {loss:.4f}")
         if config.stop_after_epoch is not None and epoch + 1 >= config.stop_after_epoch and epoch + 1 < training.epochs:
             raise BuildInterrupted(f"stopped after epoch {epoch + 1} as asked; run the same build again to resume")
-    return supernet.eval()
+    trained = Supernet(space, num_classes, in_channels).to(memory_format=torch.channels_last)
+    trained.load_state_dict(supernet.state_dict())  # plain BatchNorm and the CPU, for the search's workers
+    return trained.eval()
+
+
+def train_supernet_worker(config: BuildConfig, reporter: BuildReporter | None = None) -> int:
+    """One data-parallel worker's share of the training stage, in a process torchrun (or `run_local_workers`)
+    started: join the others, train, leave. Returns the epochs the checkpoint now holds (fewer than the
+    schedule's when the build was asked to stop early). Every worker loads and splits the data itself."""
+    reporter = reporter or BuildReporter()
+    device = resolve_device(config.device, local_rank())
+    workers_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if device.type == "cuda" and workers_here > torch.cuda.device_count():
+        raise InvalidInputError(
+            f"{workers_here} workers on a machine with {torch.cuda.device_count()} GPUs: give each worker its own GPU "
+            "(fewer workers, or --device cpu)", field="workers",
+        )
+    torch.set_num_threads(config.torch_threads)
+    split, parts = prepare_data(config)
+    channels, height, _ = split.dataset.image_shape
+    space = config.resolved_preset().make_space(height)
+    replica = join_workers(device)
+    try:
+        train_supernet(config, space, parts, split.dataset.num_classes, channels, reporter, device, replica)
+    except BuildInterrupted:
+        pass  # the checkpoint holds the epochs done; the caller reports the stop
+    finally:
+        leave_workers()
+    return trained_epochs(config, space)
+
+
+def trained_epochs(config: BuildConfig, space: SearchSpace) -> int:
+    """The epochs this build's supernet checkpoint holds (0 without one)."""
+    saved = _load_checkpoint(config.out / CHECKPOINT_FOLDER / "supernet.pt", _training_fingerprint(config, space))
+    return 0 if saved is None else int(saved["epoch"])
+
+
+def _train_on_local_workers(config: BuildConfig, reporter: BuildReporter) -> None:
+    """The training stage in `config.training_workers` processes on this machine (each restarted from the last
+    checkpoint, up to 3 times, when one dies)."""
+    reporter.start_stage(f"train supernet on {config.training_workers} workers", None)
+    epochs_done = run_local_workers(train_supernet_worker, (config,), config.training_workers)[0]
+    if epochs_done < config.training.epochs:
+        raise BuildInterrupted(f"stopped after epoch {epochs_done} as asked; run the same build again to resume")
 
 
 def search_architectures(
@@ -363,9 +427,9 @@ def write_card(
     from fedzoo.edge.benchmark import benchmark_model
 
     calibration = parts["train"].x[: max(config.resolved_preset().calibration_examples * 4, 1)]
-    subnet = prepare_subnet(supernet, candidate.arch, calibration)
+    subnet = prepare_subnet(supernet, candidate.arch, calibration, resolve_device(config.device))
     accuracy, loss = evaluate_accuracy(subnet, parts["test"].x, parts["test"].y)
-    subnet = subnet.to(memory_format=torch.contiguous_format)  # plain layout for the saved state and the export
+    subnet = subnet.cpu().to(memory_format=torch.contiguous_format)  # plain layout for the saved state and the export
     channels, height, width = split.dataset.image_shape
     input_shape = (1, channels, height, width)
     with tempfile.TemporaryDirectory() as folder:
@@ -420,6 +484,10 @@ def build_zoo(
     reporter = reporter or BuildReporter()
     _check_output_folder(config.out)
     preset = config.resolved_preset()
+    device = resolve_device(config.device)
+    if config.training_workers < 1:
+        raise InvalidInputError(f"training_workers must be at least 1, got {config.training_workers}", field="workers")
+    Replica(0, config.training_workers).local_batch_size(config.training.batch_size)  # fails now if the batch does not split evenly
     estimator = latency_estimator or make_latency_estimator(config.search_latency_source)
     if config.strategy not in SEARCH_STRATEGIES:
         raise InvalidInputError(f"unknown search strategy {config.strategy!r}; use one of {sorted(SEARCH_STRATEGIES)}", field="strategy")
@@ -440,10 +508,13 @@ def build_zoo(
             config.out.mkdir(parents=True, exist_ok=True)
 
         with _timed("train", seconds, cpu_seconds):
-            supernet = train_supernet(config, space, parts, num_classes, channels, reporter)
+            if config.training_workers > 1 and trained_epochs(config, space) < config.training.epochs:
+                _train_on_local_workers(config, reporter)
+            supernet = train_supernet(config, space, parts, num_classes, channels, reporter, device)  # resumes
 
         with _timed("search", seconds, cpu_seconds):
-            context = EvaluationContext(supernet, parts["train"].x[: preset.calibration_examples], parts["validation"].x, parts["validation"].y, estimator)
+            context = EvaluationContext(supernet, parts["train"].x[: preset.calibration_examples], parts["validation"].x,
+                                        parts["validation"].y, estimator, device=str(device))
             # candidates timed side by side would be timed under each other's load: measured latency runs them one by one
             workers = 1 if estimator.source == "measured" and config.executor == "processes" else config.num_workers
             executor = make_executor(config.executor, workers)
@@ -462,7 +533,8 @@ def build_zoo(
             zoo = Zoo.create(config.out)
             details = {
                 "build": {"seed": config.seed, "preset": config.preset, "strategy": config.strategy, "epochs": config.training.epochs,
-                          "evaluations": len(state.evaluated), "search_latency_source": estimator.source},
+                          "evaluations": len(state.evaluated), "search_latency_source": estimator.source,
+                          "train_examples": len(parts["train"].y), **_training_setup(config, device)},
             }
             reporter.start_stage("write cards", len(chosen))
             cards = []
@@ -475,11 +547,27 @@ def build_zoo(
         if config.compress:
             with _timed("compress", seconds, cpu_seconds):
                 reporter.start_stage("compress", None)
-                compress_zoo(config.out, split, workers=config.num_workers or usable_cores())
+                compress_zoo(config.out, split, workers=config.num_workers or usable_cores(), device=str(device))
         if config.training_graphs:
             with _timed("training graphs", seconds, cpu_seconds):
                 reporter.start_stage("training graphs", None)
                 attach_training_graphs(config.out)
     finally:
         torch.set_num_threads(previous_threads)
+    write_build_report(config, device, len(parts["train"].y), seconds, cpu_seconds)
     return BuildResult(zoo, cards, state, supernet, split, parts, seconds, cpu_seconds)
+
+
+def _training_setup(config: BuildConfig, device: torch.device) -> dict[str, Any]:
+    """Where and how the supernet trained, for the cards and the build report."""
+    return {**describe_device(device), "training_workers": config.training_workers, "mixed_precision": config.mixed_precision}
+
+
+def write_build_report(config: BuildConfig, device: torch.device, train_examples: int, seconds: dict[str, float],
+                       cpu_seconds: dict[str, float]) -> None:
+    """`<out>/build_report.json`: the settings, the training setup and each stage's wall and CPU seconds (of
+    this run: a resumed build's stages took less)."""
+    settings = {key: str(value) if isinstance(value, Path) else value for key, value in asdict(config).items()}
+    report = {"settings": settings, "training": _training_setup(config, device), "stage_seconds": seconds,
+              "stage_cpu_seconds": cpu_seconds, "train_examples": train_examples}
+    atomic_write_bytes(config.out / BUILD_REPORT, json.dumps(report, indent=2).encode())

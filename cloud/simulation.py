@@ -209,6 +209,17 @@ class Federation:
         return LocalData(self.pool.x[self.shards[index]], self.pool.y[self.shards[index]])
 
 
+def make_shards(pool: LocalData, num_clients: int, alpha: float | None, seed: int) -> list[np.ndarray]:
+    """Dirichlet(alpha) label-skewed shards of `pool`, or near-equal random ones when `alpha` is None."""
+    if num_clients > len(pool):
+        raise InvalidInputError(f"{num_clients} clients need at least as many examples; the pool has {len(pool)}",
+                                field="num_clients")
+    if alpha is None:
+        order = np.random.default_rng(seed).permutation(len(pool))
+        return [np.sort(shard) for shard in np.array_split(order, num_clients)]
+    return dirichlet_partition(pool.y, num_clients, alpha, seed=seed)
+
+
 def prepare_federation(
     dataset: str = "digits", num_clients: int = 5, alpha: float | None = 0.5, hidden_units: int = 32,
     pretrain_fraction: float = 0.1, pretrain_epochs: int = 3, seed: int = 0,
@@ -228,11 +239,7 @@ def prepare_federation(
     cloud_count = max(1, int(len(order) * pretrain_fraction))
     cloud, pool_indices = order[:cloud_count], order[cloud_count:]
     pool = LocalData(split.train.x[pool_indices], split.train.y[pool_indices])
-    if alpha is None:
-        shards = [np.sort(shard) for shard in np.array_split(np.random.default_rng(seed).permutation(len(pool)),
-                                                              num_clients)]
-    else:
-        shards = dirichlet_partition(pool.y, num_clients, alpha, seed=seed)
+    shards = make_shards(pool, num_clients, alpha, seed)
 
     model = mlp_classifier(split.dataset.image_shape, hidden_units, split.dataset.num_classes, seed)
     graph = build_training_graph(model).SerializeToString()
@@ -257,9 +264,10 @@ def prepare_federation(
 
 
 def federation_from_zoo(zoo_dir: str | Path, card_id: str, split: DatasetSplit, num_clients: int = 5,
-                        alpha: float = 0.5, seed: int = 0, cloud_examples: int = 0) -> Federation:
+                        alpha: float | None = 0.5, seed: int = 0, cloud_examples: int = 0) -> Federation:
     """A federation that fine-tunes a zoo model (which must carry a training graph) on Dirichlet(alpha)
-    shards of `split`'s training part; `split` must be the one the zoo was built with. The first
+    shards of `split`'s training part (`alpha=None`: near-equal random shards, for fleets of more devices
+    than a Dirichlet draw leaves non-empty); `split` must be the one the zoo was built with. The first
     `cloud_examples` training examples are the cloud's own (a capped build such as the tiny preset
     trained on just those): they stay out of the devices' pool, so devices bring data the model never saw."""
     from fedzoo.zoo import Zoo
@@ -273,7 +281,7 @@ def federation_from_zoo(zoo_dir: str | Path, card_id: str, split: DatasetSplit, 
         raise InvalidInputError(f"model {card_id} has no training graph; run the zoo build's training-graph stage",
                                 field="card_id")
     pool = LocalData(split.train.x[cloud_examples:], split.train.y[cloud_examples:])
-    shards = dirichlet_partition(pool.y, num_clients, alpha, seed=seed)
+    shards = make_shards(pool, num_clients, alpha, seed)
     # every blob the card names, so a fresh server accepts the card (artifacts such as the torch state included)
     digests = {card.sha256, card.training_graph, *card.artifacts.values()}
     blobs = {digest: zoo.blob_path(digest).read_bytes() for digest in digests}
@@ -318,14 +326,16 @@ class _Context:
 
 # One SDK client per device and process, kept across rounds like a real device's (connections stay open).
 _DEVICE_CLIENTS: dict[tuple[str, str], FedzooClient] = {}
+_DEVICE_CLIENTS_LOCK = threading.Lock()  # devices check in from several threads
 
 
 def _device_client(base_url: str, token: str, cache_dir: Path, signing_key: bytes) -> FedzooClient:
     key = (base_url, token)
-    if key not in _DEVICE_CLIENTS:
-        _DEVICE_CLIENTS[key] = FedzooClient(base_url, token=token, cache_dir=cache_dir,
-                                            signing_key=load_signing_key(signing_key))
-    return _DEVICE_CLIENTS[key]
+    with _DEVICE_CLIENTS_LOCK:
+        if key not in _DEVICE_CLIENTS:
+            _DEVICE_CLIENTS[key] = FedzooClient(base_url, token=token, cache_dir=cache_dir,
+                                                signing_key=load_signing_key(signing_key))
+        return _DEVICE_CLIENTS[key]
 
 
 def _close_device_clients(base_url: str) -> None:
@@ -355,18 +365,28 @@ class RoundRecord:
     result_model_id: str | None
     refused: int
     outcome: dict[str, Any] | None = field(default=None, repr=False)
+    participants: int = 0  # selected devices that did their work this round
+    wall_seconds: float = 0.0  # from the first check-in to the server's finished round
+    train_seconds: float = 0.0  # the participants' local training, summed
 
 
 class Simulation:
-    """Virtual devices, one per shard, registered with a running server; `run` drives a plan of rounds."""
+    """Virtual devices, one per shard, registered with a running server; `run` drives a plan of rounds.
+
+    Devices check in and register from `http_threads` threads (each a blocking HTTP call), and do their
+    work on the executor: in this process, in `workers` processes, or as Ray tasks. The work's shared
+    context (the data pool and the shards) goes to the executor once for the whole simulation: a process
+    pool keeps it across rounds, Ray keeps it in its object store, where every task reads the same copy."""
 
     def __init__(
         self, federation: Federation, server_url: str, admin_token: str = DEFAULT_ADMIN_TOKEN,
         executor: str = "in-process", cache_root: str | Path | None = None, attackers: frozenset[int] = frozenset(),
         attack: DeviceAttack = ScaledUpdateAttack(), encoding: Encoding = "fp32", seed: int = 0,
+        workers: int | None = None, http_threads: int = 1,
     ) -> None:
         self.federation, self.server_url, self.admin_token = federation, server_url, admin_token
-        self.executor = make_executor(executor)
+        self.executor = make_executor(executor, workers)
+        self.http_threads = http_threads
         self._own_cache = cache_root is None
         self.cache_root = Path(cache_root) if cache_root is not None else Path(tempfile.mkdtemp(prefix="fedzoo-sim-"))
         self.attackers, self.attack, self.encoding = attackers, attack, encoding
@@ -374,6 +394,7 @@ class Simulation:
         self.admin = FedzooClient(server_url, cache_dir=self.cache_root / "admin")
         self.tokens: list[str] = []
         self.signing_keys: list[bytes] = []  # each device's raw Ed25519 private key, beside its token
+        self._context: _Context | None = None
 
     def close(self) -> None:
         self.admin.close()
@@ -401,35 +422,55 @@ class Simulation:
         """Register one device per shard, enrolled with one enrollment token the admin creates for them."""
         enrollment_token = self.admin.create_enrollment_token(self.admin_token, max_uses=len(self.federation.shards),
                                                               label=f"simulation {prefix}")["token"]
-        for index in range(len(self.federation.shards)):
+
+        def register(index: int) -> tuple[str, bytes]:
             profile = DeviceProfile(
                 device_id=f"{prefix}-{index}", platform="linux-x86_64", device_class="simulated",
                 cpu=CpuInfo(model="virtual", cores=1), memory_mb=2048,
                 runtime=RuntimeInfo(onnxruntime="simulated", threads=1),
             )
             with FedzooClient(self.server_url, cache_dir=self.cache_root / "register") as client:
-                self.tokens.append(client.register(profile, enrollment_token)["token"])
-                self.signing_keys.append(signing_private_bytes(client.signing_key))
+                return client.register(profile, enrollment_token)["token"], signing_private_bytes(client.signing_key)
+
+        with ThreadPoolExecutor(max_workers=self.http_threads) as pool:
+            for token, signing_key in pool.map(register, range(len(self.federation.shards))):
+                self.tokens.append(token)
+                self.signing_keys.append(signing_key)
 
     def start_plan(self, round_config: dict[str, Any]) -> int:
         """Ask the server for a plan of rounds (evaluated on the federation's test split); returns the first round id."""
         config = {"model_id": self.federation.card.id, "evaluation_sha256": self.evaluation_sha256, **round_config}
         return self.admin.create_rounds(config, self.admin_token)["id"]
 
+    def _work_context(self) -> _Context:
+        """The devices' shared context, made again only when a setting it carries changed (so that an
+        executor keeps its copy across rounds)."""
+        if self._context is None or (self._context.encoding, self._context.attack) != (self.encoding, self.attack):
+            self._context = _Context(self.server_url, str(self.cache_root), self.federation.pool.x, self.federation.pool.y,
+                                     self.federation.shards, self.encoding, self.attack)
+        return self._context
+
     def run_round(self, round_id: int) -> RoundRecord:
         """Selection, local work and reporting for one round, then wait for the server to finish it."""
+        started = time.perf_counter()
         order = list(range(len(self.tokens)))
         self.rng.shuffle(order)
-        work = []
-        for index in order:
+
+        def check_in(index: int) -> dict[str, Any] | None:
             client = _device_client(self.server_url, self.tokens[index], self.cache_root / f"device-{index}",
                                     self.signing_keys[index])
-            task = client.fl_task(self.federation.card.task)["task"]
+            return client.fl_task(self.federation.card.task)["task"]
+
+        # the server selects devices in the order they check in: with several threads, that order is the
+        # threads' race (one thread keeps the shuffled order)
+        with ThreadPoolExecutor(max_workers=self.http_threads) as pool:
+            tasks = list(pool.map(check_in, order))
+        work = []
+        for index, task in zip(order, tasks):
             if task is not None and task["round_id"] == round_id:
                 work.append(_Work(index, self.tokens[index], self.signing_keys[index], task, self.rng.randrange(2**31),
                                   index in self.attackers))
-        context = _Context(self.server_url, str(self.cache_root), self.federation.pool.x, self.federation.pool.y,
-                           self.federation.shards, self.encoding, self.attack)
+        context = self._work_context()
         if any((item.task.get("privacy") or {}).get("secure_aggregation") for item in work):
             # SecAgg+ devices answer each stage together, so they must run at the same time
             with ThreadPoolExecutor(max_workers=max(1, len(work))) as pool:
@@ -439,14 +480,16 @@ class Simulation:
         view = self.admin.fl_round(round_id)
         while view["state"] in ("open", "collecting", "aggregating"):
             deadline = view["deadline_at"]
-            time.sleep(0.2 if view["state"] == "aggregating" else min(0.5, _seconds_until(deadline) + 0.05))
+            # short polls: at fleet scale a round's own work is seconds, and every poll's wait adds to it
+            time.sleep(0.05 if view["state"] == "aggregating" else min(0.25, _seconds_until(deadline) + 0.05))
             view = self.admin.fl_round(round_id)
         accuracy = None
         if view["result_model_id"] is not None:
             accuracy = self.admin.card(view["result_model_id"]).metrics.accuracy
         return RoundRecord(round_id, view["number"], view["state"], view["accepted_updates"], view["upload_bytes"],
                            accuracy, view["result_model_id"], sum(r.outcome != "accepted" for r in results),
-                           view["outcome"])
+                           view["outcome"], len(results), time.perf_counter() - started,
+                           sum(r.train_seconds for r in results))
 
     def run(self, round_config: dict[str, Any], progress=None, stop_after_failed_rounds: int | None = None
             ) -> list[RoundRecord]:

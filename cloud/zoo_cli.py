@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -11,6 +12,7 @@ from rich.table import Table
 
 from fedzoo.card_views import card_fields
 from fedzoo.compress.cli import compress
+from fedzoo.nas.devices import device_option
 from fedzoo.output import format_option, print_fields, print_json
 from fedzoo.signing import CardSigningKey
 from fedzoo.zoo import Zoo
@@ -66,8 +68,12 @@ def zoo() -> None:
 @click.option("--executor", type=click.Choice(["processes", "in-process", "ray"]), default="processes", show_default=True,
               help="Where candidate evaluations run: one process per worker on this machine, this process, or Ray (needs the 'ray' extra).")
 @click.option("--workers", "num_workers", type=click.IntRange(min=1), default=None,
-              help="CPUs for parallel work: the search's processes or Ray CPUs, and the compress stage's fine-tuning and quantizing processes (default: all).")
-@click.option("--threads", "torch_threads", type=click.IntRange(min=1), default=1, show_default=True, help="Torch threads for training.")
+              help="Processes for parallel work: data-parallel supernet training (default: 1), the search's processes or Ray "
+                   "CPUs, and the compress stage's fine-tuning and quantizing processes (default: all cores). Under torchrun, "
+                   "torchrun's --nproc-per-node sets the training workers instead.")
+@click.option("--threads", "torch_threads", type=click.IntRange(min=1), default=1, show_default=True, help="Torch threads for training (per worker).")
+@device_option
+@click.option("--mixed-precision", is_flag=True, help="Train the supernet's forward passes in bfloat16 (torch.autocast).")
 @click.option("--no-compress", is_flag=True, help="Skip the compression stage (pruning, INT8).")
 @click.option("--no-training-graphs", is_flag=True, help="Skip attaching on-device training graphs.")
 @SIGNING_KEY_OPTION
@@ -78,11 +84,20 @@ def build(no_compress: bool, no_training_graphs: bool, signing_key: Path | None,
     """Train a once-for-all supernet, search it under the constraints and write the Pareto-optimal
     subnets to OUT as ONNX models with model cards, signed with --signing-key (or explicitly --unsigned).
     Re-running the same command resumes."""
-    from fedzoo.cloud.pipeline import BuildConfig, build_zoo
+    from fedzoo.cloud.pipeline import BuildConfig, build_zoo, train_supernet_worker
+    from fedzoo.nas.distributed import launched_as_worker
 
     key = _signing_key(signing_key, unsigned)  # before the build: a missing key must not cost a training run
-    config = BuildConfig(compress=not no_compress, training_graphs=not no_training_graphs, **options)
+    # under torchrun its workers train (the build report records their number); else --workers local ones
+    training_workers = int(os.environ["WORLD_SIZE"]) if launched_as_worker() else options["num_workers"] or 1
+    config = BuildConfig(compress=not no_compress, training_graphs=not no_training_graphs, training_workers=training_workers, **options)
     console = Console(stderr=True)
+    if launched_as_worker():  # one of torchrun's workers: all train together, the first goes on to write the zoo
+        epochs, rank = train_supernet_worker(config), os.environ["RANK"]
+        if rank != "0" or epochs < config.training.epochs:
+            then = "worker 0 writes the zoo" if epochs == config.training.epochs else "run the same command again to resume"
+            console.print(f"worker {rank}: the supernet has trained {epochs} of {config.training.epochs} epochs; {then}")
+            return
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         result = build_zoo(config, RichReporter(progress))

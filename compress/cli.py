@@ -16,6 +16,7 @@ from fedzoo.compress.pruning import IMPORTANCE_CRITERIA, SCOPES
 from fedzoo.compress.quantize import CALIBRATION_METHODS, DEFAULT_INT8_RECIPES, INT8_RECIPES
 from fedzoo.edge.device_profile import usable_cores
 from fedzoo.errors import InvalidInputError
+from fedzoo.nas.devices import device_option
 from fedzoo.zoo import Zoo
 
 
@@ -61,9 +62,10 @@ def print_report(report: CompressionReport, console: Console) -> None:
 @click.option("--threads", "torch_threads", type=click.IntRange(min=1), default=1, show_default=True,
               help="Torch threads for the fine-tuning after pruning.")  # fmt: skip
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Processes fine-tuning and quantizing at once (default: one per core).")
+@device_option
 def compress(
     zoo_dir: str, dataset: str | None, tolerance: float, seed: int, ratios: tuple[float, ...], method: str, scope: str,
-    epochs: int, calibration: str, int8_recipes: tuple[str, ...], torch_threads: int, workers: int | None,
+    epochs: int, calibration: str, int8_recipes: tuple[str, ...], torch_threads: int, workers: int | None, device: str,
 ) -> None:
     """Prune, quantize and gate every root fp32 model in ZOO_DIR; accepted variants become new cards."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
@@ -73,7 +75,7 @@ def compress(
     report = compress_zoo(
         zoo_dir, split, accuracy_tolerance_points=tolerance, pruning_ratios=ratios, pruning_method=method,
         pruning_scope=scope, fine_tuning=FineTuning(epochs=epochs, seed=seed), calibration=calibration,
-        int8_recipes=int8_recipes, workers=workers or usable_cores(),
+        int8_recipes=int8_recipes, workers=workers or usable_cores(), device=device,
     )  # fmt: skip
     console = Console()
     print_report(report, console)

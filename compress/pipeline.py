@@ -428,9 +428,11 @@ def compress_zoo(
     build_model: ModelBuilder | None = None,
     timed_runs: int = 50,
     workers: int = 1,
+    device: str | None = None,
 ) -> CompressionReport:
     """Add pruned and INT8 variants of every root fp32 card in the zoo at `zoo_dir`; see the module docstring.
-    `workers` > 1 spawns processes, so a script calling it needs the `if __name__ == "__main__":` guard."""
+    `workers` > 1 spawns processes, so a script calling it needs the `if __name__ == "__main__":` guard.
+    `device` (cpu, cuda, cuda:N, auto) overrides `fine_tuning.device`; the cards record where they were tuned."""
     if not accuracy_tolerance_points >= 0:
         raise InvalidInputError(f"accuracy tolerance must be a non-negative number of points, got {accuracy_tolerance_points}", field="tolerance")
     if calibration_count < 1:
@@ -442,6 +444,8 @@ def compress_zoo(
     unknown = sorted(set(int8_recipes) - set(INT8_RECIPES))
     if unknown or not int8_recipes:
         raise InvalidInputError(f"int8_recipes must name some of {sorted(INT8_RECIPES)}, got {list(int8_recipes)}", field="int8_recipes")
+    if device is not None:
+        fine_tuning = replace(fine_tuning, device=device)
     zoo = Zoo(zoo_dir)
     settings = _Settings(
         accuracy_tolerance_points, tuple(sorted(pruning_ratios, reverse=True)), pruning_method, pruning_scope,

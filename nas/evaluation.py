@@ -25,6 +25,7 @@ class EvaluationContext:
     validation_x: np.ndarray
     validation_y: np.ndarray
     latency_estimator: LatencyEstimator
+    device: str = "cpu"  # where subnets are calibrated and scored (latency is always measured on the CPU)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -58,10 +59,13 @@ class Candidate:
         return (-self.loss, self.latency_ms)
 
 
-def prepare_subnet(supernet: Supernet, arch: Arch, calibration_x: np.ndarray) -> torch.nn.Module:
-    """The standalone subnet for `arch` with BN statistics of its own (channels-last for fast CPU runs;
-    `.to(memory_format=torch.contiguous_format)` before saving or exporting it)."""
-    subnet = extract_subnet(supernet, arch).to(memory_format=torch.channels_last)
+def prepare_subnet(
+    supernet: Supernet, arch: Arch, calibration_x: np.ndarray, device: torch.device = torch.device("cpu")
+) -> torch.nn.Module:
+    """The standalone subnet for `arch` on `device` with BN statistics of its own (channels-last for fast CPU
+    runs; `.cpu().to(memory_format=torch.contiguous_format)` before saving or exporting it). The supernet
+    stays where it is: the subnet is extracted there and moved."""
+    subnet = extract_subnet(supernet, arch).to(device, memory_format=torch.channels_last)
     recalibrate_batchnorm(subnet, calibration_x)
     return subnet.eval()
 
@@ -69,9 +73,9 @@ def prepare_subnet(supernet: Supernet, arch: Arch, calibration_x: np.ndarray) ->
 def evaluate_candidate(context: EvaluationContext, arch: Arch) -> Candidate:
     """Validation accuracy, MACs, params and latency of one subnet."""
     torch.set_num_threads(1)
-    subnet = prepare_subnet(context.supernet, arch, context.calibration_x)
+    subnet = prepare_subnet(context.supernet, arch, context.calibration_x, torch.device(context.device))
     accuracy, loss = evaluate_accuracy(subnet, context.validation_x, context.validation_y)
-    subnet = subnet.to(memory_format=torch.contiguous_format)
+    subnet = subnet.cpu().to(memory_format=torch.contiguous_format)
     return Candidate(
         arch=arch,
         accuracy=accuracy,

@@ -134,10 +134,16 @@ def count_macs(model: nn.Module, input_shape: tuple[int, ...]) -> int:
     return int(total)
 
 
-def batches(x: np.ndarray, batch_size: int) -> Iterator[torch.Tensor]:
-    """Consecutive batches of `x` in channels-last layout, which runs these small convnets ~3x faster on CPU."""
+def batches(x: np.ndarray, batch_size: int, device: torch.device = torch.device("cpu")) -> Iterator[torch.Tensor]:
+    """Consecutive batches of `x` on `device` in channels-last layout, which runs these small convnets ~3x
+    faster on CPU."""
     for start in range(0, len(x), batch_size):
-        yield torch.from_numpy(x[start : start + batch_size]).contiguous(memory_format=torch.channels_last)
+        yield torch.from_numpy(x[start : start + batch_size]).to(device).contiguous(memory_format=torch.channels_last)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device `model`'s parameters are on (where its inputs must go)."""
+    return next(model.parameters()).device
 
 
 def recalibrate_batchnorm(model: nn.Module, x: np.ndarray, batch_size: int = 256) -> None:
@@ -155,7 +161,7 @@ def recalibrate_batchnorm(model: nn.Module, x: np.ndarray, batch_size: int = 256
     model.train()
     try:
         with torch.no_grad():
-            for batch in batches(x, batch_size):
+            for batch in batches(x, batch_size, model_device(model)):
                 model(batch)
     finally:
         model.train(was_training)
@@ -170,9 +176,10 @@ def evaluate_accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size
     correct, loss_sum = 0, 0.0
     try:
         with torch.no_grad():
-            for start, batch in zip(range(0, len(x), batch_size), batches(x, batch_size)):
+            device = model_device(model)
+            for start, batch in zip(range(0, len(x), batch_size), batches(x, batch_size, device)):
                 logits = model(batch)
-                labels = torch.from_numpy(y[start : start + batch_size])
+                labels = torch.from_numpy(y[start : start + batch_size]).to(device)
                 loss_sum += float(nn.functional.cross_entropy(logits, labels, reduction="sum"))
                 correct += int((logits.argmax(dim=1) == labels).sum())
     finally:

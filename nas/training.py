@@ -8,7 +8,9 @@ its soft predictions are worth distilling only once it has learnt something, and
 half a sandwich epoch.
 
 Every epoch draws its shuffling, augmentation and subnet samples from generators seeded by
-(seed, epoch), so a run resumed from an epoch checkpoint repeats the uninterrupted run exactly.
+(seed, epoch), so a run resumed from an epoch checkpoint repeats the uninterrupted run exactly, and
+data-parallel workers (`Replica`), which all draw from the same generators, run the same subnets on their
+slices of the same global batch: the sandwich rule and the distillation hold across workers.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedzoo.errors import InvalidInputError
+from fedzoo.nas.devices import DeviceData, autocast
 from fedzoo.nas.supernet import Supernet
 
 
@@ -45,17 +49,62 @@ def epoch_generators(seed: int, epoch: int) -> tuple[torch.Generator, np.random.
     return torch_generator, np.random.default_rng([seed, epoch])
 
 
-def random_shift(images: torch.Tensor, max_shift_pixels: int, generator: torch.Generator) -> torch.Tensor:
-    """Translate each image by up to `max_shift_pixels` in x and y (zero padding): cheap augmentation for digits."""
+def shift_offsets(count: int, max_shift_pixels: int, generator: torch.Generator) -> torch.Tensor | None:
+    """Per-image (dy, dx) translations in [0, 2 * max_shift_pixels], drawn for a whole global batch so every
+    data-parallel worker draws the same; None when augmentation is off (nothing is drawn)."""
     if max_shift_pixels == 0:
+        return None
+    return torch.randint(0, 2 * max_shift_pixels + 1, (count, 2), generator=generator)
+
+
+def shift_images(images: torch.Tensor, offsets: torch.Tensor | None, max_shift_pixels: int) -> torch.Tensor:
+    """Translate each image by its offset (zero padding), as one gather on whatever device `images` is on."""
+    if offsets is None:
         return images
     pad = max_shift_pixels
     padded = F.pad(images, (pad, pad, pad, pad))
-    height, width = images.shape[-2:]
-    offsets = torch.randint(0, 2 * pad + 1, (images.shape[0], 2), generator=generator)
-    return torch.stack(
-        [padded[i, :, dy : dy + height, dx : dx + width] for i, (dy, dx) in enumerate(offsets.tolist())]
-    )
+    count, channels, height, width = images.shape
+    device = images.device
+    offsets = offsets.to(device)
+    rows = offsets[:, 0, None] + torch.arange(height, device=device)
+    columns = offsets[:, 1, None] + torch.arange(width, device=device)
+    # indexed in NCHW order, so the result has NCHW strides as the per-image crops had (with one channel, a
+    # channels-last result would also pass as contiguous, and oneDNN would pick other kernels for it)
+    return padded[
+        torch.arange(count, device=device)[:, None, None, None],
+        torch.arange(channels, device=device)[None, :, None, None],
+        rows[:, None, :, None],
+        columns[:, None, None, :],
+    ]
+
+
+def random_shift(images: torch.Tensor, max_shift_pixels: int, generator: torch.Generator) -> torch.Tensor:
+    """Translate each image by up to `max_shift_pixels` in x and y (zero padding): cheap augmentation for digits."""
+    return shift_images(images, shift_offsets(len(images), max_shift_pixels, generator), max_shift_pixels)
+
+
+@dataclass(frozen=True)
+class Replica:
+    """This worker's part in data-parallel training: the `rank`-th of `world_size` equal slices of every global
+    batch, and `average_gradients`, which makes every worker's gradients the mean over all of them (None: one
+    worker). Every worker draws the whole epoch's order, shifts and subnets from the same generators, so all
+    run the same subnets on their slices of the same batch."""
+
+    rank: int = 0
+    world_size: int = 1
+    average_gradients: Callable[[nn.Module], None] | None = None
+    sum_over_workers: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def local_batch_size(self, batch_size: int) -> int:
+        if batch_size % self.world_size:
+            raise InvalidInputError(
+                f"the batch size {batch_size} does not split evenly over {self.world_size} workers; use a worker count that divides it",
+                field="workers",
+            )
+        return batch_size // self.world_size
+
+
+ONE_WORKER = Replica()
 
 
 def make_optimizer(model: nn.Module, config: TrainingConfig) -> torch.optim.Optimizer:
@@ -73,70 +122,86 @@ def steps_per_epoch(num_examples: int, batch_size: int) -> int:
     return max(1, num_examples // batch_size)
 
 
-def _epoch_batches(x: np.ndarray, y: np.ndarray, config: TrainingConfig, generator: torch.Generator):
-    order = torch.randperm(len(y), generator=generator)
-    for step in range(steps_per_epoch(len(y), config.batch_size)):
+def _epoch_batches(data: DeviceData, config: TrainingConfig, generator: torch.Generator, replica: Replica):
+    order = torch.randperm(len(data), generator=generator)
+    local_size = replica.local_batch_size(config.batch_size)
+    mine = slice(replica.rank * local_size, (replica.rank + 1) * local_size)
+    for step in range(steps_per_epoch(len(data), config.batch_size)):
         index = order[step * config.batch_size : (step + 1) * config.batch_size]
-        images = random_shift(torch.from_numpy(x[index.numpy()]), config.max_shift_pixels, generator)
-        yield step, images.contiguous(memory_format=torch.channels_last), torch.from_numpy(y[index.numpy()])
+        offsets = shift_offsets(len(index), config.max_shift_pixels, generator)
+        images, labels = data.batch(index[mine])
+        images = shift_images(images, None if offsets is None else offsets[mine], config.max_shift_pixels)
+        yield step, images.contiguous(memory_format=torch.channels_last), labels
 
 
 def train_supernet_epoch(
     supernet: Supernet,
     optimizer: torch.optim.Optimizer,
-    x: np.ndarray,
-    y: np.ndarray,
+    x: np.ndarray | DeviceData,
+    y: np.ndarray | None,
     config: TrainingConfig,
     seed: int,
     epoch: int,
     on_step: Callable[[int, int], None] | None = None,
+    replica: Replica = ONE_WORKER,
+    mixed_precision: bool = False,
 ) -> float:
-    """One sandwich-rule epoch over normalised images `x` (the largest subnet alone during the
-    `largest_only_epochs`); returns the largest subnet's mean loss."""
+    """One sandwich-rule epoch over normalised images (numpy `x`, `y` on the CPU, or a `DeviceData` and `y`
+    None), the largest subnet alone during the `largest_only_epochs`; returns the largest subnet's mean loss
+    over the global batches. The supernet must already be on the data's device."""
+    data = x if isinstance(x, DeviceData) else DeviceData.place(x, y, torch.device("cpu"))
     torch_generator, numpy_generator = epoch_generators(seed, epoch)
     space = supernet.space
-    per_epoch = steps_per_epoch(len(y), config.batch_size)
+    per_epoch = steps_per_epoch(len(data), config.batch_size)
     total_steps = config.epochs * per_epoch
     supernet.train()
-    loss_sum = 0.0
-    for step, images, labels in _epoch_batches(x, y, config, torch_generator):
+    loss_sum = torch.zeros((), device=data.device)  # summed on the device: no host sync per step
+    for step, images, labels in _epoch_batches(data, config, torch_generator, replica):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate_at(config, epoch * per_epoch + step, total_steps)
         optimizer.zero_grad(set_to_none=True)
         supernet.set_active(space.max_arch())
-        teacher_logits = supernet(images)
-        loss = F.cross_entropy(teacher_logits, labels)
+        with autocast(data.device, mixed_precision):
+            teacher_logits = supernet(images)
+            loss = F.cross_entropy(teacher_logits, labels)
         loss.backward()
-        loss_sum += float(loss.detach())
+        loss_sum += loss.detach().float()
         if epoch < config.largest_only_epochs:
             students = []
         else:
             students = [space.min_arch()] + [space.sample_arch(numpy_generator) for _ in range(config.sandwich_random_subnets)]
-        soft_targets = F.softmax(teacher_logits.detach() / config.distillation_temperature, dim=1)
+        soft_targets = F.softmax(teacher_logits.detach().float() / config.distillation_temperature, dim=1)
         for arch in students:
             supernet.set_active(arch)
-            student_log_probs = F.log_softmax(supernet(images) / config.distillation_temperature, dim=1)
+            with autocast(data.device, mixed_precision):
+                student_logits = supernet(images)
+            student_log_probs = F.log_softmax(student_logits.float() / config.distillation_temperature, dim=1)
             F.kl_div(student_log_probs, soft_targets, reduction="batchmean").backward()
+        if replica.average_gradients is not None:
+            replica.average_gradients(supernet)
         nn.utils.clip_grad_norm_(supernet.parameters(), 5.0)
         optimizer.step()
         if on_step is not None:
             on_step(step + 1, per_epoch)
     supernet.set_active(space.max_arch())
-    return loss_sum / per_epoch
+    if replica.sum_over_workers is not None:
+        loss_sum = replica.sum_over_workers(loss_sum) / replica.world_size
+    return float(loss_sum) / per_epoch
 
 
 def train_from_scratch(
-    model: nn.Module, x: np.ndarray, y: np.ndarray, config: TrainingConfig, seed: int
+    model: nn.Module, x: np.ndarray, y: np.ndarray, config: TrainingConfig, seed: int, device: torch.device = torch.device("cpu")
 ) -> nn.Module:
     """Train a standalone net on the labels with the same data order, augmentation and schedule as the supernet."""
-    model = model.to(memory_format=torch.channels_last)
+    model = model.to(device, memory_format=torch.channels_last)
+    data = DeviceData.place(x, y, device)
     optimizer = make_optimizer(model, config)
     per_epoch = steps_per_epoch(len(y), config.batch_size)
     total_steps = config.epochs * per_epoch
     model.train()
     for epoch in range(config.epochs):
         torch_generator, _ = epoch_generators(seed, epoch)
-        for step, images, labels in _epoch_batches(x, y, config, torch_generator):
+        for step, images, labels in _epoch_batches(data, config, torch_generator, ONE_WORKER):
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate_at(config, epoch * per_epoch + step, total_steps)
             optimizer.zero_grad(set_to_none=True)

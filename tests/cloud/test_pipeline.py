@@ -1,5 +1,6 @@
 """The zoo build end to end on a tiny configuration: cards, blobs, resume, seeds and the later stages."""
 
+import json
 import operator
 import sys
 
@@ -12,6 +13,7 @@ from fedzoo.cloud import pipeline
 from fedzoo.cloud.executors import InProcessExecutor, ProcessExecutor, make_executor
 from fedzoo.cloud.pipeline import BuildConfig, BuildInterrupted, build_zoo
 from fedzoo.errors import InvalidInputError
+from fedzoo.nas.devices import resolve_device
 from fedzoo.nas.latency import MacsLatencyModel
 from fedzoo.nas.pareto import dominates
 from fedzoo.nas.subnet import build_subnet, count_macs, count_params
@@ -55,6 +57,40 @@ def test_build_writes_at_least_eight_cards_that_rebuild_and_run(built):
         (logits,) = session.run(None, {"input": test.x})
         np.testing.assert_allclose(logits, model(torch.from_numpy(test.x)).detach().numpy(), rtol=1e-3, atol=1e-3)
         assert np.mean(logits.argmax(axis=1) == test.y) == pytest.approx(card.metrics.accuracy, abs=1e-9)
+
+
+@pytest.mark.slow
+def test_the_build_report_and_the_cards_say_where_the_supernet_trained(built):
+    report = json.loads((built.zoo.root / pipeline.BUILD_REPORT).read_text())
+    device = str(resolve_device("auto"))
+    assert report["training"]["device"] == device and report["training"]["training_workers"] == 1
+    assert report["training"]["mixed_precision"] is False and report["settings"]["device"] == "auto"
+    assert set(report["stage_seconds"]) == {"data", "train", "search", "cards"}
+    assert report["train_examples"] == len(built.normalised["train"].y)
+    assert all(card.details["build"]["device"] == device for card in built.cards)
+    # what `fedzoo fl simulate` keeps out of the devices' data: the capped preset's first training examples
+    assert all(card.details["build"]["train_examples"] == pipeline.PRESETS["tiny"].max_train_examples for card in built.cards)
+
+
+@pytest.mark.slow
+def test_a_build_on_two_training_workers_trains_there_and_writes_the_zoo_here(tmp_path):
+    result = build_zoo(tiny_config(tmp_path / "zoo", training_workers=2, epochs=1, evaluations=4, population_size=2,
+                                   device="cpu"))
+    report = json.loads((tmp_path / "zoo" / pipeline.BUILD_REPORT).read_text())
+    assert report["training"] == {"device": "cpu", "training_workers": 2, "mixed_precision": False}
+    checkpoint = torch.load(tmp_path / "zoo" / pipeline.CHECKPOINT_FOLDER / "supernet.pt", weights_only=False)
+    assert checkpoint["epoch"] == 1
+    # the zoo's cards come from the weights the workers trained
+    trained = result.supernet.state_dict()
+    assert all(torch.equal(trained[name], checkpoint["model"][name]) for name in trained)
+    assert len(result.cards) >= 1 and all(card.details["build"]["training_workers"] == 2 for card in result.cards)
+
+
+def test_workers_that_do_not_split_the_batch_evenly_are_refused_before_any_work(tmp_path):
+    with pytest.raises(InvalidInputError) as error:
+        build_zoo(tiny_config(tmp_path / "zoo", training_workers=3))  # the tiny preset's batch is 16
+    assert error.value.field == "workers" and "16" in str(error.value)
+    assert not (tmp_path / "zoo").exists()
 
 
 @pytest.mark.slow

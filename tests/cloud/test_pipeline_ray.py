@@ -30,6 +30,20 @@ def test_ray_executor_maps_in_item_order_and_reports_progress(local_ray):
     assert ray.is_initialized()  # it did not start this instance, so it leaves it running
 
 
+def test_ray_executor_stores_a_context_once_however_many_maps_and_items_read_it(local_ray, monkeypatch):
+    stored = []
+    real_put = ray.put
+    monkeypatch.setattr(ray, "put", lambda value, **options: stored.append(value) or real_put(value, **options))
+    executor = make_executor("ray", num_workers=2)
+    context = {"offset": 1}
+    assert executor.map(_square_plus, context, [1, 2, 3]) == [2, 5, 10]
+    assert executor.map(_square_plus, context, [4]) == [17]  # a simulation's next round: the same context
+    assert stored == [context]
+    assert executor.map(_square_plus, {"offset": 2}, [1]) == [3]  # another context is stored on its own
+    assert len(stored) == 2
+    executor.close()
+
+
 def test_build_on_ray_matches_the_in_process_build(tmp_path, local_ray):
     settings = dict(dataset="digits", preset="tiny", latency_source="macs", compress=False, training_graphs=False, evaluations=10, population_size=5)
     local = build_zoo(BuildConfig(out=tmp_path / "local", executor="in-process", **settings))

@@ -1,0 +1,61 @@
+"""`fedzoo fl simulate` through the real CLI: a zoo model fine-tuned by virtual devices against the real
+server, a JSON summary on stdout, and bad input answered with a message."""
+
+import json
+
+import pytest
+
+from fedzoo.cli import main
+from fedzoo.cloud.simulation import prepare_federation
+from fedzoo.zoo import Zoo
+
+
+@pytest.fixture(scope="module")
+def zoo_dir(tmp_path_factory):
+    """A zoo holding one small digits model with its training graph."""
+    federation = prepare_federation("digits", num_clients=1, hidden_units=16, pretrain_epochs=3, seed=0)
+    zoo = Zoo.create(tmp_path_factory.mktemp("zoo"))
+    for blob in federation.blobs.values():
+        zoo.add_blob_bytes(blob)
+    zoo.add_card(federation.card)
+    return zoo.root, federation.card.id
+
+
+def run_main(argv, capsys):
+    code = 0
+    try:
+        main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.slow
+def test_simulate_runs_the_rounds_and_prints_a_json_summary(zoo_dir, capsys):
+    folder, model_id = zoo_dir
+    code, stdout, stderr = run_main(["fl", "simulate", "--zoo", str(folder), "--model", model_id, "--clients", "12",
+                                     "--per-round", "6", "--rounds", "2", "--executor", "in-process", "--http-threads", "2", "--quiet"], capsys)
+    assert code == 0, stderr
+    summary = json.loads(stdout)
+    assert summary["clients"] == 12 and summary["per_round"] == 6 and summary["workers"] == 1
+    assert [r["state"] for r in summary["rounds"]] == ["closed", "closed"]
+    for record in summary["rounds"]:
+        # the server may select a few more than it aggregates (stragglers); their reports come too late
+        assert record["accepted_updates"] == 6 and record["refused"] == record["participants"] - 6 >= 0
+        assert 0 < record["train_seconds"] < record["wall_seconds"] and 0 < record["accuracy"] <= 1
+    assert summary["rounds"][1]["result_model_id"] != summary["rounds"][0]["result_model_id"]
+    assert summary["peak_rss_mb"] > 0 and "loopback" in summary["server"]
+
+
+def test_more_devices_per_round_than_clients_is_refused_with_the_option_named(zoo_dir, capsys):
+    folder, model_id = zoo_dir
+    code, stdout, stderr = run_main(["fl", "simulate", "--zoo", str(folder), "--model", model_id, "--clients", "4",
+                                     "--per-round", "5"], capsys)
+    assert code == 2 and stdout == "" and "--per-round" in stderr and "Traceback" not in stderr
+
+
+def test_an_unknown_model_is_a_message_not_a_traceback(zoo_dir, capsys):
+    folder, _ = zoo_dir
+    code, stdout, stderr = run_main(["fl", "simulate", "--zoo", str(folder), "--model", "no-such-model"], capsys)
+    assert code != 0 and stdout == "" and "no-such-model" in stderr and "Traceback" not in stderr
