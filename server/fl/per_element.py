@@ -66,6 +66,35 @@ def apply_per_element(strategy: Strategy, weights: Parameters, mean_delta: Param
     return {name: np.where(released[name], stepped[name], weights[name]).astype(np.float32) for name in mean_delta}
 
 
+STATISTICS = ("running_mean", "running_var")
+MIN_RUNNING_VARIANCE = 1e-5
+
+
+def is_statistic(name: str) -> bool:
+    """A BatchNorm running statistic: averaged per element, but not a parameter any strategy steps."""
+    return name.rsplit(".", 1)[-1] in STATISTICS
+
+
+def step_supernet(strategy: Strategy, weights: Parameters, total: CoverageSum,
+                  min_coverage: int) -> tuple[Parameters, dict[str, np.ndarray]]:
+    """The supernet after a round, and the released masks: the strategy's step on the released elements of the
+    covered parameters; running statistics moved by their per-element mean delta (variances kept positive);
+    every other element as it was."""
+    released = total.released(min_coverage)
+    mean = total.mean(released)
+    parameters = [name for name in mean if not is_statistic(name)]
+    updated = dict(weights)
+    updated.update(apply_per_element(strategy, weights, {name: mean[name] for name in parameters},
+                                     {name: released[name] for name in parameters}))
+    for name in mean:
+        if is_statistic(name):
+            moved = np.where(released[name], weights[name] + mean[name], weights[name])
+            if name.endswith("running_var"):
+                moved = np.maximum(moved, MIN_RUNNING_VARIANCE)
+            updated[name] = moved.astype(np.float32)
+    return updated, released
+
+
 @dataclass(frozen=True)
 class TensorCoverage:
     """How many devices covered a supernet tensor's elements: the operator's and the privacy check's view."""
@@ -87,7 +116,7 @@ class TensorCoverage:
 def coverage_report(counts: dict[str, np.ndarray], released: dict[str, np.ndarray]) -> dict[str, TensorCoverage]:
     """Coverage per supernet tensor."""
     return {name: TensorCoverage(int(count.size), int((count == 0).sum()), int((count == 1).sum()),
-                                 int(released[name].sum()), int(count.min(initial=0)), int(count.max(initial=0)),
+                                 int(released[name].sum()), int(count.min()) if count.size else 0, int(count.max()) if count.size else 0,
                                  float(count.mean()) if count.size else 0.0)
             for name, count in counts.items()}
 

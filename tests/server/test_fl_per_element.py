@@ -10,7 +10,8 @@ from fedzoo.errors import InvalidInputError
 from fedzoo.nas.space import tiny_space
 from fedzoo.nas.subnet_mapping import MappedDelta, extract_weights, map_back
 from fedzoo.server.fl.per_element import (
-    CoverageSum, apply_per_element, coverage_by_layer, coverage_report, layer_of, require_mean_only,
+    MIN_RUNNING_VARIANCE, CoverageSum, apply_per_element, coverage_by_layer, coverage_report, layer_of, require_mean_only,
+    step_supernet,
 )
 from fedzoo.server.fl.strategies import FedAdam, FedAvg, make_strategy
 
@@ -89,6 +90,7 @@ def test_elements_below_the_coverage_threshold_are_never_released():
         assert not released[name][single].any()
     report = coverage_report(total.counts, released)
     assert report["classifier.weight"].released == report["classifier.weight"].elements  # every device has it
+    assert report["classifier.weight"].min_count == 2 and report["stages.0.1.expand_weight"].max_count == 1
     assert report["stages.0.1.expand_weight"].released == 0  # only the largest subnet has a second block
 
 
@@ -126,3 +128,21 @@ def test_coverage_by_layer_sums_tensors_of_a_layer():
     assert layers["stages.0.1"] == {"elements": 4, "uncovered": 1, "single": 1, "released": 2, "min_count": 0,
                                     "max_count": 2, "mean_count": 1.25}
     assert layers["stem"]["released"] == 2 and layer_of("head.1.weight") == "head"
+
+
+def test_a_supernet_step_moves_statistics_by_their_mean_and_keeps_variances_positive():
+    weights = random_weights(4)
+    arch = SPACE.min_arch()
+    shares = extract_weights(SPACE, arch, weights)
+    deltas = {name: np.full_like(value, -5.0 if name.endswith("running_var") else 0.5) for name, value in shares.items()}
+    total = CoverageSum({name: value.shape for name, value in weights.items()})
+    total.add(map_back(SPACE, arch, weights, deltas), 3)
+    stepped, released = step_supernet(FedAvg(), weights, total, min_coverage=1)
+    mean_name, var_name = "stages.0.0.expand_norm.running_mean", "stages.0.0.expand_norm.running_var"
+    covered = released[mean_name]
+    np.testing.assert_allclose(stepped[mean_name][covered], weights[mean_name][covered] + 0.5, rtol=1e-6)
+    assert np.all(stepped[var_name][covered] == MIN_RUNNING_VARIANCE)  # 1 - 5 < 0: clamped, never negative
+    np.testing.assert_array_equal(stepped[var_name][~covered], weights[var_name][~covered])
+    for name in weights:
+        if "kernel_transforms" in name:
+            np.testing.assert_array_equal(stepped[name], weights[name])

@@ -14,6 +14,7 @@ from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLRound
 from fedzoo.server.fl.round_context import RoundContext, as_utc, count_rows, has_update
 from fedzoo.server.fl.schemas import RoundConfig, Task, TaskResponse, TrainingConfig, UploadSpec
 from fedzoo.server.fl.strategies import make_strategy
+from fedzoo.server.fl.zoo_plan import ZooPlan, is_zoo
 
 IDLE_RETRY_AFTER_S = 30.0
 
@@ -21,8 +22,8 @@ IDLE_RETRY_AFTER_S = 30.0
 class Selection:
     """Seats devices in open rounds and tells each selected device its task."""
 
-    def __init__(self, context: RoundContext) -> None:
-        self.context = context
+    def __init__(self, context: RoundContext, zoo: ZooPlan) -> None:
+        self.context, self.zoo = context, zoo
 
     def check_in(self, device_id: str, task: str, family: str | None = None) -> TaskResponse:
         """Select the device for an eligible round and return its task, or tell it when to come back."""
@@ -38,8 +39,7 @@ class Selection:
                     continue
                 if session.get(FLParticipant, (round_row.id, device_id)) is not None:
                     return TaskResponse(task=self.task(session, round_row, device_id), retry_after_s=None)
-                if round_row.state == "open":
-                    self._select(session, round_row, device_id)
+                if round_row.state == "open" and self._select(session, round_row, device_id):
                     return TaskResponse(task=self.task(session, round_row, device_id), retry_after_s=None)
             if rounds:
                 config = RoundConfig.model_validate_json(rounds[0].config_json)
@@ -51,23 +51,28 @@ class Selection:
                 )
             return TaskResponse(task=None, retry_after_s=IDLE_RETRY_AFTER_S, reason=f"no round is running for task {task!r}")
 
-    def _select(self, session: Session, round_row: FLRound, device_id: str) -> None:
-        """Seat the device; at the selection goal the round stops selecting. Concurrent check-ins may seat a
-        device or two past the goal, which is harmless: reports beyond the target are refused anyway."""
+    def _select(self, session: Session, round_row: FLRound, device_id: str) -> bool:
+        """Seat the device (in a zoo-wide round, only with a subnet that fits its budget); at the selection goal
+        the round stops selecting. Concurrent check-ins may seat a device or two past the goal, which is
+        harmless: reports beyond the target are refused anyway."""
         config = RoundConfig.model_validate_json(round_row.config_json)
+        if is_zoo(config) and self.zoo.assign(session, round_row, config, device_id) is None:
+            return False
         goal = math.ceil(config.target_clients * (1 + config.over_selection))
         session.add(FLParticipant(round_id=round_row.id, device_id=device_id, selected_at=self.context.clock()))
         session.flush()
         if count_rows(session, FLParticipant, round_row.id) >= goal:
             round_row.state = "collecting"
-            base = self.context.bases.get(session, round_row.base_model_id)
-            self.context.private.start_stages(session, round_row, config,
-                                              sum(v.size for v in base.parameters.values()))
+            if config.privacy.secure_aggregation is not None:  # SecAgg+ numbers the seated devices now
+                base = self.context.bases.get(session, round_row.base_model_id)
+                self.context.private.start_stages(session, round_row, config,
+                                                  sum(v.size for v in base.parameters.values()))
+        return True
 
     def task(self, session: Session, round_row: FLRound, device_id: str) -> Task:
         """What a selected device is to do: the model and training graph to fetch, how to train, where to upload."""
         config = RoundConfig.model_validate_json(round_row.config_json)
-        base = self.context.bases.get(session, round_row.base_model_id)
+        base = self.context.bases.get(session, self.context.device_model_id(session, round_row, device_id))
         strategy_fields = make_strategy(config.strategy).configure_fit(round_row.number)
         return Task(
             round_id=round_row.id,
