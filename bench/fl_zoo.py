@@ -22,7 +22,10 @@ seconds per round. Goals (docs/zoo-federated.md): deployed B >= A + 1 point, lar
 no model B < A - 0.5 point, bytes B <= 1.1x A.
 
     .venv/bin/python bench/fl_zoo.py [--dataset digits] [--devices 16] [--rounds 4] [--seeds 0,1,2]
-        [--local-epochs 1] [--out /tmp/fedzoo-bench-zoo]
+        [--local-epochs 1] [--out /tmp/fedzoo-bench-zoo] [--ablations] [--elasticity zoo|width|depth|kernel]
+
+`--ablations` adds B with the lowest tier's devices left out of training, and with the top tier's; `--elasticity`
+replaces the zoo's models by tier archs that differ in width only, depth only or kernel only (the rest largest).
 
 The default (digits, 16 devices, 4 rounds, 3 seeds) takes a few minutes on 2 cores; `--dataset mnist` is MNIST-5k.
 """
@@ -43,6 +46,7 @@ from fedzoo.cards import ModelCard, is_supernet
 from fedzoo.cloud.data import dirichlet_partition, load_dataset, split_dataset
 from fedzoo.cloud.pipeline import PRESETS, BuildConfig, build_zoo
 from fedzoo.cloud.zoo_extraction import SupernetSpec, read_weights_npz, subnet_module, supernet_weights
+from fedzoo.nas.space import SearchSpace
 from fedzoo.nas.subnet import evaluate_accuracy, recalibrate_batchnorm
 from fedzoo.nas.subnet_mapping import extract_weights, map_back
 from fedzoo.server.fl.per_element import CoverageSum, coverage_report, is_statistic, step_supernet
@@ -120,7 +124,7 @@ def deployed(models: dict[int, nn.Module], devices: list[Device]) -> tuple[float
     return float(np.average(accuracies, weights=sizes)), float(np.mean(worst))
 
 
-def zoo_wide(spec: SupernetSpec, tier_cards: list[ModelCard], initial_weights: dict[str, np.ndarray],
+def zoo_wide(spec: SupernetSpec, tier_archs: list[dict], initial_weights: dict[str, np.ndarray],
              devices: list[Device], rounds: int, local_epochs: int, seed: int, cloud_x: np.ndarray,
              trained_tiers: set[int]) -> tuple[dict[int, nn.Module], dict[str, np.ndarray], float, dict[str, float]]:
     """Arm B: the devices of `trained_tiers` train their tier's subnet; the server maps each delta onto the supernet,
@@ -129,16 +133,16 @@ def zoo_wide(spec: SupernetSpec, tier_cards: list[ModelCard], initial_weights: d
     weights, strategy, server_s, coverage, models = dict(initial_weights), FedAvg(), 0.0, {}, {}
     training = [device for device in devices if device.tier in trained_tiers]
     for round_number in range(rounds):
-        deltas = [train_locally(subnet_module(spec, tier_cards[device.tier].arch, weights), device.x, device.y,
+        deltas = [train_locally(subnet_module(spec, tier_archs[device.tier], weights), device.x, device.y,
                                 local_epochs, seed * 1000 + round_number * 100 + index)
                   for index, device in enumerate(training)]
         started = time.perf_counter()
         total = CoverageSum({name: value.shape for name, value in weights.items()})
         for device, delta in zip(training, deltas):
-            total.add(map_back(spec.space, tier_cards[device.tier].arch, weights, delta), len(device.y))
+            total.add(map_back(spec.space, tier_archs[device.tier], weights, delta), len(device.y))
         weights, released = step_supernet(strategy, weights, total, min_coverage=1)
         for tier in range(TIERS):
-            models[tier] = subnet_module(spec, tier_cards[tier].arch, weights)
+            models[tier] = subnet_module(spec, tier_archs[tier], weights)
             recalibrate_batchnorm(models[tier], cloud_x)
         server_s += time.perf_counter() - started
         report = coverage_report(total.counts, released)
@@ -149,13 +153,31 @@ def zoo_wide(spec: SupernetSpec, tier_cards: list[ModelCard], initial_weights: d
     return models, weights, server_s, coverage
 
 
+def elastic_archs(space: SearchSpace, elasticity: str) -> list[dict]:
+    """Tier archs that differ in one dimension only (the rest at the largest choice), smallest tier first."""
+    def pick(choices: tuple[int, ...], tier: int) -> int:
+        ordered = sorted(choices)
+        return ordered[round(tier * (len(ordered) - 1) / (TIERS - 1))]
+
+    stages, depth = len(space.stages), space.max_depth
+    archs = []
+    for tier in range(TIERS):
+        depths = [pick(space.depth_choices, tier) if elasticity == "depth" else depth] * stages
+        kernel = pick(space.kernel_choices, tier) if elasticity == "kernel" else space.max_kernel
+        ratio = pick(space.expand_ratio_choices, tier) if elasticity == "width" else space.max_expand_ratio
+        archs.append(space.make_arch(depths, [[kernel] * depth] * stages, [[ratio] * depth] * stages))
+    return archs
+
+
 def run_seed(zoo_dir: Path, dataset: str, num_devices: int, rounds: int, local_epochs: int, seed: int,
-             ablations: bool) -> dict:
+             ablations: bool, elasticity: str) -> dict:
     zoo = Zoo(zoo_dir)
     supernet_card = next(card for card in zoo.cards() if is_supernet(card))
     spec = SupernetSpec.from_card(supernet_card)
     members = sorted((card for card in zoo.cards() if not is_supernet(card)), key=lambda card: card.macs)
     tier_cards = [members[round(index * (len(members) - 1) / (TIERS - 1))] for index in range(TIERS)]
+    tier_archs = ([card.arch for card in tier_cards] if elasticity == "zoo"
+                  else elastic_archs(spec.space, elasticity))
     initial_weights = read_weights_npz(zoo.blob_path(supernet_card.artifacts["supernet_weights"]).read_bytes())
     split = split_dataset(load_dataset(dataset), seed=0)
     held = PRESETS["tiny"].max_train_examples
@@ -179,27 +201,27 @@ def run_seed(zoo_dir: Path, dataset: str, num_devices: int, rounds: int, local_e
         return state_of(module)
 
     result: dict = {"bytes": {}, "server_s": {}}
-    params = {tier: sum(value.size for name, value in extract_weights(spec.space, tier_cards[tier].arch,
+    params = {tier: sum(value.size for name, value in extract_weights(spec.space, tier_archs[tier],
                                                                       initial_weights).items()
                         if not is_statistic(name)) for tier in range(TIERS)}
     per_device_bytes = float(np.mean([2 * 4 * params[device.tier] for device in devices]))
 
     # A: one FedAvg plan per tier
-    states = {tier: zoo_state(tier_cards[tier].arch) for tier in range(TIERS)}
-    result["before"] = {tier: evaluate_accuracy(load_state(subnet_module(spec, tier_cards[tier].arch, initial_weights),
+    states = {tier: zoo_state(tier_archs[tier]) for tier in range(TIERS)}
+    result["before"] = {tier: evaluate_accuracy(load_state(subnet_module(spec, tier_archs[tier], initial_weights),
                                                            states[tier]), test_x, test_y)[0] for tier in range(TIERS)}
     server_s = 0.0
     for round_number in range(rounds):
         for tier in range(TIERS):
             members_of_tier = [device for device in devices if device.tier == tier]
-            deltas = [train_locally(load_state(subnet_module(spec, tier_cards[tier].arch, initial_weights), states[tier]),
+            deltas = [train_locally(load_state(subnet_module(spec, tier_archs[tier], initial_weights), states[tier]),
                                     device.x, device.y, local_epochs, seed * 1000 + round_number * 100 + index)
                       for index, device in enumerate(members_of_tier)]
             started = time.perf_counter()
             mean = fedavg(deltas, [len(device.y) for device in members_of_tier])
             states[tier] = {name: value + mean[name] for name, value in states[tier].items()}
             server_s += time.perf_counter() - started
-    models_a = {tier: load_state(subnet_module(spec, tier_cards[tier].arch, initial_weights), states[tier])
+    models_a = {tier: load_state(subnet_module(spec, tier_archs[tier], initial_weights), states[tier])
                 for tier in range(TIERS)}
     result["A"] = {tier: evaluate_accuracy(models_a[tier], test_x, test_y)[0] for tier in range(TIERS)}
     result["A_deployed"] = deployed(models_a, devices)
@@ -207,28 +229,28 @@ def run_seed(zoo_dir: Path, dataset: str, num_devices: int, rounds: int, local_e
     result["server_s"]["A"] = server_s / rounds
 
     # B: zoo-wide, per element over the supernet
-    models_b, weights, server_s, coverage = zoo_wide(spec, tier_cards, initial_weights, devices, rounds, local_epochs,
+    models_b, weights, server_s, coverage = zoo_wide(spec, tier_archs, initial_weights, devices, rounds, local_epochs,
                                                      seed, cloud_x, set(range(TIERS)))
     result["B"] = {tier: evaluate_accuracy(models_b[tier], test_x, test_y)[0] for tier in range(TIERS)}
-    result["B_device_statistics"] = {tier: evaluate_accuracy(subnet_module(spec, tier_cards[tier].arch, weights),
+    result["B_device_statistics"] = {tier: evaluate_accuracy(subnet_module(spec, tier_archs[tier], weights),
                                                              test_x, test_y)[0] for tier in range(TIERS)}
     result["B_deployed"] = deployed(models_b, devices)
     result["bytes"]["B"] = per_device_bytes
     result["server_s"]["B"] = server_s / rounds
     result["coverage"] = coverage
     for name, tiers in ABLATIONS.items() if ablations else ():
-        models, _, _, _ = zoo_wide(spec, tier_cards, initial_weights, devices, rounds, local_epochs, seed, cloud_x, tiers)
+        models, _, _, _ = zoo_wide(spec, tier_archs, initial_weights, devices, rounds, local_epochs, seed, cloud_x, tiers)
         result[f"B_{name}"] = {tier: evaluate_accuracy(models[tier], test_x, test_y)[0] for tier in range(TIERS)}
 
     # R1: the smallest model trained by all devices
-    state = zoo_state(tier_cards[0].arch)
+    state = zoo_state(tier_archs[0])
     for round_number in range(rounds):
-        deltas = [train_locally(load_state(subnet_module(spec, tier_cards[0].arch, initial_weights), state),
+        deltas = [train_locally(load_state(subnet_module(spec, tier_archs[0], initial_weights), state),
                                 device.x, device.y, local_epochs, seed * 1000 + round_number * 100 + index)
                   for index, device in enumerate(devices)]
         mean = fedavg(deltas, [len(device.y) for device in devices])
         state = {name: value + mean[name] for name, value in state.items()}
-    smallest = load_state(subnet_module(spec, tier_cards[0].arch, initial_weights), state)
+    smallest = load_state(subnet_module(spec, tier_archs[0], initial_weights), state)
     result["R1_smallest_by_all"] = evaluate_accuracy(smallest, test_x, test_y)[0]
     result["R1_deployed"] = deployed({tier: smallest for tier in range(TIERS)}, devices)
 
@@ -247,7 +269,7 @@ def run_seed(zoo_dir: Path, dataset: str, num_devices: int, rounds: int, local_e
             batch = order[start:start + BATCH_SIZE]
             if len(batch) < 2:
                 continue
-            supernet.set_active(tier_cards[int(rng.integers(TIERS))].arch)
+            supernet.set_active(tier_archs[int(rng.integers(TIERS))])
             optimizer.zero_grad()
             nn.functional.cross_entropy(supernet(torch.from_numpy(pooled_x[batch])),
                                         torch.from_numpy(pooled_y[batch])).backward()
@@ -255,11 +277,12 @@ def run_seed(zoo_dir: Path, dataset: str, num_devices: int, rounds: int, local_e
     central = supernet_weights(supernet.eval())
     models_r2 = {}
     for tier in range(TIERS):
-        models_r2[tier] = subnet_module(spec, tier_cards[tier].arch, central)
+        models_r2[tier] = subnet_module(spec, tier_archs[tier], central)
         recalibrate_batchnorm(models_r2[tier], cloud_x)
     result["R2_central"] = {tier: evaluate_accuracy(models_r2[tier], test_x, test_y)[0] for tier in range(TIERS)}
     result["R2_deployed"] = deployed(models_r2, devices)
-    result["tiers"] = [card.id for card in tier_cards]
+    result["tiers"] = ([card.id for card in tier_cards] if elasticity == "zoo"
+                       else [f"{elasticity}-only tier {tier}" for tier in range(TIERS)])
     result["devices"] = len(devices)
     return result
 
@@ -279,6 +302,8 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--out", type=Path, default=Path("/tmp/fedzoo-bench-zoo"))
     parser.add_argument("--ablations", action="store_true", help="also run B with the lowest / the top tier off")
+    parser.add_argument("--elasticity", choices=("zoo", "width", "depth", "kernel"), default="zoo",
+                        help="the tiers' subnets: the zoo's models, or archs differing only in width, depth or kernel")
     args = parser.parse_args()
     torch.set_num_threads(1)
     zoo_dir = args.out / f"zoo-{args.dataset}"
@@ -288,7 +313,8 @@ def main() -> None:
                               training_graphs=False, executor="in-process", zoo_min_size=TIERS, zoo_max_size=8))
         print(f"zoo built in {time.perf_counter() - started:.0f} s (tiny preset, {PRESETS['tiny'].max_train_examples} "
               "cloud examples)")
-    results = [run_seed(zoo_dir, args.dataset, args.devices, args.rounds, args.local_epochs, int(seed), args.ablations)
+    results = [run_seed(zoo_dir, args.dataset, args.devices, args.rounds, args.local_epochs, int(seed), args.ablations,
+                        args.elasticity)
                for seed in args.seeds.split(",")]
     first = results[0]
     print(f"\n{args.dataset}: {first['devices']} devices in {TIERS} tiers, {args.rounds} rounds x {args.local_epochs} "

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from fedzoo.cards import SUPERNET_DETAILS, Metrics, ModelCard
@@ -241,7 +242,12 @@ class ZooPlan:
                                                  "its metrics are the supernet card's"}},
         })
         card = sign_card(card, self.signing_key, now=self.context.clock())
-        registry.publish(session, self.context.store, self.estimator, card)
+        try:
+            with session.begin_nested():  # two workers seating devices of one arch at once: one card wins
+                registry.publish(session, self.context.store, self.estimator, card)
+        except IntegrityError:
+            if session.get(ModelRecord, card_id) is None:
+                raise
         return card_id
 
     # screening and aggregation ------------------------------------------------------------------------
