@@ -323,6 +323,12 @@ class FedzooClient:
             "POST", "/v1/fl/rounds", json=config, expected=(201,), headers={"Authorization": f"Bearer {admin_token}"}
         ).json()
 
+    def create_zoo_rounds(self, config: dict[str, Any], admin_token: str) -> dict[str, Any]:
+        """Admin: start a zoo-wide plan on the zoo's supernet card (POST /v1/fl/zoo-rounds)."""
+        return self.http.request(
+            "POST", "/v1/fl/zoo-rounds", json=config, expected=(201,), headers={"Authorization": f"Bearer {admin_token}"}
+        ).json()
+
     def create_enrollment_token(self, admin_token: str, max_uses: int = 1, expires_in_s: int | None = None,
                                 label: str | None = None, device_class: str | None = None) -> dict[str, Any]:
         """Admin: a new enrollment token (POST /v1/enrollment-tokens); its `token` is in this answer only."""

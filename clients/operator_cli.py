@@ -438,3 +438,73 @@ def revoke_device(api: FedzooHTTP, device_id: str) -> None:
 from fedzoo.cloud.simulate_cli import simulate  # noqa: E402
 
 fl.add_command(simulate)
+
+
+@fl.group()
+def zoo() -> None:
+    """Zoo-wide plans: every device trains its tier's subnet, every zoo model improves (docs/zoo-federated.md)."""
+
+
+@zoo.command(name="start")
+@click.argument("config_file", type=click.File("r"))
+@click.option("--admin-token", envvar="FEDZOO_ADMIN_TOKEN", required=True, help="admin token (or $FEDZOO_ADMIN_TOKEN)")
+@click.option("--server", envvar="FEDZOO_SERVER", default=DEFAULT_SERVER, show_default=True, callback=_server_url,
+              help="server URL (or $FEDZOO_SERVER)")
+@format_option
+def start_zoo_plan(config_file, admin_token: str, server: str, output_format: str) -> None:
+    """Start a zoo-wide plan from a JSON file: a round configuration whose `model_id` is the zoo's supernet card,
+    with `zoo` settings (latency_budget_ms, latency_budget_ms_by_class, calibration_sha256, min_coverage)."""
+    try:
+        config = json.load(config_file)
+    except json.JSONDecodeError as error:
+        raise click.BadParameter(f"{config_file.name} is not JSON: {error}", param_hint="CONFIG_FILE") from None
+    with FedzooHTTP(server, token=admin_token, retry=RetryPolicy(max_attempts=1)) as api:
+        view = api.request("POST", "/v1/fl/zoo-rounds", json=config, expected=(201,)).json()
+    if output_format == "json":
+        print_json(view)
+        return
+    click.echo(f"zoo-wide plan started: round {view['id']} on supernet {view['base_model_id']} "
+               f"({view['rounds_remaining']} round(s)); follow it with `fedzoo fl rounds watch {view['id']}`")
+
+
+def zoo_round_report(view: dict[str, Any]) -> dict[str, Any]:
+    """The operator's view of a zoo-wide round: coverage per layer, each model's accuracy before and after, bytes."""
+    zoo_outcome = (view.get("outcome") or {}).get("zoo")
+    if zoo_outcome is None:
+        raise click.ClickException(f"round {view['id']} is {view['state']} and has no zoo-wide outcome "
+                                   "(not a zoo-wide round, or not aggregated yet)")
+    return {"round_id": view["id"], "state": view["state"], "supernet_id": zoo_outcome["supernet_id"],
+            "new_supernet_id": view.get("result_model_id"), "new_versions": zoo_outcome.get("new_versions", 0),
+            "devices_per_zoo_model": zoo_outcome["devices_per_zoo_model"], "coverage": zoo_outcome["coverage"],
+            "models": zoo_outcome.get("models", []), "bytes": zoo_outcome.get("bytes", {}),
+            "server_seconds": {"aggregation": zoo_outcome.get("aggregation_s"),
+                               "publication": zoo_outcome.get("publication_s")}}
+
+
+@zoo.command(name="show")
+@click.argument("round_id", type=click.IntRange(min=1))
+@format_option
+@server_options
+def show_zoo_round(api: FedzooHTTP, round_id: int, output_format: str) -> None:
+    """Coverage per supernet layer, each zoo model's accuracy before and after, and bytes of a zoo-wide round."""
+    report = zoo_round_report(api.get_json(f"/v1/fl/rounds/{round_id}"))
+    if output_format == "json":
+        print_json(report)
+        return
+    coverage = report["coverage"]
+    print_fields(f"zoo-wide round {round_id}", [
+        ("state", styled_state(report["state"])), ("supernet", report["supernet_id"]),
+        ("new supernet", report["new_supernet_id"]), ("new model versions", report["new_versions"]),
+        ("parameters", coverage["parameters"]), ("released", coverage["released"]),
+        ("uncovered", coverage["uncovered"]), ("covered by one device", coverage["single_device"]),
+        *[(f"bytes.{name}", value) for name, value in report["bytes"].items()],
+        *[(f"server seconds.{name}", value) for name, value in report["server_seconds"].items()]])
+    print_table("coverage per layer", ("layer", "elements", "released", "uncovered", "single", "min", "mean", "max"),
+                [(layer, row["elements"], row["released"], row["uncovered"], row["single"], row["min_count"],
+                  row["mean_count"], row["max_count"]) for layer, row in coverage["by_layer"].items()])
+    print_table("zoo models", ("model", "devices", "accuracy before", "after", "with device BN stats", "published",
+                               "new version"),
+                [(model["model_id"], report["devices_per_zoo_model"].get(model["model_id"], 0),
+                  _fraction(model["accuracy_before"]), _fraction(model["accuracy_after"]),
+                  _fraction(model["accuracy_with_device_statistics"]), model["published"], model.get("new_model_id"))
+                 for model in report["models"]])

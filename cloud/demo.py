@@ -11,6 +11,7 @@ that cannot run ends the demo with a one-line reason and a non-zero exit status.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import secrets
@@ -223,6 +224,55 @@ def stage_federated(run: DemoRun) -> str:
             f"costs 20-30 accuracy points (docs/privacy.md), so the demo runs none rather than report a hollow one")
 
 
+def stage_zoo_round(run: DemoRun) -> str:
+    """One zoo-wide round (docs/zoo-federated.md): two tiers of devices train the subnets their lookups pick, and
+    every zoo model is re-extracted from the improved supernet and re-published behind the accuracy gate."""
+    from fedzoo.cards import is_supernet
+    from fedzoo.clients.client import FedzooClient
+    from fedzoo.clients.participation import participate_once
+    from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
+
+    zoo = Zoo(run.zoo_dir)
+    supernet = next(card for card in zoo.cards() if is_supernet(card))
+    smallest = min((card for card in zoo.cards() if DEVICE_CLASS in card.latency_ms and card.precision == "fp32"
+                    and card.pruning is None and not is_supernet(card)), key=lambda card: card.macs)
+    admin = FedzooClient(run.server_url, cache_dir=run.workdir / "zoo-round-admin")
+    calibration = io.BytesIO()
+    np.savez(calibration, x=run.split.validation.x)
+    # the small tier (this machine's class) may spend 1.5x the smallest model's latency, the other tier anything
+    config = {"model_id": supernet.id, "evaluation_sha256": run.evaluation_sha256, "min_clients": 4,
+              "target_clients": 4, "over_selection": 0.0, "deadline_s": 300, "local_epochs": 1, "batch_size": 32,
+              "learning_rate": 0.01, "max_accuracy_drop": 0.01,
+              "zoo": {"latency_budget_ms": 1e5, "calibration_sha256": admin.publish_blob(calibration.getvalue(),
+                                                                                          run.admin_token),
+                      "latency_budget_ms_by_class": {DEVICE_CLASS: 1.5 * smallest.latency_ms[DEVICE_CLASS].median_ms}}}
+    round_id = admin.create_zoo_rounds(config, run.admin_token)["id"]
+    enrollment_token = admin.create_enrollment_token(run.admin_token, max_uses=4, label="demo zoo-wide round")["token"]
+    for index in range(4):
+        profile = DeviceProfile(device_id=f"demo-zoo-{os.getpid()}-{index}", platform="linux-x86_64",
+                                device_class=DEVICE_CLASS if index % 2 == 0 else None,
+                                cpu=CpuInfo(model="virtual", cores=1), memory_mb=2048,
+                                runtime=RuntimeInfo(onnxruntime="simulated", threads=1))
+        with FedzooClient(run.server_url, cache_dir=run.workdir / f"zoo-device-{index}") as device:
+            device.register(profile, enrollment_token)
+            participate_once(device, "mnist", run.federation.client_data(index), "fp32")
+    view = admin.fl_round(round_id)
+    while view["state"] in ("open", "collecting", "aggregating"):
+        time.sleep(0.2)
+        view = admin.fl_round(round_id)
+    admin.close()
+    outcome = (view.get("outcome") or {}).get("zoo")
+    if outcome is None:
+        return f"zoo-wide round {round_id} {view['state']}: {(view.get('outcome') or {}).get('failure')}"
+    changes = "; ".join(f"{model['model_id']} {model['accuracy_before']:.4f} -> {model['accuracy_after']:.4f} "
+                        f"({100 * (model['accuracy_after'] - model['accuracy_before']):+.2f} points"
+                        f"{', new version ' + model['new_model_id'] if model['published'] else ', not published'})"
+                        for model in outcome["models"])
+    return (f"zoo-wide round {round_id} {view['state']}: devices trained {len(outcome['devices_per_zoo_model'])} "
+            f"subnets, {outcome['coverage']['released']} of {outcome['coverage']['parameters']} supernet parameters "
+            f"moved; {outcome['new_versions']} of {len(outcome['models'])} zoo models got a new version: {changes}")
+
+
 class StageError(FedzooError):
     """A demo stage that cannot run: the message is the one-line reason the demo ends with."""
 
@@ -328,6 +378,7 @@ STAGES: list[tuple[str, Callable[[DemoRun], str]]] = [
     ("model server: import the zoo and serve it", stage_serve),
     ("device: register, look up, download, run, report latency", stage_client),
     ("federated rounds driven by the server", stage_federated),
+    ("a zoo-wide round: every tier trains its subnet, every zoo model improves", stage_zoo_round),
     ("a Java SDK device beside two Python ones in a SecAgg+ round", stage_java_device),
 ]
 

@@ -39,6 +39,7 @@ from fedzoo.cards import InputSpec, Latency, Metrics, ModelCard, Normalisation
 from fedzoo.cloud.data import DatasetSplit, Subset, load_dataset, split_dataset
 from fedzoo.cloud.executors import Executor, make_executor
 from fedzoo.cloud.training_graphs import attach_training_graphs
+from fedzoo.cloud.zoo_extraction import write_supernet_card
 from fedzoo.compress.pipeline import compress_zoo
 from fedzoo.edge.device_profile import usable_cores
 from fedzoo.errors import FedzooError, InvalidInputError
@@ -541,6 +542,11 @@ def build_zoo(
             for index, candidate in enumerate(chosen):
                 cards.append(write_card(zoo, config, split, parts, supernet, candidate, estimator.device_class, details))
                 reporter.advance(index + 1)
+            # the zoo carries its supernet, which zoo-wide federated plans improve (docs/zoo-federated.md)
+            largest = prepare_subnet(supernet, space.max_arch(), parts["train"].x[: preset.calibration_examples])
+            accuracy, loss = evaluate_accuracy(largest, parts["test"].x, parts["test"].y)
+            write_supernet_card(zoo, supernet.to(memory_format=torch.contiguous_format), cards[0],
+                                Metrics(accuracy=accuracy, loss=loss, split="test", num_examples=len(parts["test"].y)))
 
         # the fine-tuning after pruning (97% of the compress stage's time, measured) is training too: it runs
         # with the build's thread count, not torch's default of one thread per core

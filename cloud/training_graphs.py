@@ -17,7 +17,7 @@ from pathlib import Path
 
 import onnx
 
-from fedzoo.cards import ModelCard
+from fedzoo.cards import ModelCard, is_supernet
 from fedzoo.cloud.autodiff import Trainable, build_training_graph, resolve_trainable
 from fedzoo.errors import InvalidInputError
 from fedzoo.zoo import Zoo
@@ -33,7 +33,7 @@ def _describe(trainable: Trainable, parameters: list[str], loss: str, trains_car
 def attach_training_graphs(zoo_dir: str | Path, trainable: Trainable = "all", loss: str = "cross_entropy") -> list[str]:
     """Build and store a training graph for every card that lacks an up-to-date one; returns the updated card ids."""
     zoo = Zoo(zoo_dir)
-    cards = {card.id: card for card in zoo.cards()}
+    cards = {card.id: card for card in zoo.cards() if not is_supernet(card)}  # the supernet is data, not trained
     fp32_ids = {card.id for card in cards.values() if card.precision == "fp32"}
     for card in cards.values():
         if card.precision != "fp32" and card.parent_id not in fp32_ids:

@@ -9,6 +9,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from fedzoo.cards import is_supernet
 from fedzoo.cloud.data import load_dataset, split_dataset
 from fedzoo.compress.finetune import FineTuning
 from fedzoo.compress.pipeline import REPORT_NAME, CompressionReport, compress_zoo
@@ -21,7 +22,7 @@ from fedzoo.zoo import Zoo
 
 
 def _dataset_of(zoo: Zoo) -> str:
-    tasks = sorted({card.task for card in zoo.cards() if card.parent_id is None})
+    tasks = sorted({card.task for card in zoo.cards() if card.parent_id is None and not is_supernet(card)})
     if len(tasks) != 1:
         raise InvalidInputError(f"the zoo's root cards have tasks {tasks}; name the data set with --dataset", field="dataset")
     return tasks[0]

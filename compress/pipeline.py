@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedzoo.cards import Latency, Metrics, ModelCard, Pruning
+from fedzoo.cards import Latency, Metrics, ModelCard, Pruning, is_supernet
 from fedzoo.cloud.data import DatasetSplit
 from fedzoo.compress.errors import CalibrationDataError
 from fedzoo.compress.export import DEFAULT_TOLERANCE, ExportMismatchError, export_checked, load_onnx_file, max_abs_difference
@@ -451,7 +451,7 @@ def compress_zoo(
         accuracy_tolerance_points, tuple(sorted(pruning_ratios, reverse=True)), pruning_method, pruning_scope,
         fine_tuning, calibration, calibration_count, tuple(int8_recipes), timed_runs,
     )  # fmt: skip
-    roots = [card for card in zoo.cards() if card.precision == "fp32" and card.parent_id is None]
+    roots = [card for card in zoo.cards() if card.precision == "fp32" and card.parent_id is None and not is_supernet(card)]
     with tempfile.TemporaryDirectory(prefix="fedzoo-compress-") as staging:
         compressor = _Compressor(zoo, split, build_model or default_model_builder(zoo), settings, Path(staging))
         parents = [compressor.root(card) for card in roots]

@@ -166,6 +166,14 @@ class ModelCard(_Strict):
             raise card_error(error) from None
 
 
+SUPERNET_DETAILS = "supernet"  # details key of a zoo's supernet card (fedzoo.cloud.zoo_extraction)
+
+
+def is_supernet(card: ModelCard) -> bool:
+    """A zoo's supernet card: data for zoo-wide federated plans, never compressed, trained or served itself."""
+    return SUPERNET_DETAILS in card.details
+
+
 def card_error(error: ValidationError) -> InvalidInputError:
     """Turn pydantic's report into one error naming the first bad field, e.g. `metrics.accuracy`."""
     first = error.errors()[0]

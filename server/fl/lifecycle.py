@@ -32,6 +32,7 @@ from fedzoo.server.fl.models import ACTIVE_STATES, FLRound
 from fedzoo.server.fl.round_context import RoundContext
 from fedzoo.server.fl.schemas import RoundConfig
 from fedzoo.server.fl.strategies import Strategy
+from fedzoo.server.fl.zoo_plan import round_identity
 
 log = logging.getLogger(__name__)
 AGGREGATION_LEASE_S = 4.0  # renewed every LEASE_RENEWAL_S while the owner works: a crash costs at most this
@@ -52,9 +53,10 @@ class RoundLifecycle:
         """Open round `number` of a plan on `card` (raises `PrivacyBudgetExhausted` when over the ε budget)."""
         ledger = self.context.private.ledger_for_next_round(session, config, card, previous, remaining)  # raises over budget
         now = self.context.clock()
+        task, family = round_identity(card)
         round_row = FLRound(
-            task=card.task,
-            family=card.family,
+            task=task,
+            family=family,
             number=number,
             rounds_remaining=remaining,
             previous_round_id=previous.id if previous else None,

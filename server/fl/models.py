@@ -177,3 +177,16 @@ class FLQuarantine(Base):
     reason: Mapped[str] = mapped_column(Text)
     quarantined_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
     released_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class FLSubnetAssignment(Base):
+    """In a zoo-wide round, the subnet a selected device trains: the zoo model its lookup chose under its budget,
+    and the training card extracted for that model's arch from the round's supernet."""
+
+    __tablename__ = "fl_subnet_assignments"
+
+    round_id: Mapped[int] = mapped_column(ForeignKey("fl_rounds.id", ondelete="CASCADE"), primary_key=True)
+    device_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    zoo_model_id: Mapped[str] = mapped_column(String(128), doc="the zoo model lookup chose for the device")
+    training_model_id: Mapped[str] = mapped_column(String(128), doc="the subnet card the device trains")
+    arch_json: Mapped[str] = mapped_column(Text, doc="the subnet's arch")

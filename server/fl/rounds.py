@@ -77,7 +77,8 @@ from fedzoo.server.fl.stages.collection import Collection
 from fedzoo.server.fl.stages.publication import Publication
 from fedzoo.server.fl.stages.screening import record_screening, root_update, screen_round
 from fedzoo.server.fl.stages.selection import Selection
-from fedzoo.server.fl.strategies import ClientUpdate, make_strategy, require_secure_aggregation_support
+from fedzoo.server.fl.strategies import ClientUpdate, Strategy, make_strategy, require_secure_aggregation_support
+from fedzoo.server.fl.zoo_plan import ZooPlan, is_zoo
 from fedzoo.server.latency import LatencyEstimator
 from fedzoo.server.models import DeviceRecord
 from fedzoo.signing import CardSigningKey
@@ -106,7 +107,8 @@ class RoundService:
                                     PrivateRounds(database, clock, dp_line_max_epsilon), max_examples_per_update)
         self.private = self.context.private
         self.lifecycle = RoundLifecycle(self.context, aggregation_lease_s)
-        self.selection = Selection(self.context)
+        self.zoo = ZooPlan(self.context, estimator, signing_key)
+        self.selection = Selection(self.context, self.zoo)
         self.collection = Collection(self.context)
         self.aggregation = Aggregation(self.context, spill_dir)
         self.publication = Publication(self.context, estimator, signing_key)
@@ -120,6 +122,8 @@ class RoundService:
     def create_round(self, config: RoundConfig) -> int:
         """Open the first round of a plan of `config.num_rounds` rounds; returns its id."""
         strategy = make_strategy(config.strategy)  # refuse a bad strategy now, not at aggregation
+        if is_zoo(config):
+            return self._create_zoo_round(config, strategy)
         if is_private(config):
             require_secure_aggregation_support(strategy)  # DP, too, needs only the equal-weighted sum
             self._check_secure_cohort(config)
@@ -142,6 +146,17 @@ class RoundService:
                                                       remaining=config.num_rounds, previous=None)
             except PrivacyBudgetExhausted as error:
                 raise InvalidInputError(str(error), field="privacy.dp.max_epsilon") from None
+            return round_row.id
+
+    def _create_zoo_round(self, config: RoundConfig, strategy: Strategy) -> int:
+        """Open the first round of a zoo-wide plan on a supernet card (`fedzoo.server.fl.zoo_plan`)."""
+        if config.max_examples_per_update is None:
+            config = config.model_copy(update={"max_examples_per_update": self.context.max_examples_per_update})
+        with self.database.session() as session:
+            supernet = self.zoo.check_plan(session, config, strategy)
+            self._check_evaluation_set(config.evaluation_sha256, supernet.card)
+            round_row = self.lifecycle.open_round(session, config, supernet.card, number=1,
+                                                  remaining=config.num_rounds, previous=None)
             return round_row.id
 
     @staticmethod
@@ -293,12 +308,16 @@ class RoundService:
             round_row = session.get(FLRound, round_id)
             round_number, plan_id = round_row.number, round_row.plan_id
             config = RoundConfig.model_validate_json(round_row.config_json)
-            base = self.base_model(session, round_row.base_model_id)
             rows = list(session.scalars(select(FLUpdate).where(FLUpdate.round_id == round_id).order_by(FLUpdate.id)))
             revoked = frozenset(session.scalars(select(DeviceRecord.id).where(
                 DeviceRecord.id.in_({row.device_id for row in rows}), DeviceRecord.revoked_at.is_not(None))))
-            previous_state = round_row.strategy_state_sha256
+            previous_state, base_model_id = round_row.strategy_state_sha256, round_row.base_model_id
         strategy = self.aggregation.strategy(config, previous_state)
+        if is_zoo(config):
+            self._aggregate_zoo(round_id, config, rows, revoked, strategy)
+            return
+        with self.database.session() as session:
+            base = self.base_model(session, base_model_id)
         try:
             root = root_update(self.context, base, config, round_number)
         except FedzooError as error:
@@ -341,6 +360,37 @@ class RoundService:
             card = self.publication.publish(session, round_row, base, sha256, len(candidate.onnx_bytes),
                                             candidate.measured, summary)
             self.lifecycle.close(session, round_row, card, strategy, summary)
+
+    def _aggregate_zoo(self, round_id: int, config: RoundConfig, rows: list[FLUpdate], revoked: frozenset[str],
+                       strategy: Strategy) -> None:
+        """A zoo-wide round: screening per subnet, per-element aggregation onto the supernet, every zoo model
+        re-extracted and measured, then the new supernet and the models that pass the gate published."""
+        with self.database.session() as session:
+            round_row = session.get(FLRound, round_id)
+            supernet = self.zoo.supernet(session, round_row.base_model_id)
+            screening = self.zoo.screen(session, rows, config, revoked)
+            members = self.zoo.members(session, supernet)
+            variants = {member.id: self.zoo.int8_variants(session, supernet, member) for member in members}
+        summary = screening.summary
+        if len(screening.kept) < config.min_clients:
+            self._refuse(round_id, rows, screening.screened, summary,
+                         f"only {len(screening.kept)} of {len(rows)} updates passed screening; "
+                         f"the round needs {config.min_clients}")
+            return
+        try:
+            outcome = self.zoo.aggregate(round_id, config, supernet, rows, screening, strategy)
+            publication = self.zoo.re_extract(config, supernet, outcome.weights, members, variants)
+        except FedzooError as error:
+            self._refuse(round_id, rows, screening.screened, summary, f"aggregation failed: {error}")
+            return
+        crash_point("aggregation.publishing")
+        with self.database.session() as session:
+            round_row = self.lifecycle.finish_if_owner(session, round_id, "closed")
+            if round_row is None:
+                return
+            record_screening(session, rows, outcome.screened)
+            card = self.zoo.publish(session, round_row, supernet, outcome.weights, publication, outcome.summary)
+            self.lifecycle.close(session, round_row, card, strategy, outcome.summary)
 
     def _refuse(self, round_id: int, rows: list[FLUpdate], screened: list[Screened], summary: dict[str, Any],
                 reason: str) -> None:

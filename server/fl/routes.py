@@ -90,6 +90,22 @@ def service() -> RoundService:
 def create_round() -> Response:
     require_admin_token()
     config = json_body(RoundConfig, strict=False)
+    if config.zoo is not None:
+        raise ValidationFailed("a zoo-wide plan starts with POST /v1/fl/zoo-rounds", field="zoo")
+    round_id = service().create_round(config)
+    return json_response(RoundView(**service().round_view(round_id)), status=201)
+
+
+@documented(blueprint, "POST", "/v1/fl/zoo-rounds",
+            summary="Start a zoo-wide plan: each device trains the subnet its lookup picks, the supernet and every "
+                    "zoo model improve (docs/zoo-federated.md)",
+            auth="admin", request=RoundConfig, response=RoundView, status=201, errors=(403, 404, 422))
+def create_zoo_round() -> Response:
+    require_admin_token()
+    config = json_body(RoundConfig, strict=False)
+    if config.zoo is None:
+        raise ValidationFailed("a zoo-wide plan needs its `zoo` settings (latency_budget_ms, calibration_sha256)",
+                               field="zoo")
     round_id = service().create_round(config)
     return json_response(RoundView(**service().round_view(round_id)), status=201)
 

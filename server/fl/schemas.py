@@ -146,6 +146,30 @@ class PrivacySettings(_Request):
     dp: DpSettings | None = None
 
 
+class ZooSettings(_Request):
+    """A zoo-wide plan (docs/zoo-federated.md): every device trains the subnet its lookup picks under its budget,
+    and the server improves the supernet and re-publishes every zoo model from it."""
+
+    latency_budget_ms: float = Field(gt=0, le=1e6, description="the budget a device's lookup chooses its subnet under")
+    latency_budget_ms_by_class: dict[str, float] = Field(
+        default_factory=dict, description="budgets for some device classes (e.g. a tier of slow phones), overriding "
+                                          "latency_budget_ms for them")
+    calibration_sha256: str = Field(
+        pattern=SHA256_PATTERN,
+        description="blob of an .npz with `x` (N,C,H,W in [0,1]): the server's images that every re-extracted zoo "
+                    "model's BatchNorm statistics are recalibrated on (never the evaluation set)")
+    min_coverage: int = Field(default=1, ge=1, le=100_000,
+                              description="a supernet element moves only when at least this many devices covered it")
+
+    @field_validator("latency_budget_ms_by_class")
+    @classmethod
+    def _positive_budgets(cls, budgets: dict[str, float]) -> dict[str, float]:
+        for device_class, budget in budgets.items():
+            if not 0 < budget <= 1e6:
+                raise ValueError(f"the budget of class {device_class!r} must lie in (0, 1e6] ms, got {budget}")
+        return budgets
+
+
 class RoundConfig(_Request):
     """What an admin asks for: the model to fine-tune, how clients train, how many and by when.
 
@@ -198,6 +222,8 @@ class RoundConfig(_Request):
     privacy: PrivacySettings = Field(default_factory=lambda: PrivacySettings(),
                                      description="SecAgg+ and DP-FedAvg (docs/privacy.md); only FedAvg, FedProx and "
                                                  "FedAdam run under either")
+    zoo: ZooSettings | None = Field(default=None, description="set for a zoo-wide plan (POST /v1/fl/zoo-rounds), "
+                                                              "whose model_id names the zoo's supernet card")
 
     @model_validator(mode="after")
     def _target_at_least_minimum(self) -> RoundConfig:

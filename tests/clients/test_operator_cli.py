@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 
+import click
 import httpx
 import pytest
 from click.testing import CliRunner
@@ -334,3 +335,18 @@ def test_a_refused_token_is_the_servers_message_and_field(fleet, tmp_path):
                         "--format", "json")
     assert result.returncode == 1 and result.stdout == "" and "Traceback" not in result.stderr
     assert "(HTTP 401 invalid_token, field 'Authorization')" in result.stderr
+
+
+def test_zoo_show_of_a_round_without_a_zoo_outcome_is_a_message_not_a_traceback():
+    from fedzoo.clients.operator_cli import zoo_round_report
+
+    with pytest.raises(click.ClickException, match="round 3 is closed and has no zoo-wide outcome"):
+        zoo_round_report({"id": 3, "state": "closed", "outcome": {"metrics": {"accuracy": 0.9}}})
+
+
+def test_zoo_start_with_a_file_that_is_not_json_names_the_argument(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text("{not json")
+    result = CliRunner().invoke(cli, ["fl", "zoo", "start", str(plan), "--admin-token", "t", "--server",
+                                      "http://127.0.0.1:9"])
+    assert result.exit_code == 2 and "is not JSON" in result.output and "Traceback" not in result.output

@@ -9,14 +9,17 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from fedzoo.cards import is_supernet
 from fedzoo.cloud import pipeline
 from fedzoo.cloud.executors import InProcessExecutor, ProcessExecutor, make_executor
 from fedzoo.cloud.pipeline import BuildConfig, BuildInterrupted, build_zoo
+from fedzoo.cloud.zoo_extraction import WEIGHTS_ARTIFACT, SupernetSpec, read_weights_npz
 from fedzoo.errors import InvalidInputError
 from fedzoo.nas.devices import resolve_device
 from fedzoo.nas.latency import MacsLatencyModel
 from fedzoo.nas.pareto import dominates
 from fedzoo.nas.subnet import build_subnet, count_macs, count_params
+from fedzoo.nas.subnet_mapping import extract_weights
 from fedzoo.zoo import Zoo, sha256_of_file
 
 torch.set_num_threads(1)
@@ -36,7 +39,7 @@ def built(tmp_path_factory):
 @pytest.mark.slow
 def test_build_writes_at_least_eight_cards_that_rebuild_and_run(built):
     zoo = Zoo(built.zoo.root)
-    cards = zoo.cards()
+    cards = [card for card in zoo.cards() if not is_supernet(card)]
     assert len(cards) >= 8
     test = built.normalised["test"]
     for card in cards:
@@ -91,6 +94,21 @@ def test_workers_that_do_not_split_the_batch_evenly_are_refused_before_any_work(
         build_zoo(tiny_config(tmp_path / "zoo", training_workers=3))  # the tiny preset's batch is 16
     assert error.value.field == "workers" and "16" in str(error.value)
     assert not (tmp_path / "zoo").exists()
+
+
+def test_the_zoo_carries_its_supernet_and_every_model_is_a_subnet_of_it(built):
+    zoo = Zoo(built.zoo.root)
+    (supernet,) = [card for card in zoo.cards() if is_supernet(card)]
+    assert supernet.task == "digits.supernet" and supernet.arch == built.supernet.space.max_arch()
+    spec = SupernetSpec.from_card(supernet)
+    assert spec.space == built.supernet.space and (spec.task, spec.zoo_family) == ("digits", "ofa-mbv2")
+    weights = read_weights_npz(zoo.blob_path(supernet.artifacts[WEIGHTS_ARTIFACT]).read_bytes())
+    assert sha256_of_file(zoo.model_path(supernet)) == supernet.sha256
+    for card in built.cards:  # each model's weights are its arch's slice of the supernet (BN statistics recalibrated)
+        state = torch.load(zoo.blob_path(card.artifacts["torch_state"]))
+        for name, value in extract_weights(spec.space, card.arch, weights).items():
+            if not name.endswith(("running_mean", "running_var")):
+                np.testing.assert_allclose(state[name].numpy(), value, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLRefusedUploa
 from fedzoo.server.fl.round_context import RoundContext, as_utc, count_rows, find_round, has_update
 from fedzoo.server.fl.schemas import RoundConfig, Task, TaskResponse, UploadSpec, round_training
 from fedzoo.server.fl.strategies import make_strategy
+from fedzoo.server.fl.zoo_plan import ZooPlan, is_zoo
 
 IDLE_RETRY_AFTER_S = 30.0
 
@@ -28,8 +29,8 @@ IDLE_RETRY_AFTER_S = 30.0
 class Selection:
     """Seats devices in open rounds and tells each selected device its task."""
 
-    def __init__(self, context: RoundContext) -> None:
-        self.context = context
+    def __init__(self, context: RoundContext, zoo: ZooPlan) -> None:
+        self.context, self.zoo = context, zoo
 
     def check_in(self, device_id: str, task: str, family: str | None = None,
                  capabilities: Capabilities = Capabilities()) -> TaskResponse:
@@ -60,7 +61,8 @@ class Selection:
                     if missing:
                         incapable.append(f"round {round_row.id} needs {' and '.join(missing)}")
                         continue
-                    self._select(session, round_row, device_id)
+                    if not self._select(session, round_row, device_id):
+                        continue
                     return TaskResponse(task=self.task(session, round_row, device_id), retry_after_s=None)
             if incapable and refusal is None:
                 return TaskResponse(task=None, retry_after_s=IDLE_RETRY_AFTER_S,
@@ -96,23 +98,28 @@ class Selection:
                                             received_at=self.context.clock()))
         return {"round_id": round_id, "reason": reason}
 
-    def _select(self, session: Session, round_row: FLRound, device_id: str) -> None:
-        """Seat the device; at the selection goal the round stops selecting. Concurrent check-ins may seat a
-        device or two past the goal, which is harmless: reports beyond the target are refused anyway."""
+    def _select(self, session: Session, round_row: FLRound, device_id: str) -> bool:
+        """Seat the device (in a zoo-wide round, only with a subnet that fits its budget); at the selection goal
+        the round stops selecting. Concurrent check-ins may seat a device or two past the goal, which is
+        harmless: reports beyond the target are refused anyway."""
         config = RoundConfig.model_validate_json(round_row.config_json)
+        if is_zoo(config) and self.zoo.assign(session, round_row, config, device_id) is None:
+            return False
         goal = math.ceil(config.target_clients * (1 + config.over_selection))
         session.add(FLParticipant(round_id=round_row.id, device_id=device_id, selected_at=self.context.clock()))
         session.flush()
         if count_rows(session, FLParticipant, round_row.id) >= goal:
             round_row.state = "collecting"
-            base = self.context.bases.get(session, round_row.base_model_id)
-            self.context.private.start_stages(session, round_row, config,
-                                              sum(v.size for v in base.parameters.values()))
+            if config.privacy.secure_aggregation is not None:  # SecAgg+ numbers the seated devices now
+                base = self.context.bases.get(session, round_row.base_model_id)
+                self.context.private.start_stages(session, round_row, config,
+                                                  sum(v.size for v in base.parameters.values()))
+        return True
 
     def task(self, session: Session, round_row: FLRound, device_id: str) -> Task:
         """What a selected device is to do: the model and training graph to fetch, how to train, where to upload."""
         config = RoundConfig.model_validate_json(round_row.config_json)
-        base = self.context.bases.get(session, round_row.base_model_id)
+        base = self.context.bases.get(session, self.context.device_model_id(session, round_row, device_id))
         strategy_fields = make_strategy(config.strategy).configure_fit(round_row.number)
         return Task(
             round_id=round_row.id,

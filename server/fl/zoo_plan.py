@@ -1,0 +1,444 @@
+"""Zoo-wide plans (docs/zoo-federated.md): every selected device trains the subnet of the zoo model its
+lookup picks under its budget, and the server improves the one supernet all zoo models share.
+
+- **selection**: the device's lookup (the plan's budget, or its class's) picks a zoo model; the device
+  trains that model's arch, extracted from the round's supernet as a signed training card (`<task>.subnet`,
+  never served by lookup: its BatchNorm is kept so the delta names the subnet's own tensors and carries the
+  running statistics). Devices and SDKs are unchanged: it is a round like any other to them.
+- **screening** per subnet: the norm bound's median is taken over the devices that trained the same subnet.
+- **aggregation** per element (`fedzoo.server.fl.per_element`): each delta is mapped onto the supernet
+  (`fedzoo.nas.subnet_mapping`) and every element averaged over the devices covering it; elements below
+  `min_coverage` keep their values.
+- **publication**: a new supernet version, then every zoo model re-extracted from it with BatchNorm
+  recalibrated on the server's calibration images, measured on the evaluation set beside its current version
+  and published as the next version (signed, with lineage) if it passes the accuracy gate.
+Torch (the `cloud` extra) is needed on the server for the extraction; it is imported only here, lazily.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from fedzoo.cards import SUPERNET_DETAILS, Metrics, ModelCard
+from fedzoo.errors import FedzooError, InvalidInputError
+from fedzoo.nas.space import Arch, SearchSpace, arch_hash, arch_key
+from fedzoo.nas.subnet_mapping import Weights, map_back
+from fedzoo.server import registry
+from fedzoo.server.devices import AuthenticatedDevice
+from fedzoo.server.fl.evaluation import client_reported_metrics, decide_publication, evaluate
+from fedzoo.server.fl.models import FLRound, FLSubnetAssignment, FLUpdate
+from fedzoo.server.fl.per_element import (
+    CoverageSum, coverage_by_layer, coverage_report, is_statistic, require_mean_only, step_supernet,
+)
+from fedzoo.server.fl.round_context import RoundContext
+from fedzoo.server.fl.schemas import RoundConfig
+from fedzoo.server.fl.screening import Screened
+from fedzoo.server.fl.stages.screening import ScreenedRound, screen_round
+from fedzoo.server.fl.strategies import Strategy
+from fedzoo.server.latency import LatencyEstimator
+from fedzoo.server.lookup import LookupQuery, lookup
+from fedzoo.server.models import DeviceRecord, ModelRecord
+from fedzoo.signing import CardSigningKey, sign_card
+
+WEIGHTS_ARTIFACT = "supernet_weights"  # as fedzoo.cloud.zoo_extraction (not imported: it imports torch)
+SUBNET_TASK_SUFFIX = ".subnet"
+COMPRESSION_TOLERANCE = 0.01  # an INT8 variant may lose at most 1 point against its fp32 model (fedzoo.compress.gate)
+
+
+def is_zoo(config: RoundConfig) -> bool:
+    return config.zoo is not None
+
+
+def round_identity(card: ModelCard) -> tuple[str, str]:
+    """(task, family) devices check in for: a supernet's zoo task and family, else the card's own."""
+    details = card.details.get(SUPERNET_DETAILS)
+    return (str(details["task"]), str(details["zoo_family"])) if details else (card.task, card.family)
+
+
+@dataclass(frozen=True)
+class Supernet:
+    """A published supernet card with its space and weights."""
+
+    card: ModelCard
+    space: SearchSpace
+    weights: Weights
+    num_classes: int
+    in_channels: int
+
+    @property
+    def task(self) -> str:
+        return round_identity(self.card)[0]
+
+    @property
+    def zoo_family(self) -> str:
+        return round_identity(self.card)[1]
+
+
+@dataclass
+class ZooOutcome:
+    """What a zoo-wide round's aggregation produced: the new weights, and the operator's figures."""
+
+    weights: Weights
+    screened: list[Screened]
+    summary: dict[str, Any]
+
+
+@dataclass
+class ZooPublication:
+    """The supernet's new card and, per zoo model, the new card (None when refused) and what was measured."""
+
+    supernet_onnx: bytes
+    supernet_metrics: Metrics
+    models: list[dict[str, Any]] = field(default_factory=list)
+    new_cards: list[ModelCard] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _npz(arrays: dict[str, np.ndarray]) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+class ZooPlan:
+    """The zoo-wide parts of the round stages: assignment, per-subnet screening, per-element aggregation and
+    re-publication of the zoo."""
+
+    def __init__(self, context: RoundContext, estimator: LatencyEstimator, signing_key: CardSigningKey) -> None:
+        self.context, self.estimator, self.signing_key = context, estimator, signing_key
+        self._supernets: dict[str, Supernet] = {}
+
+    # the supernet ---------------------------------------------------------------------------------
+
+    def supernet(self, session: Session, model_id: str) -> Supernet:
+        """The supernet card `model_id` with its weights (cached: blobs are immutable)."""
+        card = ModelCard.from_dict(registry.get_card(session, model_id))
+        details = card.details.get(SUPERNET_DETAILS)
+        if not details or WEIGHTS_ARTIFACT not in card.artifacts:
+            raise InvalidInputError(f"model {model_id!r} is not a zoo's supernet card (it needs details.supernet and "
+                                    f"artifacts.{WEIGHTS_ARTIFACT}); build the zoo with `fedzoo zoo build`",
+                                    field="model_id")
+        cached = self._supernets.get(card.sha256 + card.artifacts[WEIGHTS_ARTIFACT])
+        if cached is not None:
+            return cached
+        with self.context.store.open(card.artifacts[WEIGHTS_ARTIFACT]) as stream:
+            with np.load(io.BytesIO(stream.read()), allow_pickle=False) as archive:
+                weights = {name: archive[name] for name in archive.files}
+        supernet = Supernet(card, SearchSpace.from_dict(details["space"]), weights, int(details["num_classes"]),
+                            int(details["in_channels"]))
+        if len(self._supernets) >= 4:
+            self._supernets.pop(next(iter(self._supernets)))
+        self._supernets[card.sha256 + card.artifacts[WEIGHTS_ARTIFACT]] = supernet
+        return supernet
+
+    def check_plan(self, session: Session, config: RoundConfig, strategy: Strategy) -> Supernet:
+        """Refuse what a zoo-wide plan cannot run, naming the field; returns the supernet."""
+        if config.privacy.secure_aggregation is not None or config.privacy.dp is not None:
+            raise InvalidInputError(
+                "zoo-wide plans run neither SecAgg+ nor DP yet: their subnets cover the supernet unevenly, so a sum "
+                "over an element one device covers reveals that device's update; run private single-model plans, or "
+                "set zoo.min_coverage to keep such elements out of every release", field="privacy")
+        require_mean_only(strategy)
+        supernet = self.supernet(session, config.model_id)
+        if not self.members(session, supernet):
+            raise InvalidInputError(f"no published fp32 model of task {supernet.task!r} is a subnet of supernet "
+                                    f"{supernet.card.id!r}: there is no zoo to improve", field="model_id")
+        self._calibration_images(config.zoo.calibration_sha256, supernet)
+        return supernet
+
+    def _calibration_images(self, sha256: str, supernet: Supernet) -> np.ndarray:
+        """The plan's calibration images, normalised as the zoo's cards say."""
+        if not self.context.store.exists(sha256):
+            raise InvalidInputError(f"zoo.calibration_sha256 names blob {sha256}, which is not uploaded",
+                                    field="zoo.calibration_sha256")
+        try:
+            with self.context.store.open(sha256) as stream, np.load(io.BytesIO(stream.read()),
+                                                                    allow_pickle=False) as archive:
+                images = archive["x"].astype(np.float32)
+        except (KeyError, ValueError, OSError) as error:
+            raise InvalidInputError(f"the calibration blob is not an .npz with an array 'x': {error}",
+                                    field="zoo.calibration_sha256") from None
+        expected = (supernet.in_channels, supernet.space.resolution, supernet.space.resolution)
+        if images.ndim != 4 or images.shape[1:] != expected or not len(images):
+            raise InvalidInputError(f"the calibration images have shape {images.shape}; the zoo needs (N, "
+                                    f"{', '.join(map(str, expected))}) with N >= 1", field="zoo.calibration_sha256")
+        normalisation = supernet.card.input.normalisation
+        if normalisation is None:
+            return images
+        mean = np.asarray(normalisation.mean, np.float32).reshape(1, -1, 1, 1)
+        std = np.asarray(normalisation.std, np.float32).reshape(1, -1, 1, 1)
+        return ((images - mean) / std).astype(np.float32)
+
+    def members(self, session: Session, supernet: Supernet) -> list[ModelCard]:
+        """The zoo: the newest version of every fp32, unpruned model of the task whose arch is a subnet."""
+        cards = [ModelCard.model_validate_json(text) for text in session.scalars(
+            select(ModelRecord.card_json).where(ModelRecord.task == supernet.task, ModelRecord.precision == "fp32"))]
+        zoo = [card for card in cards if card.pruning is None and card.family == supernet.zoo_family
+               and supernet.space.contains(card.arch)]
+        superseded = {card.parent_id for card in zoo if card.parent_id is not None}
+        return sorted((card for card in zoo if card.id not in superseded), key=lambda card: card.id)
+
+    @staticmethod
+    def int8_variants(session: Session, supernet: Supernet, member: ModelCard) -> list[ModelCard]:
+        """The newest version of each INT8 variant of a zoo model: quantized from it by the compression stage
+        (`parent_id`), or re-quantized from it by an earlier zoo-wide round (`details.zoo_federated.fp32_id`)."""
+        cards = [ModelCard.model_validate_json(text) for text in session.scalars(
+            select(ModelRecord.card_json).where(ModelRecord.task == supernet.task, ModelRecord.precision == "int8"))]
+        superseded = {card.parent_id for card in cards}
+        return sorted((card for card in cards if card.id not in superseded and "quantization" in card.details and (
+            card.parent_id == member.id or card.details.get("zoo_federated", {}).get("fp32_id") == member.id)),
+            key=lambda card: card.id)
+
+    # selection ------------------------------------------------------------------------------------
+
+    def assign(self, session: Session, round_row: FLRound, config: RoundConfig, device_id: str) -> str | None:
+        """Record the subnet this device trains (publishing its training card if this round has none yet) and
+        return the training card's id; None when no zoo model fits the device's budget."""
+        device = session.get(DeviceRecord, device_id)
+        budget = config.zoo.latency_budget_ms_by_class.get(device.device_class or "", config.zoo.latency_budget_ms)
+        supernet = self.supernet(session, round_row.base_model_id)
+        try:
+            chosen = lookup(session, AuthenticatedDevice(device.id, device.device_class, device.memory_mb),
+                            LookupQuery(task=supernet.task, latency_budget_ms=budget)).chosen
+        except FedzooError:  # no model of the task, or none fits: this device sits the round out
+            return None
+        arch = ModelCard.from_dict(registry.get_card(session, chosen.model_id)).arch
+        if not supernet.space.contains(arch):
+            return None
+        training_id = self._training_card(session, supernet, arch)
+        session.add(FLSubnetAssignment(round_id=round_row.id, device_id=device_id, zoo_model_id=chosen.model_id,
+                                       training_model_id=training_id, arch_json=arch_key(arch)))
+        return training_id
+
+    def _training_card(self, session: Session, supernet: Supernet, arch: Arch) -> str:
+        """The signed training card of `arch` at this supernet version (published once)."""
+        card_id = f"{supernet.card.id}-{arch_hash(arch)}"[:120] + f"-t{supernet.card.version}"
+        if session.get(ModelRecord, card_id) is not None:
+            return card_id
+        from fedzoo.cloud.zoo_extraction import SupernetSpec, training_blobs
+
+        spec = SupernetSpec(supernet.space, supernet.num_classes, supernet.in_channels, supernet.task,
+                            supernet.zoo_family)
+        model, graph = training_blobs(spec, arch, supernet.weights)
+        base = supernet.card
+        card = ModelCard.from_dict({
+            **base.model_dump(exclude={"signature"}),
+            "id": card_id, "family": f"{base.family}-subnet", "task": supernet.task + SUBNET_TASK_SUFFIX,
+            "parent_id": base.id, "arch": arch, "sha256": self.context.store.put(model), "size_bytes": len(model),
+            "training_graph": self.context.store.put(graph), "artifacts": {}, "latency_ms": {},
+            "created_at": self.context.clock(),
+            "details": {"zoo_training": {"supernet_id": base.id, "supernet_version": base.version,
+                                         "training_graph_bytes": len(graph),
+                                         "note": "a subnet of the supernet with BatchNorm unfolded, for training only; "
+                                                 "its metrics are the supernet card's"}},
+        })
+        card = sign_card(card, self.signing_key, now=self.context.clock())
+        try:
+            with session.begin_nested():  # two workers seating devices of one arch at once: one card wins
+                registry.publish(session, self.context.store, self.estimator, card)
+        except IntegrityError:
+            if session.get(ModelRecord, card_id) is None:
+                raise
+        return card_id
+
+    # screening and aggregation ------------------------------------------------------------------------
+
+    def screen(self, session: Session, rows: list[FLUpdate], config: RoundConfig,
+               revoked: frozenset[str]) -> ScreenedRound:
+        """Screening per subnet: each subnet's updates are screened among themselves (a norm bound's median
+        over devices that trained the same tensors); the decisions come back in the rows' order."""
+        assignments = self._assignments(session, rows[0].round_id) if rows else {}
+        groups: dict[str, list[FLUpdate]] = {}
+        for row in rows:
+            groups.setdefault(assignments[row.device_id].training_model_id, []).append(row)
+        decisions: dict[int, Screened] = {}
+        limits: dict[str, float] = {}
+        for training_id, group in groups.items():
+            screened = screen_round(self.context, group, config, revoked)
+            limits[training_id] = screened.summary["screening"]["norm_limit"]
+            decisions.update({row.id: decision for row, decision in zip(group, screened.screened)})
+        ordered = [decisions[row.id] for row in rows]
+        kept = [decision.update for decision in ordered if decision.update is not None]
+        summary = {"accepted_updates": len(rows), "aggregated_updates": len(kept),
+                   "num_examples": sum(update.num_examples for update in kept),
+                   "upload_bytes": sum(row.upload_bytes for row in rows),
+                   "screening": {"per_subnet_norm_limit": limits,
+                                 **{outcome: sum(d.outcome == outcome for d in ordered)
+                                    for outcome in ("counted", "clipped", "rejected")}},
+                   "client_reported_metrics": client_reported_metrics(kept)}
+        return ScreenedRound(ordered, kept, summary)
+
+    @staticmethod
+    def _download_bytes(session: Session, training_id: str) -> int:
+        """What a device downloads to train this subnet: its model and its training graph."""
+        card = ModelCard.from_dict(registry.get_card(session, training_id))
+        return card.size_bytes + int(card.details.get("zoo_training", {}).get("training_graph_bytes", 0))
+
+    def _assignments(self, session: Session, round_id: int) -> dict[str, FLSubnetAssignment]:
+        return {row.device_id: row for row in session.scalars(
+            select(FLSubnetAssignment).where(FLSubnetAssignment.round_id == round_id))}
+
+    def aggregate(self, round_id: int, config: RoundConfig, supernet: Supernet, rows: list[FLUpdate],
+                  screening: ScreenedRound, strategy: Strategy) -> ZooOutcome:
+        """Map every kept update onto the supernet and average per element; the statistics' deltas are averaged
+        per element too (variances kept positive)."""
+        started = time.perf_counter()
+        with self.context.database.session() as session:
+            assignments = self._assignments(session, round_id)
+            download_bytes = {training_id: self._download_bytes(session, training_id)
+                              for training_id in {row.training_model_id for row in assignments.values()}}
+        blobs = {row.device_id: row.blob_sha256 for row in rows}
+        shapes = {name: value.shape for name, value in supernet.weights.items()}
+        total = CoverageSum(shapes)
+        subnets: dict[str, int] = {}
+        for update in screening.kept:
+            assignment = assignments[update.device_id]
+            arch = json.loads(assignment.arch_json)
+            delta = {**update.load_delta(), **self.context.delta_loader(blobs[update.device_id], statistics=True)()}
+            total.add(map_back(supernet.space, arch, supernet.weights, delta), update.num_examples)
+            subnets[assignment.zoo_model_id] = subnets.get(assignment.zoo_model_id, 0) + 1
+        weights, released = step_supernet(strategy, supernet.weights, total, config.zoo.min_coverage)
+        # the coverage of what devices train: every parameter but the kernel transforms, which no subnet holds
+        parameters = {name for name in supernet.weights if "kernel_transforms" not in name and not is_statistic(name)}
+        if not all(np.all(np.isfinite(value)) for value in weights.values()):
+            raise InvalidInputError(f"the per-element {strategy.name} aggregate holds NaN or infinite weights")
+        report = coverage_report(total.counts, released)
+        elements = sum(value.size for name, value in supernet.weights.items() if name in parameters)
+        summary = {
+            **screening.summary, "strategy": strategy.name,
+            "zoo": {
+                "supernet_id": supernet.card.id, "devices_per_zoo_model": subnets,
+                "min_coverage": config.zoo.min_coverage,
+                "coverage": {
+                    "parameters": elements,
+                    "uncovered": sum(report[name].uncovered for name in parameters),
+                    "single_device": sum(report[name].single for name in parameters),
+                    "released": sum(report[name].released for name in parameters),
+                    "by_layer": coverage_by_layer({name: report[name] for name in parameters}),
+                },
+                "aggregation_s": round(time.perf_counter() - started, 4),
+                "bytes": {
+                    "upload": sum(row.upload_bytes for row in rows),
+                    "upload_per_device": round(sum(row.upload_bytes for row in rows) / max(len(rows), 1), 1),
+                    "download_per_device": round(sum(download_bytes[assignments[row.device_id].training_model_id]
+                                                     for row in rows) / max(len(rows), 1), 1),
+                },
+            },
+        }
+        return ZooOutcome(weights, screening.screened, summary)
+
+    # publication ----------------------------------------------------------------------------------
+
+    def re_extract(self, config: RoundConfig, supernet: Supernet, weights: Weights, members: list[ModelCard],
+                   variants: dict[str, list[ModelCard]]) -> ZooPublication:
+        """Every zoo model re-extracted from the new weights, BN recalibrated on the calibration images,
+        measured beside its current version; which pass the gate (and what the device statistics alone give).
+        Each INT8 variant (`variants` by zoo model id) is re-quantized from a re-extracted model that passed, with
+        its own recipe, and gated twice: against its current version (the plan's `max_accuracy_drop`) and
+        against the new fp32 model (the compression gate's tolerance)."""
+        from fedzoo.cloud.zoo_extraction import SupernetSpec, deployable_blob, inference_training_graph, requantized_blob
+
+        started = time.perf_counter()
+        spec = SupernetSpec(supernet.space, supernet.num_classes, supernet.in_channels, supernet.task,
+                            supernet.zoo_family)
+        calibration = self._calibration_images(config.zoo.calibration_sha256, supernet)
+        with self.context.store.open(config.evaluation_sha256) as stream:
+            evaluation_npz = stream.read()
+        supernet_onnx = deployable_blob(spec, supernet.space.max_arch(), weights, calibration)
+        publication = ZooPublication(supernet_onnx, evaluate(supernet_onnx, supernet.card, evaluation_npz))
+        for member in members:
+            with self.context.store.open(member.sha256) as stream:
+                before = evaluate(stream.read(), member, evaluation_npz)
+            onnx_bytes = deployable_blob(spec, member.arch, weights, calibration)
+            after = evaluate(onnx_bytes, member, evaluation_npz)
+            device_statistics = evaluate(deployable_blob(spec, member.arch, weights, None), member, evaluation_npz)
+            decision = decide_publication(after, before, config.max_accuracy_drop)
+            publication.models.append({
+                "model_id": member.id, "accuracy_before": before.accuracy, "accuracy_after": after.accuracy,
+                "accuracy_with_device_statistics": device_statistics.accuracy, "published": decision.publish,
+                "reason": decision.reason, "onnx": onnx_bytes, "metrics": after, "card": member,
+                "training_graph": inference_training_graph(onnx_bytes) if decision.publish else None,
+            })
+            for variant in variants.get(member.id, []) if decision.publish else ():
+                publication.models.append(self._requantized(variant, member, onnx_bytes, after, calibration,
+                                                            evaluation_npz, config, requantized_blob))
+        publication.seconds = round(time.perf_counter() - started, 4)
+        return publication
+
+    def _requantized(self, variant: ModelCard, member: ModelCard, fp32_onnx: bytes, fp32_after: Metrics,
+                     calibration: np.ndarray, evaluation_npz: bytes, config: RoundConfig, requantize) -> dict[str, Any]:
+        """An INT8 variant re-made from the re-extracted fp32 model, with both gates' verdict."""
+        with self.context.store.open(variant.sha256) as stream:
+            before = evaluate(stream.read(), variant, evaluation_npz)
+        onnx_bytes = requantize(fp32_onnx, variant.details["quantization"], calibration)
+        after = evaluate(onnx_bytes, variant, evaluation_npz)
+        against_current = decide_publication(after, before, config.max_accuracy_drop)
+        against_fp32 = decide_publication(after, fp32_after, COMPRESSION_TOLERANCE)
+        publish = against_current.publish and against_fp32.publish
+        return {"model_id": variant.id, "accuracy_before": before.accuracy, "accuracy_after": after.accuracy,
+                "accuracy_with_device_statistics": None, "published": publish,
+                "reason": f"{against_current.reason}; against the new fp32 model: {against_fp32.reason}",
+                "onnx": onnx_bytes, "metrics": after, "card": variant, "training_graph": None,
+                "fp32_of": member.id}
+
+    def publish(self, session: Session, round_row: FLRound, supernet: Supernet, weights: Weights,
+                publication: ZooPublication, summary: dict[str, Any]) -> ModelCard:
+        """Publish the new supernet version and every zoo model that passed the gate; returns the supernet card."""
+        now = self.context.clock()
+        version = supernet.card.version + 1
+        weights_sha = self.context.store.put(_npz(weights))
+        supernet_card = supernet.card.model_copy(update={
+            "id": f"{supernet.task}-supernet-v{version}-r{round_row.id}"[:128], "version": version,
+            "parent_id": supernet.card.id, "sha256": self.context.store.put(publication.supernet_onnx),
+            "size_bytes": len(publication.supernet_onnx), "metrics": publication.supernet_metrics, "created_at": now,
+            "artifacts": {**supernet.card.artifacts, WEIGHTS_ARTIFACT: weights_sha},
+            "details": {**supernet.card.details, "federated": {"round_id": round_row.id,
+                                                               "base_model_id": supernet.card.id}},
+        })
+        supernet_card = sign_card(ModelCard.from_dict(supernet_card.model_dump(exclude={"signature"})),
+                                  self.signing_key, now=now)
+        registry.publish(session, self.context.store, self.estimator, supernet_card)
+        fp32_training_graphs: dict[str, str | None] = {}  # an INT8 variant trains through its fp32 parent's graph
+        new_ids: dict[str, str] = {}  # previous fp32 version -> its new version (published first: models are in order)
+        for model in publication.models:
+            if not model["published"]:
+                continue
+            member: ModelCard = model["card"]
+            fp32_id = new_ids.get(model.get("fp32_of", ""))
+            new_version = member.version + 1
+            root = member.details.get("zoo_federated", {}).get("root_id", member.id)
+            card = member.model_copy(update={
+                "id": f"{root}-v{new_version}-r{round_row.id}"[:128], "version": new_version, "parent_id": member.id,
+                "sha256": self.context.store.put(model["onnx"]), "size_bytes": len(model["onnx"]),
+                "metrics": model["metrics"], "created_at": now, "artifacts": {},
+                "training_graph": (self.context.store.put(model["training_graph"]) if model["training_graph"]
+                                   else fp32_training_graphs.get(fp32_id)),
+                "details": {**member.details, "zoo_federated": {
+                    "root_id": root, "round_id": round_row.id, "supernet_id": supernet_card.id,
+                    "metrics_source": "the server's evaluation set (held out, measured on the server)",
+                    "batch_norm": "recalibrated on the plan's calibration images",
+                    "accuracy_before": model["accuracy_before"],
+                    **({"fp32_id": fp32_id} if fp32_id else {})}},
+            })
+            card = sign_card(ModelCard.from_dict(card.model_dump(exclude={"signature"})), self.signing_key, now=now)
+            registry.publish(session, self.context.store, self.estimator, card)
+            publication.new_cards.append(card)
+            model["new_model_id"] = card.id
+            if card.precision == "fp32":
+                new_ids[member.id] = card.id
+                fp32_training_graphs[card.id] = card.training_graph
+        summary["zoo"]["models"] = [{key: value for key, value in model.items()
+                                     if key not in ("onnx", "metrics", "card", "training_graph", "fp32_of")}
+                                    for model in publication.models]
+        summary["zoo"]["new_versions"] = len(publication.new_cards)
+        summary["zoo"]["publication_s"] = publication.seconds
+        return supernet_card
