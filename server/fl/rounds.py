@@ -388,7 +388,7 @@ class RoundService:
             round_row = self.lifecycle.finish_if_owner(session, round_id, "closed")
             if round_row is None:
                 return
-            record_screening(session, rows, outcome.screened)
+            record_screening(session, rows, outcome.screened, config.quarantine, self.clock())
             card = self.zoo.publish(session, round_row, supernet, outcome.weights, publication, outcome.summary)
             self.lifecycle.close(session, round_row, card, strategy, outcome.summary)
 

@@ -263,7 +263,8 @@ class ZooPlan:
         decisions: dict[int, Screened] = {}
         limits: dict[str, float] = {}
         for training_id, group in groups.items():
-            screened = screen_round(self.context, group, config, revoked)
+            # no root-set scoring: the root set trains the single-model plan's model, not each subnet
+            screened = screen_round(self.context, group, config, revoked, None)
             limits[training_id] = screened.summary["screening"]["norm_limit"]
             decisions.update({row.id: decision for row, decision in zip(group, screened.screened)})
         ordered = [decisions[row.id] for row in rows]
