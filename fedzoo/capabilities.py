@@ -22,8 +22,8 @@ from fedzoo.errors import InvalidInputError
 # any change a device would notice.
 SECURE_AGGREGATION_VERSION = 2
 UPLOAD_ENCODINGS = ("fp32", "int8")
-ENCODING_NAME = re.compile(r"^[a-z0-9_]{1,16}$")
 MAX_ENCODINGS = 8
+ENCODINGS_PATTERN = rf"^[a-z0-9_]{{1,16}}(,[a-z0-9_]{{1,16}}){{0,{MAX_ENCODINGS - 1}}}$"
 
 
 @dataclass(frozen=True)
@@ -51,9 +51,9 @@ PYTHON_SDK = Capabilities(secure_aggregation=SECURE_AGGREGATION_VERSION, dp_clip
 
 
 def parse_encodings(text: str) -> tuple[str, ...]:
-    """`fp32,int8` as a tuple; names of lowercase letters, digits and `_`, at most MAX_ENCODINGS, no repeats."""
-    names = tuple(text.split(","))
-    if len(names) > MAX_ENCODINGS or len(set(names)) != len(names) or not all(ENCODING_NAME.match(n) for n in names):
-        raise InvalidInputError(f"encodings must be up to {MAX_ENCODINGS} distinct comma-separated names such as "
+    """`fp32,int8` as a tuple, repeats dropped; names of lowercase letters, digits and `_`, at most MAX_ENCODINGS
+    (`ENCODINGS_PATTERN`, which the REST schema carries too)."""
+    if not re.fullmatch(ENCODINGS_PATTERN, text):
+        raise InvalidInputError(f"encodings must be up to {MAX_ENCODINGS} comma-separated names such as "
                                 f"'fp32,int8', got {text[:100]!r}", field="encodings")
-    return names
+    return tuple(dict.fromkeys(text.split(",")))

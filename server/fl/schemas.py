@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from fedzoo.capabilities import SECURE_AGGREGATION_VERSION, Capabilities, parse_encodings
+from fedzoo.capabilities import ENCODINGS_PATTERN, SECURE_AGGREGATION_VERSION, Capabilities, parse_encodings
 from fedzoo.cards import IDENTIFIER_PATTERN, SHA256_PATTERN
 
 RoundStateName = Literal["open", "collecting", "aggregating", "closed", "failed"]
@@ -242,15 +242,8 @@ class TaskQuery(_Request):
     secure_aggregation: int | None = Field(default=None, ge=1, le=1000,
                                            description="the SecAgg+ protocol version the device speaks")
     dp_clipping: bool = Field(default=False, description="the device clips its delta to a DP round's clip norm")
-    encodings: str | None = Field(default=None, max_length=200,
+    encodings: str | None = Field(default=None, pattern=ENCODINGS_PATTERN,
                                   description="the update encodings the device can upload, comma-separated: fp32,int8")
-
-    @field_validator("encodings")
-    @classmethod
-    def _encoding_names(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_encodings(value)
-        return value
 
     def capabilities(self) -> Capabilities:
         return Capabilities(self.secure_aggregation, self.dp_clipping,

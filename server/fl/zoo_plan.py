@@ -34,7 +34,7 @@ from fedzoo.nas.space import Arch, SearchSpace, arch_hash, arch_key
 from fedzoo.nas.subnet_mapping import Weights, map_back
 from fedzoo.server import registry
 from fedzoo.server.devices import AuthenticatedDevice
-from fedzoo.server.fl.evaluation import client_reported_metrics, decide_publication, evaluate
+from fedzoo.server.fl.evaluation import GateReference, client_reported_metrics, decide_publication, evaluate
 from fedzoo.server.fl.models import FLRound, FLSubnetAssignment, FLUpdate
 from fedzoo.server.fl.per_element import (
     CoverageSum, coverage_by_layer, coverage_report, is_statistic, require_mean_only, step_supernet,
@@ -362,7 +362,8 @@ class ZooPlan:
             onnx_bytes = deployable_blob(spec, member.arch, weights, calibration)
             after = evaluate(onnx_bytes, member, evaluation_npz)
             device_statistics = evaluate(deployable_blob(spec, member.arch, weights, None), member, evaluation_npz)
-            decision = decide_publication(after, before, config.max_accuracy_drop)
+            decision = decide_publication(after, GateReference(member.id, before.accuracy, "parent"),
+                                          config.max_accuracy_drop)
             publication.models.append({
                 "model_id": member.id, "accuracy_before": before.accuracy, "accuracy_after": after.accuracy,
                 "accuracy_with_device_statistics": device_statistics.accuracy, "published": decision.publish,
@@ -382,8 +383,10 @@ class ZooPlan:
             before = evaluate(stream.read(), variant, evaluation_npz)
         onnx_bytes = requantize(fp32_onnx, variant.details["quantization"], calibration)
         after = evaluate(onnx_bytes, variant, evaluation_npz)
-        against_current = decide_publication(after, before, config.max_accuracy_drop)
-        against_fp32 = decide_publication(after, fp32_after, COMPRESSION_TOLERANCE)
+        against_current = decide_publication(after, GateReference(variant.id, before.accuracy, "parent"),
+                                             config.max_accuracy_drop)
+        against_fp32 = decide_publication(after, GateReference(member.id, fp32_after.accuracy,
+                                                               "re-extracted fp32 model"), COMPRESSION_TOLERANCE)
         publish = against_current.publish and against_fp32.publish
         return {"model_id": variant.id, "accuracy_before": before.accuracy, "accuracy_after": after.accuracy,
                 "accuracy_with_device_statistics": None, "published": publish,

@@ -177,7 +177,7 @@ def test_bad_output_folder_and_dataset(tmp_path):
 def test_compress_and_training_graph_stages_run_after_the_cards(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(pipeline, "compress_zoo",
-                        lambda zoo_dir, split, workers: calls.append(("compress", zoo_dir, len(split.test), torch.get_num_threads(), workers)))
+                        lambda zoo_dir, split, workers, device: calls.append(("compress", zoo_dir, len(split.test), torch.get_num_threads(), workers)))
     monkeypatch.setattr(pipeline, "attach_training_graphs", lambda zoo_dir: calls.append(("graphs", zoo_dir)))
     out = tmp_path / "zoo"
     torch.set_num_threads(2)

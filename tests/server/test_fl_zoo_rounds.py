@@ -18,7 +18,8 @@ from fedzoo.cli import cli
 from server_helpers import log_in
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.errors import APIError
-from fedzoo.clients.participation import LocalData, normalise, run_task
+from fedzoo.clients.participation import run_task
+from fedzoo.local_training import LocalData, normalise
 from fedzoo.cloud.data import dirichlet_partition, load_dataset, split_dataset
 from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.cloud.zoo_extraction import requantized_blob
