@@ -33,21 +33,26 @@ class Selection:
             if family is not None:
                 query = query.where(FLRound.family == family)
             rounds = list(session.scalars(query))
+            unfit = False  # an open zoo-wide round had no zoo model within this device's budget
             for round_row in rounds:
                 if has_update(session, round_row.id, device_id) or private.has_finished(
                         session, round_row.id, device_id):
                     continue
                 if session.get(FLParticipant, (round_row.id, device_id)) is not None:
                     return TaskResponse(task=self.task(session, round_row, device_id), retry_after_s=None)
-                if round_row.state == "open" and self._select(session, round_row, device_id):
-                    return TaskResponse(task=self.task(session, round_row, device_id), retry_after_s=None)
+                if round_row.state == "open":
+                    if self._select(session, round_row, device_id):
+                        return TaskResponse(task=self.task(session, round_row, device_id), retry_after_s=None)
+                    unfit = True
             if rounds:
                 config = RoundConfig.model_validate_json(rounds[0].config_json)
                 remaining_s = (as_utc(rounds[0].deadline_at) - self.context.clock()).total_seconds()
                 return TaskResponse(
                     task=None,
                     retry_after_s=round(max(0.1, min(config.poll_interval_s, remaining_s)), 3),
-                    reason="the current round has selected its devices; ask again for the next one",
+                    reason=("no zoo model fits this device's latency budget in the current zoo-wide round; ask again "
+                            "for the next one" if unfit else
+                            "the current round has selected its devices; ask again for the next one"),
                 )
             return TaskResponse(task=None, retry_after_s=IDLE_RETRY_AFTER_S, reason=f"no round is running for task {task!r}")
 
