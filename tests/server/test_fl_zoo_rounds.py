@@ -217,6 +217,19 @@ def test_min_coverage_keeps_single_device_elements_out_of_the_release(fleet):
     assert all(layer["released"] <= layer["elements"] for layer in coverage["by_layer"].values())
 
 
+def test_a_device_whose_budget_fits_no_zoo_model_sits_the_round_out_and_hears_why(fleet):
+    admin, zoo = fleet["admin"], fleet["zoo"]
+    smallest = _members(zoo)[0]
+    plan = _plan(fleet, min_clients=2, target_clients=2)
+    plan["zoo"]["latency_budget_ms_by_class"] = {"tier-small": smallest.macs / 1e4 / 2}  # below every model
+    round_id = admin.create_zoo_rounds(plan, DEFAULT_ADMIN_TOKEN)["id"]
+    small, large = fleet["devices"][0], fleet["devices"][-1]
+    answer = small.fl_task(_supernet(zoo).details["supernet"]["task"])
+    assert answer["task"] is None and "no zoo model fits" in answer["reason"]
+    assert large.fl_task(_supernet(zoo).details["supernet"]["task"])["task"]["round_id"] == round_id
+    assert admin.fl_round(round_id)["selected_devices"] == 1
+
+
 def _refused(client_call) -> dict:
     with pytest.raises(APIError) as error:
         client_call()

@@ -46,6 +46,7 @@ class Selection:
                 query = query.where(FLRound.family == family)
             rounds = list(session.scalars(query))
             incapable, refusal = [], None
+            unfit = False  # an open zoo-wide round had no zoo model within this device's budget
             for round_row in rounds:
                 if has_update(session, round_row.id, device_id) or private.has_finished(
                         session, round_row.id, device_id) or self._declined(session, round_row.id, device_id):
@@ -61,9 +62,9 @@ class Selection:
                     if missing:
                         incapable.append(f"round {round_row.id} needs {' and '.join(missing)}")
                         continue
-                    if not self._select(session, round_row, device_id):
-                        continue
-                    return TaskResponse(task=self.task(session, round_row, device_id), retry_after_s=None)
+                    if self._select(session, round_row, device_id):
+                        return TaskResponse(task=self.task(session, round_row, device_id), retry_after_s=None)
+                    unfit = True
             if incapable and refusal is None:
                 return TaskResponse(task=None, retry_after_s=IDLE_RETRY_AFTER_S,
                                     reason=f"{'; '.join(incapable)}, which this device did not declare "
@@ -74,7 +75,9 @@ class Selection:
                 return TaskResponse(
                     task=None,
                     retry_after_s=round(max(0.1, min(config.poll_interval_s, remaining_s)), 3),
-                    reason=refusal or "the current round has selected its devices; ask again for the next one",
+                    reason=refusal or ("no zoo model fits this device's latency budget in the current zoo-wide round; "
+                                       "ask again for the next one" if unfit else
+                                       "the current round has selected its devices; ask again for the next one"),
                 )
             return TaskResponse(task=None, retry_after_s=IDLE_RETRY_AFTER_S, reason=f"no round is running for task {task!r}")
 
