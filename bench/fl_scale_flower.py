@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 from flwr.client import ClientApp, NumPyClient
-from flwr.common import Code, FitIns, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import Code, FitIns, FitRes, Status, ndarrays_to_parameters
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from flwr.server.strategy import FedAvg
 
