@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import numpy as np
 from sqlalchemy import text
+from sqlalchemy.exc import ProgrammingError
 from werkzeug.serving import make_server
 
 from fedzoo.cards import ModelCard
@@ -252,3 +253,17 @@ def kill_gunicorn(server: GunicornServer) -> None:
     if server.process.poll() is None:
         os.killpg(server.process.pid, signal.SIGKILL)
     server.process.wait(timeout=30)
+
+
+def drop_test_database(admin, name: str, attempts: int = 20) -> None:
+    """DROP ... WITH (FORCE) ends our own sessions, but not an autovacuum worker (the superuser's) that happens to
+    be in the database: that refusal passes once the worker is done, so it is retried for a few seconds."""
+    for attempt in range(attempts):
+        try:
+            with admin.connect() as connection:
+                connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            return
+        except ProgrammingError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.25)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fl_helpers import device_client, honest_delta, round_config
-from server_helpers import ADMIN_TOKEN, kill_gunicorn, start_gunicorn, stop_gunicorn
+from server_helpers import ADMIN_TOKEN, drop_test_database, kill_gunicorn, start_gunicorn, stop_gunicorn
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -56,8 +56,7 @@ def database_env(request):
     try:
         yield {"FEDZOO_DATABASE_URL": make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)}
     finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        drop_test_database(admin, name)
         admin.dispose()
 
 

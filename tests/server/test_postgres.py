@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 import uuid
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from server_helpers import (
-    VIEWER_TOKEN, config_for_tests, device_profile, make_card, running_live_server, tiny_onnx_model,
+    VIEWER_TOKEN, config_for_tests, device_profile, drop_test_database, make_card, running_live_server, tiny_onnx_model,
 )
 from sqlalchemy import create_engine, text
-from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.engine import make_url
 
 from fedzoo.server import migrations
@@ -36,22 +34,9 @@ def postgres_url():
     try:
         yield make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
     finally:
-        _drop_database(admin, name)
+        drop_test_database(admin, name)
         admin.dispose()
 
-
-def _drop_database(admin, name: str, attempts: int = 20) -> None:
-    """DROP ... WITH (FORCE) ends our own sessions, but not an autovacuum worker (the superuser's) that happens to
-    be in the database: that refusal passes once the worker is done, so it is retried for a few seconds."""
-    for attempt in range(attempts):
-        try:
-            with admin.connect() as connection:
-                connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-            return
-        except ProgrammingError:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(0.25)
 
 
 def test_migrations_reach_the_table_definitions_on_postgres(postgres_url):
