@@ -1,5 +1,7 @@
 package dev.fedzoo.secagg;
 
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
 import java.security.GeneralSecurityException;
 import java.security.MessageDigest;
 import java.security.NoSuchAlgorithmException;
@@ -151,19 +153,32 @@ public final class Crypto {
         }
         byte[] zeros = new byte[MASK_CHUNK_BYTES];
         byte[] stream = new byte[MASK_CHUNK_BYTES];
-        for (int start = 0; start < into.length; start += MASK_CHUNK_BYTES / width) {
-            int count = Math.min(MASK_CHUNK_BYTES / width, into.length - start);
+        ByteBuffer littleEndian = ByteBuffer.wrap(stream).order(ByteOrder.LITTLE_ENDIAN);
+        int[] values = new int[MASK_CHUNK_BYTES / width];
+        short[] halves = width == 2 ? new short[values.length] : null;
+        for (int start = 0; start < into.length; start += values.length) {
+            int count = Math.min(values.length, into.length - start);
             try {
                 aes.update(zeros, 0, count * width, stream, 0);
             } catch (GeneralSecurityException impossible) { // the output buffer is large enough
                 throw new IllegalStateException(impossible);
             }
-            for (int i = 0, at = 0; i < count; i++, at += width) {
-                int value = (stream[at] & 0xff) | (stream[at + 1] & 0xff) << 8;
-                if (width == 4) {
-                    value |= (stream[at + 2] & 0xff) << 16 | (stream[at + 3] & 0xff) << 24;
+            if (width == 4) { // bulk reads through a typed view: no per-byte shifts, and the loops below vectorise
+                littleEndian.asIntBuffer().get(values, 0, count);
+            } else {
+                littleEndian.asShortBuffer().get(halves, 0, count);
+                for (int i = 0; i < count; i++) {
+                    values[i] = halves[i] & 0xffff;
                 }
-                into[start + i] += sign * value;
+            }
+            if (sign > 0) {
+                for (int i = 0; i < count; i++) {
+                    into[start + i] += values[i];
+                }
+            } else {
+                for (int i = 0; i < count; i++) {
+                    into[start + i] -= values[i];
+                }
             }
         }
     }

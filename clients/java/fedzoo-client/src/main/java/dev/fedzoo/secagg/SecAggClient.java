@@ -9,6 +9,10 @@ import java.util.Map;
 import java.util.Set;
 import java.util.TreeMap;
 import java.util.TreeSet;
+import java.util.function.BiConsumer;
+import java.util.function.ObjIntConsumer;
+import java.util.function.Supplier;
+import java.util.stream.IntStream;
 
 import org.bouncycastle.crypto.params.Ed25519PrivateKeyParameters;
 import org.bouncycastle.crypto.params.X25519PrivateKeyParameters;
@@ -190,10 +194,7 @@ public final class SecAggClient {
         int bits = config.modulusBits();
         int[] masked = ringVector.clone();
         Crypto.addMask(masked, Crypto.deriveKey(seed, "self-mask", context), 1, bits);
-        for (int peer : senders) {
-            byte[] key = Crypto.agree(maskPrivate, maskPublicKeys.get(peer), "pairwise-mask", context);
-            Crypto.addMask(masked, key, client < peer ? 1 : -1, bits); // wraps modulo 2^bits
-        }
+        addInto(masked, pairwiseMasks(senders, length, bits));
         stage = "consistency_check";
         int width = bits / 8;
         byte[] out = new byte[length * width];
@@ -206,6 +207,37 @@ public final class SecAggClient {
             }
         }
         return out;
+    }
+
+    /**
+     * The sum of the pairwise masks with {@code peers}, each added or subtracted by id order. One key agreement and one
+     * keystream per peer, independent of the others: they run on all the device's cores, each thread summing into a
+     * vector of its own, and the vectors are added (the ring wraps, so the order of the additions does not matter).
+     */
+    private int[] pairwiseMasks(final int[] peers, final int length, final int bits) {
+        return IntStream.range(0, peers.length).parallel().collect(new Supplier<int[]>() {
+            @Override
+            public int[] get() {
+                return new int[length];
+            }
+        }, new ObjIntConsumer<int[]>() {
+            @Override
+            public void accept(int[] sum, int i) {
+                byte[] key = Crypto.agree(maskPrivate, maskPublicKeys.get(peers[i]), "pairwise-mask", context);
+                Crypto.addMask(sum, key, client < peers[i] ? 1 : -1, bits); // wraps modulo 2^bits
+            }
+        }, new BiConsumer<int[], int[]>() {
+            @Override
+            public void accept(int[] sum, int[] other) {
+                addInto(sum, other);
+            }
+        });
+    }
+
+    private static void addInto(int[] sum, int[] other) {
+        for (int i = 0; i < sum.length; i++) {
+            sum[i] += other[i];
+        }
     }
 
     /** Stage 4: signs the survivor set the server shows this client; unmasking later happens for this set only. */
