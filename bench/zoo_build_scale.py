@@ -6,7 +6,13 @@ Prints images/s per line and the 2-worker scaling (2-worker images/s over 1-work
 that over 2). Goal: >= 1.7x at 2 workers on 2 cores of a quiet machine. Each line times the epoch inside the
 workers (after they started and joined); "with start" adds spawning the workers and loading the data.
 
-Usage: python bench/zoo_build_scale.py [--images 2048] [--threads 1]
+`--accuracy-epochs N` adds what the build's default, worker-local batch norm, costs in accuracy against
+`--sync-batchnorm`: the default preset's supernet trained N epochs on MNIST-5k in one process with its batches
+normalised whole (what synchronised workers compute) and in 2 halves (what 2 workers with local batch norm
+compute: tests/nas/test_distributed.py pins that equality), then the largest and smallest subnets' test
+accuracy after BatchNorm recalibration, as the search and the zoo see them.
+
+Usage: python bench/zoo_build_scale.py [--images 2048] [--threads 1] [--accuracy-epochs 0] [--seeds 0,1]
 """
 
 from __future__ import annotations
@@ -19,11 +25,14 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from fedzoo.cloud.data import load_dataset, split_dataset
 from fedzoo.cloud.pipeline import PRESETS
+from fedzoo.nas.evaluation import prepare_subnet
 from fedzoo.nas.devices import DeviceData, resolve_device
 from fedzoo.nas.distributed import join_workers, leave_workers, run_local_workers, synchronise_batchnorm
 from fedzoo.nas.space import default_space
 from fedzoo.nas.supernet import Supernet
+from fedzoo.nas.subnet import evaluate_accuracy
 from fedzoo.nas.training import ONE_WORKER, make_optimizer, train_supernet_epoch
 
 SHAPE = (3, 32, 32)
@@ -36,10 +45,10 @@ def synthetic_images(count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]
     return rng.standard_normal((count, *SHAPE), dtype=np.float32), rng.integers(0, CLASSES, count).astype(np.int64)
 
 
-def timed_epoch(images: int, threads: int, device_name: str, distributed: bool, synchronised: bool = True) -> float:
-    """Seconds of one sandwich epoch of the default preset's supernet (in this process or as one worker;
-    `synchronised=False` keeps each worker's batch norm local, which the build never does: it shows what the
-    batch norm's collectives cost)."""
+def timed_epoch(images: int, threads: int, device_name: str, distributed: bool, synchronised: bool = False) -> float:
+    """Seconds of one sandwich epoch of the default preset's supernet (in this process or as one worker, with
+    worker-local batch norm as the build's default, or `synchronised` over the global batch as with
+    `zoo build --sync-batchnorm`)."""
     torch.set_num_threads(threads)
     training = PRESETS["default"].training
     x, y = synthetic_images(images)
@@ -70,6 +79,27 @@ def timed_epoch(images: int, threads: int, device_name: str, distributed: bool, 
             leave_workers()
 
 
+def batchnorm_group_accuracy(epochs: int, batchnorm_groups: int, seed: int) -> tuple[float, float]:
+    """Test accuracy (largest, smallest subnet) of the default preset's supernet trained `epochs` epochs on
+    MNIST-5k in one process, each batch normalised in `batchnorm_groups` slices."""
+    torch.set_num_threads(1)
+    default = PRESETS["default"].training
+    training = replace(default, epochs=epochs, largest_only_epochs=min(epochs - 1, default.largest_only_epochs))
+    split = split_dataset(load_dataset("mnist"), seed=seed)
+    mean, std = np.float32(split.mean[0]), np.float32(split.std[0])
+    train_x, test_x = (split.train.x - mean) / std, (split.test.x - mean) / std
+    torch.manual_seed(seed)
+    supernet = Supernet(default_space(train_x.shape[2]), CLASSES, train_x.shape[1]).to(memory_format=torch.channels_last)
+    optimizer = make_optimizer(supernet, training)
+    for epoch in range(epochs):
+        train_supernet_epoch(supernet, optimizer, train_x, split.train.y, training, seed, epoch, batchnorm_groups=batchnorm_groups)
+    accuracies = []
+    for arch in (supernet.space.max_arch(), supernet.space.min_arch()):
+        subnet = prepare_subnet(supernet, arch, train_x[:1000])
+        accuracies.append(evaluate_accuracy(subnet, test_x, split.test.y)[0])
+    return accuracies[0], accuracies[1]
+
+
 def trained_images(images: int) -> int:
     batch_size = PRESETS["default"].training.batch_size
     return (images // batch_size) * batch_size
@@ -79,6 +109,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=2048, help="training images in the epoch")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    parser.add_argument("--accuracy-epochs", type=int, default=0, help="also measure local vs synchronised batch norm's accuracy")
+    parser.add_argument("--seeds", default="0,1", help="seeds of the accuracy measurement")
     arguments = parser.parse_args()
     count = trained_images(arguments.images)
     print(f"one sandwich epoch, default preset supernet, {count} images of {SHAPE}, batch {PRESETS['default'].training.batch_size}, "
@@ -90,8 +122,8 @@ def main() -> None:
     seconds = run_local_workers(timed_epoch, (arguments.images, arguments.threads, "cpu", True), workers=2)[0]
     rows.append(("cpu, 2 workers (gloo)", seconds, time.perf_counter() - started))
     started = time.perf_counter()
-    seconds = run_local_workers(timed_epoch, (arguments.images, arguments.threads, "cpu", True, False), workers=2)[0]
-    rows.append(("cpu, 2 workers, local batch norm", seconds, time.perf_counter() - started))
+    seconds = run_local_workers(timed_epoch, (arguments.images, arguments.threads, "cpu", True, True), workers=2)[0]
+    rows.append(("cpu, 2 workers, --sync-batchnorm", seconds, time.perf_counter() - started))
     if torch.cuda.is_available():
         seconds = timed_epoch(arguments.images, arguments.threads, "cuda", distributed=False)
         rows.append((f"cuda ({torch.cuda.get_device_name(0)}), 1 worker", seconds, seconds))
@@ -99,10 +131,17 @@ def main() -> None:
         print(f"  {name:<40} {count / seconds:8.1f} images/s   ({seconds:.1f} s; with start {count / with_start:.1f} images/s)")
     speedup = rows[0][1] / rows[1][1]
     print(f"2-worker scaling: {speedup:.2f}x (efficiency {speedup / 2:.0%}); goal >= 1.7x on 2 quiet cores")
-    print(f"  (with worker-local batch norm, one all-reduce per step instead of two per batch norm per pass: "
-          f"{rows[0][1] / rows[2][1]:.2f}x; the build synchronises batch norm, for one process's weights)")
+    print(f"  (with --sync-batchnorm, two all-reduces per batch norm per pass on top of the step's one: "
+          f"{rows[0][1] / rows[2][1]:.2f}x)")
     if len(rows) > 3:
         print(f"GPU over 1 CPU worker: {rows[0][1] / rows[3][1]:.1f}x")
+    if arguments.accuracy_epochs:
+        print(f"test accuracy after {arguments.accuracy_epochs} epochs on MNIST-5k (largest / smallest subnet, BN recalibrated):")
+        for seed in (int(value) for value in arguments.seeds.split(",")):
+            synchronised = batchnorm_group_accuracy(arguments.accuracy_epochs, 1, seed)
+            local = batchnorm_group_accuracy(arguments.accuracy_epochs, 2, seed)
+            print(f"  seed {seed}: batch norm over the global batch {synchronised[0]:.4f} / {synchronised[1]:.4f}, "
+                  f"over each of 2 workers' halves {local[0]:.4f} / {local[1]:.4f}")
 
 
 if __name__ == "__main__":

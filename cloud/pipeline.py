@@ -130,6 +130,9 @@ class BuildConfig:
     device: str = "auto"
     training_workers: int = 1  # data-parallel supernet training processes on this machine (fedzoo.nas.distributed)
     mixed_precision: bool = False  # bfloat16 autocast for the supernet's forward passes
+    # BatchNorm over the global batch (all-reduced per layer and pass) instead of each worker's slice (the default,
+    # as DDP's): one all-reduce per BatchNorm layer and pass costs more than the second worker gains on 2 CPUs
+    sync_batchnorm: bool = False
 
     def resolved_preset(self) -> Preset:
         if self.preset not in PRESETS:
@@ -289,7 +292,7 @@ def train_supernet(
     fingerprint = _training_fingerprint(config, space)
     torch.manual_seed(config.seed)
     supernet = Supernet(space, num_classes, in_channels).to(memory_format=torch.channels_last)
-    if replica.world_size > 1:
+    if replica.world_size > 1 and config.sync_batchnorm:
         synchronise_batchnorm(supernet)
     supernet.to(device)
     optimizer = make_optimizer(supernet, training)
@@ -566,7 +569,8 @@ def build_zoo(
 
 def _training_setup(config: BuildConfig, device: torch.device) -> dict[str, Any]:
     """Where and how the supernet trained, for the cards and the build report."""
-    return {**describe_device(device), "training_workers": config.training_workers, "mixed_precision": config.mixed_precision}
+    return {**describe_device(device), "training_workers": config.training_workers, "mixed_precision": config.mixed_precision,
+            "sync_batchnorm": config.sync_batchnorm}
 
 
 def write_build_report(config: BuildConfig, device: torch.device, train_examples: int, seconds: dict[str, float],

@@ -74,6 +74,9 @@ def zoo() -> None:
 @click.option("--threads", "torch_threads", type=click.IntRange(min=1), default=1, show_default=True, help="Torch threads for training (per worker).")
 @device_option
 @click.option("--mixed-precision", is_flag=True, help="Train the supernet's forward passes in bfloat16 (torch.autocast).")
+@click.option("--sync-batchnorm", is_flag=True,
+              help="With several training workers, normalise over the global batch (one all-reduce per BatchNorm layer "
+                   "and pass) instead of each worker's slice.")
 @click.option("--no-compress", is_flag=True, help="Skip the compression stage (pruning, INT8).")
 @click.option("--no-training-graphs", is_flag=True, help="Skip attaching on-device training graphs.")
 @SIGNING_KEY_OPTION

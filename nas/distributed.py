@@ -12,9 +12,13 @@ of the weights, and accumulates their gradients into one optimiser step. DDP wou
 summed over the workers in one flat all-reduce and divided by their number. As every worker runs the same
 subnets (same generators), every worker has the same parameters with a gradient.
 
-BatchNorm sees the global batch: `SynchronisedBatchNorm` all-reduces each channel's sum and sum of squares
-(autograd-aware, so the backward pass reduces too), so N workers with B/N images each train the same
-weights as one worker with B images, up to float rounding.
+BatchNorm normalises each worker's slice by default, as DDP does: N workers with B/N images each train the
+weights one process trains when it normalises each batch in N slices (`train_supernet_epoch`'s
+`batchnorm_groups`), and the running statistics are averaged over the workers after each epoch (the zoo's
+subnets are recalibrated on extraction anyway). `SynchronisedBatchNorm` (`zoo build --sync-batchnorm`)
+all-reduces each channel's sum and sum of squares instead (autograd-aware, so the backward pass reduces too),
+so N workers train the weights of one worker with B images, up to float rounding; its two collectives per
+BatchNorm and pass cost more than a second worker gains on 2 CPUs (bench/zoo_build_scale.py).
 """
 
 from __future__ import annotations

@@ -145,38 +145,36 @@ def train_supernet_epoch(
     on_step: Callable[[int, int], None] | None = None,
     replica: Replica = ONE_WORKER,
     mixed_precision: bool = False,
+    batchnorm_groups: int = 1,
 ) -> float:
     """One sandwich-rule epoch over normalised images (numpy `x`, `y` on the CPU, or a `DeviceData` and `y`
     None), the largest subnet alone during the `largest_only_epochs`; returns the largest subnet's mean loss
-    over the global batches. The supernet must already be on the data's device."""
+    over the global batches. The supernet must already be on the data's device.
+
+    `batchnorm_groups` splits each batch into that many equal slices, each normalised by BatchNorm on its own
+    ("ghost batches"), with one optimiser step over all of them: one process computing what that many workers
+    with worker-local BatchNorm compute together."""
     data = x if isinstance(x, DeviceData) else DeviceData.place(x, y, torch.device("cpu"))
     torch_generator, numpy_generator = epoch_generators(seed, epoch)
     space = supernet.space
     per_epoch = steps_per_epoch(len(data), config.batch_size)
     total_steps = config.epochs * per_epoch
+    if replica.local_batch_size(config.batch_size) % batchnorm_groups:
+        raise InvalidInputError(
+            f"the batch size {config.batch_size} does not split into {batchnorm_groups} equal BatchNorm groups", field="batchnorm_groups"
+        )
     supernet.train()
     loss_sum = torch.zeros((), device=data.device)  # summed on the device: no host sync per step
     for step, images, labels in _epoch_batches(data, config, torch_generator, replica):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate_at(config, epoch * per_epoch + step, total_steps)
         optimizer.zero_grad(set_to_none=True)
-        supernet.set_active(space.max_arch())
-        with autocast(data.device, mixed_precision):
-            teacher_logits = supernet(images)
-            loss = F.cross_entropy(teacher_logits, labels)
-        loss.backward()
-        loss_sum += loss.detach().float()
         if epoch < config.largest_only_epochs:
             students = []
         else:
             students = [space.min_arch()] + [space.sample_arch(numpy_generator) for _ in range(config.sandwich_random_subnets)]
-        soft_targets = F.softmax(teacher_logits.detach().float() / config.distillation_temperature, dim=1)
-        for arch in students:
-            supernet.set_active(arch)
-            with autocast(data.device, mixed_precision):
-                student_logits = supernet(images)
-            student_log_probs = F.log_softmax(student_logits.float() / config.distillation_temperature, dim=1)
-            F.kl_div(student_log_probs, soft_targets, reduction="batchmean").backward()
+        for group_images, group_labels in zip(images.chunk(batchnorm_groups), labels.chunk(batchnorm_groups)):
+            loss_sum += _sandwich_backward(supernet, group_images, group_labels, students, config, mixed_precision, 1 / batchnorm_groups)
         if replica.average_gradients is not None:
             replica.average_gradients(supernet)
         nn.utils.clip_grad_norm_(supernet.parameters(), 5.0)
@@ -186,7 +184,40 @@ def train_supernet_epoch(
     supernet.set_active(space.max_arch())
     if replica.sum_over_workers is not None:
         loss_sum = replica.sum_over_workers(loss_sum) / replica.world_size
+        _average_batchnorm_statistics(supernet, replica)
     return float(loss_sum) / per_epoch
+
+
+def _sandwich_backward(
+    supernet: Supernet, images: torch.Tensor, labels: torch.Tensor, students: list, config: TrainingConfig, mixed_precision: bool,
+    loss_scale: float = 1.0,
+) -> torch.Tensor:
+    """Accumulate one sandwich step's gradients on one batch, times `loss_scale`: the largest subnet on the
+    labels, then each student distilled from its logits (in-place distillation). Returns the largest subnet's
+    scaled loss, detached."""
+    supernet.set_active(supernet.space.max_arch())
+    with autocast(images.device, mixed_precision):
+        teacher_logits = supernet(images)
+        loss = F.cross_entropy(teacher_logits, labels) * loss_scale
+    loss.backward()
+    soft_targets = F.softmax(teacher_logits.detach().float() / config.distillation_temperature, dim=1)
+    for arch in students:
+        supernet.set_active(arch)
+        with autocast(images.device, mixed_precision):
+            student_logits = supernet(images)
+        student_log_probs = F.log_softmax(student_logits.float() / config.distillation_temperature, dim=1)
+        (F.kl_div(student_log_probs, soft_targets, reduction="batchmean") * loss_scale).backward()
+    return loss.detach().float()
+
+
+def _average_batchnorm_statistics(supernet: Supernet, replica: Replica) -> None:
+    """With worker-local BatchNorm each worker's running statistics saw its own slices: average them, so every
+    worker (and the checkpoint any of them writes) holds the same supernet. (Subnets are recalibrated on
+    extraction anyway; this keeps the workers identical.)"""
+    for module in supernet.modules():
+        if isinstance(module, nn.BatchNorm2d):
+            for statistic in (module.running_mean, module.running_var):
+                statistic.copy_(replica.sum_over_workers(statistic) / replica.world_size)
 
 
 def train_from_scratch(

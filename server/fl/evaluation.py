@@ -77,8 +77,8 @@ def best_published(parent_id: str, parent: Metrics, plan_outcomes: Sequence[tupl
 def decide_publication(candidate: Metrics, reference: GateReference, max_accuracy_drop: float) -> PublicationDecision:
     """Publish unless the candidate's accuracy is below the reference's by more than `max_accuracy_drop`."""
     floor = reference.accuracy - max_accuracy_drop
-    against = f"{'the parent' if reference.kind == 'parent' else reference.kind} {reference.model_id!r}'s " \
-              f"{reference.accuracy:.4f}"
+    label = {"parent": "the parent", "anchor": "the anchor", "best": "the plan's best version"}[reference.kind]
+    against = f"{label} {reference.model_id} ({reference.accuracy:.4f})"
     if candidate.accuracy + 1e-12 < floor:
         return PublicationDecision(False, f"accuracy {candidate.accuracy:.4f} on the server's evaluation set is below "
                                           f"{against} minus the tolerance {max_accuracy_drop:g}")

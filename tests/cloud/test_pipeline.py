@@ -80,7 +80,7 @@ def test_a_build_on_two_training_workers_trains_there_and_writes_the_zoo_here(tm
     result = build_zoo(tiny_config(tmp_path / "zoo", training_workers=2, epochs=1, evaluations=4, population_size=2,
                                    device="cpu"))
     report = json.loads((tmp_path / "zoo" / pipeline.BUILD_REPORT).read_text())
-    assert report["training"] == {"device": "cpu", "training_workers": 2, "mixed_precision": False}
+    assert report["training"] == {"device": "cpu", "training_workers": 2, "mixed_precision": False, "sync_batchnorm": False}
     checkpoint = torch.load(tmp_path / "zoo" / pipeline.CHECKPOINT_FOLDER / "supernet.pt", weights_only=False)
     assert checkpoint["epoch"] == 1
     # the zoo's cards come from the weights the workers trained

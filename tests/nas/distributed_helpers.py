@@ -21,8 +21,9 @@ STEPS_CONFIG = TrainingConfig(epochs=1, batch_size=16, learning_rate=0.2, max_sh
 STEPS_EXAMPLES = 48
 
 
-def train_a_few_steps(distributed: bool) -> dict[str, torch.Tensor]:
-    """The supernet's state after one short epoch, in one process or as one of several workers."""
+def train_a_few_steps(distributed: bool, sync_batchnorm: bool = True, batchnorm_groups: int = 1) -> dict[str, torch.Tensor]:
+    """The supernet's state after one short epoch, in one process (its batches normalised in `batchnorm_groups`
+    slices) or as one of several workers (BatchNorm over the global batch, or over each worker's slice)."""
     torch.set_num_threads(1)
     split = split_dataset(load_dataset("digits"), seed=0)
     x = ((split.train.x[:STEPS_EXAMPLES] - split.mean[0]) / split.std[0]).astype(np.float32)
@@ -31,11 +32,13 @@ def train_a_few_steps(distributed: bool) -> dict[str, torch.Tensor]:
     supernet = Supernet(tiny_space(8), 10, 1).to(memory_format=torch.channels_last)
     replica = ONE_WORKER
     if distributed:
-        synchronise_batchnorm(supernet)
+        if sync_batchnorm:
+            synchronise_batchnorm(supernet)
         replica = join_workers(torch.device("cpu"))
     optimizer = make_optimizer(supernet, STEPS_CONFIG)
     try:
-        train_supernet_epoch(supernet, optimizer, x, y, STEPS_CONFIG, seed=0, epoch=0, replica=replica)
+        train_supernet_epoch(supernet, optimizer, x, y, STEPS_CONFIG, seed=0, epoch=0, replica=replica,
+                             batchnorm_groups=batchnorm_groups)
     finally:
         if distributed:
             leave_workers()

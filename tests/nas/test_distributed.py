@@ -29,6 +29,20 @@ def test_two_workers_train_the_weights_of_one_process_with_the_same_global_batch
         assert torch.allclose(two[0][name].float(), value.float(), rtol=1e-4, atol=2e-4), name
 
 
+@pytest.mark.slow
+def test_two_workers_with_their_own_batchnorm_train_the_weights_of_one_process_with_two_batchnorm_groups():
+    one_group = train_a_few_steps(distributed=False)
+    two_groups = train_a_few_steps(distributed=False, batchnorm_groups=2)
+    two = run_local_workers(train_a_few_steps, (True, False), workers=2)
+    parameters = [name for name in one_group if "running_" not in name and "num_batches" not in name]
+    # the groups matter: normalising each half of the batch on its own trains other weights
+    assert any(not torch.allclose(two_groups[name], one_group[name], atol=1e-2) for name in parameters)
+    for name in one_group:
+        assert torch.equal(two[0][name], two[1][name]), name  # the workers' running statistics are averaged too
+    for name in parameters:
+        assert torch.allclose(two[0][name], two_groups[name], rtol=1e-4, atol=2e-4), name
+
+
 def _config(out: Path) -> BuildConfig:
     return BuildConfig(dataset="digits", out=out, preset="tiny", epochs=2, device="cpu")
 

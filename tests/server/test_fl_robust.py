@@ -182,7 +182,7 @@ def test_the_gate_compares_with_the_plans_best_version_not_the_parent():
     candidate = Metrics(accuracy=0.72, split="evaluation", num_examples=100)
     assert decide_publication(candidate, GateReference("v3", 0.73, "parent"), 0.02).publish  # the ratchet
     refused = decide_publication(candidate, best, 0.02)
-    assert not refused.publish and "best 'base'" in refused.reason
+    assert not refused.publish and "the plan's best version base (0.7500)" in refused.reason
 
 
 def test_a_round_is_gated_against_the_best_version_of_its_plan(simulation, federation):
