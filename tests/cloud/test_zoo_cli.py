@@ -92,3 +92,21 @@ def test_show_and_list_of_missing_things(tmp_path, capsys):
     Zoo.create(tmp_path / "empty")
     code, _, stderr = run_main(["zoo", "show", "nope", "--zoo", str(tmp_path / "empty")], capsys)
     assert code == 1 and "no model card 'nope'" in stderr
+
+
+@pytest.mark.parametrize("flags, synchronised", [([], False), (["--sync-batchnorm"], True)])
+def test_batch_norm_is_worker_local_unless_sync_batchnorm_is_asked_for(tmp_path, capsys, monkeypatch, flags, synchronised):
+    from fedzoo.cloud import pipeline
+    from fedzoo.errors import InvalidInputError
+
+    seen = []
+
+    def record_and_stop(config, reporter=None):
+        seen.append(config)
+        raise InvalidInputError("stopped by the test before training", field="workers")
+
+    monkeypatch.setattr(pipeline, "build_zoo", record_and_stop)
+    code, _, stderr = run_main(["zoo", "build", "--dataset", "digits", "--out", str(tmp_path / "zoo"), *TINY,
+                                "--workers", "2", *flags], capsys)
+    assert code == 1 and "stopped by the test" in stderr
+    assert seen[0].training_workers == 2 and seen[0].sync_batchnorm is synchronised
