@@ -153,31 +153,22 @@ public final class Crypto {
         }
         byte[] zeros = new byte[MASK_CHUNK_BYTES];
         byte[] stream = new byte[MASK_CHUNK_BYTES];
-        ByteBuffer littleEndian = ByteBuffer.wrap(stream).order(ByteOrder.LITTLE_ENDIAN);
-        int[] values = new int[MASK_CHUNK_BYTES / width];
-        short[] halves = width == 2 ? new short[values.length] : null;
-        for (int start = 0; start < into.length; start += values.length) {
-            int count = Math.min(values.length, into.length - start);
+        ByteBuffer littleEndian = ByteBuffer.wrap(stream).order(ByteOrder.LITTLE_ENDIAN); // its getInt is one load
+        int perChunk = MASK_CHUNK_BYTES / width;
+        for (int start = 0; start < into.length; start += perChunk) {
+            int count = Math.min(perChunk, into.length - start);
             try {
                 aes.update(zeros, 0, count * width, stream, 0);
             } catch (GeneralSecurityException impossible) { // the output buffer is large enough
                 throw new IllegalStateException(impossible);
             }
-            if (width == 4) { // bulk reads through a typed view: no per-byte shifts, and the loops below vectorise
-                littleEndian.asIntBuffer().get(values, 0, count);
-            } else {
-                littleEndian.asShortBuffer().get(halves, 0, count);
+            if (width == 4) {
                 for (int i = 0; i < count; i++) {
-                    values[i] = halves[i] & 0xffff;
-                }
-            }
-            if (sign > 0) {
-                for (int i = 0; i < count; i++) {
-                    into[start + i] += values[i];
+                    into[start + i] += sign * littleEndian.getInt(i * 4);
                 }
             } else {
                 for (int i = 0; i < count; i++) {
-                    into[start + i] -= values[i];
+                    into[start + i] += sign * (littleEndian.getShort(i * 2) & 0xffff);
                 }
             }
         }
