@@ -25,6 +25,7 @@ from torch import nn
 
 from fedzoo.errors import InvalidInputError
 from fedzoo.nas.devices import DeviceData, autocast
+from fedzoo.nas.space import Arch
 from fedzoo.nas.supernet import Supernet
 
 
@@ -189,8 +190,8 @@ def train_supernet_epoch(
 
 
 def _sandwich_backward(
-    supernet: Supernet, images: torch.Tensor, labels: torch.Tensor, students: list, config: TrainingConfig, mixed_precision: bool,
-    loss_scale: float = 1.0,
+    supernet: Supernet, images: torch.Tensor, labels: torch.Tensor, students: list[Arch], config: TrainingConfig,
+    mixed_precision: bool, loss_scale: float,
 ) -> torch.Tensor:
     """Accumulate one sandwich step's gradients on one batch, times `loss_scale`: the largest subnet on the
     labels, then each student distilled from its logits (in-place distillation). Returns the largest subnet's
