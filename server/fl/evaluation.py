@@ -55,7 +55,7 @@ class GateReference:
 
     model_id: str
     accuracy: float
-    kind: str  # "best", "anchor" or "parent" (PublicationGate.compare_with)
+    kind: str  # "best", "anchor" or "parent" (PublicationGate.compare_with), or what else it is, in words
 
     def as_dict(self) -> dict[str, object]:
         return {"compare_with": self.kind, "model_id": self.model_id, "accuracy": self.accuracy}
@@ -77,7 +77,7 @@ def best_published(parent_id: str, parent: Metrics, plan_outcomes: Sequence[tupl
 def decide_publication(candidate: Metrics, reference: GateReference, max_accuracy_drop: float) -> PublicationDecision:
     """Publish unless the candidate's accuracy is below the reference's by more than `max_accuracy_drop`."""
     floor = reference.accuracy - max_accuracy_drop
-    label = {"parent": "the parent", "anchor": "the anchor", "best": "the plan's best version"}[reference.kind]
+    label = {"best": "the plan's best version"}.get(reference.kind, f"the {reference.kind}")
     against = f"{label} {reference.model_id} ({reference.accuracy:.4f})"
     if candidate.accuracy + 1e-12 < floor:
         return PublicationDecision(False, f"accuracy {candidate.accuracy:.4f} on the server's evaluation set is below "
