@@ -76,8 +76,9 @@ LOOPBACK_ENVIRONMENT = {**{f"FEDZOO_RATE_LIMIT_{action}_PER_ADDRESS": "off" for 
                         "FEDZOO_FSYNC_BLOBS": "off"}
 TRANSPORTS = ("tcp", "wsgi")
 
-# Server apps this process calls through WSGI, by data directory: the LoopbackServer's own, or one a device
-# process made from an InProcessServer (one more server worker on the same database, as gunicorn runs several).
+# Transports into the server apps this process calls through WSGI, by data directory: the LoopbackServer's own
+# app, or one a device process made from an InProcessServer (one more server worker on the same database, as
+# gunicorn runs several).
 _WSGI_APPS: dict[str, httpx.WSGITransport] = {}
 _WSGI_APPS_LOCK = threading.Lock()
 
