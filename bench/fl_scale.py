@@ -5,8 +5,10 @@ model (a 2-layer perceptron pre-trained on 10% of MNIST-5k's training split, shi
 training graph), on the same shards (the training split, shuffled with the seed, cut into near-equal parts),
 with the same local work (`fedzoo.clients.participation.train_locally`: one epoch of SGD on the shard with the
 stock onnxruntime):
-- fedzoo: `fedzoo fl simulate --executor processes` (the real server in that process over loopback HTTP,
-  the devices in one process per core);
+- fedzoo: `fedzoo fl simulate --executor processes` (the devices in one process per core; the real server
+  reached through WSGI without TCP, `--transport wsgi`: its app in the simulating process for check-ins and
+  in each device process as a server worker on the same database);
+- fedzoo-tcp: the same with `--transport tcp` (the server in the simulating process over loopback HTTP);
 - Flower in-process: Flower's FedAvg and NumPyClients in one process, no transport;
 - Flower on Ray: `flwr.simulation.run_simulation`, one CPU per virtual client.
 Each run is its own process, so its peak RSS is its own. Figures per round, rounds after the first (the first
@@ -14,7 +16,8 @@ starts worker processes or Ray actors):
 - overhead = round wall time - the clients' summed training seconds / the clients trained at once (1 for
   Flower in-process, the workers or Ray CPUs otherwise): what the framework adds around the local work;
 - peak RSS (VmHWM) of the process holding the server (fedzoo: server + driver; Flower: the driver with the
-  strategy).
+  strategy), and for fedzoo the device processes' peaks (`workers MB`: with WSGI they hold server workers too,
+  so the goal is checked on the simulating process plus its workers).
 Goals: fedzoo's overhead <= 2x Flower in-process at 200 clients; 1,000 clients per round complete with the
 server's peak RSS <= 1 GB.
 
@@ -23,7 +26,7 @@ repository root, git-ignored) with `flwr[simulation]==1.42.*` and the onnx/onnxr
 has, plus fedzoo itself without dependencies (for `train_locally`).
 
 Usage: python bench/fl_scale.py [--setup-flower] [--clients 10,200,1000] [--rounds 2] [--workers 2]
-       [--frameworks fedzoo,flower-inprocess,flower-ray] [--timeout-s 1800]
+       [--frameworks fedzoo,fedzoo-tcp,flower-inprocess,flower-ray] [--timeout-s 1800]
 """
 
 from __future__ import annotations
@@ -118,16 +121,18 @@ def main() -> None:
         sys.exit(f"no Flower venv at {arguments.flower_venv}: run with --setup-flower once")
     print(f"{DATASET}, MLP-{HIDDEN_UNITS}, every client every round, {arguments.rounds} rounds; {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.1f}")
-    print(f"{'clients':>7} {'framework':<18} {'round s':>8} {'train s':>8} {'overhead s':>10} {'peak RSS MB':>11}  rounds")
+    print(f"{'clients':>7} {'framework':<18} {'round s':>8} {'train s':>8} {'overhead s':>10} {'peak RSS MB':>11} "
+          f"{'workers MB':>14}  rounds")
     results: dict[tuple[int, str], tuple[float, float, bool]] = {}  # overhead s, peak RSS MB, every round closed
     with tempfile.TemporaryDirectory(prefix="fedzoo-fl-scale-") as folder:
         zoo_dir, model_id, data = prepare(Path(folder))
         for clients in [int(value) for value in arguments.clients.split(",")]:
             for framework in frameworks:
-                if framework == "fedzoo":
+                if framework.startswith("fedzoo"):
+                    transport = "tcp" if framework == "fedzoo-tcp" else "wsgi"
                     command = [str(Path(sys.executable).parent / "fedzoo"), "fl", "simulate", "--zoo", str(zoo_dir), "--model", model_id,
                                "--clients", str(clients), "--per-round", str(clients), "--rounds", str(arguments.rounds),
-                               "--executor", "processes", "--workers", str(arguments.workers), "--quiet",
+                               "--executor", "processes", "--workers", str(arguments.workers), "--quiet", "--transport", transport,
                                "--local-epochs", str(TRAINING["local_epochs"]), "--batch-size", str(TRAINING["batch_size"]),
                                "--learning-rate", str(TRAINING["learning_rate"]), "--dataset", DATASET, "--seed", str(SEED)]
                 else:
@@ -138,19 +143,25 @@ def main() -> None:
                 if isinstance(outcome, str):
                     print(f"{clients:>7} {framework:<18} {outcome}", flush=True)
                     continue
-                concurrency = outcome.get("workers", 1) if framework == "fedzoo" else (os.cpu_count() if framework == "flower-ray" else 1)
+                concurrency = (outcome.get("workers", 1) if framework.startswith("fedzoo")
+                               else (os.cpu_count() if framework == "flower-ray" else 1))
                 wall, train, overhead = figures(outcome["rounds"], concurrency)
                 closed = all(r.get("state", "closed") == "closed" for r in outcome["rounds"])
-                results[clients, framework] = (overhead, outcome["peak_rss_mb"], closed)
-                print(f"{clients:>7} {framework:<18} {wall:8.2f} {train:8.2f} {overhead:10.2f} {outcome['peak_rss_mb']:11.1f}  "
-                      f"{round_outcomes(outcome['rounds'])}", flush=True)
-    if (200, "fedzoo") in results and (200, "flower-inprocess") in results:
-        ratio = results[200, "fedzoo"][0] / max(results[200, "flower-inprocess"][0], 1e-9)
-        print(f"overhead at 200 clients, fedzoo / Flower in-process: {ratio:.1f}x (goal <= 2x)")
-    if (1000, "fedzoo") in results:
-        _, peak_mb, closed = results[1000, "fedzoo"]
-        print(f"1,000 clients per round: {'every round closed' if closed else 'NOT every round closed'}; "
-              f"server peak RSS {peak_mb:.0f} MB (goal <= 1024)")
+                workers_mb = outcome.get("worker_peak_rss_mb", [])
+                # with WSGI the device processes hold server workers: their memory counts as the server's
+                server_mb = outcome["peak_rss_mb"] + (sum(workers_mb) if outcome.get("transport") == "wsgi" else 0)
+                results[clients, framework] = (overhead, server_mb, closed)
+                workers_text = "+".join(f"{value:.0f}" for value in workers_mb) or "-"
+                print(f"{clients:>7} {framework:<18} {wall:8.2f} {train:8.2f} {overhead:10.2f} {outcome['peak_rss_mb']:11.1f} "
+                      f"{workers_text:>14}  {round_outcomes(outcome['rounds'])}", flush=True)
+    for framework in ("fedzoo", "fedzoo-tcp"):
+        if (200, framework) in results and (200, "flower-inprocess") in results:
+            ratio = results[200, framework][0] / max(results[200, "flower-inprocess"][0], 1e-9)
+            print(f"overhead at 200 clients, {framework} / Flower in-process: {ratio:.1f}x (goal <= 2x)")
+        if (1000, framework) in results:
+            _, server_mb, closed = results[1000, framework]
+            print(f"1,000 clients per round ({framework}): {'every round closed' if closed else 'NOT every round closed'}; "
+                  f"server peak RSS {server_mb:.0f} MB (goal <= 1024)")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedzoo.capabilities import PYTHON_SDK, Capabilities
@@ -66,6 +67,7 @@ class FedzooClient:
         progress: ProgressCallback | None = None,
         clock: Callable[[], float] = time.time,
         signing_key: Ed25519PrivateKey | None = None,
+        transport: httpx.BaseTransport | None = None,
     ) -> None:
         """`state_file` keeps the device id, token and token expiry across restarts (a token saved there is
         used when `token` is not given). `trusted_keys` pins the fleet's card-signing keys: every card must then
@@ -74,8 +76,10 @@ class FedzooClient:
         cache must not reset it), so that no later card can roll a line back.
         `progress`, when given, hears every download and upload's bytes as they move (for progress bars).
         `clock` gives this device's Unix time, which decides when the token is due for rotation.
-        `signing_key` is the device's long-term SecAgg+ key where it is not kept in the state file."""
-        self.http = FedzooHTTP(base_url, token=token, retry=retry, timeout_s=timeout_s)
+        `signing_key` is the device's long-term SecAgg+ key where it is not kept in the state file.
+        `transport` replaces the network: e.g. `httpx.WSGITransport` into a server app in this process (a
+        simulation's virtual devices, `fedzoo.cloud.simulation.InProcessServer`)."""
+        self.http = FedzooHTTP(base_url, token=token, retry=retry, timeout_s=timeout_s, transport=transport)
         self.progress = progress
         self.clock = clock
         self.cache = BlobCache(Path(cache_dir).expanduser() if cache_dir is not None else None)

@@ -44,6 +44,10 @@ class Executor(ABC):
     def close(self) -> None:
         """Release workers; the executor must not be used afterwards."""
 
+    def worker_pids(self) -> list[int]:
+        """The process ids of its workers on this machine (none when it runs items in this process or on Ray)."""
+        return []
+
 
 class InProcessExecutor(Executor):
     """One item after another in this process."""
@@ -104,6 +108,9 @@ class ProcessExecutor(Executor):
             if on_result is not None:
                 on_result(done)
         return results
+
+    def worker_pids(self) -> list[int]:
+        return list(self._pool._processes) if self._pool is not None else []  # noqa: SLF001 (no public accessor)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -1,11 +1,14 @@
 """`fedzoo fl simulate`: a simulated federation from the command line (as Flower users run `flwr run`): a zoo
 model fine-tuned by N virtual devices over rounds, against the real server.
 
-The server is fedzoo's own app on a fresh SQLite file, in this process, served over loopback TCP by
-werkzeug's threaded server (`LoopbackServer`): every device registers, checks in, downloads and uploads over
-HTTP, as a phone would. The devices' work runs on the executor: `processes` (one per core, each keeping its
-devices' HTTP clients across rounds), `ray` (tasks reading the shards from Ray's object store), or
-`in-process`. Prints a progress bar on stderr and a JSON summary on stdout.
+The server is fedzoo's own app on a fresh SQLite file (`LoopbackServer`): every device registers, checks in,
+downloads and uploads through the SDK's HTTP requests, as a phone would. `--transport wsgi` (the default) hands
+each request to the app through WSGI, without TCP: in this process (check-ins) and, in each device process, an
+instance of the app on the same data directory (a server worker, as gunicorn runs several on one database);
+`--transport tcp` serves the app over loopback TCP with werkzeug's threaded server in this process. The devices'
+work runs on the executor: `processes` (one per core, each keeping its devices' HTTP clients across rounds),
+`ray` (tasks reading the shards from Ray's object store), or `in-process`. Prints a progress bar on stderr and a
+JSON summary on stdout.
 """
 
 from __future__ import annotations
@@ -19,7 +22,11 @@ from typing import Any
 
 import click
 
-SERVER_DESCRIPTION = "fedzoo server in this process (werkzeug threaded, loopback TCP, SQLite)"
+SERVER_DESCRIPTIONS = {
+    "tcp": "fedzoo server in this process (werkzeug threaded, loopback TCP, SQLite)",
+    "wsgi": "fedzoo server through WSGI without TCP, in this process and in each device process (server workers "
+            "on one SQLite database)",
+}
 
 
 def _cloud_examples(card: Any, train_examples: int) -> int:
@@ -29,14 +36,14 @@ def _cloud_examples(card: Any, train_examples: int) -> int:
     return trained if trained < train_examples else 0
 
 
-def peak_rss_mb() -> float:
-    """This process's peak resident memory: VmHWM, the high-water mark of its own memory since it started its
-    program. Not `getrusage`'s ru_maxrss, which Linux carries over from the parent's image through fork and
-    exec (a bench that forks this command from a 500 MB process read 500 MB for any child)."""
+def peak_rss_mb(pid: int | str = "self") -> float:
+    """A process's peak resident memory (this one's by default): VmHWM, the high-water mark of its own memory
+    since it started its program. Not `getrusage`'s ru_maxrss, which Linux carries over from the parent's image
+    through fork and exec (a bench that forks this command from a 500 MB process read 500 MB for any child)."""
     try:
-        status = Path("/proc/self/status").read_text()
+        status = Path(f"/proc/{pid}/status").read_text()
     except OSError:  # not Linux
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 if pid == "self" else 0.0
     kilobytes = next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))
     return int(kilobytes) / 1024
 
@@ -50,6 +57,8 @@ def peak_rss_mb() -> float:
 @click.option("--executor", type=click.Choice(["processes", "ray", "in-process"]), default="processes", show_default=True,
               help="Where the devices' work runs.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Processes or Ray CPUs (default: all cores).")
+@click.option("--transport", type=click.Choice(["wsgi", "tcp"]), default="wsgi", show_default=True,
+              help="How requests reach the server: through WSGI in each process (no TCP), or loopback TCP.")
 @click.option("--http-threads", type=click.IntRange(min=1), default=4, show_default=True,
               help="Threads that register devices and check them in.")
 @click.option("--dataset", default=None, help="The zoo's data set (default: the model's task); its split must be the build's.")
@@ -64,7 +73,7 @@ def peak_rss_mb() -> float:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the split (use the build's) and the shards.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def simulate(zoo_dir: Path, model_id: str, clients: int, per_round: int, rounds: int, executor: str, workers: int | None,
-             http_threads: int, dataset: str | None, alpha: float | None, local_epochs: int, batch_size: int,
+             transport: str, http_threads: int, dataset: str | None, alpha: float | None, local_epochs: int, batch_size: int,
              learning_rate: float, max_accuracy_drop: float, deadline_s: float, seed: int, quiet: bool) -> None:
     """Fine-tune zoo model MODEL on CLIENTS virtual devices for ROUNDS rounds of PER_ROUND devices against the
     real server; prints a JSON summary (per round: state, accuracy on the test split, wall and training seconds)."""
@@ -73,7 +82,8 @@ def simulate(zoo_dir: Path, model_id: str, clients: int, per_round: int, rounds:
     try:
         summary = run_simulation(zoo_dir, model_id, clients, per_round, rounds, executor, workers, http_threads, dataset, alpha,
                                  {"local_epochs": local_epochs, "batch_size": batch_size, "learning_rate": learning_rate,
-                                  "max_accuracy_drop": max_accuracy_drop, "deadline_s": deadline_s}, seed, quiet)
+                                  "max_accuracy_drop": max_accuracy_drop, "deadline_s": deadline_s}, seed, quiet,
+                                 transport)
     except ModuleNotFoundError as error:
         raise click.ClickException(f"fedzoo fl simulate needs {error.name!r}: pip install 'fedzoo[all]'") from None
     click.echo(json.dumps(summary, indent=2))
@@ -81,7 +91,7 @@ def simulate(zoo_dir: Path, model_id: str, clients: int, per_round: int, rounds:
 
 def run_simulation(zoo_dir: Path, model_id: str, clients: int, per_round: int, rounds: int, executor: str,
                    workers: int | None, http_threads: int, dataset: str | None, alpha: float | None,
-                   round_settings: dict[str, Any], seed: int, quiet: bool = True) -> dict[str, Any]:
+                   round_settings: dict[str, Any], seed: int, quiet: bool = True, transport: str = "wsgi") -> dict[str, Any]:
     """Run the simulation `fedzoo fl simulate` describes and return its summary."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -99,9 +109,9 @@ def run_simulation(zoo_dir: Path, model_id: str, clients: int, per_round: int, r
               **round_settings}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fedzoo-simulate-") as folder:
-        with LoopbackServer(Path(folder) / "server") as server:
+        with LoopbackServer(Path(folder) / "server", transport=transport) as server:
             with Simulation(federation, server.url, executor=executor, cache_root=Path(folder) / "devices", seed=seed,
-                            workers=workers, http_threads=http_threads) as simulation:
+                            workers=workers, http_threads=http_threads, in_process=server.in_process) as simulation:
                 simulation.publish_base_model()
                 simulation.register_devices()
                 setup_seconds = time.perf_counter() - started
@@ -115,22 +125,27 @@ def run_simulation(zoo_dir: Path, model_id: str, clients: int, per_round: int, r
                         progress.update(bar, advance=1, description=f"round {record.number}: {record.state}, accuracy {accuracy}")
 
                     records = simulation.run(config, progress=on_round)
+                # read before the executor's workers exit (with --transport wsgi they hold server workers too)
+                worker_peaks_mb = [peak_rss_mb(pid) for pid in simulation.executor.worker_pids()]
     return {
         "model_id": model_id,
         "clients": clients,
         "per_round": per_round,
         "executor": executor,
         "workers": simulation.executor.workers,
-        "server": SERVER_DESCRIPTION,
+        "transport": transport,
+        "server": SERVER_DESCRIPTIONS[transport],
         "setup_seconds": setup_seconds,
         "wall_seconds": time.perf_counter() - started,
         "peak_rss_mb": peak_rss_mb(),
+        "worker_peak_rss_mb": worker_peaks_mb,  # each device process's (the processes executor; Ray's are its own)
         "base_accuracy": card.metrics.accuracy,
         "rounds": [
             {"number": record.number, "state": record.state, "participants": record.participants,
              "accepted_updates": record.accepted_updates, "refused": record.refused, "accuracy": record.accuracy,
              "result_model_id": record.result_model_id, "wall_seconds": record.wall_seconds,
-             "train_seconds": record.train_seconds, "upload_bytes": record.upload_bytes}
+             "train_seconds": record.train_seconds, "check_in_seconds": record.check_in_seconds,
+             "work_seconds": record.work_seconds, "upload_bytes": record.upload_bytes}
             for record in records
         ],
     }

@@ -1,7 +1,8 @@
 """Federated simulation: N virtual devices over Dirichlet(alpha) shards against a real server on loopback.
 
 Nothing is faked between the parts: the server is `fedzoo.server.create_app` on a SQLite file,
-served by werkzeug on 127.0.0.1; every virtual device registers, checks in, downloads, trains with
+served by werkzeug on 127.0.0.1 (or, with `LoopbackServer(transport="wsgi")`, called through WSGI in each
+process that holds devices, without TCP); every virtual device registers, checks in, downloads, trains with
 `fedzoo.edge.trainer` and uploads through the `fedzoo.clients` SDK over HTTP. Only the data
 differs per device (its Dirichlet shard) and, for robustness experiments, what an attacker does to
 its data and delta (`fedzoo.cloud.attacks`).
@@ -17,6 +18,7 @@ local training and the same strategies without the HTTP server, until SecAgg+ is
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 import random
@@ -27,8 +29,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import httpx
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -59,23 +62,75 @@ from fedzoo.server.fl.strategies import (ClientUpdate, Strategy, make_strategy, 
                                          weighted_mean_delta)
 from fedzoo.signing import CardSigningKey, sign_card
 
+if TYPE_CHECKING:
+    from fedzoo.server.config import ServerConfig
+
 DEFAULT_ADMIN_TOKEN = "simulation-admin-token-0123456789abcdefghij"  # >= 32 bytes, as the server requires
 
 
 # A simulated fleet shares one address, so the per-address rate limits (meant for a real fleet) are off; the
 # per-device ones and enrollment stay as in production.
-LOOPBACK_ENVIRONMENT = {f"FEDZOO_RATE_LIMIT_{action}_PER_ADDRESS": "off" for action in ("REGISTER", "LOOKUP", "UPLOAD")}
+# Its data directory is thrown away at the end, so blobs are not fsynced (a durable server fsyncs every
+# accepted update before answering: FEDZOO_FSYNC_BLOBS, docs/fleet-simulation.md says what that costs).
+LOOPBACK_ENVIRONMENT = {**{f"FEDZOO_RATE_LIMIT_{action}_PER_ADDRESS": "off" for action in ("REGISTER", "LOOKUP", "UPLOAD")},
+                        "FEDZOO_FSYNC_BLOBS": "off"}
+TRANSPORTS = ("tcp", "wsgi")
+
+# Transports into the server apps this process calls through WSGI, by data directory: the LoopbackServer's own
+# app, or one a device process made from an InProcessServer (one more server worker on the same database, as
+# gunicorn runs several).
+_WSGI_APPS: dict[str, httpx.WSGITransport] = {}
+_WSGI_APPS_LOCK = threading.Lock()
+
+
+def _server_config(data_dir: Path, admin_token: str, viewer_token: str | None, environ: dict[str, str]) -> ServerConfig:
+    from fedzoo.server.config import ServerConfig  # the server side is imported only where a server runs
+
+    return ServerConfig.from_env(environ=environ, data_dir=data_dir, admin_token=admin_token, viewer_token=viewer_token)
+
+
+@dataclass(frozen=True)
+class InProcessServer:
+    """How a process on this machine reaches a `LoopbackServer(transport="wsgi")` without TCP: through WSGI into
+    its own instance of the app on the server's data directory (the LoopbackServer's own app in the process that
+    started it; in a device worker process, one more server worker sharing the SQLite database and blob store,
+    as gunicorn's workers do). Picklable, so executors ship it to their workers."""
+
+    url: str  # the base URL requests carry (no socket is opened for it)
+    data_dir: str
+    admin_token: str
+    viewer_token: str | None
+    environ: tuple[tuple[str, str], ...]
+
+    def transport(self) -> httpx.WSGITransport:
+        """This process's transport into the app (the app is made on first use; the database is migrated already)."""
+        with _WSGI_APPS_LOCK:
+            if self.data_dir not in _WSGI_APPS:
+                from fedzoo.server.app import create_app
+
+                config = _server_config(Path(self.data_dir), self.admin_token, self.viewer_token, dict(self.environ))
+                _WSGI_APPS[self.data_dir] = httpx.WSGITransport(app=create_app(config, migrate=False))
+            return _WSGI_APPS[self.data_dir]
 
 
 class LoopbackServer:
     """The real fedzoo server on 127.0.0.1 (a free port), in a thread, with the background deadline check
-    `fedzoo serve` runs (every `deadline_check_s`); `restart()` keeps its data directory."""
+    `fedzoo serve` runs (every `deadline_check_s`); `restart()` keeps its data directory.
+
+    With `transport="wsgi"` no socket is opened: clients reach the app through WSGI in the same process
+    (`in_process`, given to `Simulation`), and device worker processes through their own app on the same data
+    directory. What that leaves out is TCP and HTTP parsing; every request still goes through Flask, the
+    authentication, the database and the blob store."""
 
     def __init__(self, data_dir: str | Path, admin_token: str = DEFAULT_ADMIN_TOKEN, deadline_check_s: float = 1.0,
                  environ: dict[str, str] | None = None, trusted_keys: Path | None = None,
-                 viewer_token: str | None = None) -> None:
+                 viewer_token: str | None = None, transport: str = "tcp") -> None:
         """`environ`: `FEDZOO_*` settings over the loopback defaults (e.g. a short FEDZOO_DEVICE_TOKEN_TTL_S);
-        `trusted_keys`: an operator key set (FEDZOO_TRUSTED_KEYS) whose signed cards the server accepts."""
+        `trusted_keys`: an operator key set (FEDZOO_TRUSTED_KEYS) whose signed cards the server accepts;
+        `transport`: "tcp" (werkzeug on 127.0.0.1) or "wsgi" (in process, no socket)."""
+        if transport not in TRANSPORTS:
+            raise InvalidInputError(f"unknown transport {transport!r}; use one of {list(TRANSPORTS)}", field="transport")
+        self.transport = transport
         self.data_dir = Path(data_dir)
         self.environ = {**LOOPBACK_ENVIRONMENT, **(environ or {})}
         if trusted_keys is not None:
@@ -89,30 +144,48 @@ class LoopbackServer:
 
     @property
     def url(self) -> str:
+        if self.transport == "wsgi":  # a name per data directory: clients kept per URL never mix two servers
+            return f"http://fedzoo-{hashlib.sha256(str(self.data_dir.resolve()).encode()).hexdigest()[:12]}.in-process"
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def in_process(self) -> InProcessServer | None:
+        """How clients reach this server through WSGI (None over TCP)."""
+        if self.transport != "wsgi":
+            return None
+        return InProcessServer(self.url, str(self.data_dir.resolve()), self.admin_token, self.viewer_token,
+                               tuple(sorted(self.environ.items())))
 
     def start(self) -> LoopbackServer:
         # the server side (flask, SQLAlchemy) is imported only here: the rest of the harness needs none of it
         from werkzeug.serving import WSGIRequestHandler, make_server
 
         from fedzoo.server.app import create_app
-        from fedzoo.server.config import ServerConfig
         from fedzoo.server.fl.deadlines import start_deadline_watcher
 
         class _QuietHandler(WSGIRequestHandler):
             def log_request(self, *args: Any, **kwargs: Any) -> None:  # a simulation makes thousands of requests
                 pass
 
-        app = create_app(ServerConfig.from_env(environ=self.environ, data_dir=self.data_dir, admin_token=self.admin_token,
-                                               viewer_token=self.viewer_token))
+        app = create_app(_server_config(self.data_dir, self.admin_token, self.viewer_token, self.environ))
+        self._deadlines = start_deadline_watcher(app, self.deadline_check_s)
+        if self.transport == "wsgi":
+            with _WSGI_APPS_LOCK:
+                _WSGI_APPS[self.in_process.data_dir] = httpx.WSGITransport(app=app)
+            return self
         self._server = make_server("127.0.0.1", self.port or 0, app, threaded=True, request_handler=_QuietHandler)
         self.port = self._server.server_port
-        self._deadlines = start_deadline_watcher(app, self.deadline_check_s)
         self._thread = threading.Thread(target=self._server.serve_forever, name="fedzoo-loopback", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        if self.transport == "wsgi":
+            with _WSGI_APPS_LOCK:
+                started = _WSGI_APPS.pop(self.in_process.data_dir, None)
+            if started is not None:
+                self._deadlines.stop()
+            return
         if self._server is not None:
             self._deadlines.stop()
             self._server.shutdown()
@@ -316,6 +389,7 @@ class _Work:
 @dataclass(frozen=True)
 class _Context:
     base_url: str
+    in_process: InProcessServer | None  # None: over TCP
     cache_root: str
     pool_x: np.ndarray
     pool_y: np.ndarray
@@ -329,13 +403,19 @@ _DEVICE_CLIENTS: dict[tuple[str, str], FedzooClient] = {}
 _DEVICE_CLIENTS_LOCK = threading.Lock()  # devices check in from several threads
 
 
-def _device_client(base_url: str, token: str, cache_dir: Path, signing_key: bytes) -> FedzooClient:
+def _device_client(base_url: str, token: str, cache_dir: Path, signing_key: bytes,
+                   in_process: InProcessServer | None) -> FedzooClient:
     key = (base_url, token)
     with _DEVICE_CLIENTS_LOCK:
         if key not in _DEVICE_CLIENTS:
             _DEVICE_CLIENTS[key] = FedzooClient(base_url, token=token, cache_dir=cache_dir,
-                                                signing_key=load_signing_key(signing_key))
+                                                signing_key=load_signing_key(signing_key),
+                                                transport=_transport(in_process))
         return _DEVICE_CLIENTS[key]
+
+
+def _transport(in_process: InProcessServer | None) -> httpx.WSGITransport | None:
+    return in_process.transport() if in_process is not None else None
 
 
 def _close_device_clients(base_url: str) -> None:
@@ -343,12 +423,28 @@ def _close_device_clients(base_url: str) -> None:
         _DEVICE_CLIENTS.pop(key).close()
 
 
+@dataclass(frozen=True)
+class _CheckIn:
+    device_index: int
+    token: str
+    signing_key: bytes
+    task: str  # the task name the device asks work for
+
+
+def _check_in(context: _Context, check_in: _CheckIn) -> dict[str, Any] | None:
+    """One device's check-in on an executor's worker: the task the server gives it, or None."""
+    client = _device_client(context.base_url, check_in.token,
+                            Path(context.cache_root) / f"device-{check_in.device_index}", check_in.signing_key,
+                            context.in_process)
+    return client.fl_task(check_in.task)["task"]
+
+
 def _do_work(context: _Context, work: _Work) -> ParticipationResult:
     """One selected device's work; a top-level function so Ray can ship it to a worker."""
     shard = context.shards[work.device_index]
     data = LocalData(context.pool_x[shard], context.pool_y[shard])
     client = _device_client(context.base_url, work.token, Path(context.cache_root) / f"device-{work.device_index}",
-                            work.signing_key)
+                            work.signing_key, context.in_process)
     if not work.attacker:
         return run_task(client, work.task, data, context.encoding, work.seed)
     return run_task(client, work.task, context.attack.poison(data), context.encoding, work.seed, context.attack)
@@ -368,6 +464,10 @@ class RoundRecord:
     participants: int = 0  # selected devices that did their work this round
     wall_seconds: float = 0.0  # from the first check-in to the server's finished round
     train_seconds: float = 0.0  # the participants' local training, summed
+    check_in_seconds: float = 0.0  # the round's first part: every device checked in (selection)
+    work_seconds: float = 0.0  # the second: the selected devices' download, training and upload (the last
+    # upload's request aggregates, evaluates and publishes: that is in here too); the rest of wall_seconds is
+    # reading the round's outcome
 
 
 class Simulation:
@@ -376,22 +476,25 @@ class Simulation:
     Devices check in and register from `http_threads` threads (each a blocking HTTP call), and do their
     work on the executor: in this process, in `workers` processes, or as Ray tasks. The work's shared
     context (the data pool and the shards) goes to the executor once for the whole simulation: a process
-    pool keeps it across rounds, Ray keeps it in its object store, where every task reads the same copy."""
+    pool keeps it across rounds, Ray keeps it in its object store, where every task reads the same copy.
+    With `in_process` (a `LoopbackServer(transport="wsgi")`'s), every request goes through WSGI instead of
+    TCP; the executor's processes must then run on this machine (they open the server's data directory)."""
 
     def __init__(
         self, federation: Federation, server_url: str, admin_token: str = DEFAULT_ADMIN_TOKEN,
         executor: str = "in-process", cache_root: str | Path | None = None, attackers: frozenset[int] = frozenset(),
         attack: DeviceAttack = ScaledUpdateAttack(), encoding: Encoding = "fp32", seed: int = 0,
-        workers: int | None = None, http_threads: int = 1,
+        workers: int | None = None, http_threads: int = 1, in_process: InProcessServer | None = None,
     ) -> None:
         self.federation, self.server_url, self.admin_token = federation, server_url, admin_token
+        self.in_process = in_process
         self.executor = make_executor(executor, workers)
         self.http_threads = http_threads
         self._own_cache = cache_root is None
         self.cache_root = Path(cache_root) if cache_root is not None else Path(tempfile.mkdtemp(prefix="fedzoo-sim-"))
         self.attackers, self.attack, self.encoding = attackers, attack, encoding
         self.rng = random.Random(seed)
-        self.admin = FedzooClient(server_url, cache_dir=self.cache_root / "admin")
+        self.admin = FedzooClient(server_url, cache_dir=self.cache_root / "admin", transport=_transport(in_process))
         self.tokens: list[str] = []
         self.signing_keys: list[bytes] = []  # each device's raw Ed25519 private key, beside its token
         self._context: _Context | None = None
@@ -429,7 +532,8 @@ class Simulation:
                 cpu=CpuInfo(model="virtual", cores=1), memory_mb=2048,
                 runtime=RuntimeInfo(onnxruntime="simulated", threads=1),
             )
-            with FedzooClient(self.server_url, cache_dir=self.cache_root / "register") as client:
+            with FedzooClient(self.server_url, cache_dir=self.cache_root / "register",
+                              transport=_transport(self.in_process)) as client:
                 return client.register(profile, enrollment_token)["token"], signing_private_bytes(client.signing_key)
 
         with ThreadPoolExecutor(max_workers=self.http_threads) as pool:
@@ -446,8 +550,8 @@ class Simulation:
         """The devices' shared context, made again only when a setting it carries changed (so that an
         executor keeps its copy across rounds)."""
         if self._context is None or (self._context.encoding, self._context.attack) != (self.encoding, self.attack):
-            self._context = _Context(self.server_url, str(self.cache_root), self.federation.pool.x, self.federation.pool.y,
-                                     self.federation.shards, self.encoding, self.attack)
+            self._context = _Context(self.server_url, self.in_process, str(self.cache_root), self.federation.pool.x,
+                                     self.federation.pool.y, self.federation.shards, self.encoding, self.attack)
         return self._context
 
     def run_round(self, round_id: int) -> RoundRecord:
@@ -458,13 +562,20 @@ class Simulation:
 
         def check_in(index: int) -> dict[str, Any] | None:
             client = _device_client(self.server_url, self.tokens[index], self.cache_root / f"device-{index}",
-                                    self.signing_keys[index])
+                                    self.signing_keys[index], self.in_process)
             return client.fl_task(self.federation.card.task)["task"]
 
-        # the server selects devices in the order they check in: with several threads, that order is the
-        # threads' race (one thread keeps the shuffled order)
-        with ThreadPoolExecutor(max_workers=self.http_threads) as pool:
-            tasks = list(pool.map(check_in, order))
+        # the server selects devices in the order they check in: with several threads or worker processes,
+        # that order is their race (one thread keeps the shuffled order)
+        if self.in_process is not None and self.executor.name == "processes" and self.executor.workers > 1:
+            # each worker process holds a server worker: check-ins spread over them instead of queueing
+            # for this process's one
+            tasks = self.executor.map(_check_in, self._work_context(), [
+                _CheckIn(index, self.tokens[index], self.signing_keys[index], self.federation.card.task) for index in order])
+        else:
+            with ThreadPoolExecutor(max_workers=self.http_threads) as pool:
+                tasks = list(pool.map(check_in, order))
+        checked_in = time.perf_counter()
         work = []
         for index, task in zip(order, tasks):
             if task is not None and task["round_id"] == round_id:
@@ -477,6 +588,7 @@ class Simulation:
                 results = list(pool.map(lambda item: _do_work(context, item), work))
         else:
             results = self.executor.map(_do_work, context, work)
+        worked = time.perf_counter()
         view = self.admin.fl_round(round_id)
         while view["state"] in ("open", "collecting", "aggregating"):
             deadline = view["deadline_at"]
@@ -489,7 +601,7 @@ class Simulation:
         return RoundRecord(round_id, view["number"], view["state"], view["accepted_updates"], view["upload_bytes"],
                            accuracy, view["result_model_id"], sum(r.outcome != "accepted" for r in results),
                            view["outcome"], len(results), time.perf_counter() - started,
-                           sum(r.train_seconds for r in results))
+                           sum(r.train_seconds for r in results), checked_in - started, worked - checked_in)
 
     def run(self, round_config: dict[str, Any], progress=None, stop_after_failed_rounds: int | None = None
             ) -> list[RoundRecord]:

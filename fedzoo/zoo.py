@@ -38,15 +38,17 @@ def sha256_of_file(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so readers see either the old file or the whole new one."""
+def atomic_write_bytes(path: Path, data: bytes, fsync: bool = True) -> None:
+    """Write `data` to `path` so readers see either the old file or the whole new one; with `fsync` the bytes
+    are on disk before the file appears (a power cut leaves the old file or the new one, never a torn one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(descriptor, "wb") as stream:
             stream.write(data)
             stream.flush()
-            os.fsync(stream.fileno())
+            if fsync:
+                os.fsync(stream.fileno())
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

@@ -127,7 +127,7 @@ def create_app(config: ServerConfig | None = None, estimator: LatencyEstimator |
     app.extensions[EXTENSION_KEY] = ServerContext(
         config=config,
         db=database,
-        store=FileBlobStore(config.blob_dir),
+        store=FileBlobStore(config.blob_dir, fsync=config.fsync_blobs),
         estimator=estimator,
         limiter=RateLimiter(config.rate_limits,
                             config.rate_limit_storage_uri or f"sqlite:///{config.data_dir / 'rate-limits.db'}"),

@@ -51,11 +51,13 @@ class BlobStore(ABC):
 
 
 class FileBlobStore(BlobStore):
-    """Blobs as files under one root, written atomically (temporary file, fsync, rename)."""
+    """Blobs as files under one root, written atomically (temporary file, fsync, rename). `fsync=False` skips the
+    fsync (still atomic for readers, not durable across a power cut): for a throwaway server such as a simulation's."""
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, fsync: bool = True) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
+        self.fsync = fsync
 
     def _path(self, sha256: str) -> Path:
         check_digest(sha256)
@@ -70,7 +72,7 @@ class FileBlobStore(BlobStore):
         target = self._path(digest)
         if target.is_file():
             return digest
-        atomic_write_bytes(target, data)
+        atomic_write_bytes(target, data, fsync=self.fsync)
         return digest
 
     def put_file(self, path: str | Path, expected_sha256: str | None = None) -> str:

@@ -47,6 +47,9 @@ class ServerConfig:
     trusted_keys_path: Path | None = None
     require_signed_cards: bool = False
     dp_line_max_epsilon: float = DEFAULT_DP_LINE_MAX_EPSILON
+    # fsync every stored blob (an accepted update is on disk before the device hears so); a simulation's
+    # throwaway server turns it off (fedzoo.cloud.simulation.LOOPBACK_ENVIRONMENT)
+    fsync_blobs: bool = True
 
     def __post_init__(self) -> None:
         if self.admin_token is not None and len(self.admin_token.encode("utf-8")) < MIN_ADMIN_TOKEN_BYTES:
@@ -65,7 +68,7 @@ class ServerConfig:
         `FEDZOO_SECRET_KEY`, `FEDZOO_MAX_REQUEST_BYTES`, `FEDZOO_MAX_JSON_BYTES`, `FEDZOO_FL_MAX_EXAMPLES_PER_UPDATE`,
         `FEDZOO_OPEN_ENROLLMENT`, `FEDZOO_DEVICE_TOKEN_TTL_S`, `FEDZOO_RATE_LIMIT_STORAGE_URI`,
         `FEDZOO_RATE_LIMIT_<RULE>` (see `fedzoo.server.ratelimit`), `FEDZOO_SERVER_SIGNING_KEY`, `FEDZOO_TRUSTED_KEYS`,
-        `FEDZOO_REQUIRE_SIGNED_CARDS`, `FEDZOO_DP_LINE_MAX_EPSILON`; keyword overrides win."""
+        `FEDZOO_REQUIRE_SIGNED_CARDS`, `FEDZOO_DP_LINE_MAX_EPSILON`, `FEDZOO_FSYNC_BLOBS`; keyword overrides win."""
         from fedzoo.server.ratelimit import rate_limits_from_env
 
         env = dict(os.environ if environ is None else environ)
@@ -90,6 +93,7 @@ class ServerConfig:
             # on by default once the operator named the keys to trust; off out of the box (docs/signed-models.md)
             "require_signed_cards": _switch(env, "FEDZOO_REQUIRE_SIGNED_CARDS", bool(env.get("FEDZOO_TRUSTED_KEYS"))),
             "dp_line_max_epsilon": _positive_float(env, "FEDZOO_DP_LINE_MAX_EPSILON", DEFAULT_DP_LINE_MAX_EPSILON),
+            "fsync_blobs": _switch(env, "FEDZOO_FSYNC_BLOBS", True),
         }
         values.update({key: value for key, value in overrides.items() if value is not None})
         return cls(**values)  # type: ignore[arg-type]

@@ -14,6 +14,8 @@ from fedzoo.cloud.simulation import (
     centralized_baseline,
     prepare_federation,
 )
+from fedzoo.edge.onnx_initializers import read_float_initializers
+from fedzoo.errors import InvalidInputError
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +46,20 @@ def test_scaled_update_attack_scales_every_tensor():
     assert ScaledUpdateAttack(-10.0)(delta)["w"].tolist() == [-10.0, 20.0]
 
 
-def _run(federation, tmp_path, executor, strategy, attackers=frozenset(), **config):
-    with LoopbackServer(tmp_path / "server") as server:
+def _run(federation, tmp_path, executor, strategy, attackers=frozenset(), transport="tcp", workers=None,
+         published=None, **config):
+    """Two rounds; with a `published` list, the published models' trainable parameters are added to it."""
+    with LoopbackServer(tmp_path / "server", transport=transport) as server:
         with Simulation(federation, server.url, executor=executor, cache_root=tmp_path / "devices",
-                        attackers=attackers, seed=0) as sim:
+                        attackers=attackers, seed=0, workers=workers, in_process=server.in_process) as sim:
             sim.publish_base_model()
             sim.register_devices()
-            return sim.run({"min_clients": 3, "target_clients": 3, "over_selection": 0.34, "deadline_s": 60,
-                            "num_rounds": 2, "batch_size": 16, "strategy": strategy, **config})
+            records = sim.run({"min_clients": 3, "target_clients": 3, "over_selection": 0.34, "deadline_s": 60,
+                               "num_rounds": 2, "batch_size": 16, "strategy": strategy, **config})
+            for record in records if published is not None else []:
+                card = sim.admin.card(record.result_model_id)
+                published.append(read_float_initializers(sim.admin.download_model(card).read_bytes()))
+            return records
 
 
 @pytest.mark.slow
@@ -112,3 +120,34 @@ def test_a_zoo_subnet_fine_tunes_on_data_the_build_never_saw(tmp_path):
     records = _run(federation, tmp_path / "run", "in-process", {"name": "fedavg"}, max_accuracy_drop=1.0)
     assert [r.state for r in records] == ["closed", "closed"] and all(0 < r.accuracy <= 1 for r in records)
     assert records[-1].outcome["num_examples"] > 0
+
+
+@pytest.mark.slow
+def test_the_wsgi_transport_publishes_the_models_tcp_does(federation, tmp_path):
+    """Without TCP the same devices, selected in the same order, send the same updates: the same models."""
+    over_tcp, over_wsgi = [], []
+    tcp = _run(federation, tmp_path / "tcp", "in-process", {"name": "fedavg"}, max_accuracy_drop=1.0, published=over_tcp)
+    wsgi = _run(federation, tmp_path / "wsgi", "in-process", {"name": "fedavg"}, transport="wsgi",
+                max_accuracy_drop=1.0, published=over_wsgi)
+    assert [(r.state, r.accepted_updates, r.refused) for r in wsgi] == [(r.state, r.accepted_updates, r.refused)
+                                                                        for r in tcp] == [("closed", 3, 1)] * 2
+    for tcp_model, wsgi_model in zip(over_tcp, over_wsgi, strict=True):
+        assert tcp_model.keys() == wsgi_model.keys()
+        for name, value in tcp_model.items():
+            np.testing.assert_allclose(wsgi_model[name], value, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_device_processes_reach_the_server_through_their_own_server_workers(federation, tmp_path):
+    # check-ins and work in 2 spawned processes, each with an app on the server's data directory
+    records = _run(federation, tmp_path, "processes", {"name": "fedavg"}, transport="wsgi", workers=2,
+                   max_accuracy_drop=1.0)
+    assert [r.state for r in records] == ["closed", "closed"]
+    # the goal's 4 seats (3 x 1.34) in each round, whichever process's server worker seated them
+    assert all(r.participants == 4 and r.outcome["accepted_updates"] == r.accepted_updates >= 3 for r in records)
+    assert all(r.check_in_seconds > 0 and r.work_seconds > 0 for r in records)
+
+
+def test_an_unknown_transport_is_refused_by_name(tmp_path):
+    with pytest.raises(InvalidInputError, match="udp"):
+        LoopbackServer(tmp_path / "server", transport="udp")

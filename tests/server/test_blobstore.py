@@ -59,3 +59,29 @@ def test_check_digest_accepts_only_64_lowercase_hex_digits(text):
 @given(st.text(alphabet=string.digits + "abcdef", min_size=64, max_size=64))
 def test_check_digest_accepts_every_hex_digest(text):
     assert check_digest(text) == text
+
+
+def test_without_fsync_a_blob_is_still_written_whole_and_read_back(tmp_path, monkeypatch):
+    """`fsync=False` (a simulation's throwaway server) skips only the fsync, not the atomic rename."""
+    import os
+
+    def no_fsync(_descriptor):
+        raise AssertionError("fsync called")
+
+    monkeypatch.setattr(os, "fsync", no_fsync)
+    store = FileBlobStore(tmp_path / "blobs", fsync=False)
+    digest = store.put(b"an update")
+    with store.open(digest) as stream:
+        assert stream.read() == b"an update"
+    assert not [path for path in (tmp_path / "blobs").rglob("*.tmp")]  # no temporary file left behind
+    with pytest.raises(AssertionError, match="fsync called"):
+        FileBlobStore(tmp_path / "durable").put(b"an update")  # the default fsyncs
+
+
+def test_fsync_blobs_is_on_unless_the_environment_turns_it_off(tmp_path):
+    from fedzoo.server.config import ServerConfig
+
+    assert ServerConfig.from_env({}, data_dir=tmp_path).fsync_blobs is True
+    assert ServerConfig.from_env({"FEDZOO_FSYNC_BLOBS": "off"}, data_dir=tmp_path).fsync_blobs is False
+    with pytest.raises(InvalidInputError, match="FEDZOO_FSYNC_BLOBS"):
+        ServerConfig.from_env({"FEDZOO_FSYNC_BLOBS": "sometimes"}, data_dir=tmp_path)

@@ -278,3 +278,33 @@ def test_an_evaluation_set_that_does_not_fit_the_model_is_refused(simulation, fe
     not_npz = simulation.admin.publish_blob(b"plain bytes", ADMIN)
     with pytest.raises(BadRequestError, match="not an .npz"):
         simulation.admin.create_rounds({"model_id": federation.card.id, "evaluation_sha256": not_npz, **_config()}, ADMIN)
+
+
+def test_concurrent_check_ins_seat_exactly_the_selection_goal(server, tmp_path):
+    """Check-ins racing for the last seats: the round seats target x (1 + over_selection) devices, not one more
+    (an extra seat would train and upload only to be refused)."""
+    crowd = prepare_federation("digits", num_clients=12, alpha=None, hidden_units=8, pretrain_epochs=1, seed=1)
+    with Simulation(crowd, server.url, cache_root=tmp_path / "crowd", http_threads=4) as simulation:
+        simulation.publish_base_model()
+        simulation.register_devices()
+        for attempt in range(3):  # a plan per attempt: each round is raced for afresh
+            round_id = simulation.start_plan(_config(target_clients=3, min_clients=1, over_selection=0.0,
+                                                     deadline_s=60))
+            devices = [_device(simulation, index) for index in range(12)]
+            start = threading.Barrier(len(devices))
+            tasks = [None] * len(devices)
+
+            def check_in(index):
+                start.wait()
+                tasks[index] = devices[index].fl_task("digits")["task"]
+
+            threads = [threading.Thread(target=check_in, args=(index,)) for index in range(len(devices))]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            seated = [task for task in tasks if task is not None and task["round_id"] == round_id]
+            view = simulation.admin.fl_round(round_id)
+            assert (len(seated), view["selected_devices"], view["state"]) == (3, 3, "collecting"), attempt
+            for device in devices:
+                device.close()

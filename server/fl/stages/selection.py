@@ -9,7 +9,7 @@ import math
 
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from fedzoo.capabilities import UPLOAD_ENCODINGS, Capabilities
@@ -62,6 +62,8 @@ class Selection:
                     if missing:
                         incapable.append(f"round {round_row.id} needs {' and '.join(missing)}")
                         continue
+                    if not self._claim(session, round_row):
+                        continue  # another check-in just filled it
                     if self._select(session, round_row, device_id):
                         return TaskResponse(task=self.task(session, round_row, device_id), retry_after_s=None)
                     unfit = True
@@ -101,10 +103,18 @@ class Selection:
                                             received_at=self.context.clock()))
         return {"round_id": round_id, "reason": reason}
 
+    @staticmethod
+    def _claim(session: Session, round_row: FLRound) -> bool:
+        """Whether the round is still open, asked with a conditional UPDATE of its row before seating: that write
+        takes SQLite's write lock (PostgreSQL: the row's lock, the condition re-read once it is free), so
+        concurrent check-ins seat one at a time, each counting the seats taken before its own, and the round
+        seats exactly its goal (an extra seat would train and upload only to be refused)."""
+        return session.execute(update(FLRound).where(FLRound.id == round_row.id, FLRound.state == "open")
+                               .values(state=FLRound.state)).rowcount > 0
+
     def _select(self, session: Session, round_row: FLRound, device_id: str) -> bool:
-        """Seat the device (in a zoo-wide round, only with a subnet that fits its budget); at the selection goal
-        the round stops selecting. Concurrent check-ins may seat a device or two past the goal, which is
-        harmless: reports beyond the target are refused anyway."""
+        """Seat the device (in a zoo-wide round, only with a subnet that fits its budget; the round claimed by
+        `_claim`); at the selection goal the round stops selecting."""
         config = RoundConfig.model_validate_json(round_row.config_json)
         if is_zoo(config) and self.zoo.assign(session, round_row, config, device_id) is None:
             return False
