@@ -305,9 +305,11 @@ class ZooPlan:
             assignment = assignments[update.device_id]
             arch = json.loads(assignment.arch_json)
             delta = {**update.load_delta(), **self.context.delta_loader(blobs[update.device_id], statistics=True)()}
-            total.add(map_back(supernet.space, arch, supernet.weights, delta), update.num_examples)
+            total.add(map_back(supernet.space, arch, supernet.weights, delta), update.num_examples,
+                      assignment.arch_json)
             subnets[assignment.zoo_model_id] = subnets.get(assignment.zoo_model_id, 0) + 1
-        weights, released = step_supernet(strategy, supernet.weights, total, config.zoo.min_coverage)
+        weights, released = step_supernet(strategy, supernet.weights, total, config.zoo.min_coverage,
+                                          config.zoo.coverage_step_exponent)
         # the coverage of what devices train: every parameter but the kernel transforms, which no subnet holds
         parameters = {name for name in supernet.weights if "kernel_transforms" not in name and not is_statistic(name)}
         if not all(np.all(np.isfinite(value)) for value in weights.values()):
@@ -319,6 +321,8 @@ class ZooPlan:
             "zoo": {
                 "supernet_id": supernet.card.id, "devices_per_zoo_model": subnets,
                 "min_coverage": config.zoo.min_coverage,
+                "coverage_step_exponent": config.zoo.coverage_step_exponent,
+                "devices_per_subnet": round(total.devices_per_subnet, 4),
                 "coverage": {
                     "parameters": elements,
                     "uncovered": sum(report[name].uncovered for name in parameters),
