@@ -3,12 +3,15 @@ it, and an element no device covered (or fewer than `min_coverage` devices) keep
 
 Each device's delta arrives mapped onto the supernet (`fedzoo.nas.subnet_mapping.map_back`): a delta and a
 coverage mask per supernet tensor. The mean of element `j` is `sum_i w_i m_ij d_ij / sum_i w_i m_ij` with
-`w_i` the device's counted examples (capped by the server, never the device's word alone). That mean is the
-pseudo-gradient of a strategy that needs only the mean delta (`Strategy.apply_mean_delta`: FedAvg, FedProx,
-FedAdam); rules that need each update's values (median, trimmed mean, Multi-Krum, norm clipping) have no
-per-element meaning over partly covering subnets and are refused. Elements below `min_coverage` are never
-moved, so no released element depends on fewer than `min_coverage` devices' updates (FedAdam's moments on
-them decay as with a zero pseudo-gradient; the weights stay).
+`w_i` the device's counted examples (capped by the server, never the device's word alone). That mean, scaled
+per element by the cohorts covering it (`coverage_step_scale`: `max(1, n_j / devices per subnet) ** e`, so a
+weight that several subnets' cohorts trained moves about as far as their per-model steps together at `e = 1`,
+and a round of one subnet gets the plain mean), is the pseudo-gradient of a strategy that needs only the mean
+delta (`Strategy.apply_mean_delta`: FedAvg, FedProx, FedAdam); rules that need each update's values (median,
+trimmed mean, Multi-Krum, norm clipping) have no per-element meaning over partly covering subnets and are
+refused. Elements below `min_coverage` are never moved, so no released element depends on fewer than
+`min_coverage` devices' updates (FedAdam's moments on them decay as with a zero pseudo-gradient; the weights
+stay).
 """
 
 from __future__ import annotations

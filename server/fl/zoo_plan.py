@@ -7,8 +7,9 @@ lookup picks under its budget, and the server improves the one supernet all zoo 
   running statistics). Devices and SDKs are unchanged: it is a round like any other to them.
 - **screening** per subnet: the norm bound's median is taken over the devices that trained the same subnet.
 - **aggregation** per element (`fedzoo.server.fl.per_element`): each delta is mapped onto the supernet
-  (`fedzoo.nas.subnet_mapping`) and every element averaged over the devices covering it; elements below
-  `min_coverage` keep their values.
+  (`fedzoo.nas.subnet_mapping`) and every element averaged over the devices covering it, that mean scaled by
+  the cohorts covering the element (`zoo.coverage_step_exponent`); elements below `min_coverage` keep their
+  values.
 - **publication**: a new supernet version, then every zoo model re-extracted from it with BatchNorm
   recalibrated on the server's calibration images, measured on the evaluation set beside its current version
   and published as the next version (signed, with lineage) if it passes the accuracy gate.
