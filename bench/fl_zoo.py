@@ -8,8 +8,9 @@ the model each tier's lookup picks when its budget sits at that model's latency)
 
 Arms, with equal devices, rounds and local epochs (each device trains its tier's model in torch, BatchNorm in
 training mode, SGD; the same local trainer in every arm):
-- A  per-model: one plan per tier, the server strategy `--strategy` (default FedAvg) stepping the tier's mean
-     delta (running statistics averaged as the server does);
+- A  per-model: one plan per zoo model (per tier; tiers served one arch share it), the server strategy
+     `--strategy` (default FedAvg) stepping its devices' mean delta (running statistics averaged as the server
+     does);
 - B  zoo-wide: every device trains its tier's subnet of the supernet; deltas mapped onto the supernet
      (`fedzoo.nas.subnet_mapping`), averaged per element and stepped by the same strategy after the zoo plan's
      coverage scaling (`fedzoo.server.fl.per_element.step_supernet`, `--coverage-step-exponent`, default the
@@ -50,7 +51,7 @@ from fedzoo.cards import ModelCard, is_supernet
 from fedzoo.cloud.data import dirichlet_partition, load_dataset, split_dataset
 from fedzoo.cloud.pipeline import PRESETS, BuildConfig, build_zoo
 from fedzoo.cloud.zoo_extraction import SupernetSpec, read_weights_npz, subnet_module, supernet_weights
-from fedzoo.nas.space import SearchSpace
+from fedzoo.nas.space import SearchSpace, arch_key
 from fedzoo.nas.subnet import evaluate_accuracy, recalibrate_batchnorm
 from fedzoo.nas.subnet_mapping import extract_weights, map_back
 from fedzoo.server.fl.per_element import CoverageSum, coverage_report, is_statistic, step_supernet
@@ -162,7 +163,8 @@ def zoo_wide(spec: SupernetSpec, tier_archs: list[dict], initial_weights: dict[s
         started = time.perf_counter()
         total = CoverageSum({name: value.shape for name, value in weights.items()})
         for device, delta in zip(training, deltas):
-            total.add(map_back(spec.space, tier_archs[device.tier], weights, delta), len(device.y), str(device.tier))
+            total.add(map_back(spec.space, tier_archs[device.tier], weights, delta), len(device.y),
+                      arch_key(tier_archs[device.tier]))  # one cohort per subnet, as the zoo plan keys them
         weights, released = step_supernet(step, weights, total, min_coverage=1,
                                           coverage_step_exponent=coverage_step_exponent)
         for tier in range(TIERS):
@@ -178,7 +180,8 @@ def zoo_wide(spec: SupernetSpec, tier_archs: list[dict], initial_weights: dict[s
 
 
 def elastic_archs(space: SearchSpace, elasticity: str) -> list[dict]:
-    """Tier archs that differ in one dimension only (the rest at the largest choice), smallest tier first."""
+    """Tier archs that differ in one dimension only (the rest at the largest choice), smallest tier first; with
+    two choices in that dimension (the tiny space) tiers 0-1 and 2-3 are served the same arch."""
     def pick(choices: tuple[int, ...], tier: int) -> int:
         ordered = sorted(choices)
         return ordered[round(tier * (len(ordered) - 1) / (TIERS - 1))]
@@ -230,14 +233,18 @@ def run_seed(zoo_dir: Path, dataset: str, num_devices: int, rounds: int, local_e
                         if not is_statistic(name)) for tier in range(TIERS)}
     per_device_bytes = float(np.mean([2 * 4 * params[device.tier] for device in devices]))
 
-    # A: one FedAvg plan per tier
-    states = {tier: zoo_state(tier_archs[tier]) for tier in range(TIERS)}
+    # A: one plan per zoo model (tiers served the same arch share its plan)
+    plan_of = {tier: next(first for first in range(TIERS) if arch_key(tier_archs[first]) == arch_key(tier_archs[tier]))
+               for tier in range(TIERS)}
+    plans = sorted(set(plan_of.values()))
+    states = {tier: zoo_state(tier_archs[tier]) for tier in plans}
     result["before"] = {tier: evaluate_accuracy(load_state(subnet_module(spec, tier_archs[tier], initial_weights),
-                                                           states[tier]), test_x, test_y)[0] for tier in range(TIERS)}
-    server_s, strategies = 0.0, {tier: make_strategy(strategy) for tier in range(TIERS)}
+                                                           states[plan_of[tier]]), test_x, test_y)[0]
+                        for tier in range(TIERS)}
+    server_s, strategies = 0.0, {tier: make_strategy(strategy) for tier in plans}
     for round_number in range(rounds):
-        for tier in range(TIERS):
-            members_of_tier = [device for device in devices if device.tier == tier]
+        for tier in plans:
+            members_of_tier = [device for device in devices if plan_of[device.tier] == tier]
             deltas = [train_locally(load_state(subnet_module(spec, tier_archs[tier], initial_weights), states[tier]),
                                     device.x, device.y, local_epochs, seed * 1000 + round_number * 100 + index)
                       for index, device in enumerate(members_of_tier)]
@@ -245,7 +252,7 @@ def run_seed(zoo_dir: Path, dataset: str, num_devices: int, rounds: int, local_e
             mean = fedavg(deltas, [len(device.y) for device in members_of_tier])
             states[tier] = server_step(strategies[tier], states[tier], mean)
             server_s += time.perf_counter() - started
-    models_a = {tier: load_state(subnet_module(spec, tier_archs[tier], initial_weights), states[tier])
+    models_a = {tier: load_state(subnet_module(spec, tier_archs[tier], initial_weights), states[plan_of[tier]])
                 for tier in range(TIERS)}
     result["A"] = {tier: evaluate_accuracy(models_a[tier], test_x, test_y)[0] for tier in range(TIERS)}
     result["A_deployed"] = deployed(models_a, devices)
