@@ -8,11 +8,14 @@ the model each tier's lookup picks when its budget sits at that model's latency)
 
 Arms, with equal devices, rounds and local epochs (each device trains its tier's model in torch, BatchNorm in
 training mode, SGD; the same local trainer in every arm):
-- A  per-model: one FedAvg plan per tier (running statistics averaged as the server does);
+- A  per-model: one plan per zoo model (per tier; tiers served one arch share it), the server strategy
+     `--strategy` (default FedAvg) stepping its devices' mean delta (running statistics averaged as the server
+     does);
 - B  zoo-wide: every device trains its tier's subnet of the supernet; deltas mapped onto the supernet
-     (`fedzoo.nas.subnet_mapping`) and averaged per element (`fedzoo.server.fl.per_element`), then every zoo model
-     re-extracted with BatchNorm recalibrated on the cloud's images (as the server does); also reported with the
-     devices' averaged statistics instead (the BatchNorm measurement);
+     (`fedzoo.nas.subnet_mapping`), averaged per element and stepped by the same strategy after the zoo plan's
+     coverage scaling (`fedzoo.server.fl.per_element.step_supernet`, `--coverage-step-exponent`, default the
+     plan's), then every zoo model re-extracted with BatchNorm recalibrated on the cloud's images (as the server
+     does); also reported with the devices' averaged statistics instead (the BatchNorm measurement);
 - R1 the smallest model trained by all devices (FedAvg); R2 the supernet trained centrally on all devices'
      data pooled (same epochs, each batch on a random tier's subnet), the upper bound.
 Reported, mean ± sd over seeds (partition and training order; one zoo build): every zoo model's accuracy on the
@@ -23,6 +26,7 @@ no model B < A - 0.5 point, bytes B <= 1.1x A.
 
     .venv/bin/python bench/fl_zoo.py [--dataset digits] [--devices 16] [--rounds 4] [--seeds 0,1,2]
         [--local-epochs 1] [--out /tmp/fedzoo-bench-zoo] [--ablations] [--elasticity zoo|width|depth|kernel]
+        [--strategy '{"name": "fedavg", "server_learning_rate": 1}'] [--coverage-step-exponent 1]
 
 `--ablations` adds B with the lowest tier's devices left out of training, and with the top tier's; `--elasticity`
 replaces the zoo's models by tier archs that differ in width only, depth only or kernel only (the rest largest).
@@ -33,6 +37,7 @@ The default (digits, 16 devices, 4 rounds, 3 seeds) takes a few minutes on 2 cor
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from dataclasses import dataclass
@@ -46,11 +51,12 @@ from fedzoo.cards import ModelCard, is_supernet
 from fedzoo.cloud.data import dirichlet_partition, load_dataset, split_dataset
 from fedzoo.cloud.pipeline import PRESETS, BuildConfig, build_zoo
 from fedzoo.cloud.zoo_extraction import SupernetSpec, read_weights_npz, subnet_module, supernet_weights
-from fedzoo.nas.space import SearchSpace
+from fedzoo.nas.space import SearchSpace, arch_key
 from fedzoo.nas.subnet import evaluate_accuracy, recalibrate_batchnorm
 from fedzoo.nas.subnet_mapping import extract_weights, map_back
 from fedzoo.server.fl.per_element import CoverageSum, coverage_report, is_statistic, step_supernet
-from fedzoo.server.fl.strategies import FedAvg
+from fedzoo.server.fl.schemas import ZooSettings
+from fedzoo.server.fl.strategies import Strategy, make_strategy
 from fedzoo.zoo import Zoo
 
 TIERS = 4
@@ -113,6 +119,14 @@ def fedavg(states: list[dict[str, np.ndarray]], weights: list[float]) -> dict[st
             for name in states[0]}
 
 
+def server_step(strategy: Strategy, state: dict[str, np.ndarray], mean: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A per-model plan's step: the strategy on the parameters, running statistics moved by their mean delta."""
+    parameters = [name for name in state if not is_statistic(name)]
+    stepped = strategy.apply_mean_delta({name: state[name] for name in parameters},
+                                        {name: mean[name] for name in parameters})
+    return {name: stepped[name] if name in stepped else value + mean[name] for name, value in state.items()}
+
+
 def deployed(models: dict[int, nn.Module], devices: list[Device]) -> tuple[float, float]:
     """(population-weighted accuracy of each device's model on its held-out data, mean of the worst 10%)."""
     accuracies, sizes = [], []
@@ -124,13 +138,23 @@ def deployed(models: dict[int, nn.Module], devices: list[Device]) -> tuple[float
     return float(np.average(accuracies, weights=sizes)), float(np.mean(worst))
 
 
+def test_split_deployed(test_accuracy: dict[int, float], devices: list[Device]) -> float:
+    """Each device's model on the test split, weighted as `deployed`: deployed minus this is how much better the
+    models fit their own tier's data than the population's."""
+    return float(np.average([test_accuracy[device.tier] for device in devices],
+                            weights=[len(device.held_y) for device in devices]))
+
+
 def zoo_wide(spec: SupernetSpec, tier_archs: list[dict], initial_weights: dict[str, np.ndarray],
              devices: list[Device], rounds: int, local_epochs: int, seed: int, cloud_x: np.ndarray,
-             trained_tiers: set[int]) -> tuple[dict[int, nn.Module], dict[str, np.ndarray], float, dict[str, float]]:
+             trained_tiers: set[int], strategy: dict, coverage_step_exponent: float,
+             ) -> tuple[dict[int, nn.Module], dict[str, np.ndarray], float, dict[str, float]]:
     """Arm B: the devices of `trained_tiers` train their tier's subnet; the server maps each delta onto the supernet,
-    steps per element and re-extracts every tier's model with BatchNorm recalibrated on the cloud's images.
-    Returns (the tier models, the supernet weights, server seconds, the last round's coverage)."""
-    weights, strategy, server_s, coverage, models = dict(initial_weights), FedAvg(), 0.0, {}, {}
+    steps per element (the zoo plan's `step_supernet`) and re-extracts every tier's model with BatchNorm
+    recalibrated on the cloud's images. Returns (the tier models, the supernet weights, server seconds, the last
+    round's coverage)."""
+    weights, server_s, coverage, models = dict(initial_weights), 0.0, {}, {}
+    step = make_strategy(strategy)
     training = [device for device in devices if device.tier in trained_tiers]
     for round_number in range(rounds):
         deltas = [train_locally(subnet_module(spec, tier_archs[device.tier], weights), device.x, device.y,
@@ -139,8 +163,10 @@ def zoo_wide(spec: SupernetSpec, tier_archs: list[dict], initial_weights: dict[s
         started = time.perf_counter()
         total = CoverageSum({name: value.shape for name, value in weights.items()})
         for device, delta in zip(training, deltas):
-            total.add(map_back(spec.space, tier_archs[device.tier], weights, delta), len(device.y))
-        weights, released = step_supernet(strategy, weights, total, min_coverage=1)
+            total.add(map_back(spec.space, tier_archs[device.tier], weights, delta), len(device.y),
+                      arch_key(tier_archs[device.tier]))  # one cohort per subnet, as the zoo plan keys them
+        weights, released = step_supernet(step, weights, total, min_coverage=1,
+                                          coverage_step_exponent=coverage_step_exponent)
         for tier in range(TIERS):
             models[tier] = subnet_module(spec, tier_archs[tier], weights)
             recalibrate_batchnorm(models[tier], cloud_x)
@@ -154,7 +180,8 @@ def zoo_wide(spec: SupernetSpec, tier_archs: list[dict], initial_weights: dict[s
 
 
 def elastic_archs(space: SearchSpace, elasticity: str) -> list[dict]:
-    """Tier archs that differ in one dimension only (the rest at the largest choice), smallest tier first."""
+    """Tier archs that differ in one dimension only (the rest at the largest choice), smallest tier first; with
+    two choices in that dimension (the tiny space) tiers 0-1 and 2-3 are served the same arch."""
     def pick(choices: tuple[int, ...], tier: int) -> int:
         ordered = sorted(choices)
         return ordered[round(tier * (len(ordered) - 1) / (TIERS - 1))]
@@ -170,7 +197,7 @@ def elastic_archs(space: SearchSpace, elasticity: str) -> list[dict]:
 
 
 def run_seed(zoo_dir: Path, dataset: str, num_devices: int, rounds: int, local_epochs: int, seed: int,
-             ablations: bool, elasticity: str) -> dict:
+             ablations: bool, elasticity: str, strategy: dict, coverage_step_exponent: float) -> dict:
     zoo = Zoo(zoo_dir)
     supernet_card = next(card for card in zoo.cards() if is_supernet(card))
     spec = SupernetSpec.from_card(supernet_card)
@@ -206,50 +233,56 @@ def run_seed(zoo_dir: Path, dataset: str, num_devices: int, rounds: int, local_e
                         if not is_statistic(name)) for tier in range(TIERS)}
     per_device_bytes = float(np.mean([2 * 4 * params[device.tier] for device in devices]))
 
-    # A: one FedAvg plan per tier
-    states = {tier: zoo_state(tier_archs[tier]) for tier in range(TIERS)}
+    # A: one plan per zoo model (tiers served the same arch share its plan)
+    plan_of = {tier: next(first for first in range(TIERS) if arch_key(tier_archs[first]) == arch_key(tier_archs[tier]))
+               for tier in range(TIERS)}
+    plans = sorted(set(plan_of.values()))
+    states = {tier: zoo_state(tier_archs[tier]) for tier in plans}
     result["before"] = {tier: evaluate_accuracy(load_state(subnet_module(spec, tier_archs[tier], initial_weights),
-                                                           states[tier]), test_x, test_y)[0] for tier in range(TIERS)}
-    server_s = 0.0
+                                                           states[plan_of[tier]]), test_x, test_y)[0]
+                        for tier in range(TIERS)}
+    server_s, strategies = 0.0, {tier: make_strategy(strategy) for tier in plans}
     for round_number in range(rounds):
-        for tier in range(TIERS):
-            members_of_tier = [device for device in devices if device.tier == tier]
+        for tier in plans:
+            members_of_tier = [device for device in devices if plan_of[device.tier] == tier]
             deltas = [train_locally(load_state(subnet_module(spec, tier_archs[tier], initial_weights), states[tier]),
                                     device.x, device.y, local_epochs, seed * 1000 + round_number * 100 + index)
                       for index, device in enumerate(members_of_tier)]
             started = time.perf_counter()
             mean = fedavg(deltas, [len(device.y) for device in members_of_tier])
-            states[tier] = {name: value + mean[name] for name, value in states[tier].items()}
+            states[tier] = server_step(strategies[tier], states[tier], mean)
             server_s += time.perf_counter() - started
-    models_a = {tier: load_state(subnet_module(spec, tier_archs[tier], initial_weights), states[tier])
+    models_a = {tier: load_state(subnet_module(spec, tier_archs[tier], initial_weights), states[plan_of[tier]])
                 for tier in range(TIERS)}
     result["A"] = {tier: evaluate_accuracy(models_a[tier], test_x, test_y)[0] for tier in range(TIERS)}
     result["A_deployed"] = deployed(models_a, devices)
+    result["A_tier_fit"] = result["A_deployed"][0] - test_split_deployed(result["A"], devices)
     result["bytes"]["A"] = per_device_bytes
     result["server_s"]["A"] = server_s / rounds
 
     # B: zoo-wide, per element over the supernet
     models_b, weights, server_s, coverage = zoo_wide(spec, tier_archs, initial_weights, devices, rounds, local_epochs,
-                                                     seed, cloud_x, set(range(TIERS)))
+                                                     seed, cloud_x, set(range(TIERS)), strategy, coverage_step_exponent)
     result["B"] = {tier: evaluate_accuracy(models_b[tier], test_x, test_y)[0] for tier in range(TIERS)}
     result["B_device_statistics"] = {tier: evaluate_accuracy(subnet_module(spec, tier_archs[tier], weights),
                                                              test_x, test_y)[0] for tier in range(TIERS)}
     result["B_deployed"] = deployed(models_b, devices)
+    result["B_tier_fit"] = result["B_deployed"][0] - test_split_deployed(result["B"], devices)
     result["bytes"]["B"] = per_device_bytes
     result["server_s"]["B"] = server_s / rounds
     result["coverage"] = coverage
     for name, tiers in ABLATIONS.items() if ablations else ():
-        models, _, _, _ = zoo_wide(spec, tier_archs, initial_weights, devices, rounds, local_epochs, seed, cloud_x, tiers)
+        models, _, _, _ = zoo_wide(spec, tier_archs, initial_weights, devices, rounds, local_epochs, seed, cloud_x,
+                                   tiers, strategy, coverage_step_exponent)
         result[f"B_{name}"] = {tier: evaluate_accuracy(models[tier], test_x, test_y)[0] for tier in range(TIERS)}
 
     # R1: the smallest model trained by all devices
-    state = zoo_state(tier_archs[0])
+    state, smallest_strategy = zoo_state(tier_archs[0]), make_strategy(strategy)
     for round_number in range(rounds):
         deltas = [train_locally(load_state(subnet_module(spec, tier_archs[0], initial_weights), state),
                                 device.x, device.y, local_epochs, seed * 1000 + round_number * 100 + index)
                   for index, device in enumerate(devices)]
-        mean = fedavg(deltas, [len(device.y) for device in devices])
-        state = {name: value + mean[name] for name, value in state.items()}
+        state = server_step(smallest_strategy, state, fedavg(deltas, [len(device.y) for device in devices]))
     smallest = load_state(subnet_module(spec, tier_archs[0], initial_weights), state)
     result["R1_smallest_by_all"] = evaluate_accuracy(smallest, test_x, test_y)[0]
     result["R1_deployed"] = deployed({tier: smallest for tier in range(TIERS)}, devices)
@@ -304,6 +337,12 @@ def main() -> None:
     parser.add_argument("--ablations", action="store_true", help="also run B with the lowest / the top tier off")
     parser.add_argument("--elasticity", choices=("zoo", "width", "depth", "kernel"), default="zoo",
                         help="the tiers' subnets: the zoo's models, or archs differing only in width, depth or kernel")
+    parser.add_argument("--strategy", type=json.loads, default={"name": "fedavg"},
+                        help="the server strategy of every arm as a plan names it (JSON), e.g. "
+                             '\'{"name": "fedavg", "server_learning_rate": 2}\'')
+    parser.add_argument("--coverage-step-exponent", type=float,
+                        default=ZooSettings.model_fields["coverage_step_exponent"].default,
+                        help="B's zoo.coverage_step_exponent (0: the plain per-element mean; default: the zoo plan's)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     zoo_dir = args.out / f"zoo-{args.dataset}"
@@ -314,11 +353,12 @@ def main() -> None:
         print(f"zoo built in {time.perf_counter() - started:.0f} s (tiny preset, {PRESETS['tiny'].max_train_examples} "
               "cloud examples)")
     results = [run_seed(zoo_dir, args.dataset, args.devices, args.rounds, args.local_epochs, int(seed), args.ablations,
-                        args.elasticity)
+                        args.elasticity, args.strategy, args.coverage_step_exponent)
                for seed in args.seeds.split(",")]
     first = results[0]
     print(f"\n{args.dataset}: {first['devices']} devices in {TIERS} tiers, {args.rounds} rounds x {args.local_epochs} "
-          f"local epoch(s), seeds {args.seeds}; tier models (smallest first): {', '.join(first['tiers'])}")
+          f"local epoch(s), seeds {args.seeds}; tier models (smallest first): {', '.join(first['tiers'])}; strategy "
+          f"{json.dumps(args.strategy)}; B's coverage step exponent {args.coverage_step_exponent}")
     print("\naccuracy on the test split, % (mean ± sd)")
     print(f"{'tier model':>12} {'cloud':>15} {'A per-model':>15} {'B zoo-wide':>15} {'B dev. BN':>15} {'R2 central':>15} {'B - A':>8}")
     for tier in range(TIERS):
@@ -334,6 +374,8 @@ def main() -> None:
     for arm in ("A", "B", "R1", "R2"):
         print(f"  {arm:>3}: {mean_sd([r[f'{arm}_deployed'][0] for r in results])} | "
               f"{mean_sd([r[f'{arm}_deployed'][1] for r in results])}")
+    print(f"  deployed minus the same models on the test split (fit to the tier's own data): "
+          f"A {mean_sd([r['A_tier_fit'] for r in results])}, B {mean_sd([r['B_tier_fit'] for r in results])}")
     deployed_gap = statistics.mean([r["B_deployed"][0] - r["A_deployed"][0] for r in results]) * 100
     largest_gap = statistics.mean([r["B"][TIERS - 1] - r["A"][TIERS - 1] for r in results]) * 100
     worst_gap = min(statistics.mean([r["B"][tier] - r["A"][tier] for r in results]) * 100 for tier in range(TIERS))

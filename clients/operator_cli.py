@@ -453,7 +453,8 @@ def zoo() -> None:
 @format_option
 def start_zoo_plan(config_file, admin_token: str, server: str, output_format: str) -> None:
     """Start a zoo-wide plan from a JSON file: a round configuration whose `model_id` is the zoo's supernet card,
-    with `zoo` settings (latency_budget_ms, latency_budget_ms_by_class, calibration_sha256, min_coverage)."""
+    with `zoo` settings (latency_budget_ms, latency_budget_ms_by_class, calibration_sha256, min_coverage,
+    coverage_step_exponent)."""
     try:
         config = json.load(config_file)
     except json.JSONDecodeError as error:

@@ -3,16 +3,20 @@ it, and an element no device covered (or fewer than `min_coverage` devices) keep
 
 Each device's delta arrives mapped onto the supernet (`fedzoo.nas.subnet_mapping.map_back`): a delta and a
 coverage mask per supernet tensor. The mean of element `j` is `sum_i w_i m_ij d_ij / sum_i w_i m_ij` with
-`w_i` the device's counted examples (capped by the server, never the device's word alone). That mean is the
-pseudo-gradient of a strategy that needs only the mean delta (`Strategy.apply_mean_delta`: FedAvg, FedProx,
-FedAdam); rules that need each update's values (median, trimmed mean, Multi-Krum, norm clipping) have no
-per-element meaning over partly covering subnets and are refused. Elements below `min_coverage` are never
-moved, so no released element depends on fewer than `min_coverage` devices' updates (FedAdam's moments on
-them decay as with a zero pseudo-gradient; the weights stay).
+`w_i` the device's counted examples (capped by the server, never the device's word alone). That mean, scaled
+per element by the cohorts covering it (`coverage_step_scale`: `max(1, n_j / devices per subnet) ** e`, so a
+weight that several subnets' cohorts trained moves about as far as their per-model steps together at `e = 1`,
+and a round of one subnet gets the plain mean), is the pseudo-gradient of a strategy that needs only the mean
+delta (`Strategy.apply_mean_delta`: FedAvg, FedProx, FedAdam); rules that need each update's values (median,
+trimmed mean, Multi-Krum, norm clipping) have no per-element meaning over partly covering subnets and are
+refused. Elements below `min_coverage` are never moved, so no released element depends on fewer than
+`min_coverage` devices' updates (FedAdam's moments on them decay as with a zero pseudo-gradient; the weights
+stay).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,16 +42,24 @@ class CoverageSum:
         self.sums = {name: np.zeros(shape, np.float64) for name, shape in shapes.items()}
         self.weights = {name: np.zeros(shape, np.float64) for name, shape in shapes.items()}
         self.counts = {name: np.zeros(shape, np.int32) for name, shape in shapes.items()}
+        self.devices_by_subnet: dict[str, int] = {}
 
-    def add(self, mapped: MappedDelta, weight: float) -> None:
-        """Add one device's mapped delta with its weight (its counted examples)."""
+    def add(self, mapped: MappedDelta, weight: float, subnet: str = "") -> None:
+        """Add one device's mapped delta with its weight (its counted examples) and the subnet it trained
+        (any key naming the arch; all updates share one cohort when left out)."""
         if not weight > 0:
             raise InvalidInputError(f"an update's weight must be positive, got {weight}", field="num_examples")
+        self.devices_by_subnet[subnet] = self.devices_by_subnet.get(subnet, 0) + 1
         for name, delta in mapped.deltas.items():
             mask = mapped.masks[name]
             self.sums[name] += np.where(mask, delta.astype(np.float64) * weight, 0.0)
             self.weights[name] += mask * weight
             self.counts[name] += mask
+
+    @property
+    def devices_per_subnet(self) -> float:
+        """The mean cohort: devices added per distinct subnet (1 before any update)."""
+        return sum(self.devices_by_subnet.values()) / len(self.devices_by_subnet) if self.devices_by_subnet else 1.0
 
     def released(self, min_coverage: int) -> dict[str, np.ndarray]:
         """Per tensor, the mask of elements covered by at least `min_coverage` (>= 1) devices."""
@@ -75,16 +87,40 @@ def is_statistic(name: str) -> bool:
     return name.rsplit(".", 1)[-1] in STATISTICS
 
 
-def step_supernet(strategy: Strategy, weights: Parameters, total: CoverageSum,
-                  min_coverage: int) -> tuple[Parameters, dict[str, np.ndarray]]:
+def coverage_step_scale(counts: dict[str, np.ndarray], released: dict[str, np.ndarray], devices_per_subnet: float,
+                        exponent: float) -> dict[str, np.ndarray]:
+    """Per element `max(1, count / devices_per_subnet) ** exponent` (0 where not released).
+
+    A per-model plan moves each model's copy of a weight by its own cohort's mean delta; a zoo-wide round
+    holds one copy, and the plain per-element mean moves it as far as one cohort would, however many
+    cohorts trained it. With exponent 1 an element that `k` cohorts' worth of devices covered moves `k`
+    times that mean, about the sum of the cohorts' steps; with 0.5, as far as keeps the noise of the mean
+    (about `1/sqrt(n)` of one device's drift) at one cohort's. The scale lies in `[1, subnets ** exponent]`;
+    a round of one subnet (a single-model plan's shape) gets 1 everywhere."""
+    if not math.isfinite(exponent) or not 0 <= exponent <= 1:
+        raise InvalidInputError(f"the coverage step exponent must lie in [0, 1], got {exponent}",
+                                field="zoo.coverage_step_exponent")
+    if not devices_per_subnet > 0:
+        raise InvalidInputError(f"devices per subnet must be positive, got {devices_per_subnet}")
+    return {name: np.where(released[name], np.maximum(count / devices_per_subnet, 1.0) ** exponent, 0.0)
+            for name, count in counts.items()}
+
+
+def step_supernet(strategy: Strategy, weights: Parameters, total: CoverageSum, min_coverage: int,
+                  coverage_step_exponent: float = 0.0) -> tuple[Parameters, dict[str, np.ndarray]]:
     """The supernet after a round, and the released masks: the strategy's step on the released elements of the
-    covered parameters; running statistics moved by their per-element mean delta (variances kept positive);
+    covered parameters, their mean delta first scaled by `coverage_step_scale` (exponent 0: the plain
+    per-element mean); running statistics moved by their per-element mean delta (variances kept positive);
     every other element as it was."""
     released = total.released(min_coverage)
     mean = total.mean(released)
     parameters = [name for name in mean if not is_statistic(name)]
+    scale = coverage_step_scale({name: total.counts[name] for name in parameters},
+                                {name: released[name] for name in parameters}, total.devices_per_subnet,
+                                coverage_step_exponent)
     updated = dict(weights)
-    updated.update(apply_per_element(strategy, weights, {name: mean[name] for name in parameters},
+    updated.update(apply_per_element(strategy, weights, {name: (mean[name] * scale[name]).astype(np.float32)
+                                                         for name in parameters},
                                      {name: released[name] for name in parameters}))
     for name in mean:
         if is_statistic(name):

@@ -160,6 +160,11 @@ class ZooSettings(_Request):
                     "model's BatchNorm statistics are recalibrated on (never the evaluation set)")
     min_coverage: int = Field(default=1, ge=1, le=100_000,
                               description="a supernet element moves only when at least this many devices covered it")
+    coverage_step_exponent: float = Field(
+        default=1.0, ge=0, le=1,
+        description="each released element's mean delta is scaled by max(1, covering devices / devices per subnet) "
+                    "to this power before the strategy's step: 1 moves a weight that k subnets' cohorts trained about "
+                    "as far as their k per-model steps together, 0 is the plain per-element mean")
 
     @field_validator("latency_budget_ms_by_class")
     @classmethod

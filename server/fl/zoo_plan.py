@@ -7,8 +7,9 @@ lookup picks under its budget, and the server improves the one supernet all zoo 
   running statistics). Devices and SDKs are unchanged: it is a round like any other to them.
 - **screening** per subnet: the norm bound's median is taken over the devices that trained the same subnet.
 - **aggregation** per element (`fedzoo.server.fl.per_element`): each delta is mapped onto the supernet
-  (`fedzoo.nas.subnet_mapping`) and every element averaged over the devices covering it; elements below
-  `min_coverage` keep their values.
+  (`fedzoo.nas.subnet_mapping`) and every element averaged over the devices covering it, that mean scaled by
+  the cohorts covering the element (`zoo.coverage_step_exponent`); elements below `min_coverage` keep their
+  values.
 - **publication**: a new supernet version, then every zoo model re-extracted from it with BatchNorm
   recalibrated on the server's calibration images, measured on the evaluation set beside its current version
   and published as the next version (signed, with lineage) if it passes the accuracy gate.
@@ -305,9 +306,11 @@ class ZooPlan:
             assignment = assignments[update.device_id]
             arch = json.loads(assignment.arch_json)
             delta = {**update.load_delta(), **self.context.delta_loader(blobs[update.device_id], statistics=True)()}
-            total.add(map_back(supernet.space, arch, supernet.weights, delta), update.num_examples)
+            total.add(map_back(supernet.space, arch, supernet.weights, delta), update.num_examples,
+                      assignment.arch_json)
             subnets[assignment.zoo_model_id] = subnets.get(assignment.zoo_model_id, 0) + 1
-        weights, released = step_supernet(strategy, supernet.weights, total, config.zoo.min_coverage)
+        weights, released = step_supernet(strategy, supernet.weights, total, config.zoo.min_coverage,
+                                          config.zoo.coverage_step_exponent)
         # the coverage of what devices train: every parameter but the kernel transforms, which no subnet holds
         parameters = {name for name in supernet.weights if "kernel_transforms" not in name and not is_statistic(name)}
         if not all(np.all(np.isfinite(value)) for value in weights.values()):
@@ -319,6 +322,8 @@ class ZooPlan:
             "zoo": {
                 "supernet_id": supernet.card.id, "devices_per_zoo_model": subnets,
                 "min_coverage": config.zoo.min_coverage,
+                "coverage_step_exponent": config.zoo.coverage_step_exponent,
+                "devices_per_subnet": round(total.devices_per_subnet, 4),
                 "coverage": {
                     "parameters": elements,
                     "uncovered": sum(report[name].uncovered for name in parameters),

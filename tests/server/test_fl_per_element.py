@@ -10,8 +10,8 @@ from fedzoo.errors import InvalidInputError
 from fedzoo.nas.space import tiny_space
 from fedzoo.nas.subnet_mapping import MappedDelta, extract_weights, map_back
 from fedzoo.server.fl.per_element import (
-    MIN_RUNNING_VARIANCE, CoverageSum, apply_per_element, coverage_by_layer, coverage_report, layer_of, require_mean_only,
-    step_supernet,
+    MIN_RUNNING_VARIANCE, CoverageSum, apply_per_element, coverage_by_layer, coverage_report, coverage_step_scale,
+    is_statistic, layer_of, require_mean_only, step_supernet,
 )
 from fedzoo.server.fl.strategies import FedAdam, FedAvg, make_strategy
 
@@ -146,3 +146,93 @@ def test_a_supernet_step_moves_statistics_by_their_mean_and_keeps_variances_posi
     for name in weights:
         if "kernel_transforms" in name:
             np.testing.assert_array_equal(stepped[name], weights[name])
+
+
+def ones_from(arch, weights, value: float = 1.0) -> MappedDelta:
+    """A device of `arch` whose delta is `value` on every tensor it holds."""
+    return map_back(SPACE, arch, weights, {name: np.full_like(share, value)
+                                           for name, share in extract_weights(SPACE, arch, weights).items()})
+
+
+def cohorts(weights, devices: list[tuple[str, object, float]]) -> CoverageSum:
+    total = CoverageSum({name: value.shape for name, value in weights.items()})
+    for subnet, arch, value in devices:
+        total.add(ones_from(arch, weights, value), 10, subnet)
+    return total
+
+
+def test_a_server_learning_rate_of_one_and_exponent_zero_reproduce_the_plain_per_element_mean():
+    weights = random_weights(5)
+    devices = [("small", SPACE.min_arch(), 3.0), ("large", SPACE.max_arch(), 1.0), ("large", SPACE.max_arch(), 2.0)]
+    plain, released = step_supernet(FedAvg(), weights, cohorts(weights, devices), min_coverage=1)
+    explicit, _ = step_supernet(FedAvg(server_learning_rate=1.0), weights, cohorts(weights, devices), min_coverage=1,
+                                coverage_step_exponent=0.0)
+    total = cohorts(weights, devices)
+    mean = total.mean(total.released(1))
+    for name, value in plain.items():
+        np.testing.assert_array_equal(explicit[name], value)
+        if not is_statistic(name) and "kernel_transforms" not in name:
+            np.testing.assert_allclose(value, np.where(released[name], weights[name] + mean[name], weights[name]),
+                                       rtol=1e-6, atol=1e-7)
+
+
+def test_a_server_learning_rate_scales_only_released_elements():
+    weights = random_weights(6)
+    devices = [("small", SPACE.min_arch(), 0.5)]
+    once, released = step_supernet(FedAvg(), weights, cohorts(weights, devices), min_coverage=1)
+    twice, _ = step_supernet(FedAvg(server_learning_rate=2.0), weights, cohorts(weights, devices), min_coverage=1)
+    name = "stages.0.0.expand_weight"
+    covered = released[name]
+    assert covered.any() and not covered.all()  # the smallest subnet holds the leading channels only
+    np.testing.assert_allclose((twice[name] - weights[name])[covered], 2 * (once[name] - weights[name])[covered],
+                               rtol=1e-5)
+    np.testing.assert_array_equal(twice[name][~covered], weights[name][~covered])
+
+
+def test_one_subnet_gets_the_plain_mean_whatever_the_exponent():
+    """A round of one subnet is a single-model plan's shape: no element is covered by more than its cohort."""
+    weights = random_weights(7)
+    devices = [("only", SPACE.max_arch(), 1.0), ("only", SPACE.max_arch(), 3.0)]
+    plain, _ = step_supernet(FedAvg(), weights, cohorts(weights, devices), min_coverage=1)
+    scaled, _ = step_supernet(FedAvg(), weights, cohorts(weights, devices), min_coverage=1, coverage_step_exponent=1.0)
+    for name, value in plain.items():
+        np.testing.assert_array_equal(scaled[name], value)
+
+
+@pytest.mark.parametrize("exponent", [0.5, 1.0])
+def test_elements_several_cohorts_cover_step_further_and_uncovered_ones_keep_their_values(exponent):
+    weights = random_weights(8)
+    small, large = SPACE.min_arch(), SPACE.max_arch()
+    devices = [("small", small, 1.0), ("small", small, 1.0), ("large", large, 1.0), ("large", large, 1.0)]
+    total = cohorts(weights, devices)
+    assert total.devices_per_subnet == 2
+    stepped, released = step_supernet(FedAvg(), weights, total, min_coverage=1, coverage_step_exponent=exponent)
+    name = "stages.0.0.expand_weight"
+    shared = total.counts[name] == 4  # both cohorts: 4 devices over 2 per subnet
+    only_large = total.counts[name] == 2
+    assert shared.any() and only_large.any()
+    moved = stepped[name] - weights[name]
+    np.testing.assert_allclose(moved[shared], 2.0**exponent, rtol=1e-6)
+    np.testing.assert_allclose(moved[only_large], 1.0, rtol=1e-6)  # one cohort's worth: never below the mean
+    # one cohort of the smallest subnet alone: what it does not hold keeps its value
+    lone = cohorts(weights, [("a", small, 1.0), ("b", small, 1.0)])
+    lone_step, lone_released = step_supernet(FedAvg(), weights, lone, min_coverage=1, coverage_step_exponent=exponent)
+    for tensor, value in lone_step.items():
+        np.testing.assert_array_equal(value[~lone_released[tensor]], weights[tensor][~lone_released[tensor]])
+    # running statistics move by their plain mean, never scaled
+    statistic = "stages.0.0.expand_norm.running_mean"
+    np.testing.assert_allclose((stepped[statistic] - weights[statistic])[released[statistic]], 1.0, rtol=1e-6)
+
+
+def test_the_coverage_scale_lies_between_one_and_the_subnet_count_to_the_exponent():
+    counts = {"w": np.array([0, 1, 2, 3, 6])}
+    released = {"w": counts["w"] >= 1}
+    scale = coverage_step_scale(counts, released, devices_per_subnet=2.0, exponent=1.0)["w"]
+    np.testing.assert_allclose(scale, [0.0, 1.0, 1.0, 1.5, 3.0])  # 3 subnets of 2 devices: at most 3
+
+
+@pytest.mark.parametrize("exponent", [-0.1, 1.5, float("nan")])
+def test_an_exponent_outside_zero_to_one_is_refused(exponent):
+    with pytest.raises(InvalidInputError, match="exponent") as error:
+        coverage_step_scale({"w": np.ones(2)}, {"w": np.ones(2, bool)}, 1.0, exponent)
+    assert error.value.field == "zoo.coverage_step_exponent"

@@ -140,6 +140,8 @@ def test_a_zoo_wide_round_improves_the_supernet_and_republishes_every_zoo_model(
     outcome = view["outcome"]["zoo"]
     # both tiers took part with different subnets: the smallest model's and a larger one's
     assert len(outcome["devices_per_zoo_model"]) == 2 and members[0].id in outcome["devices_per_zoo_model"]
+    # the default step: shared elements scaled by the cohorts covering them (2 subnets of 2 devices each)
+    assert outcome["coverage_step_exponent"] == 1.0 and outcome["devices_per_subnet"] == 2
     coverage = outcome["coverage"]
     assert 0 < coverage["released"] <= coverage["parameters"]
     assert coverage["released"] + coverage["uncovered"] <= coverage["parameters"]
@@ -250,6 +252,8 @@ def test_zoo_plans_need_the_admin_token_and_name_bad_fields(fleet):
         ("zoo.latency_budget_ms_by_class", {**plan, "zoo": {**plan["zoo"], "latency_budget_ms_by_class":
                                                                       {"tier-small": -1.0}}}),
         ("zoo", {key: value for key, value in plan.items() if key != "zoo"}),
+        ("zoo.coverage_step_exponent", {**plan, "zoo": {**plan["zoo"], "coverage_step_exponent": 1.5}}),
+        ("zoo.coverage_step_exponent", {**plan, "zoo": {**plan["zoo"], "coverage_step_exponent": -0.5}}),
     ]
     for field, config in cases:
         error = _refused(lambda: admin.create_zoo_rounds(config, DEFAULT_ADMIN_TOKEN))
