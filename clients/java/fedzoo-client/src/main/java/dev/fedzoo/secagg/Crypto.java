@@ -144,35 +144,57 @@ public final class Crypto {
      */
     public static void addMask(int[] into, byte[] key, int sign, int modulusBits) {
         int width = modulusBits / 8;
-        Cipher aes;
+        MaskStream mask = MASK_STREAMS.get();
         try {
-            aes = Cipher.getInstance("AES/CTR/NoPadding");
-            aes.init(Cipher.ENCRYPT_MODE, new SecretKeySpec(key, "AES"), new IvParameterSpec(new byte[16]));
-        } catch (GeneralSecurityException unavailable) {
-            throw new IllegalStateException("AES/CTR is part of every Java and Android platform", unavailable);
+            mask.aes.init(Cipher.ENCRYPT_MODE, new SecretKeySpec(key, "AES"), new IvParameterSpec(new byte[16]));
+        } catch (GeneralSecurityException invalid) { // a 32-byte key and a 16-byte IV always fit AES-256-CTR
+            throw new IllegalStateException(invalid);
         }
-        byte[] zeros = new byte[MASK_CHUNK_BYTES];
-        byte[] stream = new byte[MASK_CHUNK_BYTES];
-        ByteBuffer littleEndian = ByteBuffer.wrap(stream).order(ByteOrder.LITTLE_ENDIAN); // its getInt is one load
         int perChunk = MASK_CHUNK_BYTES / width;
         for (int start = 0; start < into.length; start += perChunk) {
             int count = Math.min(perChunk, into.length - start);
             try {
-                aes.update(zeros, 0, count * width, stream, 0);
+                mask.aes.update(mask.zeros, 0, count * width, mask.stream, 0);
             } catch (GeneralSecurityException impossible) { // the output buffer is large enough
                 throw new IllegalStateException(impossible);
             }
             if (width == 4) {
                 for (int i = 0; i < count; i++) {
-                    into[start + i] += sign * littleEndian.getInt(i * 4);
+                    into[start + i] += sign * mask.littleEndian.getInt(i * 4);
                 }
             } else {
                 for (int i = 0; i < count; i++) {
-                    into[start + i] += sign * (littleEndian.getShort(i * 2) & 0xffff);
+                    into[start + i] += sign * (mask.littleEndian.getShort(i * 2) & 0xffff);
                 }
             }
         }
     }
+
+    /**
+     * A thread's AES-CTR cipher and the chunk buffers a mask streams through, kept for the thread's next mask: a
+     * device adds k + 1 masks a round, and a new cipher and buffers for each cost about a tenth of the stage.
+     */
+    private static final class MaskStream {
+        final Cipher aes;
+        final byte[] zeros = new byte[MASK_CHUNK_BYTES];
+        final byte[] stream = new byte[MASK_CHUNK_BYTES];
+        final ByteBuffer littleEndian = ByteBuffer.wrap(stream).order(ByteOrder.LITTLE_ENDIAN); // getInt: one load
+
+        MaskStream() {
+            try {
+                aes = Cipher.getInstance("AES/CTR/NoPadding");
+            } catch (GeneralSecurityException unavailable) {
+                throw new IllegalStateException("AES/CTR is part of every Java and Android platform", unavailable);
+            }
+        }
+    }
+
+    private static final ThreadLocal<MaskStream> MASK_STREAMS = new ThreadLocal<MaskStream>() {
+        @Override
+        protected MaskStream initialValue() {
+            return new MaskStream();
+        }
+    };
 
     /** SHA-256 over length-prefixed parts, its first {@code size} bytes in base64: binds a value without revealing it. */
     public static String commitment(int size, byte[]... parts) {
