@@ -2,8 +2,10 @@
 federated round is closed or failed with the server's reason; at least one round of the plan publishes; a stage
 that cannot run ends the demo with one line and a non-zero exit status."""
 
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -24,14 +26,27 @@ def rounds_in(line: str) -> list[tuple[str, int]]:
     return [("closed", int(m[3])) if m[2] else ("failed", int(m[6])) for m in ROUND.finditer(line)]
 
 
+def run_in_own_process_group(command: list[str], cwd, timeout_s: float) -> subprocess.CompletedProcess:
+    """`subprocess.run` whose timeout ends the whole process group: the server the demo started goes with it
+    instead of outliving a failed test."""
+    with subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
 @pytest.mark.slow
 def test_the_demo_from_a_relative_default_workdir_runs_every_stage_and_publishes_a_round(tmp_path):
     # as a newcomer types it: no --workdir, so the default relative one, under the current directory
     has_java = bool(shutil.which("java") and shutil.which("mvn"))
-    result = subprocess.run(
+    result = run_in_own_process_group(
         [sys.executable, "-c", "from fedzoo.cli import main; main()", "demo", "--preset", "tiny",
          *([] if has_java else ["--skip-java"])],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+        cwd=tmp_path, timeout_s=900,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "\x1b[" not in result.stderr and "Traceback" not in result.stderr  # no Maven colour codes leak
