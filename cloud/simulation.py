@@ -432,7 +432,7 @@ class _CheckIn:
 
 
 def _check_in(context: _Context, check_in: _CheckIn) -> dict[str, Any] | None:
-    """One device's check-in on an executor's worker: the task the server gives it, or None."""
+    """One device's check-in (on a check-in thread or an executor's worker): the task the server gives it, or None."""
     client = _device_client(context.base_url, check_in.token,
                             Path(context.cache_root) / f"device-{check_in.device_index}", check_in.signing_key,
                             context.in_process)
@@ -560,28 +560,24 @@ class Simulation:
         order = list(range(len(self.tokens)))
         self.rng.shuffle(order)
 
-        def check_in(index: int) -> dict[str, Any] | None:
-            client = _device_client(self.server_url, self.tokens[index], self.cache_root / f"device-{index}",
-                                    self.signing_keys[index], self.in_process)
-            return client.fl_task(self.federation.card.task)["task"]
-
+        context = self._work_context()
+        check_ins = [_CheckIn(index, self.tokens[index], self.signing_keys[index], self.federation.card.task)
+                     for index in order]
         # the server selects devices in the order they check in: with several threads or worker processes,
         # that order is their race (one thread keeps the shuffled order)
         if self.in_process is not None and self.executor.name == "processes" and self.executor.workers > 1:
             # each worker process holds a server worker: check-ins spread over them instead of queueing
             # for this process's one
-            tasks = self.executor.map(_check_in, self._work_context(), [
-                _CheckIn(index, self.tokens[index], self.signing_keys[index], self.federation.card.task) for index in order])
+            tasks = self.executor.map(_check_in, context, check_ins)
         else:
             with ThreadPoolExecutor(max_workers=self.http_threads) as pool:
-                tasks = list(pool.map(check_in, order))
+                tasks = list(pool.map(lambda check_in: _check_in(context, check_in), check_ins))
         checked_in = time.perf_counter()
         work = []
         for index, task in zip(order, tasks):
             if task is not None and task["round_id"] == round_id:
                 work.append(_Work(index, self.tokens[index], self.signing_keys[index], task, self.rng.randrange(2**31),
                                   index in self.attackers))
-        context = self._work_context()
         if any((item.task.get("privacy") or {}).get("secure_aggregation") for item in work):
             # SecAgg+ devices answer each stage together, so they must run at the same time
             with ThreadPoolExecutor(max_workers=max(1, len(work))) as pool:
