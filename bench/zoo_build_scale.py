@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from fedzoo.cloud.data import load_dataset, split_dataset
-from fedzoo.cloud.pipeline import PRESETS
+from fedzoo.cloud.pipeline import PRESETS, BuildConfig, prepare_data
 from fedzoo.nas.evaluation import prepare_subnet
 from fedzoo.nas.devices import DeviceData, resolve_device
 from fedzoo.nas.distributed import join_workers, leave_workers, run_local_workers, synchronise_batchnorm
@@ -85,18 +86,18 @@ def batchnorm_group_accuracy(epochs: int, batchnorm_groups: int, seed: int) -> t
     torch.set_num_threads(1)
     default = PRESETS["default"].training
     training = replace(default, epochs=epochs, largest_only_epochs=min(epochs - 1, default.largest_only_epochs))
-    split = split_dataset(load_dataset("mnist"), seed=seed)
-    mean, std = np.float32(split.mean[0]), np.float32(split.std[0])
-    train_x, test_x = (split.train.x - mean) / std, (split.test.x - mean) / std
+    # the build's own split and normalisation (nothing is written under `out`)
+    _, parts = prepare_data(BuildConfig(dataset="mnist", out=Path(tempfile.gettempdir()), seed=seed))
+    train, test = parts["train"], parts["test"]
     torch.manual_seed(seed)
-    supernet = Supernet(default_space(train_x.shape[2]), CLASSES, train_x.shape[1]).to(memory_format=torch.channels_last)
+    supernet = Supernet(default_space(train.x.shape[2]), CLASSES, train.x.shape[1]).to(memory_format=torch.channels_last)
     optimizer = make_optimizer(supernet, training)
     for epoch in range(epochs):
-        train_supernet_epoch(supernet, optimizer, train_x, split.train.y, training, seed, epoch, batchnorm_groups=batchnorm_groups)
+        train_supernet_epoch(supernet, optimizer, train.x, train.y, training, seed, epoch, batchnorm_groups=batchnorm_groups)
     accuracies = []
     for arch in (supernet.space.max_arch(), supernet.space.min_arch()):
-        subnet = prepare_subnet(supernet, arch, train_x[:1000])
-        accuracies.append(evaluate_accuracy(subnet, test_x, split.test.y)[0])
+        subnet = prepare_subnet(supernet, arch, train.x[:1000])
+        accuracies.append(evaluate_accuracy(subnet, test.x, test.y)[0])
     return accuracies[0], accuracies[1]
 
 
