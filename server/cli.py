@@ -21,14 +21,11 @@ import click
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 
-from fedzoo.server import registry
-from fedzoo.server.app import create_app, prepare_registry
-from fedzoo.server.blobstore import FileBlobStore
-from fedzoo.server.card_keys import FleetKeys
+# Only light imports here: this process becomes gunicorn's master, and forks the workers. The app (and with
+# it onnxruntime, which from 1.30 starts a thread when imported) is imported in each worker after the fork
+# (`ServerApplication.load`) and in a spawned child for the import; a worker forked from a master holding
+# onnxruntime's state aborts when it exits ("terminate called after throwing std::system_error").
 from fedzoo.server.config import ServerConfig
-from fedzoo.server.db import Database
-from fedzoo.server.fl.deadlines import start_deadline_watcher
-from fedzoo.server.latency import LatencyEstimator, default_estimator
 
 GRACEFUL_TIMEOUT_S = 20
 REQUEST_TIMEOUT_S = 60
@@ -94,6 +91,9 @@ class ServerApplication(BaseApplication):
             self.cfg.set(key, value)
 
     def load(self):  # called in each worker after the fork
+        from fedzoo.server.app import create_app
+        from fedzoo.server.fl.deadlines import start_deadline_watcher
+
         app = create_app(self.server_config, migrate=False)
         self.deadline_watcher = start_deadline_watcher(app)  # stopped by _stop_background_work
         return honour_connection_close(app)
@@ -102,26 +102,11 @@ class ServerApplication(BaseApplication):
         GracefulArbiter(self).run()
 
 
-def import_zoo_into_registry(config: ServerConfig, estimator: LatencyEstimator, zoo_dir: Path) -> tuple[int, int]:
-    """Publish every card of a zoo directory, each checked against the server's trusted keys; returns (cards
-    in the zoo, newly published)."""
-    check_card = FleetKeys.from_config(config).check_publishable
-    database = Database(config.database_url)
-    try:
-        with database.session() as session:
-            results = registry.import_zoo(session, FileBlobStore(config.blob_dir), estimator, zoo_dir, check_card)
-    finally:
-        database.dispose()
-    return len(results), sum(result.created for result in results)
+def _prepare_and_import(config: ServerConfig, zoo_dir: Path | None) -> tuple[tuple[int, int], tuple[int, int] | None]:
+    """`prepare_and_import`, imported only here: it runs in a spawned child (or alone, with --import-only)."""
+    from fedzoo.server.registry_import import prepare_and_import
 
-
-def prepare_and_import(config: ServerConfig, zoo_dir: Path | None) -> tuple[tuple[int, int], tuple[int, int] | None]:
-    """Migrate the registry, refresh latency estimates and import a zoo; returns (models, devices)
-    recomputed and (cards in the zoo, newly published), the latter None without a zoo."""
-    estimator = default_estimator()
-    refreshed = prepare_registry(config, estimator)
-    imported = import_zoo_into_registry(config, estimator, zoo_dir) if zoo_dir is not None else None
-    return refreshed, imported
+    return prepare_and_import(config, zoo_dir)
 
 
 def base_url(host: str, port: int) -> str:
@@ -149,10 +134,10 @@ def serve(zoo_dir: Path | None, host: str, port: int, workers: int, threads: int
     # would be inherited, dead, by every forked worker, which then aborts ("terminate called after throwing
     # std::system_error") when it exits on SIGTERM. A spawned child keeps the master free of onnxruntime.
     if import_only:  # nothing is forked afterwards: no need for the child
-        (refreshed_models, refreshed_devices), imported = prepare_and_import(config, zoo_dir)
+        (refreshed_models, refreshed_devices), imported = _prepare_and_import(config, zoo_dir)
     else:
         with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as child:
-            (refreshed_models, refreshed_devices), imported = child.submit(prepare_and_import, config, zoo_dir).result()
+            (refreshed_models, refreshed_devices), imported = child.submit(_prepare_and_import, config, zoo_dir).result()
     if refreshed_models or refreshed_devices:
         click.echo(f"recomputed latency estimates of {refreshed_models} models and {refreshed_devices} devices")
     if imported is not None:

@@ -7,6 +7,7 @@ import hashlib
 import os
 import signal
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -47,6 +48,15 @@ def run_import(data_dir, zoo_dir) -> str:
 def test_import_only_publishes_the_zoo_once(tmp_path, zoo_dir):
     assert "3 models (3 new)" in run_import(tmp_path / "data", zoo_dir)
     assert "3 models (0 new)" in run_import(tmp_path / "data", zoo_dir)
+
+
+def test_the_serving_process_loads_no_onnxruntime_before_forking_workers():
+    # onnxruntime >= 1.30 starts a thread when imported: a worker forked from a master holding it aborts on exit
+    probe = ("import sys, fedzoo.server.cli; "
+             "print(sorted(name for name in ('onnxruntime', 'torch', 'fedzoo.server.app') if name in sys.modules))")
+    completed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == "[]"
 
 
 def test_gunicorn_serves_lookups_and_finishes_a_download_on_sigterm(tmp_path, zoo_dir):

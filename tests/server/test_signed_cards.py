@@ -15,7 +15,7 @@ from fedzoo.cloud.simulation import LoopbackServer, Simulation, prepare_federati
 from fedzoo.errors import InvalidInputError
 from fedzoo.server.app import prepare_registry
 from fedzoo.server.card_keys import SERVER_KEY_FILE, FleetKeys, load_or_create_key
-from fedzoo.server.cli import import_zoo_into_registry
+from fedzoo.server.registry_import import import_zoo_into_registry
 from fedzoo.server.config import ServerConfig
 from fedzoo.server.errors import ValidationFailed
 from fedzoo.server.latency import CalibrationScalingEstimator
