@@ -97,62 +97,57 @@ def encode_update(delta: dict[str, np.ndarray], encoding: Encoding = "fp32") -> 
     return buffer.getvalue()
 
 
-def decoded_size_bytes(data: bytes) -> int:
-    """How many bytes the archive's members expand to, read from the zip directory alone."""
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            return sum(member.file_size for member in archive.infolist())
-    except zipfile.BadZipFile as error:
-        raise UpdateFormatError(f"update is not an .npz archive: {error}", field="delta") from None
-
-
-def check_array_headers(data: bytes) -> None:
-    """Refuse an archive whose `.npy` headers declare more values than their members hold (numpy would
-    allocate the declared size first: a 200-byte member declaring 1e12 float32 values is a MemoryError)."""
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            for member in archive.infolist():
-                with archive.open(member) as stream:
-                    version = np.lib.format.read_magic(stream)
-                    if version not in NPY_HEADER_READERS:
-                        raise ValueError(f"member {member.filename!r} has .npy format {version}")
-                    shape, _fortran_order, dtype = NPY_HEADER_READERS[version](stream)
-                    header_bytes = stream.tell()
-                declared = math.prod(shape) * dtype.itemsize
-                if dtype.hasobject or declared > member.file_size - header_bytes:
-                    raise UpdateFormatError(
-                        f"member {member.filename!r} declares {shape} {dtype} ({declared} bytes) but holds "
-                        f"{member.file_size - header_bytes} bytes of data", field="delta")
-    except UpdateFormatError:
-        raise
-    except (ValueError, zipfile.BadZipFile, EOFError) as error:
-        raise UpdateFormatError(f"update is not a readable .npz archive: {error}", field="delta") from None
-
-
 def decode_update(data: bytes, max_decoded_bytes: int | None = None) -> tuple[dict[str, np.ndarray], Encoding]:
     """The float32 delta per parameter and the encoding the archive used.
 
     Raises UpdateFormatError when the bytes are not an archive of this format, or expand to more
-    than `max_decoded_bytes`.
+    than `max_decoded_bytes`. One pass over the archive: the zip directory's sizes are checked first,
+    then each member's `.npy` header before its array is allocated.
     """
-    expanded = decoded_size_bytes(data)
-    if max_decoded_bytes is not None and expanded > max_decoded_bytes:
-        raise UpdateFormatError(
-            f"update expands to {expanded} bytes, more than the {max_decoded_bytes} this round's model needs",
-            field="delta",
-        )
-    check_array_headers(data)
     try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as archive:
-            arrays = {key: archive[key] for key in archive.files}
-    except (ValueError, OSError, zipfile.BadZipFile) as error:
-        raise UpdateFormatError(f"update is not a readable .npz archive: {error}", field="delta") from None
+        archive = zipfile.ZipFile(io.BytesIO(data))
+    except zipfile.BadZipFile as error:
+        raise UpdateFormatError(f"update is not an .npz archive: {error}", field="delta") from None
+    with archive:
+        members = archive.infolist()
+        expanded = sum(member.file_size for member in members)
+        if max_decoded_bytes is not None and expanded > max_decoded_bytes:
+            raise UpdateFormatError(
+                f"update expands to {expanded} bytes, more than the {max_decoded_bytes} this round's model needs",
+                field="delta",
+            )
+        try:
+            arrays = {member.filename.removesuffix(".npy"): _read_member(archive, member) for member in members}
+        except UpdateFormatError:
+            raise
+        except (ValueError, OSError, zipfile.BadZipFile, EOFError) as error:
+            raise UpdateFormatError(f"update is not a readable .npz archive: {error}", field="delta") from None
     if INT8_KEYS & set(arrays):
         return _dequantize(arrays), "int8"
     for name, value in arrays.items():
         if value.dtype != np.float32:
             raise UpdateFormatError(f"delta {name!r} has dtype {value.dtype}; fp32 updates must be float32", field=name)
     return arrays, "fp32"
+
+
+def _read_member(archive: zipfile.ZipFile, member: zipfile.ZipInfo) -> np.ndarray:
+    """One `.npy` member, refused before allocation when its header declares more values than the member
+    holds (numpy would allocate the declared size first: a 200-byte member declaring 1e12 float32 values is
+    a MemoryError)."""
+    with archive.open(member) as stream:
+        version = np.lib.format.read_magic(stream)
+        if version not in NPY_HEADER_READERS:
+            raise ValueError(f"member {member.filename!r} has .npy format {version}")
+        shape, fortran_order, dtype = NPY_HEADER_READERS[version](stream)
+        data_bytes = member.file_size - stream.tell()
+        declared = math.prod(shape) * dtype.itemsize
+        if dtype.hasobject or declared > data_bytes:
+            raise UpdateFormatError(f"member {member.filename!r} declares {shape} {dtype} ({declared} bytes) but holds "
+                                    f"{data_bytes} bytes of data", field="delta")
+        array = np.empty(shape[::-1] if fortran_order else shape, dtype=dtype)
+        if stream.readinto(memoryview(array.reshape(-1)).cast("B")) != declared:
+            raise ValueError(f"member {member.filename!r} ends before its {declared} bytes of data")
+    return array.T if fortran_order else array
 
 
 def _dequantize(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -44,7 +44,7 @@ def max_upload_bytes(base: RoundBase) -> int:
 
 
 class BaseModels:
-    """The published models rounds fine-tune, by card (cached by sha256: blobs are immutable)."""
+    """The published models rounds fine-tune (cached by model id: a published card and its blobs never change)."""
 
     def __init__(self, store: BlobStore) -> None:
         self.store = store
@@ -52,10 +52,10 @@ class BaseModels:
 
     def get(self, session: Session, model_id: str) -> RoundBase:
         """The card, ONNX bytes and trainable parameters of a published model."""
-        card = ModelCard.from_dict(registry.get_card(session, model_id))
-        cached = self._cached.get(card.sha256)
+        cached = self._cached.get(model_id)
         if cached is not None:
             return cached
+        card = ModelCard.from_dict(registry.get_card(session, model_id))
         if card.training_graph is None:
             raise InvalidInputError(
                 f"model {model_id!r} has no training graph, so devices cannot fine-tune it", field="model_id"
@@ -76,5 +76,5 @@ class BaseModels:
                          frozenset(variance_names(onnx_bytes)) if statistic_names else frozenset())
         if len(self._cached) >= MAX_CACHED_BASES:
             self._cached.pop(next(iter(self._cached)))
-        self._cached[card.sha256] = base
+        self._cached[model_id] = base
         return base

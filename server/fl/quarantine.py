@@ -16,13 +16,15 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import select
+from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session
 
 from fedzoo.errors import NotFoundError
 from fedzoo.server.fl.models import FLQuarantine, FLUpdate
 from fedzoo.server.fl.schemas import QuarantinePolicy
 from fedzoo.server.fl.screening import REVOKED_REASON
+
+QUERY_CHUNK = 500  # devices per IN (...) list: well under any database's limit on bound parameters
 
 
 def _aware(moment: datetime) -> datetime:
@@ -48,28 +50,40 @@ def review(session: Session, round_id: int, device_ids: list[str], policy: Quara
     if policy is None:
         return []
     flagged = []
-    for device_id in device_ids:
-        row = session.get(FLQuarantine, device_id)
-        if row is not None and row.released_at is None:
-            continue
-        recent = session.execute(
-            select(FLUpdate.screening, FLUpdate.screening_reason, FLUpdate.root_cosine, FLUpdate.received_at)
-            .where(FLUpdate.device_id == device_id, FLUpdate.screening.is_not(None))
-            .order_by(FLUpdate.id.desc()).limit(policy.window_updates)).all()
-        if row is not None:  # released: only what came after counts
-            recent = [update for update in recent if _aware(update.received_at) > _aware(row.released_at)]
-        exclusions = sum(_counts(update, policy) for update in recent)
-        if exclusions < policy.max_exclusions:
-            continue
-        reason = (f"{exclusions} of its last {len(recent)} updates were left out of aggregation (policy: "
-                  f"{policy.max_exclusions} of {policy.window_updates}); round {round_id} decided it")
-        if row is None:
-            session.add(FLQuarantine(device_id=device_id, round_id=round_id, reason=reason, quarantined_at=now))
-        else:
-            row.round_id, row.reason, row.quarantined_at, row.released_at = round_id, reason, now, None
-        flagged.append(device_id)
+    for chunk in (device_ids[start:start + QUERY_CHUNK] for start in range(0, len(device_ids), QUERY_CHUNK)):
+        rows = {row.device_id: row for row in session.scalars(select(FLQuarantine).where(FLQuarantine.device_id.in_(chunk)))}
+        candidates = [device_id for device_id in chunk if device_id not in rows or rows[device_id].released_at is not None]
+        recent_by_device = _recent_updates(session, candidates, policy.window_updates)
+        for device_id in candidates:
+            row, recent = rows.get(device_id), recent_by_device.get(device_id, [])
+            if row is not None:  # released: only what came after counts
+                recent = [update for update in recent if _aware(update.received_at) > _aware(row.released_at)]
+            exclusions = sum(_counts(update, policy) for update in recent)
+            if exclusions < policy.max_exclusions:
+                continue
+            reason = (f"{exclusions} of its last {len(recent)} updates were left out of aggregation (policy: "
+                      f"{policy.max_exclusions} of {policy.window_updates}); round {round_id} decided it")
+            if row is None:
+                session.add(FLQuarantine(device_id=device_id, round_id=round_id, reason=reason, quarantined_at=now))
+            else:
+                row.round_id, row.reason, row.quarantined_at, row.released_at = round_id, reason, now, None
+            flagged.append(device_id)
     session.flush()
     return flagged
+
+
+def _recent_updates(session: Session, device_ids: list[str], window_updates: int) -> dict[str, list[Row]]:
+    """Each device's last `window_updates` screened updates, newest first, in one query for all of them."""
+    if not device_ids:
+        return {}
+    ranked = (select(FLUpdate.device_id, FLUpdate.screening, FLUpdate.screening_reason, FLUpdate.root_cosine,
+                     FLUpdate.received_at,
+                     func.row_number().over(partition_by=FLUpdate.device_id, order_by=FLUpdate.id.desc()).label("rank"))
+              .where(FLUpdate.device_id.in_(device_ids), FLUpdate.screening.is_not(None)).subquery())
+    recent: dict[str, list[Row]] = {}
+    for update in session.execute(select(ranked).where(ranked.c.rank <= window_updates).order_by(ranked.c.rank)):
+        recent.setdefault(update.device_id, []).append(update)
+    return recent
 
 
 def release(session: Session, device_id: str, now: datetime) -> FLQuarantine:

@@ -17,6 +17,7 @@ from fedzoo.server.blobstore import BlobStore
 from fedzoo.server.db import Database
 from fedzoo.server.fl.base_models import BaseModels
 from fedzoo.server.fl.models import FLRound, FLSubnetAssignment, FLUpdate
+from fedzoo.server.fl.schemas import RoundConfig
 from fedzoo.server.fl.secure_rounds import PrivateRounds
 from fedzoo.server.fl.strategies import Parameters
 from fedzoo.update_codec import decode_update, split_statistics
@@ -63,8 +64,10 @@ class RoundContext:
     private: PrivateRounds
     max_examples_per_update: int
 
-    def device_model_id(self, session: Session, round_row: FLRound, device_id: str) -> str:
+    def device_model_id(self, session: Session, round_row: FLRound, config: RoundConfig, device_id: str) -> str:
         """The model a selected device trains: the round's, or in a zoo-wide round the subnet assigned to it."""
+        if config.zoo is None:
+            return round_row.base_model_id
         assignment = session.get(FLSubnetAssignment, (round_row.id, device_id))
         return assignment.training_model_id if assignment is not None else round_row.base_model_id
 

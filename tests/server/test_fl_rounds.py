@@ -16,7 +16,8 @@ from fedzoo.clients.participation import run_task
 from fedzoo.local_training import normalise
 from fedzoo.update_codec import encode_update
 from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, Simulation, accuracy_of, prepare_federation
-from fl_helpers import device_client, honest_delta, round_config, upload
+from fedzoo.server.fl import rounds
+from fl_helpers import device_client, honest_delta, ready_simulation, round_config, upload
 
 ADMIN = DEFAULT_ADMIN_TOKEN
 
@@ -176,6 +177,24 @@ def _round_rows(server):
     with sqlite3.connect(server.data_dir / "registry.db") as connection:
         return connection.execute(
             "SELECT number, state, result_model_id, deadline_at, finished_at FROM fl_rounds ORDER BY id").fetchall()
+
+
+def test_a_round_past_its_deadline_seats_no_device_before_the_deadline_check_moves_it_on(federation, tmp_path,
+                                                                                           monkeypatch):
+    # device requests move overdue rounds on at most once per interval: the seat's own write checks the deadline
+    monkeypatch.setattr(rounds, "DEVICE_ADVANCE_INTERVAL_S", 3600.0)
+    with LoopbackServer(tmp_path / "server", deadline_check_s=3600) as server, \
+            ready_simulation(federation, server.url, tmp_path / "devices") as simulation:
+        round_id = simulation.start_plan(_config(min_clients=2, target_clients=3, deadline_s=1.5))
+        seated = _device(simulation, 0).fl_task("digits")["task"]
+        assert seated["round_id"] == round_id
+        deadline = datetime.fromisoformat(seated["deadline_at"])
+        time.sleep(max(0.0, (deadline - datetime.now(timezone.utc)).total_seconds()) + 0.2)
+        late = _device(simulation, 1).fl_task("digits")
+        assert late["task"] is None
+        assert _round_rows(server)[0][1] == "open"  # no deadline check ran: the seat's write refused the device
+        view = simulation.admin.fl_round(round_id)  # an operator's read moves the round on at once
+        assert view["state"] == "failed" and "only 0 of the minimum 2" in view["outcome"]["failure"]
 
 
 @pytest.mark.slow

@@ -124,8 +124,8 @@ class Collection:
                     f"fine-tunes version {round_row.base_version} of {round_row.base_model_id!r}",
                     field="base_version", code="stale_update",
                 )
-            base = context.bases.get(session, context.device_model_id(session, round_row, device_id))
             config = RoundConfig.model_validate_json(round_row.config_json)
+            base = context.bases.get(session, context.device_model_id(session, round_row, config, device_id))
             if config.privacy.secure_aggregation is not None:
                 raise Conflict(f"round {round_id} runs secure aggregation: reply to its stages "
                                f"(/v1/fl/rounds/{round_id}/secagg/<stage>) instead of uploading a delta",

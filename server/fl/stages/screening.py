@@ -81,10 +81,12 @@ def record_screening(session: Session, rows: list[FLUpdate], screened: list[Scre
                      policy: QuarantinePolicy | None, now: datetime) -> None:
     """Write each update's decision, reason, counted norm, weight and root cosine to its row; then apply the
     quarantine policy to the round's devices."""
-    for row, decision in zip(rows, screened):
-        session.execute(update(FLUpdate).where(FLUpdate.id == row.id).values(
-            screening=decision.outcome, screening_reason=decision.reason, counted_norm=decision.counted_norm,
-            aggregation_weight=decision.update.num_examples if decision.update is not None else None,
-            root_cosine=decision.root_cosine))
+    if rows:  # one UPDATE by primary key for the whole round (an executemany)
+        session.execute(update(FLUpdate), [
+            {"id": row.id, "screening": decision.outcome, "screening_reason": decision.reason,
+             "counted_norm": decision.counted_norm,
+             "aggregation_weight": decision.update.num_examples if decision.update is not None else None,
+             "root_cosine": decision.root_cosine}
+            for row, decision in zip(rows, screened)])
     if rows and screened:
         quarantine.review(session, rows[0].round_id, [row.device_id for row in rows], policy, now)

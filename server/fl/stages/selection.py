@@ -103,14 +103,15 @@ class Selection:
                                             received_at=self.context.clock()))
         return {"round_id": round_id, "reason": reason}
 
-    @staticmethod
-    def _claim(session: Session, round_row: FLRound) -> bool:
-        """Whether the round is still open, asked with a conditional UPDATE of its row before seating: that write
-        takes SQLite's write lock (PostgreSQL: the row's lock, the condition re-read once it is free), so
-        concurrent check-ins seat one at a time, each counting the seats taken before its own, and the round
-        seats exactly its goal (an extra seat would train and upload only to be refused)."""
-        return session.execute(update(FLRound).where(FLRound.id == round_row.id, FLRound.state == "open")
-                               .values(state=FLRound.state)).rowcount > 0
+    def _claim(self, session: Session, round_row: FLRound) -> bool:
+        """Whether the round is still open and before its deadline, asked with a conditional UPDATE of its row
+        before seating: that write takes SQLite's write lock (PostgreSQL: the row's lock, the condition re-read
+        once it is free), so concurrent check-ins seat one at a time, each counting the seats taken before its
+        own, and the round seats exactly its goal (an extra seat would train and upload only to be refused)."""
+        return session.execute(update(FLRound).where(FLRound.id == round_row.id, FLRound.state == "open",
+                                                     FLRound.deadline_at > self.context.clock())
+                               .values(state=FLRound.state)
+                               .execution_options(synchronize_session=False)).rowcount > 0  # it changes no value
 
     def _select(self, session: Session, round_row: FLRound, device_id: str) -> bool:
         """Seat the device (in a zoo-wide round, only with a subnet that fits its budget; the round claimed by
@@ -132,7 +133,7 @@ class Selection:
     def task(self, session: Session, round_row: FLRound, device_id: str) -> Task:
         """What a selected device is to do: the model and training graph to fetch, how to train, where to upload."""
         config = RoundConfig.model_validate_json(round_row.config_json)
-        base = self.context.bases.get(session, self.context.device_model_id(session, round_row, device_id))
+        base = self.context.bases.get(session, self.context.device_model_id(session, round_row, config, device_id))
         strategy_fields = make_strategy(config.strategy).configure_fit(round_row.number)
         return Task(
             round_id=round_row.id,
