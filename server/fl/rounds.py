@@ -37,9 +37,9 @@ Deadlines are enforced twice: calls into the service first advance the rounds wh
 has passed (`advance`), so the state is right whenever anyone looks, and the serving process runs
 `advance` in the background (`fedzoo.server.fl.deadlines`), so an overdue round closes or fails, and the
 next one opens, with no traffic at all. Device requests (check-ins, uploads, SecAgg+ replies) advance at
-most once per `DEVICE_ADVANCE_INTERVAL_S` of the service's clock: at fleet scale they arrive by the
-thousand a second, and the deadline itself is checked where it matters, in the same write that admits an
-update or seats a device.
+most once per `DEVICE_ADVANCE_INTERVAL_S` of the service's clock: at fleet scale they are nearly every
+request, and the deadline itself is checked where it matters, in the same write that admits an update or
+seats a device.
 """
 
 from __future__ import annotations
@@ -259,7 +259,7 @@ class RoundService:
 
     def _advance_for_device(self) -> None:
         """`advance()`, unless this process did within the last `DEVICE_ADVANCE_INTERVAL_S` (two queries a
-        request otherwise: a sixth of a device's round at fleet scale)."""
+        request otherwise: 14% of the server's time in a round of 200 devices)."""
         now = self.clock()
         if self._next_device_advance_at is not None and now < self._next_device_advance_at:
             return
