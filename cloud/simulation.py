@@ -403,14 +403,15 @@ _DEVICE_CLIENTS: dict[tuple[str, str], FedzooClient] = {}
 _DEVICE_CLIENTS_LOCK = threading.Lock()  # devices check in from several threads
 
 
-def _device_client(base_url: str, token: str, cache_dir: Path, signing_key: bytes,
-                   in_process: InProcessServer | None) -> FedzooClient:
-    key = (base_url, token)
+def _device_client(context: _Context, device_index: int, token: str, signing_key: bytes) -> FedzooClient:
+    """The device's SDK client in this process (its cache folder under the context's cache root)."""
+    key = (context.base_url, token)
     with _DEVICE_CLIENTS_LOCK:
         if key not in _DEVICE_CLIENTS:
-            _DEVICE_CLIENTS[key] = FedzooClient(base_url, token=token, cache_dir=cache_dir,
+            _DEVICE_CLIENTS[key] = FedzooClient(context.base_url, token=token,
+                                                cache_dir=Path(context.cache_root) / f"device-{device_index}",
                                                 signing_key=load_signing_key(signing_key),
-                                                transport=_transport(in_process))
+                                                transport=_transport(context.in_process))
         return _DEVICE_CLIENTS[key]
 
 
@@ -433,9 +434,7 @@ class _CheckIn:
 
 def _check_in(context: _Context, check_in: _CheckIn) -> dict[str, Any] | None:
     """One device's check-in (on a check-in thread or an executor's worker): the task the server gives it, or None."""
-    client = _device_client(context.base_url, check_in.token,
-                            Path(context.cache_root) / f"device-{check_in.device_index}", check_in.signing_key,
-                            context.in_process)
+    client = _device_client(context, check_in.device_index, check_in.token, check_in.signing_key)
     return client.fl_task(check_in.task)["task"]
 
 
@@ -443,8 +442,7 @@ def _do_work(context: _Context, work: _Work) -> ParticipationResult:
     """One selected device's work; a top-level function so Ray can ship it to a worker."""
     shard = context.shards[work.device_index]
     data = LocalData(context.pool_x[shard], context.pool_y[shard])
-    client = _device_client(context.base_url, work.token, Path(context.cache_root) / f"device-{work.device_index}",
-                            work.signing_key, context.in_process)
+    client = _device_client(context, work.device_index, work.token, work.signing_key)
     if not work.attacker:
         return run_task(client, work.task, data, context.encoding, work.seed)
     return run_task(client, work.task, context.attack.poison(data), context.encoding, work.seed, context.attack)

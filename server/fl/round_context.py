@@ -4,12 +4,12 @@ private-round state, and the small queries on a round's rows they all ask."""
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import numpy as np
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from fedzoo.errors import NotFoundError
@@ -45,6 +45,16 @@ def find_round(session: Session, round_id: int) -> FLRound:
 def count_rows(session: Session, table: type, round_id: int) -> int:
     """How many rows of `table` (participants, updates) the round has."""
     return session.scalar(select(func.count()).select_from(table).where(table.round_id == round_id)) or 0
+
+
+def lock_round_before_deadline(session: Session, round_id: int, states: Collection[str], now: datetime) -> bool:
+    """Whether the round is in one of `states` and before its deadline, asked with a conditional UPDATE that
+    changes no value: the write takes the round row's lock (SQLite's write lock; PostgreSQL's row lock, the
+    condition re-read once it is free) until the transaction ends, so writers that ask first serialise on it."""
+    return session.execute(
+        update(FLRound).where(FLRound.id == round_id, FLRound.state.in_(states), FLRound.deadline_at > now)
+        .values(state=FLRound.state).execution_options(synchronize_session=False)
+    ).rowcount > 0
 
 
 def has_update(session: Session, round_id: int, device_id: str) -> bool:

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 
 from fedzoo.errors import FedzooError, InvalidInputError, NotFoundError
@@ -21,7 +20,7 @@ from fedzoo.server.errors import Conflict, Forbidden, PayloadTooLarge
 from fedzoo.server.fl.base_models import max_upload_bytes
 from fedzoo.server.fl.faults import crash_point
 from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLRefusedUpload, FLRound, FLUpdate
-from fedzoo.server.fl.round_context import RoundContext, count_rows, find_round, has_update
+from fedzoo.server.fl.round_context import RoundContext, count_rows, find_round, has_update, lock_round_before_deadline
 from fedzoo.server.fl.running_statistics import validate_statistics
 from fedzoo.server.fl.schemas import RoundConfig, UpdateMetadata
 from fedzoo.server.fl.strategies import Parameters
@@ -148,12 +147,7 @@ class Collection:
             # Re-check the state in the same write as the insert: this conditional UPDATE and the aggregation
             # claim both write the round row, so they serialise, and an update that gets 201 is always one
             # the aggregation reads.
-            still_active = session.execute(
-                update(FLRound)
-                .where(FLRound.id == round_id, FLRound.state.in_(ACTIVE_STATES), FLRound.deadline_at > context.clock())
-                .values(state=FLRound.state)
-            ).rowcount
-            if not still_active:
+            if not lock_round_before_deadline(session, round_id, ACTIVE_STATES, context.clock()):
                 raise not_accepting(round_id, session.get(FLRound, round_id).state)
             session.add(FLUpdate(
                 round_id=round_id, device_id=device_id, blob_sha256=blob, encoding=encoding, upload_bytes=len(data),

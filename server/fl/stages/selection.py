@@ -9,7 +9,7 @@ import math
 
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from fedzoo.capabilities import UPLOAD_ENCODINGS, Capabilities
@@ -18,7 +18,8 @@ from fedzoo.server.fl import quarantine
 from fedzoo.server.fl.base_models import max_upload_bytes
 from fedzoo.server.fl.eligibility import DECLINED, missing_capabilities
 from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLRefusedUpload, FLRound
-from fedzoo.server.fl.round_context import RoundContext, as_utc, count_rows, find_round, has_update
+from fedzoo.server.fl.round_context import (RoundContext, as_utc, count_rows, find_round, has_update,
+                                            lock_round_before_deadline)
 from fedzoo.server.fl.schemas import RoundConfig, Task, TaskResponse, UploadSpec, round_training
 from fedzoo.server.fl.strategies import make_strategy
 from fedzoo.server.fl.zoo_plan import ZooPlan, is_zoo
@@ -104,14 +105,11 @@ class Selection:
         return {"round_id": round_id, "reason": reason}
 
     def _claim(self, session: Session, round_row: FLRound) -> bool:
-        """Whether the round is still open and before its deadline, asked with a conditional UPDATE of its row
-        before seating: that write takes SQLite's write lock (PostgreSQL: the row's lock, the condition re-read
-        once it is free), so concurrent check-ins seat one at a time, each counting the seats taken before its
-        own, and the round seats exactly its goal (an extra seat would train and upload only to be refused)."""
-        return session.execute(update(FLRound).where(FLRound.id == round_row.id, FLRound.state == "open",
-                                                     FLRound.deadline_at > self.context.clock())
-                               .values(state=FLRound.state)
-                               .execution_options(synchronize_session=False)).rowcount > 0  # it changes no value
+        """Whether the round is still open and before its deadline, asked by locking its row before seating
+        (`lock_round_before_deadline`): concurrent check-ins seat one at a time, each counting the seats taken
+        before its own, and the round seats exactly its goal (an extra seat would train and upload only to be
+        refused)."""
+        return lock_round_before_deadline(session, round_row.id, ("open",), self.context.clock())
 
     def _select(self, session: Session, round_row: FLRound, device_id: str) -> bool:
         """Seat the device (in a zoo-wide round, only with a subnet that fits its budget; the round claimed by
