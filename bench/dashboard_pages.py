@@ -48,7 +48,7 @@ TASKS = ("digits", "mnist", "cifar10", "keywords")
 DEVICE_CLASSES = ("pi4", "pixel6", "jetson-nano", "laptop-x86", "phone-low")
 LATENCY_CLASSES = DEVICE_CLASSES[:3]
 GOAL_MS = 200.0
-VIEWER_TOKEN = "bench-viewer-token"
+VIEWER_TOKEN = "bench-viewer-token-0123456789abcdefgh"
 
 
 def digest(text: str) -> str:

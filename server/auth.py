@@ -16,6 +16,9 @@ from fedzoo.server.errors import Forbidden, Unauthorized
 
 DEVICE_TOKEN_BYTES = 32
 MAX_TOKEN_CHARS = 256
+# Failed operator tokens are counted per prefix (fedzoo.server.ratelimit): 8 characters of a
+# `secrets.token_urlsafe` token are 48 bits, more than a spray of guesses ever shares with the admin's token.
+TOKEN_PREFIX_CHARS = 8
 
 
 def new_device_token() -> str:
@@ -26,6 +29,19 @@ def new_device_token() -> str:
 def hash_token(token: str) -> str:
     """The stored form of a token."""
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def token_prefix_key(token: str) -> str:
+    """The rate-limit key of a presented token: a digest of its first `TOKEN_PREFIX_CHARS` characters (the
+    counters' store never holds token material)."""
+    return hashlib.sha256(token[:TOKEN_PREFIX_CHARS].encode("utf-8")).hexdigest()[:32]
+
+
+def begins_like_operator_token(token: str, admin_token: str | None, viewer_token: str | None) -> bool:
+    """Whether `token` has the prefix of the admin or the viewer token (compared in constant time)."""
+    prefix = token[:TOKEN_PREFIX_CHARS]
+    return any(_same(prefix, expected[:TOKEN_PREFIX_CHARS]) for expected in (admin_token, viewer_token)
+               if expected is not None)
 
 
 def bearer_token(authorization_header: str | None) -> str:

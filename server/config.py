@@ -19,9 +19,10 @@ DEFAULT_DEVICE_TOKEN_TTL_S = 30 * 24 * 3600  # a device rotates its token well w
 # A model line's lifetime privacy budget (epsilon at each plan's delta, docs/privacy.md): every DP plan on the
 # line composes with the earlier ones, and a plan that would take the line past it is refused.
 DEFAULT_DP_LINE_MAX_EPSILON = 10.0
-# The admin token is the one credential that publishes models and starts rounds: 32 bytes (what
-# `secrets.token_urlsafe(32)` gives, and more) leaves guessing hopeless even without the rate limit.
-MIN_ADMIN_TOKEN_BYTES = 32
+# The admin token publishes models and starts rounds, the viewer token reads the fleet, and the secret key signs
+# the dashboard's session cookie (whoever knows it forges an admin session): 32 bytes (what
+# `secrets.token_urlsafe(32)` gives, and more) leaves guessing each hopeless even without the rate limit.
+MIN_SECRET_BYTES = 32
 
 
 @dataclass(frozen=True)
@@ -52,11 +53,9 @@ class ServerConfig:
     fsync_blobs: bool = True
 
     def __post_init__(self) -> None:
-        if self.admin_token is not None and len(self.admin_token.encode("utf-8")) < MIN_ADMIN_TOKEN_BYTES:
-            raise InvalidInputError(
-                f"FEDZOO_ADMIN_TOKEN has {len(self.admin_token.encode('utf-8'))} bytes; it needs at least "
-                f"{MIN_ADMIN_TOKEN_BYTES}: generate one with python3 -c 'import secrets; "
-                "print(secrets.token_urlsafe(32))'", field="FEDZOO_ADMIN_TOKEN")
+        for name, secret in (("FEDZOO_ADMIN_TOKEN", self.admin_token), ("FEDZOO_VIEWER_TOKEN", self.viewer_token),
+                             ("FEDZOO_SECRET_KEY", self.secret_key)):
+            _require_strong(name, secret)
 
     @property
     def blob_dir(self) -> Path:
@@ -97,6 +96,14 @@ class ServerConfig:
         }
         values.update({key: value for key, value in overrides.items() if value is not None})
         return cls(**values)  # type: ignore[arg-type]
+
+
+def _require_strong(name: str, secret: str | None) -> None:
+    """Refuse a secret shorter than MIN_SECRET_BYTES, naming its variable (never its value)."""
+    if secret is not None and len(secret.encode("utf-8")) < MIN_SECRET_BYTES:
+        raise InvalidInputError(
+            f"{name} has {len(secret.encode('utf-8'))} bytes; it needs at least {MIN_SECRET_BYTES}: generate "
+            "one with python3 -c 'import secrets; print(secrets.token_urlsafe(32))'", field=name)
 
 
 def _positive_int(env: dict[str, str], name: str, default: int) -> int:

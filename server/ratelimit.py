@@ -9,8 +9,10 @@ A table of rules, each a `limits` string ("20/minute;200/hour": every window mus
     lookup_per_device     device id       120/minute           POST /v1/lookup
     upload_per_address    client address  600/minute           POST /v1/fl/rounds/<id>/updates
     upload_per_device     device id       30/minute            POST /v1/fl/rounds/<id>/updates
-    operator_auth_failures_per_address
-                          client address  10/minute;100/hour   failed admin or viewer tokens (API, dashboard login)
+    operator_auth_failures_per_token_prefix
+                          token prefix    10/minute;100/hour   failed admin or viewer tokens (API, dashboard login)
+    operator_auth_failures_global
+                          (one counter)   100/minute;1000/hour every failed admin or viewer token, from anywhere
 
 `FEDZOO_RATE_LIMIT_<RULE>` (e.g. `FEDZOO_RATE_LIMIT_LOOKUP_PER_DEVICE=60/minute`) replaces a default; `off`
 switches that rule off. The client address is the TCP peer: behind a reverse proxy every device shares the
@@ -22,9 +24,14 @@ Counters are fixed windows (`limits.FixedWindowRateLimiter`) in the store at `FE
 host share without any extra service; there a request's windows (a lookup's per-address and per-device ones)
 are counted in one statement. Refused requests get 429 `rate_limited` with `Retry-After`.
 
-`operator_auth_failures_per_address` counts only failures: once an address used it up, every admin or viewer
-request from it is refused with 429 before its token is even compared, so the operator's tokens cannot be
-guessed at request speed; the address's right tokens keep working once the window passes.
+The two operator rules count only failures, and never per address: behind the operator's proxy everyone shares
+one address, and a per-address count let any caller lock the admin out. A failed token counts against its own
+prefix (its first `TOKEN_PREFIX_CHARS` characters, stored as a digest) and against the global ceiling. A token
+whose prefix used up its failures is refused with 429 before it is compared: a guess can only succeed if it
+begins like the real token, so guesses at one operator token are limited to the prefix rule's rate, while a
+spray of other tokens never touches the admin's prefix. Once the global ceiling is used up, only tokens that
+begin like one of the operator's tokens are compared at all, and every failure answers 429 (a wrong token that
+shares the prefix is told nothing the others are not); the admin's own token keeps working throughout.
 """
 
 from __future__ import annotations
@@ -50,7 +57,8 @@ DEFAULT_RATE_LIMITS: dict[str, str] = {
     "lookup_per_device": "120/minute",
     "upload_per_address": "600/minute",
     "upload_per_device": "30/minute",
-    "operator_auth_failures_per_address": "10/minute;100/hour",
+    "operator_auth_failures_per_token_prefix": "10/minute;100/hour",
+    "operator_auth_failures_global": "100/minute;1000/hour",
 }
 OFF = "off"
 
@@ -158,9 +166,17 @@ class RateLimiter:
 
     def require_unused(self, rule: str, key: str) -> None:
         """429 when a window of `rule` is already used up for `key`; counts nothing."""
+        refusal = self.refusal(rule, key)
+        if refusal is not None:
+            raise refusal
+
+    def refusal(self, rule: str, key: str) -> TooManyRequests | None:
+        """The 429 a request would get when a window of `rule` is already used up for `key`, else None;
+        counts nothing."""
         for item in self.items.get(rule, ()):
             if not self.strategy.test(item, rule, key):
-                self._refuse(item, rule, key)
+                return self._refusal(item, rule, key)
+        return None
 
     def hit(self, *rule_keys: tuple[str, str]) -> None:
         windows = [(item, rule, key) for rule, key in rule_keys for item in self.items.get(rule, ())]
@@ -174,10 +190,10 @@ class RateLimiter:
             allowed = [self.strategy.hit(item, rule, key) for item, rule, key in windows]
         for ok, (item, rule, key) in zip(allowed, windows):
             if not ok:
-                self._refuse(item, rule, key)
+                raise self._refusal(item, rule, key)
 
-    def _refuse(self, item: RateLimitItem, rule: str, key: str) -> None:
+    def _refusal(self, item: RateLimitItem, rule: str, key: str) -> TooManyRequests:
         reset_at, _ = self.strategy.get_window_stats(item, rule, key)
         retry_after_s = max(1, math.ceil(reset_at - time.time()))
-        raise TooManyRequests(f"too many requests: the limit {item} ({rule.replace('_', ' ')}) is used up; "
+        return TooManyRequests(f"too many requests: the limit {item} ({rule.replace('_', ' ')}) is used up; "
                               f"retry in {retry_after_s} s", retry_after_s=retry_after_s)

@@ -21,7 +21,7 @@ from fedzoo.server.fl.models import ROUND_STATES
 from fedzoo.server.fl.routes import service
 from fedzoo.server.operator_schemas import DeviceListQuery, PageQuery, RoundListQuery
 from fedzoo.server.routes.common import (
-    EXTENSION_KEY, OPERATOR_AUTH_FAILURES, client_address, context, count_operator_auth_failure, query_args,
+    EXTENSION_KEY, context, count_operator_auth_failure, query_args, refuse_operator_guess,
 )
 from fedzoo.server.schemas import ModelListQuery, StrictRequest
 
@@ -113,12 +113,11 @@ def login_form() -> Response:
 def login_submit() -> Response:
     login.check_form_token()
     target = _local_path(request.form.get("next"))
-    address, token = client_address(), request.form.get("token", "")
-    if token:  # guessing is refused before the token is compared
-        context().limiter.require_unused(OPERATOR_AUTH_FAILURES, address)
+    token = request.form.get("token", "")
+    ceiling = refuse_operator_guess(token) if token else None  # before the token is compared
     if login.log_in(token, context().config) is None:
         if token:
-            count_operator_auth_failure(address)
+            count_operator_auth_failure(token, ceiling)
         response = page("login.html", next=target, failed=True)
         response.status_code = 401
         return response

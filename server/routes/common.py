@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
-from fedzoo.server.auth import bearer_token, require_admin, require_reader
+from fedzoo.server.auth import bearer_token, begins_like_operator_token, require_admin, require_reader, token_prefix_key
 from fedzoo.server.context import ServerContext
 from fedzoo.server.devices import AuthenticatedDevice, authenticate
 from fedzoo.server.errors import (
@@ -22,7 +22,9 @@ from fedzoo.server.errors import (
 
 Model = TypeVar("Model", bound=BaseModel)
 EXTENSION_KEY = "fedzoo"
-OPERATOR_AUTH_FAILURES = "operator_auth_failures_per_address"
+OPERATOR_AUTH_FAILURES_PER_TOKEN_PREFIX = "operator_auth_failures_per_token_prefix"
+OPERATOR_AUTH_FAILURES_GLOBAL = "operator_auth_failures_global"
+EVERYONE = "everyone"  # the global ceiling's one key
 
 
 def context() -> ServerContext:
@@ -176,27 +178,44 @@ def require_reader_token() -> str:
 
 @contextmanager
 def operator_auth_limited() -> Iterator[None]:
-    """Refuse (429) an address that used up its failed operator-token attempts before comparing its token;
-    count this attempt when it fails (401), so the operator's tokens cannot be guessed at request speed. A
-    request without an Authorization header guesses nothing: it is told 401 and not counted."""
-    address = client_address()
-    guessing = bool(request.headers.get("Authorization"))
-    if guessing:
-        context().limiter.require_unused(OPERATOR_AUTH_FAILURES, address)
+    """Limit failed admin and viewer tokens per token prefix and globally (`fedzoo.server.ratelimit`), never per
+    address, so a caller behind the operator's proxy cannot lock the admin out. A request without an
+    Authorization header guesses nothing: it is told 401 and not counted."""
+    header = request.headers.get("Authorization")
+    if not header:
+        yield
+        return
+    token = header.partition(" ")[2].strip() or header
+    ceiling = refuse_operator_guess(token)
     try:
         yield
     except Unauthorized:
-        if guessing:
-            count_operator_auth_failure(address)
+        count_operator_auth_failure(token, ceiling)
         raise
 
 
-def count_operator_auth_failure(address: str) -> None:
-    """Count one failed admin or viewer token from `address` (the attempt itself still answers 401)."""
+def refuse_operator_guess(token: str) -> TooManyRequests | None:
+    """Before `token` is compared: 429 when its prefix used up its failures, or when the global ceiling is used
+    up and it does not begin like one of the operator's tokens. Answers the ceiling's 429 when it is used up."""
+    limiter, config = context().limiter, context().config
+    limiter.require_unused(OPERATOR_AUTH_FAILURES_PER_TOKEN_PREFIX, token_prefix_key(token))
+    ceiling = limiter.refusal(OPERATOR_AUTH_FAILURES_GLOBAL, EVERYONE)
+    if ceiling is not None and not begins_like_operator_token(token, config.admin_token, config.viewer_token):
+        raise ceiling
+    return ceiling
+
+
+def count_operator_auth_failure(token: str, ceiling: TooManyRequests | None) -> None:
+    """Count one failed admin or viewer token against its prefix and the global ceiling. The attempt answers
+    401, or 429 once the ceiling was used up, so that a wrong token sharing an operator token's prefix is told
+    nothing the other guesses are not."""
     try:
-        context().limiter.hit((OPERATOR_AUTH_FAILURES, address))
+        context().limiter.hit((OPERATOR_AUTH_FAILURES_PER_TOKEN_PREFIX, token_prefix_key(token)),
+                              (OPERATOR_AUTH_FAILURES_GLOBAL, EVERYONE))
     except TooManyRequests:
-        pass  # the window is used up now: the next attempt is refused before its token is compared
+        pass  # a window is used up now: the next guess is refused before its token is compared
+    if ceiling is not None:
+        raise ceiling
 
 
 def json_response(model: BaseModel, status: int = 200) -> Response:

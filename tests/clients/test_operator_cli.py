@@ -18,7 +18,7 @@ from fedzoo.cloud.simulation import LoopbackServer, Simulation, prepare_federati
 # the accuracy gate is open (max_accuracy_drop 1.0): these tests are about the operator's view of rounds, and
 # whether a round's aggregate clears a gate depends on the CPU's numerics
 ROUND = {"min_clients": 1, "target_clients": 3, "deadline_s": 60, "batch_size": 16, "max_accuracy_drop": 1.0}
-VIEWER_TOKEN = "operator-cli-viewer-token"
+VIEWER_TOKEN = "operator-cli-viewer-token-0123456789"
 VIEWER = {"FEDZOO_VIEWER_TOKEN": VIEWER_TOKEN}
 
 

@@ -121,3 +121,44 @@ def test_fedzoo_serve_prints_the_dashboard_url_and_serves_it_from_every_worker(t
     finally:
         stop_gunicorn(server)
     assert f"dashboard: {server.base_url}/ui/" in server.process.stdout.read()
+
+
+def _forged_admin_cookie(guessed_key: str) -> str:
+    """The session cookie a viewer who guessed the signing key writes for itself: the role set to admin."""
+    from flask import Flask
+    from flask.sessions import SecureCookieSessionInterface
+
+    app = Flask("forger")
+    app.secret_key = guessed_key
+    return SecureCookieSessionInterface().get_signing_serializer(app).dumps({"role": "admin", "_permanent": True})
+
+
+@pytest.mark.parametrize("name", ["FEDZOO_SECRET_KEY", "FEDZOO_VIEWER_TOKEN"])
+def test_a_weak_secret_key_or_viewer_token_stops_the_server_at_start_up(tmp_path, monkeypatch, capsys, name):
+    """With `FEDZOO_SECRET_KEY=dashboard-secret` a viewer forged an admin session cookie and released a
+    quarantined device: a key (or viewer token) shorter than 32 bytes is now refused before anything starts."""
+    from fedzoo.cli import main as fedzoo_main
+    from fedzoo.errors import InvalidInputError
+    from fedzoo.server.config import ServerConfig
+
+    monkeypatch.setenv(name, "dashboard-secret")
+    with pytest.raises(SystemExit) as exited:
+        fedzoo_main(["serve", "--data-dir", str(tmp_path / "data"), "--import-only"])
+    message = capsys.readouterr().err
+    assert exited.value.code != 0 and f"{name} has 16 bytes" in message and "dashboard-secret" not in message
+    assert not (tmp_path / "data").exists()  # refused before anything was created
+    with pytest.raises(InvalidInputError) as refused:  # the in-process servers (LoopbackServer) read it alike
+        ServerConfig.from_env({name: "dashboard-secret"}, data_dir=tmp_path / "data")
+    assert refused.value.field == name
+
+
+def test_a_session_forged_with_a_guessed_key_releases_nothing(server):
+    """A viewer who guesses a weak key forges `{"role": "admin"}`; the server never signs with such a key, so
+    the forged session is no session and the quarantine action is not run."""
+    with httpx.Client(base_url=server.base_url) as viewer:
+        log_in(viewer, VIEWER_TOKEN)
+        form_token = re.search(r'name="form_token" value="([^"]+)"', viewer.get("/ui/quarantine").text).group(1)
+    cookies = {"fedzoo_ui": _forged_admin_cookie("dashboard-secret"), "fedzoo_form": form_token}
+    with httpx.Client(base_url=server.base_url, cookies=cookies) as forger:
+        response = forger.post("/ui/quarantine/some-device/release", data={"form_token": form_token})
+    assert response.status_code == 302 and response.headers["location"].startswith("/ui/login")

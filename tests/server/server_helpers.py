@@ -32,7 +32,7 @@ from fedzoo.server.config import ServerConfig
 from fedzoo.server.latency import CalibrationScalingEstimator
 
 ADMIN_TOKEN = "test-admin-token-0123456789abcdefghijklmnop"
-VIEWER_TOKEN = "test-viewer-token-9876543210"
+VIEWER_TOKEN = "test-viewer-token-9876543210zyxwvutsrqpo"
 # The reference device's timings of two calibration models; a device twice as slow reports 2x these.
 REFERENCE_CALIBRATION_MS = {"cal-dense-fp32": 2.0, "cal-tiny-fp32": 0.5}
 # a device's last-seen time moves with any authenticated request, refused or not: not data a request stores

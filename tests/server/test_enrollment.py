@@ -216,26 +216,52 @@ def test_rate_limits_answer_429_with_retry_after_per_address_and_per_device(tmp_
         assert statuses == [200, 200, 429, 200, 200, 429, 429, 429, 429]
 
 
-def test_failed_operator_tokens_are_limited_per_address_before_the_token_is_compared(tmp_path):
-    """Admin, viewer and dashboard logins share one count of failures; once used up, even the right token
-    from that address waits (nothing is compared), while successes never count."""
+def test_a_spray_of_bad_operator_tokens_from_the_proxys_address_does_not_lock_the_admin_out(tmp_path):
+    """Everyone behind the operator's proxy shares one address: an outside caller spraying wrong tokens from it
+    uses up the global ceiling (its later guesses are refused unseen), yet the admin's and the viewer's right
+    tokens keep working, over the API and at the dashboard's login."""
     base = config_for_tests(tmp_path)
-    limits = {**base.rate_limits, "operator_auth_failures_per_address": "3/minute"}
+    limits = {**base.rate_limits, "operator_auth_failures_per_token_prefix": "3/minute",
+              "operator_auth_failures_global": "5/minute"}
+    with running_live_server(dataclasses.replace(base, rate_limits=limits)) as server:
+        spray = []
+        for guess in range(12):
+            with server.client(f"{guess:02d}-sprayed-token-of-the-right-length-xxxxxxxx") as outsider:
+                spray.append(outsider.get("/v1/devices").status_code)
+        with server.client(ADMIN_TOKEN[:8] + "but-the-rest-is-wrong-xxxxxxxxxxxx") as close_guess:
+            close = close_guess.get("/v1/devices")  # past the ceiling: told nothing the other guesses are not
+        with server.client(ADMIN_TOKEN) as admin:
+            admin_statuses = [admin.get("/v1/devices").status_code, admin.post("/v1/enrollment-tokens", json={}).status_code]
+        with server.client(VIEWER_TOKEN) as viewer:
+            viewer_status = viewer.get("/v1/devices").status_code
+        with httpx.Client(base_url=server.base_url) as browser:
+            login = log_in(browser, VIEWER_TOKEN)
+    assert spray == [401] * 5 + [429] * 7  # the global ceiling still limits a spray of guesses
+    assert error_of(close)[:2] == (429, "rate_limited")
+    assert admin_statuses == [200, 201] and viewer_status == 200 and login.status_code == 302
+
+
+def test_failed_operator_tokens_are_limited_per_token_prefix_before_the_token_is_compared(tmp_path):
+    """Guesses sharing a prefix (the only ones that could be the real token) are refused once the prefix used
+    up its failures, right token or not; successes never count; other prefixes are untouched."""
+    base = config_for_tests(tmp_path)
+    limits = {**base.rate_limits, "operator_auth_failures_per_token_prefix": "3/minute",
+              "operator_auth_failures_global": "off"}
     with running_live_server(dataclasses.replace(base, rate_limits=limits)) as server:
         with server.client(ADMIN_TOKEN) as admin:
             assert all(admin.get("/v1/devices").status_code == 200 for _ in range(5))  # successes are free
-        with server.client("a-wrong-admin-token-of-the-right-length") as guesser:
+        with server.client(VIEWER_TOKEN[:8] + "-a-wrong-viewer-token-of-the-right-length") as guesser:
             assert [guesser.post("/v1/enrollment-tokens", json={}).status_code,
                     guesser.get("/v1/devices").status_code] == [401, 401]
         with httpx.Client(base_url=server.base_url) as browser:
-            assert log_in(browser, "another-wrong-token").status_code == 401
+            assert log_in(browser, VIEWER_TOKEN[:8] + "-another-wrong-token").status_code == 401
             refused_login = log_in(browser, VIEWER_TOKEN)
-        with server.client(ADMIN_TOKEN) as admin:
-            refused = admin.get("/v1/devices")
         with server.client(VIEWER_TOKEN) as viewer:
-            refused_viewer = viewer.get("/v1/devices")
+            refused = viewer.get("/v1/devices")
+        with server.client(ADMIN_TOKEN) as admin:
+            admin_status = admin.get("/v1/devices").status_code
     assert error_of(refused) == (429, "rate_limited", None) and 1 <= int(refused.headers["Retry-After"]) <= 60
-    assert refused_viewer.status_code == 429 and refused_login.status_code == 429
+    assert refused_login.status_code == 429 and admin_status == 200
 
 
 def test_the_server_refuses_to_start_with_an_admin_token_shorter_than_32_bytes(tmp_path, monkeypatch, capsys):

@@ -32,7 +32,7 @@ from fedzoo.server.fl.strategies import ClientUpdate
 from fedzoo.server.fl.weighting import bound_weights
 
 OPEN_GATE = 1.0  # these tests are about the decisions and weights, not the accuracy gate
-VIEWER_TOKEN = "robust-rounds-viewer-token"
+VIEWER_TOKEN = "robust-rounds-viewer-token-0123456789"
 
 
 @pytest.fixture(scope="module")
