@@ -9,6 +9,10 @@ accurate one that truly fits. Every timing is reported as telemetry, so the serv
 device (and the next lookup knows the measured medians). When every shortlisted model turns out too slow,
 the device asks again: the server now has their measured medians and chooses among the rest.
 
+Only this device's own timings confirm anything: an entry the server labels "measured" is timed like any
+prediction (a lying server could label any model measured and fitting), and a model timed earlier in this
+lookup counts with the median the device measured, never the server's figure.
+
 Every shortlisted model is timed through its card, exactly as `FedzooClient.download_model` loads a model:
 with pinned keys the card must verify (signature, expiry, no rollback of its line) before a byte is
 downloaded, the bytes must hash to the card's signed sha256 (never the shortlist's word), and a cached file is
@@ -56,14 +60,15 @@ def confirmed_lookup(client: FedzooClient, query: dict[str, Any], policy: Confir
     bytes_before = client.downloaded_bytes
     measurements: list[dict[str, Any]] = []
     skipped: list[dict[str, Any]] = []
-    measured_ids: set[str] = set()
+    measured_ms: dict[str, float] = {}  # model id -> the median this device measured, in this lookup
     answer: dict[str, Any] = {}
     for lookups in range(1, policy.max_lookups + 1):
         answer = client.lookup(**query, shortlist_max_models=policy.max_models)
         for entry in answer["shortlist"]:
-            if entry["latency_source"] == "measured" or entry["model_id"] in measured_ids:
-                if entry["latency_ms"] <= budget_ms:  # this device's own median says it fits
-                    return _answer(client, answer, entry, entry["latency_ms"], True, measurements, skipped,
+            own_median_ms = measured_ms.get(entry["model_id"])
+            if own_median_ms is not None:  # the server's "measured" label is no timing of this device's
+                if own_median_ms <= budget_ms:
+                    return _answer(client, answer, entry, own_median_ms, True, measurements, skipped,
                                    lookups, started, bytes_before)
                 continue
             reason = _over_policy(client, entry, policy, started, bytes_before)
@@ -77,7 +82,7 @@ def confirmed_lookup(client: FedzooClient, query: dict[str, Any], policy: Confir
             measurement = benchmark_model(path, threads=policy.threads, warmup_runs=policy.warmup_runs,
                                           timed_runs=policy.timed_runs)
             client.report_latency(entry["model_id"], measurement.median_ms, measurement.p90_ms, policy.threads)
-            measured_ids.add(entry["model_id"])
+            measured_ms[entry["model_id"]] = measurement.median_ms
             fits = measurement.median_ms <= budget_ms
             measurements.append({"model_id": entry["model_id"], "predicted_ms": entry["latency_ms"],
                                  "measured_ms": measurement.median_ms, "fits": fits, "runs": measurement.runs})

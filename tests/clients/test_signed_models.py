@@ -181,11 +181,13 @@ def test_accepting_is_a_compare_and_swap_against_a_newer_version_accepted_meanwh
     assert first.accepted_version(federation.card.id) == 3
 
 
-def _serve_shortlist(scripted_server, card: ModelCard, blob: bytes) -> None:
-    """A compromised server whose lookup shortlists `card` (predicted to fit), served with these bytes."""
-    entry = {"model_id": card.id, "sha256": card.sha256, "size_bytes": card.size_bytes, "latency_ms": 0.01,
-             "latency_source": "predicted", "accuracy": 0.9}
-    answer = json.dumps({"model": json.loads(card.to_json()), "latency_ms": 0.01, "shortlist": [entry]}).encode()
+def _serve_shortlist(scripted_server, card: ModelCard, blob: bytes, latency_ms: float = 0.01,
+                     latency_source: str = "predicted") -> None:
+    """A compromised server whose lookup shortlists `card` (said to fit), served with these bytes."""
+    entry = {"model_id": card.id, "sha256": card.sha256, "size_bytes": card.size_bytes, "latency_ms": latency_ms,
+             "latency_source": latency_source, "accuracy": 0.9}
+    answer = json.dumps({"model": json.loads(card.to_json()), "latency_ms": latency_ms,
+                         "shortlist": [entry]}).encode()
 
     def handle(handler):
         telemetry = handler.path == "/v1/telemetry"
@@ -231,6 +233,18 @@ def test_confirmed_lookup_times_a_verified_shortlisted_model(federation, scripte
         answer = device.lookup_confirmed(federation.card.task, latency_budget_ms=1000.0)
     assert answer["confirmed"] and [entry["model_id"] for entry in answer["measurements"]] == [card.id]
     assert json.loads((tmp_path / "state.json").read_text())["accepted_line_versions"] == {card.line_id: 1}
+
+
+def test_a_model_the_server_labels_measured_is_still_timed_on_the_device(federation, scripted_server, tmp_path):
+    """A lying server says the model was measured at 0 ms: the device times it itself, finds it over a budget
+    no real model meets, and does not call the server's choice confirmed."""
+    card = sign_card(federation.card, OPERATOR)
+    _serve_shortlist(scripted_server, card, federation.model, latency_ms=0.0, latency_source="measured")
+    with _device(scripted_server.url, tmp_path) as device:
+        answer = device.lookup_confirmed(federation.card.task, latency_budget_ms=1e-9)
+    assert [(entry["model_id"], entry["fits"]) for entry in answer["measurements"]] == [(card.id, False)]
+    assert not answer["confirmed"]
+    assert any(request["path"].endswith("/blob") for request in scripted_server.requests)
 
 
 def test_pinned_keys_without_a_state_file_are_refused(tmp_path):

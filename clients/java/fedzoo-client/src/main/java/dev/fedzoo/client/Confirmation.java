@@ -1,8 +1,8 @@
 package dev.fedzoo.client;
 
 import java.io.File;
-import java.util.HashSet;
-import java.util.Set;
+import java.util.HashMap;
+import java.util.Map;
 
 import org.json.JSONArray;
 import org.json.JSONException;
@@ -20,7 +20,9 @@ import dev.fedzoo.edge.DeviceProfile;
  * what was measured and what was skipped. Every shortlisted model is timed through its card, as
  * {@link FedzooClient#downloadModel} loads one: with signed cards required the card verifies (signature, expiry,
  * no rollback of its line) before a byte is fetched, and the bytes must hash to the card's signed sha256, never
- * the shortlist's word, before ONNX Runtime opens them.
+ * the shortlist's word, before ONNX Runtime opens them. Only this device's own timings confirm anything: an entry
+ * the server labels "measured" is timed like any prediction, and a model timed earlier in this lookup counts with
+ * the median measured here, never the server's figure.
  */
 final class Confirmation {
     /** What creating an onnxruntime session of a small model costs, on top of its runs (as the Python SDK). */
@@ -33,7 +35,8 @@ final class Confirmation {
     private final long bytesBefore;
     private final JSONArray measurements = new JSONArray();
     private final JSONArray skipped = new JSONArray();
-    private final Set<String> measuredIds = new HashSet<String>();
+    /** Model id to the median this device measured, in this lookup. */
+    private final Map<String, Double> measuredMs = new HashMap<String, Double>();
 
     Confirmation(FedzooClient client, ConfirmationPolicy policy, double budgetMs) {
         this.client = client;
@@ -54,9 +57,10 @@ final class Confirmation {
                 for (int i = 0; i < shortlist.length(); i++) {
                     JSONObject entry = shortlist.getJSONObject(i);
                     String modelId = entry.getString("model_id");
-                    if ("measured".equals(entry.getString("latency_source")) || measuredIds.contains(modelId)) {
-                        if (entry.getDouble("latency_ms") <= budgetMs) { // this device's own median says it fits
-                            return result(answer, entry, entry.getDouble("latency_ms"), true, lookups);
+                    Double ownMedianMs = measuredMs.get(modelId);
+                    if (ownMedianMs != null) { // the server's "measured" label is no timing of this device's
+                        if (ownMedianMs <= budgetMs) {
+                            return result(answer, entry, ownMedianMs, true, lookups);
                         }
                         continue;
                     }
@@ -99,7 +103,7 @@ final class Confirmation {
                 policy.timedRuns);
         double medianMs = DeviceProfile.percentile(timings, 50);
         client.reportLatency(modelId, medianMs, DeviceProfile.percentile(timings, 90), policy.threads);
-        measuredIds.add(modelId);
+        measuredMs.put(modelId, medianMs);
         return medianMs;
     }
 

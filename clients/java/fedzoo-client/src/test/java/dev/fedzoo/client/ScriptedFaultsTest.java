@@ -281,6 +281,24 @@ class ScriptedFaultsTest {
     }
 
     @Test
+    void aModelTheServerLabelsMeasuredIsStillTimedOnTheDevice() throws Exception {
+        JSONObject card = new JSONObject(new String(TestSupport.read(new File(TestSupport.repository(),
+                "tests/vectors/card_signatures.json")), TestSupport.UTF8)).getJSONArray("cases").getJSONObject(0)
+                .getJSONObject("card");
+        JSONObject entry = new JSONObject().put("model_id", card.getString("id")).put("sha256", card.getString("sha256"))
+                .put("size_bytes", card.getLong("size_bytes")).put("latency_ms", 0.0).put("latency_source", "measured");
+        script.add(json(200, new JSONObject().put("model", card).put("latency_ms", 0.0)
+                .put("shortlist", new org.json.JSONArray().put(entry)).toString()));
+        script.add(json(200, card.toString()));
+        script.add(json(404, "{\"error\": {\"code\": \"not_found\", \"message\": \"no blob\"}}"));
+        FedzooClient client = client(1);
+        // a lying server's "measured at 0 ms" confirms nothing: the device fetches the model to time it itself
+        assertThrows(ApiException.NotFound.class, () -> client.lookupConfirmed("digits", 1e-9, null, null, null, null));
+        assertEquals(3, seen.size(), "the lookup, the card and the model's bytes: " + seen);
+        assertTrue(seen.get(2).endsWith("/blob"), seen.get(2));
+    }
+
+    @Test
     void aTokenPastHalfItsLifetimeIsRefreshedBeforeTheNextCallAndKept() throws Exception {
         script.add(json(201, "{\"device_id\": \"d\", \"token\": \"first\", \"token_expires_in_s\": 0}"));
         script.add(json(201, "{\"device_id\": \"d\", \"token\": \"second\", \"token_expires_in_s\": 3600}"));
