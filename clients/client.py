@@ -172,10 +172,17 @@ class FedzooClient:
         return self.http.get_json("/v1/models", params=params)
 
     def card(self, model_id: str) -> ModelCard:
+        """The card of `model_id`; `IntegrityError` when the server answers another model's card."""
         return ModelCard.from_dict(self.card_json(model_id))
 
     def card_json(self, model_id: str) -> dict[str, Any]:
-        return self.http.get_json(f"/v1/models/{model_id}")
+        """The card of `model_id` as JSON, refused (`IntegrityError`) unless its id is the one asked for: a
+        signed card of another model verifies, so only this check stops it passing for the one asked for."""
+        document = self.http.get_json(f"/v1/models/{model_id}")
+        answered = document.get("id") if isinstance(document, dict) else None
+        if answered != model_id:
+            raise IntegrityError(f"asked for the card of {model_id!r}, the server answered the card of {answered!r}")
+        return document
 
     def lookup(
         self, task: str, latency_budget_ms: float, memory_budget_mb: float | None = None,

@@ -29,8 +29,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fedzoo.clients.errors import IntegrityError
-
 if TYPE_CHECKING:
     from fedzoo.clients.client import FedzooClient
 
@@ -75,10 +73,7 @@ def confirmed_lookup(client: FedzooClient, query: dict[str, Any], policy: Confir
             if reason:
                 skipped.append({"model_id": entry["model_id"], "reason": reason})
                 continue
-            card = client.card(entry["model_id"])
-            if card.id != entry["model_id"]:
-                raise IntegrityError(f"the server answered card {card.id!r} for shortlisted model {entry['model_id']!r}")
-            path = client.download_model(card)  # verified, hashed: only then timed
+            path = client.download_model(client.card(entry["model_id"]))  # verified, hashed: only then timed
             measurement = benchmark_model(path, threads=policy.threads, warmup_runs=policy.warmup_runs,
                                           timed_runs=policy.timed_runs)
             client.report_latency(entry["model_id"], measurement.median_ms, measurement.p90_ms, policy.threads)

@@ -235,6 +235,21 @@ def test_confirmed_lookup_times_a_verified_shortlisted_model(federation, scripte
     assert json.loads((tmp_path / "state.json").read_text())["accepted_line_versions"] == {card.line_id: 1}
 
 
+def test_card_refuses_a_validly_signed_card_of_another_model(federation, scripted_server, tmp_path):
+    """Asked for one model, a lying server answers another model's genuine signed card: it would verify, so
+    `card(model_id)` itself refuses it, and nothing is downloaded."""
+    other = sign_card(federation.card, OPERATOR)
+    _serve(scripted_server, other, federation.model)
+    with _device(scripted_server.url, tmp_path) as device:
+        with pytest.raises(IntegrityError, match="asked for the card of 'digits-pinned'"):
+            device.card("digits-pinned")
+        with pytest.raises(IntegrityError):
+            device.card_json("digits-pinned")
+        assert device.card(other.id) == other
+    assert [request["path"] for request in scripted_server.requests] == ["/v1/models/digits-pinned"] * 2 + [
+        f"/v1/models/{other.id}"]
+
+
 def test_a_model_the_server_labels_measured_is_still_timed_on_the_device(federation, scripted_server, tmp_path):
     """A lying server says the model was measured at 0 ms: the device times it itself, finds it over a budget
     no real model meets, and does not call the server's choice confirmed."""

@@ -9,7 +9,6 @@ import org.json.JSONException;
 import org.json.JSONObject;
 
 import dev.fedzoo.FedzooException;
-import dev.fedzoo.ModelCard;
 import dev.fedzoo.edge.DeviceProfile;
 
 /**
@@ -93,12 +92,7 @@ final class Confirmation {
     /** Times the entry's model (downloaded through the cache), reports the timing, returns its median. */
     private double time(JSONObject entry) throws JSONException {
         String modelId = entry.getString("model_id");
-        ModelCard card = client.card(modelId);
-        if (!modelId.equals(card.id())) {
-            throw new IntegrityException("the server answered card '" + card.id() + "' for shortlisted model '"
-                    + modelId + "'");
-        }
-        File model = client.downloadModel(card); // verified and hashed: only then timed
+        File model = client.downloadModel(client.card(modelId)); // verified and hashed: only then timed
         double[] timings = DeviceProfile.time(BlobCache.readBytes(model), policy.threads, policy.warmupRuns,
                 policy.timedRuns);
         double medianMs = DeviceProfile.percentile(timings, 50);

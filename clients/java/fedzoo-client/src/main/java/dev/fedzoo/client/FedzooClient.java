@@ -236,9 +236,18 @@ public final class FedzooClient {
         return http.getJson("/v1/models", query);
     }
 
-    /** A published model's card ({@code GET /v1/models/<id>}). */
+    /**
+     * A published model's card ({@code GET /v1/models/<id>}); {@link IntegrityException} when the server answers
+     * another model's card (a signed card of another model verifies: only this check stops it passing for the
+     * one asked for).
+     */
     public ModelCard card(String modelId) {
-        return new ModelCard(http.getJson("/v1/models/" + modelId, null));
+        ModelCard card = new ModelCard(http.getJson("/v1/models/" + modelId, null));
+        if (!modelId.equals(card.id())) {
+            throw new IntegrityException("asked for the card of '" + modelId + "', the server answered the card of '"
+                    + card.id() + "'");
+        }
+        return card;
     }
 
     /**

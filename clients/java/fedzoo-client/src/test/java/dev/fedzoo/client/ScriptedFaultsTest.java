@@ -281,6 +281,18 @@ class ScriptedFaultsTest {
     }
 
     @Test
+    void cardRefusesAValidlySignedCardOfAnotherModel() throws Exception {
+        JSONObject other = new JSONObject(new String(TestSupport.read(new File(TestSupport.repository(),
+                "tests/vectors/card_signatures.json")), TestSupport.UTF8)).getJSONArray("cases").getJSONObject(0)
+                .getJSONObject("card");
+        script.add(json(200, other.toString()));
+        script.add(json(200, other.toString()));
+        IntegrityException refused = assertThrows(IntegrityException.class, () -> client(1).card("digits-pinned"));
+        assertTrue(refused.getMessage().contains("asked for the card of 'digits-pinned'"), refused.getMessage());
+        assertEquals(other.getString("id"), client(1).card(other.getString("id")).id());
+    }
+
+    @Test
     void aModelTheServerLabelsMeasuredIsStillTimedOnTheDevice() throws Exception {
         JSONObject card = new JSONObject(new String(TestSupport.read(new File(TestSupport.repository(),
                 "tests/vectors/card_signatures.json")), TestSupport.UTF8)).getJSONArray("cases").getJSONObject(0)
