@@ -37,6 +37,9 @@ class ModelRecord(Base):
     parent_id: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True,
                                                   doc="the card's parent_id, so lineage is an indexed walk")
     version: Mapped[int] = mapped_column(Integer)
+    # the card's line_id: one card per line and version (ux_models_line_version); NULL only for a card that
+    # already repeated a version before 0013_line_versions
+    line_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     task: Mapped[str] = mapped_column(String(128))
     precision: Mapped[str] = mapped_column(String(16))
     accuracy: Mapped[float] = mapped_column(Float)
@@ -63,7 +66,19 @@ class ModelRecord(Base):
     latency_factor_devices: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     published_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
 
-    __table_args__ = (Index("ix_models_task_accuracy", "task", "accuracy"),)
+    __table_args__ = (Index("ix_models_task_accuracy", "task", "accuracy"),
+                      Index("ux_models_line_version", "line_id", "version", unique=True))
+
+
+class RevocationListRecord(Base):
+    """One signed revocation list the operator uploaded (`fedzoo.revocation`); the newest version is served."""
+
+    __tablename__ = "revocation_lists"
+
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    key_id: Mapped[str] = mapped_column(String(16))
+    document_json: Mapped[str] = mapped_column(Text)
+    published_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
 
 
 class ModelClassLatency(Base):

@@ -89,6 +89,7 @@ def card_record(card: ModelCard, costs: ModelCosts, latency_signature: str) -> M
         family=card.family,
         parent_id=card.parent_id,
         version=card.version,
+        line_id=card.line_id,
         task=card.task,
         precision=card.precision,
         accuracy=card.metrics.accuracy,
@@ -115,6 +116,12 @@ def publish(session: Session, store: BlobStore, estimator: LatencyEstimator, car
             return PublishResult(card, created=False)
         raise Conflict(f"model {card.id!r} is already published with a different card; publish a new id or version",
                        field="id", code="model_exists")
+    holder = session.scalar(select(ModelRecord.id).where(ModelRecord.line_id == card.line_id,
+                                                         ModelRecord.version == card.version))
+    if holder is not None:  # devices accept one card per line and version: a second would be refused or confused
+        raise Conflict(f"version {card.version} of line {card.line_id!r} is already published as {holder!r}; "
+                       f"publish it as version {next_line_version(session, card.line_id)}", field="version",
+                       code="version_taken")
     model_bytes = check_card_blobs(card, store)
     record = card_record(card, estimator.model_costs(card, model_bytes), estimator.signature)
     online_calibration.inherit_model_factor(session, record)  # a federated version: its parent's graph
@@ -127,6 +134,13 @@ def publish(session: Session, store: BlobStore, estimator: LatencyEstimator, car
     )
     session.flush()
     return PublishResult(card, created=True)
+
+
+def next_line_version(session: Session, line_id: str) -> int:
+    """The version a new card of line `line_id` takes: one past the line's newest published version (whichever
+    plan or round published it), so two plans on one base never publish the same version."""
+    newest = session.scalar(select(func.max(ModelRecord.version)).where(ModelRecord.line_id == line_id))
+    return (newest or 0) + 1
 
 
 def import_zoo(session: Session, store: BlobStore, estimator: LatencyEstimator, zoo_dir: str | Path,

@@ -234,7 +234,7 @@ class ZooPlan:
         card = ModelCard.from_dict({
             **base.model_dump(exclude={"signature"}),
             "id": card_id, "family": f"{base.family}-subnet", "task": supernet.task + SUBNET_TASK_SUFFIX,
-            "parent_id": base.id, "arch": arch, "sha256": self.context.store.put(model), "size_bytes": len(model),
+            "parent_id": base.id, "line": None,  # a line of its own: never a version of the supernet's line "arch": arch, "sha256": self.context.store.put(model), "size_bytes": len(model),
             "training_graph": self.context.store.put(graph), "artifacts": {}, "latency_ms": {},
             "created_at": self.context.clock(),
             "details": {"zoo_training": {"supernet_id": base.id, "supernet_version": base.version,
@@ -403,11 +403,11 @@ class ZooPlan:
                 publication: ZooPublication, summary: dict[str, Any]) -> ModelCard:
         """Publish the new supernet version and every zoo model that passed the gate; returns the supernet card."""
         now = self.context.clock()
-        version = supernet.card.version + 1
+        version = registry.next_line_version(session, supernet.card.line_id)  # unique per line, across plans
         weights_sha = self.context.store.put(_npz(weights))
         supernet_card = supernet.card.model_copy(update={
             "id": f"{supernet.task}-supernet-v{version}-r{round_row.id}"[:128], "version": version,
-            "parent_id": supernet.card.id, "sha256": self.context.store.put(publication.supernet_onnx),
+            "parent_id": supernet.card.id, "line": supernet.card.line_id, "sha256": self.context.store.put(publication.supernet_onnx),
             "size_bytes": len(publication.supernet_onnx), "metrics": publication.supernet_metrics, "created_at": now,
             "artifacts": {**supernet.card.artifacts, WEIGHTS_ARTIFACT: weights_sha},
             "details": {**supernet.card.details, "federated": {"round_id": round_row.id,
@@ -423,10 +423,11 @@ class ZooPlan:
                 continue
             member: ModelCard = model["card"]
             fp32_id = new_ids.get(model.get("fp32_of", ""))
-            new_version = member.version + 1
+            new_version = registry.next_line_version(session, member.line_id)
             root = member.details.get("zoo_federated", {}).get("root_id", member.id)
             card = member.model_copy(update={
                 "id": f"{root}-v{new_version}-r{round_row.id}"[:128], "version": new_version, "parent_id": member.id,
+                "line": member.line_id,
                 "sha256": self.context.store.put(model["onnx"]), "size_bytes": len(model["onnx"]),
                 "metrics": model["metrics"], "created_at": now, "artifacts": {},
                 "training_graph": (self.context.store.put(model["training_graph"]) if model["training_graph"]

@@ -92,11 +92,11 @@ class Publication:
 
     def publish(self, session: Session, round_row: FLRound, base: RoundBase, sha256: str, size_bytes: int,
                 measured: Metrics, summary: dict[str, Any]) -> ModelCard:
-        """Register the aggregate as the next version: its metrics are the server's measurement; what the
+        """Register the aggregate as the line's next version: its metrics are the server's measurement; what the
         devices said about themselves travels in `details.federated.client_reported_metrics`; under DP its
         contributor counts are rounded (`published_counts`)."""
         clock = self.context.clock
-        version = base.card.version + 1
+        version = registry.next_line_version(session, base.card.line_id)  # another plan on this base may have published
         card = base.card.model_copy(update={
             "id": f"{base.card.family}-v{version}-r{round_row.id}"[:128],
             "version": version,
