@@ -1,13 +1,17 @@
-"""A device's pinned card-signing keys and the newest version it accepted per model line.
+"""A device's pinned card-signing keys, the card it accepted per model line, and the revocation list it holds.
 
 With keys pinned, the SDK checks a card before its model is downloaded or loaded: a trusted key signed
-exactly this card, the signature has not expired, and the version is not below the newest one this device
-already accepted for the card's line (no rollback). Lines, not families: one family holds many lines (every
-subnet of a NAS zoo, every compressed child), each with its own versions. The versions persist in the device's
-state file (key `accepted_line_versions`, as the Java SDK's `StateStore`), which lives in a durable state
-directory, not the cache, so neither restarting the app nor clearing its cache can roll the device back; they
-are raised by a compare-and-swap under the state file's lock, so two processes cannot both pass the check and
-then write an older version over a newer one.
+exactly this card, the signature has not expired, the version is not below the newest one this device
+already accepted for the card's line (no rollback), at that same version it is the very card accepted then
+(one card per line and version: two cards both calling themselves "version 2" of a line are not both
+accepted), and the operator's revocation list the device holds does not revoke it. Lines, not families: one
+family holds many lines (every subnet of a NAS zoo, every compressed child), each with its own versions.
+
+All of it persists in the device's state file (keys `accepted_line_versions`, `accepted_line_cards` and
+`revocation_list`, as the Java SDK's `StateStore`), which lives in a durable state directory, not the cache,
+so neither restarting the app nor clearing its cache can roll the device back; every change is a
+compare-and-swap under the state file's lock, so two processes cannot both pass the check and then write an
+older version (or an older revocation list) over a newer one.
 """
 
 from __future__ import annotations
@@ -18,14 +22,17 @@ from typing import Any
 from fedzoo.cards import ModelCard
 from fedzoo.clients.device_state import change_state, load_state
 from fedzoo.errors import CardSignatureError, InvalidInputError
+from fedzoo.revocation import RevocationList, verify_revocation_list
 from fedzoo.signing import TrustedKeys, verify_card
 
 ACCEPTED_VERSIONS_KEY = "accepted_line_versions"
+ACCEPTED_CARDS_KEY = "accepted_line_cards"  # line -> the id of the card accepted at its recorded version
+REVOCATION_LIST_KEY = "revocation_list"
 
 
 class CardVerifier:
-    """Verifies cards against pinned keys and remembers the versions accepted (the Java SDK's CardVerifier
-    plus the part of its StateStore that keeps `accepted_line_versions`)."""
+    """Verifies cards against pinned keys and remembers what was accepted (the Java SDK's CardVerifier plus
+    the part of its StateStore that keeps `accepted_line_versions`, `accepted_line_cards`, `revocation_list`)."""
 
     def __init__(self, trusted_keys: TrustedKeys, state_path: Path) -> None:
         self.trusted_keys = trusted_keys
@@ -33,35 +40,73 @@ class CardVerifier:
 
     def accepted_version(self, line_id: str) -> int | None:
         """The newest version of model line `line_id` this device accepted, or None."""
-        version = _versions(self._state(), self.state_path).get(line_id)
+        version = _section(self._state(), ACCEPTED_VERSIONS_KEY, self.state_path).get(line_id)
         return version if isinstance(version, int) else None
+
+    def revocation_list(self) -> RevocationList | None:
+        """The newest revocation list this device verified, or None (checked again against the pinned keys)."""
+        document = self._state().get(REVOCATION_LIST_KEY)
+        return None if document is None else verify_revocation_list(document, self.trusted_keys)
 
     def verify(self, card: ModelCard) -> None:
         """Raise `CardSignatureError` (with its `reason`) unless the card may be used on this device."""
-        verify_card(card, self.trusted_keys, last_accepted_version=self.accepted_version(card.line_id))
+        state = self._state()
+        verify_card(card, self.trusted_keys, last_accepted_version=self.accepted_version(card.line_id),
+                    last_accepted_card_id=_section(state, ACCEPTED_CARDS_KEY, self.state_path).get(card.line_id))
+        revocations = self.revocation_list()
+        if revocations is not None:
+            revocations.refuse_revoked(card)
 
     def accept(self, card: ModelCard) -> None:
-        """Record that this card's version was accepted: a compare-and-swap that never lowers the recorded
-        version, and raises `CardSignatureError` (rollback) when another process accepted a newer one since
-        `verify`."""
+        """Record that this card was accepted at its version: a compare-and-swap that never lowers the recorded
+        version and never takes a second card at one version; `CardSignatureError` (rollback, version_reused)
+        when another process accepted a newer version, or another card at this one, since `verify`."""
         def raised(state: dict[str, Any]) -> dict[str, Any]:
-            versions = dict(_versions(state, self.state_path))
+            versions = dict(_section(state, ACCEPTED_VERSIONS_KEY, self.state_path))
+            cards = dict(_section(state, ACCEPTED_CARDS_KEY, self.state_path))
             recorded = versions.get(card.line_id, 0)
-            if card.version < recorded:
-                raise CardSignatureError(
-                    f"card {card.id!r}: version {card.version} of line {card.line_id!r} is older than version "
-                    f"{recorded}, accepted meanwhile (rollback refused)", reason="rollback")
-            versions[card.line_id] = card.version
-            return {ACCEPTED_VERSIONS_KEY: versions}
+            _refuse_out_of_order(card, recorded, cards.get(card.line_id) if recorded == card.version else None)
+            versions[card.line_id], cards[card.line_id] = card.version, card.id
+            return {ACCEPTED_VERSIONS_KEY: versions, ACCEPTED_CARDS_KEY: cards}
 
         change_state(self.state_path, raised)
 
+    def hold_revocation_list(self, document: Any) -> RevocationList:
+        """Verify a revocation list the server served and keep it when it is newer than the one held: a
+        compare-and-swap; `CardSignatureError` for a list no pinned key signed, an older one (rollback) or a
+        different one under the held version (version_reused)."""
+        def newer(state: dict[str, Any]) -> dict[str, Any]:
+            held = state.get(REVOCATION_LIST_KEY)
+            held_list = None if held is None else verify_revocation_list(held, self.trusted_keys)
+            verified.append(verify_revocation_list(document, self.trusted_keys, held=held_list))
+            return {REVOCATION_LIST_KEY: verified[-1].document}
+
+        verified: list[RevocationList] = []
+        change_state(self.state_path, newer)
+        return verified[-1]
+
     def _state(self) -> dict[str, Any]:
-        return load_state(self.state_path)  # an unreadable file raises: refuse to guess which versions were accepted
+        state = load_state(self.state_path)  # an unreadable file raises: refuse to guess what was accepted
+        if not isinstance(state, dict):
+            raise InvalidInputError(f"client state {self.state_path} is not a JSON object", field="state")
+        return state
 
 
-def _versions(state: Any, path: Path) -> dict[str, Any]:
-    if not isinstance(state, dict) or not isinstance(state.get(ACCEPTED_VERSIONS_KEY, {}), dict):
-        raise InvalidInputError(f"client state {path} is not a JSON object with {ACCEPTED_VERSIONS_KEY}",
-                                field="state")
-    return state.get(ACCEPTED_VERSIONS_KEY, {})
+def _refuse_out_of_order(card: ModelCard, recorded_version: int, recorded_card_id: str | None) -> None:
+    """Refuse a card below the recorded version of its line (rollback), or another card than the recorded one
+    at that version (version_reused)."""
+    if card.version < recorded_version:
+        raise CardSignatureError(
+            f"card {card.id!r}: version {card.version} of line {card.line_id!r} is older than version "
+            f"{recorded_version}, accepted meanwhile (rollback refused)", reason="rollback")
+    if recorded_card_id is not None and recorded_card_id != card.id:
+        raise CardSignatureError(
+            f"card {card.id!r}: version {card.version} of line {card.line_id!r} was accepted meanwhile as card "
+            f"{recorded_card_id!r}", reason="version_reused")
+
+
+def _section(state: dict[str, Any], key: str, path: Path) -> dict[str, Any]:
+    section = state.get(key, {})
+    if not isinstance(section, dict):
+        raise InvalidInputError(f"client state {path}: {key} is not a JSON object", field="state")
+    return section

@@ -39,11 +39,12 @@ from fedzoo.clients.card_trust import CardVerifier
 from fedzoo.clients.confirmation import ConfirmationPolicy, confirmed_lookup
 from fedzoo.clients.device_state import load_state, update_state
 from fedzoo.clients.download import BlobCache, download_blob, sha256_of_file
-from fedzoo.clients.errors import IntegrityError
+from fedzoo.clients.errors import IntegrityError, NotFoundAPIError
 from fedzoo.clients.http import FedzooHTTP, RetryPolicy
 from fedzoo.clients.metered import MeteredBytes, MeteredFile, ProgressCallback
 from fedzoo.device import DeviceProfile
 from fedzoo.errors import InvalidInputError
+from fedzoo.revocation import RevocationList
 from fedzoo.secagg import signatures
 from fedzoo.signing import TrustedKeys
 
@@ -227,6 +228,20 @@ class FedzooClient:
     @property
     def signed_cards_required(self) -> bool:
         return self.card_verifier is not None
+
+    def refresh_revocations(self) -> RevocationList | None:
+        """Fetch the operator's signed revocation list (`GET /v1/revocations`) and keep it when it is newer than
+        the one this device holds; from then on `download_model` / `session` refuse the cards it revokes. A
+        list no pinned key signed, an older one (a server rolling a revocation back) or a different one under the
+        held version raises `CardSignatureError`. None when the server has no list yet. Needs pinned keys."""
+        if self.card_verifier is None:
+            raise InvalidInputError("a revocation list is verified against the pinned keys: give trusted_keys",
+                                    field="trusted_keys")
+        try:
+            document = self.http.get_json("/v1/revocations")
+        except NotFoundAPIError:
+            return self.card_verifier.revocation_list()  # none published: keep whatever this device holds
+        return self.card_verifier.hold_revocation_list(document)
 
     def download_model(self, card: ModelCard | dict[str, Any]) -> Path:
         """The model's ONNX file in the cache (downloaded, resumed or reused); with pinned keys, only after

@@ -18,10 +18,12 @@ class NotFoundError(FedzooError, LookupError):
 
 
 class CardSignatureError(FedzooError):
-    """A model card's signature is missing, invalid, expired, or would roll the family back.
+    """A model card's signature is missing, invalid, expired, or would roll the family back; or a card or a
+    revocation list is refused otherwise.
 
     `reason` is one stable word (`unsigned`, `unknown_key`, `bad_signature`, `field_mismatch`, `expired`,
-    `rollback`) that both SDKs report the same way, from the same test vectors.
+    `rollback`, `version_reused`: a second card for a line and version, `revoked`: on the operator's revocation
+    list) that both SDKs report the same way, from the same test vectors.
     """
 
     def __init__(self, message: str, reason: str) -> None:

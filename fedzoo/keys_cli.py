@@ -8,7 +8,10 @@ from pathlib import Path
 
 import click
 
+from fedzoo.errors import InvalidInputError
 from fedzoo.keyring import KeyDirectory, default_keys_dir
+from fedzoo.revocation import sign_revocation_list
+from fedzoo.signing import CardSigningKey
 
 KEYS_DIR_OPTION = click.option(
     "--keys-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -17,7 +20,7 @@ KEYS_DIR_OPTION = click.option(
 
 @click.group()
 def keys() -> None:
-    """Card-signing keys: generate, list, export the public key set, retire."""
+    """Card-signing keys: generate, list, export the public key set, retire, sign a revocation list."""
 
 
 @keys.command()
@@ -67,3 +70,27 @@ def retire(key_id: str, keys_dir: Path | None) -> None:
     """Drop KEY_ID from the exported key set (its file moves to retired/)."""
     stored = KeyDirectory(keys_dir or default_keys_dir()).retire(key_id)
     click.echo(f"retired key {stored.key_id}: {stored.path}; re-export the public key set and re-pin it")
+
+
+@keys.command()
+@click.option("--signing-key", type=click.Path(dir_okay=False, exists=True, path_type=Path), required=True,
+              help="The operator's PEM key (an active key of `fedzoo keys list`) the devices pin.")
+@click.option("--version", "list_version", type=click.IntRange(min=1), required=True,
+              help="The list's version: higher than every list published before (devices refuse an older one).")
+@click.option("--card-id", "card_ids", multiple=True, help="A card id to revoke (repeatable).")
+@click.option("--card-sha256", "card_sha256s", multiple=True, help="A model blob sha256 to revoke (repeatable).")
+@click.option("--device-key", "device_keys", multiple=True, help="A device signing key to revoke (repeatable).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Where to write the signed list (upload it with POST /v1/revocations).")
+def revoke(signing_key: Path, list_version: int, card_ids: tuple[str, ...], card_sha256s: tuple[str, ...],
+           device_keys: tuple[str, ...], out: Path) -> None:
+    """Sign a revocation list: every card, model and device key still revoked, under a new version. Each list
+    replaces the one before, so list everything revoked so far again."""
+    try:
+        document = sign_revocation_list(CardSigningKey.load(signing_key), list_version, list(card_ids),
+                                        list(card_sha256s), list(device_keys))
+    except InvalidInputError as error:
+        raise click.ClickException(str(error)) from None
+    out.write_text(json.dumps(document, indent=2) + "\n")
+    click.echo(f"wrote revocation list version {list_version} ({len(set(card_ids))} card ids, "
+               f"{len(set(card_sha256s))} model sha256s, {len(set(device_keys))} device keys) to {out}")

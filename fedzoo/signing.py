@@ -180,10 +180,12 @@ def verify_card(
     trusted: TrustedKeys,
     now: datetime | None = None,
     last_accepted_version: int | None = None,
+    last_accepted_card_id: str | None = None,
 ) -> None:
     """Raise `CardSignatureError` unless a trusted key signed this very card (every field but
-    `UNSIGNED_FIELDS`), it has not expired, and its version is not below `last_accepted_version`, the newest
-    this device accepted for the card's line (no rollback)."""
+    `UNSIGNED_FIELDS`), it has not expired, its version is not below `last_accepted_version`, the newest
+    this device accepted for the card's line (no rollback), and at that very version it is the card accepted
+    then, `last_accepted_card_id` (one card per line and version)."""
     block = card.signature
     if block is None:
         raise CardSignatureError(f"card {card.id!r} is not signed", reason="unsigned")
@@ -218,6 +220,11 @@ def verify_card(
         raise CardSignatureError(
             f"card {card.id!r}: version {card.version} of line {card.line_id!r} is older than version "
             f"{last_accepted_version}, already accepted (rollback refused)", reason="rollback")
+    if (last_accepted_version is not None and last_accepted_card_id is not None
+            and card.version == last_accepted_version and card.id != last_accepted_card_id):
+        raise CardSignatureError(
+            f"card {card.id!r}: version {card.version} of line {card.line_id!r} was already accepted as card "
+            f"{last_accepted_card_id!r}; a second card for one line and version is refused", reason="version_reused")
 
 
 def _differing_fields(signed: dict[str, Any], card: ModelCard) -> list[str]:

@@ -9,7 +9,8 @@ Layout, web layer to storage:
     registry.py     publish / list / get models, import a zoo directory, refresh estimates
     devices.py      register devices (tokens stored hashed, expiring, rotated), authenticate, revoke, telemetry
     enrollment.py   enrollment tokens: create, list, revoke, take one use per registration
-    ratelimit.py    per-address and per-device rate limits in a store the workers share
+    ratelimit.py    per-address, per-device and per-token-prefix rate limits in a store the workers share
+    revocations.py  the operator's signed card revocation lists: checked, stored, the newest served
     enrollment_cli.py  `fedzoo enrollment ...`: the operator's commands, over REST
     lookup.py       the best model under latency and memory budgets, one SQL query
     latency.py      measured -> card device class -> predictor; `LatencyEstimator`

@@ -25,7 +25,7 @@ from fedzoo.server.fl import routes as fl_routes
 from fedzoo.server.latency import LatencyEstimator, default_estimator
 from fedzoo.server.ratelimit import RateLimiter
 from fedzoo.server.routes import (
-    blobs, calibration, devices, enrollment, keys, lookup, meta, models, operator, quarantine,
+    blobs, calibration, devices, enrollment, keys, lookup, meta, models, operator, quarantine, revocations,
 )
 from fedzoo.server.routes.common import EXTENSION_KEY
 
@@ -39,6 +39,7 @@ BLUEPRINTS = [
     calibration.blueprint,
     fl_routes.blueprint,
     keys.blueprint,
+    revocations.blueprint,
     operator.blueprint,  # after fl: it reads through the round service the fl blueprint creates
     quarantine.blueprint,
     dashboard.blueprint,  # /ui, the operator's pages over the same services

@@ -176,6 +176,34 @@ class KeySet(Response):
     keys: list[PublicKey]
 
 
+class SignedRevocationList(StrictRequest):
+    """The operator's signed revocation list (`fedzoo.revocation`): the signed bytes travel in `payload`."""
+
+    key_id: str = Field(pattern=r"^[0-9a-f]{16}$", description="the operator key that signed it")
+    algorithm: Literal["ed25519"] = "ed25519"
+    payload: str = Field(min_length=1, max_length=16 * 1024 * 1024, description=(
+        'base64 of the signed JSON {"purpose": "revocation_list", "contract": 1, "version", "issued_at", "key_id", '
+        '"revoked_cards": {"ids", "sha256s"}, "revoked_device_keys"}'))
+    signature: str = Field(min_length=1, max_length=200, description="base64 of the 64-byte ed25519 signature over "
+                           "'fedzoo-revocation-list-v1\\n' + payload")
+
+
+class RevocationListView(Response):
+    """The newest revocation list the server holds, as signed; devices verify it against their pinned keys."""
+
+    key_id: str
+    algorithm: Literal["ed25519"]
+    payload: str
+    signature: str
+
+
+class RevocationListStored(Response):
+    version: int
+    revoked_card_ids: int
+    revoked_card_sha256s: int
+    revoked_device_keys: int
+
+
 class BlobUploadResponse(Response):
     sha256: str = Field(pattern=SHA256_PATTERN)
     size_bytes: int

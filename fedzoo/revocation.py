@@ -1,0 +1,136 @@
+"""The operator's signed revocation list: cards (by id or model sha256) no device may load any more.
+
+A signed card stays valid until it expires; a card found bad before then is revoked by listing it here. The
+operator signs the list with the offline key that signs cards (`fedzoo keys revoke`); the server only stores
+and serves it (`POST`/`GET /v1/revocations`), and devices verify it against the keys they pin for cards:
+
+    {"key_id": "<16 hex>", "algorithm": "ed25519", "payload": "<base64>", "signature": "<base64>"}
+
+As with cards, the signed bytes travel inside the document (no canonical re-encoding has to agree between
+languages) and the signature covers `REVOCATION_DOMAIN + payload`, a purpose label no card signature shares, so
+neither can pass for the other. The payload is JSON:
+
+    {"purpose": "revocation_list", "contract": 1, "version": N, "issued_at": "...Z", "key_id": "...",
+     "revoked_cards": {"ids": [...], "sha256s": [...]}, "revoked_device_keys": [...]}
+
+`version` only grows: a device keeps the newest list it verified (its state file; Java: `StateStore`), refuses
+an older one (a server cannot roll a revocation back by serving a stale list) and a different list under the
+version it holds. `revoked_device_keys` is the section for device signing keys (operator certificates);
+this module carries it as a list of strings and leaves its meaning to their verifier.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+
+from fedzoo.cards import IDENTIFIER_PATTERN, SHA256_PATTERN, ModelCard
+from fedzoo.errors import CardSignatureError, InvalidInputError
+from fedzoo.signing import TIMESTAMP_FORMAT, CardSigningKey, TrustedKeys
+
+REVOCATION_DOMAIN = b"fedzoo-revocation-list-v1\n"
+"""Prefixed to the payload before signing: the purpose label that keeps a revocation list's signature from ever
+passing for a card's (`fedzoo.signing.SIGNATURE_DOMAIN`), or a card's for a list's."""
+PURPOSE = "revocation_list"
+CONTRACT = 1
+MAX_ENTRIES = 100_000
+
+
+@dataclass(frozen=True)
+class RevocationList:
+    """A verified list: its version, and what it revokes."""
+
+    version: int
+    issued_at: str
+    card_ids: frozenset[str]
+    card_sha256s: frozenset[str]
+    device_keys: frozenset[str]
+    document: dict[str, Any]  # the signed document, as stored and served
+
+    def refuse_revoked(self, card: ModelCard) -> None:
+        """Raise `CardSignatureError` (reason `revoked`) when this list revokes the card or its model bytes."""
+        if card.id in self.card_ids or card.sha256 in self.card_sha256s:
+            which = "id" if card.id in self.card_ids else f"model sha256 {card.sha256}"
+            raise CardSignatureError(f"card {card.id!r} is revoked by the operator's revocation list version "
+                                     f"{self.version} (by its {which})", reason="revoked")
+
+
+def sign_revocation_list(key: CardSigningKey, version: int, card_ids: list[str] = (), card_sha256s: list[str] = (),
+                         device_keys: list[str] = (), now: datetime | None = None) -> dict[str, Any]:
+    """The signed document of a revocation list (what `fedzoo keys revoke` writes)."""
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise InvalidInputError(f"a revocation list's version is a whole number from 1, got {version!r}",
+                                field="version")
+    issued_at = (now or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime(TIMESTAMP_FORMAT)
+    payload = {"purpose": PURPOSE, "contract": CONTRACT, "version": version, "issued_at": issued_at,
+               "key_id": key.key_id, "revoked_cards": {"ids": sorted(set(card_ids)), "sha256s": sorted(set(card_sha256s))},
+               "revoked_device_keys": sorted(set(device_keys))}
+    _check_payload(payload)
+    raw = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    return {"key_id": key.key_id, "algorithm": "ed25519", "payload": base64.b64encode(raw).decode(),
+            "signature": base64.b64encode(key.private_key.sign(REVOCATION_DOMAIN + raw)).decode()}
+
+
+def verify_revocation_list(document: Any, trusted: TrustedKeys, held: RevocationList | None = None) -> RevocationList:
+    """The list in `document` once a trusted key is seen to have signed it; `CardSignatureError` with a reason
+    (`unknown_key`, `bad_signature`, `field_mismatch`, `rollback`: older than the `held` list, or
+    `version_reused`: another list under the held version) otherwise."""
+    if not isinstance(document, dict) or not all(isinstance(document.get(name), str)
+                                                  for name in ("key_id", "payload", "signature")):
+        raise CardSignatureError('a revocation list is {"key_id", "algorithm", "payload", "signature"}',
+                                 reason="field_mismatch")
+    public_key = trusted.get(document["key_id"])
+    if public_key is None:
+        raise CardSignatureError(f"the revocation list is signed by key {document['key_id']}, which is not among "
+                                 f"the trusted keys {trusted.key_ids}", reason="unknown_key")
+    try:
+        raw = base64.b64decode(document["payload"], validate=True)
+        public_key.verify(base64.b64decode(document["signature"], validate=True), REVOCATION_DOMAIN + raw)
+        payload = json.loads(raw)
+    except (InvalidSignature, ValueError):
+        raise CardSignatureError("the revocation list's signature does not verify", reason="bad_signature") from None
+    try:
+        _check_payload(payload)
+    except InvalidInputError as error:
+        raise CardSignatureError(f"the signed revocation list is malformed: {error}", reason="field_mismatch") from None
+    if payload["key_id"] != document["key_id"]:
+        raise CardSignatureError("the revocation list's key_id is not the signed one", reason="field_mismatch")
+    listed = RevocationList(payload["version"], payload["issued_at"], frozenset(payload["revoked_cards"]["ids"]),
+                            frozenset(payload["revoked_cards"]["sha256s"]), frozenset(payload["revoked_device_keys"]),
+                            {name: document[name] for name in ("key_id", "algorithm", "payload", "signature")
+                             if name in document})
+    if held is not None and listed.version < held.version:
+        raise CardSignatureError(f"revocation list version {listed.version} is older than version {held.version}, "
+                                 "already held (rollback refused)", reason="rollback")
+    if held is not None and listed.version == held.version and listed.document["payload"] != held.document["payload"]:
+        raise CardSignatureError(f"a different revocation list under version {held.version}, already held",
+                                 reason="version_reused")
+    return listed
+
+
+def _check_payload(payload: Any) -> None:
+    """The payload's shape; InvalidInputError naming the first bad field."""
+    if not isinstance(payload, dict) or payload.get("purpose") != PURPOSE or payload.get("contract") != CONTRACT:
+        raise InvalidInputError(f"the payload is not a contract-{CONTRACT} {PURPOSE}", field="purpose")
+    version = payload.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise InvalidInputError(f"version must be a whole number from 1, got {version!r}", field="version")
+    if not isinstance(payload.get("issued_at"), str) or not isinstance(payload.get("key_id"), str):
+        raise InvalidInputError("issued_at and key_id must be strings", field="issued_at")
+    cards = payload.get("revoked_cards")
+    if not isinstance(cards, dict) or set(cards) != {"ids", "sha256s"}:
+        raise InvalidInputError('revoked_cards must be {"ids": [...], "sha256s": [...]}', field="revoked_cards")
+    for field, values, pattern in (("revoked_cards.ids", cards["ids"], IDENTIFIER_PATTERN),
+                                   ("revoked_cards.sha256s", cards["sha256s"], SHA256_PATTERN),
+                                   ("revoked_device_keys", payload.get("revoked_device_keys"), r"[\x21-\x7e]{1,200}")):
+        if not isinstance(values, list) or len(values) > MAX_ENTRIES:
+            raise InvalidInputError(f"{field} must be a list of at most {MAX_ENTRIES}", field=field)
+        for value in values:
+            if not isinstance(value, str) or not re.fullmatch(pattern, value):
+                raise InvalidInputError(f"{field}: {str(value)[:80]!r} does not match {pattern}", field=field)
