@@ -116,7 +116,8 @@ def verify_revocation_list(document: Any, trusted: TrustedKeys, held: Revocation
 
 def _check_payload(payload: Any) -> None:
     """The payload's shape; InvalidInputError naming the first bad field."""
-    if not isinstance(payload, dict) or payload.get("purpose") != PURPOSE or payload.get("contract") != CONTRACT:
+    if not isinstance(payload, dict) or payload.get("purpose") != PURPOSE or type(payload.get("contract")) is not int \
+            or payload["contract"] != CONTRACT:
         raise InvalidInputError(f"the payload is not a contract-{CONTRACT} {PURPOSE}", field="purpose")
     version = payload.get("version")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:

@@ -10,9 +10,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "vectors"))  # the vector writer (importlib mode)
 from card_signature_vectors import VECTORS_PATH, card_signature_vectors, fleet_key, vectors_text
+import revocation_list_vectors
 
 from fedzoo.cards import ModelCard
 from fedzoo.errors import CardSignatureError, InvalidInputError
+from fedzoo.revocation import verify_revocation_list
 from fedzoo.signing import (SIGNATURE_CONTRACT, UNSIGNED_FIELDS, CardSigningKey, TrustedKeys, key_id_of, sign_card,
                             verify_card)
 
@@ -23,22 +25,50 @@ def test_the_committed_vectors_are_what_the_writer_writes():
     assert VECTORS_PATH.read_text() == vectors_text()
 
 
+REVOCATION_VECTORS = revocation_list_vectors.revocation_list_vectors()
+
+
+def _device_verdict(case, trusted: TrustedKeys) -> None:
+    """What a device decides for the case's card: its signature and line order, then the list it holds."""
+    card = ModelCard.from_dict(case["card"])
+    now = datetime.strptime(case["now"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+    verify_card(card, trusted, now=now, last_accepted_version=case["last_accepted_version"],
+                last_accepted_card_id=case["last_accepted_card_id"])
+    if case["revocation_list"] is not None:
+        verify_revocation_list(case["revocation_list"], trusted).refuse_revoked(card)
+
+
 @pytest.mark.parametrize("case", VECTORS["cases"], ids=lambda case: case["name"])
 def test_each_vector_gets_its_expected_verdict(case):
     trusted = TrustedKeys.from_json(VECTORS["trusted_keys"])
-    card = ModelCard.from_dict(case["card"])
-    now = datetime.strptime(case["now"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
     if case["expect"] == "ok":
-        verify_card(card, trusted, now=now, last_accepted_version=case["last_accepted_version"])
+        _device_verdict(case, trusted)
     else:
         with pytest.raises(CardSignatureError) as caught:
-            verify_card(card, trusted, now=now, last_accepted_version=case["last_accepted_version"])
+            _device_verdict(case, trusted)
         assert caught.value.reason == case["expect"]
 
 
 def test_the_vectors_cover_every_reason():
     reasons = {case["expect"] for case in VECTORS["cases"]}
-    assert reasons == {"ok", "unsigned", "unknown_key", "bad_signature", "field_mismatch", "expired", "rollback"}
+    assert reasons == {"ok", "unsigned", "unknown_key", "bad_signature", "field_mismatch", "expired", "rollback",
+                       "version_reused", "revoked"}
+
+
+def test_the_committed_revocation_list_vectors_are_what_the_writer_writes():
+    assert revocation_list_vectors.VECTORS_PATH.read_text() == revocation_list_vectors.vectors_text()
+
+
+@pytest.mark.parametrize("case", REVOCATION_VECTORS["cases"], ids=lambda case: case["name"])
+def test_each_revocation_list_vector_gets_its_expected_verdict(case):
+    trusted = TrustedKeys.from_json(REVOCATION_VECTORS["trusted_keys"])
+    held = None if case["held"] is None else verify_revocation_list(case["held"], trusted)
+    if case["expect"] == "ok":
+        assert verify_revocation_list(case["document"], trusted, held=held).version == case["version"]
+    else:
+        with pytest.raises(CardSignatureError) as caught:
+            verify_revocation_list(case["document"], trusted, held=held)
+        assert caught.value.reason == case["expect"]
 
 
 def test_a_card_survives_its_json_round_trip_still_verifying():

@@ -3,7 +3,9 @@
 Ed25519 is deterministic, so fixed key seeds and fixed times give the same file on every run:
 `python tests/vectors/card_signature_vectors.py` rewrites `card_signatures.json`, and a test checks that the
 committed file is what this script writes. Each case is a card as a device receives it, the verifier's clock,
-the last version it accepted for the card's line, and the expected verdict: `ok` or a `CardSignatureError.reason`.
+the last version it accepted for the card's line and the id of the card it accepted at that version, the
+operator's revocation list it holds (`fedzoo.revocation`, or null), and the expected verdict: `ok` or a
+`CardSignatureError.reason`.
 Contract 2 signs the whole card but `signature` and `unsigned`: the `*_edited` cases change one field each a
 device acts on, and `field_left_unsigned` is a card carrying a field its signer never signed.
 """
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fedzoo.cards import InputSpec, Latency, Metrics, ModelCard, Normalisation
+from fedzoo.revocation import sign_revocation_list
 from fedzoo.signing import SIGNATURE_DOMAIN, CardSigningKey, TrustedKeys, sign_card
 
 VECTORS_PATH = Path(__file__).with_name("card_signatures.json")
@@ -116,6 +119,18 @@ def card_signature_vectors() -> dict[str, Any]:
         ("expired", signed, SIGNED_AT + LIFETIME, None, "expired"),
         ("rollback", signed, within, 4, "rollback"),
     ]
+    revocations = {  # name: (last accepted card id, revocation list, verdict), with the valid card at version 3
+        "same_card_at_the_last_accepted_version": ("digits-mlp-v3", None, "ok"),
+        "second_card_for_the_line_and_version": ("digits-mlp-v3-r9", None, "version_reused"),
+        "revoked_by_id": (None, sign_revocation_list(key, 1, card_ids=[signed.id], now=SIGNED_AT), "revoked"),
+        "revoked_by_model_sha256": (None, sign_revocation_list(key, 2, card_sha256s=[signed.sha256], now=SIGNED_AT),
+                                    "revoked"),
+        "revocation_list_of_other_cards": (None, sign_revocation_list(key, 3, card_ids=["digits-mlp-v2"],
+                                                                      card_sha256s=["0" * 64], now=SIGNED_AT), "ok"),
+    }
+    rows = [(name, card, now, last, None, None, expect) for name, card, now, last, expect in cases]
+    rows += [(name, signed, within, None if card_id is None else 3, card_id, listed, expect)
+             for name, (card_id, listed, expect) in revocations.items()]
     return {
         "description": __doc__.split("\n\n")[0],
         "trusted_keys": TrustedKeys([key.public_key_raw]).to_json(),
@@ -125,9 +140,11 @@ def card_signature_vectors() -> dict[str, Any]:
                 "card": json.loads(card.to_json()),
                 "now": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "last_accepted_version": last_accepted,
+                "last_accepted_card_id": last_card_id,
+                "revocation_list": revocation_list,
                 "expect": expect,
             }
-            for name, card, now, last_accepted, expect in cases
+            for name, card, now, last_accepted, last_card_id, revocation_list, expect in rows
         ],
     }
 

@@ -17,7 +17,10 @@ public class CardSignatureException extends FedzooException {
         this.reason = reason;
     }
 
-    /** Why the card was refused: unsigned, unknown_key, bad_signature, field_mismatch, expired or rollback. */
+    /**
+     * Why the card (or revocation list) was refused: unsigned, unknown_key, bad_signature, field_mismatch, expired,
+     * rollback, version_reused (a second card for a line and version, or list for a version) or revoked.
+     */
     public String reason() {
         return reason;
     }

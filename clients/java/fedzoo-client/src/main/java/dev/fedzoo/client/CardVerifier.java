@@ -29,7 +29,8 @@ import dev.fedzoo.ModelCard;
  * over those very bytes, then requires the card it received, field by field, to equal the signed one: a field
  * changed, added or left out of the payload is refused, so no JSON canonicalisation has to agree across
  * languages. Only {@code unsigned} (the server's measurements, which no device acts on) may differ. A card older
- * than the last version accepted for its line is refused (no rollback to a known-bad model).
+ * than the last version accepted for its line is refused (no rollback to a known-bad model), and so is a second
+ * card for a line and version already accepted.
  * Ed25519 comes from BouncyCastle: Android's own provider has it only from API 33.
  */
 public final class CardVerifier {
@@ -80,11 +81,24 @@ public final class CardVerifier {
         return Collections.unmodifiableSet(keys.keySet());
     }
 
+    /** The pinned key filed under {@code keyId}, or null (what {@link RevocationList#verify} checks against). */
+    Ed25519PublicKeyParameters key(String keyId) {
+        return keys.get(keyId);
+    }
+
     /**
      * Returns normally only if a trusted key signed this very card, it has not expired at {@code nowMillis}, and
-     * its version is not below {@code lastAcceptedVersion} (null: nothing accepted yet for its family).
+     * its version is not below {@code lastAcceptedVersion} (null: nothing accepted yet for its line).
      */
     public void verify(ModelCard card, long nowMillis, Integer lastAcceptedVersion) {
+        verify(card, nowMillis, lastAcceptedVersion, null);
+    }
+
+    /**
+     * As {@link #verify(ModelCard, long, Integer)}, and at {@code lastAcceptedVersion} itself the card must be the
+     * one accepted then, {@code lastAcceptedCardId} (one card per line and version: {@code version_reused}).
+     */
+    public void verify(ModelCard card, long nowMillis, Integer lastAcceptedVersion, String lastAcceptedCardId) {
         JSONObject block = card.signature();
         if (block == null) {
             throw new CardSignatureException("card '" + card.id() + "' is not signed", "unsigned");
@@ -129,6 +143,12 @@ public final class CardVerifier {
             throw new CardSignatureException("card '" + card.id() + "': version " + card.version() + " of line '"
                     + card.lineId() + "' is older than version " + lastAcceptedVersion
                     + ", already accepted (rollback refused)", "rollback");
+        }
+        if (lastAcceptedVersion != null && lastAcceptedCardId != null && card.version() == lastAcceptedVersion
+                && !card.id().equals(lastAcceptedCardId)) {
+            throw new CardSignatureException("card '" + card.id() + "': version " + card.version() + " of line '"
+                    + card.lineId() + "' was already accepted as card '" + lastAcceptedCardId
+                    + "'; a second card for one line and version is refused", "version_reused");
         }
     }
 

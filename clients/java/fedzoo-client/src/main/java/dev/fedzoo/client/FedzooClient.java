@@ -15,6 +15,7 @@ import org.json.JSONException;
 import org.json.JSONObject;
 
 import dev.fedzoo.FedzooException;
+import dev.fedzoo.InvalidInputException;
 import dev.fedzoo.ModelCard;
 import dev.fedzoo.edge.DeviceProfile;
 import dev.fedzoo.edge.EdgeSession;
@@ -334,8 +335,33 @@ public final class FedzooClient {
         if (verifier == null) {
             return;
         }
-        verifier.verify(card, clockMs.getAsLong(), state.acceptedVersion(card.lineId()));
-        state.acceptVersion(card.lineId(), card.version());
+        verifier.verify(card, clockMs.getAsLong(), state.acceptedVersion(card.lineId()), state.acceptedCardId(card.lineId()));
+        RevocationList revocations = state.revocationList(verifier);
+        if (revocations != null) {
+            revocations.refuseRevoked(card);
+        }
+        state.acceptCard(card.lineId(), card.version(), card.id());
+    }
+
+    /**
+     * Fetches the operator's signed revocation list ({@code GET /v1/revocations}) and keeps it in the
+     * {@link #keepStateIn state} when it is newer than the one held; from then on {@link #downloadModel} refuses
+     * the cards it revokes. A list no pinned key signed, an older one (a server rolling a revocation back) or another
+     * list under the held version throws {@link CardSignatureException}. Returns the list held (null when the server
+     * has none and nothing is held). Needs {@link #requireSignedCards}.
+     */
+    public RevocationList refreshRevocations() {
+        if (verifier == null) {
+            throw new InvalidInputException("a revocation list is verified against the pinned keys: requireSignedCards first",
+                    "trusted_keys");
+        }
+        JSONObject document;
+        try {
+            document = http.getJson("/v1/revocations", null);
+        } catch (ApiException.NotFound none) {
+            return state.revocationList(verifier); // none published: keep whatever this device holds
+        }
+        return state.holdRevocationList(verifier, document);
     }
 
     /**

@@ -18,9 +18,12 @@ import dev.fedzoo.FedzooException;
  * {@code context.getFilesDir()}), each file replaced atomically (written aside, then renamed):
  * <ul>
  * <li>{@code state.json}: {@code server}, {@code device_id}, {@code token} (as the Python CLI's
- * {@code ~/.config/fedzoo/client.json}) and {@code accepted_line_versions} (model line → the newest signed card
- * version accepted, which {@link CardVerifier} refuses to roll back from; raised only by a compare-and-swap under
- * an exclusive lock on {@code state.lock}, so two processes cannot write an older version over a newer one);</li>
+ * {@code ~/.config/fedzoo/client.json}), {@code accepted_line_versions} (model line → the newest signed card
+ * version accepted, which {@link CardVerifier} refuses to roll back from), {@code accepted_line_cards} (model
+ * line → the id of the card accepted at that version: no second card for one line and version) and
+ * {@code revocation_list} (the newest operator's {@link RevocationList} verified), each changed only by a
+ * compare-and-swap under an exclusive lock on {@code state.lock}, so two processes cannot write an older version
+ * or list over a newer one;</li>
  * <li>{@code pending/<round>.npz} + {@code pending/<round>.json}: an update trained but not yet confirmed by
  * the server, re-sent by the next participation (a 409 {@code duplicate_update} then counts as delivered).</li>
  * </ul>
@@ -29,6 +32,8 @@ import dev.fedzoo.FedzooException;
  */
 public final class StateStore {
     static final String ACCEPTED_VERSIONS = "accepted_line_versions";
+    static final String ACCEPTED_CARDS = "accepted_line_cards";
+    static final String REVOCATION_LIST = "revocation_list";
     private final File directory;
     private final File pendingDirectory;
 
@@ -115,31 +120,84 @@ public final class StateStore {
         return versions == null || !versions.has(lineId) ? null : versions.optInt(lineId);
     }
 
-    /**
-     * Records that {@code version} of model line {@code lineId} was accepted: a compare-and-swap, under this
-     * process's lock and an exclusive lock on {@code state.lock} against other processes, that refuses
-     * ({@link CardSignatureException} {@code rollback}) when a newer version was accepted meanwhile.
-     */
+    /** The id of the card accepted at the newest version of model line {@code lineId}, or null. */
+    public synchronized String acceptedCardId(String lineId) {
+        JSONObject cards = load().optJSONObject(ACCEPTED_CARDS);
+        return cards == null ? null : cards.optString(lineId, null);
+    }
+
+    /** As {@link #acceptCard} for a card whose id is not recorded (only the version is kept). */
     public synchronized void acceptVersion(String lineId, int version) {
+        acceptCard(lineId, version, null);
+    }
+
+    /**
+     * Records that card {@code cardId} at {@code version} of model line {@code lineId} was accepted: a
+     * compare-and-swap, under this process's lock and an exclusive lock on {@code state.lock} against other
+     * processes, that refuses ({@link CardSignatureException}) when a newer version ({@code rollback}) or another
+     * card at this version ({@code version_reused}) was accepted meanwhile.
+     */
+    public synchronized void acceptCard(String lineId, int version, String cardId) {
         try (RandomAccessFile locked = lockState()) {
             JSONObject state = load();
-            JSONObject versions = state.optJSONObject(ACCEPTED_VERSIONS);
-            if (versions == null) {
-                versions = new JSONObject();
-                state.put(ACCEPTED_VERSIONS, versions);
-            }
+            JSONObject versions = section(state, ACCEPTED_VERSIONS);
+            JSONObject cards = section(state, ACCEPTED_CARDS);
             int recorded = versions.optInt(lineId, 0);
             if (version < recorded) {
                 throw new CardSignatureException("version " + version + " of line '" + lineId + "' is older than version "
                         + recorded + ", accepted meanwhile (rollback refused)", "rollback");
             }
+            String recordedId = version == recorded ? cards.optString(lineId, null) : null;
+            if (cardId != null && recordedId != null && !recordedId.equals(cardId)) {
+                throw new CardSignatureException("card '" + cardId + "': version " + version + " of line '" + lineId
+                        + "' was accepted meanwhile as card '" + recordedId + "'", "version_reused");
+            }
             versions.put(lineId, version);
+            if (cardId != null) {
+                cards.put(lineId, cardId);
+            }
             save(state);
         } catch (IOException error) {
             throw new FedzooException("cannot lock " + new File(directory, "state.lock") + ": " + error.getMessage(), error);
         } catch (JSONException error) {
             throw new FedzooException("cannot record version of " + lineId + ": " + error.getMessage());
         }
+    }
+
+    /** The newest revocation list this device verified (checked again against {@code verifier}), or null. */
+    public synchronized RevocationList revocationList(CardVerifier verifier) {
+        JSONObject held = load().optJSONObject(REVOCATION_LIST);
+        return held == null ? null : RevocationList.verify(held, verifier, null);
+    }
+
+    /**
+     * Verifies a served revocation list and keeps it when it is newer than the one held: a compare-and-swap under
+     * {@code state.lock}; {@link CardSignatureException} for a list no pinned key signed, an older one
+     * ({@code rollback}) or another list under the held version ({@code version_reused}).
+     */
+    public synchronized RevocationList holdRevocationList(CardVerifier verifier, JSONObject document) {
+        try (RandomAccessFile locked = lockState()) {
+            JSONObject state = load();
+            JSONObject held = state.optJSONObject(REVOCATION_LIST);
+            RevocationList verified = RevocationList.verify(document, verifier,
+                    held == null ? null : RevocationList.verify(held, verifier, null));
+            state.put(REVOCATION_LIST, verified.document());
+            save(state);
+            return verified;
+        } catch (IOException error) {
+            throw new FedzooException("cannot lock " + new File(directory, "state.lock") + ": " + error.getMessage(), error);
+        } catch (JSONException error) {
+            throw new FedzooException("cannot keep the revocation list: " + error.getMessage());
+        }
+    }
+
+    private static JSONObject section(JSONObject state, String key) throws JSONException {
+        JSONObject section = state.optJSONObject(key);
+        if (section == null) {
+            section = new JSONObject();
+            state.put(key, section);
+        }
+        return section;
     }
 
     /** Keeps an update until {@link #removePending} (the delta first, so a half-written pair never looks complete). */

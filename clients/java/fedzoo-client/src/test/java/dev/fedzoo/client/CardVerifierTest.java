@@ -34,9 +34,13 @@ class CardVerifierTest {
             ModelCard card = new ModelCard(vector.getJSONObject("card"));
             long now = Timestamps.parseMillis(vector.getString("now"));
             Integer last = vector.isNull("last_accepted_version") ? null : vector.getInt("last_accepted_version");
+            String lastCardId = vector.isNull("last_accepted_card_id") ? null : vector.getString("last_accepted_card_id");
             String reason = null;
             try {
-                verifier.verify(card, now, last);
+                verifier.verify(card, now, last, lastCardId);
+                if (!vector.isNull("revocation_list")) {
+                    RevocationList.verify(vector.getJSONObject("revocation_list"), verifier, null).refuseRevoked(card);
+                }
             } catch (CardSignatureException refused) {
                 reason = refused.reason();
             }
@@ -47,6 +51,41 @@ class CardVerifierTest {
                 assertEquals(expected, reason, vector.getString("name"));
             }
         }
+    }
+
+    @Test
+    void everyRevocationListVectorIsDecidedAsPythonDecidesIt() throws Exception {
+        JSONObject vectors = new JSONObject(new String(TestSupport.read(new File(TestSupport.repository(),
+                "tests/vectors/revocation_lists.json")), TestSupport.UTF8));
+        CardVerifier verifier = CardVerifier.fromJson(vectors.getJSONObject("trusted_keys"));
+        JSONArray cases = vectors.getJSONArray("cases");
+        assertTrue(cases.length() >= 10, "the vectors hold every refusal reason");
+        for (int i = 0; i < cases.length(); i++) {
+            JSONObject vector = cases.getJSONObject(i);
+            String name = vector.getString("name");
+            RevocationList held = vector.isNull("held") ? null
+                    : RevocationList.verify(vector.getJSONObject("held"), verifier, null);
+            try {
+                RevocationList listed = RevocationList.verify(vector.getJSONObject("document"), verifier, held);
+                assertEquals("ok", vector.getString("expect"), name);
+                assertEquals(vector.getInt("version"), listed.version(), name);
+            } catch (CardSignatureException refused) {
+                assertEquals(vector.getString("expect"), refused.reason(), name + ": " + refused.getMessage());
+            }
+        }
+    }
+
+    @Test
+    void aSecondCardForAnAcceptedLineAndVersionIsRefusedByTheStoreToo() throws Exception {
+        StateStore state = new StateStore(TestSupport.workDirectory("line-cards"));
+        state.acceptCard("digits-mlp-v1", 2, "digits-v2-r1");
+        state.acceptCard("digits-mlp-v1", 2, "digits-v2-r1"); // the same card again is fine
+        CardSignatureException refused = assertThrows(CardSignatureException.class,
+                () -> new StateStore(state.directory()).acceptCard("digits-mlp-v1", 2, "digits-v2-r2"));
+        assertEquals("version_reused", refused.reason());
+        assertEquals("digits-v2-r1", state.acceptedCardId("digits-mlp-v1"));
+        state.acceptCard("digits-mlp-v1", 3, "digits-v3-r4");
+        assertEquals("digits-v3-r4", state.acceptedCardId("digits-mlp-v1"));
     }
 
     @Test
