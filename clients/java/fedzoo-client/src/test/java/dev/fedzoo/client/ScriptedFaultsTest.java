@@ -250,6 +250,59 @@ class ScriptedFaultsTest {
         assertEquals(1, seen.size(), "nothing more was fetched");
     }
 
+    private static JSONObject vectorCase(String file, String name) throws Exception {
+        org.json.JSONArray cases = new JSONObject(new String(TestSupport.read(new File(TestSupport.repository(),
+                "tests/vectors/" + file)), TestSupport.UTF8)).getJSONArray("cases");
+        for (int i = 0; i < cases.length(); i++) {
+            if (cases.getJSONObject(i).getString("name").equals(name)) {
+                return cases.getJSONObject(i);
+            }
+        }
+        throw new AssertionError("no vector " + name + " in " + file);
+    }
+
+    @Test
+    void aRevokedCardIsRefusedAndALyingServerCannotRollTheListBack() throws Exception {
+        JSONObject valid = vectorCase("card_signatures.json", "valid");
+        JSONObject newer = vectorCase("revocation_lists.json", "newer_than_held"); // version 3, revokes the valid card
+        StateStore state = new StateStore(TestSupport.workDirectory("revocations"));
+        long nowMs = Timestamps.parseMillis(valid.getString("now"));
+        CardVerifier verifier = CardVerifier.fromJson(new JSONObject(new String(TestSupport.read(new File(
+                TestSupport.repository(), "tests/vectors/card_signatures.json")), TestSupport.UTF8)).getJSONObject("trusted_keys"));
+        FedzooClient client = client(1).keepStateIn(state).withClock(() -> nowMs).requireSignedCards(verifier);
+        script.add(json(404, "{\"error\": {\"code\": \"no_revocation_list\", \"message\": \"none\"}}"));
+        assertNull(client.refreshRevocations());
+        script.add(json(200, newer.getJSONObject("document").toString()));
+        assertEquals(3, client.refreshRevocations().version());
+        dev.fedzoo.ModelCard card = new dev.fedzoo.ModelCard(valid.getJSONObject("card"));
+        CardSignatureException refused = assertThrows(CardSignatureException.class, () -> client.downloadModel(card));
+        assertEquals("revoked", refused.reason());
+        assertEquals(2, seen.size(), "the two list fetches, never the model: " + seen);
+
+        script.add(json(200, newer.getJSONObject("held").toString())); // version 2: it revokes less
+        assertEquals("rollback", assertThrows(CardSignatureException.class, client::refreshRevocations).reason());
+        FedzooClient restarted = client(1).keepStateIn(new StateStore(state.directory())).withClock(() -> nowMs)
+                .requireSignedCards(verifier);
+        assertEquals("revoked", assertThrows(CardSignatureException.class, () -> restarted.downloadModel(card)).reason());
+        assertEquals(3, seen.size(), "nothing fetched after the refused list: " + seen);
+    }
+
+    @Test
+    void aSecondCardForAnAcceptedLineAndVersionIsRefusedBeforeItsModelIsFetched() throws Exception {
+        JSONObject valid = vectorCase("card_signatures.json", "valid");
+        StateStore state = new StateStore(TestSupport.workDirectory("line-versions"));
+        dev.fedzoo.ModelCard card = new dev.fedzoo.ModelCard(valid.getJSONObject("card"));
+        state.acceptCard(card.lineId(), card.version(), "digits-mlp-v3-r9"); // another plan's "version 3", met first
+        long nowMs = Timestamps.parseMillis(valid.getString("now"));
+        FedzooClient client = client(1).keepStateIn(state).withClock(() -> nowMs)
+                .requireSignedCards(CardVerifier.fromJson(new JSONObject(new String(TestSupport.read(new File(
+                        TestSupport.repository(), "tests/vectors/card_signatures.json")), TestSupport.UTF8))
+                        .getJSONObject("trusted_keys")));
+        CardSignatureException refused = assertThrows(CardSignatureException.class, () -> client.downloadModel(card));
+        assertEquals("version_reused", refused.reason());
+        assertTrue(seen.isEmpty(), "nothing was fetched: " + seen);
+    }
+
     @Test
     void aConfirmedLookupRefusesATamperedShortlistedCardBeforeFetchingItsModel() throws Exception {
         JSONObject vectors = new JSONObject(new String(TestSupport.read(new File(TestSupport.repository(),
