@@ -234,7 +234,8 @@ class ZooPlan:
         card = ModelCard.from_dict({
             **base.model_dump(exclude={"signature"}),
             "id": card_id, "family": f"{base.family}-subnet", "task": supernet.task + SUBNET_TASK_SUFFIX,
-            "parent_id": base.id, "line": None,  # a line of its own: never a version of the supernet's line "arch": arch, "sha256": self.context.store.put(model), "size_bytes": len(model),
+            "parent_id": base.id, "line": None,  # a line of its own: never a version of the supernet's line
+            "arch": arch, "sha256": self.context.store.put(model), "size_bytes": len(model),
             "training_graph": self.context.store.put(graph), "artifacts": {}, "latency_ms": {},
             "created_at": self.context.clock(),
             "details": {"zoo_training": {"supernet_id": base.id, "supernet_version": base.version,
