@@ -99,3 +99,32 @@ def test_sqlite_runs_in_wal_mode_and_enforces_foreign_keys(tmp_path):
         with database.session() as session:
             session.add(LatencyReport(device_id="ghost", model_id="ghost", median_ms=1.0))
     database.dispose()
+
+
+def test_line_versions_keep_the_first_card_where_a_line_already_repeated_a_version(tmp_path):
+    """Before 0013 two plans could both publish "version 2" of a line: the first published keeps the line, the
+    later one is left without a line_id (still served), and the unique index holds from then on."""
+    url = f"sqlite:///{tmp_path / 'registry.db'}"
+    migrations.upgrade(url)
+    database = Database(url)
+    store = FileBlobStore(tmp_path / "blobs")
+    estimator = CalibrationScalingEstimator(REFERENCE_CALIBRATION_MS)
+    blob = tiny_onnx_model(seed=5)
+    store.put(blob)
+    with database.session() as session:
+        for model_id, version in (("base", 1), ("base-v2-r1", 2), ("base-v3-r2", 3)):
+            registry.publish(session, store, estimator, make_card(blob, model_id, 0.9, 1000, version=version,
+                                                                  line=None if version == 1 else "base"))
+    command.downgrade(migrations.alembic_config(url), "0012_zoo_rounds")
+    with database.engine.begin() as connection:  # what a server before 0013 let the second plan publish
+        card_json = connection.execute(text("SELECT card_json FROM models WHERE id = 'base-v3-r2'")).scalar_one()
+        connection.execute(text("UPDATE models SET version = 2, card_json = :card WHERE id = 'base-v3-r2'"),
+                           {"card": card_json.replace('"version":3', '"version":2')})
+    migrations.upgrade(url)
+    with database.engine.connect() as connection:
+        lines = dict(connection.execute(text("SELECT id, line_id FROM models")).all())
+    assert lines == {"base": "base", "base-v2-r1": "base", "base-v3-r2": None}
+    with database.session() as session:
+        assert registry.next_line_version(session, "base") == 3
+        assert registry.get_card(session, "base-v3-r2")["version"] == 2  # still served
+    database.dispose()
