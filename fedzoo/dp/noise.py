@@ -114,6 +114,7 @@ class DpFedAvg:
         self.noise: NoiseSource = SeededNoise(seed) if seed is not None else NoiseSource()
         self.delta_noise_multiplier = ledger.noise_multiplier
         self.clipped_count_stddev: float | None = None
+        self.released_sensitivity: float | None = None  # of the last noised sum (clip_norm plus any rounding)
         if adaptive is not None:
             self.clipped_count_stddev, self.delta_noise_multiplier = adaptive_noise_split(
                 ledger.noise_multiplier, expected_clients, adaptive.clipped_count_stddev)
@@ -147,6 +148,7 @@ class DpFedAvg:
             raise InvalidInputError("adaptive clipping needs the count of unclipped deltas and of contributors",
                                     field="unclipped_count")
         self.check_budget()
+        self.released_sensitivity = sensitivity
         steps = np.rint(clipped_sum / grid_step).astype(np.int64)
         noised = (steps + self.noise.integer_noise(self.noise_stddev(sensitivity) / grid_step, steps.size)
                   .reshape(steps.shape)) * grid_step
