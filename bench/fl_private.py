@@ -33,6 +33,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import random
 import statistics
 import time
@@ -206,6 +207,7 @@ def sampler_part(coordinates: int) -> None:
 
 
 def main() -> None:
+    logging.getLogger("absl").setLevel(logging.ERROR)  # dp-accounting notes every RDP order it skips
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="1,2,3")
     parser.add_argument("--sampler-coordinates", type=int, default=50_000)
