@@ -145,7 +145,7 @@ def dp_part(device_counts: list[int], epsilons: list[float], rounds: int, execut
             server_momentum: float, evaluate_on: str) -> None:
     print(f"\n== DP-FedAvg: MNIST-5k, 50 expected per round, {rounds} rounds, delta 1e-5, server momentum "
           f"{server_momentum:g}, accuracy on the {evaluate_on} split ==")
-    print(SEEDED_NOISE_NOTICE % "each run's seed")
+    print(SEEDED_NOISE_NOTICE % 0)
     print("devices  epsilon  noise z  final acc  best acc  eps spent  rounds  vs non-private (final)")
     for devices in device_counts:
         federation = prepare_federation("mnist", num_clients=devices, alpha=None, hidden_units=64)
