@@ -16,17 +16,20 @@ function of those rows, so any gunicorn worker, or a restarted server, rebuilds 
 stages (cached per stage: a closed stage's rows never change). Closing a stage is again a conditional
 UPDATE, so exactly one worker moves it on.
 
-DP-FedAvg (`privacy.dp`): devices clip their delta to `clip_norm`; the server adds Gaussian noise to the
-sum, which under SecAgg+ is the unmasked sum (the server never needs a clear update), and divides by
-`target_clients`. Weights are equal: under SecAgg+ the weight coordinate of the sum must equal the number
+DP-FedAvg (`privacy.dp`): devices clip their delta to `clip_norm` (fixed, or adapted each round from a noised,
+centred count: `privacy.dp.adaptive`, without SecAgg+); the server adds discrete Gaussian noise drawn from
+`os.urandom` (`fedzoo.dp`) to the sum put on an integer grid, which under SecAgg+ is the unmasked sum (the
+server never needs a clear update), and divides by `target_clients`. A DP round publishes no contributor
+count, on its card or in its read (`published_counts`, `without_dp_counts`). Weights are equal: under SecAgg+ the weight coordinate of the sum must equal the number
 of survivors, else the round fails. Without DP, SecAgg+ rounds weigh updates equally too unless the round keeps
 FedAvg's example weights, and the unmasked sum must lie within what clipped updates can add up to
 (`check_secure_sum`, docs/privacy.md "Robust rounds under SecAgg+"). The plan's ledger is stored with each
 round; a round that would take epsilon past `max_epsilon` does not open.
 
-One ledger per model line (`PrivacyLine`): a plan on a model continues its line's ledger (or, for a line that
-starts from a DP model, the ledger its card's signed privacy claim carries), so epsilon composes across plans
-and each card states the line's total. A plan that would take the line past the operator's lifetime budget
+One ledger per model line (`PrivacyLine`), found from the weights (`privacy_lineage`): a plan on a model
+continues the ledger of the DP line its weights were released under or derive from (the same blob under
+another card, a parent), or the signed claim's ledger for weights new to this server, so epsilon composes
+across plans and each card states the line's total; a plan without DP on such weights is refused. A plan that would take the line past the operator's lifetime budget
 (`FEDZOO_DP_LINE_MAX_EPSILON`) is refused before it opens, and one DP plan at a time runs on a line, so two
 plans never compose from the same starting point.
 """
