@@ -25,7 +25,8 @@
    Gaussian sampler's cost (exact, from os.urandom: what the server draws) per million coordinates against
    numpy's floating-point Gaussian.
 
-    .venv/bin/python bench/fl_private.py [--parts 1,2,3] [--secagg-runs 100] [--dimension 60000] [--devices 100,500,1000]
+    .venv/bin/python bench/fl_private.py [--parts 1,2,3] [--secagg-runs 100] [--dimension 60000]
+        [--devices 100,500,1000]
         [--epsilons 1,2,4,8] [--rounds 30] [--executor processes] [--workers 2] [--server-momentum 0]
         [--evaluate-on test]
 """
@@ -203,7 +204,8 @@ def sampler_part(coordinates: int) -> None:
         np.random.default_rng().normal(0.0, sigma, size=1_000_000)
         numpy_s = time.process_time() - started
         print(f"sigma {sigma:>9g} steps: discrete {discrete_s:.1f} s per million (CPU; sample std "
-              f"{draws.std() / sigma:.3f} sigma), numpy {numpy_s * 1e3:.1f} ms per million: {discrete_s / numpy_s:,.0f}x")
+              f"{draws.std() / sigma:.3f} sigma), numpy {numpy_s * 1e3:.1f} ms per million: "
+              f"{discrete_s / numpy_s:,.0f}x")
 
 
 def main() -> None:

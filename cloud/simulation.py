@@ -495,7 +495,8 @@ class Simulation:
         self.cache_root = Path(cache_root) if cache_root is not None else Path(tempfile.mkdtemp(prefix="fedzoo-sim-"))
         self.attackers, self.attack, self.encoding = attackers, attack, encoding
         self.rng = random.Random(seed)
-        self.admin = FedzooClient(server_url, token=admin_token, cache_dir=self.cache_root / "admin", transport=_transport(in_process))
+        self.admin = FedzooClient(server_url, token=admin_token, cache_dir=self.cache_root / "admin",
+                                  transport=_transport(in_process))
         self.tokens: list[str] = []
         self.signing_keys: list[bytes] = []  # each device's raw Ed25519 private key, beside its token
         self._context: _Context | None = None

@@ -1,12 +1,13 @@
 """The server side of DP-FedAvg: Gaussian noise on the sum of clipped deltas, equal weights, and clipping
 bounds that are fixed or adapt to the updates' norms (Andrew et al. 2021).
 
-Every device clips its delta to L2 norm C, so adding or removing one device moves the sum by at most
-C (its sensitivity); noise of standard deviation z C per coordinate then makes each round a Gaussian mechanism
-with noise multiplier z. The noise is a discrete Gaussian on the sum put on an integer grid, drawn exactly from
-`os.urandom` (`fedzoo.dp.discrete_gaussian`): no floating-point sampler and no seed anyone could replay. The mean divides by the expected cohort size, not the number that arrived
-(McMahan et al.'s fixed-denominator estimator), so that count reveals nothing either. Weights are equal:
-weighting by examples would let a device claim a large weight and escape the bound.
+Every device clips its delta to L2 norm C, so adding or removing one device moves the sum by at most C (its
+sensitivity); noise of standard deviation z C per coordinate then makes each round a Gaussian mechanism with noise
+multiplier z. The noise is a discrete Gaussian on the sum put on an integer grid, drawn exactly from `os.urandom`
+(`fedzoo.dp.discrete_gaussian`): no floating-point sampler and no seed anyone could replay. The mean divides by the
+expected cohort size, not the number that arrived (McMahan et al.'s fixed-denominator estimator), so that count
+reveals nothing either. Weights are equal: weighting by examples would let a device claim a large weight and escape
+the bound.
 
 Quantised updates (SecAgg+) round each coordinate by up to one step, which can lengthen a clipped
 delta by up to step x sqrt(d); `quantised_sensitivity` bounds that and the noise scales with it.

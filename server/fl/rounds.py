@@ -111,7 +111,8 @@ class RoundService:
         self.database, self.store, self.clock = database, store, clock
         self._next_device_advance_at: datetime | None = None
         self.context = RoundContext(database, store, clock, BaseModels(store),
-                                    PrivateRounds(database, clock, dp_line_max_epsilon, dp_max_delta), max_examples_per_update)
+                                    PrivateRounds(database, clock, dp_line_max_epsilon, dp_max_delta),
+                                    max_examples_per_update)
         self.private = self.context.private
         self.lifecycle = RoundLifecycle(self.context, aggregation_lease_s)
         self.zoo = ZooPlan(self.context, estimator, signing_key)

@@ -135,7 +135,8 @@ class AdaptiveClippingSettings(_Request):
     target_unclipped_quantile: float = Field(default=0.5, gt=0, lt=1)
     clip_learning_rate: float = Field(default=0.2, gt=0, le=10)
     clipped_count_stddev: float | None = Field(
-        default=None, gt=0, le=1e6, description="the count's noise; default max(target_clients / 20, z); must exceed z / 2")
+        default=None, gt=0, le=1e6,
+        description="the count's noise; default max(target_clients / 20, z); must exceed z / 2")
 
 
 class DpSettings(_Request):

@@ -18,20 +18,20 @@ UPDATE, so exactly one worker moves it on.
 
 DP-FedAvg (`privacy.dp`): devices clip their delta to `clip_norm` (fixed, or adapted each round from a noised,
 centred count: `privacy.dp.adaptive`, without SecAgg+); the server adds discrete Gaussian noise drawn from
-`os.urandom` (`fedzoo.dp`) to the sum put on an integer grid, which under SecAgg+ is the unmasked sum (the
-server never needs a clear update), and divides by `target_clients`. A DP round publishes no contributor
-count, on its card or in its read (`published_counts`, `without_dp_counts`). Weights are equal: under SecAgg+ the weight coordinate of the sum must equal the number
-of survivors, else the round fails. Without DP, SecAgg+ rounds weigh updates equally too unless the round keeps
-FedAvg's example weights, and the unmasked sum must lie within what clipped updates can add up to
-(`check_secure_sum`, docs/privacy.md "Robust rounds under SecAgg+"). The plan's ledger is stored with each
+`os.urandom` (`fedzoo.dp`) to the sum put on an integer grid, which under SecAgg+ is the unmasked sum (the server
+never needs a clear update), and divides by `target_clients`. A DP round publishes no contributor count, on its card
+or in its read (`published_counts`, `without_dp_counts`). Weights are equal: under SecAgg+ the weight coordinate of
+the sum must equal the number of survivors, else the round fails. Without DP, SecAgg+ rounds weigh updates equally
+too unless the round keeps FedAvg's example weights, and the unmasked sum must lie within what clipped updates can
+add up to (`check_secure_sum`, docs/privacy.md "Robust rounds under SecAgg+"). The plan's ledger is stored with each
 round; a round that would take epsilon past `max_epsilon` does not open.
 
-One ledger per model line (`PrivacyLine`), found from the weights (`privacy_lineage`): a plan on a model
-continues the ledger of the DP line its weights were released under or derive from (the same blob under
-another card, a parent), or the signed claim's ledger for weights new to this server, so epsilon composes
-across plans and each card states the line's total; a plan without DP on such weights is refused. A plan that would take the line past the operator's lifetime budget
-(`FEDZOO_DP_LINE_MAX_EPSILON`) is refused before it opens, and one DP plan at a time runs on a line, so two
-plans never compose from the same starting point.
+One ledger per model line (`PrivacyLine`), found from the weights (`privacy_lineage`): a plan on a model continues
+the ledger of the DP line its weights were released under or derive from (the same blob under another card, a
+parent), or the signed claim's ledger for weights new to this server, so epsilon composes across plans and each card
+states the line's total; a plan without DP on such weights is refused. A plan that would take the line past the
+operator's lifetime budget (`FEDZOO_DP_LINE_MAX_EPSILON`) is refused before it opens, and one DP plan at a time runs
+on a line, so two plans never compose from the same starting point.
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ from fedzoo.server.errors import Conflict, Forbidden, ValidationFailed
 from fedzoo.server.fl.privacy_lineage import lineage_claim
 from fedzoo.server.fl.models import (ACTIVE_STATES, FLParticipant, FLPrivateRound, FLRound, FLSecureMessage,
                                     PrivacyLine)
-from fedzoo.server.fl.schemas import DpSettings, RoundConfig, SecureAggregationSettings, SecureAggregationTask, TaskPrivacy
+from fedzoo.server.fl.schemas import (DpSettings, RoundConfig, SecureAggregationSettings, SecureAggregationTask,
+                                     TaskPrivacy)
 from fedzoo.server.fl.strategies import Parameters, Strategy
 from fedzoo.server.models import DeviceRecord
 
@@ -140,7 +141,8 @@ class PrivateRounds:
         if delta > self.max_delta:
             raise InvalidInputError(f"delta={delta:g} is above the server's limit {self.max_delta:g} "
                                     "(FEDZOO_DP_MAX_DELTA): the chance the guarantee fails outright must stay far "
-                                    "below one over the number of devices; use a smaller delta", field="privacy.dp.delta")
+                                    "below one over the number of devices; use a smaller delta",
+                                    field="privacy.dp.delta")
         if dp.adaptive is not None and config.privacy.secure_aggregation is not None:
             raise InvalidInputError("adaptive clipping needs each device's unclipped bit, which a SecAgg+ round only "
                                     "sees summed inside the masked vector (not supported yet): use a fixed clip_norm "

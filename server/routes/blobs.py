@@ -104,7 +104,8 @@ def download_model(model_id: str) -> Response:
 
 @documented(blueprint, "GET", "/v1/blobs/<sha256>",
             summary="Download a blob (model, training graph, artifact); a round's root or evaluation set needs the "
-                    "viewer or admin token", path_params=SHA256_PARAM, **{**DOWNLOAD_DOC, "errors": (401, 403, 404, 416, 422)})
+                    "viewer or admin token", path_params=SHA256_PARAM,
+            **{**DOWNLOAD_DOC, "errors": (401, 403, 404, 416, 422)})
 def download_blob(sha256: str) -> Response:
     check_digest(sha256)
     with context().db.session() as session:
