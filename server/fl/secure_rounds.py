@@ -61,9 +61,9 @@ from fedzoo.secagg.framing import decode_share_keys, decode_unmask
 from fedzoo.secagg.messages import STAGES, from_base64, to_base64
 from fedzoo.server.db import Database
 from fedzoo.server.errors import Conflict, Forbidden, ValidationFailed
-from fedzoo.server.fl.privacy_lineage import lineage_claim
 from fedzoo.server.fl.models import (ACTIVE_STATES, FLParticipant, FLPrivateRound, FLRound, FLSecureMessage,
                                     PrivacyLine)
+from fedzoo.server.fl.privacy_lineage import lineage_claim
 from fedzoo.server.fl.schemas import (DpSettings, RoundConfig, SecureAggregationSettings, SecureAggregationTask,
                                      TaskPrivacy)
 from fedzoo.server.fl.strategies import Parameters, Strategy
