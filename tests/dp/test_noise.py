@@ -100,3 +100,14 @@ def test_the_server_noise_is_secure_and_integer_on_the_grid_and_the_simulators_s
     assert np.allclose(steps, np.rint(steps), atol=1e-6)  # the released sum lies on the grid: integer noise
     again = DpFedAvg(_ledger(z=1.0), expected_clients=10, clip_norm=1.0)
     assert not np.array_equal(again.noised_mean(np.full(50, 3 * step), grid_step=step), mean)
+
+
+def test_the_secure_noise_has_standard_deviation_z_s_in_model_units():
+    """The discrete noise is drawn in grid steps, sigma = z S / step, so on the model's scale it is z S, whatever the
+    grid: here a clear sum on the default grid (S = C + step sqrt(d)), 20,000 draws."""
+    dp = DpFedAvg(_ledger(z=1.3), expected_clients=1, clip_norm=0.4)
+    draws = dp.noised_mean(np.zeros(20_000))
+    expected = 1.3 * dp.released_sensitivity
+    assert dp.released_sensitivity == pytest.approx(0.4 * 1.001)
+    assert abs(draws.std() - expected) < 5 * expected / math.sqrt(2 * 20_000)
+    assert abs(draws.mean()) < 5 * expected / math.sqrt(20_000)
