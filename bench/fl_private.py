@@ -18,8 +18,15 @@
    and the same server optimizer, only without clipping and noise (the example-weighted plan is printed too)
    (goal: epsilon <= 8 within 3 points of non-private at >= 500 devices). Settings are chosen with
    `--evaluate-on validation` (the validation split, unused by training), then reported on the test split.
+   The simulator's noise is seeded (reproducible): its figures describe the mechanism, nothing it trains is private.
+3. The epsilon table from the code (no training): for each device count and epsilon, the plan's z, how adaptive
+   clipping splits it between the deltas and the centred unclipped count (`fedzoo.dp.noise.adaptive_noise_split`),
+   and dp-accounting's epsilon for that released pair, computed directly from the two noises; and the discrete
+   Gaussian sampler's cost (exact, from os.urandom: what the server draws) per million coordinates against
+   numpy's floating-point Gaussian.
 
-    .venv/bin/python bench/fl_private.py [--parts 1,2] [--secagg-runs 100] [--dimension 60000] [--devices 100,500,1000]
+    .venv/bin/python bench/fl_private.py [--parts 1,2,3] [--secagg-runs 100] [--dimension 60000]
+        [--devices 100,500,1000]
         [--epsilons 1,2,4,8] [--rounds 30] [--executor processes] [--workers 2] [--server-momentum 0]
         [--evaluate-on test]
 """
@@ -27,16 +34,20 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import random
 import statistics
 import time
 
 import numpy as np
 
+import dp_accounting
+
 from fedzoo.update_codec import decode_update, encode_update
-from fedzoo.cloud.simulation import DpOptions, prepare_federation, run_private_rounds
-from fedzoo.dp.accountant import noise_multiplier_for
-from fedzoo.dp.noise import AdaptiveClipping
+from fedzoo.cloud.simulation import SEEDED_NOISE_NOTICE, DpOptions, prepare_federation, run_private_rounds
+from fedzoo.dp.accountant import noise_multiplier_for, round_event
+from fedzoo.dp.discrete_gaussian import discrete_gaussian_noise
+from fedzoo.dp.noise import AdaptiveClipping, adaptive_noise_split
 from fedzoo.secagg import RoundAborted, SecAggConfig, quantise, run_local_round, signatures
 
 TRAINING = {"optimizer": "sgd", "learning_rate": 0.1, "local_epochs": 2, "batch_size": 8}
@@ -135,6 +146,7 @@ def dp_part(device_counts: list[int], epsilons: list[float], rounds: int, execut
             server_momentum: float, evaluate_on: str) -> None:
     print(f"\n== DP-FedAvg: MNIST-5k, 50 expected per round, {rounds} rounds, delta 1e-5, server momentum "
           f"{server_momentum:g}, accuracy on the {evaluate_on} split ==")
+    print(SEEDED_NOISE_NOTICE % 0)
     print("devices  epsilon  noise z  final acc  best acc  eps spent  rounds  vs non-private (final)")
     for devices in device_counts:
         federation = prepare_federation("mnist", num_clients=devices, alpha=None, hidden_units=64)
@@ -162,9 +174,45 @@ def dp_part(device_counts: list[int], epsilons: list[float], rounds: int, execut
                   f"(clip {records[-1].clip_norm:.3f}; {time.perf_counter() - started:.0f} s)")
 
 
+def epsilon_table(device_counts: list[int], epsilons: list[float], rounds: int, per_round: int = 50,
+                  clip_norm: float = 0.3) -> None:
+    print(f"\n== The epsilon table from the code: {per_round} expected per round, {rounds} rounds, delta 1e-5, "
+          f"RDP, adaptive clipping at its defaults ==")
+    print("devices  epsilon  plan z  deltas' z  count stddev  epsilon of the released pair (dp-accounting)")
+    for devices in device_counts:
+        q = per_round / devices
+        for epsilon in epsilons:
+            z = noise_multiplier_for(epsilon, 1e-5, rounds, q)
+            count_stddev, delta_z = adaptive_noise_split(z, per_round, None)
+            # one round releases (sum + N(0, (delta_z C)^2), centred count + N(0, count_stddev^2)): the pair is one
+            # Gaussian mechanism whose sensitivities (C, 1/2) over their noises add in quadrature
+            effective = ((clip_norm / (delta_z * clip_norm)) ** 2 + (0.5 / count_stddev) ** 2) ** -0.5
+            accountant = dp_accounting.rdp.RdpAccountant()
+            accountant.compose(round_event(effective, q), rounds)
+            print(f"{devices:7d}  {epsilon:7g}  {z:6.3f}  {delta_z:9.3f}  {count_stddev:12.3f}  "
+                  f"{accountant.get_epsilon(1e-5):.3f}")
+
+
+def sampler_part(coordinates: int) -> None:
+    print(f"\n== Noise sampler cost: the discrete Gaussian (exact integers from os.urandom) on {coordinates:,} "
+          "coordinates, numpy's Gaussian on 1,000,000 ==")
+    for sigma in (300.0, 1.6e5):  # in grid steps: a SecAgg+ sum's grid, and a clear sum's finer one
+        started = time.process_time()
+        draws = discrete_gaussian_noise(sigma, coordinates)
+        discrete_s = (time.process_time() - started) * 1_000_000 / coordinates
+        started = time.process_time()
+        np.random.default_rng().normal(0.0, sigma, size=1_000_000)
+        numpy_s = time.process_time() - started
+        print(f"sigma {sigma:>9g} steps: discrete {discrete_s:.1f} s per million (CPU; sample std "
+              f"{draws.std() / sigma:.3f} sigma), numpy {numpy_s * 1e3:.1f} ms per million: "
+              f"{discrete_s / numpy_s:,.0f}x")
+
+
 def main() -> None:
+    logging.getLogger("absl").setLevel(logging.ERROR)  # dp-accounting notes every RDP order it skips
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", default="1,2")
+    parser.add_argument("--parts", default="1,2,3")
+    parser.add_argument("--sampler-coordinates", type=int, default=50_000)
     parser.add_argument("--secagg-runs", type=int, default=100)
     parser.add_argument("--dimension", type=int, default=60_000, help="SecAgg+ vector length (exactness does not "
                                                                          "depend on it; time and bytes do)")
@@ -187,6 +235,10 @@ def main() -> None:
         dp_part([int(d) for d in arguments.devices.split(",")], [float(e) for e in arguments.epsilons.split(",")],
                 arguments.rounds, arguments.executor, arguments.workers, arguments.server_momentum,
                 arguments.evaluate_on)
+    if 3 in parts:
+        epsilon_table([int(d) for d in arguments.devices.split(",")], [float(e) for e in arguments.epsilons.split(",")],
+                      arguments.rounds)
+        sampler_part(arguments.sampler_coordinates)
 
 
 if __name__ == "__main__":

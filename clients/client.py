@@ -315,6 +315,7 @@ class FedzooClient:
                                    expected=(201,))
 
     def fl_round(self, round_id: int) -> dict[str, Any]:
+        """A round's state and outcome (`GET /v1/fl/rounds/<id>`): needs the viewer or admin token."""
         self._refresh_token_if_due()
         return self.http.get_json(f"/v1/fl/rounds/{round_id}")
 

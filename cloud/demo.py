@@ -236,7 +236,7 @@ def stage_zoo_round(run: DemoRun) -> str:
     supernet = next(card for card in zoo.cards() if is_supernet(card))
     smallest = min((card for card in zoo.cards() if DEVICE_CLASS in card.latency_ms and card.precision == "fp32"
                     and card.pruning is None and not is_supernet(card)), key=lambda card: card.macs)
-    admin = FedzooClient(run.server_url, cache_dir=run.workdir / "zoo-round-admin")
+    admin = FedzooClient(run.server_url, token=run.admin_token, cache_dir=run.workdir / "zoo-round-admin")
     calibration = io.BytesIO()
     np.savez(calibration, x=run.split.validation.x)
     # the small tier (this machine's class) may spend 1.5x the smallest model's latency, the other tier anything
@@ -329,7 +329,7 @@ def stage_java_device(run: DemoRun) -> str:
     log = run.workdir / "java-device.log"
     cli = lambda *args: json.loads(_run_quietly([*java, *args, "--state", str(state)], log,  # noqa: E731
                                                 f"the Java device's '{args[0]}'", timeout_s=300).splitlines()[-1])
-    admin = FedzooClient(run.server_url, cache_dir=run.workdir / "java-round-admin")
+    admin = FedzooClient(run.server_url, token=run.admin_token, cache_dir=run.workdir / "java-round-admin")
     enrollment_token = admin.create_enrollment_token(run.admin_token, max_uses=3, label="demo java + python")["token"]
     cli("register", "--server", run.server_url, "--device-id", f"demo-java-{os.getpid()}",
         "--enrollment-token", enrollment_token)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import math
 import random
 import shutil
@@ -61,6 +62,8 @@ from fedzoo.secagg.signatures import private_bytes as signing_private_bytes
 from fedzoo.server.fl.strategies import (ClientUpdate, Strategy, make_strategy, require_secure_aggregation_support,
                                          weighted_mean_delta)
 from fedzoo.signing import CardSigningKey, sign_card
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from fedzoo.server.config import ServerConfig
@@ -492,7 +495,8 @@ class Simulation:
         self.cache_root = Path(cache_root) if cache_root is not None else Path(tempfile.mkdtemp(prefix="fedzoo-sim-"))
         self.attackers, self.attack, self.encoding = attackers, attack, encoding
         self.rng = random.Random(seed)
-        self.admin = FedzooClient(server_url, cache_dir=self.cache_root / "admin", transport=_transport(in_process))
+        self.admin = FedzooClient(server_url, token=admin_token, cache_dir=self.cache_root / "admin",
+                                  transport=_transport(in_process))
         self.tokens: list[str] = []
         self.signing_keys: list[bytes] = []  # each device's raw Ed25519 private key, beside its token
         self._context: _Context | None = None
@@ -646,6 +650,11 @@ class SecureAggregationOptions:
     dropout_after_key_sharing: float = 0.0
 
 
+SEEDED_NOISE_NOTICE = ("the simulator's DP noise is reproducible (drawn from seed %s): its epsilon figures describe "
+                       "the mechanism, and nothing it produces is private or carries an epsilon; the server draws "
+                       "its noise from os.urandom")
+
+
 @dataclass(frozen=True)
 class DpOptions:
     """DP-FedAvg over the plan: devices clip to clip_norm, the server adds noise and counts epsilon at delta.
@@ -769,6 +778,7 @@ def run_private_rounds(
                                                                        sampling_probability, dp.mechanism)
         ledger = PrivacyLedger(noise_multiplier, sampling_probability, dp.delta, dp.max_epsilon, dp.mechanism)
         privacy = DpFedAvg(ledger, clients_per_round, dp.clip_norm, dp.adaptive, seed=int(protocol_rng.integers(2**63)))
+        log.warning(SEEDED_NOISE_NOTICE, seed)
     parameters = read_float_initializers(federation.model)
     shapes = {name: value.shape for name, value in parameters.items()}
     vector_length = sum(value.size for value in parameters.values())
@@ -798,7 +808,7 @@ def run_private_rounds(
             results = workers.map(_train_private, context, work)
             aggregation_started = time.perf_counter()
             upload_bytes = None
-            within_count = float(sum(within for _, _, within in results))
+            within_count = sum(bool(within) for _, _, within in results)
             if secure_aggregation is not None:
                 clip_range = clip_norm if clip_norm is not None else secure_aggregation.clip_range
                 # under DP the last coordinate carries the device's "not clipped" bit (as +-clip_range levels)
@@ -827,16 +837,17 @@ def run_private_rounds(
                 survivors = len(local.result.survivors)
                 upload_bytes = float(np.mean([sum(local.upload_bytes[c].values()) for c in local.result.survivors]))
                 if privacy is not None:
-                    within_count = float(weighted_sum[-1] / clip_range)
-                    sensitivity = quantised_sensitivity(clip_range, clip_range / config.levels, vector_length)
-                    mean = privacy.noised_mean(weighted_sum[:-1], within_count, sensitivity)
+                    within_count = round(weighted_sum[-1] / clip_range)
+                    step = clip_range / config.levels
+                    sensitivity = quantised_sensitivity(clip_range, step, vector_length)
+                    mean = privacy.noised_mean(weighted_sum[:-1], within_count, survivors, sensitivity, step)
                 else:
                     mean = weighted_sum / total_weight
                 parameters = server_step(parameters, unflatten(mean, shapes))
             elif privacy is not None:
                 survivors = len(results)
                 clipped_sum = sum((flatten(delta) for delta, _, _ in results), np.zeros(vector_length))
-                mean = privacy.noised_mean(clipped_sum, within_count)
+                mean = privacy.noised_mean(clipped_sum, within_count, survivors)
                 parameters = server_step(parameters, unflatten(mean, shapes))
             else:
                 survivors = len(results)

@@ -139,7 +139,13 @@ def _check_split(card: ModelCard, split: DatasetSplit) -> None:
 
 
 def _variant_card(parent: ModelCard, variant_id: str, path: Path, measurement: Measurement, **fields) -> ModelCard:
-    """The parent's card with the variant's identity, lineage and measurements (validated like any card)."""
+    """The parent's card with the variant's identity, lineage and measurements (validated like any card). A DP
+    parent's signed privacy claim stays on the child: its weights derive from the parent's, so they have spent
+    what the parent's line spent, and a plan on the child continues that ledger (docs/privacy.md)."""
+    privacy = (parent.details.get("federated") or {}).get("privacy")
+    if privacy is not None:
+        fields["details"] = {**fields.get("details", {}),
+                             "federated": {"privacy": privacy, "privacy_inherited_from": parent.id}}
     return ModelCard.from_dict(
         {
             **parent.model_dump(),

@@ -19,6 +19,9 @@ DEFAULT_DEVICE_TOKEN_TTL_S = 30 * 24 * 3600  # a device rotates its token well w
 # A model line's lifetime privacy budget (epsilon at each plan's delta, docs/privacy.md): every DP plan on the
 # line composes with the earlier ones, and a plan that would take the line past it is refused.
 DEFAULT_DP_LINE_MAX_EPSILON = 10.0
+# The largest delta a DP plan may account at: delta is the chance the guarantee fails outright, so it stays well
+# below one over the number of people whose data is protected (docs/privacy.md).
+DEFAULT_DP_MAX_DELTA = 1e-5
 # The admin token publishes models and starts rounds, the viewer token reads the fleet, and the secret key signs
 # the dashboard's session cookie (whoever knows it forges an admin session): 32 bytes (what
 # `secrets.token_urlsafe(32)` gives, and more) leaves guessing each hopeless even without the rate limit.
@@ -48,6 +51,7 @@ class ServerConfig:
     trusted_keys_path: Path | None = None
     require_signed_cards: bool = False
     dp_line_max_epsilon: float = DEFAULT_DP_LINE_MAX_EPSILON
+    dp_max_delta: float = DEFAULT_DP_MAX_DELTA
     # fsync every stored blob (an accepted update is on disk before the device hears so); a simulation's
     # throwaway server turns it off (fedzoo.cloud.simulation.LOOPBACK_ENVIRONMENT)
     fsync_blobs: bool = True
@@ -67,7 +71,7 @@ class ServerConfig:
         `FEDZOO_SECRET_KEY`, `FEDZOO_MAX_REQUEST_BYTES`, `FEDZOO_MAX_JSON_BYTES`, `FEDZOO_FL_MAX_EXAMPLES_PER_UPDATE`,
         `FEDZOO_OPEN_ENROLLMENT`, `FEDZOO_DEVICE_TOKEN_TTL_S`, `FEDZOO_RATE_LIMIT_STORAGE_URI`,
         `FEDZOO_RATE_LIMIT_<RULE>` (see `fedzoo.server.ratelimit`), `FEDZOO_SERVER_SIGNING_KEY`, `FEDZOO_TRUSTED_KEYS`,
-        `FEDZOO_REQUIRE_SIGNED_CARDS`, `FEDZOO_DP_LINE_MAX_EPSILON`, `FEDZOO_FSYNC_BLOBS`; keyword overrides win."""
+        `FEDZOO_REQUIRE_SIGNED_CARDS`, `FEDZOO_DP_LINE_MAX_EPSILON`, `FEDZOO_DP_MAX_DELTA`, `FEDZOO_FSYNC_BLOBS`; keyword overrides win."""
         from fedzoo.server.ratelimit import rate_limits_from_env
 
         env = dict(os.environ if environ is None else environ)
@@ -92,6 +96,7 @@ class ServerConfig:
             # on by default once the operator named the keys to trust; off out of the box (docs/signed-models.md)
             "require_signed_cards": _switch(env, "FEDZOO_REQUIRE_SIGNED_CARDS", bool(env.get("FEDZOO_TRUSTED_KEYS"))),
             "dp_line_max_epsilon": _positive_float(env, "FEDZOO_DP_LINE_MAX_EPSILON", DEFAULT_DP_LINE_MAX_EPSILON),
+            "dp_max_delta": _positive_float(env, "FEDZOO_DP_MAX_DELTA", DEFAULT_DP_MAX_DELTA),
             "fsync_blobs": _switch(env, "FEDZOO_FSYNC_BLOBS", True),
         }
         values.update({key: value for key, value in overrides.items() if value is not None})

@@ -31,6 +31,7 @@ from fedzoo.server import registry
 from fedzoo.server.fl.models import ACTIVE_STATES, FLRound
 from fedzoo.server.fl.round_context import RoundContext
 from fedzoo.server.fl.schemas import RoundConfig
+from fedzoo.server.fl.secure_rounds import config_for_round
 from fedzoo.server.fl.strategies import Strategy
 from fedzoo.server.fl.zoo_plan import round_identity
 
@@ -51,6 +52,7 @@ class RoundLifecycle:
     def open_round(self, session: Session, config: RoundConfig, card: ModelCard, number: int, remaining: int,
                    previous: FLRound | None) -> FLRound:
         """Open round `number` of a plan on `card` (raises `PrivacyBudgetExhausted` when over the ε budget)."""
+        config = config_for_round(config, previous)  # adaptive clipping: the clip norm the last round moved to
         ledger = self.context.private.ledger_for_next_round(session, config, card, previous, remaining)  # raises over budget
         now = self.context.clock()
         task, family = round_identity(card)

@@ -65,6 +65,7 @@ from fedzoo.errors import FedzooError, InvalidInputError, NotFoundError
 from fedzoo.secagg.errors import RoundAborted
 from fedzoo.server import registry
 from fedzoo.server.blobstore import BlobStore
+from fedzoo.server.config import DEFAULT_DP_MAX_DELTA
 from fedzoo.server.db import Database
 from fedzoo.server.fl.base_models import BaseModels, RoundBase, max_upload_bytes
 from fedzoo.server.fl.eligibility import DECLINED
@@ -74,7 +75,7 @@ from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLRefusedUploa
 from fedzoo.server.fl.round_context import RoundContext, as_utc, count_rows, find_round, utc_now
 from fedzoo.server.fl.schemas import RoundConfig, TaskResponse, UpdateMetadata
 from fedzoo.server.fl.screening import Screened
-from fedzoo.server.fl.secure_rounds import DONE, PrivateRounds, is_private, with_calibrated_noise
+from fedzoo.server.fl.secure_rounds import DONE, PrivateRounds, is_private, with_calibrated_noise, without_dp_counts
 from fedzoo.server.fl.stages.aggregation import Aggregation
 from fedzoo.server.fl.stages.collection import Collection
 from fedzoo.server.fl.stages.publication import Publication
@@ -105,11 +106,13 @@ class RoundService:
         spill_dir: Path | None = None,
         max_examples_per_update: int = DEFAULT_MAX_EXAMPLES_PER_UPDATE,
         dp_line_max_epsilon: float | None = None,
+        dp_max_delta: float = DEFAULT_DP_MAX_DELTA,
     ) -> None:
         self.database, self.store, self.clock = database, store, clock
         self._next_device_advance_at: datetime | None = None
         self.context = RoundContext(database, store, clock, BaseModels(store),
-                                    PrivateRounds(database, clock, dp_line_max_epsilon), max_examples_per_update)
+                                    PrivateRounds(database, clock, dp_line_max_epsilon, dp_max_delta),
+                                    max_examples_per_update)
         self.private = self.context.private
         self.lifecycle = RoundLifecycle(self.context, aggregation_lease_s)
         self.zoo = ZooPlan(self.context, estimator, signing_key)
@@ -132,11 +135,12 @@ class RoundService:
         if is_private(config):
             require_secure_aggregation_support(strategy)  # DP, too, needs only the equal-weighted sum
             self._check_secure_cohort(config)
-            config = with_calibrated_noise(config)
         if config.max_examples_per_update is None:  # record the cap in force, so the round's config says it
             config = config.model_copy(update={"max_examples_per_update": self.context.max_examples_per_update})
         with self.database.session() as session:
             base = self.base_model(session, config.model_id)
+            if config.privacy.dp is not None:
+                config = with_calibrated_noise(self.private.with_delta(session, config, base.card))
             self._check_evaluation_set(config.evaluation_sha256, base.card)
             if config.root_trust is not None:
                 self._check_evaluation_set(config.root_trust.root_sha256, base.card, "root_trust.root_sha256")
@@ -432,7 +436,7 @@ class RoundService:
             if secure is not None:  # under SecAgg+ the updates are the masked inputs; bytes are every stage's
                 accepted, upload_bytes = secure
             next_round = session.scalar(select(FLRound.id).where(FLRound.previous_round_id == round_id))
-            return {
+            view = {
                 "id": round_row.id, "number": round_row.number, "rounds_remaining": round_row.rounds_remaining,
                 "state": round_row.state, "task": round_row.task, "family": round_row.family,
                 "base_model_id": round_row.base_model_id, "base_version": round_row.base_version,
@@ -447,3 +451,4 @@ class RoundService:
                 "declined_devices": session.scalar(select(func.count()).select_from(FLRefusedUpload).where(
                     FLRefusedUpload.round_id == round_id, FLRefusedUpload.kind == DECLINED)) or 0,
             }
+        return without_dp_counts(view) if view["config"]["privacy"]["dp"] else view

@@ -50,7 +50,7 @@ from fedzoo.server.fl.schemas import (
 from fedzoo.server.openapi import OCTET_STREAM, documented
 from fedzoo.server.routes.common import (
     EXTENSION_KEY, authenticated_rate_limited, calling_device, context, json_body, json_response, parse_json,
-    query_args, raw_body, require_admin_token, validation_error,
+    query_args, raw_body, require_admin_token, require_reader_token, validation_error,
 )
 from fedzoo.server.schemas import StrictRequest
 
@@ -78,7 +78,7 @@ def _create_service(state) -> None:
     state.app.extensions[SERVICE_KEY] = RoundService(
         server.db, server.store, server.estimator, server.keys.server_key, spill_dir=server.config.data_dir / "fl-spill",
         max_examples_per_update=server.config.fl_max_examples_per_update,
-        dp_line_max_epsilon=server.config.dp_line_max_epsilon)
+        dp_line_max_epsilon=server.config.dp_line_max_epsilon, dp_max_delta=server.config.dp_max_delta)
 
 
 def service() -> RoundService:
@@ -110,9 +110,11 @@ def create_zoo_round() -> Response:
     return json_response(RoundView(**service().round_view(round_id)), status=201)
 
 
-@documented(blueprint, "GET", "/v1/fl/rounds/<int:round_id>", summary="A round's state, counts, bytes and outcome",
-            response=RoundView, path_params=ROUND_ID, errors=(404,))
+@documented(blueprint, "GET", "/v1/fl/rounds/<int:round_id>", summary="A round's state, counts, bytes and outcome "
+            "(under DP, no contributor counts)", auth="viewer", response=RoundView, path_params=ROUND_ID,
+            errors=(401, 403, 404))
 def get_round(round_id: int) -> Response:
+    require_reader_token()
     return json_response(RoundView(**service().round_view(round_id)))
 
 

@@ -126,13 +126,32 @@ class SecureAggregationSettings(_Request):
         return self
 
 
+class AdaptiveClippingSettings(_Request):
+    """Adaptive clipping (Andrew et al. 2021, `fedzoo.dp.noise.AdaptiveClipping`): each round moves the clip norm
+    towards the `target_unclipped_quantile` of the update norms from a noised, centred count of the unclipped
+    ones; the count's noise is part of the round's noise multiplier. Not with SecAgg+ (the server would need the
+    bit inside the masked vector)."""
+
+    target_unclipped_quantile: float = Field(default=0.5, gt=0, lt=1)
+    clip_learning_rate: float = Field(default=0.2, gt=0, le=10)
+    clipped_count_stddev: float | None = Field(
+        default=None, gt=0, le=1e6,
+        description="the count's noise; default max(target_clients / 20, z); must exceed z / 2")
+
+
 class DpSettings(_Request):
-    """DP-FedAvg with fixed clipping: devices clip their delta to `clip_norm`, the server adds Gaussian noise
-    to the sum and divides by `target_clients`; the plan stops before its epsilon would pass `max_epsilon`."""
+    """DP-FedAvg: devices clip their delta to `clip_norm` (fixed, or adapted each round), the server adds discrete
+    Gaussian noise to the sum and divides by `target_clients`; the plan stops before its epsilon would pass
+    `max_epsilon`."""
 
     max_epsilon: float = Field(gt=0, le=1000, description="the plan's budget at `delta`")
-    delta: float = Field(default=1e-5, gt=0, lt=1)
-    clip_norm: float = Field(gt=0, le=1e6, description="each device's delta is clipped to this L2 norm")
+    delta: float | None = Field(
+        default=None, gt=0, lt=1,
+        description="default: the line's, or for a new line min(1e-5, 1 / n^2) for a fleet of n devices; refused "
+                    "above the server's FEDZOO_DP_MAX_DELTA")
+    clip_norm: float = Field(gt=0, le=1e6, description="each device's delta is clipped to this L2 norm (adaptive: "
+                                                       "the first round's)")
+    adaptive: AdaptiveClippingSettings | None = None
     noise_multiplier: float | None = Field(
         default=None, gt=0, le=1000,
         description="z; default: the smallest whose num_rounds rounds spend max_epsilon (no sampling amplification)")
@@ -362,13 +381,14 @@ class RoundView(_Response):
     created_at: datetime
     deadline_at: datetime
     finished_at: datetime | None
-    selected_devices: int
-    accepted_updates: int
-    upload_bytes: int
+    selected_devices: int | None = Field(description="null under DP (membership-dependent: docs/privacy.md)")
+    accepted_updates: int | None
+    upload_bytes: int | None
     result_model_id: str | None
     outcome: dict[str, Any] | None
     next_round_id: int | None
-    declined_devices: int = Field(description="selected devices that declined the task (POST .../decline)")
+    declined_devices: int | None = Field(description="selected devices that declined the task (POST .../decline)")
+    counts_withheld: str | None = Field(default=None, description="under DP: why the counts are null")
 
 
 class DeclineRequest(_Request):

@@ -16,19 +16,22 @@ function of those rows, so any gunicorn worker, or a restarted server, rebuilds 
 stages (cached per stage: a closed stage's rows never change). Closing a stage is again a conditional
 UPDATE, so exactly one worker moves it on.
 
-DP-FedAvg (`privacy.dp`): devices clip their delta to `clip_norm`; the server adds Gaussian noise to the
-sum, which under SecAgg+ is the unmasked sum (the server never needs a clear update), and divides by
-`target_clients`. Weights are equal: under SecAgg+ the weight coordinate of the sum must equal the number
-of survivors, else the round fails. Without DP, SecAgg+ rounds weigh updates equally too unless the round keeps
-FedAvg's example weights, and the unmasked sum must lie within what clipped updates can add up to
-(`check_secure_sum`, docs/privacy.md "Robust rounds under SecAgg+"). The plan's ledger is stored with each
+DP-FedAvg (`privacy.dp`): devices clip their delta to `clip_norm` (fixed, or adapted each round from a noised,
+centred count: `privacy.dp.adaptive`, without SecAgg+); the server adds discrete Gaussian noise drawn from
+`os.urandom` (`fedzoo.dp`) to the sum put on an integer grid, which under SecAgg+ is the unmasked sum (the server
+never needs a clear update), and divides by `target_clients`. A DP round publishes no contributor count, on its card
+or in its read (`published_counts`, `without_dp_counts`). Weights are equal: under SecAgg+ the weight coordinate of
+the sum must equal the number of survivors, else the round fails. Without DP, SecAgg+ rounds weigh updates equally
+too unless the round keeps FedAvg's example weights, and the unmasked sum must lie within what clipped updates can
+add up to (`check_secure_sum`, docs/privacy.md "Robust rounds under SecAgg+"). The plan's ledger is stored with each
 round; a round that would take epsilon past `max_epsilon` does not open.
 
-One ledger per model line (`PrivacyLine`): a plan on a model continues its line's ledger (or, for a line that
-starts from a DP model, the ledger its card's signed privacy claim carries), so epsilon composes across plans
-and each card states the line's total. A plan that would take the line past the operator's lifetime budget
-(`FEDZOO_DP_LINE_MAX_EPSILON`) is refused before it opens, and one DP plan at a time runs on a line, so two
-plans never compose from the same starting point.
+One ledger per model line (`PrivacyLine`), found from the weights (`privacy_lineage`): a plan on a model continues
+the ledger of the DP line its weights were released under or derive from (the same blob under another card, a
+parent), or the signed claim's ledger for weights new to this server, so epsilon composes across plans and each card
+states the line's total; a plan without DP on such weights is refused. A plan that would take the line past the
+operator's lifetime budget (`FEDZOO_DP_LINE_MAX_EPSILON`) is refused before it opens, and one DP plan at a time runs
+on a line, so two plans never compose from the same starting point.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from sqlalchemy.orm import Session
 from fedzoo.cards import ModelCard
 from fedzoo.dp.accountant import LineEvents, PrivacyLedger, epsilon_of_events, noise_multiplier_for
 from fedzoo.dp.clipping import clip_delta
-from fedzoo.dp.noise import DpFedAvg, quantised_sensitivity
+from fedzoo.dp.noise import AdaptiveClipping, DpFedAvg, adaptive_noise_split, quantised_sensitivity
 from fedzoo.errors import InvalidInputError
 from fedzoo.secagg import SecAggConfig, SecAggServer, dequantise_sum, flatten, signatures, unflatten
 from fedzoo.secagg.config import least_survivors
@@ -60,7 +63,9 @@ from fedzoo.server.db import Database
 from fedzoo.server.errors import Conflict, Forbidden, ValidationFailed
 from fedzoo.server.fl.models import (ACTIVE_STATES, FLParticipant, FLPrivateRound, FLRound, FLSecureMessage,
                                     PrivacyLine)
-from fedzoo.server.fl.schemas import RoundConfig, SecureAggregationSettings, SecureAggregationTask, TaskPrivacy
+from fedzoo.server.fl.privacy_lineage import lineage_claim
+from fedzoo.server.fl.schemas import (DpSettings, RoundConfig, SecureAggregationSettings, SecureAggregationTask,
+                                     TaskPrivacy)
 from fedzoo.server.fl.strategies import Parameters, Strategy
 from fedzoo.server.models import DeviceRecord
 
@@ -73,10 +78,9 @@ READ_REPLY: dict[str, Callable[[bytes], dict[str, Any]]] = {
     "advertise_keys": json.loads, "share_keys": decode_share_keys,
     "masked_input": lambda body: {"masked_vector": to_base64(body)}, "consistency_check": json.loads,
     "unmask": decode_unmask}
+DEFAULT_DELTA = 1e-5  # a new line's delta: min(this, 1 / n^2) for a fleet of n devices
 SAMPLING_PROBABILITY = 1.0  # the server seats whoever checks in: no amplification by sampling (docs/privacy.md)
-# A DP card's contributor counts are rounded to this many: an exact count, next to the published model, tells
-# whoever knows all but one contributor whether that one took part (the round's own view keeps them exact).
-DP_COUNT_ROUNDING = 10
+DP_COUNTS_WITHHELD = "differential privacy: how many devices took part depends on who did"
 
 
 def is_private(config: RoundConfig) -> bool:
@@ -101,9 +105,15 @@ def secagg_config(settings: SecureAggregationSettings, round_id: int, cohort: in
 def with_calibrated_noise(config: RoundConfig) -> RoundConfig:
     """The config with DP's noise multiplier filled in (the smallest that spends max_epsilon over the plan)."""
     dp = config.privacy.dp
-    if dp is None or dp.noise_multiplier is not None:
+    if dp is None:
         return config
-    noise = noise_multiplier_for(dp.max_epsilon, dp.delta, config.num_rounds, SAMPLING_PROBABILITY, dp.mechanism)
+    noise = dp.noise_multiplier or noise_multiplier_for(dp.max_epsilon, dp.delta, config.num_rounds,
+                                                        SAMPLING_PROBABILITY, dp.mechanism)
+    if dp.adaptive is not None:
+        try:
+            adaptive_noise_split(noise, config.target_clients, dp.adaptive.clipped_count_stddev)
+        except InvalidInputError as error:
+            raise InvalidInputError(str(error), field="privacy.dp.adaptive.clipped_count_stddev") from None
     privacy = config.privacy.model_copy(update={"dp": dp.model_copy(update={"noise_multiplier": noise})})
     return config.model_copy(update={"privacy": privacy})
 
@@ -111,12 +121,34 @@ def with_calibrated_noise(config: RoundConfig) -> RoundConfig:
 class PrivateRounds:
     """The private part of the round service: stage state, replies, the secure sum, noise and the ledger."""
 
-    def __init__(self, database: Database, clock: Callable[[], datetime], line_max_epsilon: float | None = None
-                 ) -> None:
-        self.database, self.clock, self.line_max_epsilon = database, clock, line_max_epsilon
+    def __init__(self, database: Database, clock: Callable[[], datetime], line_max_epsilon: float | None = None,
+                 max_delta: float = 1e-5) -> None:
+        self.database, self.clock, self.line_max_epsilon, self.max_delta = database, clock, line_max_epsilon, max_delta
         self._replayed: OrderedDict[tuple[int, str], tuple[SecAggServer, dict[int, dict[str, Any]]]] = OrderedDict()
 
     # opening rounds ------------------------------------------------------------------------------
+
+    def with_delta(self, session: Session, config: RoundConfig, card: ModelCard) -> RoundConfig:
+        """The DP config with its delta filled in (the line's; for a new line min(1e-5, 1/n^2) for a fleet of n
+        devices) and checked against the operator's limit (422 `privacy.dp.delta` above it), and its adaptive
+        clipping checked (422 naming the field)."""
+        dp = config.privacy.dp
+        delta = dp.delta
+        if delta is None:
+            line = session.get(PrivacyLine, ledger_line(session, card))
+            fleet = session.scalar(select(func.count()).select_from(DeviceRecord)) or 1
+            delta = line.delta if line is not None else min(DEFAULT_DELTA, fleet ** -2.0)
+        if delta > self.max_delta:
+            raise InvalidInputError(f"delta={delta:g} is above the server's limit {self.max_delta:g} "
+                                    "(FEDZOO_DP_MAX_DELTA): the chance the guarantee fails outright must stay far "
+                                    "below one over the number of devices; use a smaller delta",
+                                    field="privacy.dp.delta")
+        if dp.adaptive is not None and config.privacy.secure_aggregation is not None:
+            raise InvalidInputError("adaptive clipping needs each device's unclipped bit, which a SecAgg+ round only "
+                                    "sees summed inside the masked vector (not supported yet): use a fixed clip_norm "
+                                    "with secure aggregation", field="privacy.dp.adaptive")
+        privacy = config.privacy.model_copy(update={"dp": dp.model_copy(update={"delta": delta})})
+        return config.model_copy(update={"privacy": privacy})
 
     def ledger_for_next_round(self, session: Session, config: RoundConfig, card: ModelCard,
                               previous: FLRound | None, planned_rounds: int) -> PrivacyLedger | None:
@@ -126,6 +158,8 @@ class PrivateRounds:
         on the line."""
         dp = config.privacy.dp
         if dp is None:
+            if previous is None:
+                refuse_plain_plan_on_dp_weights(session, card)
             return None
         row = session.get(FLPrivateRound, previous.id) if previous is not None else None
         if row is not None and (row.ledger_after_json or row.ledger_json):
@@ -141,35 +175,37 @@ class PrivateRounds:
         """A new plan's ledger, continuing the line's; the line's row is written first, so two plans opening on
         one line at once are serialised by the database (a row lock on PostgreSQL, the write lock on SQLite)."""
         dp = config.privacy.dp
-        line = session.get(PrivacyLine, card.line_id)
+        line_id = ledger_line(session, card)
+        line = session.get(PrivacyLine, line_id)
         if line is None:
-            events, delta, mechanism = inherited_ledger(card, dp.delta, dp.mechanism)
-            line = PrivacyLine(line_id=card.line_id, delta=delta, mechanism=mechanism, events_json=json.dumps(events),
+            claim = lineage_claim(session, card)
+            events, delta, mechanism = inherited_ledger(claim.claim if claim else {}, dp.delta, dp.mechanism)
+            line = PrivacyLine(line_id=line_id, delta=delta, mechanism=mechanism, events_json=json.dumps(events),
                                epsilon=epsilon_of_events(events, delta, mechanism), revision=0,
                                updated_at=self.clock())
             session.add(line)
             try:
                 session.flush()
             except IntegrityError:
-                raise Conflict(f"another plan is opening on model line {card.line_id!r}; try again",
+                raise Conflict(f"another plan is opening on model line {line_id!r}; try again",
                                field="model_id", code="line_busy") from None
         else:
-            session.execute(update(PrivacyLine).where(PrivacyLine.line_id == card.line_id)
+            session.execute(update(PrivacyLine).where(PrivacyLine.line_id == line_id)
                             .values(revision=PrivacyLine.revision + 1))
         running = session.scalar(select(FLRound.id).join(FLPrivateRound, FLPrivateRound.round_id == FLRound.id)
-                                 .where(FLPrivateRound.line_id == card.line_id,
+                                 .where(FLPrivateRound.line_id == line_id,
                                         FLRound.state.in_((*ACTIVE_STATES, "aggregating")))
                                  .limit(1))
         if running is not None:
-            raise Conflict(f"model line {card.line_id!r} has a DP plan running (round {running}); a line's privacy "
+            raise Conflict(f"model line {line_id!r} has a DP plan running (round {running}); a line's privacy "
                            "ledger takes one plan at a time: start this one when that plan ends",
                            field="model_id", code="line_busy")
         if (line.delta, line.mechanism) != (dp.delta, dp.mechanism):
-            raise InvalidInputError(f"model line {card.line_id!r} accounts epsilon at delta={line.delta} with "
+            raise InvalidInputError(f"model line {line_id!r} accounts epsilon at delta={line.delta} with "
                                     f"{line.mechanism}; a plan on it must use the same delta and mechanism",
                                     field="privacy.dp.delta")
         return PrivacyLedger(dp.noise_multiplier, SAMPLING_PROBABILITY, dp.delta, dp.max_epsilon, dp.mechanism,
-                             line=card.line_id, line_events=json.loads(line.events_json),
+                             line=line_id, line_events=json.loads(line.events_json),
                              line_max_epsilon=self.line_max_epsilon)
 
     def record_open(self, session: Session, round_row: FLRound, config: RoundConfig,
@@ -404,7 +440,8 @@ class PrivateRounds:
         vector_length = sum(value.size for value in base_parameters.values())
         dp, settings = config.privacy.dp, config.privacy.secure_aggregation
         summary: dict[str, Any] = {"num_examples": None, "client_reported_metrics": {}}
-        sensitivity = None
+        sensitivity = grid_step = None
+        unclipped = 0
         with self.database.session() as session:
             row = session.get(FLPrivateRound, round_id)
             ledger_json = row.ledger_json
@@ -423,26 +460,29 @@ class PrivateRounds:
                 "misbehaving": {str(client): why for client, why in result.misbehaving.items()}}
             summary["upload_bytes"] = int(upload_bytes)
             if dp is not None:
-                sensitivity = quantised_sensitivity(protocol.clip_range, protocol.clip_range / protocol.levels,
-                                                    vector_length)
+                grid_step = protocol.clip_range / protocol.levels  # the unmasked sum's own integer grid
+                sensitivity = quantised_sensitivity(protocol.clip_range, grid_step, vector_length)
             check_secure_sum(total, total_weight, count, protocol.clip_range, equal_weights(config))
             mean_or_sum = total if dp is not None else total / total_weight
         else:  # DP without SecAgg+: the server sees each delta, and clips it itself rather than trust the device
             count = len(clear_deltas)
             mean_or_sum = np.zeros(vector_length)
             for load in clear_deltas:
-                mean_or_sum += flatten(clip_delta(load(), dp.clip_norm)[0])
+                clipped, within = clip_delta(load(), dp.clip_norm)
+                mean_or_sum += flatten(clipped)
+                unclipped += within
         summary.update(accepted_updates=count, aggregated_updates=count,
                        screening={"norm_limit": dp.clip_norm if dp is not None else None, "counted": count,
                                   "clipped": 0, "rejected": 0})
         if dp is not None:
             ledger = PrivacyLedger.from_dict(json.loads(ledger_json))
-            mechanism = DpFedAvg(ledger, config.target_clients, dp.clip_norm)
-            mean = mechanism.noised_mean(mean_or_sum, sensitivity=sensitivity)
+            mechanism = DpFedAvg(ledger, config.target_clients, dp.clip_norm, adaptive_clipping(dp))
+            mean = mechanism.noised_mean(mean_or_sum, unclipped, count, sensitivity, grid_step)
             summary["privacy_ledger"] = ledger.to_dict()
+            summary["privacy"] = card_privacy(config, ledger, mechanism)
         else:
-            mean, ledger = mean_or_sum, None
-        summary["privacy"] = card_privacy(config, ledger, sensitivity)
+            mean = mean_or_sum
+            summary["privacy"] = card_privacy(config, None, None)
         return strategy.apply_mean_delta(base_parameters, unflatten(mean, shapes)), summary
 
     def record_release(self, session: Session, round_id: int, summary: dict[str, Any]) -> None:
@@ -482,45 +522,107 @@ def check_secure_sum(total: np.ndarray, total_weight: float, survivors: int, cli
                                 "the clipping range", field="clip_range")
 
 
-def card_privacy(config: RoundConfig, ledger: PrivacyLedger | None, sensitivity: float | None) -> dict[str, Any]:
+def adaptive_clipping(dp: DpSettings) -> AdaptiveClipping | None:
+    """The plan's adaptive clipping as `fedzoo.dp.noise` runs it (the simulator's code), or None."""
+    if dp.adaptive is None:
+        return None
+    return AdaptiveClipping(dp.adaptive.target_unclipped_quantile, dp.adaptive.clip_learning_rate,
+                            dp.adaptive.clipped_count_stddev)
+
+
+def config_for_round(config: RoundConfig, previous: FLRound | None) -> RoundConfig:
+    """Adaptive clipping: the next round of a plan clips at the norm the previous round's noised count moved to."""
+    dp = config.privacy.dp
+    if dp is None or dp.adaptive is None or previous is None or not previous.outcome_json:
+        return config
+    claim = (json.loads(previous.outcome_json).get("privacy") or {}).get("dp") or {}
+    if "next_clip_norm" not in claim:
+        return config
+    privacy = config.privacy.model_copy(update={"dp": dp.model_copy(update={"clip_norm": claim["next_clip_norm"]})})
+    return config.model_copy(update={"privacy": privacy})
+
+
+def card_privacy(config: RoundConfig, ledger: PrivacyLedger | None, mechanism: DpFedAvg | None) -> dict[str, Any]:
     """What a published card says about the privacy of the plan that made it."""
     settings, dp = config.privacy.secure_aggregation, config.privacy.dp
     record: dict[str, Any] = {"secure_aggregation": settings is not None, "dp": None}
-    if ledger is not None:
+    if ledger is not None and mechanism is not None:
         record["dp"] = {"epsilon": ledger.epsilon_spent, "delta": ledger.delta, "accountant": ledger.mechanism,
                         "rounds": ledger.rounds_done, "max_epsilon": ledger.max_epsilon,
                         "plan_epsilon": ledger.plan_epsilon_spent, "line": ledger.line,
                         "line_events": ledger.events(), "line_max_epsilon": ledger.line_max_epsilon,
                         "noise_multiplier": ledger.noise_multiplier, "clip_norm": dp.clip_norm,
-                        "sensitivity": sensitivity or dp.clip_norm,
-                        "sampling_probability": ledger.sampling_probability}
+                        "sensitivity": mechanism.released_sensitivity,
+                        "sampling_probability": ledger.sampling_probability,
+                        "noise": "discrete Gaussian from os.urandom"}
+        if mechanism.adaptive is not None:
+            record["dp"].update(next_clip_norm=mechanism.clip_norm,
+                                delta_noise_multiplier=mechanism.delta_noise_multiplier,
+                                clipped_count_stddev=mechanism.clipped_count_stddev)
     return record
 
 
 def published_counts(summary: dict[str, Any]) -> dict[str, Any]:
-    """The contributor counts a published card states: exact, or under DP rounded to `DP_COUNT_ROUNDING`."""
+    """The contributor counts a published card states: exact, or under DP none at all. Any count, even rounded,
+    is a function of who took part (with 14 others a card rounded to 10 says 10 without a device and 20 with it),
+    and add/remove adjacency makes membership the secret; the noised count adaptive clipping releases is charged
+    to the ledger and is the only one a DP round publishes."""
     counts = {name: summary[name] for name in ("accepted_updates", "aggregated_updates", "num_examples")}
     screening = dict(summary["screening"])
     if not (summary.get("privacy") or {}).get("dp"):
         return {**counts, "screening": screening}
-
-    def rounded(count: int | None) -> int | None:
-        return None if count is None else DP_COUNT_ROUNDING * math.floor(count / DP_COUNT_ROUNDING + 0.5)
-
-    screening.update({name: rounded(screening[name]) for name in ("counted", "clipped", "rejected")
-                      if name in screening})
-    return {**{name: rounded(count) for name, count in counts.items()}, "screening": screening,
-            "counts_rounded_to": DP_COUNT_ROUNDING}
+    return {**{name: None for name in counts}, "screening": {"norm_limit": screening.get("norm_limit")},
+            "counts_withheld": DP_COUNTS_WITHHELD}
 
 
-def inherited_ledger(card: ModelCard, delta: float, mechanism: str) -> tuple[LineEvents, float, str]:
-    """A new line's starting ledger: the rounds its card's signed privacy claim says the weights already
-    spent (a pruned or quantized child of a DP model starts a line, not a fresh budget), else none."""
-    claim = ((card.details.get("federated") or {}).get("privacy") or {}).get("dp") or {}
+OUTCOME_COUNTS = ("accepted_updates", "aggregated_updates", "num_examples", "upload_bytes", "declined")
+
+
+def without_dp_counts(view: dict[str, Any]) -> dict[str, Any]:
+    """A DP round's view with every membership-dependent figure removed (`published_counts`): the device counts,
+    bytes, the screening and SecAgg+ tallies, and a failure's own words (they state how many devices did what)."""
+    view = {**view, **{name: None for name in ("selected_devices", "accepted_updates", "upload_bytes",
+                                               "declined_devices")}, "counts_withheld": DP_COUNTS_WITHHELD}
+    outcome = dict(view["outcome"] or {})
+    if outcome:
+        for name in OUTCOME_COUNTS:
+            outcome.pop(name, None)
+        if "screening" in outcome:
+            outcome["screening"] = {"norm_limit": outcome["screening"].get("norm_limit")}
+        if "secure_aggregation" in outcome:
+            outcome["secure_aggregation"] = {name: value for name, value in outcome["secure_aggregation"].items()
+                                             if name in ("neighbour_count", "threshold", "levels", "clip_range")}
+        if "failure" in outcome:
+            outcome["failure"] = "the round failed (its reason is withheld under DP: it counts devices)"
+        view["outcome"] = outcome
+    return view
+
+
+def inherited_ledger(claim: dict[str, Any], delta: float, mechanism: str) -> tuple[LineEvents, float, str]:
+    """A ledger line new to this server: the rounds a signed privacy claim says the weights already spent (the
+    claim of the card itself, of a card of the same weights or of an ancestor: `lineage_claim`), else none."""
     events = claim.get("line_events")
     if not isinstance(events, list) or not events:
         return [], delta, mechanism
     return events, float(claim.get("delta", delta)), str(claim.get("accountant", mechanism))
+
+
+def ledger_line(session: Session, card: ModelCard) -> str:
+    """The ledger a plan on `card` continues: the DP line its weights were released under or descend from
+    (`fedzoo.server.fl.privacy_lineage`), else the card's own model line."""
+    claim = lineage_claim(session, card)
+    return claim.line if claim is not None else card.line_id
+
+
+def refuse_plain_plan_on_dp_weights(session: Session, card: ModelCard) -> None:
+    """422 `privacy.dp`: noiseless rounds on weights of a DP line would publish versions whose line still states a
+    finite epsilon; a plan on such weights must be DP too."""
+    claim = lineage_claim(session, card)
+    if claim is not None:
+        raise InvalidInputError(
+            f"model {card.id!r} holds weights of DP line {claim.line!r} (epsilon {claim.claim.get('epsilon', '?')} "
+            f"stated by {claim.stated_by!r}): a plan on it must set privacy.dp, so the line's epsilon stays true",
+            field="privacy.dp")
 
 
 def _check_masked_vector(body: bytes, protocol: SecAggConfig) -> None:

@@ -1,7 +1,8 @@
 """Blobs: upload (admin), and download of a model's ONNX file or of any blob by sha256.
 
 `GET /v1/models/<id>/blob` serves the model's ONNX file; `GET /v1/blobs/<sha256>` serves any stored
-blob (training graphs, other artifacts named in a card). Both send `ETag: "<sha256>"`, the header
+blob (training graphs, other artifacts named in a card), except the server's own data sets: a blob a round
+names as its root set or evaluation set needs the viewer or admin token. Both send `ETag: "<sha256>"`, the header
 `X-Content-SHA256`, `Accept-Ranges: bytes`; `If-None-Match` with that ETag answers 304,
 `Range: bytes=a-b` (or `a-` / `-n`) answers 206 with `Content-Range` (a suffix `-n` longer than the
 blob gets the whole blob, as RFC 9110 says), a range starting past the end 416 with
@@ -13,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from flask import Blueprint, Response, request
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
 from werkzeug.http import parse_range_header
 
 from fedzoo.cards import SHA256_PATTERN
@@ -20,13 +23,16 @@ from fedzoo.server import registry
 from fedzoo.server.blobstore import BlobStore, check_digest
 from fedzoo.server.errors import BadRequest, NotFound, RangeNotSatisfiable, UnsupportedMediaType
 from fedzoo.server.openapi import OCTET_STREAM, documented
-from fedzoo.server.routes.common import context, json_response, raw_body, require_admin_token
+from fedzoo.server.fl.models import FLRound
+from fedzoo.server.models import ModelRecord
+from fedzoo.server.routes.common import context, json_response, raw_body, require_admin_token, require_reader_token
 from fedzoo.server.routes.models import MODEL_ID
 from fedzoo.server.schemas import BlobUploadResponse
 
 blueprint = Blueprint("blobs", __name__)
 SHA256_PARAM = {"sha256": {"type": "string", "pattern": SHA256_PATTERN}}
 STREAM_CHUNK_BYTES = 256 * 1024
+OPERATOR_DATA_FIELDS = ("root_sha256", "evaluation_sha256")  # a round config's blobs only the operator reads
 DOWNLOAD_HEADERS = {
     "ETag": 'the quoted sha256 of the whole blob', "X-Content-SHA256": "sha256 of the whole blob (hex)",
     "Accept-Ranges": "bytes",
@@ -96,10 +102,26 @@ def download_model(model_id: str) -> Response:
     return blob_response(sha256)
 
 
-@documented(blueprint, "GET", "/v1/blobs/<sha256>", summary="Download any blob (model, training graph, artifact)",
-            path_params=SHA256_PARAM, **DOWNLOAD_DOC)
+@documented(blueprint, "GET", "/v1/blobs/<sha256>",
+            summary="Download a blob (model, training graph, artifact); a round's root or evaluation set needs the "
+                    "viewer or admin token", path_params=SHA256_PARAM,
+            **{**DOWNLOAD_DOC, "errors": (401, 403, 404, 416, 422)})
 def download_blob(sha256: str) -> Response:
-    return blob_response(check_digest(sha256))
+    check_digest(sha256)
+    with context().db.session() as session:
+        if is_operator_data(session, sha256):
+            require_reader_token()
+    return blob_response(sha256)
+
+
+def is_operator_data(session: Session, sha256: str) -> bool:
+    """Whether the blob is a round's root training set or evaluation set: the server's own data, which only the
+    operator's tokens read (with the root set an outsider recomputes the server's FLTrust reference update and
+    shapes a poisoned update to pass it). A model's blob is public whatever else names it."""
+    if session.scalar(select(ModelRecord.id).where(ModelRecord.sha256 == sha256).limit(1)) is not None:
+        return False
+    named = or_(*(FLRound.config_json.contains(f'"{field}":"{sha256}"') for field in OPERATOR_DATA_FIELDS))
+    return session.scalar(select(FLRound.id).where(named).limit(1)) is not None
 
 
 @documented(blueprint, "PUT", "/v1/blobs/<sha256>", summary="Upload a blob; its bytes must hash to the URL's sha256",

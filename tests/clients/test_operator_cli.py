@@ -213,7 +213,7 @@ def test_watch_a_failed_round_exits_non_zero_with_its_reason(fleet):
     server, sim, _ = fleet
     round_id = sim.start_plan({**ROUND, "min_clients": 2, "target_clients": 2, "deadline_s": 0.5})
     result = run_fedzoo("fl", "rounds", "watch", str(round_id), "--interval-s", "0.2", "--timeout-s", "60",
-                        env={"FEDZOO_SERVER": server.url})
+                        env={"FEDZOO_SERVER": server.url, **VIEWER})
     assert result.returncode == 1, result.stderr
     assert f"error: round {round_id} failed:" in result.stderr and "Traceback" not in result.stderr
     assert "failed" in result.stdout.splitlines()[-1]
@@ -223,7 +223,7 @@ def test_watch_gives_up_after_its_timeout(fleet):
     server, sim, _ = fleet
     round_id = sim.start_plan({**ROUND, "min_clients": 3, "target_clients": 3, "deadline_s": 600})
     result = run_fedzoo("fl", "rounds", "watch", str(round_id), "--interval-s", "0.1", "--timeout-s", "0.5",
-                        "--format", "json", env={"FEDZOO_SERVER": server.url})
+                        "--format", "json", env={"FEDZOO_SERVER": server.url, **VIEWER})
     assert result.returncode == 3 and "still open after 0.5 s" in result.stderr
     assert json.loads(result.stdout.splitlines()[0])["state"] == "open"
 
@@ -241,7 +241,7 @@ def test_watch_gives_up_after_its_timeout(fleet):
 )
 def test_bad_input_is_a_message_and_an_exit_code(fleet, args, code, message, capsys, monkeypatch):
     server, _, _ = fleet
-    exit_code, stdout, stderr = run_main(capsys, monkeypatch, *args, env={"FEDZOO_SERVER": server.url})
+    exit_code, stdout, stderr = run_main(capsys, monkeypatch, *args, env={"FEDZOO_SERVER": server.url, **VIEWER})
     assert exit_code == code, stderr
     assert message in stderr and "Traceback" not in stderr and stdout == ""
 

@@ -12,7 +12,9 @@ from fedzoo.dp.accountant import (
     epsilon_after,
     epsilon_of_events,
     noise_multiplier_for,
+    round_event,
 )
+from fedzoo.dp.noise import adaptive_noise_split
 from fedzoo.errors import InvalidInputError
 
 
@@ -116,3 +118,24 @@ def test_the_rounds_a_plans_budget_allows_are_the_most_whose_epsilon_fits():
     assert ledger.rounds_within_plan_budget(10) == 2
     assert ledger.rounds_within_plan_budget(1) == 1
     assert ledger.rounds_within_plan_budget(0) == 0
+
+
+@pytest.mark.parametrize("noise_multiplier,rounds,sampling_probability", [
+    (0.8, 5, 1.0), (1.5, 40, 1.0), (3.0, 200, 1.0), (1.0, 100, 0.1), (2.0, 500, 0.01)])
+def test_an_adaptive_round_spends_what_its_ledger_says(noise_multiplier, rounds, sampling_probability):
+    """The released pair (noised sum of deltas, noised centred count) of one round is one Gaussian mechanism: the
+    deltas' sensitivity over their noise and the count's (1/2) over its noise add in quadrature. dp-accounting,
+    fed those two noises directly, must find the epsilon the ledger (at the plan's z) states."""
+    clip_norm, expected_clients = 0.3, 100
+    count_stddev, delta_multiplier = adaptive_noise_split(noise_multiplier, expected_clients, None)
+    delta_stddev = delta_multiplier * clip_norm
+    effective = ((clip_norm / delta_stddev) ** 2 + (0.5 / count_stddev) ** 2) ** -0.5
+    accountant = dp_accounting.rdp.RdpAccountant()
+    accountant.compose(round_event(effective, sampling_probability), rounds)
+    direct = accountant.get_epsilon(1e-5)
+    if sampling_probability == 1.0:  # unsampled, the two releases compose as two separate Gaussians
+        separate = dp_accounting.rdp.RdpAccountant()
+        separate.compose(dp_accounting.GaussianDpEvent(delta_multiplier), rounds)
+        separate.compose(dp_accounting.GaussianDpEvent(2 * count_stddev), rounds)
+        assert separate.get_epsilon(1e-5) == pytest.approx(direct, rel=1e-6)
+    assert epsilon_after(rounds, noise_multiplier, sampling_probability, 1e-5) == pytest.approx(direct, rel=1e-6)

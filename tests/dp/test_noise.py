@@ -7,7 +7,7 @@ import pytest
 
 from fedzoo.dp.accountant import PrivacyBudgetExhausted, PrivacyLedger
 from fedzoo.dp.clipping import clip_delta, l2_norm
-from fedzoo.dp.noise import AdaptiveClipping, DpFedAvg, quantised_sensitivity
+from fedzoo.dp.noise import AdaptiveClipping, DpFedAvg, SeededNoise, noised_unclipped_fraction, quantised_sensitivity
 from fedzoo.errors import InvalidInputError
 
 
@@ -18,7 +18,7 @@ def _ledger(z=1.2, max_epsilon=1000.0, sampling_probability=0.1):
 
 def test_noise_on_the_mean_has_standard_deviation_z_c_over_m():
     dp = DpFedAvg(_ledger(z=1.2), expected_clients=50, clip_norm=0.7, seed=0)
-    draws = dp.noised_mean(np.zeros(200_000))
+    draws = dp.noised_mean(np.zeros(200_000), grid_step=0.7 / 1000)
     expected = 1.2 * 0.7 / 50
     # the sample std of 2e5 normal draws is within 3 x std/sqrt(2n) of the true one
     assert abs(draws.std() - expected) < 3 * expected / math.sqrt(2 * 200_000)
@@ -52,7 +52,7 @@ def test_adaptive_clipping_moves_the_bound_to_the_target_quantile_of_the_norms()
                   adaptive=AdaptiveClipping(target_unclipped_quantile=0.5, clip_learning_rate=0.3), seed=3)
     for _ in range(80):
         norms = rng.lognormal(mean=0.0, sigma=0.3, size=1000)  # median 1.0
-        dp.noised_mean(np.zeros(2), unclipped_count=float(np.sum(norms <= dp.clip_norm)))
+        dp.noised_mean(np.zeros(2), unclipped_count=int(np.sum(norms <= dp.clip_norm)), contributors=1000)
     assert dp.clip_norm == pytest.approx(1.0, rel=0.1)
     # the deltas get a little more noise so that, with the count's noise, the round still costs z
     assert dp.delta_noise_multiplier == pytest.approx((1.0 - (2 * 50) ** -2) ** -0.5)
@@ -75,3 +75,39 @@ def test_no_noised_mean_past_the_budget():
         for _ in range(1000):
             dp.noised_mean(np.zeros(3))
     assert dp.ledger.epsilon_spent <= 2.0
+
+
+@pytest.mark.parametrize("target_within_bound", [True, False])
+def test_one_device_moves_the_noised_unclipped_fraction_by_half_a_count(target_within_bound):
+    """The noise split gives the count sensitivity 1/2 (centred bits, b - 1/2): adding or removing one device, on
+    the same noise draw, must move the released fraction by exactly 1 / (2 m), whatever its bit. A raw 0/1 count
+    moves by 1 / m when the device was not clipped, spending up to twice the privacy the card states."""
+    others_within, others = 7, 14
+    without = noised_unclipped_fraction(others_within, others, 50, 3.0, SeededNoise(5))
+    with_target = noised_unclipped_fraction(others_within + target_within_bound, others + 1, 50, 3.0, SeededNoise(5))
+    assert abs(with_target - without) == pytest.approx(1 / (2 * 50))
+    with pytest.raises(InvalidInputError, match="unclipped_count"):
+        noised_unclipped_fraction(16, 15, 50, 3.0, SeededNoise(5))
+
+
+def test_the_server_noise_is_secure_and_integer_on_the_grid_and_the_simulators_says_it_is_seeded():
+    secure = DpFedAvg(_ledger(z=1.0), expected_clients=10, clip_norm=1.0)
+    seeded = DpFedAvg(_ledger(z=1.0), expected_clients=10, clip_norm=1.0, seed=4)
+    assert secure.noise.reproducible is False and seeded.noise.reproducible is True
+    step = 1.0 / 127
+    mean = secure.noised_mean(np.full(50, 3 * step), grid_step=step)
+    steps = mean * 10 / step
+    assert np.allclose(steps, np.rint(steps), atol=1e-6)  # the released sum lies on the grid: integer noise
+    again = DpFedAvg(_ledger(z=1.0), expected_clients=10, clip_norm=1.0)
+    assert not np.array_equal(again.noised_mean(np.full(50, 3 * step), grid_step=step), mean)
+
+
+def test_the_secure_noise_has_standard_deviation_z_s_in_model_units():
+    """The discrete noise is drawn in grid steps, sigma = z S / step, so on the model's scale it is z S, whatever the
+    grid: here a clear sum on the default grid (S = C + step sqrt(d)), 20,000 draws."""
+    dp = DpFedAvg(_ledger(z=1.3), expected_clients=1, clip_norm=0.4)
+    draws = dp.noised_mean(np.zeros(20_000))
+    expected = 1.3 * dp.released_sensitivity
+    assert dp.released_sensitivity == pytest.approx(0.4 * 1.001)
+    assert abs(draws.std() - expected) < 5 * expected / math.sqrt(2 * 20_000)
+    assert abs(draws.mean()) < 5 * expected / math.sqrt(20_000)

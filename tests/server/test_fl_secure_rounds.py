@@ -19,6 +19,7 @@ from fedzoo.server.fl import secure_rounds
 from fl_helpers import device_client, ready_simulation, round_config
 
 ADMIN = DEFAULT_ADMIN_TOKEN
+VIEWER = "secure-rounds-viewer-token-0123456789"
 DEVICES = 6
 POLL_S = 0.05
 
@@ -30,7 +31,7 @@ def federation():
 
 @pytest.fixture
 def server(tmp_path):
-    with LoopbackServer(tmp_path / "server", deadline_check_s=0.2) as running:
+    with LoopbackServer(tmp_path / "server", deadline_check_s=0.2, viewer_token=VIEWER) as running:
         yield running
 
 
@@ -475,19 +476,47 @@ def test_plans_on_one_model_line_compose_into_one_ledger_and_the_card_states_the
     assert claims[1]["epsilon"] > claims[1]["plan_epsilon"]
     assert claims[1]["plan_epsilon"] == pytest.approx(claims[0]["epsilon"]) and claims[1]["rounds"] == 1
     assert claims[1]["line_events"] == [[1.5, 1.0, 1], [1.5, 1.0, 1]]
-    federated = second.details["federated"]  # 3 contributors: rounded to the nearest 10 on a DP card
-    assert (federated["accepted_updates"], federated["aggregated_updates"], federated["counts_rounded_to"]) == (0, 0, 10)
-    assert federated["screening"]["counted"] == 0
+    federated = second.details["federated"]  # a DP card states no contributor count at all
+    assert (federated["accepted_updates"], federated["aggregated_updates"], federated["num_examples"]) == (None,) * 3
+    assert federated["screening"] == {"norm_limit": 0.1} and "counts_withheld" in federated
 
 
-def test_a_dp_cards_contributor_counts_are_rounded_and_a_plain_cards_are_exact():
-    summary = {"accepted_updates": 17, "aggregated_updates": 15, "num_examples": None,
-               "screening": {"norm_limit": 0.1, "counted": 15, "clipped": 2, "rejected": 0}}
-    assert secure_rounds.published_counts(summary) == {**summary, "screening": summary["screening"]}
-    private = secure_rounds.published_counts({**summary, "privacy": {"dp": {"epsilon": 1.0}}})
-    assert private == {"accepted_updates": 20, "aggregated_updates": 20, "num_examples": None,
-                       "screening": {"norm_limit": 0.1, "counted": 20, "clipped": 0, "rejected": 0},
-                       "counts_rounded_to": 10}
+def _summary(contributors, clipped=2):
+    return {"accepted_updates": contributors, "aggregated_updates": contributors, "num_examples": None,
+            "screening": {"norm_limit": 0.1, "counted": contributors, "clipped": clipped, "rejected": 0}}
+
+
+def test_membership_attack_a_dp_card_reads_the_same_with_and_without_the_target():
+    """Add/remove adjacency: whoever knows the other contributors compares the card's counts with the target and
+    without. Rounded counts told them apart for 6 of 60 cohort sizes (14 others: 10 vs 20); a DP card states none."""
+    private = {"privacy": {"dp": {"epsilon": 1.0}}}
+    leaks = [others for others in range(1, 61)
+             if secure_rounds.published_counts({**_summary(others), **private})
+             != secure_rounds.published_counts({**_summary(others + 1, clipped=3), **private})]
+    assert leaks == []
+    plain = _summary(17)
+    assert secure_rounds.published_counts(plain) == plain  # without DP the counts are exact
+
+
+def test_membership_attack_a_dp_rounds_read_states_no_counts_and_needs_an_operator_token(simulation, federation):
+    """The round read (GET /v1/fl/rounds/<id>) showed the exact counts of a DP round to anyone: it now needs the
+    viewer or admin token (401 without, 401 with a device's), and even then a DP round's counts are withheld."""
+    dp = {"max_epsilon": 8, "delta": 1e-5, "clip_norm": 0.1, "noise_multiplier": 1.5}
+    plan = round_config(min_clients=3, target_clients=3, num_rounds=1, max_accuracy_drop=1.0, privacy={"dp": dp})
+    round_id = simulation.start_plan(plan)
+    _run_dp_round(simulation, federation, round_id)
+    with httpx.Client(base_url=simulation.admin.http.base_url) as http:
+        anonymous = http.get(f"/v1/fl/rounds/{round_id}")
+        device = http.get(f"/v1/fl/rounds/{round_id}", headers={"Authorization": f"Bearer {simulation.tokens[0]}"})
+        participants = http.get(f"/v1/fl/rounds/{round_id}/participants")
+        admin = http.get(f"/v1/fl/rounds/{round_id}", headers={"Authorization": f"Bearer {ADMIN}"})
+        viewer = http.get(f"/v1/fl/rounds/{round_id}", headers={"Authorization": f"Bearer {VIEWER}"})
+    assert anonymous.status_code == 401 and anonymous.json()["error"]["field"] == "Authorization"
+    assert device.status_code == 401 and participants.status_code == 401
+    view = admin.json()
+    assert admin.status_code == 200 and view["state"] == "closed" and viewer.json() == view
+    assert (view["selected_devices"], view["accepted_updates"], view["upload_bytes"]) == (None, None, None)
+    assert "accepted_updates" not in view["outcome"] and view["outcome"]["screening"] == {"norm_limit": 0.1}
 
 
 def test_a_plan_that_would_pass_the_lines_lifetime_budget_is_refused_before_it_opens(simulation, federation):
@@ -527,6 +556,5 @@ def test_a_second_dp_plan_on_a_line_waits_for_the_running_one(simulation, federa
 
 def test_a_new_line_from_a_dp_model_starts_from_the_ledger_its_signed_card_carries(federation):
     claim = {"line_events": [[1.5, 1.0, 2]], "delta": 1e-6, "accountant": "pld"}
-    child = federation.card.model_copy(update={"id": "pruned", "details": {"federated": {"privacy": {"dp": claim}}}})
-    assert secure_rounds.inherited_ledger(child, 1e-5, "rdp") == ([[1.5, 1.0, 2]], 1e-6, "pld")
-    assert secure_rounds.inherited_ledger(federation.card, 1e-5, "rdp") == ([], 1e-5, "rdp")
+    assert secure_rounds.inherited_ledger(claim, 1e-5, "rdp") == ([[1.5, 1.0, 2]], 1e-6, "pld")
+    assert secure_rounds.inherited_ledger({}, 1e-5, "rdp") == ([], 1e-5, "rdp")

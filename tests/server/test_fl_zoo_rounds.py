@@ -68,7 +68,8 @@ def zoo(tmp_path_factory):
 def fleet(zoo, tmp_path):
     """A server with the zoo published, the evaluation and calibration sets uploaded and a device per shard."""
     split = split_dataset(load_dataset("digits"), seed=0)
-    with LoopbackServer(tmp_path / "server") as server, FedzooClient(server.url, cache_dir=tmp_path / "admin") as admin:
+    with LoopbackServer(tmp_path / "server") as server, \
+            FedzooClient(server.url, token=DEFAULT_ADMIN_TOKEN, cache_dir=tmp_path / "admin") as admin:
         for card in zoo.cards():
             digests = [card.sha256, *card.artifacts.values(), *([card.training_graph] if card.training_graph else [])]
             admin.publish_model(card, {digest: zoo.blob_path(digest).read_bytes() for digest in digests},

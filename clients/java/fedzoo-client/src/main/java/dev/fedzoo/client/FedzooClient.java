@@ -458,7 +458,7 @@ public final class FedzooClient {
         return receipt;
     }
 
-    /** A round's state, counts and outcome ({@code GET /v1/fl/rounds/<id>}). */
+    /** A round's state, counts and outcome ({@code GET /v1/fl/rounds/<id>}): needs the viewer or admin token. */
     public JSONObject flRound(long roundId) {
         refreshTokenIfDue();
         return http.getJson("/v1/fl/rounds/" + roundId, null);

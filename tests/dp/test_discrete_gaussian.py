@@ -1,0 +1,57 @@
+"""The discrete Gaussian sampler (Canonne-Kamath-Steinke 2020): integer draws, symmetric, of standard deviation
+sigma, from os.urandom."""
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fedzoo.dp.discrete_gaussian import (SecureRandom, discrete_gaussian_noise, sample_discrete_gaussian,
+                                         sigma_squared_at_least)
+from fedzoo.errors import InvalidInputError
+
+DRAWS = 4000
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sigma=st.floats(min_value=0.6, max_value=5e4))
+def test_draws_are_integers_with_standard_deviation_sigma_and_symmetric(sigma):
+    draws = discrete_gaussian_noise(sigma, DRAWS)
+    assert draws.dtype == np.int64 and draws.shape == (DRAWS,)
+    # the discrete Gaussian's variance is within exp(-2 pi^2 sigma^2)-relative terms of sigma^2 (CKS Cor. 9); the
+    # sample std of n draws is within 5 x sigma / sqrt(2n) of it (kurtosis 3), the sample mean within 5 sigma / sqrt(n)
+    true_std = math.sqrt(float(sigma_squared_at_least(sigma)))
+    assert abs(draws.std() - true_std) < 5 * true_std / math.sqrt(2 * DRAWS) + 0.02
+    assert abs(draws.mean()) < 5 * true_std / math.sqrt(DRAWS)
+    positive, negative = int(np.sum(draws > 0)), int(np.sum(draws < 0))
+    assert abs(positive - negative) < 5 * math.sqrt(positive + negative)  # symmetric about 0
+
+
+def test_small_sigma_probabilities_match_the_exact_mass():
+    """At sigma = 1 the mass at 0, +-1, +-2 is known in closed form: the sampler hits it."""
+    sigma_squared = Fraction(1)
+    source = SecureRandom()
+    draws = np.array([sample_discrete_gaussian(sigma_squared, source) for _ in range(20_000)])
+    weights = {x: math.exp(-x * x / 2) for x in range(-12, 13)}
+    total = sum(weights.values())
+    for value in (0, 1, -1, 2):
+        expected = weights[value] / total
+        observed = float(np.mean(draws == value))
+        assert abs(observed - expected) < 5 * math.sqrt(expected * (1 - expected) / len(draws))
+
+
+def test_sigma_squared_is_rounded_up_and_bad_sigmas_are_refused():
+    assert float(sigma_squared_at_least(3.0)) >= 9.0
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(InvalidInputError, match="sigma"):
+            discrete_gaussian_noise(bad, 3)
+
+
+def test_uniform_integers_cover_the_range_without_bias():
+    source = SecureRandom(block_bytes=64)
+    draws = np.array([source.below(3) for _ in range(30_000)])
+    assert set(np.unique(draws)) == {0, 1, 2}
+    assert np.all(np.abs(np.bincount(draws) / len(draws) - 1 / 3) < 0.02)

@@ -1,0 +1,129 @@
+"""Epsilon follows the weights: re-published and derived weights of a DP model continue its ledger, a plan without
+DP on them is refused, delta is bounded, and adaptive clipping runs on the server through fedzoo.dp."""
+
+import hashlib
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from fedzoo.cards import ModelCard
+from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, prepare_federation
+from fedzoo.dp.accountant import epsilon_of_events
+from fedzoo.edge.onnx_initializers import read_float_initializers
+from fedzoo.edge.trainer import write_parameters
+from fl_helpers import device_client, honest_delta, ready_simulation, round_config, upload
+
+ADMIN = DEFAULT_ADMIN_TOKEN
+DP = {"max_epsilon": 8, "delta": 1e-5, "clip_norm": 0.1, "noise_multiplier": 2.0}
+
+
+@pytest.fixture(scope="module")
+def federation():
+    return prepare_federation("digits", num_clients=3, alpha=None, hidden_units=8, pretrain_epochs=1, seed=0)
+
+
+@pytest.fixture
+def simulation(federation, tmp_path):
+    with LoopbackServer(tmp_path / "server", deadline_check_s=0.2) as server:
+        with ready_simulation(federation, server.url, tmp_path / "devices") as sim:
+            yield sim
+
+
+def _plan(model_id, private=True, **dp):
+    return round_config(model_id=model_id, min_clients=3, target_clients=3, num_rounds=1, max_accuracy_drop=1.0,
+                        privacy={"dp": {**DP, **dp}} if private else {})
+
+
+def _run_round(simulation, federation, round_id, scale=0.05):
+    for index in range(3):
+        client = device_client(simulation, index)
+        task = client.fl_task(federation.card.task)["task"]
+        model = client.download(task["model_url"], task["model_sha256"]).read_bytes()
+        upload(client, task, honest_delta(model, scale))
+    view = _wait(simulation, round_id)
+    assert view["state"] == "closed", view["outcome"]
+    return view
+
+
+def _wait(simulation, round_id):
+    give_up = time.monotonic() + 60
+    while time.monotonic() < give_up:
+        view = simulation.admin.fl_round(round_id)
+        if view["state"] in ("closed", "failed"):
+            return view
+        time.sleep(0.05)
+    raise AssertionError(f"round {round_id} did not end")
+
+
+def _publish(simulation, card: ModelCard, onnx_bytes: bytes) -> None:
+    simulation.admin.publish_model(card, {card.sha256: onnx_bytes}, ADMIN)
+
+
+def _post_plan(simulation, plan):
+    with httpx.Client(base_url=simulation.admin.http.base_url, headers={"Authorization": f"Bearer {ADMIN}"}) as http:
+        return http.post("/v1/fl/rounds", json={**plan, "evaluation_sha256": simulation.evaluation_sha256})
+
+
+def test_reissued_and_derived_weights_continue_the_dp_ledger_and_refuse_plain_plans(simulation, federation):
+    first_view = _run_round(simulation, federation, simulation.start_plan(_plan(federation.card.id)))
+    first = simulation.admin.card(first_view["result_model_id"])
+    onnx_bytes = simulation.admin.download(f"/v1/models/{first.id}/blob", first.sha256).read_bytes()
+    spent = first.details["federated"]["privacy"]["dp"]["line_events"]
+    # the same weights under a new card, without the claim (a re-publication, or a re-import of the blob)
+    reissued = first.model_copy(update={"id": "reissued-weights", "version": 1, "parent_id": None, "line": None,
+                                        "details": {}, "signature": None})
+    _publish(simulation, reissued, onnx_bytes)
+    # weights derived from the DP model (a fine-tuned, pruned or INT8 child names it as its parent)
+    parameters = {name: value * np.float32(0.99) for name, value in read_float_initializers(onnx_bytes).items()}
+    derived_bytes = write_parameters(onnx_bytes, parameters)
+    derived = first.model_copy(update={"id": "derived-weights", "version": 1, "parent_id": first.id, "line": None,
+                                       "details": {}, "signature": None, "size_bytes": len(derived_bytes),
+                                       "sha256": hashlib.sha256(derived_bytes).hexdigest()})
+    _publish(simulation, derived, derived_bytes)
+
+    for card in (first, reissued, derived):  # noiseless rounds on DP weights would sit under a finite epsilon
+        refused = _post_plan(simulation, _plan(card.id, private=False))
+        assert refused.status_code == 422 and refused.json()["error"]["field"] == "privacy.dp", refused.text
+        assert federation.card.id in refused.json()["error"]["message"]
+
+    events = list(spent)
+    for card in (reissued, derived):
+        view = _run_round(simulation, federation, simulation.start_plan(_plan(card.id)))
+        claim = simulation.admin.card(view["result_model_id"]).details["federated"]["privacy"]["dp"]
+        events = [*events, [2.0, 1.0, 1]]
+        assert claim["line"] == federation.card.id and claim["line_events"] == events
+        assert claim["epsilon"] == pytest.approx(epsilon_of_events(events, 1e-5))
+
+
+def test_delta_defaults_below_one_over_the_fleet_squared_and_is_refused_above_the_limit(simulation, federation):
+    too_large = _post_plan(simulation, _plan(federation.card.id, delta=1e-3))
+    assert too_large.status_code == 422 and too_large.json()["error"]["field"] == "privacy.dp.delta"
+    plan = _plan(federation.card.id)
+    del plan["privacy"]["dp"]["delta"]
+    opened = _post_plan(simulation, plan)
+    assert opened.status_code == 201, opened.text
+    assert opened.json()["config"]["privacy"]["dp"]["delta"] == pytest.approx(min(1e-5, 1 / 3**2))
+
+
+def test_adaptive_clipping_on_the_server_moves_the_norm_and_charges_the_count(simulation, federation):
+    adaptive = {"target_unclipped_quantile": 0.5, "clip_learning_rate": 0.5, "clipped_count_stddev": 2.0}
+    with_secagg = _plan(federation.card.id, adaptive=adaptive)
+    with_secagg["privacy"]["secure_aggregation"] = {"neighbour_count": 2, "threshold": 2}
+    refused = _post_plan(simulation, with_secagg)
+    assert refused.status_code == 422 and refused.json()["error"]["field"] == "privacy.dp.adaptive"
+    too_little = _post_plan(simulation, _plan(federation.card.id, adaptive={**adaptive, "clipped_count_stddev": 0.5}))
+    assert too_little.status_code == 422
+    assert too_little.json()["error"]["field"] == "privacy.dp.adaptive.clipped_count_stddev"
+
+    plan = _plan(federation.card.id, adaptive=adaptive) | {"num_rounds": 2}
+    round_id = simulation.start_plan(plan)
+    view = _run_round(simulation, federation, round_id, scale=0.05)  # every delta is longer than 0.1: all clipped
+    claim = view["outcome"]["privacy"]["dp"]
+    assert claim["next_clip_norm"] > 0.1  # nobody within the bound: it grows
+    assert claim["delta_noise_multiplier"] == pytest.approx((2.0**-2 - 4.0**-2) ** -0.5)
+    following = simulation.admin.fl_round(view["next_round_id"])
+    assert following["config"]["privacy"]["dp"]["clip_norm"] == pytest.approx(claim["next_clip_norm"])
+    task = device_client(simulation, 0).fl_task(federation.card.task)["task"]
+    assert task["privacy"]["clip_norm"] == pytest.approx(claim["next_clip_norm"])
