@@ -78,7 +78,7 @@ from fedzoo.server.fl.secure_rounds import DONE, PrivateRounds, is_private, with
 from fedzoo.server.fl.stages.aggregation import Aggregation
 from fedzoo.server.fl.stages.collection import Collection
 from fedzoo.server.fl.stages.publication import Publication
-from fedzoo.server.fl.stages.screening import record_screening, root_update, screen_round
+from fedzoo.server.fl.stages.screening import record_screening, root_update, round_defences, screen_round
 from fedzoo.server.fl.stages.selection import Selection
 from fedzoo.server.fl.strategies import ClientUpdate, Strategy, make_strategy, require_secure_aggregation_support
 from fedzoo.server.fl.zoo_plan import ZooPlan, is_zoo
@@ -340,9 +340,10 @@ class RoundService:
         kept: list[ClientUpdate] = []
         if is_private(config):
             screened: list[Screened] = []
-            summary: dict[str, Any] = {"strategy": strategy.name, "upload_bytes": sum(row.upload_bytes for row in rows)}
+            summary: dict[str, Any] = {"strategy": strategy.name, "upload_bytes": sum(row.upload_bytes for row in rows),
+                                       "defences": round_defences(config, None)}
         else:
-            screening = screen_round(self.context, rows, config, revoked, root)
+            screening = screen_round(self.context, rows, config, revoked, root, self.aggregation.spill_dir)
             screened, kept, summary = screening.screened, screening.kept, screening.summary
             if len(kept) < config.min_clients:
                 self._refuse(round_id, rows, screened, summary,
