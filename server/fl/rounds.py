@@ -18,7 +18,8 @@ A round moves `open → collecting → aggregating → closed | failed`:
   workers never aggregate the same round). The owner renews its short lease every second while it
   works, so a crashed owner's round is taken over within `AGGREGATION_LEASE_S` seconds, not minutes.
   It screens the updates (`fedzoo.server.fl.screening`: capped weights, norm bound; robust rounds: weights
-  bounded by the round's median, FLTrust scoring against a root set, docs/federated-rounds.md), runs the
+  bounded by the round's median, direction screening against the round's median delta, FLTrust scoring
+  against a root set, docs/federated-rounds.md; the outcome's `defences` names what ran), runs the
   strategy over the deltas streamed from the blob store, measures the aggregate and its parent on the
   round's evaluation set (`fedzoo.server.fl.evaluation`) and publishes the aggregate as a new model
   version only if it is not worse than the plan's best version (or an anchor) by more than

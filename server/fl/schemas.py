@@ -91,8 +91,9 @@ class PublicationGate(_Request):
 
 class QuarantinePolicy(_Request):
     """A device with `max_exclusions` updates left out among its last `window_updates` is quarantined: never
-    selected again until an operator releases it (or revokes it for good). Exclusions by the norm bound count;
-    root-set exclusions count when the update points away from the server's (`max_root_cosine`)."""
+    selected again until an operator releases it (or revokes it for good). Exclusions by the norm bound and the
+    direction screening count; root-set exclusions count when the update points away from the server's
+    (`max_root_cosine`)."""
 
     max_exclusions: int = Field(default=3, ge=1, le=1000)
     window_updates: int = Field(default=5, ge=1, le=1000)
