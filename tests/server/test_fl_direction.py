@@ -87,7 +87,7 @@ def test_a_flipped_scaled_insider_is_left_out_by_default_and_the_honest_part_pub
                                     for device, row in rows.items()) / total
         np.testing.assert_allclose(value, expected, atol=1e-5)
     outcome = view["outcome"]
-    assert outcome["direction_screening"]["left_out"] == 1 and outcome["direction_screening"]["lowest_cosine"] < 0
+    assert outcome["direction_screening"]["left_out"] == 1 and outcome["direction_screening"]["median_cosine"] > 0
     assert {"norm_bound", "weight_bound", "direction_screening", "quarantine", "gate_best"} <= set(
         outcome["defences"]["ran"])
     assert "no root set" in outcome["defences"]["not_run"]["root_trust"]
