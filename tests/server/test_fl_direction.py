@@ -91,6 +91,7 @@ def test_a_flipped_scaled_insider_is_left_out_by_default_and_the_honest_part_pub
     assert {"norm_bound", "weight_bound", "direction_screening", "quarantine", "gate_best"} <= set(
         outcome["defences"]["ran"])
     assert "no root set" in outcome["defences"]["not_run"]["root_trust"]
+    assert simulation.admin.card(view["result_model_id"]).details["federated"]["defences"] == outcome["defences"]
 
 
 def test_honest_rounds_still_publish_with_the_defaults(simulation, federation):
