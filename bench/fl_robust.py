@@ -247,10 +247,11 @@ def main() -> None:
         if "off" in settings:
             costs = [(honest[("off", seed)].final_accuracy - honest[(setting, seed)].final_accuracy) * 100
                      for seed in seeds]
+            seconds = {name: statistics.fmean(honest[(name, seed)].server_seconds_per_round for seed in seeds)
+                       for name in ("off", setting)}
             print(f"  cost on the honest plan (off minus {setting}): {spread(costs)} points (goal <= 0.5: "
                   f"{'met' if statistics.fmean(costs) <= 0.5 else 'NOT met'}); server time per round off "
-                  f"{statistics.fmean(honest[('off', seed)].server_seconds_per_round for seed in seeds):.3f} s, "
-                  f"{setting} {statistics.fmean(honest[(setting, seed)].server_seconds_per_round for seed in seeds):.3f} s")
+                  f"{seconds['off']:.3f} s, {setting} {seconds[setting]:.3f} s")
     print(f"\ntotal {time.perf_counter() - started:.0f} s; load average after: "
           f"{' '.join(f'{value:.2f}' for value in os.getloadavg())}")
 
