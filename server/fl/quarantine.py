@@ -5,8 +5,10 @@ takes part in a seat and the server's time, and keeps probing. The round's `quar
 3 exclusions among a device's last 5 updates) flags such a device when a round records its decisions. A
 quarantined device is not selected again, by any round, until an operator releases it, or revokes it for good
 (`fedzoo fl quarantine`, `GET /v1/fl/quarantine`, the dashboard's Quarantine page). An exclusion is an update
-screening left out (`rejected`): by the norm bound's `reject` action, or by the root set's cosine test when it
-pointed away from the server's update (cosine at most `max_root_cosine`, -0.05 by default). Late in a plan honest
+screening left out (`rejected`): by the norm bound's `reject` action, by the direction screening (its update pointed
+away from the round's median delta: `fedzoo.server.fl.direction` leaves out only at a cosine of -0.05 or below),
+or by the root set's cosine test when it pointed away from the server's update (cosine at most
+`max_root_cosine`, -0.05 by default). Late in a plan honest
 non-IID updates are about orthogonal to the server's (cosines within +-0.1 of 0, measured by bench/fl_robust.py):
 they are left out of the round but do not count. Updates left out because the operator revoked the device do not
 count, nor do those from before a release.

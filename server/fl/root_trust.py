@@ -51,12 +51,18 @@ def _norm(delta: Parameters) -> float:
     return math.sqrt(sum(float(np.vdot(value, value)) for value in delta.values()))
 
 
+def cosine_between(delta: Parameters, reference: Parameters) -> float:
+    """Cosine similarity of a delta with a reference delta over the reference's parameters (0 when either is
+    zero)."""
+    dot = sum(float(np.vdot(delta[name].astype(np.float64), value.astype(np.float64)))
+              for name, value in reference.items())
+    length = _norm(delta) * _norm(reference)
+    return dot / length if length > 0 else 0.0
+
+
 def cosine(delta: Parameters, root: RootUpdate) -> float:
     """Cosine similarity of a delta with the root update over every trainable parameter (0 for a zero delta)."""
-    dot = sum(float(np.vdot(delta[name].astype(np.float64), value.astype(np.float64)))
-              for name, value in root.delta.items())
-    length = _norm(delta) * root.norm
-    return dot / length if length > 0 else 0.0
+    return cosine_between(delta, root.delta)
 
 
 def train_root_update(model: bytes, training_graph: bytes, card: ModelCard, training: TrainingConfig,

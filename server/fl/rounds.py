@@ -18,7 +18,8 @@ A round moves `open → collecting → aggregating → closed | failed`:
   workers never aggregate the same round). The owner renews its short lease every second while it
   works, so a crashed owner's round is taken over within `AGGREGATION_LEASE_S` seconds, not minutes.
   It screens the updates (`fedzoo.server.fl.screening`: capped weights, norm bound; robust rounds: weights
-  bounded by the round's median, FLTrust scoring against a root set, docs/federated-rounds.md), runs the
+  bounded by the round's median, direction screening against the round's median delta, FLTrust scoring
+  against a root set, docs/federated-rounds.md; the outcome's `defences` names what ran), runs the
   strategy over the deltas streamed from the blob store, measures the aggregate and its parent on the
   round's evaluation set (`fedzoo.server.fl.evaluation`) and publishes the aggregate as a new model
   version only if it is not worse than the plan's best version (or an anchor) by more than
@@ -79,7 +80,7 @@ from fedzoo.server.fl.secure_rounds import DONE, PrivateRounds, is_private, with
 from fedzoo.server.fl.stages.aggregation import Aggregation
 from fedzoo.server.fl.stages.collection import Collection
 from fedzoo.server.fl.stages.publication import Publication
-from fedzoo.server.fl.stages.screening import record_screening, root_update, screen_round
+from fedzoo.server.fl.stages.screening import record_screening, root_update, round_defences, screen_round
 from fedzoo.server.fl.stages.selection import Selection
 from fedzoo.server.fl.strategies import ClientUpdate, Strategy, make_strategy, require_secure_aggregation_support
 from fedzoo.server.fl.zoo_plan import ZooPlan, is_zoo
@@ -344,9 +345,10 @@ class RoundService:
         kept: list[ClientUpdate] = []
         if is_private(config):
             screened: list[Screened] = []
-            summary: dict[str, Any] = {"strategy": strategy.name, "upload_bytes": sum(row.upload_bytes for row in rows)}
+            summary: dict[str, Any] = {"strategy": strategy.name, "upload_bytes": sum(row.upload_bytes for row in rows),
+                                       "defences": round_defences(config, None)}
         else:
-            screening = screen_round(self.context, rows, config, revoked, root)
+            screening = screen_round(self.context, rows, config, revoked, root, self.aggregation.spill_dir)
             screened, kept, summary = screening.screened, screening.kept, screening.summary
             if len(kept) < config.min_clients:
                 self._refuse(round_id, rows, screened, summary,

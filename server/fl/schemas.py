@@ -45,6 +45,17 @@ class WeightBound(_Request):
     median_multiple: float = Field(default=2.0, ge=1.0, le=1000.0, description="k of the median_multiple rule")
 
 
+class DirectionScreening(_Request):
+    """Each update is compared with the coordinate-wise median of the round's updates: one whose cosine with it
+    is at most `min_cosine` points away from what the round agrees on and is left out (on by default; needs at
+    least 3 updates and the updates themselves, so not under SecAgg+; docs/federated-rounds.md, "Robust rounds")."""
+
+    min_cosine: float = Field(
+        default=-0.05, ge=-1.0, lt=1.0,
+        description="updates whose cosine with the round's median delta is at most this are left out; below 0 so "
+                    "that honest non-IID updates about orthogonal to the median stay in")
+
+
 class RootTrust(_Request):
     """FLTrust (Cao et al., NDSS 2021) against a small training set the operator gives the server: the server
     trains its own update on it, each update's weight is multiplied by its cosine similarity with that update
@@ -80,8 +91,9 @@ class PublicationGate(_Request):
 
 class QuarantinePolicy(_Request):
     """A device with `max_exclusions` updates left out among its last `window_updates` is quarantined: never
-    selected again until an operator releases it (or revokes it for good). Exclusions by the norm bound count;
-    root-set exclusions count when the update points away from the server's (`max_root_cosine`)."""
+    selected again until an operator releases it (or revokes it for good). Exclusions by the norm bound and the
+    direction screening count; root-set exclusions count when the update points away from the server's
+    (`max_root_cosine`)."""
 
     max_exclusions: int = Field(default=3, ge=1, le=1000)
     window_updates: int = Field(default=5, ge=1, le=1000)
@@ -235,6 +247,9 @@ class RoundConfig(_Request):
                                   description="how updates with an outlying L2 norm are treated at aggregation")
     weight_bound: WeightBound = Field(default_factory=lambda: WeightBound(),
                                       description="an update's weight relative to the round's (robust rounds)")
+    direction_screening: DirectionScreening | None = Field(
+        default_factory=lambda: DirectionScreening(),
+        description="leave out updates pointing away from the round's median delta (null: never)")
     root_trust: RootTrust | None = Field(default=None, description="score each update against the server's own "
                                                                    "update on an operator-given root set (FLTrust)")
     gate: PublicationGate = Field(default_factory=lambda: PublicationGate(),

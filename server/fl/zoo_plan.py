@@ -264,10 +264,12 @@ class ZooPlan:
             groups.setdefault(assignments[row.device_id].training_model_id, []).append(row)
         decisions: dict[int, Screened] = {}
         limits: dict[str, float] = {}
+        defences: dict[str, dict[str, Any]] = {}
         for training_id, group in groups.items():
             # no root-set scoring: the root set trains the single-model plan's model, not each subnet
             screened = screen_round(self.context, group, config, revoked, None)
             limits[training_id] = screened.summary["screening"]["norm_limit"]
+            defences[training_id] = screened.summary["defences"]
             decisions.update({row.id: decision for row, decision in zip(group, screened.screened)})
         ordered = [decisions[row.id] for row in rows]
         kept = [decision.update for decision in ordered if decision.update is not None]
@@ -277,7 +279,7 @@ class ZooPlan:
                    "screening": {"per_subnet_norm_limit": limits,
                                  **{outcome: sum(d.outcome == outcome for d in ordered)
                                     for outcome in ("counted", "clipped", "rejected")}},
-                   "client_reported_metrics": client_reported_metrics(kept)}
+                   "client_reported_metrics": client_reported_metrics(kept), "per_subnet_defences": defences}
         return ScreenedRound(ordered, kept, summary)
 
     @staticmethod

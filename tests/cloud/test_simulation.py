@@ -78,7 +78,9 @@ def test_a_poisoning_device_is_clipped_and_a_worse_aggregate_is_never_published(
     median = _run(federation, tmp_path / "median", "in-process", {"name": "median"}, attackers)
     for record in fedavg + median:
         screening, parent = record.outcome["screening"], record.outcome["parent_evaluation"]["accuracy"]
-        assert screening["clipped"] == 1 and screening["counted"] == 2  # the scaled update, and only it
+        # the flipped, scaled update, and only it: clipped by the norm bound, or left out by the direction
+        # screening (in a round of 3 the median leans towards an extreme update: which one is the CPU's numerics)
+        assert screening["clipped"] + screening["rejected"] == 1 and screening["counted"] == 2
         if record.state == "closed":
             assert record.accuracy >= parent - 0.02
         else:  # refused by the gate, and only because the aggregate was worse than the tolerance allows

@@ -32,6 +32,7 @@ from fedzoo.server.fl.strategies import ClientUpdate
 from fedzoo.server.fl.weighting import bound_weights
 
 OPEN_GATE = 1.0  # these tests are about the decisions and weights, not the accuracy gate
+ROOT_ALONE = None  # direction_screening off: the root-set tests pin FLTrust's own decisions
 VIEWER_TOKEN = "robust-rounds-viewer-token-0123456789"
 
 
@@ -121,7 +122,8 @@ def test_the_round_publishes_the_weights_it_recorded(simulation, federation, ser
 def test_a_flipped_insider_is_left_out_and_the_honest_part_is_published(simulation, federation, server):
     root_sha = simulation.admin.publish_blob(_root_set(federation), server.admin_token)
     round_id = simulation.start_plan(round_config(min_clients=3, target_clients=4, max_accuracy_drop=OPEN_GATE,
-                                                  root_trust={"root_sha256": root_sha}))
+                                                  root_trust={"root_sha256": root_sha},
+                                                  direction_screening=ROOT_ALONE))
     devices, tasks = selected_tasks(simulation, 4)
     deltas = [_trained_delta(federation, task, index) for index, task in enumerate(tasks)]
     for index in range(3):
@@ -351,7 +353,7 @@ def test_only_updates_pointing_away_from_the_root_count_towards_quarantine(simul
     root_npz = _root_set(federation)
     root_sha = simulation.admin.publish_blob(root_npz, server.admin_token)
     simulation.start_plan(round_config(min_clients=2, target_clients=3, max_accuracy_drop=OPEN_GATE,
-                                       root_trust={"root_sha256": root_sha},
+                                       root_trust={"root_sha256": root_sha}, direction_screening=ROOT_ALONE,
                                        quarantine={"max_exclusions": 1, "window_updates": 1}))
     devices, tasks = selected_tasks(simulation, 3)
     root = train_root_update(federation.model, federation.training_graph, federation.card,

@@ -114,6 +114,7 @@ class Publication:
                 "client_reported_metrics": summary["client_reported_metrics"], "base_model_id": base.card.id,
                 "gate": summary["gate"], **({"root_trust": summary["root_trust"]} if "root_trust" in summary else {}),
                 **({"privacy": summary["privacy"]} if "privacy" in summary else {}),
+                **({"defences": summary["defences"]} if "defences" in summary else {}),
             }},
         })
         card = sign_card(ModelCard.from_dict(card.model_dump(exclude={"signature"})), self.signing_key, now=clock())

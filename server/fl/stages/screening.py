@@ -1,20 +1,24 @@
 """Screening: before a strategy sees a round's updates, the server bounds each device's claims
 (`fedzoo.server.fl.screening`: capped weights, norm bound, revoked devices), bounds each weight by the round
-(`fedzoo.server.fl.weighting`), scores each update against its own update on the root set
+(`fedzoo.server.fl.weighting`), leaves out updates pointing away from the round's median delta
+(`fedzoo.server.fl.direction`), scores each update against its own update on the root set
 (`fedzoo.server.fl.root_trust`), and records each decision on the update's row, then applies the quarantine
-policy (`fedzoo.server.fl.quarantine`)."""
+policy (`fedzoo.server.fl.quarantine`). The round's outcome says which defences ran and why the others did not
+(`round_defences`)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from fedzoo.server.fl import quarantine, root_trust
+from fedzoo.server.fl.direction import MIN_UPDATES, screen_directions
 from fedzoo.server.fl.base_models import RoundBase
 from fedzoo.server.fl.evaluation import client_reported_metrics
 from fedzoo.server.fl.models import FLUpdate
@@ -48,10 +52,47 @@ def root_update(context: RoundContext, base: RoundBase, config: RoundConfig,
                                         seed=round_number)
 
 
+def round_defences(config: RoundConfig, screened_updates: int | None) -> dict[str, Any]:
+    """Which defences against insiders the round runs (`ran`) and, for each it cannot, why (`not_run`); a
+    private round (SecAgg+/DP: `screened_updates` None) sees only the sum, so every per-update defence is out."""
+    not_run: dict[str, str] = {}
+    if screened_updates is None:
+        ran = ["sum_envelope"]  # check_secure_sum: every device clipped to +-clip_range at weight <= 1
+        for name in ("norm_bound", "weight_bound", "direction_screening", "root_trust", "quarantine"):
+            not_run[name] = "secure aggregation: the server sees only the sum of the updates, never one update"
+        if config.root_trust is not None:
+            ran.append("aggregate_check")
+        else:
+            not_run["aggregate_check"] = ("no root set (root_trust.root_sha256): the server has no update of its "
+                                          "own to check the sum's direction against")
+    else:
+        ran = ["norm_bound", "weight_bound"]
+        if config.direction_screening is None:
+            not_run["direction_screening"] = "turned off by the plan (direction_screening: null)"
+        elif screened_updates < MIN_UPDATES:
+            not_run["direction_screening"] = (f"{screened_updates} updates passed the norm bound: a median needs at "
+                                              f"least {MIN_UPDATES} to outvote one harmful update")
+        else:
+            ran.append("direction_screening")
+        if config.root_trust is not None:
+            ran.append("root_trust")
+        else:
+            not_run["root_trust"] = ("no root set (root_trust.root_sha256): the server has no data of its own "
+                                     "to score updates against")
+        if config.quarantine is not None:
+            ran.append("quarantine")
+        else:
+            not_run["quarantine"] = "turned off by the plan (quarantine: null)"
+    ran.append(f"gate_{config.gate.compare_with}")
+    return {"ran": ran, "not_run": not_run}
+
+
 def screen_round(context: RoundContext, rows: list[FLUpdate], config: RoundConfig,
-                 revoked: frozenset[str], root: root_trust.RootUpdate | None) -> ScreenedRound:
-    """Screen a round's stored updates (a revoked device's update never counts), bound their weights and,
-    with a root set, score them against the server's own update."""
+                 revoked: frozenset[str], root: root_trust.RootUpdate | None,
+                 spill_dir: Path | None = None) -> ScreenedRound:
+    """Screen a round's stored updates (a revoked device's update never counts), bound their weights, leave out
+    those pointing away from the round's median delta and, with a root set, score them against the server's own
+    update (`spill_dir`: where the median spills the deltas, as the median strategy does)."""
     updates = [
         ClientUpdate(row.device_id, row.counted_examples or row.num_examples,
                      context.delta_loader(row.blob_sha256), row.delta_norm, json.loads(row.metrics_json))
@@ -59,6 +100,10 @@ def screen_round(context: RoundContext, rows: list[FLUpdate], config: RoundConfi
     ]
     screened, norm_limit = screen_updates(updates, config.norm_bound, revoked)
     screened, weight_cap = bound_weights(screened, config.weight_bound)
+    counted = sum(decision.update is not None for decision in screened)
+    direction = None
+    if config.direction_screening is not None and counted >= MIN_UPDATES:
+        screened, direction = screen_directions(screened, config.direction_screening, spill_dir)
     if root is not None:
         screened = root_trust.score_updates(screened, root, config.root_trust)
     kept = [decision.update for decision in screened if decision.update is not None]
@@ -72,8 +117,11 @@ def screen_round(context: RoundContext, rows: list[FLUpdate], config: RoundConfi
         "weight_bound": {"rule": config.weight_bound.rule, "cap": weight_cap},
         "client_reported_metrics": client_reported_metrics(kept),
     }
+    if direction is not None:
+        summary["direction_screening"] = direction
     if root is not None:
         summary["root_trust"] = root_trust.summary(root, screened, config.root_trust)
+    summary["defences"] = round_defences(config, counted)
     return ScreenedRound(screened, kept, summary)
 
 
