@@ -252,16 +252,19 @@ class ZooPlan:
         served with none of what the fleet learned. An INT8 variant of a retired pruned one goes with it.
         Returns the retired ids; their cards stay downloadable by id."""
         records = {record.id: record for record in session.scalars(select(ModelRecord).where(
-            ModelRecord.task == supernet.task, ModelRecord.retired_by.is_(None), ModelRecord.id.not_in(new_ids.values())))}
-        cards = {model_id: ModelCard.model_validate_json(record.card_json) for model_id, record in records.items()}
+            ModelRecord.task == supernet.task, ModelRecord.retired_by.is_(None),
+            ModelRecord.id.not_in(new_ids.values())))}
+        variants = {model_id: card for model_id, record in records.items()
+                    if (card := ModelCard.model_validate_json(record.card_json)).pruning is not None
+                    or card.precision != "fp32"}
         retired_by = dict(new_ids)
         retired: list[str] = []
         changed = True
         while changed:  # a variant of a retired variant goes too
             changed = False
-            for model_id, card in cards.items():
+            for model_id, card in variants.items():
                 source = card.details.get("zoo_federated", {}).get("fp32_id") or card.parent_id
-                if model_id in retired or source not in retired_by or (card.pruning is None and card.precision == "fp32"):
+                if model_id in retired or source not in retired_by:
                     continue
                 records[model_id].retired_by = retired_by[model_id] = retired_by[source]
                 retired.append(model_id)

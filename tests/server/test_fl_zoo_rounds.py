@@ -9,11 +9,13 @@ import json
 import shutil
 import time
 from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
 
 import httpx
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from sqlalchemy import create_engine, update
 
 from fedzoo.cards import Latency, ModelCard, is_supernet
 from fedzoo.cli import cli
@@ -26,6 +28,7 @@ from fedzoo.cloud.data import dirichlet_partition, load_dataset, split_dataset
 from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.cloud.zoo_extraction import requantized_blob
 from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
+from fedzoo.server.fl.models import FLRound
 from fedzoo.zoo import Zoo
 
 pytestmark = pytest.mark.slow
@@ -346,10 +349,10 @@ def test_a_zoo_wide_round_retires_stale_compressed_variants_and_publishes_in_the
     outcome = view["outcome"]["zoo"]
     moved = {model["model_id"]: model["new_model_id"] for model in outcome["models"] if model["published"]}
     refreshed = set(moved.values())
-    # every compressed variant of a line that moved, and not re-made by this round, is retired from lookup
+    # every compressed variant made from a version this round superseded is retired from lookup (an INT8 one the
+    # round re-quantized has its new version, made from the new fp32 model)
     stale = {model_id for model_id, card in compressed.items()
-             if (card.parent_id in moved or compressed.get(card.parent_id, card).parent_id in moved)
-             and model_id not in moved}
+             if card.parent_id in moved or compressed.get(card.parent_id, card).parent_id in moved}
     assert pruned & stale and set(outcome["retired_from_lookup"]) == stale
     for model_id in stale:  # retired, still downloadable by id
         card = admin.card(model_id)
@@ -391,3 +394,30 @@ def test_a_zoo_plan_gating_on_the_best_version_refuses_one_worse_than_its_lines_
     # a version better than its parent but worse than its line's best is refused: the parent-only gate took it
     assert any(not model["published"] and model["accuracy_after"] >= model["accuracy_before"]
                and model["model_id"] in dropped for model in models), models
+
+
+def test_a_publication_whose_worker_died_is_re_run_by_the_next_advance_and_published_once(fleet):
+    admin, zoo = fleet["admin"], fleet["zoo"]
+    round_id = admin.create_zoo_rounds(_plan(fleet, min_clients=3, target_clients=4), DEFAULT_ADMIN_TOKEN)["id"]
+    split, task = fleet["split"], _supernet(zoo).details["supernet"]["task"]
+    for device, shard in list(zip(fleet["devices"], fleet["shards"]))[:3]:  # below the target: nobody claims it
+        run_task(device, device.fl_task(task)["task"], LocalData(split.train.x[shard], split.train.y[shard]))
+    # what a worker killed mid-publication leaves: the round claimed by it, its lease lapsed, its progress half-way
+    engine = create_engine(f"sqlite:///{fleet['server'].data_dir / 'registry.db'}")
+    with engine.begin() as connection:
+        connection.execute(update(FLRound).where(FLRound.id == round_id).values(
+            state="aggregating", aggregation_owner="killed-worker",
+            aggregation_lease_until=datetime.now(timezone.utc) - timedelta(seconds=60),
+            publication_json=json.dumps({"stage": "re-extracting", "zoo_models_done": 1})))
+    engine.dispose()
+    view = _wait(admin, round_id)  # each read advances: the lapsed lease is claimed and the job re-run here
+    assert view["state"] == "closed", view["outcome"]
+    assert view["publication"]["stage"] == "published" and view["outcome"]["aggregated_updates"] == 3
+    supernets = [card for card in admin.list_models(task=_supernet(zoo).task)["models"]
+                 if card["parent_id"] == _supernet(zoo).id]
+    assert [card["id"] for card in supernets] == [view["result_model_id"]]  # published exactly once
+    for model in view["outcome"]["zoo"]["models"]:
+        if model["published"]:
+            versions = [card for card in admin.list_models(task=split.dataset.name)["models"]
+                        if card["parent_id"] == model["model_id"] and card["version"] == 2]
+            assert [card["id"] for card in versions] == [model["new_model_id"]]
