@@ -135,8 +135,9 @@ def _supernet(zoo) -> ModelCard:
 
 
 def _members(zoo) -> list[ModelCard]:
-    """The zoo's fp32 models, smallest first."""
-    return sorted((card for card in zoo.cards() if not is_supernet(card) and card.precision == "fp32"),
+    """The zoo's models (fp32, unpruned), smallest first."""
+    return sorted((card for card in zoo.cards()
+                   if not is_supernet(card) and card.precision == "fp32" and card.pruning is None),
                   key=lambda card: card.macs)
 
 
