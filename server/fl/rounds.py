@@ -24,7 +24,10 @@ A round moves `open → collecting → aggregating → closed | failed`:
   version only if it is not worse than the plan's best version (or an anchor) by more than
   `max_accuracy_drop`; devices whose updates keep being left out are quarantined. The closing write
   is again conditional on still owning the lease, so a round is published exactly once. Uploads
-  arriving after the claim (stragglers, surplus over-selected devices) get 409.
+  arriving after the claim (stragglers, surplus over-selected devices) get 409. A zoo-wide round's
+  aggregation and publication run as a background job of the claiming worker, under the same lease
+  (`fedzoo.server.fl.background`): no request waits for the zoo's re-publication, and the round view
+  shows its progress (`publication`).
 - **failed**: the deadline passed with fewer than `min_clients` updates, too few passed screening,
   the aggregate held non-finite weights, or it was refused for publication. Either way, if the plan
   has rounds left, the next round opens at once (from the last published model).
