@@ -318,6 +318,7 @@ def show_round(api: FedzooHTTP, round_id: int, output_format: str) -> None:
                                                    "result_model_id", "next_round_id")]
     fields += [(f"config.{name}", value) for name, value in sorted(view["config"].items())]
     fields += [(f"outcome.{name}", value) for name, value in sorted((view.get("outcome") or {}).items())]
+    fields += [(f"publication.{name}", value) for name, value in (view.get("publication") or {}).items()]
     print_fields(f"round {view['id']}", fields)
     rows = [(row["device_id"] + (" (quarantined)" if row["quarantined"] else ""), row["device_class"],
              _when(row["selected_at"]), row["status"], row["reason"], row["num_examples"], _number(row["delta_norm"]),
@@ -472,12 +473,16 @@ def zoo_round_report(view: dict[str, Any]) -> dict[str, Any]:
     """The operator's view of a zoo-wide round: coverage per layer, each model's accuracy before and after, bytes."""
     zoo_outcome = (view.get("outcome") or {}).get("zoo")
     if zoo_outcome is None:
+        progress = view.get("publication") or {}
         raise click.ClickException(f"round {view['id']} is {view['state']} and has no zoo-wide outcome "
-                                   "(not a zoo-wide round, or not aggregated yet)")
+                                   + (f"yet: its publication is at {progress.get('stage')!r} "
+                                      f"({progress.get('zoo_models_done', 0)} of {progress.get('zoo_models_total')} "
+                                      "zoo models)" if progress else "(not a zoo-wide round, or not aggregated yet)"))
     return {"round_id": view["id"], "state": view["state"], "supernet_id": zoo_outcome["supernet_id"],
             "new_supernet_id": view.get("result_model_id"), "new_versions": zoo_outcome.get("new_versions", 0),
             "devices_per_zoo_model": zoo_outcome["devices_per_zoo_model"], "coverage": zoo_outcome["coverage"],
             "models": zoo_outcome.get("models", []), "bytes": zoo_outcome.get("bytes", {}),
+            "retired_from_lookup": zoo_outcome.get("retired_from_lookup", []),
             "server_seconds": {"aggregation": zoo_outcome.get("aggregation_s"),
                                "publication": zoo_outcome.get("publication_s")}}
 
@@ -496,6 +501,7 @@ def show_zoo_round(api: FedzooHTTP, round_id: int, output_format: str) -> None:
     print_fields(f"zoo-wide round {round_id}", [
         ("state", styled_state(report["state"])), ("supernet", report["supernet_id"]),
         ("new supernet", report["new_supernet_id"]), ("new model versions", report["new_versions"]),
+        ("retired from lookup", ", ".join(report["retired_from_lookup"]) or "none"),
         ("parameters", coverage["parameters"]), ("released", coverage["released"]),
         ("uncovered", coverage["uncovered"]), ("covered by one device", coverage["single_device"]),
         *[(f"bytes.{name}", value) for name, value in report["bytes"].items()],

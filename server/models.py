@@ -65,6 +65,13 @@ class ModelRecord(Base):
     latency_factor: Mapped[float | None] = mapped_column(Float, nullable=True)
     latency_factor_devices: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     published_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+    # The server's word on serving it (`fedzoo.server.fl.zoo_plan`): a compressed variant whose source line has a
+    # newer version is retired (lookup skips it; it stays downloadable), and `accuracy` is the server's measurement
+    # on the evaluation set `evaluation_sha256` (null: the card's own metrics), so a task's models rank on one set.
+    retired_by: Mapped[str | None] = mapped_column(String(128), nullable=True,
+                                                   doc="the newer version whose line moved past this variant")
+    evaluation_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True,
+                                                          doc="the set `accuracy` was measured on by the server")
 
     __table_args__ = (Index("ix_models_task_accuracy", "task", "accuracy"),
                       Index("ux_models_line_version", "line_id", "version", unique=True))

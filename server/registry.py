@@ -176,9 +176,12 @@ def get_served_card(session: Session, model_id: str) -> dict[str, Any]:
 
 def served_card(record: ModelRecord) -> dict[str, Any]:
     """A stored card plus `unsigned`: what the server measured of the model since it was published (the
-    fleet latency factor), outside the card's signature and never acted on by a device."""
+    fleet latency factor; its accuracy on a zoo plan's evaluation set, which lookup ranks by) and whether lookup
+    retired it (`retired_by`), outside the card's signature and never acted on by a device."""
     return {**json.loads(record.card_json), "unsigned": {
-        "fleet_latency_factor": record.latency_factor, "fleet_factor_devices": record.latency_factor_devices}}
+        "fleet_latency_factor": record.latency_factor, "fleet_factor_devices": record.latency_factor_devices,
+        "retired_by": record.retired_by, "server_evaluation": None if record.evaluation_sha256 is None else {
+            "accuracy": record.accuracy, "evaluation_sha256": record.evaluation_sha256}}}
 
 
 def _find_record(session: Session, model_id: str) -> ModelRecord:

@@ -37,9 +37,12 @@ class DeadlineWatcher:
         return self
 
     def stop(self) -> None:
+        """Stop checking, and let the background round jobs of this process finish (a thread left inside
+        onnxruntime at interpreter teardown aborts the process; one cut off is re-run by another worker)."""
         self._stopped.set()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
+        self.service.background.wait(timeout_s=30)
 
     def _run(self) -> None:
         while not self._stopped.wait(self.interval_s):

@@ -116,6 +116,15 @@ class RoundLifecycle:
             stopped.set()
             renewer.join()
 
+    def record_publication(self, round_id: int, progress: dict[str, Any]) -> None:
+        """Write a background publication's progress to the round, if this service still holds its lease."""
+        with self.context.database.session() as session:
+            session.execute(
+                update(FLRound).where(FLRound.id == round_id, FLRound.state == "aggregating",
+                                      FLRound.aggregation_owner == self.owner_id)
+                .values(publication_json=json.dumps(progress))
+            )
+
     def finish_if_owner(self, session: Session, round_id: int, state: str) -> FLRound | None:
         """Move the round out of `aggregating` only if this service still holds its lease: of two services
         that both aggregated (one stalled past its lease), exactly one publishes."""

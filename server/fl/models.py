@@ -46,6 +46,8 @@ class FLRound(Base):
     outcome_json: Mapped[str | None] = mapped_column(Text, nullable=True, doc="metrics or the failure reason")
     aggregation_owner: Mapped[str | None] = mapped_column(
         String(64), nullable=True, doc="the round service holding the aggregation lease (it renews the lease)")
+    publication_json: Mapped[str | None] = mapped_column(
+        Text, nullable=True, doc="a zoo round's background publication as it goes: stage, models done, times")
 
     __table_args__ = (Index("ix_fl_rounds_task_state", "task", "state"),)
 

@@ -25,7 +25,10 @@ A round moves `open → collecting → aggregating → closed | failed`:
   version only if it is not worse than the plan's best version (or an anchor) by more than
   `max_accuracy_drop`; devices whose updates keep being left out are quarantined. The closing write
   is again conditional on still owning the lease, so a round is published exactly once. Uploads
-  arriving after the claim (stragglers, surplus over-selected devices) get 409.
+  arriving after the claim (stragglers, surplus over-selected devices) get 409. A zoo-wide round's
+  aggregation and publication run as a background job of the claiming worker, under the same lease
+  (`fedzoo.server.fl.background`): no request waits for the zoo's re-publication, and the round view
+  shows its progress (`publication`).
 - **failed**: the deadline passed with fewer than `min_clients` updates, too few passed screening,
   the aggregate held non-finite weights, or it was refused for publication. Either way, if the plan
   has rounds left, the next round opens at once (from the last published model).
@@ -68,6 +71,7 @@ from fedzoo.server import registry
 from fedzoo.server.blobstore import BlobStore
 from fedzoo.server.config import DEFAULT_DP_MAX_DELTA
 from fedzoo.server.db import Database
+from fedzoo.server.fl.background import BackgroundRounds
 from fedzoo.server.fl.base_models import BaseModels, RoundBase, max_upload_bytes
 from fedzoo.server.fl.eligibility import DECLINED
 from fedzoo.server.fl.faults import crash_point
@@ -121,6 +125,7 @@ class RoundService:
         self.collection = Collection(self.context)
         self.aggregation = Aggregation(self.context, spill_dir)
         self.publication = Publication(self.context, estimator, signing_key)
+        self.background = BackgroundRounds()
 
     def base_model(self, session: Session, model_id: str) -> RoundBase:
         """The card, ONNX bytes and trainable parameters of a published model (cached: blobs are immutable)."""
@@ -165,6 +170,7 @@ class RoundService:
         with self.database.session() as session:
             supernet = self.zoo.check_plan(session, config, strategy)
             self._check_evaluation_set(config.evaluation_sha256, supernet.card)
+            self.zoo.measure_task(session, supernet, config.evaluation_sha256)  # lookup ranks on this set
             round_row = self.lifecycle.open_round(session, config, supernet.card, number=1,
                                                   remaining=config.num_rounds, previous=None)
             return round_row.id
@@ -316,10 +322,22 @@ class RoundService:
     # screening, aggregation, publication -----------------------------------------------------------
 
     def _aggregate_if_claimed(self, round_id: int) -> None:
-        if self.lifecycle.claim_aggregation(round_id):
-            crash_point("aggregation.claimed")
-            with self.lifecycle.renewing_lease(round_id):
-                self._aggregate(round_id)
+        """Aggregate the round if this call claims it: a zoo-wide round as a background job
+        (`fedzoo.server.fl.background`), so no request waits for the zoo's publication."""
+        if not self.lifecycle.claim_aggregation(round_id):
+            return
+        crash_point("aggregation.claimed")
+        with self.database.session() as session:
+            zoo_round = is_zoo(RoundConfig.model_validate_json(session.get(FLRound, round_id).config_json))
+        if zoo_round:
+            self.lifecycle.record_publication(round_id, {"stage": "queued"})
+            self.background.start(round_id, lambda: self._aggregate_with_lease(round_id))
+        else:
+            self._aggregate_with_lease(round_id)
+
+    def _aggregate_with_lease(self, round_id: int) -> None:
+        with self.lifecycle.renewing_lease(round_id):
+            self._aggregate(round_id)
 
     def _aggregate(self, round_id: int) -> None:
         started = time.perf_counter()
@@ -392,17 +410,30 @@ class RoundService:
             members = self.zoo.members(session, supernet)
             variants = {member.id: self.zoo.int8_variants(session, supernet, member) for member in members}
         summary = screening.summary
+        started = self.clock()
+        progress: dict[str, Any] = {"started_at": started.isoformat(), "zoo_models_total": len(members)}
+
+        def report(stage: str, **fields: Any) -> None:
+            progress.update(stage=stage, **fields)
+            self.lifecycle.record_publication(round_id, progress)
+
         if len(screening.kept) < config.min_clients:
+            report("refused")
             self._refuse(round_id, rows, screening.screened, summary,
                          f"only {len(screening.kept)} of {len(rows)} updates passed screening; "
                          f"the round needs {config.min_clients}")
             return
         try:
+            report("aggregating")
             outcome = self.zoo.aggregate(round_id, config, supernet, rows, screening, strategy)
-            publication = self.zoo.re_extract(config, supernet, outcome.weights, members, variants)
+            publication = self.zoo.re_extract(config, supernet, outcome.weights, members, variants,
+                                              lambda done: report("re-extracting", zoo_models_done=done,
+                                                                  zoo_models_total=len(members)))
         except FedzooError as error:
+            report("refused")
             self._refuse(round_id, rows, screening.screened, summary, f"aggregation failed: {error}")
             return
+        report("publishing", zoo_models_done=len(members))
         crash_point("aggregation.publishing")
         with self.database.session() as session:
             round_row = self.lifecycle.finish_if_owner(session, round_id, "closed")
@@ -410,6 +441,10 @@ class RoundService:
                 return
             record_screening(session, rows, outcome.screened, config.quarantine, self.clock())
             card = self.zoo.publish(session, round_row, supernet, outcome.weights, publication, outcome.summary)
+            finished = self.clock()
+            round_row.publication_json = json.dumps({
+                **progress, "stage": "published", "finished_at": finished.isoformat(),
+                "seconds": round((finished - started).total_seconds(), 3), "new_versions": len(publication.new_cards)})
             self.lifecycle.close(session, round_row, card, strategy, outcome.summary)
 
     def _refuse(self, round_id: int, rows: list[FLUpdate], screened: list[Screened], summary: dict[str, Any],
@@ -450,6 +485,7 @@ class RoundService:
                 "result_model_id": round_row.result_model_id,
                 "outcome": json.loads(round_row.outcome_json) if round_row.outcome_json else None,
                 "next_round_id": next_round,
+                "publication": json.loads(round_row.publication_json) if round_row.publication_json else None,
                 "declined_devices": session.scalar(select(func.count()).select_from(FLRefusedUpload).where(
                     FLRefusedUpload.round_id == round_id, FLRefusedUpload.kind == DECLINED)) or 0,
             }

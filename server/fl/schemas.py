@@ -402,6 +402,10 @@ class RoundView(_Response):
     result_model_id: str | None
     outcome: dict[str, Any] | None
     next_round_id: int | None
+    publication: dict[str, Any] | None = Field(
+        default=None, description="a zoo-wide round's background publication: stage (queued, aggregating, "
+                                  "re-extracting, publishing, published or refused), zoo models done of the total, "
+                                  "started_at, and at the end finished_at and seconds; null for other rounds")
     declined_devices: int | None = Field(description="selected devices that declined the task (POST .../decline)")
     counts_withheld: str | None = Field(default=None, description="under DP: why the counts are null")
 

@@ -10,9 +10,15 @@ lookup picks under its budget, and the server improves the one supernet all zoo 
   (`fedzoo.nas.subnet_mapping`) and every element averaged over the devices covering it, that mean scaled by
   the cohorts covering the element (`zoo.coverage_step_exponent`); elements below `min_coverage` keep their
   values.
-- **publication**: a new supernet version, then every zoo model re-extracted from it with BatchNorm
-  recalibrated on the server's calibration images, measured on the evaluation set beside its current version
-  and published as the next version (signed, with lineage) if it passes the accuracy gate.
+- **publication** (a background job of the round service, after the round stops taking updates): a new
+  supernet version, then every zoo model re-extracted from it with BatchNorm recalibrated on the server's
+  calibration images, measured on the evaluation set and published as the next version (signed, with lineage)
+  if it passes the accuracy gate: against the best version of its own line (`gate.compare_with` "best", the
+  default) or its current version ("parent"). A compressed variant (pruned, or INT8 not re-quantized) whose
+  source line moved is then retired from lookup (`models.retired_by`; downloadable by id).
+- **one evaluation set**: a plan measures every model of the task on its evaluation set when it is created, and
+  lookup ranks by that measurement (`models.accuracy`, `models.evaluation_sha256`), so build cards (measured on
+  the build's test split) and new versions (on the server's set) compare on one set.
 Torch (the `cloud` extra) is needed on the server for the extraction; it is imported only here, lazily.
 """
 
@@ -22,10 +28,11 @@ import io
 import json
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -57,6 +64,11 @@ COMPRESSION_TOLERANCE = 0.01  # an INT8 variant may lose at most 1 point against
 
 def is_zoo(config: RoundConfig) -> bool:
     return config.zoo is not None
+
+
+def line_root(card: ModelCard) -> str:
+    """The zoo model a card is a version of: its first version's id (zoo-wide versions record it)."""
+    return str(card.details.get("zoo_federated", {}).get("root_id", card.id))
 
 
 def round_identity(card: ModelCard) -> tuple[str, str]:
@@ -149,6 +161,9 @@ class ZooPlan:
                 "over an element one device covers reveals that device's update; run private single-model plans, or "
                 "set zoo.min_coverage to keep such elements out of every release", field="privacy")
         require_mean_only(strategy)
+        if config.gate.compare_with == "anchor":
+            raise InvalidInputError("zoo-wide plans gate each zoo model against its own line: set gate.compare_with "
+                                    "to 'best' (the line's best version) or 'parent'", field="gate.compare_with")
         supernet = self.supernet(session, config.model_id)
         if not self.members(session, supernet):
             raise InvalidInputError(f"no published fp32 model of task {supernet.task!r} is a subnet of supernet "
@@ -198,6 +213,63 @@ class ZooPlan:
         return sorted((card for card in cards if card.id not in superseded and "quantization" in card.details and (
             card.parent_id == member.id or card.details.get("zoo_federated", {}).get("fp32_id") == member.id)),
             key=lambda card: card.id)
+
+    def measure_task(self, session: Session, supernet: Supernet, evaluation_sha256: str) -> int:
+        """Measure every model of the zoo's task on the plan's evaluation set, as lookup's accuracy: build cards
+        carry their build's test split, new versions the server's set, and lookup must rank them on one.
+        Returns how many were measured (those measured on this set already are not)."""
+        records = list(session.scalars(select(ModelRecord).where(
+            ModelRecord.task == supernet.task, or_(ModelRecord.evaluation_sha256.is_(None),
+                                                   ModelRecord.evaluation_sha256 != evaluation_sha256))))
+        if not records:
+            return 0
+        with self.context.store.open(evaluation_sha256) as stream:
+            evaluation_npz = stream.read()
+        for record in records:
+            with self.context.store.open(record.sha256) as stream:
+                measured = evaluate(stream.read(), ModelCard.model_validate_json(record.card_json), evaluation_npz)
+            record.accuracy, record.evaluation_sha256 = measured.accuracy, evaluation_sha256
+        return len(records)
+
+    def reference(self, session: Session, card: ModelCard, current: Metrics, config: RoundConfig) -> GateReference:
+        """What a re-extracted model must not fall below (minus the tolerance): its current version ("parent"),
+        or the most accurate version of its line measured on the plan's evaluation set ("best", the default)."""
+        best = GateReference(card.id, current.accuracy, config.gate.compare_with)
+        if config.gate.compare_with == "parent":
+            return best
+        root = line_root(card)
+        for model_id, accuracy, card_json in session.execute(select(
+                ModelRecord.id, ModelRecord.accuracy, ModelRecord.card_json).where(
+                ModelRecord.task == card.task, ModelRecord.precision == card.precision,
+                ModelRecord.evaluation_sha256 == config.evaluation_sha256)):
+            if accuracy > best.accuracy and line_root(ModelCard.model_validate_json(card_json)) == root:
+                best = GateReference(model_id, accuracy, "best")
+        return best
+
+    def retire_stale_variants(self, session: Session, supernet: Supernet, new_ids: dict[str, str]) -> list[str]:
+        """Retire from lookup every compressed variant made from a zoo model this round superseded (`new_ids`:
+        previous fp32 version -> new version): a pruned model or an INT8 one not re-quantized here would be
+        served with none of what the fleet learned. An INT8 variant of a retired pruned one goes with it.
+        Returns the retired ids; their cards stay downloadable by id."""
+        records = {record.id: record for record in session.scalars(select(ModelRecord).where(
+            ModelRecord.task == supernet.task, ModelRecord.retired_by.is_(None),
+            ModelRecord.id.not_in(new_ids.values())))}
+        variants = {model_id: card for model_id, record in records.items()
+                    if (card := ModelCard.model_validate_json(record.card_json)).pruning is not None
+                    or card.precision != "fp32"}
+        retired_by = dict(new_ids)
+        retired: list[str] = []
+        changed = True
+        while changed:  # a variant of a retired variant goes too
+            changed = False
+            for model_id, card in variants.items():
+                source = card.details.get("zoo_federated", {}).get("fp32_id") or card.parent_id
+                if model_id in retired or source not in retired_by:
+                    continue
+                records[model_id].retired_by = retired_by[model_id] = retired_by[source]
+                retired.append(model_id)
+                changed = True
+        return sorted(retired)
 
     # selection ------------------------------------------------------------------------------------
 
@@ -348,12 +420,12 @@ class ZooPlan:
     # publication ----------------------------------------------------------------------------------
 
     def re_extract(self, config: RoundConfig, supernet: Supernet, weights: Weights, members: list[ModelCard],
-                   variants: dict[str, list[ModelCard]]) -> ZooPublication:
+                   variants: dict[str, list[ModelCard]], progress: Callable[[int], None]) -> ZooPublication:
         """Every zoo model re-extracted from the new weights, BN recalibrated on the calibration images,
-        measured beside its current version; which pass the gate (and what the device statistics alone give).
-        Each INT8 variant (`variants` by zoo model id) is re-quantized from a re-extracted model that passed, with
-        its own recipe, and gated twice: against its current version (the plan's `max_accuracy_drop`) and
-        against the new fp32 model (the compression gate's tolerance)."""
+        measured beside its current version; which pass the gate (`reference`; and what the device statistics
+        alone give). Each INT8 variant (`variants` by zoo model id) is re-quantized from a re-extracted model that
+        passed, with its own recipe, and gated twice: against its line (the plan's `max_accuracy_drop`) and
+        against the new fp32 model (the compression gate's tolerance). `progress` hears the zoo models done."""
         from fedzoo.cloud.zoo_extraction import SupernetSpec, deployable_blob, inference_training_graph, requantized_blob
 
         started = time.perf_counter()
@@ -364,25 +436,32 @@ class ZooPlan:
             evaluation_npz = stream.read()
         supernet_onnx = deployable_blob(spec, supernet.space.max_arch(), weights, calibration)
         publication = ZooPublication(supernet_onnx, evaluate(supernet_onnx, supernet.card, evaluation_npz))
-        for member in members:
+        for done, member in enumerate(members):
+            progress(done)
             with self.context.store.open(member.sha256) as stream:
                 before = evaluate(stream.read(), member, evaluation_npz)
             onnx_bytes = deployable_blob(spec, member.arch, weights, calibration)
             after = evaluate(onnx_bytes, member, evaluation_npz)
             device_statistics = evaluate(deployable_blob(spec, member.arch, weights, None), member, evaluation_npz)
-            decision = decide_publication(after, GateReference(member.id, before.accuracy, "parent"),
-                                          config.max_accuracy_drop)
+            reference = self._line_reference(member, before, config)
+            decision = decide_publication(after, reference, config.max_accuracy_drop)
             publication.models.append({
                 "model_id": member.id, "accuracy_before": before.accuracy, "accuracy_after": after.accuracy,
-                "accuracy_with_device_statistics": device_statistics.accuracy, "published": decision.publish,
+                "accuracy_with_device_statistics": device_statistics.accuracy, "gate": reference.as_dict(),
+                "published": decision.publish,
                 "reason": decision.reason, "onnx": onnx_bytes, "metrics": after, "card": member,
                 "training_graph": inference_training_graph(onnx_bytes) if decision.publish else None,
             })
             for variant in variants.get(member.id, []) if decision.publish else ():
                 publication.models.append(self._requantized(variant, member, onnx_bytes, after, calibration,
                                                             evaluation_npz, config, requantized_blob))
+        progress(len(members))
         publication.seconds = round(time.perf_counter() - started, 4)
         return publication
+
+    def _line_reference(self, card: ModelCard, current: Metrics, config: RoundConfig) -> GateReference:
+        with self.context.database.session() as session:
+            return self.reference(session, card, current, config)
 
     def _requantized(self, variant: ModelCard, member: ModelCard, fp32_onnx: bytes, fp32_after: Metrics,
                      calibration: np.ndarray, evaluation_npz: bytes, config: RoundConfig, requantize) -> dict[str, Any]:
@@ -391,21 +470,23 @@ class ZooPlan:
             before = evaluate(stream.read(), variant, evaluation_npz)
         onnx_bytes = requantize(fp32_onnx, variant.details["quantization"], calibration)
         after = evaluate(onnx_bytes, variant, evaluation_npz)
-        against_current = decide_publication(after, GateReference(variant.id, before.accuracy, "parent"),
-                                             config.max_accuracy_drop)
+        reference = self._line_reference(variant, before, config)
+        against_current = decide_publication(after, reference, config.max_accuracy_drop)
         against_fp32 = decide_publication(after, GateReference(member.id, fp32_after.accuracy,
                                                                "re-extracted fp32 model"), COMPRESSION_TOLERANCE)
         publish = against_current.publish and against_fp32.publish
         return {"model_id": variant.id, "accuracy_before": before.accuracy, "accuracy_after": after.accuracy,
-                "accuracy_with_device_statistics": None, "published": publish,
+                "accuracy_with_device_statistics": None, "gate": reference.as_dict(), "published": publish,
                 "reason": f"{against_current.reason}; against the new fp32 model: {against_fp32.reason}",
                 "onnx": onnx_bytes, "metrics": after, "card": variant, "training_graph": None,
                 "fp32_of": member.id}
 
     def publish(self, session: Session, round_row: FLRound, supernet: Supernet, weights: Weights,
                 publication: ZooPublication, summary: dict[str, Any]) -> ModelCard:
-        """Publish the new supernet version and every zoo model that passed the gate; returns the supernet card."""
+        """Publish the new supernet version and every zoo model that passed the gate, retire the compressed
+        variants their lines left behind; returns the supernet card."""
         now = self.context.clock()
+        evaluation_sha256 = RoundConfig.model_validate_json(round_row.config_json).evaluation_sha256
         version = registry.next_line_version(session, supernet.card.line_id)  # unique per line, across plans
         weights_sha = self.context.store.put(_npz(weights))
         supernet_card = supernet.card.model_copy(update={
@@ -427,7 +508,7 @@ class ZooPlan:
             member: ModelCard = model["card"]
             fp32_id = new_ids.get(model.get("fp32_of", ""))
             new_version = registry.next_line_version(session, member.line_id)
-            root = member.details.get("zoo_federated", {}).get("root_id", member.id)
+            root = line_root(member)
             card = member.model_copy(update={
                 "id": f"{root}-v{new_version}-r{round_row.id}"[:128], "version": new_version, "parent_id": member.id,
                 "line": member.line_id,
@@ -444,6 +525,7 @@ class ZooPlan:
             })
             card = sign_card(ModelCard.from_dict(card.model_dump(exclude={"signature"})), self.signing_key, now=now)
             registry.publish(session, self.context.store, self.estimator, card)
+            session.get(ModelRecord, card.id).evaluation_sha256 = evaluation_sha256  # its metrics: that set's
             publication.new_cards.append(card)
             model["new_model_id"] = card.id
             if card.precision == "fp32":
@@ -453,5 +535,6 @@ class ZooPlan:
                                      if key not in ("onnx", "metrics", "card", "training_graph", "fp32_of")}
                                     for model in publication.models]
         summary["zoo"]["new_versions"] = len(publication.new_cards)
+        summary["zoo"]["retired_from_lookup"] = self.retire_stale_variants(session, supernet, new_ids)
         summary["zoo"]["publication_s"] = publication.seconds
         return supernet_card

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import time
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
 
 import httpx
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from sqlalchemy import create_engine, update
 
 from fedzoo.cards import Latency, ModelCard, is_supernet
 from fedzoo.cli import cli
@@ -24,6 +28,7 @@ from fedzoo.cloud.data import dirichlet_partition, load_dataset, split_dataset
 from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.cloud.zoo_extraction import requantized_blob
 from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
+from fedzoo.server.fl.models import FLRound
 from fedzoo.zoo import Zoo
 
 pytestmark = pytest.mark.slow
@@ -64,8 +69,41 @@ def zoo(tmp_path_factory):
     return zoo
 
 
+@pytest.fixture(scope="module")
+def compressed_zoo(zoo, tmp_path_factory):
+    """The zoo with the compression stage run on it (as `fedzoo zoo build` does by default): a pruned variant of
+    every root, fine-tuned by distillation, and INT8 variants; the pruned variants are the fastest of each line."""
+    from fedzoo.compress.finetune import FineTuning
+    from fedzoo.compress.pipeline import compress_zoo
+
+    out = tmp_path_factory.mktemp("compressed") / "zoo"
+    shutil.copytree(zoo.root, out)
+    compress_zoo(out, split_dataset(load_dataset("digits"), seed=0), accuracy_tolerance_points=100.0,
+                 pruning_ratios=(0.5,), fine_tuning=FineTuning(epochs=3), int8_recipes=("qdq-u8s8",),
+                 timed_runs=2)
+    compressed = Zoo(out)
+    for card in compressed.cards():
+        if card.id not in {known.id for known in zoo.cards()}:
+            factor = 2 if card.precision == "int8" else 1  # INT8 measured slower, as in the zoo fixture
+            latency = {tier: Latency(median_ms=factor * card.macs / 1e4, source="measured") for tier in TIERS}
+            compressed.add_card(card.model_copy(update={"latency_ms": {**card.latency_ms, **latency}}))
+    return compressed
+
+
 @pytest.fixture
 def fleet(zoo, tmp_path):
+    with _fleet(zoo, tmp_path) as fleet:
+        yield fleet
+
+
+@pytest.fixture
+def compressed_fleet(compressed_zoo, tmp_path):
+    with _fleet(compressed_zoo, tmp_path) as fleet:
+        yield fleet
+
+
+@contextmanager
+def _fleet(zoo, tmp_path):
     """A server with the zoo published, the evaluation and calibration sets uploaded and a device per shard."""
     split = split_dataset(load_dataset("digits"), seed=0)
     with LoopbackServer(tmp_path / "server") as server, \
@@ -98,8 +136,9 @@ def _supernet(zoo) -> ModelCard:
 
 
 def _members(zoo) -> list[ModelCard]:
-    """The zoo's fp32 models, smallest first."""
-    return sorted((card for card in zoo.cards() if not is_supernet(card) and card.precision == "fp32"),
+    """The zoo's models (fp32, unpruned), smallest first."""
+    return sorted((card for card in zoo.cards()
+                   if not is_supernet(card) and card.precision == "fp32" and card.pruning is None),
                   key=lambda card: card.macs)
 
 
@@ -255,9 +294,139 @@ def test_zoo_plans_need_the_admin_token_and_name_bad_fields(fleet):
         ("zoo", {key: value for key, value in plan.items() if key != "zoo"}),
         ("zoo.coverage_step_exponent", {**plan, "zoo": {**plan["zoo"], "coverage_step_exponent": 1.5}}),
         ("zoo.coverage_step_exponent", {**plan, "zoo": {**plan["zoo"], "coverage_step_exponent": -0.5}}),
+        # each zoo model is gated against its own line: one anchor model cannot be every line's reference
+        ("gate.compare_with", {**plan, "gate": {"compare_with": "anchor",
+                                                "anchor_model_id": _members(fleet["zoo"])[0].id}}),
     ]
     for field, config in cases:
         error = _refused(lambda: admin.create_zoo_rounds(config, DEFAULT_ADMIN_TOKEN))
         assert (error.status, error.field) == (422, field), (field, str(error))
     error = _refused(lambda: admin.create_rounds(plan, DEFAULT_ADMIN_TOKEN))  # the single-model endpoint
     assert (error.status, error.field) == (422, "zoo")
+
+
+def _train_every_device(fleet, round_id: int, labels=None) -> None:
+    """Every device trains the task the round gives it on its shard (with `labels` instead of its own, if given)."""
+    split, task = fleet["split"], _supernet(fleet["zoo"]).details["supernet"]["task"]
+    for device, shard in zip(fleet["devices"], fleet["shards"]):
+        work = device.fl_task(task)["task"]
+        assert work is not None and work["round_id"] == round_id
+        targets = split.train.y[shard] if labels is None else labels[shard]
+        assert run_task(device, work, LocalData(split.train.x[shard], targets)).outcome == "accepted"
+
+
+def _tier_budgets(fleet) -> dict[str, float]:
+    plan = _plan(fleet)["zoo"]
+    return {"tier-small": plan["latency_budget_ms_by_class"]["tier-small"], "tier-large": plan["latency_budget_ms"]}
+
+
+def test_a_zoo_wide_round_retires_stale_compressed_variants_and_publishes_in_the_background(compressed_fleet):
+    fleet = compressed_fleet
+    zoo, admin, devices = fleet["zoo"], fleet["admin"], fleet["devices"]
+    compressed = {card.id: card for card in zoo.cards() if card.pruning is not None or card.precision == "int8"}
+    pruned = {model_id for model_id, card in compressed.items() if card.pruning is not None}
+    # a round trained on shuffled labels, behind an open parent-only gate: every line moves to a worse version, so
+    # only retirement keeps lookup from serving the stale variants, now more accurate than their lines' new versions
+    plan = _plan(fleet, learning_rate=0.5, gate={"compare_with": "parent"})
+    round_id = admin.create_zoo_rounds(plan, DEFAULT_ADMIN_TOKEN)["id"]
+    # the plan measured every model of the task on its evaluation set: lookup ranks build cards on the server's set
+    served = {card.id: admin.card(card.id).unsigned["server_evaluation"] for card in zoo.cards() if not is_supernet(card)}
+    assert {evaluation["evaluation_sha256"] for evaluation in served.values()} == {fleet["evaluation"]}
+    # the budgets (the small tier's latencies, from the smallest zoo model's up) at which lookup serves a variant
+    task, smallest_ms = fleet["split"].dataset.name, _members(zoo)[0].latency_ms["tier-small"].median_ms
+    budgets = sorted({card.latency_ms["tier-small"].median_ms for card in zoo.cards() if not is_supernet(card)
+                      and card.latency_ms["tier-small"].median_ms >= smallest_ms})
+    before = {budget: devices[0].lookup(task, budget)["model"]["id"] for budget in budgets}
+    assert set(before.values()) & set(compressed), before
+    _train_every_device(fleet, round_id, labels=np.random.default_rng(0).permutation(fleet["split"].train.y))
+    # the upload that completed the round returned before the publication ended: the round view shows it going on
+    view = admin.fl_round(round_id)
+    assert view["state"] == "aggregating" and view["publication"]["stage"] != "published", view["publication"]
+    stages = {view["publication"]["stage"]}
+    give_up = time.monotonic() + 300
+    while view["state"] == "aggregating" and time.monotonic() < give_up:
+        time.sleep(0.1)
+        view = admin.fl_round(round_id)
+        stages.add((view["publication"] or {}).get("stage"))
+    assert view["state"] == "closed", view["outcome"]
+    publication = view["publication"]
+    assert publication["stage"] == "published" and publication["zoo_models_done"] == publication["zoo_models_total"]
+    assert publication["finished_at"] >= publication["started_at"] and publication["seconds"] >= 0
+    assert stages <= {"queued", "aggregating", "re-extracting", "publishing", "published"}
+    outcome = view["outcome"]["zoo"]
+    moved = {model["model_id"]: model["new_model_id"] for model in outcome["models"] if model["published"]}
+    refreshed = set(moved.values())
+    # every compressed variant made from a version this round superseded is retired from lookup (an INT8 one the
+    # round re-quantized has its new version, made from the new fp32 model)
+    stale = {model_id for model_id, card in compressed.items()
+             if card.parent_id in moved or compressed.get(card.parent_id, card).parent_id in moved}
+    assert pruned & stale and set(outcome["retired_from_lookup"]) == stale
+    for model_id in stale:  # retired, still downloadable by id
+        card = admin.card(model_id)
+        assert card.unsigned["retired_by"] in refreshed
+        assert admin.download_model(card).read_bytes()
+    # at every budget and tier, lookup serves a version of a zoo model, never a stale variant
+    for budget in [*budgets, *_tier_budgets(fleet).values()]:
+        for device in (devices[0], devices[-1]):
+            chosen = device.lookup(task, budget)["model"]
+            assert chosen["id"] not in stale, (budget, chosen["id"])
+            ranked_by = admin.card(chosen["id"]).unsigned["server_evaluation"]  # the plan's set, as every model's
+            assert ranked_by["evaluation_sha256"] == fleet["evaluation"]
+
+
+def test_a_zoo_plan_gating_on_the_best_version_refuses_one_worse_than_its_lines_best(fleet):
+    admin, split = fleet["admin"], fleet["split"]
+    # a plan gated against the parent alone, with an open tolerance, publishes a round trained on shuffled labels
+    worse = admin.create_zoo_rounds(_plan(fleet, learning_rate=0.5, gate={"compare_with": "parent"}),
+                                    DEFAULT_ADMIN_TOKEN)["id"]
+    _train_every_device(fleet, worse, labels=np.random.default_rng(0).permutation(split.train.y))
+    worse_view = _wait(admin, worse)
+    assert worse_view["state"] == "closed", worse_view["outcome"]
+    dropped = {model["new_model_id"]: model for model in worse_view["outcome"]["zoo"]["models"]
+               if model["published"] and model["accuracy_after"] < model["accuracy_before"]}
+    assert dropped  # the shuffled labels cost accuracy, and the parent-only gate let it through
+    # the next plan gates on the best version of each line: the build's, measured on the same evaluation set
+    best = admin.create_zoo_rounds(_plan(fleet, model_id=worse_view["result_model_id"], max_accuracy_drop=0.0),
+                                   DEFAULT_ADMIN_TOKEN)["id"]
+    _train_every_device(fleet, best)
+    view = _wait(admin, best)
+    models = view["outcome"]["zoo"]["models"]
+    for model in models:
+        gate = model["gate"]
+        assert gate["accuracy"] >= model["accuracy_before"]
+        if model["accuracy_after"] + 1e-12 < gate["accuracy"]:
+            assert not model["published"], model
+        elif "against the new fp32 model" not in model["reason"]:  # an fp32 model: this gate alone
+            assert model["published"], model
+        if model["model_id"] in dropped:  # the line's best is the version before the drop, not the parent
+            assert gate["compare_with"] == "best" and gate["model_id"] == dropped[model["model_id"]]["model_id"]
+    # a version better than its parent but worse than its line's best is refused: the parent-only gate took it
+    assert any(not model["published"] and model["accuracy_after"] >= model["accuracy_before"]
+               and model["model_id"] in dropped for model in models), models
+
+
+def test_a_publication_whose_worker_died_is_re_run_by_the_next_advance_and_published_once(fleet):
+    admin, zoo = fleet["admin"], fleet["zoo"]
+    round_id = admin.create_zoo_rounds(_plan(fleet, min_clients=3, target_clients=4), DEFAULT_ADMIN_TOKEN)["id"]
+    split, task = fleet["split"], _supernet(zoo).details["supernet"]["task"]
+    for device, shard in list(zip(fleet["devices"], fleet["shards"]))[:3]:  # below the target: nobody claims it
+        run_task(device, device.fl_task(task)["task"], LocalData(split.train.x[shard], split.train.y[shard]))
+    # what a worker killed mid-publication leaves: the round claimed by it, its lease lapsed, its progress half-way
+    engine = create_engine(f"sqlite:///{fleet['server'].data_dir / 'registry.db'}")
+    with engine.begin() as connection:
+        connection.execute(update(FLRound).where(FLRound.id == round_id).values(
+            state="aggregating", aggregation_owner="killed-worker",
+            aggregation_lease_until=datetime.now(timezone.utc) - timedelta(seconds=60),
+            publication_json=json.dumps({"stage": "re-extracting", "zoo_models_done": 1})))
+    engine.dispose()
+    view = _wait(admin, round_id)  # each read advances: the lapsed lease is claimed and the job re-run here
+    assert view["state"] == "closed", view["outcome"]
+    assert view["publication"]["stage"] == "published" and view["outcome"]["aggregated_updates"] == 3
+    supernets = [card for card in admin.list_models(task=_supernet(zoo).task)["models"]
+                 if card["parent_id"] == _supernet(zoo).id]
+    assert [card["id"] for card in supernets] == [view["result_model_id"]]  # published exactly once
+    for model in view["outcome"]["zoo"]["models"]:
+        if model["published"]:
+            versions = [card for card in admin.list_models(task=split.dataset.name)["models"]
+                        if card["parent_id"] == model["model_id"] and card["version"] == 2]
+            assert [card["id"] for card in versions] == [model["new_model_id"]]
