@@ -4,8 +4,8 @@
 downloadable by id). `models.evaluation_sha256`: the evaluation set `models.accuracy` was measured on by the server
 (null: the card's own metrics). `fl_rounds.publication_json`: a zoo round's background publication, as it goes.
 
-Revision ID: 0013_zoo_serving
-Revises: 0012_zoo_rounds
+Revision ID: 0014_zoo_serving
+Revises: 0013_line_versions
 Create Date: 2026-12-07
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0013_zoo_serving"
-down_revision = "0012_zoo_rounds"
+revision = "0014_zoo_serving"
+down_revision = "0013_line_versions"
 branch_labels = None
 depends_on = None
 
