@@ -416,3 +416,24 @@ def test_revocations_need_pinned_keys(tmp_path):
         with pytest.raises(InvalidInputError) as refused:
             device.refresh_revocations()
     assert refused.value.field == "trusted_keys"
+
+
+def test_the_held_list_outlives_a_rotation_of_the_pinned_keys(federation, scripted_server, tmp_path):
+    """The operator rotates keys (the old one retired from the pinned set): the list the device verified under the
+    old key still revokes, and the next list, signed by the new key, must still be newer."""
+    new_key = CardSigningKey.from_seed(bytes(range(2, 34)))
+    _serve_documents(scripted_server, {"/v1/revocations": sign_revocation_list(OPERATOR, 5, card_ids=[federation.card.id])})
+    with _device(scripted_server.url, tmp_path) as device:
+        device.refresh_revocations()
+    rotated = TrustedKeys([new_key.public_key_raw])
+    with _device(scripted_server.url, tmp_path, rotated) as device:
+        with pytest.raises(CardSignatureError) as refused:
+            device.download_model(sign_card(federation.card, new_key))
+        assert refused.value.reason == "revoked"
+        _serve_documents(scripted_server, {"/v1/revocations": sign_revocation_list(new_key, 4)})
+        with pytest.raises(CardSignatureError) as stale:
+            device.refresh_revocations()
+        assert stale.value.reason == "rollback"
+        _serve_documents(scripted_server, {"/v1/revocations": sign_revocation_list(new_key, 6)}, federation.model)
+        assert device.refresh_revocations().version == 6
+        device.download_model(sign_card(federation.card, new_key))  # no longer revoked
