@@ -69,7 +69,8 @@ def sign_revocation_list(key: CardSigningKey, version: int, card_ids: list[str] 
                                 field="version")
     issued_at = (now or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime(TIMESTAMP_FORMAT)
     payload = {"purpose": PURPOSE, "contract": CONTRACT, "version": version, "issued_at": issued_at,
-               "key_id": key.key_id, "revoked_cards": {"ids": sorted(set(card_ids)), "sha256s": sorted(set(card_sha256s))},
+               "key_id": key.key_id,
+               "revoked_cards": {"ids": sorted(set(card_ids)), "sha256s": sorted(set(card_sha256s))},
                "revoked_device_keys": sorted(set(device_keys))}
     _check_payload(payload)
     raw = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
