@@ -22,7 +22,7 @@ from typing import Any
 from fedzoo.cards import ModelCard
 from fedzoo.clients.device_state import change_state, load_state
 from fedzoo.errors import CardSignatureError, InvalidInputError
-from fedzoo.revocation import RevocationList, verify_revocation_list
+from fedzoo.revocation import RevocationList, held_revocation_list, verify_revocation_list
 from fedzoo.signing import TrustedKeys, verify_card
 
 ACCEPTED_VERSIONS_KEY = "accepted_line_versions"
@@ -44,9 +44,9 @@ class CardVerifier:
         return version if isinstance(version, int) else None
 
     def revocation_list(self) -> RevocationList | None:
-        """The newest revocation list this device verified, or None (checked again against the pinned keys)."""
+        """The newest revocation list this device verified, or None."""
         document = self._state().get(REVOCATION_LIST_KEY)
-        return None if document is None else verify_revocation_list(document, self.trusted_keys)
+        return None if document is None else held_revocation_list(document)
 
     def verify(self, card: ModelCard) -> None:
         """Raise `CardSignatureError` (with its `reason`) unless the card may be used on this device."""
@@ -77,7 +77,7 @@ class CardVerifier:
         different one under the held version (version_reused)."""
         def newer(state: dict[str, Any]) -> dict[str, Any]:
             held = state.get(REVOCATION_LIST_KEY)
-            held_list = None if held is None else verify_revocation_list(held, self.trusted_keys)
+            held_list = None if held is None else held_revocation_list(held)
             verified.append(verify_revocation_list(document, self.trusted_keys, held=held_list))
             return {REVOCATION_LIST_KEY: verified[-1].document}
 

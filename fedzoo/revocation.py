@@ -69,7 +69,8 @@ def sign_revocation_list(key: CardSigningKey, version: int, card_ids: list[str] 
                                 field="version")
     issued_at = (now or datetime.now(timezone.utc)).astimezone(timezone.utc).strftime(TIMESTAMP_FORMAT)
     payload = {"purpose": PURPOSE, "contract": CONTRACT, "version": version, "issued_at": issued_at,
-               "key_id": key.key_id, "revoked_cards": {"ids": sorted(set(card_ids)), "sha256s": sorted(set(card_sha256s))},
+               "key_id": key.key_id,
+               "revoked_cards": {"ids": sorted(set(card_ids)), "sha256s": sorted(set(card_sha256s))},
                "revoked_device_keys": sorted(set(device_keys))}
     _check_payload(payload)
     raw = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
@@ -95,16 +96,7 @@ def verify_revocation_list(document: Any, trusted: TrustedKeys, held: Revocation
         payload = json.loads(raw)
     except (InvalidSignature, ValueError):
         raise CardSignatureError("the revocation list's signature does not verify", reason="bad_signature") from None
-    try:
-        _check_payload(payload)
-    except InvalidInputError as error:
-        raise CardSignatureError(f"the signed revocation list is malformed: {error}", reason="field_mismatch") from None
-    if payload["key_id"] != document["key_id"]:
-        raise CardSignatureError("the revocation list's key_id is not the signed one", reason="field_mismatch")
-    listed = RevocationList(payload["version"], payload["issued_at"], frozenset(payload["revoked_cards"]["ids"]),
-                            frozenset(payload["revoked_cards"]["sha256s"]), frozenset(payload["revoked_device_keys"]),
-                            {name: document[name] for name in ("key_id", "algorithm", "payload", "signature")
-                             if name in document})
+    listed = _listed(document, payload)
     if held is not None and listed.version < held.version:
         raise CardSignatureError(f"revocation list version {listed.version} is older than version {held.version}, "
                                  "already held (rollback refused)", reason="rollback")
@@ -112,6 +104,25 @@ def verify_revocation_list(document: Any, trusted: TrustedKeys, held: Revocation
         raise CardSignatureError(f"a different revocation list under version {held.version}, already held",
                                  reason="version_reused")
     return listed
+
+
+def held_revocation_list(document: dict[str, Any]) -> RevocationList:
+    """The list a device stored after verifying it (its state file, as trusted as the versions it accepted),
+    read without checking the signature again: a pinned key retired since must not make the device forget it."""
+    return _listed(document, json.loads(base64.b64decode(document["payload"])))
+
+
+def _listed(document: dict[str, Any], payload: Any) -> RevocationList:
+    try:
+        _check_payload(payload)
+    except InvalidInputError as error:
+        raise CardSignatureError(f"the signed revocation list is malformed: {error}", reason="field_mismatch") from None
+    if payload["key_id"] != document["key_id"]:
+        raise CardSignatureError("the revocation list's key_id is not the signed one", reason="field_mismatch")
+    return RevocationList(payload["version"], payload["issued_at"], frozenset(payload["revoked_cards"]["ids"]),
+                          frozenset(payload["revoked_cards"]["sha256s"]), frozenset(payload["revoked_device_keys"]),
+                          {name: document[name] for name in ("key_id", "algorithm", "payload", "signature")
+                           if name in document})
 
 
 def _check_payload(payload: Any) -> None:

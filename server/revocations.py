@@ -30,7 +30,8 @@ def store(session: Session, document: dict[str, str], trusted: TrustedKeys) -> R
     try:
         listed = verify_revocation_list(document, trusted)
     except CardSignatureError as error:
-        hint = " (FEDZOO_TRUSTED_KEYS lists the operator keys this server trusts)" if error.reason == "unknown_key" else ""
+        hint = (" (FEDZOO_TRUSTED_KEYS lists the operator keys this server trusts)" if error.reason == "unknown_key"
+                else "")
         raise ValidationFailed(f"{error}{hint}", field="signature", code="revocation_list_not_trusted",
                                reason=error.reason) from None
     held = session.scalar(select(func.max(RevocationListRecord.version)))

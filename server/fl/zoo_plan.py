@@ -491,7 +491,8 @@ class ZooPlan:
         weights_sha = self.context.store.put(_npz(weights))
         supernet_card = supernet.card.model_copy(update={
             "id": f"{supernet.task}-supernet-v{version}-r{round_row.id}"[:128], "version": version,
-            "parent_id": supernet.card.id, "line": supernet.card.line_id, "sha256": self.context.store.put(publication.supernet_onnx),
+            "parent_id": supernet.card.id, "line": supernet.card.line_id,
+            "sha256": self.context.store.put(publication.supernet_onnx),
             "size_bytes": len(publication.supernet_onnx), "metrics": publication.supernet_metrics, "created_at": now,
             "artifacts": {**supernet.card.artifacts, WEIGHTS_ARTIFACT: weights_sha},
             "details": {**supernet.card.details, "federated": {"round_id": round_row.id,

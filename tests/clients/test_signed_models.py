@@ -2,8 +2,8 @@
 in transit or on disk, card fields edited after signing, a stranger's key, an expired card, an unsigned card,
 a rollback to an older version (also after a restart), a round task naming blobs its card does not sign, a
 card of another model answered for the one asked for, a second card for a line and version already accepted, a
-card the operator's revocation list revokes (and a stale list a lying server serves to un-revoke it). The genuine path runs against the real server with
-keys fetched from GET /v1/keys; the attacks come from a scripted server playing a compromised one."""
+card the operator's revocation list revokes (and a stale list a lying server serves to un-revoke it).
+The genuine path runs against the real server with keys fetched from GET /v1/keys; the attacks come from a scripted server playing a compromised one."""
 
 import json
 import shutil
@@ -349,7 +349,8 @@ def test_a_revoked_card_is_refused_after_the_device_fetched_the_list_even_after_
             assert httpx.post(f"{server.url}/v1/revocations", json=listed,
                               headers={"Authorization": f"Bearer {DEFAULT_ADMIN_TOKEN}"}).status_code == 201
             assert device.refresh_revocations().version == 1
-            with pytest.raises(CardSignatureError, match="revoked by the operator's revocation list version 1") as refused:
+            with pytest.raises(CardSignatureError, match="revoked by the operator's revocation list version 1") as \
+                    refused:
                 device.session(card)
             assert refused.value.reason == "revoked"
     with FedzooClient("http://127.0.0.1:9", cache_dir=tmp_path / "cache", trusted_keys=PINNED,
@@ -362,7 +363,8 @@ def test_a_revoked_card_is_refused_after_the_device_fetched_the_list_even_after_
 
 def test_a_card_is_revoked_by_its_model_sha256_too(federation, scripted_server, tmp_path):
     card = sign_card(federation.card, OPERATOR)
-    _serve_documents(scripted_server, {"/v1/revocations": sign_revocation_list(OPERATOR, 3, card_sha256s=[card.sha256])})
+    listed = sign_revocation_list(OPERATOR, 3, card_sha256s=[card.sha256])
+    _serve_documents(scripted_server, {"/v1/revocations": listed})
     with _device(scripted_server.url, tmp_path) as device:
         device.refresh_revocations()
         with pytest.raises(CardSignatureError, match="by its model sha256") as refused:
@@ -416,3 +418,25 @@ def test_revocations_need_pinned_keys(tmp_path):
         with pytest.raises(InvalidInputError) as refused:
             device.refresh_revocations()
     assert refused.value.field == "trusted_keys"
+
+
+def test_the_held_list_outlives_a_rotation_of_the_pinned_keys(federation, scripted_server, tmp_path):
+    """The operator rotates keys (the old one retired from the pinned set): the list the device verified under the
+    old key still revokes, and the next list, signed by the new key, must still be newer."""
+    new_key = CardSigningKey.from_seed(bytes(range(2, 34)))
+    listed = sign_revocation_list(OPERATOR, 5, card_ids=[federation.card.id])
+    _serve_documents(scripted_server, {"/v1/revocations": listed})
+    with _device(scripted_server.url, tmp_path) as device:
+        device.refresh_revocations()
+    rotated = TrustedKeys([new_key.public_key_raw])
+    with _device(scripted_server.url, tmp_path, rotated) as device:
+        with pytest.raises(CardSignatureError) as refused:
+            device.download_model(sign_card(federation.card, new_key))
+        assert refused.value.reason == "revoked"
+        _serve_documents(scripted_server, {"/v1/revocations": sign_revocation_list(new_key, 4)})
+        with pytest.raises(CardSignatureError) as stale:
+            device.refresh_revocations()
+        assert stale.value.reason == "rollback"
+        _serve_documents(scripted_server, {"/v1/revocations": sign_revocation_list(new_key, 6)}, federation.model)
+        assert device.refresh_revocations().version == 6
+        device.download_model(sign_card(federation.card, new_key))  # no longer revoked

@@ -231,7 +231,8 @@ def test_a_spray_of_bad_operator_tokens_from_the_proxys_address_does_not_lock_th
         with server.client(ADMIN_TOKEN[:8] + "but-the-rest-is-wrong-xxxxxxxxxxxx") as close_guess:
             close = close_guess.get("/v1/devices")  # past the ceiling: told nothing the other guesses are not
         with server.client(ADMIN_TOKEN) as admin:
-            admin_statuses = [admin.get("/v1/devices").status_code, admin.post("/v1/enrollment-tokens", json={}).status_code]
+            admin_statuses = [admin.get("/v1/devices").status_code,
+                              admin.post("/v1/enrollment-tokens", json={}).status_code]
         with server.client(VIEWER_TOKEN) as viewer:
             viewer_status = viewer.get("/v1/devices").status_code
         with httpx.Client(base_url=server.base_url) as browser:

@@ -336,7 +336,7 @@ public final class FedzooClient {
             return;
         }
         verifier.verify(card, clockMs.getAsLong(), state.acceptedVersion(card.lineId()), state.acceptedCardId(card.lineId()));
-        RevocationList revocations = state.revocationList(verifier);
+        RevocationList revocations = state.revocationList();
         if (revocations != null) {
             revocations.refuseRevoked(card);
         }
@@ -359,7 +359,7 @@ public final class FedzooClient {
         try {
             document = http.getJson("/v1/revocations", null);
         } catch (ApiException.NotFound none) {
-            return state.revocationList(verifier); // none published: keep whatever this device holds
+            return state.revocationList(); // none published: keep whatever this device holds
         }
         return state.holdRevocationList(verifier, document);
     }

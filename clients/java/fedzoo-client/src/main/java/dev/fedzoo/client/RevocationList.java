@@ -123,6 +123,19 @@ public final class RevocationList {
         return listed;
     }
 
+    /**
+     * The list a device stored after verifying it (its {@link StateStore}, as trusted as the versions it accepted),
+     * read without checking the signature again: a pinned key retired since must not make the device forget it.
+     */
+    public static RevocationList held(JSONObject document) {
+        try {
+            return fromPayload(new JSONObject(new String(Base64.decode(document.getString("payload")), FedzooHttp.UTF8)),
+                    document.getString("key_id"), document);
+        } catch (JSONException | IllegalArgumentException unreadable) {
+            throw malformed("the stored list is unreadable: " + unreadable.getMessage());
+        }
+    }
+
     private static RevocationList fromPayload(JSONObject payload, String keyId, JSONObject document) {
         Object version = payload.opt("version");
         Object contract = payload.opt("contract");

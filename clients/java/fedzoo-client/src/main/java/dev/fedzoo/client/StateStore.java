@@ -164,10 +164,10 @@ public final class StateStore {
         }
     }
 
-    /** The newest revocation list this device verified (checked again against {@code verifier}), or null. */
-    public synchronized RevocationList revocationList(CardVerifier verifier) {
+    /** The newest revocation list this device verified, or null. */
+    public synchronized RevocationList revocationList() {
         JSONObject held = load().optJSONObject(REVOCATION_LIST);
-        return held == null ? null : RevocationList.verify(held, verifier, null);
+        return held == null ? null : RevocationList.held(held);
     }
 
     /**
@@ -180,7 +180,7 @@ public final class StateStore {
             JSONObject state = load();
             JSONObject held = state.optJSONObject(REVOCATION_LIST);
             RevocationList verified = RevocationList.verify(document, verifier,
-                    held == null ? null : RevocationList.verify(held, verifier, null));
+                    held == null ? null : RevocationList.held(held));
             state.put(REVOCATION_LIST, verified.document());
             save(state);
             return verified;
