@@ -116,6 +116,7 @@ class DpFedAvg:
         self.delta_noise_multiplier = ledger.noise_multiplier
         self.clipped_count_stddev: float | None = None
         self.released_sensitivity: float | None = None  # of the last noised sum (clip_norm plus any rounding)
+        self.released_unclipped_fraction: float | None = None  # adaptive: the last noised fraction (released)
         if adaptive is not None:
             self.clipped_count_stddev, self.delta_noise_multiplier = adaptive_noise_split(
                 ledger.noise_multiplier, expected_clients, adaptive.clipped_count_stddev)
@@ -157,6 +158,7 @@ class DpFedAvg:
             fraction = noised_unclipped_fraction(unclipped_count, contributors, self.expected_clients,
                                                  self.clipped_count_stddev, self.noise)
             self.clip_norm = next_clip_norm(self.clip_norm, fraction, self.adaptive)
+            self.released_unclipped_fraction = fraction
         self.ledger.record_round()
         return noised / self.expected_clients
 

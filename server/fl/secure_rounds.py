@@ -557,6 +557,7 @@ def card_privacy(config: RoundConfig, ledger: PrivacyLedger | None, mechanism: D
                         "noise": "discrete Gaussian from os.urandom"}
         if mechanism.adaptive is not None:
             record["dp"].update(next_clip_norm=mechanism.clip_norm,
+                                noised_unclipped_fraction=mechanism.released_unclipped_fraction,
                                 delta_noise_multiplier=mechanism.delta_noise_multiplier,
                                 clipped_count_stddev=mechanism.clipped_count_stddev)
     return record

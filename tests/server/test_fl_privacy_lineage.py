@@ -121,7 +121,10 @@ def test_adaptive_clipping_on_the_server_moves_the_norm_and_charges_the_count(si
     round_id = simulation.start_plan(plan)
     view = _run_round(simulation, federation, round_id, scale=0.05)  # every delta is longer than 0.1: all clipped
     claim = view["outcome"]["privacy"]["dp"]
-    assert claim["next_clip_norm"] > 0.1  # nobody within the bound: it grows
+    # nobody was within the bound: the centred sum is 0 - 3/2, doubled -3, plus integer noise, over 2 x 3 devices
+    fraction = claim["noised_unclipped_fraction"]
+    assert (fraction - 0.5) * 2 * 3 + 3 == pytest.approx(round((fraction - 0.5) * 2 * 3 + 3), abs=1e-9)
+    assert claim["next_clip_norm"] == pytest.approx(0.1 * np.exp(-0.5 * (fraction - 0.5)))
     assert claim["delta_noise_multiplier"] == pytest.approx((2.0**-2 - 4.0**-2) ** -0.5)
     following = simulation.admin.fl_round(view["next_round_id"])
     assert following["config"]["privacy"]["dp"]["clip_norm"] == pytest.approx(claim["next_clip_norm"])
