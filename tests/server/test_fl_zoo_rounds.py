@@ -1,12 +1,15 @@
 """Zoo-wide rounds against the real server on loopback: devices of two tiers train the subnets their lookup
 picks (real training graphs in onnxruntime, sklearn digits), the server maps the deltas onto the supernet,
-re-extracts every zoo model and publishes new versions that lookup serves."""
+re-extracts every zoo model and publishes new versions that lookup serves. On SQLite, and on a fresh PostgreSQL
+database per test when FEDZOO_TEST_POSTGRES_URL is set."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
+import uuid
 import time
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
@@ -15,11 +18,12 @@ import httpx
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import create_engine, update
+from sqlalchemy import create_engine, text, update
+from sqlalchemy.engine import make_url
 
 from fedzoo.cards import Latency, ModelCard, is_supernet
 from fedzoo.cli import cli
-from server_helpers import log_in
+from server_helpers import drop_test_database, log_in
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.errors import APIError
 from fedzoo.clients.participation import run_task
@@ -32,6 +36,7 @@ from fedzoo.server.fl.models import FLRound
 from fedzoo.zoo import Zoo
 
 pytestmark = pytest.mark.slow
+POSTGRES_URL = os.environ.get("FEDZOO_TEST_POSTGRES_URL")
 TIERS = {"tier-small": 2, "tier-large": 2}  # device class -> devices
 OPEN_GATE = 1.0  # the gate is not what these tests are about
 
@@ -103,10 +108,28 @@ def compressed_fleet(compressed_zoo, tmp_path):
 
 
 @contextmanager
+def _database(tmp_path):
+    """The server's database URL: the data directory's SQLite file, or a fresh PostgreSQL database."""
+    if not POSTGRES_URL:
+        yield f"sqlite:///{tmp_path / 'server' / 'registry.db'}"
+        return
+    name = f"fedzoo_zoo_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
+    finally:
+        drop_test_database(admin, name)
+        admin.dispose()
+
+
+@contextmanager
 def _fleet(zoo, tmp_path):
     """A server with the zoo published, the evaluation and calibration sets uploaded and a device per shard."""
     split = split_dataset(load_dataset("digits"), seed=0)
-    with LoopbackServer(tmp_path / "server") as server, \
+    with _database(tmp_path) as database_url, LoopbackServer(tmp_path / "server", environ={
+            "FEDZOO_DATABASE_URL": database_url}) as server, \
             FedzooClient(server.url, token=DEFAULT_ADMIN_TOKEN, cache_dir=tmp_path / "admin") as admin:
         for card in zoo.cards():
             digests = [card.sha256, *card.artifacts.values(), *([card.training_graph] if card.training_graph else [])]
@@ -126,7 +149,7 @@ def _fleet(zoo, tmp_path):
                 devices.append(FedzooClient(server.url, token=token, cache_dir=tmp_path / profile.device_id))
         shards = dirichlet_partition(split.train.y, num_clients=len(devices), alpha=0.5, seed=0)
         yield {"server": server, "admin": admin, "devices": devices, "split": split, "shards": shards,
-               "evaluation": evaluation, "calibration": calibration, "zoo": zoo}
+               "evaluation": evaluation, "calibration": calibration, "zoo": zoo, "database_url": database_url}
         for device in devices:
             device.close()
 
@@ -412,7 +435,7 @@ def test_a_publication_whose_worker_died_is_re_run_by_the_next_advance_and_publi
     for device, shard in list(zip(fleet["devices"], fleet["shards"]))[:3]:  # below the target: nobody claims it
         run_task(device, device.fl_task(task)["task"], LocalData(split.train.x[shard], split.train.y[shard]))
     # what a worker killed mid-publication leaves: the round claimed by it, its lease lapsed, its progress half-way
-    engine = create_engine(f"sqlite:///{fleet['server'].data_dir / 'registry.db'}")
+    engine = create_engine(fleet["database_url"])
     with engine.begin() as connection:
         connection.execute(update(FLRound).where(FLRound.id == round_id).values(
             state="aggregating", aggregation_owner="killed-worker",
