@@ -51,17 +51,21 @@ def test_head_schema_matches_the_table_definitions(tmp_path):
     assert differences == []
 
 
-def test_upgrading_from_the_initial_revision_keeps_every_row(tmp_path):
+def _registry_at_head(tmp_path):
+    """A registry migrated to head, its blob store holding one model blob: (url, database, store, estimator, blob)."""
     url = f"sqlite:///{tmp_path / 'registry.db'}"
+    migrations.upgrade(url)
+    store = FileBlobStore(tmp_path / "blobs")
+    blob = tiny_onnx_model(seed=5)
+    store.put(blob)
+    return url, Database(url), store, CalibrationScalingEstimator(REFERENCE_CALIBRATION_MS), blob
+
+
+def test_upgrading_from_the_initial_revision_keeps_every_row(tmp_path):
     # rows are written through today's table classes (at head), then the schema is taken back to the initial
     # revision: what an old server would have stored
-    migrations.upgrade(url)
-    database = Database(url)
-    store = FileBlobStore(tmp_path / "blobs")
-    estimator = CalibrationScalingEstimator(REFERENCE_CALIBRATION_MS)
-    blob = tiny_onnx_model(seed=5)
+    url, database, store, estimator, blob = _registry_at_head(tmp_path)
     card = make_card(blob, "kept", 0.9, 1000, latency_ms={"pi4": {"median_ms": 2.0, "source": "measured"}})
-    store.put(blob)
     with database.session() as session:
         registry.publish(session, store, estimator, card)
         session.execute(insert(DeviceRecord.__table__).values(legacy_device_row("d1", LEGACY_TOKEN)))
@@ -104,13 +108,7 @@ def test_sqlite_runs_in_wal_mode_and_enforces_foreign_keys(tmp_path):
 def test_line_versions_keep_the_first_card_where_a_line_already_repeated_a_version(tmp_path):
     """Before 0013 two plans could both publish "version 2" of a line: the first published keeps the line, the
     later one is left without a line_id (still served), and the unique index holds from then on."""
-    url = f"sqlite:///{tmp_path / 'registry.db'}"
-    migrations.upgrade(url)
-    database = Database(url)
-    store = FileBlobStore(tmp_path / "blobs")
-    estimator = CalibrationScalingEstimator(REFERENCE_CALIBRATION_MS)
-    blob = tiny_onnx_model(seed=5)
-    store.put(blob)
+    url, database, store, estimator, blob = _registry_at_head(tmp_path)
     with database.session() as session:
         for model_id, version in (("base", 1), ("base-v2-r1", 2), ("base-v3-r2", 3)):
             registry.publish(session, store, estimator, make_card(blob, model_id, 0.9, 1000, version=version,
