@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import re
 import os
+import uuid
 import signal
 import socket
 import subprocess
@@ -22,7 +23,8 @@ from typing import Any
 
 import httpx
 import numpy as np
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ProgrammingError
 from werkzeug.serving import make_server
 
@@ -267,3 +269,17 @@ def drop_test_database(admin, name: str, attempts: int = 20) -> None:
             if attempt == attempts - 1:
                 raise
             time.sleep(0.25)
+
+
+@contextmanager
+def fresh_postgres_database(server_url: str, prefix: str) -> Iterator[str]:
+    """A new, empty PostgreSQL database on the server `server_url` names, dropped afterwards; yields its URL."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        drop_test_database(admin, name)
+        admin.dispose()

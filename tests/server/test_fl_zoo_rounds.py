@@ -9,7 +9,6 @@ import io
 import json
 import os
 import shutil
-import uuid
 import time
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
@@ -18,12 +17,11 @@ import httpx
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import create_engine, text, update
-from sqlalchemy.engine import make_url
+from sqlalchemy import create_engine, update
 
 from fedzoo.cards import Latency, ModelCard, is_supernet
 from fedzoo.cli import cli
-from server_helpers import drop_test_database, log_in
+from server_helpers import fresh_postgres_database, log_in
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.errors import APIError
 from fedzoo.clients.participation import run_task
@@ -113,15 +111,8 @@ def _database(tmp_path):
     if not POSTGRES_URL:
         yield f"sqlite:///{tmp_path / 'server' / 'registry.db'}"
         return
-    name = f"fedzoo_zoo_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
-    finally:
-        drop_test_database(admin, name)
-        admin.dispose()
+    with fresh_postgres_database(POSTGRES_URL, "fedzoo_zoo") as url:
+        yield url
 
 
 @contextmanager

@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import uuid
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from server_helpers import (
-    VIEWER_TOKEN, config_for_tests, device_profile, drop_test_database, make_card, running_live_server, tiny_onnx_model,
+    VIEWER_TOKEN, config_for_tests, device_profile, fresh_postgres_database, make_card, running_live_server,
+    tiny_onnx_model,
 )
 from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 from fedzoo.server import migrations
 from fedzoo.server.db import Base, Database
@@ -27,15 +26,8 @@ pytestmark = pytest.mark.skipif(not POSTGRES_URL, reason="set FEDZOO_TEST_POSTGR
 
 @pytest.fixture
 def postgres_url():
-    name = f"fedzoo_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
-    finally:
-        drop_test_database(admin, name)
-        admin.dispose()
+    with fresh_postgres_database(POSTGRES_URL, "fedzoo_test") as url:
+        yield url
 
 
 
