@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sqlite3
 
-import httpx
 import numpy as np
 import pytest
 from fl_helpers import honest_delta, ready_simulation, round_config, selected_tasks, upload
@@ -138,16 +137,3 @@ def test_the_defences_named_for_private_turned_off_and_configured_rounds():
     assert configured == {"ran": ["norm_bound", "weight_bound", "direction_screening", "root_trust", "quarantine",
                                   "gate_best"], "not_run": {}}
 
-
-@pytest.mark.parametrize("settings, field", [
-    ({"min_cosine": 1.0}, "direction_screening.min_cosine"),
-    ({"min_cosine": -1.5}, "direction_screening.min_cosine"),
-    ({"reference": "mean"}, "direction_screening.reference"),
-])
-def test_bad_direction_screening_settings_are_refused_naming_the_field(simulation, server, settings, field):
-    config = {"model_id": simulation.federation.card.id, "evaluation_sha256": simulation.evaluation_sha256,
-              **round_config(direction_screening=settings)}
-    answer = httpx.post(f"{server.url}/v1/fl/rounds", json=config,
-                        headers={"Authorization": f"Bearer {server.admin_token}"})
-    assert answer.status_code == 422, answer.text
-    assert answer.json()["error"]["field"] == field
