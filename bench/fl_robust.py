@@ -169,8 +169,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--learning-rate", type=float, default=0.05)
     parser.add_argument("--max-accuracy-drop", type=float, default=0.02)
-    parser.add_argument("--deadline-s", type=float, default=20.0,
-                        help="a round short of devices (insiders quarantined) aggregates at its deadline")
+    parser.add_argument("--deadline-s", type=float, default=30.0,
+                        help="a round short of devices (insiders quarantined) aggregates at its deadline; the devices "
+                             "train one after another, so 4 insiders training 10,000 examples each need it (at 12 s "
+                             "and load 15 rounds failed at the deadline)")
     parser.add_argument("--root-examples", type=int, default=200, help="the server's root set (validation split)")
     parser.add_argument("--attacks", default=",".join(ATTACKS), help=f"comma-separated, of {', '.join(ATTACKS)}")
     parser.add_argument("--shares", default="1,2,4", help="insiders among the devices, comma-separated")

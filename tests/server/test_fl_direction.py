@@ -136,3 +136,4 @@ def test_the_defences_named_for_private_turned_off_and_configured_rounds():
     configured = round_defences(_config(root_trust={"root_sha256": SHA}), 20)
     assert configured == {"ran": ["norm_bound", "weight_bound", "direction_screening", "root_trust", "quarantine",
                                   "gate_best"], "not_run": {}}
+

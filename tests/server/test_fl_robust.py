@@ -224,6 +224,8 @@ def test_an_anchor_is_the_reference_when_the_operator_names_one(simulation, fede
     ({"root_trust": {"root_sha256": "0" * 64, "min_cosine": -0.5}}, "root_trust.min_cosine"),
     ({"weight_bound": {"rule": "median_multiple", "median_multiple": 0.5}}, "weight_bound.median_multiple"),
     ({"quarantine": {"max_exclusions": 6, "window_updates": 5}}, "quarantine"),
+    ({"direction_screening": {"min_cosine": 1.0}}, "direction_screening.min_cosine"),
+    ({"direction_screening": {"reference": "mean"}}, "direction_screening.reference"),
 ])
 def test_bad_robustness_settings_are_refused_naming_the_field(simulation, server, overrides, field):
     config = {"model_id": simulation.federation.card.id, "evaluation_sha256": simulation.evaluation_sha256,
