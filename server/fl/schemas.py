@@ -103,12 +103,14 @@ MAX_NEIGHBOURS = 200  # k = O(log n) (Bell et al.): 200 is far past any cohort's
 
 class SecureAggregationSettings(_Request):
     """SecAgg+ in every round of the plan (see docs/privacy.md, "Sizing k and t"). The cohort is the devices
-    selected; k is capped at the largest even number below the cohort, t defaults to k/2 + 1."""
+    selected; k is capped at the largest even number below the cohort, t is raised to the devices' floor
+    (k + c) // 2 + 1 for the c corrupt devices they withstand (`fedzoo.secagg.bounds`)."""
 
     neighbour_count: int = Field(default=60, ge=2, le=MAX_NEIGHBOURS,
                                  description="k: even; each device masks with k others")
     threshold: int | None = Field(default=None, ge=2, le=MAX_NEIGHBOURS,
-                                  description="t: shares that recover a secret, k/2 < t <= k (default k/2 + 1)")
+                                  description="t: shares that recover a secret, k/2 < t <= k (raised to the devices' "
+                                              "floor (k + c) // 2 + 1, its default)")
     levels: int = Field(default=127, ge=1, le=32_767,
                         description="quantised values lie in [-levels, levels]; 127 is the int8 encoding")
     clip_range: float = Field(default=0.05, gt=0, le=1e6,

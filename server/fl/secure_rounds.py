@@ -51,7 +51,8 @@ from fedzoo.dp.clipping import clip_delta
 from fedzoo.dp.noise import DpFedAvg, quantised_sensitivity
 from fedzoo.errors import InvalidInputError
 from fedzoo.secagg import SecAggConfig, SecAggServer, dequantise_sum, flatten, signatures, unflatten
-from fedzoo.secagg.config import least_survivors
+from fedzoo.secagg.bounds import (SecAggBounds, corrupt_devices, largest_neighbour_count, neighbours_floor, survivors_floor,
+                                  threshold_floor)
 from fedzoo.secagg.crypto import MASK_DTYPES
 from fedzoo.secagg.errors import ProtocolViolation, RoundAborted
 from fedzoo.secagg.framing import decode_share_keys, decode_unmask
@@ -90,12 +91,17 @@ def next_stage(stage: str) -> str:
 
 def secagg_config(settings: SecureAggregationSettings, round_id: int, cohort: int, vector_length: int,
                   clip_range: float, min_clients: int) -> SecAggConfig:
-    """The round's SecAgg+ parameters for a cohort of `cohort` devices: k capped below the cohort, t above k/2,
-    and devices refuse to unmask a sum of fewer than max(3, t, min_clients) inputs (all of a cohort of 3)."""
-    neighbour_count = min(settings.neighbour_count, (cohort - 1) // 2 * 2)
-    threshold = max(neighbour_count // 2 + 1, min(settings.threshold or 0, neighbour_count))
+    """The round's SecAgg+ parameters for a cohort of `cohort` devices, within the default device bounds
+    (`fedzoo.secagg.bounds`): k capped below the cohort and raised above c, the corrupt devices a round of this
+    size must withstand; t at least (k + c) // 2 + 1; devices refuse to unmask a sum of fewer than
+    max(3, t, c + 2, min_clients) inputs (all of a cohort of 3)."""
+    corrupt = corrupt_devices(cohort)
+    neighbour_count = min(max(settings.neighbour_count, neighbours_floor(cohort, corrupt, SecAggBounds.min_neighbour_count)),
+                          largest_neighbour_count(cohort))
+    threshold = max(threshold_floor(neighbour_count, corrupt), min(settings.threshold or 0, neighbour_count))
+    least = max(survivors_floor(threshold, corrupt), min_clients)
     return SecAggConfig(f"fl-round-{round_id}", cohort, neighbour_count, threshold, vector_length, clip_range,
-                        settings.levels, minimum_survivors=min(cohort, max(least_survivors(threshold), min_clients)))
+                        settings.levels, minimum_survivors=min(cohort, least))
 
 
 def with_calibrated_noise(config: RoundConfig) -> RoundConfig:
@@ -269,7 +275,7 @@ class PrivateRounds:
         if stage == "masked_input":
             _check_masked_vector(body, protocol)
         if stage in ("advertise_keys", "consistency_check"):
-            _check_signature(body, stage, protocol, client, server.signing_keys.get(client), expected[client])
+            _check_signature(body, stage, server, client, expected[client])
         with self.database.session() as session:
             # the same conditional write as closing the stage: a reply either lands in an open stage or is refused
             still_open = session.execute(
@@ -531,17 +537,16 @@ def _check_masked_vector(body: bytes, protocol: SecAggConfig) -> None:
                                 field="masked_vector")
 
 
-def _check_signature(body: bytes, stage: str, protocol: SecAggConfig, client: int, signing_key: bytes | None,
-                     request: dict[str, Any]) -> None:
-    """422 unless the reply's signature is the device's, over its keys (advertise_keys) or over the survivor set it
-    was sent (consistency_check): a reply its neighbours would refuse is never stored."""
+def _check_signature(body: bytes, stage: str, server: SecAggServer, client: int, request: dict[str, Any]) -> None:
+    """422 unless the reply's signature is the device's, over its keys and nonce (advertise_keys) or over the
+    survivor set it was sent (consistency_check): a reply its neighbours would refuse is never stored."""
     reply = json.loads(body)
+    signing_key = server.signing_keys.get(client)
     try:
         signature = from_base64(reply.get("signature"), "signature")
-        payload = (signatures.advertise_payload(protocol, client, from_base64(reply["cipher_public_key"], "key"),
-                                                from_base64(reply["mask_public_key"], "key"))
-                   if stage == "advertise_keys" else
-                   signatures.consistency_payload(protocol, client, request["survivors"]))
+        payload = (server.advertise_payload(client, *(from_base64(reply.get(name), name) for name in
+                                                      ("cipher_public_key", "mask_public_key", "nonce")))
+                   if stage == "advertise_keys" else server.consistency_payload(client, request["survivors"]))
     except ProtocolViolation:
         signature, payload = b"", b""
     if signing_key is None or not signatures.verify(signing_key, signature, payload):

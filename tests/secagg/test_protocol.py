@@ -22,8 +22,8 @@ from fedzoo.secagg import (
     run_local_round,
     signatures,
 )
+from fedzoo.secagg.bounds import SecAggBounds
 from fedzoo.secagg.client import pairwise_mask, self_mask
-from fedzoo.secagg.graph import neighbours
 from fedzoo.secagg.messages import STAGES, from_base64, to_base64
 from fedzoo.secagg.shamir import ShareError, combine_shares
 
@@ -50,11 +50,11 @@ def _exact(config, inputs, dropouts):
     return local
 
 
-# 24 clients, 16 neighbours, threshold 9: 30% (7 clients) dropping can never leave fewer than 9 of 16
+# 24 clients, 20 neighbours, threshold 12 (the devices' floor): 30% (7 clients) dropping never leaves fewer than 12
 @pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("rate", [0.0, 0.1, 0.3])
 def test_the_sum_is_exact_whatever_fraction_drops_at_each_stage(stage, rate):
-    config = SecAggConfig("round-7", 24, 16, 9, 20, 1.0)
+    config = SecAggConfig("round-7", 24, 20, 12, 20, 1.0)
     for seed in range(3):
         dropping = set(random.Random(seed).sample(range(24), round(rate * 24)))
         local = _exact(config, _inputs(config, seed), {stage: dropping})
@@ -64,7 +64,7 @@ def test_the_sum_is_exact_whatever_fraction_drops_at_each_stage(stage, rate):
 
 
 def test_the_sum_is_exact_when_clients_drop_at_every_stage_at_once():
-    config = SecAggConfig("round-8", 30, 20, 11, 20, 1.0)
+    config = SecAggConfig("round-8", 30, 20, 12, 20, 1.0)
     for seed in range(3):
         order = random.Random(seed).sample(range(30), 8)
         dropouts = {"advertise_keys": set(order[:2]), "share_keys": set(order[2:4]),
@@ -74,20 +74,24 @@ def test_the_sum_is_exact_when_clients_drop_at_every_stage_at_once():
 
 @pytest.mark.slow
 def test_many_seeded_rounds_of_sixty_clients_with_30_percent_dropping_after_key_sharing():
-    config = SecAggConfig("round-9", 60, 30, 16, 50, 1.0)
+    config = SecAggConfig("round-9", 60, 42, 23, 50, 1.0)  # 42 - 18 dropped >= 23 wherever they sit
     for seed in range(8):
         dropping = set(random.Random(seed).sample(range(60), 18))
         _exact(config, _inputs(config, seed), {"masked_input": dropping})
 
 
-def _parties(config, client_class=SecAggClient):
+# Bounds that assume no corrupt device: issue #34's attacks need none, and are run at its parameters
+NO_CORRUPTION = SecAggBounds(corruption_budget=0.0, least_corrupt_devices=0)
+
+
+def _parties(config, client_class=SecAggClient, bounds=SecAggBounds()):
     keys = {index: signatures.new_signing_key() for index in range(config.num_clients)}
-    clients = {index: client_class(config, index, keys[index]) for index in range(config.num_clients)}
+    clients = {index: client_class(config, index, keys[index], bounds) for index in range(config.num_clients)}
     return clients, SecAggServer(config, {index: signatures.public_bytes(key) for index, key in keys.items()})
 
 
-def _through_masked_inputs(config, inputs, client_class=SecAggClient):
-    clients, server = _parties(config, client_class)
+def _through_masked_inputs(config, inputs, client_class=SecAggClient, bounds=SecAggBounds()):
+    clients, server = _parties(config, client_class, bounds)
     requests = server.collect_keys([c.advertise_keys() for c in clients.values()])
     requests = server.collect_shares([clients[i].share_keys(r) for i, r in requests.items()])
     return clients, server, requests, inputs
@@ -134,9 +138,9 @@ def _inconsistent_stories(config, inputs, client_class, victim):
     neighbours dropped"; everyone else hears "the victim's neighbours dropped". Every story holds the listener
     and is long enough. The server collects b of the victim from its neighbours and the mask key of each
     neighbour from theirs. Returns (what the server read of the victim's input or None, refusal reasons)."""
-    clients, server, requests, inputs = _through_masked_inputs(config, inputs, client_class)
+    clients, server, requests, inputs = _through_masked_inputs(config, inputs, client_class, NO_CORRUPTION)
     masked = {i: clients[i].masked_input(r, inputs[i]) for i, r in requests.items()}
-    around = set(neighbours(config)[victim])
+    around = set(server.graph[victim])
     everyone = set(range(config.num_clients))
     story = {client: sorted((everyone - around) | ({client} if client in around else set())) for client in everyone}
     signed = {client: clients[client].consistency_check({"stage": "consistency_check", "survivors": story[client]})
@@ -145,7 +149,7 @@ def _inconsistent_stories(config, inputs, client_class, victim):
     for client in everyone:
         # the best the server can do: every neighbour's signature made on the very story this client heard
         same_story = [{"client": peer, "signature": signed[peer]["signature"]}
-                      for peer in neighbours(config)[client] if story[peer] == story[client]]
+                      for peer in server.graph[client] if story[peer] == story[client]]
         try:
             reply = clients[client].unmask({"stage": "unmask", "survivors": story[client], "signatures": same_story})
         except ProtocolViolation as refusal:
@@ -182,7 +186,7 @@ def test_a_server_telling_neighbours_different_stories_never_gets_both_secrets(v
     inputs = _inputs(ATTACKED, 1)
     read, refusals = _inconsistent_stories(ATTACKED, inputs, SecAggClient, victim)
     assert read is None
-    assert set(neighbours(ATTACKED)[victim]) <= set(refusals)
+    assert len(refusals) >= ATTACKED.neighbour_count
     assert set(refusals.values()) == {"too_few_signatures"}
 
 
@@ -193,7 +197,7 @@ def _substituted_keys(config, inputs, client_class, victim, forge_signing_keys=F
     keys = {index: signatures.new_signing_key() for index in range(config.num_clients)}
     registered = {index: signatures.public_bytes(key) for index, key in keys.items()}
     pinned = frozenset(registered.values()) if pin_enrolled_keys else None
-    clients = {index: client_class(config, index, keys[index], trusted_signing_keys=pinned)
+    clients = {index: client_class(config, index, keys[index], NO_CORRUPTION, trusted_signing_keys=pinned)
                for index in range(config.num_clients)}
     server = SecAggServer(config, registered)
     requests = server.collect_keys([c.advertise_keys() for c in clients.values()])
@@ -207,10 +211,11 @@ def _substituted_keys(config, inputs, client_class, victim, forge_signing_keys=F
         if forge_signing_keys:  # the server also lies about the neighbour's long-term key
             server_key = signatures.new_signing_key()
             forged.update(signing_public_key=to_base64(signatures.public_bytes(server_key)), signature=to_base64(
-                server_key.sign(signatures.advertise_payload(config, peer, cipher_public, mask_public))))
+                server_key.sign(signatures.advertise_payload(config, peer, cipher_public, mask_public,
+                                                             server.nonces[peer]))))
         entries.append(forged)
     try:
-        dealt = clients[victim].share_keys({"stage": "share_keys", "public_keys": entries})
+        dealt = clients[victim].share_keys(dict(requests[victim], public_keys=entries))
     except ProtocolViolation as refusal:
         return None, refusal.reason
     seed_shares = []
@@ -250,30 +255,30 @@ def test_a_server_also_substituting_long_term_keys_is_refused_where_the_enrolled
 
 
 def test_a_key_advertisement_presented_as_another_clients_or_under_other_parameters_is_refused():
-    config = SecAggConfig("round-replay", 12, 6, 4, 10, 1.0)
+    config = SecAggConfig("round-replay", 12, 6, 5, 10, 1.0)
     clients, server = _parties(config)
-    requests = server.collect_keys([c.advertise_keys() for c in clients.values()])
+    replies = [c.advertise_keys() for c in clients.values()]
+    requests = server.collect_keys(replies)
     victim = 0
     entries = requests[victim]["public_keys"]
-    other_parameters = SecAggConfig("round-replay", 12, 6, 4, 11, 1.0)  # same graph, another vector length
     swapped = [entries[0], dict(entries[0], client=entries[1]["client"],
                                 signing_public_key=entries[1]["signing_public_key"]),
                *entries[2:]]  # the first neighbour's keys presented as the second's, under the second's long-term key
     for tampered in (swapped, [dict(entries[0], signature=entries[1]["signature"]), *entries[1:]]):
-        fresh = SecAggClient(config, victim, signatures.new_signing_key())
-        fresh.advertise_keys()
         with pytest.raises(ProtocolViolation) as refusal:
-            fresh.share_keys({"stage": "share_keys", "public_keys": tampered})
+            clients[victim].share_keys(dict(requests[victim], public_keys=tampered))
         assert refusal.value.reason == "bad_signature"
-    stranger = SecAggClient(other_parameters, victim, signatures.new_signing_key())
-    stranger.advertise_keys()
-    with pytest.raises(ProtocolViolation) as refusal:
-        stranger.share_keys({"stage": "share_keys", "public_keys": entries})
-    assert refusal.value.reason == "bad_signature"
+    other_parameters = SecAggConfig("round-replay", 12, 6, 5, 11, 1.0)  # another vector length
+    peer = entries[0]["client"]
+    signed = server.advertise_payload(peer, *server.keys[peer], server.nonces[peer])
+    assert signatures.verify(server.signing_keys[peer], from_base64(entries[0]["signature"], "signature"), signed)
+    assert not signatures.verify(server.signing_keys[peer], from_base64(entries[0]["signature"], "signature"),
+                                 signatures.advertise_payload(other_parameters, peer, *server.keys[peer],
+                                                              server.nonces[peer]))
 
 
 def test_the_server_drops_a_client_whose_advertised_keys_are_not_signed_by_its_registered_key():
-    config = SecAggConfig("round-unsigned", 12, 6, 4, 10, 1.0)
+    config = SecAggConfig("round-unsigned", 12, 6, 5, 10, 1.0)
     clients, server = _parties(config)
     replies = [c.advertise_keys() for c in clients.values()]
     replies[2]["signature"] = replies[3]["signature"]
@@ -283,7 +288,7 @@ def test_the_server_drops_a_client_whose_advertised_keys_are_not_signed_by_its_r
 
 
 def test_a_server_unmasking_for_another_set_than_the_one_signed_is_refused():
-    config = SecAggConfig("round-other-set", 12, 6, 4, 10, 1.0)
+    config = SecAggConfig("round-other-set", 12, 6, 5, 10, 1.0)
     clients, _, requests = _to_unmask(config, _inputs(config, 0))
     request = requests[0]
     with pytest.raises(ProtocolViolation) as refusal:
@@ -298,7 +303,7 @@ def test_a_server_unmasking_for_another_set_than_the_one_signed_is_refused():
     (lambda request: dict(request, stage="share_keys"), "wrong_stage"),
 ])
 def test_clients_refuse_survivor_sets_that_break_the_rules(tamper, reason):
-    config = SecAggConfig("round-rules", 10, 6, 4, 10, 1.0)
+    config = SecAggConfig("round-rules", 10, 6, 5, 10, 1.0)
     clients, server, requests, inputs = _through_masked_inputs(config, _inputs(config, 2))
     honest = server.collect_masked_inputs([clients[i].masked_input(r, inputs[i]) for i, r in requests.items()])
     with pytest.raises(ProtocolViolation) as refusal:
@@ -307,22 +312,20 @@ def test_clients_refuse_survivor_sets_that_break_the_rules(tamper, reason):
 
 
 def test_stages_out_of_order_and_too_few_neighbours_are_refused():
-    config = SecAggConfig("round-order", 10, 6, 4, 10, 1.0)
+    config = SecAggConfig("round-order", 10, 6, 5, 10, 1.0)
     clients, server = _parties(config)
     client = clients[0]
     with pytest.raises(ProtocolViolation) as refusal:
         client.unmask({"stage": "unmask", "survivors": [0, 1, 2, 3], "signatures": []})
     assert refusal.value.reason == "wrong_stage"
-    requests = server.collect_keys([c.advertise_keys() for c in clients.values()])
-    keys = requests[0]["public_keys"]
+    requests = server.collect_keys([c.advertise_keys() for c in list(clients.values())[:5]])  # 4 others advertised
     with pytest.raises(ProtocolViolation) as refusal:
-        client.share_keys({"stage": "share_keys", "public_keys": keys[:3]})
+        client.share_keys(requests[0])
     assert refusal.value.reason == "too_few_neighbours"
-    stranger = next(c for c in range(10) if c not in neighbours(config)[0] and c != 0)
-    fresh = SecAggClient(config, 0, signatures.new_signing_key())
-    fresh.advertise_keys()
-    with pytest.raises(ProtocolViolation, match="not this client's neighbours"):
-        fresh.share_keys({"stage": "share_keys", "public_keys": [dict(keys[0], client=stranger)]})
+    keys = requests[0]["public_keys"]
+    stranger = next(c for c in range(10) if c not in server.graph[0] and c != 0)
+    with pytest.raises(ProtocolViolation, match="advertised neighbours are"):
+        client.share_keys(dict(requests[0], public_keys=[dict(keys[0], client=stranger), *keys[1:]]))
 
 
 class _LyingHolder(SecAggClient):
@@ -349,7 +352,7 @@ class _BadDealer(SecAggClient):
 
 
 def test_a_holder_returning_wrong_shares_is_named_and_the_sum_stays_exact():
-    config = SecAggConfig("round-liar", 20, 12, 7, 20, 1.0)
+    config = SecAggConfig("round-liar", 20, 12, 8, 20, 1.0)
     inputs = _inputs(config, 3)
     key = signatures.new_signing_key()
     local = run_local_round(config, inputs, {"masked_input": {5, 6}}, clients={4: _LyingHolder(config, 4, key)},
@@ -361,7 +364,7 @@ def test_a_holder_returning_wrong_shares_is_named_and_the_sum_stays_exact():
 
 @pytest.mark.parametrize("dealer_drops", [False, True])
 def test_a_dealer_sharing_garbage_aborts_the_round_with_no_sum(dealer_drops):
-    config = SecAggConfig("round-dealer", 20, 12, 7, 20, 1.0)
+    config = SecAggConfig("round-dealer", 20, 12, 8, 20, 1.0)
     dropouts = {"masked_input": {9}} if dealer_drops else {}
     key = signatures.new_signing_key()
     with pytest.raises(RoundAborted) as aborted:
@@ -371,7 +374,7 @@ def test_a_dealer_sharing_garbage_aborts_the_round_with_no_sum(dealer_drops):
 
 
 def test_a_tampered_ciphertext_is_reported_and_others_suffice():
-    config = SecAggConfig("round-tamper", 20, 12, 7, 20, 1.0)
+    config = SecAggConfig("round-tamper", 20, 12, 8, 20, 1.0)
     inputs = _inputs(config, 5)
     clients, server, requests, _ = _through_masked_inputs(config, inputs)
     victim_holder = 2
@@ -386,19 +389,19 @@ def test_a_tampered_ciphertext_is_reported_and_others_suffice():
 
 
 def test_too_few_masked_inputs_abort_before_anyone_unmasks():
-    config = SecAggConfig("round-few", 10, 6, 4, 10, 1.0, minimum_survivors=5)
+    config = SecAggConfig("round-few", 10, 6, 5, 10, 1.0, minimum_survivors=5)
     with pytest.raises(RoundAborted, match="only 4 masked inputs"):
         run_local_round(config, _inputs(config, 6), {"masked_input": set(range(6))})
 
 
 def test_a_client_advertising_a_low_order_key_is_dropped_by_the_server_and_refused_by_clients():
-    config = SecAggConfig("round-keys", 12, 6, 4, 10, 1.0)
+    config = SecAggConfig("round-keys", 12, 6, 5, 10, 1.0)
     clients, server = _parties(config)
     replies = [client.advertise_keys() for client in clients.values()]
     replies[5]["mask_public_key"] = base64.b64encode(bytes(32)).decode()  # the all-zero point: no agreement
     requests = server.collect_keys(replies)
     assert 5 not in requests and "malformed keys" in server.misbehaving[5]
-    neighbour = neighbours(config)[5][0]
+    neighbour = server.graph[5][0]
     forged = dict(requests[neighbour])
     forged["public_keys"] = requests[neighbour]["public_keys"] + [
         {"client": 5, "cipher_public_key": replies[5]["cipher_public_key"], "mask_public_key": replies[5]["mask_public_key"],
