@@ -26,6 +26,7 @@ from fedzoo.secagg.bounds import SecAggBounds
 from fedzoo.secagg.client import pairwise_mask, self_mask
 from fedzoo.secagg.messages import STAGES, from_base64, to_base64
 from fedzoo.secagg.shamir import ShareError, combine_shares
+from fedzoo.secagg.signed_rounds import SignedRounds
 
 
 def _inputs(config, seed):
@@ -410,3 +411,145 @@ def test_a_client_advertising_a_low_order_key_is_dropped_by_the_server_and_refus
     with pytest.raises(ProtocolViolation) as refusal:
         clients[neighbour].share_keys(forged)
     assert refusal.value.reason == "malformed"
+
+
+def _answers(clients, answer, requests, refusals):
+    """Each client's reply to its request; a client that refuses is out (its reason kept in `refusals`)."""
+    replies = []
+    for index, request in requests.items():
+        try:
+            replies.append(answer(index, clients[index], request))
+        except ProtocolViolation as refusal:
+            refusals[index] = refusal.reason
+    return replies
+
+
+def _run_to_signing(config, registered, make_client, inputs, refusals):
+    """One run of the round up to its masked inputs, relayed honestly: (clients, server, masked replies)."""
+    clients = {index: make_client(index) for index in range(config.num_clients)}
+    server = SecAggServer(config, registered)
+    requests = server.collect_keys(_answers(clients, lambda i, c, r: c.advertise_keys(), dict.fromkeys(clients),
+                                            refusals))
+    requests = server.collect_shares(_answers(clients, lambda i, c, r: c.share_keys(r), requests, refusals))
+    masked = _answers(clients, lambda i, c, r: c.masked_input(r, inputs[i]), requests, refusals)
+    return clients, server, {reply["client"]: reply for reply in masked}
+
+
+def _stories(graph, victim, threshold):
+    """Issue #44's plan: each client x is told that some of the victim's neighbours dropped (at most k - t of its own
+    neighbours, so t of them still sign its story), such that every neighbour u of the victim is told dropped by t
+    of u's neighbours (who reveal u's mask key) while the victim survives in every story (its neighbours reveal
+    b). Returns each client's story, or None where this graph leaves no such plan."""
+    spare = len(graph[victim]) - threshold
+    dropped = {client: set() for client in graph}
+    for peer in graph[victim]:
+        tellers = [x for x in sorted(graph[peer], key=lambda x: len(dropped[x])) if len(dropped[x]) < spare]
+        if len(tellers) < threshold:
+            return None
+        for x in tellers[:threshold]:
+            dropped[x].add(peer)
+    return {client: sorted(set(graph) - dropped[client]) for client in graph}
+
+
+def _replayed_signatures(config, inputs, victim, make_client):
+    """Issue #44's first attack, with honest devices and pinned keys: k "preparation" runs under the round's id,
+    each failed before unmasking, collect every device's signature on each story a neighbour of it will be told;
+    the real run then tells each device its story with those signatures. Returns (what the server read of the
+    victim's input, or None; refusal reasons seen in the real run)."""
+    keys = {index: signatures.new_signing_key() for index in range(config.num_clients)}
+    registered = {index: signatures.public_bytes(key) for index, key in keys.items()}
+    collected, refusals = {}, {}
+    for run in range(config.neighbour_count):
+        try:
+            clients, server, _ = _run_to_signing(config, registered, lambda i: make_client(i, keys[i]), inputs, {})
+        except RoundAborted:
+            continue
+        stories = _stories(server.graph, victim, config.threshold) if server.graph else None
+        for signer, client in clients.items():
+            if stories is None:
+                break
+            told = sorted(server.graph[signer])[run] if run < len(server.graph[signer]) else signer
+            story = stories[told] if signer in stories[told] else stories[signer]
+            try:
+                signed = client.consistency_check({"stage": "consistency_check", "survivors": story})
+            except ProtocolViolation:
+                continue
+            collected[(signer, tuple(story))] = signed["signature"]
+    clients, server, masked = _run_to_signing(config, registered, lambda i: make_client(i, keys[i]), inputs, refusals)
+    stories = _stories(server.graph, victim, config.threshold) if victim in masked else None
+    if stories is None:
+        return None, refusals
+    signed_now = {}
+    for client in masked:
+        try:
+            signed_now[client] = clients[client].consistency_check({"stage": "consistency_check",
+                                                                     "survivors": stories[client]})["signature"]
+        except ProtocolViolation as refusal:
+            refusals[client] = refusal.reason
+    shares = {}
+    for client in signed_now:
+        story = stories[client]
+        signed = [{"client": peer, "signature": signed_now[peer] if stories.get(peer) == story and peer in signed_now
+                   else collected.get((peer, tuple(story)))} for peer in server.graph[client] if peer in story]
+        signed = [entry for entry in signed if entry["signature"] is not None]
+        try:
+            reply = clients[client].unmask({"stage": "unmask", "survivors": story, "signatures": signed})
+        except ProtocolViolation as refusal:
+            refusals[client] = refusal.reason
+            continue
+        for share in reply["shares"]:
+            shares.setdefault((share["owner"], share["kind"]), []).append((client + 1, _share_value(share)))
+    try:
+        seed = combine_shares(shares.get((victim, "self_mask"), []), config.threshold)
+        mask_keys = {peer: crypto.load_private_key(combine_shares(shares.get((peer, "mask_key"), []),
+                                                                  config.threshold))
+                     for peer in server.graph[victim]}
+    except ShareError:
+        return None, refusals
+    vector = np.frombuffer(from_base64(masked[victim]["masked_vector"], "masked_vector"),
+                           dtype=crypto.MASK_DTYPES[config.modulus_bits]).copy()
+    return _read_input(config, vector, victim, seed, mask_keys, server.keys[victim][1], server.graph[victim]), refusals
+
+
+def test_preparation_runs_under_the_same_round_id_are_refused_by_devices_that_remember_the_round():
+    """The devices keep their memory of signed round ids (the SDK keeps it in the state file): every run after
+    the first is refused at stage 1, so the server has nothing to replay."""
+    memory = {index: SignedRounds() for index in range(ATTACKED.num_clients)}
+    inputs = _inputs(ATTACKED, 7)
+    read, refusals = _replayed_signatures(
+        ATTACKED, inputs, 4, lambda i, key: SecAggClient(ATTACKED, i, key, NO_CORRUPTION, signed_rounds=memory[i]))
+    assert read is None
+    assert set(refusals.values()) == {"round_replayed"} and len(refusals) == ATTACKED.num_clients
+
+
+def test_survivor_set_signatures_from_preparation_runs_do_not_verify_in_the_real_run():
+    """Devices that forgot the round (a fresh memory each run): the graph and every signature are new each run, so
+    the signatures collected before do not count and the real run's devices reveal nothing to the attack."""
+    inputs = _inputs(ATTACKED, 7)
+    read, refusals = _replayed_signatures(
+        ATTACKED, inputs, 4, lambda i, key: SecAggClient(ATTACKED, i, key, NO_CORRUPTION))
+    assert read is None
+    assert refusals and set(refusals.values()) <= {"too_few_signatures", "bad_signature"}
+
+
+def test_a_signature_made_in_another_run_of_the_round_is_refused():
+    """The same signer, the same survivor set, the same round id and parameters: only the run differs."""
+    config = SecAggConfig("round-runs", 12, 6, 5, 10, 1.0)
+    keys = {index: signatures.new_signing_key() for index in range(12)}
+    registered = {index: signatures.public_bytes(key) for index, key in keys.items()}
+    inputs = _inputs(config, 8)
+    runs = []
+    for _ in range(2):
+        clients, server, masked = _run_to_signing(config, registered, lambda i: SecAggClient(config, i, keys[i]),
+                                                  inputs, {})
+        requests = server.collect_masked_inputs(list(masked.values()))
+        signed = [clients[i].consistency_check(r) for i, r in requests.items()]
+        runs.append((clients, {reply["client"]: reply["signature"] for reply in signed},
+                     server.collect_consistency(signed)))
+    (_, earlier, _), (clients, _, requests) = runs
+    request = requests[0]
+    first, *others = request["signatures"]
+    with pytest.raises(ProtocolViolation) as refusal:
+        clients[0].unmask(dict(request, signatures=[dict(first, signature=earlier[first["client"]]), *others]))
+    assert refusal.value.reason == "bad_signature"
+    assert clients[0].unmask(request)["shares"]  # the run's own signatures are taken
