@@ -51,8 +51,7 @@ from fedzoo.dp.clipping import clip_delta
 from fedzoo.dp.noise import DpFedAvg, quantised_sensitivity
 from fedzoo.errors import InvalidInputError
 from fedzoo.secagg import SecAggConfig, SecAggServer, dequantise_sum, flatten, signatures, unflatten
-from fedzoo.secagg.bounds import (SecAggBounds, corrupt_devices, largest_neighbour_count, neighbours_floor, survivors_floor,
-                                  threshold_floor)
+from fedzoo.secagg.bounds import corrupt_devices, largest_neighbour_count, survivors_floor, threshold_floor
 from fedzoo.secagg.crypto import MASK_DTYPES
 from fedzoo.secagg.errors import ProtocolViolation, RoundAborted
 from fedzoo.secagg.framing import decode_share_keys, decode_unmask
@@ -91,14 +90,15 @@ def next_stage(stage: str) -> str:
 
 def secagg_config(settings: SecureAggregationSettings, round_id: int, cohort: int, vector_length: int,
                   clip_range: float, min_clients: int) -> SecAggConfig:
-    """The round's SecAgg+ parameters for a cohort of `cohort` devices, within the default device bounds
-    (`fedzoo.secagg.bounds`): k capped below the cohort and raised above c, the corrupt devices a round of this
-    size must withstand; t at least (k + c) // 2 + 1; devices refuse to unmask a sum of fewer than
-    max(3, t, c + 2, min_clients) inputs (all of a cohort of 3)."""
+    """The round's SecAgg+ parameters for a cohort of `cohort` devices: k capped below the cohort; t as the
+    operator set it, else the default devices' floor (k + c) // 2 + 1 for the c corrupt devices a round of this
+    size must withstand (`fedzoo.secagg.bounds`); devices refuse to unmask a sum of fewer than
+    max(3, t, c + 2, min_clients) inputs (all of a cohort of 3). The defaults are within every default device's
+    bounds; parameters the operator set below them are sent as they are, and devices refuse them."""
     corrupt = corrupt_devices(cohort)
-    neighbour_count = min(max(settings.neighbour_count, neighbours_floor(cohort, corrupt, SecAggBounds.min_neighbour_count)),
-                          largest_neighbour_count(cohort))
-    threshold = max(threshold_floor(neighbour_count, corrupt), min(settings.threshold or 0, neighbour_count))
+    neighbour_count = min(settings.neighbour_count, largest_neighbour_count(cohort))
+    threshold = (max(neighbour_count // 2 + 1, min(settings.threshold, neighbour_count)) if settings.threshold
+                 else min(threshold_floor(neighbour_count, corrupt), neighbour_count))
     least = max(survivors_floor(threshold, corrupt), min_clients)
     return SecAggConfig(f"fl-round-{round_id}", cohort, neighbour_count, threshold, vector_length, clip_range,
                         settings.levels, minimum_survivors=min(cohort, least))

@@ -19,7 +19,7 @@ from fedzoo.server.fl import secure_rounds
 from fl_helpers import device_client, ready_simulation, round_config
 
 ADMIN = DEFAULT_ADMIN_TOKEN
-DEVICES = 6
+DEVICES = 8  # k = 6, t = 5: the devices' floor against 2 corrupt devices leaves room for one dropout
 POLL_S = 0.05
 
 
@@ -41,8 +41,8 @@ def simulation(federation, server, tmp_path):
 
 
 def secure_config(**overrides):
-    privacy = overrides.pop("privacy", {"secure_aggregation": {"neighbour_count": 4, "threshold": 3,
-                                                               "clip_range": 0.05, "stage_deadline_s": 3}})
+    privacy = overrides.pop("privacy", {"secure_aggregation": {"neighbour_count": 6, "clip_range": 0.05,
+                                                               "stage_deadline_s": 3}})
     settings = {"min_clients": 3, "target_clients": DEVICES, "deadline_s": 60, "poll_interval_s": POLL_S,
                 "max_accuracy_drop": 1.0, "privacy": privacy}
     return round_config(**{**settings, **overrides})
@@ -236,7 +236,7 @@ def test_devices_refuse_a_server_that_tells_each_a_different_survivor_set(simula
 
 
 def test_devices_refuse_parameters_below_their_own_bounds_whatever_the_server_says(simulation, federation):
-    """The operator's plan asks for 2 neighbours among 6 devices: valid for the server, below every device's floor."""
+    """The operator's plan asks for 2 neighbours among 8 devices: valid for the server, below every device's floor."""
     weak = {"secure_aggregation": {"neighbour_count": 2, "clip_range": 0.05, "stage_deadline_s": 3}}
     _, results, view = sdk_round(simulation, federation, secure_config(privacy=weak, deadline_s=10))
     assert [result.outcome for result in results] == ["refused: config_out_of_bounds"] * DEVICES
@@ -269,7 +269,8 @@ def test_plans_with_rules_that_need_every_update_are_refused_under_privacy(simul
 def test_secure_stage_endpoints_check_the_token_the_stage_and_the_body(simulation, federation):
     round_id = simulation.start_plan(secure_config())
     url = f"{simulation.server_url}/v1/fl/rounds/{round_id}/secagg"
-    keys = {"cipher_public_key": "A" * 43 + "=", "mask_public_key": "A" * 43 + "=", "signature": "A" * 86 + "=="}
+    keys = {"cipher_public_key": "A" * 43 + "=", "mask_public_key": "A" * 43 + "=", "nonce": "A" * 43 + "=",
+            "signature": "A" * 86 + "=="}
     tokens = simulation.tokens
     with httpx.Client(timeout=30) as http:
         auth = lambda index: {"Authorization": f"Bearer {tokens[index]}"}  # noqa: E731
@@ -301,7 +302,8 @@ def test_secure_stage_endpoints_check_the_token_the_stage_and_the_body(simulatio
             assert bad.status_code == 422 and bad.json()["error"]["field"] in ("signature", "survivors"), bad.text
         for body, field in (({**keys, "cipher_public_key": "short"}, "cipher_public_key"),
                             ({**keys, "client": 3}, "client"), ({"mask_public_key": keys["mask_public_key"]},
-                                                                 "cipher_public_key")):
+                                                                 "cipher_public_key"),
+                            ({**keys, "nonce": "A" * 20}, "nonce")):
             bad = http.post(f"{url}/advertise_keys", json=body, headers=auth(0))
             assert (bad.status_code, bad.json()["error"]["field"]) == (422, field), bad.text
         assert http.post(f"{url}/advertise_keys", content=b"{", headers={**auth(0), "Content-Type": "application/json"}
@@ -314,7 +316,7 @@ def test_secure_stage_endpoints_check_the_token_the_stage_and_the_body(simulatio
         protocol = SecAggConfig.from_dict(secure["config"])
         raw_key = base64.b64decode(keys["cipher_public_key"])
         keys["signature"] = base64.b64encode(device_client(simulation, 0).signing_key.sign(
-            signatures.advertise_payload(protocol, secure["client"], raw_key, raw_key))).decode()
+            signatures.advertise_payload(protocol, secure["client"], raw_key, raw_key, bytes(32)))).decode()
         stored = http.post(f"{url}/advertise_keys", json=keys, headers=auth(0))  # stored: the server checks keys later
         assert stored.status_code == 201 and stored.json()["received"] == 1
         again = http.post(f"{url}/advertise_keys", json=keys, headers=auth(0))
@@ -362,7 +364,7 @@ def test_a_server_restart_between_stages_loses_nothing_and_the_sum_is_exact(simu
             super()._run()
 
     round_id = simulation.start_plan(secure_config(privacy={"secure_aggregation": {
-        "neighbour_count": 4, "threshold": 3, "stage_deadline_s": 20}}))
+        "neighbour_count": 6, "stage_deadline_s": 20}}))
     parameters = read_float_initializers(federation.model)
     rng = np.random.default_rng(3)
     devices = [PausingDevice(device_client(simulation, index), federation.card.task,
@@ -386,7 +388,7 @@ def test_a_server_restart_between_stages_loses_nothing_and_the_sum_is_exact(simu
 def test_dp_with_secure_aggregation_records_epsilon_on_the_card(simulation, federation):
     from fedzoo.dp.accountant import epsilon_after
 
-    privacy = {"secure_aggregation": {"neighbour_count": 4, "threshold": 3, "stage_deadline_s": 5},
+    privacy = {"secure_aggregation": {"neighbour_count": 6, "stage_deadline_s": 5},
                "dp": {"max_epsilon": 50, "delta": 1e-5, "clip_norm": 0.5, "noise_multiplier": 1.5}}
     _, results, view = sdk_round(simulation, federation, secure_config(privacy=privacy))
     assert [result.outcome for result in results] == ["accepted"] * DEVICES
@@ -441,7 +443,7 @@ def test_two_gunicorn_workers_run_a_secure_round_with_a_dropout_to_the_exact_sum
             assert view["state"] == "closed", view["outcome"]
             assert view["outcome"]["secure_aggregation"]["survivors"] == DEVICES - 1
             _, published = published_parameters(simulation, view)
-            for name, value in expected_parameters(federation, view, devices[:5]).items():
+            for name, value in expected_parameters(federation, view, devices[:5] + devices[6:]).items():
                 np.testing.assert_allclose(published[name], value, rtol=0, atol=1e-6)
     finally:
         stop_gunicorn(server)
