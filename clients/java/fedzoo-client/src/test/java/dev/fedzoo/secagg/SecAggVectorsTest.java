@@ -216,12 +216,17 @@ class SecAggVectorsTest {
 
     /** An honest round of the vectors' configuration in this process, taken through stage 3 ({@link #lastGraphSeed}). */
     private static SecAggClient[] roundThroughMaskedInput() throws Exception {
+        return roundThroughMaskedInput(null);
+    }
+
+    /** The same with the devices' long-term keys {@code longTermKeys} (fresh ones where null). */
+    private static SecAggClient[] roundThroughMaskedInput(Ed25519PrivateKeyParameters[] longTermKeys) throws Exception {
         int n = config.numClients;
         SecAggClient[] clients = new SecAggClient[n];
         JSONObject[] adverts = new JSONObject[n];
         byte[][] signingKeys = new byte[n][];
         for (int c = 0; c < n; c++) {
-            Ed25519PrivateKeyParameters key = Signatures.newSigningKey();
+            Ed25519PrivateKeyParameters key = longTermKeys != null ? longTermKeys[c] : Signatures.newSigningKey();
             signingKeys[c] = Signatures.publicBytes(key);
             clients[c] = new SecAggClient(config, c, key, new SecAggBounds(), null);
             adverts[c] = clients[c].advertiseKeys();
@@ -304,5 +309,82 @@ class SecAggVectorsTest {
             out.put(entry);
         }
         return new JSONObject(request.toString()).put("signatures", out);
+    }
+
+    @Test
+    void aSurvivorSetSignatureFromAnotherRunOfTheRoundIsRefused() throws Exception {
+        Ed25519PrivateKeyParameters[] keys = new Ed25519PrivateKeyParameters[config.numClients];
+        for (int c = 0; c < keys.length; c++) {
+            keys[c] = Signatures.newSigningKey();
+        }
+        JSONArray everyone = new JSONArray();
+        for (int c = 0; c < config.numClients; c++) {
+            everyone.put(c);
+        }
+        JSONObject show = new JSONObject().put("stage", "consistency_check").put("survivors", everyone);
+        SecAggClient[] earlier = roundThroughMaskedInput(keys);
+        int neighbour = Graph.neighbours(config, lastGraphSeed, 0)[0];
+        Object earlierSignature = earlier[neighbour].consistencyCheck(show).get("signature");
+        SecAggClient[] clients = roundThroughMaskedInput(keys); // the same devices, round id and parameters
+        JSONArray signed = new JSONArray();
+        for (int peer : Graph.neighbours(config, lastGraphSeed, 0)) {
+            signed.put(new JSONObject().put("client", peer).put("signature", clients[peer].consistencyCheck(show)
+                    .get("signature")));
+        }
+        clients[0].consistencyCheck(show);
+        final JSONObject honest = new JSONObject().put("stage", "unmask").put("survivors", everyone).put("signatures",
+                signed);
+        JSONArray replayedSignatures = new JSONArray(signed.toString());
+        for (int i = 0; i < replayedSignatures.length(); i++) {
+            if (replayedSignatures.getJSONObject(i).getInt("client") == neighbour) {
+                replayedSignatures.getJSONObject(i).put("signature", earlierSignature);
+            }
+        }
+        final JSONObject replayed = new JSONObject(honest.toString()).put("signatures", replayedSignatures);
+        assertEquals("bad_signature", assertThrows(ProtocolViolation.class, () -> clients[0].unmask(replayed)).reason());
+        assertEquals(true, clients[0].unmask(honest).getJSONArray("shares").length() > 0);
+    }
+
+    @Test
+    void aDeviceTakesPartInARoundIdOnceAndRemembersItInItsStateStore() throws Exception {
+        File directory = TestSupport.workDirectory("signed-rounds");
+        Ed25519PrivateKeyParameters key = Signatures.newSigningKey();
+        dev.fedzoo.client.StateStore store = new dev.fedzoo.client.StateStore(directory);
+        store.put("server", "https://fl.example");
+        new SecAggClient(config, 1, key, new SecAggBounds(), null, signedRoundsOf(store)).advertiseKeys();
+        final SecAggClient again = new SecAggClient(config, 1, key, new SecAggBounds(), null,
+                signedRoundsOf(new dev.fedzoo.client.StateStore(directory))); // a restarted app
+        assertEquals("round_replayed", assertThrows(ProtocolViolation.class, () -> again.advertiseKeys()).reason());
+        store.put("server", "https://other.example"); // another server's round of the same name is another round
+        new SecAggClient(config, 1, key, new SecAggBounds(), null, signedRoundsOf(store)).advertiseKeys();
+    }
+
+    private static SignedRounds signedRoundsOf(dev.fedzoo.client.StateStore store) {
+        return new dev.fedzoo.client.FedzooClient("http://127.0.0.1:9", null, TestSupport.workDirectory("cache"))
+                .keepStateIn(store).signedRounds();
+    }
+
+    @Test
+    void aGraphWithoutTheDevicesNonceOrWithNeighboursTheServerChoseIsRefused() throws Exception {
+        SecAggClient device = new SecAggClient(config, 0, Signatures.newSigningKey(), new SecAggBounds(), null);
+        JSONObject advert = device.advertiseKeys();
+        TreeMap<Integer, byte[]> nonces = new TreeMap<Integer, byte[]>();
+        for (int c = 0; c < config.numClients; c++) {
+            nonces.put(c, c == 0 ? Base64.decode(advert.getString("nonce")) : Hex.decode(String.format("%064x", c)));
+        }
+        TreeMap<Integer, byte[]> withoutIt = new TreeMap<Integer, byte[]>(nonces);
+        withoutIt.put(0, new byte[Signatures.NONCE_BYTES]);
+        final JSONObject missing = new JSONObject().put("stage", "share_keys").put("public_keys", new JSONArray())
+                .put("advertised", Base64.toBase64String(Graph.advertisedBytes(withoutIt)));
+        assertEquals("malformed", assertThrows(ProtocolViolation.class, () -> device.shareKeys(missing)).reason());
+        int[] around = Graph.neighbours(config, Graph.graphSeed(config, nonces), 0);
+        int chosen = -1;
+        for (int c = 1; c < config.numClients && chosen < 0; c++) {
+            chosen = Arrays.binarySearch(around, c) < 0 ? c : -1;
+        }
+        JSONArray keys = new JSONArray().put(new JSONObject().put("client", chosen));
+        final JSONObject seated = new JSONObject().put("stage", "share_keys").put("public_keys", keys)
+                .put("advertised", Base64.toBase64String(Graph.advertisedBytes(nonces)));
+        assertEquals("malformed", assertThrows(ProtocolViolation.class, () -> device.shareKeys(seated)).reason());
     }
 }
