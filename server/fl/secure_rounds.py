@@ -58,9 +58,11 @@ from fedzoo.secagg.framing import decode_share_keys, decode_unmask
 from fedzoo.secagg.messages import STAGES, from_base64, to_base64
 from fedzoo.server.db import Database
 from fedzoo.server.errors import Conflict, Forbidden, ValidationFailed
-from fedzoo.server.fl.models import (ACTIVE_STATES, FLParticipant, FLPrivateRound, FLRound, FLSecureMessage,
-                                    PrivacyLine)
-from fedzoo.server.fl.schemas import RoundConfig, SecureAggregationSettings, SecureAggregationTask, TaskPrivacy
+from fedzoo.server.fl import quarantine
+from fedzoo.server.fl.models import (ACTIVE_STATES, FLParticipant, FLPrivateRound, FLRefusedUpload, FLRound,
+                                    FLSecureMessage, PrivacyLine, SEAT_FAILURES)
+from fedzoo.server.fl.schemas import (QuarantinePolicy, RoundConfig, SecureAggregationSettings, SecureAggregationTask,
+                                     TaskPrivacy)
 from fedzoo.server.fl.strategies import Parameters, Strategy
 from fedzoo.server.models import DeviceRecord
 
@@ -295,6 +297,31 @@ class PrivateRounds:
                 FLSecureMessage.round_id == round_id, FLSecureMessage.stage == stage))
         return {"round_id": round_id, "stage": stage, "client": client, "received": received,
                 "expected": len(expected)}
+
+    def record_seat_failures(self, session: Session, round_id: int, policy: QuarantinePolicy | None,
+                             now: datetime) -> None:
+        """A SecAgg+ round ended: each seated device that missed a stage it was asked for, once that stage closed,
+        is recorded as `aborted` (unless it declined), and the cohort's quarantine is reviewed: declined and
+        aborted seats count like updates left out (`server.fl.quarantine`)."""
+        row = session.get(FLPrivateRound, round_id)
+        if row is None or row.stage is None or row.participants_json is None:
+            return
+        participants = json.loads(row.participants_json)
+        closed = STAGES if row.stage == DONE else STAGES[: STAGES.index(row.stage)]
+        failed = set(session.scalars(select(FLRefusedUpload.device_id).where(
+            FLRefusedUpload.round_id == round_id, FLRefusedUpload.kind.in_(SEAT_FAILURES))))
+        replied = {(stage, client) for stage, client in session.execute(
+            select(FLSecureMessage.stage, FLSecureMessage.client).where(FLSecureMessage.round_id == round_id))}
+        for stage in closed:
+            for client in self._protocol(session, round_id, stage)[1]:
+                device_id = participants[client]
+                if (stage, client) not in replied and device_id not in failed:
+                    failed.add(device_id)
+                    session.add(FLRefusedUpload(round_id=round_id, device_id=device_id, kind="aborted", upload_bytes=0,
+                                                reason=f"took a SecAgg+ seat and did not answer stage {stage!r}",
+                                                received_at=now))
+        session.flush()
+        quarantine.review(session, round_id, participants, policy, now)
 
     @staticmethod
     def has_finished(session: Session, round_id: int, device_id: str) -> bool:

@@ -532,3 +532,28 @@ def test_a_new_line_from_a_dp_model_starts_from_the_ledger_its_signed_card_carri
     child = federation.card.model_copy(update={"id": "pruned", "details": {"federated": {"privacy": {"dp": claim}}}})
     assert secure_rounds.inherited_ledger(child, 1e-5, "rdp") == ([[1.5, 1.0, 2]], 1e-6, "pld")
     assert secure_rounds.inherited_ledger(federation.card, 1e-5, "rdp") == ([], 1e-5, "rdp")
+
+
+def test_an_insider_that_takes_secure_seats_and_drops_out_every_round_is_quarantined(simulation, federation):
+    """Issue #44: the device claims SecAgg+, takes its seat and vanishes after key sharing, round after round. Each
+    seat it abandons counts like an update left out; its history shows in the participants view."""
+    policy = {"quarantine": {"max_exclusions": 2, "window_updates": 3}}
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+    rounds = []
+    for _ in range(2):
+        round_id, devices, view = run_scripted_round(simulation, federation, secure_config(**policy),
+                                                     {2: {"stop_before": "masked_input"}})
+        assert view["state"] == "closed", view["outcome"]
+        rounds.append(round_id)
+    insiders = set()
+    for round_id in rounds:
+        participants = {entry["device_id"]: entry for entry in httpx.get(
+            f"{simulation.server_url}/v1/fl/rounds/{round_id}/participants", headers=headers).json()["participants"]}
+        insiders |= {device for device, entry in participants.items() if entry["status"] == "aborted"}
+        (insider,) = insiders  # the same one device, the one that dropped out, in both rounds
+        assert participants[insider]["reason"] == "took a SecAgg+ seat and did not answer stage 'masked_input'"
+        assert {entry["status"] for device, entry in participants.items() if device != insider} == {"no_update"}
+    quarantined = httpx.get(f"{simulation.server_url}/v1/fl/quarantine", headers=headers).json()
+    assert [entry["device_id"] for entry in quarantined["devices"]] == [insider]
+    assert "SecAgg+ seats" in quarantined["devices"][0]["reason"]
+    assert participants[insider]["quarantined"] is True
