@@ -60,18 +60,22 @@ def review(session: Session, round_id: int, device_ids: list[str], policy: Quara
         failures_by_device = _recent_seat_failures(session, candidates, policy.window_updates)
         for device_id in candidates:
             row = rows.get(device_id)
-            recent = sorted([(_aware(update.received_at), _counts(update, policy))
+            # (when, counts towards quarantine, a SecAgg+ seat rather than an update), newest first
+            recent = sorted([(_aware(update.received_at), _counts(update, policy), False)
                              for update in recent_by_device.get(device_id, [])]
-                            + [(_aware(failure.received_at), True) for failure in failures_by_device.get(device_id, [])],
+                            + [(_aware(failure.received_at), True, True)
+                               for failure in failures_by_device.get(device_id, [])],
                             key=lambda event: event[0], reverse=True)[:policy.window_updates]
             if row is not None:  # released: only what came after counts
                 recent = [event for event in recent if event[0] > _aware(row.released_at)]
-            exclusions = sum(counted for _, counted in recent)
+            exclusions = sum(counted for _, counted, _ in recent)
             if exclusions < policy.max_exclusions:
                 continue
-            reason = (f"{exclusions} of its last {len(recent)} updates or SecAgg+ seats were left out of aggregation "
-                      f"or abandoned (policy: {policy.max_exclusions} of {policy.window_updates}); round {round_id} "
-                      "decided it")
+            seats = any(seat for _, _, seat in recent)
+            reason = (f"{exclusions} of its last {len(recent)} "
+                      + ("updates or SecAgg+ seats were left out of aggregation or abandoned" if seats
+                         else "updates were left out of aggregation")
+                      + f" (policy: {policy.max_exclusions} of {policy.window_updates}); round {round_id} decided it")
             if row is None:
                 session.add(FLQuarantine(device_id=device_id, round_id=round_id, reason=reason, quarantined_at=now))
             else:
