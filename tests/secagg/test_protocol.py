@@ -24,6 +24,7 @@ from fedzoo.secagg import (
 )
 from fedzoo.secagg.bounds import SecAggBounds
 from fedzoo.secagg.client import pairwise_mask, self_mask
+from fedzoo.secagg.graph import neighbours
 from fedzoo.secagg.messages import STAGES, from_base64, to_base64
 from fedzoo.secagg.shamir import ShareError, combine_shares
 from fedzoo.secagg.signed_rounds import SignedRounds
@@ -146,28 +147,41 @@ def _inconsistent_stories(config, inputs, client_class, victim):
     story = {client: sorted((everyone - around) | ({client} if client in around else set())) for client in everyone}
     signed = {client: clients[client].consistency_check({"stage": "consistency_check", "survivors": story[client]})
               for client in everyone}
-    shares, refusals = {}, {}
-    for client in everyone:
-        # the best the server can do: every neighbour's signature made on the very story this client heard
-        same_story = [{"client": peer, "signature": signed[peer]["signature"]}
-                      for peer in server.graph[client] if story[peer] == story[client]]
+    refusals = {}
+    # the best the server can do: every neighbour's signature made on the very story this client heard
+    shares = _reveal(clients, {client: {"stage": "unmask", "survivors": story[client], "signatures": [
+        {"client": peer, "signature": signed[peer]["signature"]} for peer in server.graph[client]
+        if story[peer] == story[client]]} for client in everyone}, refusals)
+    return _read_from_shares(config, server, masked[victim], victim, shares), refusals
+
+
+def _reveal(clients, requests, refusals):
+    """Each client's unmask reply to its request, pooled as (owner, kind) -> [(x, value)]; refusals are recorded."""
+    shares = {}
+    for client, request in requests.items():
         try:
-            reply = clients[client].unmask({"stage": "unmask", "survivors": story[client], "signatures": same_story})
+            reply = clients[client].unmask(request)
         except ProtocolViolation as refusal:
             refusals[client] = refusal.reason
             continue
         for share in reply["shares"]:
             shares.setdefault((share["owner"], share["kind"]), []).append((client + 1, _share_value(share)))
+    return shares
+
+
+def _read_from_shares(config, server, masked_reply, victim, shares):
+    """What the server reads of the victim's input from the pooled shares: its seed and its neighbours' mask keys
+    recovered, every mask removed from its masked vector; None when a secret cannot be recovered."""
+    around = sorted(server.graph[victim])
     try:
         seed = combine_shares(shares.get((victim, "self_mask"), []), config.threshold)
         mask_keys = {peer: crypto.load_private_key(combine_shares(shares.get((peer, "mask_key"), []), config.threshold))
                      for peer in around}
     except ShareError:
-        return None, refusals
-    victim_keys = server.keys[victim]
-    masked_vector = from_base64(masked[victim]["masked_vector"], "masked_vector")
-    vector = np.frombuffer(masked_vector, dtype=crypto.MASK_DTYPES[config.modulus_bits]).copy()
-    return _read_input(config, vector, victim, seed, mask_keys, victim_keys[1], sorted(around)), refusals
+        return None
+    vector = np.frombuffer(from_base64(masked_reply["masked_vector"], "masked_vector"),
+                           dtype=crypto.MASK_DTYPES[config.modulus_bits]).copy()
+    return _read_input(config, vector, victim, seed, mask_keys, server.keys[victim][1], around)
 
 
 # n = 30, k = 8, t = 5: the parameters of the review that found the attack
@@ -442,8 +456,12 @@ def _stories(graph, victim, threshold):
     b). Returns each client's story, or None where this graph leaves no such plan."""
     spare = len(graph[victim]) - threshold
     dropped = {client: set() for client in graph}
-    for peer in graph[victim]:
-        tellers = [x for x in sorted(graph[peer], key=lambda x: len(dropped[x])) if len(dropped[x]) < spare]
+    inside = set(graph[victim]) | {victim}
+    # a greedy plan: the neighbours with the fewest tellers outside the victim's neighbourhood first, and tellers
+    # from outside it first (their spare capacity serves nothing else); it finds one on every shuffled ring tried
+    for peer in sorted(graph[victim], key=lambda peer: (len(set(graph[peer]) & inside), peer)):
+        tellers = [x for x in sorted(graph[peer], key=lambda x: (x in inside, len(dropped[x]), x))
+                   if len(dropped[x]) < spare]
         if len(tellers) < threshold:
             return None
         for x in tellers[:threshold]:
@@ -486,29 +504,15 @@ def _replayed_signatures(config, inputs, victim, make_client):
                                                                      "survivors": stories[client]})["signature"]
         except ProtocolViolation as refusal:
             refusals[client] = refusal.reason
-    shares = {}
+    requests = {}
     for client in signed_now:
         story = stories[client]
         signed = [{"client": peer, "signature": signed_now[peer] if stories.get(peer) == story and peer in signed_now
                    else collected.get((peer, tuple(story)))} for peer in server.graph[client] if peer in story]
-        signed = [entry for entry in signed if entry["signature"] is not None]
-        try:
-            reply = clients[client].unmask({"stage": "unmask", "survivors": story, "signatures": signed})
-        except ProtocolViolation as refusal:
-            refusals[client] = refusal.reason
-            continue
-        for share in reply["shares"]:
-            shares.setdefault((share["owner"], share["kind"]), []).append((client + 1, _share_value(share)))
-    try:
-        seed = combine_shares(shares.get((victim, "self_mask"), []), config.threshold)
-        mask_keys = {peer: crypto.load_private_key(combine_shares(shares.get((peer, "mask_key"), []),
-                                                                  config.threshold))
-                     for peer in server.graph[victim]}
-    except ShareError:
-        return None, refusals
-    vector = np.frombuffer(from_base64(masked[victim]["masked_vector"], "masked_vector"),
-                           dtype=crypto.MASK_DTYPES[config.modulus_bits]).copy()
-    return _read_input(config, vector, victim, seed, mask_keys, server.keys[victim][1], server.graph[victim]), refusals
+        requests[client] = {"stage": "unmask", "survivors": story,
+                            "signatures": [entry for entry in signed if entry["signature"] is not None]}
+    shares = _reveal(clients, requests, refusals)
+    return _read_from_shares(config, server, masked[victim], victim, shares), refusals
 
 
 def test_preparation_runs_under_the_same_round_id_are_refused_by_devices_that_remember_the_round():
@@ -530,6 +534,7 @@ def test_survivor_set_signatures_from_preparation_runs_do_not_verify_in_the_real
         ATTACKED, inputs, 4, lambda i, key: SecAggClient(ATTACKED, i, key, NO_CORRUPTION))
     assert read is None
     assert refusals and set(refusals.values()) <= {"too_few_signatures", "bad_signature"}
+    assert _stories(neighbours(ATTACKED, os.urandom(32)), 4, ATTACKED.threshold) is not None  # the plan exists
 
 
 def test_a_signature_made_in_another_run_of_the_round_is_refused():
