@@ -22,11 +22,11 @@ from fedzoo.secagg import (
     run_local_round,
     signatures,
 )
-from fedzoo.secagg.bounds import SecAggBounds
+from fedzoo.secagg.bounds import SecAggBounds, corrupt_devices, threshold_floor
 from fedzoo.secagg.client import pairwise_mask, self_mask
-from fedzoo.secagg.graph import neighbours
+from fedzoo.secagg.graph import neighbours, ring_order
 from fedzoo.secagg.messages import STAGES, from_base64, to_base64
-from fedzoo.secagg.shamir import ShareError, combine_shares
+from fedzoo.secagg.shamir import SHARE_BYTES, ShareError, combine_shares
 from fedzoo.secagg.signed_rounds import SignedRounds
 
 
@@ -558,3 +558,85 @@ def test_a_signature_made_in_another_run_of_the_round_is_refused():
         clients[0].unmask(dict(request, signatures=[dict(first, signature=earlier[first["client"]]), *others]))
     assert refusal.value.reason == "bad_signature"
     assert clients[0].unmask(request)["shares"]  # the run's own signatures are taken
+
+
+class _Sybil(SecAggClient):
+    """A device the server made (or an insider working with it): it follows the protocol, and hands the server both
+    shares it holds of any neighbour's secrets."""
+
+    def both_shares(self, owner):
+        key = crypto.agree(self._cipher_private, self._cipher_public_keys[owner], "share-encryption",
+                           self.config.context)
+        plaintext = crypto.decrypt(key, self._received[owner],
+                                   client_module.share_associated_data(self.config, owner, self.client))
+        return (int.from_bytes(plaintext[8 : 8 + SHARE_BYTES], "big"), int.from_bytes(plaintext[8 + SHARE_BYTES :], "big"))
+
+
+def _two_sybils_next_to_the_victim(config, inputs, bounds, victim=0):
+    """Issue #44's second attack, with pinned keys: the server's two devices sit on either side of the victim (a
+    grind of the graph succeeded). Every honest device on the victim's left, the victim included, hears "everyone
+    survived"; every one on its right hears "everyone but the victim". Each then finds t signatures on its own
+    story among its neighbours (the two Sybils sign both), so the left reveals shares of the victim's seed and the
+    right shares of its mask key, and with the Sybils' two shares each the server holds t of both when
+    t <= (k + 2)/2. Returns (what the server read of the victim's input or None, refusal reasons)."""
+    keys = {index: signatures.new_signing_key() for index in range(config.num_clients)}
+    registered = {index: signatures.public_bytes(key) for index, key in keys.items()}
+    pinned = frozenset(registered.values())
+    try:
+        clients = {index: _Sybil(config, index, keys[index], bounds, pinned) for index in range(config.num_clients)}
+    except ProtocolViolation as refusal:
+        return None, {"every device": refusal.reason}
+    server = SecAggServer(config, registered)
+    requests = server.collect_keys([client.advertise_keys() for client in clients.values()])
+    requests = server.collect_shares([clients[i].share_keys(r) for i, r in requests.items()])
+    masked = {i: clients[i].masked_input(r, inputs[i]) for i, r in requests.items()}
+    order, n = ring_order(config, server.graph_seed), config.num_clients
+    at = order.index(victim)
+    sybils = {order[(at - 1) % n], order[(at + 1) % n]}
+    right = {order[(at + step) % n] for step in range(1, n - n // 2)}
+    story = {client: sorted(set(range(n)) - ({victim} if client in right else set())) for client in range(n)}
+    signed = {client: clients[client].consistency_check({"stage": "consistency_check", "survivors": story[client]})
+              ["signature"] for client in range(n) if client not in sybils}
+
+    def signature(peer, survivors):
+        if peer in sybils:  # the server signs any story with its devices' keys
+            return to_base64(keys[peer].sign(server.consistency_payload(peer, survivors)))
+        return signed[peer] if story[peer] == survivors else None
+
+    refusals = {}
+    shares = _reveal(clients, {client: {"stage": "unmask", "survivors": story[client], "signatures": [
+        {"client": peer, "signature": signature(peer, story[client])} for peer in server.graph[client]
+        if signature(peer, story[client]) is not None]} for client in server.graph[victim] if client not in sybils},
+        refusals)
+    for sybil in sybils:
+        seed_share, key_share = clients[sybil].both_shares(victim)
+        shares.setdefault((victim, "self_mask"), []).append((sybil + 1, seed_share))
+        shares.setdefault((victim, "mask_key"), []).append((sybil + 1, key_share))
+    try:
+        seed = combine_shares(shares[(victim, "self_mask")], config.threshold)
+        mask_key = crypto.load_private_key(combine_shares(shares[(victim, "mask_key")], config.threshold))
+    except ShareError:
+        return None, refusals
+    value = np.frombuffer(from_base64(masked[victim]["masked_vector"], "masked_vector"),
+                          dtype=crypto.MASK_DTYPES[config.modulus_bits]) - self_mask(config, seed)
+    for peer in server.graph[victim]:
+        mask = pairwise_mask(config, mask_key, server.keys[peer][1])
+        value = value - mask if victim < peer else value + mask
+    return value, refusals
+
+
+@pytest.mark.parametrize("num_clients, neighbour_count", [(30, 8), pytest.param(100, 60, marks=pytest.mark.slow)])
+def test_two_sybils_next_to_the_victim_read_it_at_t_k_over_2_plus_1_and_devices_refuse_that_t(num_clients,
+                                                                                               neighbour_count):
+    """Issue #44: at the server's old default t = k/2 + 1 two of its devices next to the victim suffice, pinned keys
+    and the consistency check notwithstanding. A device's default bounds (two corrupt devices at least) refuse that
+    t; at their floor the same attack leaves the server short of both secrets."""
+    old = SecAggConfig("round-sybils", num_clients, neighbour_count, neighbour_count // 2 + 1, 6, 1.0)
+    inputs = _inputs(old, 9)
+    read, refusals = _two_sybils_next_to_the_victim(old, inputs, NO_CORRUPTION)
+    assert refusals == {} and np.array_equal(read, inputs[0])  # what a device without the bound gives away
+    assert _two_sybils_next_to_the_victim(old, inputs, SecAggBounds()) == (None, {"every device": "config_out_of_bounds"})
+    threshold = threshold_floor(neighbour_count, corrupt_devices(num_clients))  # 6 at k = 8, 33 at k = 60
+    floor = SecAggConfig("round-sybils", num_clients, neighbour_count, threshold, 6, 1.0)
+    read, refusals = _two_sybils_next_to_the_victim(floor, _inputs(floor, 9), SecAggBounds())
+    assert read is None
