@@ -37,7 +37,7 @@ from fedzoo.capabilities import PYTHON_SDK, Capabilities
 from fedzoo.cards import ModelCard
 from fedzoo.clients.card_trust import CardVerifier
 from fedzoo.clients.confirmation import ConfirmationPolicy, confirmed_lookup
-from fedzoo.clients.device_state import load_state, update_state
+from fedzoo.clients.device_state import StateFileSignedRounds, load_state, update_state
 from fedzoo.clients.download import BlobCache, download_blob, sha256_of_file
 from fedzoo.clients.errors import IntegrityError
 from fedzoo.clients.http import FedzooHTTP, RetryPolicy
@@ -45,6 +45,7 @@ from fedzoo.clients.metered import MeteredBytes, MeteredFile, ProgressCallback
 from fedzoo.device import DeviceProfile
 from fedzoo.errors import InvalidInputError
 from fedzoo.secagg import signatures
+from fedzoo.secagg.signed_rounds import SignedRounds
 from fedzoo.signing import TrustedKeys
 
 # Rotate the device token once less than this share of its lifetime is left (the Java SDK does the same).
@@ -99,6 +100,8 @@ class FedzooClient:
             self.http.token = saved["token"]
             self.token_refresh_at_s = saved.get("token_refresh_at_s")
         self.signing_key = signing_key
+        # the SecAgg+ round ids this device took part in: it never signs under one twice (docs/privacy.md)
+        self.signed_rounds = StateFileSignedRounds(self.state_file) if self.state_file is not None else SignedRounds()
         if signing_key is None and saved.get(SIGNING_KEY_STATE):
             self.signing_key = signatures.load_signing_key(base64.b64decode(saved[SIGNING_KEY_STATE]))
 

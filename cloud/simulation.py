@@ -55,6 +55,7 @@ from fedzoo.edge.runtime import create_session
 from fedzoo.edge.trainer import Trainer, write_parameters
 from fedzoo.errors import InvalidInputError
 from fedzoo.secagg import RoundAborted, dequantise_sum, example_weight, flatten, quantise, run_local_round, unflatten
+from fedzoo.secagg.bounds import corrupt_devices, largest_neighbour_count, survivors_floor, threshold_floor
 from fedzoo.secagg.config import SecAggConfig
 from fedzoo.secagg.signatures import load_signing_key
 from fedzoo.secagg.signatures import private_bytes as signing_private_bytes
@@ -634,7 +635,7 @@ def _seconds_until(moment: str) -> float:
 @dataclass(frozen=True)
 class SecureAggregationOptions:
     """SecAgg+ in every round. Each cohort of m gets k = min(neighbour_count, m - 1 made even) and
-    t = max(threshold, k // 2 + 1); `dropout_after_key_sharing` of the cohort vanish before sending their
+    t = max(threshold, the devices' floor (k + c) // 2 + 1); `dropout_after_key_sharing` of the cohort vanish before sending their
     masked input (the costliest moment to drop). Without DP, each coordinate is clipped to +-clip_range and
     weights are examples capped at max_examples."""
 
@@ -706,9 +707,12 @@ def _train_private(context: _PrivateContext, work: _PrivateWork) -> tuple[dict[s
 
 def _cohort_secagg_config(options: SecureAggregationOptions, round_id: str, cohort: int, vector_length: int,
                           clip_range: float) -> SecAggConfig:
-    neighbour_count = min(options.neighbour_count, (cohort - 1) // 2 * 2)
-    threshold = min(neighbour_count, max(options.threshold, neighbour_count // 2 + 1))
-    return SecAggConfig(round_id, cohort, neighbour_count, threshold, vector_length, clip_range, options.levels)
+    """k capped below the cohort, t raised to the default devices' floor (`fedzoo.secagg.bounds`)."""
+    corrupt = corrupt_devices(cohort)
+    neighbour_count = min(options.neighbour_count, largest_neighbour_count(cohort))
+    threshold = min(neighbour_count, max(options.threshold, threshold_floor(neighbour_count, corrupt)))
+    return SecAggConfig(round_id, cohort, neighbour_count, threshold, vector_length, clip_range, options.levels,
+                        minimum_survivors=min(cohort, survivors_floor(threshold, corrupt)))
 
 
 class ServerStep:

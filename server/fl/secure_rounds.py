@@ -51,16 +51,18 @@ from fedzoo.dp.clipping import clip_delta
 from fedzoo.dp.noise import DpFedAvg, quantised_sensitivity
 from fedzoo.errors import InvalidInputError
 from fedzoo.secagg import SecAggConfig, SecAggServer, dequantise_sum, flatten, signatures, unflatten
-from fedzoo.secagg.config import least_survivors
+from fedzoo.secagg.bounds import corrupt_devices, largest_neighbour_count, survivors_floor, threshold_floor
 from fedzoo.secagg.crypto import MASK_DTYPES
 from fedzoo.secagg.errors import ProtocolViolation, RoundAborted
 from fedzoo.secagg.framing import decode_share_keys, decode_unmask
 from fedzoo.secagg.messages import STAGES, from_base64, to_base64
 from fedzoo.server.db import Database
 from fedzoo.server.errors import Conflict, Forbidden, ValidationFailed
-from fedzoo.server.fl.models import (ACTIVE_STATES, FLParticipant, FLPrivateRound, FLRound, FLSecureMessage,
-                                    PrivacyLine)
-from fedzoo.server.fl.schemas import RoundConfig, SecureAggregationSettings, SecureAggregationTask, TaskPrivacy
+from fedzoo.server.fl import quarantine
+from fedzoo.server.fl.models import (ACTIVE_STATES, FLParticipant, FLPrivateRound, FLRefusedUpload, FLRound,
+                                    FLSecureMessage, PrivacyLine, SEAT_FAILURES)
+from fedzoo.server.fl.schemas import (QuarantinePolicy, RoundConfig, SecureAggregationSettings, SecureAggregationTask,
+                                     TaskPrivacy)
 from fedzoo.server.fl.strategies import Parameters, Strategy
 from fedzoo.server.models import DeviceRecord
 
@@ -90,12 +92,18 @@ def next_stage(stage: str) -> str:
 
 def secagg_config(settings: SecureAggregationSettings, round_id: int, cohort: int, vector_length: int,
                   clip_range: float, min_clients: int) -> SecAggConfig:
-    """The round's SecAgg+ parameters for a cohort of `cohort` devices: k capped below the cohort, t above k/2,
-    and devices refuse to unmask a sum of fewer than max(3, t, min_clients) inputs (all of a cohort of 3)."""
-    neighbour_count = min(settings.neighbour_count, (cohort - 1) // 2 * 2)
-    threshold = max(neighbour_count // 2 + 1, min(settings.threshold or 0, neighbour_count))
+    """The round's SecAgg+ parameters for a cohort of `cohort` devices: k capped below the cohort; t as the
+    operator set it, else the default devices' floor (k + c) // 2 + 1 for the c corrupt devices a round of this
+    size must withstand (`fedzoo.secagg.bounds`); devices refuse to unmask a sum of fewer than
+    max(3, t, c + 2, min_clients) inputs (all of a cohort of 3). The defaults are within every default device's
+    bounds; parameters the operator set below them are sent as they are, and devices refuse them."""
+    corrupt = corrupt_devices(cohort)
+    neighbour_count = min(settings.neighbour_count, largest_neighbour_count(cohort))
+    threshold = (max(neighbour_count // 2 + 1, min(settings.threshold, neighbour_count)) if settings.threshold
+                 else min(threshold_floor(neighbour_count, corrupt), neighbour_count))
+    least = max(survivors_floor(threshold, corrupt), min_clients)
     return SecAggConfig(f"fl-round-{round_id}", cohort, neighbour_count, threshold, vector_length, clip_range,
-                        settings.levels, minimum_survivors=min(cohort, max(least_survivors(threshold), min_clients)))
+                        settings.levels, minimum_survivors=min(cohort, least))
 
 
 def with_calibrated_noise(config: RoundConfig) -> RoundConfig:
@@ -269,7 +277,7 @@ class PrivateRounds:
         if stage == "masked_input":
             _check_masked_vector(body, protocol)
         if stage in ("advertise_keys", "consistency_check"):
-            _check_signature(body, stage, protocol, client, server.signing_keys.get(client), expected[client])
+            _check_signature(body, stage, server, client, expected[client])
         with self.database.session() as session:
             # the same conditional write as closing the stage: a reply either lands in an open stage or is refused
             still_open = session.execute(
@@ -289,6 +297,31 @@ class PrivateRounds:
                 FLSecureMessage.round_id == round_id, FLSecureMessage.stage == stage))
         return {"round_id": round_id, "stage": stage, "client": client, "received": received,
                 "expected": len(expected)}
+
+    def record_seat_failures(self, session: Session, round_id: int, policy: QuarantinePolicy | None,
+                             now: datetime) -> None:
+        """A SecAgg+ round ended: each seated device that missed a stage it was asked for, once that stage closed,
+        is recorded as `aborted` (unless it declined), and the cohort's quarantine is reviewed: declined and
+        aborted seats count like updates left out (`server.fl.quarantine`)."""
+        row = session.get(FLPrivateRound, round_id)
+        if row is None or row.stage is None or row.participants_json is None:
+            return
+        participants = json.loads(row.participants_json)
+        closed = STAGES if row.stage == DONE else STAGES[: STAGES.index(row.stage)]
+        failed = set(session.scalars(select(FLRefusedUpload.device_id).where(
+            FLRefusedUpload.round_id == round_id, FLRefusedUpload.kind.in_(SEAT_FAILURES))))
+        replied = {(stage, client) for stage, client in session.execute(
+            select(FLSecureMessage.stage, FLSecureMessage.client).where(FLSecureMessage.round_id == round_id))}
+        for stage in closed:
+            for client in self._protocol(session, round_id, stage)[1]:
+                device_id = participants[client]
+                if (stage, client) not in replied and device_id not in failed:
+                    failed.add(device_id)
+                    session.add(FLRefusedUpload(round_id=round_id, device_id=device_id, kind="aborted", upload_bytes=0,
+                                                reason=f"took a SecAgg+ seat and did not answer stage {stage!r}",
+                                                received_at=now))
+        session.flush()
+        quarantine.review(session, round_id, participants, policy, now)
 
     @staticmethod
     def has_finished(session: Session, round_id: int, device_id: str) -> bool:
@@ -531,17 +564,16 @@ def _check_masked_vector(body: bytes, protocol: SecAggConfig) -> None:
                                 field="masked_vector")
 
 
-def _check_signature(body: bytes, stage: str, protocol: SecAggConfig, client: int, signing_key: bytes | None,
-                     request: dict[str, Any]) -> None:
-    """422 unless the reply's signature is the device's, over its keys (advertise_keys) or over the survivor set it
-    was sent (consistency_check): a reply its neighbours would refuse is never stored."""
+def _check_signature(body: bytes, stage: str, server: SecAggServer, client: int, request: dict[str, Any]) -> None:
+    """422 unless the reply's signature is the device's, over its keys and nonce (advertise_keys) or over the
+    survivor set it was sent (consistency_check): a reply its neighbours would refuse is never stored."""
     reply = json.loads(body)
+    signing_key = server.signing_keys.get(client)
     try:
         signature = from_base64(reply.get("signature"), "signature")
-        payload = (signatures.advertise_payload(protocol, client, from_base64(reply["cipher_public_key"], "key"),
-                                                from_base64(reply["mask_public_key"], "key"))
-                   if stage == "advertise_keys" else
-                   signatures.consistency_payload(protocol, client, request["survivors"]))
+        payload = (server.advertise_payload(client, *(from_base64(reply.get(name), name) for name in
+                                                      ("cipher_public_key", "mask_public_key", "nonce")))
+                   if stage == "advertise_keys" else server.consistency_payload(client, request["survivors"]))
     except ProtocolViolation:
         signature, payload = b"", b""
     if signing_key is None or not signatures.verify(signing_key, signature, payload):

@@ -14,7 +14,7 @@ from secagg_vectors import CONFIG, VECTORS_PATH, vectors_text  # noqa: E402
 from fedzoo.secagg import ProtocolViolation, SecAggClient, SecAggConfig, SecAggServer, quantise
 from fedzoo.secagg import crypto, signatures
 from fedzoo.secagg.client import MASK_KEY, SELF_MASK, self_mask_commitment, share_commitment
-from fedzoo.secagg.graph import neighbours
+from fedzoo.secagg.graph import advertised_bytes, graph_seed, neighbours, read_advertised
 from fedzoo.secagg.shamir import combine_shares
 
 VECTORS = json.loads(VECTORS_PATH.read_text())
@@ -60,7 +60,13 @@ def test_share_decryption_shamir_and_commitments():
 
 
 def test_graph_and_quantisation():
-    assert {str(client): peers for client, peers in neighbours(CONFIG).items()} == VECTORS["graph"]
+    graph = VECTORS["graph"]
+    nonces = {int(client): bytes.fromhex(nonce) for client, nonce in graph["nonces"].items()}
+    assert advertised_bytes(nonces).hex() == graph["advertised"]
+    assert read_advertised(bytes.fromhex(graph["advertised"]), CONFIG.num_clients) == nonces
+    seed = graph_seed(CONFIG, nonces)
+    assert seed.hex() == graph["seed"]
+    assert {str(client): peers for client, peers in neighbours(CONFIG, seed).items()} == graph["neighbours"]
     case = VECTORS["quantise"]
     for generator_seed in range(3):  # on exact levels the rounding does not depend on the generator
         ring = quantise(np.array(case["vector"]), CONFIG, case["weight"], np.random.default_rng(generator_seed))
@@ -74,20 +80,25 @@ def test_signed_payloads_and_signatures():
     assert signatures.public_bytes(key) == public_key
     assert signatures.config_digest(CONFIG).hex() == case["config_digest"]
     advertise = case["advertise"]
-    payload = signatures.advertise_payload(CONFIG, advertise["client"], bytes.fromhex(advertise["cipher_public_key"]),
-                                           bytes.fromhex(advertise["mask_public_key"]))
+    keys = bytes.fromhex(advertise["cipher_public_key"]), bytes.fromhex(advertise["mask_public_key"])
+    nonce = bytes.fromhex(advertise["nonce"])
+    payload = signatures.advertise_payload(CONFIG, advertise["client"], *keys, nonce)
     consistency = case["consistency"]
     survivors = consistency["survivors"]
-    signer = consistency["client"]
+    signer, seed = consistency["client"], bytes.fromhex(consistency["graph_seed"])
     for signed, expected in ((payload, advertise),
-                             (signatures.consistency_payload(CONFIG, signer, survivors), consistency),
-                             (signatures.consistency_payload(CONFIG, signer, survivors[::-1]), consistency)):
+                             (signatures.consistency_payload(CONFIG, signer, *keys, nonce, seed, survivors), consistency),
+                             (signatures.consistency_payload(CONFIG, signer, *keys, nonce, seed, survivors[::-1]),
+                              consistency)):
         assert signed.hex() == expected["payload"]
         assert key.sign(signed).hex() == expected["signature"]
         assert signatures.verify(public_key, bytes.fromhex(expected["signature"]), signed)
         assert not signatures.verify(public_key, bytes.fromhex(expected["signature"]), signed[:-1] + b"\x00")
     other_round = SecAggConfig.from_dict(dict(VECTORS["config"], round_id="vector-round-2"))
-    assert signatures.consistency_payload(other_round, consistency["client"], survivors).hex() != consistency["payload"]
+    for other in (signatures.consistency_payload(other_round, signer, *keys, nonce, seed, survivors),
+                  signatures.consistency_payload(CONFIG, signer, *keys, bytes(32), seed, survivors),
+                  signatures.consistency_payload(CONFIG, signer, *keys, nonce, bytes(32), survivors)):
+        assert other.hex() != consistency["payload"]
 
 
 def _round_through_masked_inputs():
@@ -101,13 +112,23 @@ def _round_through_masked_inputs():
     return clients
 
 
+def _resolved(request, client):
+    """The request with "neighbour" / "stranger" signers replaced by one of `client`'s neighbours / another client."""
+    stand_ins = {"neighbour": min(client.neighbours),
+                 "stranger": min(set(range(CONFIG.num_clients)) - client.neighbours - {client.client})}
+    signed = [dict(entry, client=stand_ins.get(entry["client"], entry["client"]))
+              for entry in request.get("signatures", [])]
+    return dict(request, signatures=signed) if "signatures" in request else request
+
+
 @pytest.mark.parametrize("case", VECTORS["refusals"], ids=lambda case: case["reason"])
 def test_refusals(case):
     client = _round_through_masked_inputs()[case["client"]]
     if case["signed_survivors"] is not None:
         client.consistency_check({"stage": "consistency_check", "survivors": case["signed_survivors"]})
     with pytest.raises(ProtocolViolation) as refusal:
-        getattr(client, "unmask" if case["signed_survivors"] is not None else "consistency_check")(case["request"])
+        getattr(client, "unmask" if case["signed_survivors"] is not None else "consistency_check")(
+            _resolved(case["request"], client))
     assert refusal.value.reason == case["reason"]
 
 

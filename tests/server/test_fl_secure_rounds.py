@@ -19,7 +19,7 @@ from fedzoo.server.fl import secure_rounds
 from fl_helpers import device_client, ready_simulation, round_config
 
 ADMIN = DEFAULT_ADMIN_TOKEN
-DEVICES = 6
+DEVICES = 8  # k = 6, t = 5: the devices' floor against 2 corrupt devices leaves room for one dropout
 POLL_S = 0.05
 
 
@@ -41,8 +41,8 @@ def simulation(federation, server, tmp_path):
 
 
 def secure_config(**overrides):
-    privacy = overrides.pop("privacy", {"secure_aggregation": {"neighbour_count": 4, "threshold": 3,
-                                                               "clip_range": 0.05, "stage_deadline_s": 3}})
+    privacy = overrides.pop("privacy", {"secure_aggregation": {"neighbour_count": 6, "clip_range": 0.05,
+                                                               "stage_deadline_s": 3}})
     settings = {"min_clients": 3, "target_clients": DEVICES, "deadline_s": 60, "poll_interval_s": POLL_S,
                 "max_accuracy_drop": 1.0, "privacy": privacy}
     return round_config(**{**settings, **overrides})
@@ -236,7 +236,7 @@ def test_devices_refuse_a_server_that_tells_each_a_different_survivor_set(simula
 
 
 def test_devices_refuse_parameters_below_their_own_bounds_whatever_the_server_says(simulation, federation):
-    """The operator's plan asks for 2 neighbours among 6 devices: valid for the server, below every device's floor."""
+    """The operator's plan asks for 2 neighbours among 8 devices: valid for the server, below every device's floor."""
     weak = {"secure_aggregation": {"neighbour_count": 2, "clip_range": 0.05, "stage_deadline_s": 3}}
     _, results, view = sdk_round(simulation, federation, secure_config(privacy=weak, deadline_s=10))
     assert [result.outcome for result in results] == ["refused: config_out_of_bounds"] * DEVICES
@@ -269,7 +269,8 @@ def test_plans_with_rules_that_need_every_update_are_refused_under_privacy(simul
 def test_secure_stage_endpoints_check_the_token_the_stage_and_the_body(simulation, federation):
     round_id = simulation.start_plan(secure_config())
     url = f"{simulation.server_url}/v1/fl/rounds/{round_id}/secagg"
-    keys = {"cipher_public_key": "A" * 43 + "=", "mask_public_key": "A" * 43 + "=", "signature": "A" * 86 + "=="}
+    keys = {"cipher_public_key": "A" * 43 + "=", "mask_public_key": "A" * 43 + "=", "nonce": "A" * 43 + "=",
+            "signature": "A" * 86 + "=="}
     tokens = simulation.tokens
     with httpx.Client(timeout=30) as http:
         auth = lambda index: {"Authorization": f"Bearer {tokens[index]}"}  # noqa: E731
@@ -301,7 +302,8 @@ def test_secure_stage_endpoints_check_the_token_the_stage_and_the_body(simulatio
             assert bad.status_code == 422 and bad.json()["error"]["field"] in ("signature", "survivors"), bad.text
         for body, field in (({**keys, "cipher_public_key": "short"}, "cipher_public_key"),
                             ({**keys, "client": 3}, "client"), ({"mask_public_key": keys["mask_public_key"]},
-                                                                 "cipher_public_key")):
+                                                                 "cipher_public_key"),
+                            ({**keys, "nonce": "A" * 20}, "nonce")):
             bad = http.post(f"{url}/advertise_keys", json=body, headers=auth(0))
             assert (bad.status_code, bad.json()["error"]["field"]) == (422, field), bad.text
         assert http.post(f"{url}/advertise_keys", content=b"{", headers={**auth(0), "Content-Type": "application/json"}
@@ -314,7 +316,7 @@ def test_secure_stage_endpoints_check_the_token_the_stage_and_the_body(simulatio
         protocol = SecAggConfig.from_dict(secure["config"])
         raw_key = base64.b64decode(keys["cipher_public_key"])
         keys["signature"] = base64.b64encode(device_client(simulation, 0).signing_key.sign(
-            signatures.advertise_payload(protocol, secure["client"], raw_key, raw_key))).decode()
+            signatures.advertise_payload(protocol, secure["client"], raw_key, raw_key, bytes(32)))).decode()
         stored = http.post(f"{url}/advertise_keys", json=keys, headers=auth(0))  # stored: the server checks keys later
         assert stored.status_code == 201 and stored.json()["received"] == 1
         again = http.post(f"{url}/advertise_keys", json=keys, headers=auth(0))
@@ -362,7 +364,7 @@ def test_a_server_restart_between_stages_loses_nothing_and_the_sum_is_exact(simu
             super()._run()
 
     round_id = simulation.start_plan(secure_config(privacy={"secure_aggregation": {
-        "neighbour_count": 4, "threshold": 3, "stage_deadline_s": 20}}))
+        "neighbour_count": 6, "stage_deadline_s": 20}}))
     parameters = read_float_initializers(federation.model)
     rng = np.random.default_rng(3)
     devices = [PausingDevice(device_client(simulation, index), federation.card.task,
@@ -386,7 +388,7 @@ def test_a_server_restart_between_stages_loses_nothing_and_the_sum_is_exact(simu
 def test_dp_with_secure_aggregation_records_epsilon_on_the_card(simulation, federation):
     from fedzoo.dp.accountant import epsilon_after
 
-    privacy = {"secure_aggregation": {"neighbour_count": 4, "threshold": 3, "stage_deadline_s": 5},
+    privacy = {"secure_aggregation": {"neighbour_count": 6, "stage_deadline_s": 5},
                "dp": {"max_epsilon": 50, "delta": 1e-5, "clip_norm": 0.5, "noise_multiplier": 1.5}}
     _, results, view = sdk_round(simulation, federation, secure_config(privacy=privacy))
     assert [result.outcome for result in results] == ["accepted"] * DEVICES
@@ -441,7 +443,7 @@ def test_two_gunicorn_workers_run_a_secure_round_with_a_dropout_to_the_exact_sum
             assert view["state"] == "closed", view["outcome"]
             assert view["outcome"]["secure_aggregation"]["survivors"] == DEVICES - 1
             _, published = published_parameters(simulation, view)
-            for name, value in expected_parameters(federation, view, devices[:5]).items():
+            for name, value in expected_parameters(federation, view, devices[:5] + devices[6:]).items():
                 np.testing.assert_allclose(published[name], value, rtol=0, atol=1e-6)
     finally:
         stop_gunicorn(server)
@@ -530,3 +532,28 @@ def test_a_new_line_from_a_dp_model_starts_from_the_ledger_its_signed_card_carri
     child = federation.card.model_copy(update={"id": "pruned", "details": {"federated": {"privacy": {"dp": claim}}}})
     assert secure_rounds.inherited_ledger(child, 1e-5, "rdp") == ([[1.5, 1.0, 2]], 1e-6, "pld")
     assert secure_rounds.inherited_ledger(federation.card, 1e-5, "rdp") == ([], 1e-5, "rdp")
+
+
+def test_an_insider_that_takes_secure_seats_and_drops_out_every_round_is_quarantined(simulation, federation):
+    """Issue #44: the device claims SecAgg+, takes its seat and vanishes after key sharing, round after round. Each
+    seat it abandons counts like an update left out; its history shows in the participants view."""
+    policy = {"quarantine": {"max_exclusions": 2, "window_updates": 3}}
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+    rounds = []
+    for _ in range(2):
+        round_id, devices, view = run_scripted_round(simulation, federation, secure_config(**policy),
+                                                     {2: {"stop_before": "masked_input"}})
+        assert view["state"] == "closed", view["outcome"]
+        rounds.append(round_id)
+    insiders = set()
+    for round_id in rounds:
+        participants = {entry["device_id"]: entry for entry in httpx.get(
+            f"{simulation.server_url}/v1/fl/rounds/{round_id}/participants", headers=headers).json()["participants"]}
+        insiders |= {device for device, entry in participants.items() if entry["status"] == "aborted"}
+        (insider,) = insiders  # the same one device, the one that dropped out, in both rounds
+        assert participants[insider]["reason"] == "took a SecAgg+ seat and did not answer stage 'masked_input'"
+        assert {entry["status"] for device, entry in participants.items() if device != insider} == {"no_update"}
+    quarantined = httpx.get(f"{simulation.server_url}/v1/fl/quarantine", headers=headers).json()
+    assert [entry["device_id"] for entry in quarantined["devices"]] == [insider]
+    assert "SecAgg+ seats" in quarantined["devices"][0]["reason"]
+    assert participants[insider]["quarantined"] is True

@@ -9,13 +9,17 @@ A second SDK that reproduces every case speaks the same protocol:
 - `share_decryption`: a share ciphertext (nonce || ChaCha20-Poly1305) that opens to a known plaintext;
 - `shamir`: shares over GF(2^256 + 297) and the secret any `threshold` of them give;
 - `commitments`: the share and seed commitments the server checks;
-- `graph`: each client's neighbours for a round configuration;
+- `graph`: every client's stage-1 nonce, the advertised list the server relays (`advertised`, hex of
+  `graph.advertised_bytes`), the graph seed it gives and each client's neighbours;
 - `quantise`: inputs on exact levels (so rounding is deterministic) and the ring values they become;
-- `signing`: the configuration digest, and the stage 1 (advertised keys) and stage 4 (survivor set) payloads
-  with their Ed25519 signatures under a fixed key (Ed25519 signatures are deterministic);
+- `signing`: the configuration digest, and the stage 1 (advertised keys and nonce) and stage 4 (survivor set,
+  with the signer's keys, nonce and the graph seed) payloads with their Ed25519 signatures under a fixed key
+  (Ed25519 signatures are deterministic);
 - `refusals`: consistency_check and unmask requests an honest client must refuse, with the
   `ProtocolViolation.reason` (`signed_survivors`: the set client 0 signed first, or null when the request
-  is the consistency_check itself), and configurations outside the default `SecAggBounds`;
+  is the consistency_check itself); a signature entry's `client` of "neighbour" or "stranger" stands for one
+  of client 0's neighbours or a client that is not (the graph of a live run is drawn from fresh nonces);
+- `bounds_refusals`: configurations outside the default `SecAggBounds` (corruption budget 5%, at least two);
 - `framing`: a share_keys and an unmask reply and their binary framing (`fedzoo.secagg.framing`), as the
   REST endpoints take them; the consistency_check reply is JSON `{"signature": <base64 of 64 bytes>}`.
 """
@@ -43,12 +47,12 @@ from fedzoo.secagg.config import SecAggConfig
 from fedzoo.secagg.encoding import quantise
 from fedzoo.secagg.framing import encode_share_keys, encode_unmask
 from fedzoo.secagg.messages import to_base64
-from fedzoo.secagg.graph import neighbours
+from fedzoo.secagg.graph import advertised_bytes, graph_seed, neighbours
 from fedzoo.secagg.shamir import PRIME
 
 VECTORS_PATH = Path(__file__).with_name("secagg_vectors.json")
-CONFIG = SecAggConfig("vector-round-1", num_clients=8, neighbour_count=4, threshold=3, vector_length=6,
-                      clip_range=0.5, minimum_survivors=3)
+CONFIG = SecAggConfig("vector-round-1", num_clients=8, neighbour_count=4, threshold=4, vector_length=6,
+                      clip_range=0.5, minimum_survivors=4)
 
 
 def seed(label: str) -> bytes:
@@ -79,26 +83,37 @@ def _framing_case() -> dict[str, Any]:
             "unmask": {"reply": unmask, "framed": _hex(encode_unmask(unmask))}}
 
 
+NONCES = {client: seed(f"stage-1 nonce {client}") for client in range(CONFIG.num_clients) if client != 6}
+GRAPH_SEED = graph_seed(CONFIG, NONCES)
+
+
+def _graph_case() -> dict[str, Any]:
+    return {"nonces": {str(client): _hex(nonce) for client, nonce in NONCES.items()},
+            "advertised": _hex(advertised_bytes(NONCES)), "seed": _hex(GRAPH_SEED),
+            "neighbours": {str(client): peers for client, peers in neighbours(CONFIG, GRAPH_SEED).items()}}
+
+
 def _signing_case() -> dict[str, Any]:
     key = signatures.load_signing_key(seed("device signing key"))
     cipher_public = crypto.public_bytes(crypto.load_private_key(seed("cipher key")))
     mask_public = crypto.public_bytes(crypto.load_private_key(seed("mask key")))
-    advertise = signatures.advertise_payload(CONFIG, 1, cipher_public, mask_public)
+    advertise = signatures.advertise_payload(CONFIG, 1, cipher_public, mask_public, NONCES[1])
     survivors = [0, 1, 2, 4, 5, 7]
-    consistency = signatures.consistency_payload(CONFIG, 1, survivors)
+    consistency = signatures.consistency_payload(CONFIG, 1, cipher_public, mask_public, NONCES[1], GRAPH_SEED,
+                                                 survivors)
     return {
         "private_key": _hex(seed("device signing key")), "public_key": _hex(signatures.public_bytes(key)),
         "config_digest": _hex(signatures.config_digest(CONFIG)),
         "advertise": {"client": 1, "cipher_public_key": _hex(cipher_public), "mask_public_key": _hex(mask_public),
-                      "payload": _hex(advertise), "signature": _hex(key.sign(advertise))},
-        "consistency": {"client": 1, "survivors": survivors, "payload": _hex(consistency),
-                        "signature": _hex(key.sign(consistency))},
+                      "nonce": _hex(NONCES[1]), "payload": _hex(advertise), "signature": _hex(key.sign(advertise))},
+        "consistency": {"client": 1, "graph_seed": _hex(GRAPH_SEED), "survivors": survivors,
+                        "payload": _hex(consistency), "signature": _hex(key.sign(consistency))},
     }
 
 
 def _refusal_cases() -> list[dict[str, Any]]:
     everyone = list(range(CONFIG.num_clients))
-    neighbour, stranger = neighbours(CONFIG)[0][0], next(c for c in everyone if c not in neighbours(CONFIG)[0] and c)
+    neighbour, stranger = "neighbour", "stranger"  # resolved against client 0's graph in the run (see above)
     zero_signature = to_base64(bytes(64))
 
     def unmask(survivors: list[int], signed: list[dict[str, Any]]) -> dict[str, Any]:
@@ -126,9 +141,13 @@ def _refusal_cases() -> list[dict[str, Any]]:
 def _bounds_cases() -> list[dict[str, Any]]:
     """Valid configurations an honest client with the default SecAggBounds refuses (`config_out_of_bounds`)."""
     base = CONFIG.to_dict()
-    return [dict(base, num_clients=12, neighbour_count=2, threshold=2, minimum_survivors=3),  # k below 4
-            dict(base, num_clients=70_000, neighbour_count=4, threshold=3, minimum_survivors=3, levels=1),  # n > 65,536
-            dict(base, num_clients=500, neighbour_count=202, threshold=102, minimum_survivors=102)]  # k above 200
+    return [dict(base, num_clients=12, neighbour_count=2, threshold=2, minimum_survivors=4),  # k below 4
+            dict(base, num_clients=70_000, neighbour_count=4, threshold=4, minimum_survivors=4, levels=1),  # n > 65,536
+            dict(base, num_clients=500, neighbour_count=202, threshold=120, minimum_survivors=120),  # k above 200
+            dict(base, num_clients=30, neighbour_count=8, threshold=5, minimum_survivors=5),  # t = k/2 + 1 < 6
+            dict(base, num_clients=100, neighbour_count=60, threshold=31, minimum_survivors=31),  # t < 33 (c = 5)
+            dict(base, num_clients=200, neighbour_count=8, threshold=8, minimum_survivors=8),  # k <= c = 10
+            dict(base, num_clients=60, neighbour_count=4, threshold=4, minimum_survivors=4)]  # survivors < c + 2 = 5
 
 
 def secagg_vectors() -> dict[str, Any]:
@@ -169,7 +188,7 @@ def secagg_vectors() -> dict[str, Any]:
                                "commitment": self_mask_commitment(CONFIG, 1, seed("self mask seed"))},
         },
         "framing": _framing_case(),
-        "graph": {str(client): peers for client, peers in neighbours(CONFIG).items()},
+        "graph": _graph_case(),
         "quantise": {"vector": on_levels.tolist(), "weight": 1.0,
                      "ring": quantise(on_levels, CONFIG, 1.0, np.random.default_rng(0)).tolist()},
         "signing": _signing_case(),

@@ -20,6 +20,7 @@ import dev.fedzoo.edge.DeviceProfile;
 import dev.fedzoo.edge.EdgeSession;
 import dev.fedzoo.fl.Capabilities;
 import dev.fedzoo.secagg.Signatures;
+import dev.fedzoo.secagg.SignedRounds;
 
 /**
  * One device's session with one fedzoo server, as {@code fedzoo.clients.client.FedzooClient}: register, look up
@@ -57,6 +58,7 @@ public final class FedzooClient {
 
     private CardVerifier verifier;
     private StateStore state;
+    private SignedRounds signedRounds = new SignedRounds();
     private String deviceId;
     private Ed25519PrivateKeyParameters signingKey;
     private long tokenRefreshAtMs = -1;
@@ -88,8 +90,14 @@ public final class FedzooClient {
      * Keeps this device's identity in {@code state} (server, device id, token and when to refresh it, accepted card
      * versions), and takes a token saved there earlier when none was given: a restarted app carries on.
      */
-    public FedzooClient keepStateIn(StateStore state) {
+    public FedzooClient keepStateIn(final StateStore state) {
         this.state = state;
+        this.signedRounds = new SignedRounds() {
+            @Override
+            public void claim(String roundId) {
+                state.claimSignedRound(roundId);
+            }
+        };
         JSONObject saved = state.load();
         deviceId = saved.optString("device_id", null);
         if (signingKey == null && saved.has(SIGNING_KEY_STATE)) {
@@ -118,6 +126,11 @@ public final class FedzooClient {
     /** Whether cards must verify against pinned keys ({@link #requireSignedCards}). */
     public boolean signedCardsRequired() {
         return verifier != null;
+    }
+
+    /** The SecAgg+ round ids this device took part in: kept in the {@link #keepStateIn state} where there is one. */
+    public SignedRounds signedRounds() {
+        return signedRounds;
     }
 
     /** The HTTP layer (token, retries, sleeper). */

@@ -8,10 +8,12 @@ import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
 
+import org.json.JSONArray;
 import org.json.JSONException;
 import org.json.JSONObject;
 
 import dev.fedzoo.FedzooException;
+import dev.fedzoo.secagg.SignedRounds;
 
 /**
  * What a device must remember across process death, in one app-private directory (on Android,
@@ -19,7 +21,8 @@ import dev.fedzoo.FedzooException;
  * <ul>
  * <li>{@code state.json}: {@code server}, {@code device_id}, {@code token} (as the Python CLI's
  * {@code ~/.config/fedzoo/client.json}) and {@code accepted_line_versions} (model line → the newest signed card
- * version accepted, which {@link CardVerifier} refuses to roll back from; raised only by a compare-and-swap under
+ * version accepted, which {@link CardVerifier} refuses to roll back from; and {@code secagg_signed_rounds}, the
+ * SecAgg+ round ids the device took part in, see {@link #claimSignedRound}; raised only by a compare-and-swap under
  * an exclusive lock on {@code state.lock}, so two processes cannot write an older version over a newer one);</li>
  * <li>{@code pending/<round>.npz} + {@code pending/<round>.json}: an update trained but not yet confirmed by
  * the server, re-sent by the next participation (a 409 {@code duplicate_update} then counts as delivered).</li>
@@ -29,6 +32,7 @@ import dev.fedzoo.FedzooException;
  */
 public final class StateStore {
     static final String ACCEPTED_VERSIONS = "accepted_line_versions";
+    static final String SIGNED_ROUNDS = "secagg_signed_rounds";
     private final File directory;
     private final File pendingDirectory;
 
@@ -139,6 +143,34 @@ public final class StateStore {
             throw new FedzooException("cannot lock " + new File(directory, "state.lock") + ": " + error.getMessage(), error);
         } catch (JSONException error) {
             throw new FedzooException("cannot record version of " + lineId + ": " + error.getMessage());
+        }
+    }
+
+    /**
+     * Records that this device takes part in SecAgg+ round {@code roundId} of the state's server (as Python's
+     * {@code StateFileSignedRounds}): a compare-and-swap under {@code state.lock} that refuses
+     * ({@link ProtocolViolation} {@code round_replayed}) a round id recorded before.
+     */
+    public synchronized void claimSignedRound(String roundId) {
+        try (RandomAccessFile locked = lockState()) {
+            JSONObject state = load();
+            String key = SignedRounds.roundKey(state.optString("server", "") + " " + roundId);
+            JSONArray taken = state.optJSONArray(SIGNED_ROUNDS);
+            if (taken == null) {
+                taken = new JSONArray();
+                state.put(SIGNED_ROUNDS, taken);
+            }
+            for (int i = 0; i < taken.length(); i++) {
+                if (key.equals(taken.optString(i))) {
+                    throw SignedRounds.replayed(roundId);
+                }
+            }
+            taken.put(key);
+            save(state);
+        } catch (IOException error) {
+            throw new FedzooException("cannot lock " + new File(directory, "state.lock") + ": " + error.getMessage(), error);
+        } catch (JSONException error) {
+            throw new FedzooException("cannot record round " + roundId + ": " + error.getMessage());
         }
     }
 

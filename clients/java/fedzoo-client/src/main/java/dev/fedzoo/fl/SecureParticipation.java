@@ -96,7 +96,8 @@ public final class SecureParticipation {
                 try {
                     if (protocol == null) {
                         protocol = new SecAggClient(SecAggConfig.fromJson(secure.optJSONObject("config")),
-                                secure.optInt("client"), client.signingKey(), bounds, trustedSigningKeys);
+                                secure.optInt("client"), client.signingKey(), bounds, trustedSigningKeys,
+                                client.signedRounds());
                         ring = input.ringInput(protocol.config());
                     }
                     reply = answer(protocol, stage, request, ring);
