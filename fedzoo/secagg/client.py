@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from fedzoo.device_certificates import CertificatePolicy, DeviceCertificateError
 from fedzoo.secagg import crypto, signatures
 from fedzoo.secagg.bounds import SecAggBounds
 from fedzoo.secagg.config import SecAggConfig
@@ -84,16 +85,20 @@ class SecAggClient:
 
     `signing_key` is the device's long-term Ed25519 key (its public half registered with the server);
     `bounds` are the device's own limits on the configuration; `trusted_signing_keys`, when the operator
-    pins the enrolled devices' public keys on the device, are the only neighbour keys it accepts."""
+    pins the enrolled devices' public keys on the device, are the only neighbour keys it accepts; `certificates`,
+    when given, makes it accept a neighbour's key only with the operator's certificate for the device the server
+    names, one seat per device (`fedzoo.device_certificates`)."""
 
     def __init__(self, config: SecAggConfig, client: int, signing_key: Ed25519PrivateKey,
-                 bounds: SecAggBounds = SecAggBounds(), trusted_signing_keys: frozenset[bytes] | None = None) -> None:
+                 bounds: SecAggBounds = SecAggBounds(), trusted_signing_keys: frozenset[bytes] | None = None,
+                 certificates: CertificatePolicy | None = None) -> None:
         if not 0 <= client < config.num_clients:
             raise ProtocolViolation(f"client number {client} is outside [0, {config.num_clients})", reason="malformed")
         bounds.check(config)
         self.config, self.client = config, client
         self.neighbours = set(neighbours(config)[client])
         self._signing_key, self._trusted_signing_keys = signing_key, trusted_signing_keys
+        self._certificates, self._neighbour_devices = certificates, dict[str, int]()
         self._stage = "advertise_keys"
         self._cipher_private = self._mask_private = self._seed = None
         self._mask_public_keys: dict[int, bytes] = {}
@@ -245,7 +250,21 @@ class SecAggClient:
         if not signatures.verify(signing_key, signature, payload):
             raise ProtocolViolation(f"client {peer}'s keys do not carry its signature: the server may have replaced "
                                     "them", reason="bad_signature")
+        if self._certificates is not None:
+            self._check_certificate(peer, entry, signing_key)
         return signing_key
+
+    def _check_certificate(self, peer: int, entry: dict[str, Any], signing_key: bytes) -> None:
+        """Only a key the operator certified for the device the server names, and one seat per device."""
+        try:
+            device = self._certificates.verify(entry.get("certificate"), entry.get("device_id"), signing_key)
+        except DeviceCertificateError as error:
+            raise ProtocolViolation(f"client {peer}'s signing key is not vouched for by the operator ({error.reason}): "
+                                    f"{error}", reason="revoked_key" if error.reason == "revoked" else
+                                    "uncertified_key") from None
+        if self._neighbour_devices.setdefault(device.device_id, peer) != peer:
+            raise ProtocolViolation(f"the server seated device {device.device_id!r} twice, as clients "
+                                    f"{self._neighbour_devices[device.device_id]} and {peer}", reason="uncertified_key")
 
     def _consistency_signers(self, request: dict[str, Any], survivors: frozenset[int]) -> set[int]:
         """The neighbours whose signature on `survivors` the request carries; any signature that does not verify

@@ -56,6 +56,7 @@ from fedzoo.secagg.crypto import MASK_DTYPES
 from fedzoo.secagg.errors import ProtocolViolation, RoundAborted
 from fedzoo.secagg.framing import decode_share_keys, decode_unmask
 from fedzoo.secagg.messages import STAGES, from_base64, to_base64
+from fedzoo.server import device_certificates
 from fedzoo.server.db import Database
 from fedzoo.server.errors import Conflict, Forbidden, ValidationFailed
 from fedzoo.server.fl.models import (ACTIVE_STATES, FLParticipant, FLPrivateRound, FLRound, FLSecureMessage,
@@ -188,6 +189,9 @@ class PrivateRounds:
         if session.scalar(select(DeviceRecord.signing_public_key).where(DeviceRecord.id == device_id)) is None:
             return ("signing_key_required: this round runs secure aggregation, which needs the device's signing key; "
                     "register the device again with `signing_public_key` (docs/privacy.md)")
+        if not device_certificates.has_certificate(session, device_id):
+            return ("certificate_required: this round runs secure aggregation, whose devices accept only neighbours "
+                    "the operator certified; the operator runs `fedzoo devices certify` (docs/privacy.md)")
         return None
 
     def start_stages(self, session: Session, round_row: FLRound, config: RoundConfig, vector_length: int) -> None:
@@ -366,7 +370,7 @@ class PrivateRounds:
         if key not in self._replayed:
             row = session.get(FLPrivateRound, round_id)
             protocol = SecAggConfig.from_dict(json.loads(row.secagg_config_json))
-            server = SecAggServer(protocol, self._signing_keys(session, round_id))
+            server = SecAggServer(protocol, self._signing_keys(session, round_id), self._vouchers(session, round_id))
             requests: dict[int, dict[str, Any]] = {client: {"stage": "advertise_keys"}
                                                    for client in range(protocol.num_clients)}
             for done in STAGES[: STAGES.index(stage)]:
@@ -383,6 +387,15 @@ class PrivateRounds:
         keys = dict(session.execute(select(DeviceRecord.id, DeviceRecord.signing_public_key)
                                     .where(DeviceRecord.id.in_(participants))).all())
         return {client: keys[device] for client, device in enumerate(participants) if keys.get(device) is not None}
+
+    @staticmethod
+    def _vouchers(session: Session, round_id: int) -> dict[int, dict[str, Any]]:
+        """Client number -> the seated device's id and the operator's certificate of its key, relayed to its
+        neighbours with the key."""
+        participants = json.loads(session.get(FLPrivateRound, round_id).participants_json)
+        certificates = device_certificates.certificates_of(session, participants)
+        return {client: {"device_id": device, "certificate": certificates[device]}
+                for client, device in enumerate(participants) if device in certificates}
 
     @staticmethod
     def _replies(session: Session, round_id: int, stage: str) -> list[dict[str, Any]]:
