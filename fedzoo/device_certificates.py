@@ -68,43 +68,44 @@ def seal(domain: bytes, fields: dict[str, Any], key: CardSigningKey) -> dict[str
             "signature": _b64(key.private_key.sign(domain + payload))}
 
 
-def sealed_fields(document: Any, purpose: str, error: type[DeviceCertificateError] = DeviceCertificateError
-                  ) -> tuple[bytes, bytes, dict[str, Any]]:
-    """The payload, signature and fields of a document `seal` made for `purpose`, read WITHOUT checking who signed
-    it (only the server uses this, where it does not know the operator keys; devices call `open_sealed`)."""
+def _require_shape(document: Any, purpose: str, error: type[DeviceCertificateError]) -> None:
     if document is None:
         raise error(f"no {purpose} was given", reason="uncertified")
     if not isinstance(document, dict) or not all(isinstance(document.get(name), str)
                                                  for name in ("key_id", "payload", "signature")):
         raise error(f'a {purpose} is {{"key_id", "payload", "signature"}} (strings)', reason="malformed")
+
+
+def sealed_fields(document: Any, purpose: str, error: type[DeviceCertificateError] = DeviceCertificateError
+                  ) -> dict[str, Any]:
+    """The fields of a document `seal` made for `purpose`, read WITHOUT checking who signed it (only the server
+    uses this, where it was not given the operator keys; devices call `open_sealed`)."""
+    _require_shape(document, purpose, error)
     try:
-        payload = base64.b64decode(document["payload"], validate=True)
-        signature = base64.b64decode(document["signature"], validate=True)
-        fields = json.loads(payload)
+        fields = json.loads(base64.b64decode(document["payload"], validate=True))
     except ValueError:
-        raise error(f"the {purpose}'s payload or signature is not base64 of what `seal` writes",
-                    reason="malformed") from None
+        raise error(f"the {purpose}'s payload is not base64 of JSON", reason="malformed") from None
     if not isinstance(fields, dict) or fields.get("purpose") != purpose or fields.get("key_id") != document["key_id"]:
         raise error(f"the signed payload is not a {purpose}", reason="bad_signature")
-    return payload, signature, fields
+    return fields
 
 
 def open_sealed(document: Any, domain: bytes, purpose: str, operator_keys: TrustedKeys,
                 error: type[DeviceCertificateError] = DeviceCertificateError) -> dict[str, Any]:
     """The fields of a document `seal` made for `purpose`, once a key of `operator_keys` is shown to have signed
     exactly its payload under `domain`; raises `error` (with its reason) otherwise."""
-    if isinstance(document, dict) and isinstance(document.get("key_id"), str):
-        public_key = operator_keys.get(document["key_id"])
-        if public_key is None:
-            raise error(f"the {purpose} is signed by key {document['key_id']}, not one of the operator keys "
-                        f"{operator_keys.key_ids}", reason="unknown_key")
-        try:
-            public_key.verify(base64.b64decode(document.get("signature"), validate=True),
-                              domain + base64.b64decode(document.get("payload"), validate=True))
-        except (InvalidSignature, TypeError, ValueError):
-            raise error(f"the {purpose}'s signature does not verify: not an operator-signed {purpose}",
-                        reason="bad_signature") from None
-    return sealed_fields(document, purpose, error)[2]
+    _require_shape(document, purpose, error)
+    public_key = operator_keys.get(document["key_id"])
+    if public_key is None:
+        raise error(f"the {purpose} is signed by key {document['key_id']}, not one of the operator keys "
+                    f"{operator_keys.key_ids}", reason="unknown_key")
+    try:
+        public_key.verify(base64.b64decode(document["signature"], validate=True),
+                          domain + base64.b64decode(document["payload"], validate=True))
+    except (InvalidSignature, ValueError):
+        raise error(f"the {purpose}'s signature does not verify: not an operator-signed {purpose}",
+                    reason="bad_signature") from None
+    return sealed_fields(document, purpose, error)
 
 
 def issue_certificate(device_id: str, signing_public_key: bytes, key: CardSigningKey,
@@ -121,7 +122,7 @@ def issue_certificate(device_id: str, signing_public_key: bytes, key: CardSignin
 def read_certificate(certificate: Any, operator_keys: TrustedKeys | None) -> DeviceCertificate:
     """What an operator-signed certificate says (signature checked; expiry, device and key are the caller's).
     `operator_keys` None reads it unchecked: only for a server that was not given the operator keys."""
-    fields = (sealed_fields(certificate, CERTIFICATE_PURPOSE)[2] if operator_keys is None
+    fields = (sealed_fields(certificate, CERTIFICATE_PURPOSE) if operator_keys is None
               else open_sealed(certificate, CERTIFICATE_DOMAIN, CERTIFICATE_PURPOSE, operator_keys))
     try:
         device_id, key_text = fields["device_id"], fields["signing_public_key"]

@@ -55,7 +55,7 @@ def verify_revocations(document: Any, operator_keys: TrustedKeys | None, kept: D
     """The list, once an operator key signed it and its version is not below `kept`'s (the newest this device
     accepted); raises `DeviceCertificateError` (`rollback` for an older list). `operator_keys` None reads it
     unchecked: only for a server that was not given the operator keys."""
-    fields = (sealed_fields(document, REVOCATIONS_PURPOSE)[2] if operator_keys is None
+    fields = (sealed_fields(document, REVOCATIONS_PURPOSE) if operator_keys is None
               else open_sealed(document, REVOCATIONS_DOMAIN, REVOCATIONS_PURPOSE, operator_keys))
     version, revoked = fields.get("version"), fields.get("revoked_keys")
     if (type(version) is not int or version < 1 or not isinstance(revoked, list)
