@@ -488,6 +488,7 @@ class Simulation:
         executor: str = "in-process", cache_root: str | Path | None = None, attackers: frozenset[int] = frozenset(),
         attack: DeviceAttack = ScaledUpdateAttack(), encoding: Encoding = "fp32", seed: int = 0,
         workers: int | None = None, http_threads: int = 1, in_process: InProcessServer | None = None,
+        operator_key: CardSigningKey | None = None,
     ) -> None:
         self.federation, self.server_url, self.admin_token = federation, server_url, admin_token
         self.in_process = in_process
@@ -500,8 +501,9 @@ class Simulation:
         self.admin = FedzooClient(server_url, cache_dir=self.cache_root / "admin", transport=_transport(in_process))
         self.tokens: list[str] = []
         self.signing_keys: list[bytes] = []  # each device's raw Ed25519 private key, beside its token
-        # the operator's key, which certifies every device's signing key after registration (the server never has it)
-        self.operator_key = CardSigningKey.generate()
+        # the operator's key (a fresh one unless given), which certifies every device's signing key after
+        # registration; the server never has it
+        self.operator_key = operator_key or CardSigningKey.generate()
         self.operator_keys = TrustedKeys([self.operator_key.public_key_raw])
         self._context: _Context | None = None
 
