@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
@@ -19,7 +20,7 @@ from fedzoo.device_certificates import DeviceCertificate, DeviceCertificateError
 from fedzoo.device_revocations import DeviceRevocations, verify_revocations
 from fedzoo.errors import NotFoundError
 from fedzoo.server.errors import Conflict, ValidationFailed
-from fedzoo.server.models import DeviceCertificateRecord, DeviceRecord, DeviceRevocationListRecord, as_utc
+from fedzoo.server.models import DeviceCertificateRecord, DeviceRecord, DeviceRevocationListRecord, as_utc, utc_now
 from fedzoo.signing import TrustedKeys
 
 
@@ -60,7 +61,7 @@ def store_certificate(session: Session, device_id: str, certificate: dict[str, A
                                f"{device_id!r}'s registered signing key", field="certificate",
                                code="certificate_not_trusted", reason="wrong_device")
     session.merge(DeviceCertificateRecord(device_id=device_id, certificate_json=json.dumps(certificate),
-                                          key_id=read.key_id, expires_at=read.expires_at))
+                                          key_id=read.key_id, expires_at=read.expires_at, uploaded_at=utc_now()))
     session.flush()
     return read
 
@@ -72,8 +73,20 @@ def certificates_of(session: Session, device_ids: list[str]) -> dict[str, dict[s
     return {device_id: json.loads(text) for device_id, text in rows}
 
 
-def has_certificate(session: Session, device_id: str) -> bool:
-    return session.get(DeviceCertificateRecord, device_id) is not None
+def seat_refusal(session: Session, device_id: str, signing_public_key: bytes, now: datetime) -> str | None:
+    """Why an honest server does not seat this device in a SecAgg+ round (its neighbours would refuse it), or None:
+    no certificate, an expired one, or a key on the newest revocation list."""
+    record = session.get(DeviceCertificateRecord, device_id)
+    if record is None:
+        return ("certificate_required: this round runs secure aggregation, whose devices accept only neighbours the "
+                "operator certified; the operator runs `fedzoo devices certify` (docs/privacy.md)")
+    if as_utc(record.expires_at) <= now:
+        return "certificate_expired: the operator's certificate of this device's key expired; run `fedzoo devices certify`"
+    latest = latest_revocations(session)
+    if latest is not None and key_fingerprint(signing_public_key) in verify_revocations(
+            latest, None, DeviceRevocations(0, frozenset())).revoked_keys:
+        return "key_revoked: the operator revoked this device's signing key (fedzoo devices revoke-keys)"
+    return None
 
 
 def store_revocations(session: Session, document: dict[str, Any], operator_keys: TrustedKeys | None

@@ -183,16 +183,15 @@ class PrivateRounds:
 
     @staticmethod
     def seat_refusal(session: Session, config: RoundConfig, device_id: str) -> str | None:
-        """Why the device cannot be seated in a round of this plan, or None: SecAgg+ needs its signing key."""
+        """Why the device cannot be seated in a round of this plan, or None: SecAgg+ needs its signing key and the
+        operator's valid certificate of it (`fedzoo.server.device_certificates.seat_refusal`)."""
         if config.privacy.secure_aggregation is None:
             return None
-        if session.scalar(select(DeviceRecord.signing_public_key).where(DeviceRecord.id == device_id)) is None:
+        signing_key = session.scalar(select(DeviceRecord.signing_public_key).where(DeviceRecord.id == device_id))
+        if signing_key is None:
             return ("signing_key_required: this round runs secure aggregation, which needs the device's signing key; "
                     "register the device again with `signing_public_key` (docs/privacy.md)")
-        if not device_certificates.has_certificate(session, device_id):
-            return ("certificate_required: this round runs secure aggregation, whose devices accept only neighbours "
-                    "the operator certified; the operator runs `fedzoo devices certify` (docs/privacy.md)")
-        return None
+        return device_certificates.seat_refusal(session, device_id, signing_key, datetime.now(timezone.utc))
 
     def start_stages(self, session: Session, round_row: FLRound, config: RoundConfig, vector_length: int) -> None:
         """Selection closed: number the seated devices and open advertise_keys (once, whoever gets here first)."""

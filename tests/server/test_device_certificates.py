@@ -19,6 +19,7 @@ from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, prepare
 from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
 from fedzoo.device_certificates import issue_certificate
 from fedzoo.secagg import SecAggClient, SecAggConfig, signatures
+from fedzoo.server import device_certificates as server_certificates
 from fedzoo.server.card_keys import SERVER_KEY_FILE
 from fedzoo.server.fl import secure_rounds
 from fedzoo.signing import CardSigningKey
@@ -68,12 +69,16 @@ def sdk_round(simulation, federation, config, clients=None, extra_threads=()):
         thread.start()
     for thread in [*threads, *extra_threads]:
         thread.join(timeout=120)
+    return [result.outcome for result in results], wait_for_end(simulation, round_id)
+
+
+def wait_for_end(simulation, round_id, timeout_s=60):
     view = simulation.admin.fl_round(round_id)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + timeout_s
     while view["state"] in ("open", "collecting", "aggregating") and time.monotonic() < deadline:
         time.sleep(0.1)
         view = simulation.admin.fl_round(round_id)
-    return [result.outcome for result in results], view
+    return view
 
 
 def test_certified_sdk_devices_run_a_secure_round_that_publishes(simulation, federation):
@@ -161,11 +166,16 @@ def test_sybils_the_server_enrolled_and_certified_with_its_own_key_are_refused(s
     assert view["state"] == "failed" and view["result_model_id"] is None
 
 
-def test_neighbours_refuse_a_device_whose_key_the_operator_revoked(simulation, federation, server):
+def test_neighbours_refuse_a_device_whose_key_the_operator_revoked(simulation, federation, server, monkeypatch):
     with FedzooHTTP(server.url, token=ADMIN) as admin:
         revocations = revoke_device_keys(admin, simulation.operator_key, {"sim-device-5"})
     assert revocations.version == 1 and len(revocations.revoked_keys) == 1
     clients = [device_client(simulation, index) for index in range(DEVICES)]
+    round_id = simulation.start_plan(secure_config(deadline_s=3))
+    answer = clients[5].fl_task(federation.card.task)  # an honest server no longer seats it
+    assert answer["task"] is None and answer["reason"].startswith("key_revoked"), answer
+    wait_for_end(simulation, round_id)
+    monkeypatch.setattr(server_certificates, "seat_refusal", lambda *_args: None)  # a server that seats it anyway
     outcomes, _ = sdk_round(simulation, federation, secure_config(deadline_s=10), clients)
     assert outcomes.count("refused: revoked_key") == 4  # device 5's k = 4 neighbours
     assert all(client.neighbour_trust.kept_revocations().version == 1 for client in clients)

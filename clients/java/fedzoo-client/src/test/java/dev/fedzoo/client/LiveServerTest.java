@@ -377,7 +377,7 @@ class LiveServerTest {
     void aSecureRoundSkipsDevicesThatDoNotSpeakItsProtocolAndOneHandedAnotherVersionDeclinesOnRecord() throws Exception {
         long roundId = startRound(3, "{\"privacy\": {\"secure_aggregation\": {\"neighbour_count\": 2, "
                 + "\"threshold\": 2}}, \"deadline_s\": 3, \"max_accuracy_drop\": 1.0}");
-        FedzooClient device = registeredDevice(server.url);
+        FedzooClient device = certifiedDevice();
         JSONObject skipped = device.flTask("digits", null, new Capabilities(1, true, null));
         assertTrue(skipped.isNull("task"), "the round does not select a device that speaks SecAgg+ version 1");
         assertTrue(skipped.getString("reason").contains("secure aggregation version "
