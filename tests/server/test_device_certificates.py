@@ -5,6 +5,7 @@ for, against a real server on loopback that lies."""
 import base64
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 
 import httpx
 import pytest
@@ -206,15 +207,20 @@ def test_devices_without_the_operator_key_set_decline_secure_rounds(simulation, 
     assert view["state"] == "failed"
 
 
-def test_an_uncertified_device_is_not_seated_in_a_secure_round(simulation, federation, server):
+def test_a_device_without_a_valid_certificate_is_not_seated_in_a_secure_round(simulation, federation, server):
     enrollment = simulation.admin.create_enrollment_token(ADMIN, max_uses=1)["token"]
     profile = DeviceProfile(device_id="fresh", platform="linux-x86_64", cpu=CpuInfo(model="virtual", cores=1),
                             memory_mb=2048, runtime=RuntimeInfo(onnxruntime="simulated", threads=1))
-    with FedzooClient(server.url) as fresh:
+    with FedzooClient(server.url) as fresh, FedzooHTTP(server.url, token=ADMIN) as admin:
         fresh.register(profile, enrollment)
         simulation.start_plan(secure_config())
         answer = fresh.fl_task(federation.card.task)
-    assert answer["task"] is None and answer["reason"].startswith("certificate_required")
+        assert answer["task"] is None and answer["reason"].startswith("certificate_required")
+        expired = issue_certificate("fresh", signatures.public_bytes(fresh.signing_key), simulation.operator_key,
+                                    now=datetime.now(timezone.utc) - timedelta(days=400))
+        admin.request("PUT", "/v1/devices/fresh/certificate", json={"certificate": expired})
+        answer = fresh.fl_task(federation.card.task)
+        assert answer["task"] is None and answer["reason"].startswith("certificate_expired")
 
 
 def test_certificate_endpoints_need_the_admin_token_and_name_bad_input(simulation, server):
