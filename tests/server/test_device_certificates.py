@@ -303,3 +303,25 @@ def test_the_cli_certifies_what_awaits_a_certificate_and_publishes_revocations(s
             main(["devices", *arguments])
         captured = capsys.readouterr()
         assert exit_.value.code == 1 and named in captured.err and "Traceback" not in captured.err
+
+
+def test_the_device_cli_pins_the_operator_key_set_in_its_state_file(simulation, server, tmp_path):
+    import json
+
+    import click
+
+    from fedzoo.clients.cli import _client
+    from fedzoo.clients.device_state import load_state
+
+    keys_file, state = tmp_path / "operator-keys.json", tmp_path / "client.json"
+    keys_file.write_text(json.dumps(simulation.operator_keys.to_json()))
+    enrollment = simulation.admin.create_enrollment_token(ADMIN, max_uses=1)["token"]
+    registered = CliRunner().invoke(cli, ["client", "--server", server.url, "--state", str(state), "--operator-keys",
+                                          str(keys_file), "register", "--device-id", "cli-phone", "--no-calibrate",
+                                          "--enrollment-token", enrollment], catch_exceptions=False)
+    assert registered.exit_code == 0, registered.output
+    assert load_state(state)["operator_keys"] == simulation.operator_keys.to_json()
+    options = {"server": None, "token": None, "state": state, "cache_dir": tmp_path / "cache", "trusted_keys": None,
+               "operator_keys": None}  # a later command: the pinned set comes from the state file
+    with _client(click.Context(click.Command("x"), obj=options)) as device:
+        assert device.neighbour_trust.operator_keys.key_ids == simulation.operator_keys.key_ids
