@@ -68,44 +68,43 @@ def seal(domain: bytes, fields: dict[str, Any], key: CardSigningKey) -> dict[str
             "signature": _b64(key.private_key.sign(domain + payload))}
 
 
-def _require_shape(document: Any, purpose: str, error: type[DeviceCertificateError]) -> None:
+def _require_shape(document: Any, purpose: str) -> None:
     if document is None:
-        raise error(f"no {purpose} was given", reason="uncertified")
+        raise DeviceCertificateError(f"no {purpose} was given", reason="uncertified")
     if not isinstance(document, dict) or not all(isinstance(document.get(name), str)
                                                  for name in ("key_id", "payload", "signature")):
-        raise error(f'a {purpose} is {{"key_id", "payload", "signature"}} (strings)', reason="malformed")
+        raise DeviceCertificateError(f'a {purpose} is {{"key_id", "payload", "signature"}} (strings)',
+                                     reason="malformed")
 
 
-def sealed_fields(document: Any, purpose: str, error: type[DeviceCertificateError] = DeviceCertificateError
-                  ) -> dict[str, Any]:
+def sealed_fields(document: Any, purpose: str) -> dict[str, Any]:
     """The fields of a document `seal` made for `purpose`, read WITHOUT checking who signed it (only the server
     uses this, where it was not given the operator keys; devices call `open_sealed`)."""
-    _require_shape(document, purpose, error)
+    _require_shape(document, purpose)
     try:
         fields = json.loads(base64.b64decode(document["payload"], validate=True))
     except ValueError:
-        raise error(f"the {purpose}'s payload is not base64 of JSON", reason="malformed") from None
+        raise DeviceCertificateError(f"the {purpose}'s payload is not base64 of JSON", reason="malformed") from None
     if not isinstance(fields, dict) or fields.get("purpose") != purpose or fields.get("key_id") != document["key_id"]:
-        raise error(f"the signed payload is not a {purpose}", reason="bad_signature")
+        raise DeviceCertificateError(f"the signed payload is not a {purpose}", reason="bad_signature")
     return fields
 
 
-def open_sealed(document: Any, domain: bytes, purpose: str, operator_keys: TrustedKeys,
-                error: type[DeviceCertificateError] = DeviceCertificateError) -> dict[str, Any]:
+def open_sealed(document: Any, domain: bytes, purpose: str, operator_keys: TrustedKeys) -> dict[str, Any]:
     """The fields of a document `seal` made for `purpose`, once a key of `operator_keys` is shown to have signed
-    exactly its payload under `domain`; raises `error` (with its reason) otherwise."""
-    _require_shape(document, purpose, error)
+    exactly its payload under `domain`; raises `DeviceCertificateError` (with its reason) otherwise."""
+    _require_shape(document, purpose)
     public_key = operator_keys.get(document["key_id"])
     if public_key is None:
-        raise error(f"the {purpose} is signed by key {document['key_id']}, not one of the operator keys "
+        raise DeviceCertificateError(f"the {purpose} is signed by key {document['key_id']}, not one of the operator keys "
                     f"{operator_keys.key_ids}", reason="unknown_key")
     try:
         public_key.verify(base64.b64decode(document["signature"], validate=True),
                           domain + base64.b64decode(document["payload"], validate=True))
     except (InvalidSignature, ValueError):
-        raise error(f"the {purpose}'s signature does not verify: not an operator-signed {purpose}",
-                    reason="bad_signature") from None
-    return sealed_fields(document, purpose, error)
+        raise DeviceCertificateError(f"the {purpose}'s signature does not verify: not an operator-signed {purpose}",
+                                     reason="bad_signature") from None
+    return sealed_fields(document, purpose)
 
 
 def issue_certificate(device_id: str, signing_public_key: bytes, key: CardSigningKey,
@@ -137,14 +136,14 @@ def read_certificate(certificate: Any, operator_keys: TrustedKeys | None) -> Dev
     return DeviceCertificate(device_id, signing_public_key, issued_at, expires_at, fields["key_id"])
 
 
-def verify_certificate(certificate: Any, operator_keys: TrustedKeys, device_id: str | None,
+def verify_certificate(certificate: Any, operator_keys: TrustedKeys, device_id: str,
                        signing_public_key: bytes, revoked_fingerprints: frozenset[str] = frozenset(),
                        now: datetime | None = None) -> DeviceCertificate:
     """Raise `DeviceCertificateError` unless an operator key certified `signing_public_key` as the key of
-    `device_id` (None: any device), the certificate has not expired at `now`, and the key is not among
+    `device_id`, the certificate has not expired at `now`, and the key is not among
     `revoked_fingerprints` (`key_fingerprint`s of revoked device keys)."""
     read = read_certificate(certificate, operator_keys)
-    if device_id is not None and read.device_id != device_id:
+    if read.device_id != device_id:
         raise DeviceCertificateError(f"the certificate is device {read.device_id!r}'s, not {device_id!r}'s",
                                      reason="wrong_device")
     if read.signing_public_key != signing_public_key:
