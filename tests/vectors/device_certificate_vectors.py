@@ -80,11 +80,12 @@ def device_certificate_vectors() -> dict[str, Any]:
     ]
     revocations = sign_revocations(2, [key_fingerprint(bob)], operator, ISSUED_AT)
     revocation_cases = [
-        ("valid", revocations, 1, "ok"),
-        ("same_version_as_kept", revocations, 2, "ok"),
-        ("older_than_kept", revocations, 3, "rollback"),
-        ("signed_by_a_key_not_pinned", sign_revocations(2, [], stranger_key(), ISSUED_AT), 0, "unknown_key"),
-        ("certificate_as_revocation_list", valid, 0, "bad_signature"),
+        ("valid", revocations, 1, [key_fingerprint(bob)], "ok"),
+        ("same_version_as_kept", revocations, 2, [key_fingerprint(bob)], "ok"),
+        ("version_one_nothing_revoked", sign_revocations(1, [], operator, ISSUED_AT), 0, [], "ok"),
+        ("older_than_kept", revocations, 3, None, "rollback"),
+        ("signed_by_a_key_not_pinned", sign_revocations(2, [], stranger_key(), ISSUED_AT), 0, None, "unknown_key"),
+        ("certificate_as_revocation_list", valid, 0, None, "bad_signature"),
     ]
     return {
         "description": __doc__.split("\n\n")[0],
@@ -96,9 +97,8 @@ def device_certificate_vectors() -> dict[str, Any]:
             for name, device_id, raw, certificate, now, revoked, expect in cases
         ],
         "revocations": [
-            {"name": name, "revocations": document, "kept_version": kept, "expect": expect,
-             "revoked_keys": [key_fingerprint(bob)] if expect == "ok" else None}
-            for name, document, kept, expect in revocation_cases
+            {"name": name, "revocations": document, "kept_version": kept, "revoked_keys": revoked, "expect": expect}
+            for name, document, kept, revoked, expect in revocation_cases
         ],
     }
 
