@@ -42,6 +42,8 @@ from fedzoo.cloud.autodiff import build_training_graph
 from fedzoo.cloud.data import DatasetSplit, dirichlet_partition, load_dataset, split_dataset
 from fedzoo.cloud.executors import make_executor
 from fedzoo.clients.client import FedzooClient
+from fedzoo.clients.device_certification import certify_devices
+from fedzoo.clients.http import FedzooHTTP
 from fedzoo.clients.participation import ParticipationResult, run_task
 from fedzoo.local_training import LocalData, normalise, train_locally
 from fedzoo.update_codec import Encoding
@@ -61,7 +63,7 @@ from fedzoo.secagg.signatures import load_signing_key
 from fedzoo.secagg.signatures import private_bytes as signing_private_bytes
 from fedzoo.server.fl.strategies import (ClientUpdate, Strategy, make_strategy, require_secure_aggregation_support,
                                          weighted_mean_delta)
-from fedzoo.signing import CardSigningKey, sign_card
+from fedzoo.signing import CardSigningKey, TrustedKeys, sign_card
 
 if TYPE_CHECKING:
     from fedzoo.server.config import ServerConfig
@@ -397,6 +399,7 @@ class _Context:
     shards: list[np.ndarray]
     encoding: Encoding
     attack: DeviceAttack
+    operator_keys_raw: tuple[bytes, ...]  # the operator key set the devices pin (their neighbours' certificates)
 
 
 # One SDK client per device and process, kept across rounds like a real device's (connections stay open).
@@ -409,10 +412,12 @@ def _device_client(context: _Context, device_index: int, token: str, signing_key
     key = (context.base_url, token)
     with _DEVICE_CLIENTS_LOCK:
         if key not in _DEVICE_CLIENTS:
-            _DEVICE_CLIENTS[key] = FedzooClient(context.base_url, token=token,
-                                                cache_dir=Path(context.cache_root) / f"device-{device_index}",
+            folder = Path(context.cache_root) / f"device-{device_index}"
+            _DEVICE_CLIENTS[key] = FedzooClient(context.base_url, token=token, cache_dir=folder,
                                                 signing_key=load_signing_key(signing_key),
-                                                transport=_transport(context.in_process))
+                                                transport=_transport(context.in_process),
+                                                operator_keys=TrustedKeys(list(context.operator_keys_raw)),
+                                                state_file=folder / "state.json")
         return _DEVICE_CLIENTS[key]
 
 
@@ -484,6 +489,7 @@ class Simulation:
         executor: str = "in-process", cache_root: str | Path | None = None, attackers: frozenset[int] = frozenset(),
         attack: DeviceAttack = ScaledUpdateAttack(), encoding: Encoding = "fp32", seed: int = 0,
         workers: int | None = None, http_threads: int = 1, in_process: InProcessServer | None = None,
+        operator_key: CardSigningKey | None = None,
     ) -> None:
         self.federation, self.server_url, self.admin_token = federation, server_url, admin_token
         self.in_process = in_process
@@ -496,6 +502,10 @@ class Simulation:
         self.admin = FedzooClient(server_url, cache_dir=self.cache_root / "admin", transport=_transport(in_process))
         self.tokens: list[str] = []
         self.signing_keys: list[bytes] = []  # each device's raw Ed25519 private key, beside its token
+        # the operator's key (a fresh one unless given), which certifies every device's signing key after
+        # registration; the server never has it
+        self.operator_key = operator_key or CardSigningKey.generate()
+        self.operator_keys = TrustedKeys([self.operator_key.public_key_raw])
         self._context: _Context | None = None
 
     def close(self) -> None:
@@ -539,6 +549,12 @@ class Simulation:
             for token, signing_key in pool.map(register, range(len(self.federation.shards))):
                 self.tokens.append(token)
                 self.signing_keys.append(signing_key)
+        self.certify_devices()
+
+    def certify_devices(self) -> None:
+        """The operator certifies every registered device's signing key (`fedzoo devices certify`)."""
+        with FedzooHTTP(self.server_url, token=self.admin_token, transport=_transport(self.in_process)) as api:
+            certify_devices(api, self.operator_key)
 
     def start_plan(self, round_config: dict[str, Any]) -> int:
         """Ask the server for a plan of rounds (evaluated on the federation's test split); returns the first round id."""
@@ -550,7 +566,8 @@ class Simulation:
         executor keeps its copy across rounds)."""
         if self._context is None or (self._context.encoding, self._context.attack) != (self.encoding, self.attack):
             self._context = _Context(self.server_url, self.in_process, str(self.cache_root), self.federation.pool.x,
-                                     self.federation.pool.y, self.federation.shards, self.encoding, self.attack)
+                                     self.federation.pool.y, self.federation.shards, self.encoding, self.attack,
+                                     tuple(self.operator_keys.public_keys_raw()))
         return self._context
 
     def run_round(self, round_id: int) -> RoundRecord:

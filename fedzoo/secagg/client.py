@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from fedzoo.device_certificates import CertificatePolicy, DeviceCertificateError
 from fedzoo.secagg import crypto, signatures
 from fedzoo.secagg.bounds import SecAggBounds
 from fedzoo.secagg.config import SecAggConfig
@@ -89,11 +90,13 @@ class SecAggClient:
     `bounds` are the device's own limits on the configuration; `trusted_signing_keys`, when the operator
     pins the enrolled devices' public keys on the device, are the only neighbour keys it accepts;
     `signed_rounds` is the device's memory of the round ids it took part in (the SDK's loop keeps it in the
-    state file; without one, this object's own memory only)."""
+    state file; without one, this object's own memory only); `certificates`, when given, makes it accept a
+    neighbour's key only with the operator's certificate for the device the server names, one seat per device
+    (`fedzoo.device_certificates`)."""
 
     def __init__(self, config: SecAggConfig, client: int, signing_key: Ed25519PrivateKey,
                  bounds: SecAggBounds = SecAggBounds(), trusted_signing_keys: frozenset[bytes] | None = None,
-                 signed_rounds: SignedRounds | None = None) -> None:
+                 signed_rounds: SignedRounds | None = None, certificates: CertificatePolicy | None = None) -> None:
         if not 0 <= client < config.num_clients:
             raise ProtocolViolation(f"client number {client} is outside [0, {config.num_clients})", reason="malformed")
         bounds.check(config)
@@ -101,6 +104,7 @@ class SecAggClient:
         self.neighbours: set[int] = set()  # fixed by the graph seed, in share_keys
         self._signing_key, self._trusted_signing_keys = signing_key, trusted_signing_keys
         self._signed_rounds = signed_rounds if signed_rounds is not None else SignedRounds()
+        self._certificates, self._neighbour_devices = certificates, dict[str, int]()
         self._stage = "advertise_keys"
         self._cipher_private = self._mask_private = self._seed = None
         self._cipher_public = self._mask_public = self._nonce = self._graph_seed = b""
@@ -270,7 +274,21 @@ class SecAggClient:
         if not signatures.verify(signing_key, signature, payload):
             raise ProtocolViolation(f"client {peer}'s keys do not carry its signature: the server may have replaced "
                                     "them", reason="bad_signature")
+        if self._certificates is not None:
+            self._check_certificate(peer, entry, signing_key)
         return signing_key
+
+    def _check_certificate(self, peer: int, entry: dict[str, Any], signing_key: bytes) -> None:
+        """Only a key the operator certified for the device the server names, and one seat per device."""
+        try:
+            device = self._certificates.verify(entry.get("certificate"), entry.get("device_id"), signing_key)
+        except DeviceCertificateError as error:
+            raise ProtocolViolation(f"client {peer}'s signing key is not vouched for by the operator ({error.reason}): "
+                                    f"{error}", reason="revoked_key" if error.reason == "revoked" else
+                                    "uncertified_key") from None
+        if self._neighbour_devices.setdefault(device.device_id, peer) != peer:
+            raise ProtocolViolation(f"the server seated device {device.device_id!r} twice, as clients "
+                                    f"{self._neighbour_devices[device.device_id]} and {peer}", reason="uncertified_key")
 
     def _consistency_signers(self, request: dict[str, Any], survivors: frozenset[int]) -> set[int]:
         """The neighbours whose signature on `survivors` the request carries; any signature that does not verify

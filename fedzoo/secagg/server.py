@@ -54,11 +54,15 @@ class _Dealt:
 class SecAggServer:
     """One round's server state; call the `collect_*` methods in order with the replies that arrived.
 
-    `signing_keys`: each client's registered Ed25519 public key (a client without one cannot take part)."""
+    `signing_keys`: each client's registered Ed25519 public key (a client without one cannot take part);
+    `vouchers`: each client's device id and the operator's certificate of its key, relayed with the key so that
+    neighbours can check the operator vouched for it (`fedzoo.device_certificates`)."""
 
-    def __init__(self, config: SecAggConfig, signing_keys: Mapping[int, bytes]) -> None:
+    def __init__(self, config: SecAggConfig, signing_keys: Mapping[int, bytes],
+                 vouchers: Mapping[int, dict[str, Any]] | None = None) -> None:
         self.config = config
         self.signing_keys = dict(signing_keys)
+        self.vouchers = dict(vouchers or {})
         self.graph: dict[int, list[int]] = {}  # drawn when stage 1 closes
         self.graph_seed = b""
         self.keys: dict[int, tuple[bytes, bytes]] = {}  # client -> (cipher public key, mask public key)
@@ -109,7 +113,7 @@ class SecAggServer:
                     {"client": peer, "cipher_public_key": to_base64(self.keys[peer][0]),
                      "mask_public_key": to_base64(self.keys[peer][1]),
                      "signing_public_key": to_base64(self.signing_keys[peer]),
-                     "signature": to_base64(self.key_signatures[peer])}
+                     "signature": to_base64(self.key_signatures[peer]), **self.vouchers.get(peer, {})}
                     for peer in self.graph[client] if peer in self.keys]}
                 for client in self.keys}
 

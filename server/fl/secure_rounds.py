@@ -56,6 +56,7 @@ from fedzoo.secagg.crypto import MASK_DTYPES
 from fedzoo.secagg.errors import ProtocolViolation, RoundAborted
 from fedzoo.secagg.framing import decode_share_keys, decode_unmask
 from fedzoo.secagg.messages import STAGES, from_base64, to_base64
+from fedzoo.server import device_certificates
 from fedzoo.server.db import Database
 from fedzoo.server.errors import Conflict, Forbidden, ValidationFailed
 from fedzoo.server.fl import quarantine
@@ -190,13 +191,15 @@ class PrivateRounds:
 
     @staticmethod
     def seat_refusal(session: Session, config: RoundConfig, device_id: str) -> str | None:
-        """Why the device cannot be seated in a round of this plan, or None: SecAgg+ needs its signing key."""
+        """Why the device cannot be seated in a round of this plan, or None: SecAgg+ needs its signing key and the
+        operator's valid certificate of it (`fedzoo.server.device_certificates.seat_refusal`)."""
         if config.privacy.secure_aggregation is None:
             return None
-        if session.scalar(select(DeviceRecord.signing_public_key).where(DeviceRecord.id == device_id)) is None:
+        signing_key = session.scalar(select(DeviceRecord.signing_public_key).where(DeviceRecord.id == device_id))
+        if signing_key is None:
             return ("signing_key_required: this round runs secure aggregation, which needs the device's signing key; "
                     "register the device again with `signing_public_key` (docs/privacy.md)")
-        return None
+        return device_certificates.seat_refusal(session, device_id, signing_key, datetime.now(timezone.utc))
 
     def start_stages(self, session: Session, round_row: FLRound, config: RoundConfig, vector_length: int) -> None:
         """Selection closed: number the seated devices and open advertise_keys (once, whoever gets here first)."""
@@ -399,7 +402,7 @@ class PrivateRounds:
         if key not in self._replayed:
             row = session.get(FLPrivateRound, round_id)
             protocol = SecAggConfig.from_dict(json.loads(row.secagg_config_json))
-            server = SecAggServer(protocol, self._signing_keys(session, round_id))
+            server = SecAggServer(protocol, self._signing_keys(session, round_id), self._vouchers(session, round_id))
             requests: dict[int, dict[str, Any]] = {client: {"stage": "advertise_keys"}
                                                    for client in range(protocol.num_clients)}
             for done in STAGES[: STAGES.index(stage)]:
@@ -416,6 +419,15 @@ class PrivateRounds:
         keys = dict(session.execute(select(DeviceRecord.id, DeviceRecord.signing_public_key)
                                     .where(DeviceRecord.id.in_(participants))).all())
         return {client: keys[device] for client, device in enumerate(participants) if keys.get(device) is not None}
+
+    @staticmethod
+    def _vouchers(session: Session, round_id: int) -> dict[int, dict[str, Any]]:
+        """Client number -> the seated device's id and the operator's certificate of its key, relayed to its
+        neighbours with the key."""
+        participants = json.loads(session.get(FLPrivateRound, round_id).participants_json)
+        certificates = device_certificates.certificates_of(session, participants)
+        return {client: {"device_id": device, "certificate": certificates[device]}
+                for client, device in enumerate(participants) if device in certificates}
 
     @staticmethod
     def _replies(session: Session, round_id: int, stage: str) -> list[dict[str, Any]]:

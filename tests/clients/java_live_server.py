@@ -7,10 +7,11 @@ base model signed by that key and its evaluation set, writes each device shard a
 into DIR, then prints one JSON line:
 
     {"ready": true, "url", "admin_token", "enrollment_token", "model_id", "family", "task", "evaluation_sha256",
-     "shards", "python_accuracy", "operator_key_id"}
+     "shards", "python_accuracy", "operator_key_id", "operator_keys"}
     (python_accuracy: the Python SDK's EdgeSession accuracy on DIR/test.npz; enrollment_token: one the admin
      created for every device of the run, Java and Python; the versions rounds publish are signed by the
-     server's own key: GET /v1/keys lists both)
+     server's own key: GET /v1/keys lists both; operator_keys: the operator key set, which devices pin for their
+     SecAgg+ neighbours' certificates)
 
 After that it answers one JSON line per command line on stdin:
 
@@ -19,6 +20,7 @@ After that it answers one JSON line per command line on stdin:
                                                            a Python SDK device registers and participates once
     {"cmd": "expire_token", "device_id"}                   end a device's token lifetime now (as if its TTL passed)
     {"cmd": "revoke", "device_id"}                         the admin revokes a device (POST /v1/devices/<id>/revoke)
+    {"cmd": "certify"}                                     the operator certifies every device key awaiting a certificate
     {"cmd": "python_secure_devices", "device_ids", "seed", "num_examples"}
                                                            Python SDK devices register and, each in a thread, take part
                                                            in the open SecAgg+ round (take_part_securely) with a delta on
@@ -43,6 +45,8 @@ from pathlib import Path
 import numpy as np
 
 from fedzoo.clients.client import FedzooClient
+from fedzoo.clients.device_certification import certify_devices
+from fedzoo.clients.http import FedzooHTTP
 from fedzoo.clients.participation import participate_once
 from fedzoo.clients.secure_participation import take_part_securely
 from fedzoo.edge.onnx_initializers import read_float_initializers
@@ -83,6 +87,11 @@ def _revoke(server: LoopbackServer, device_id: str) -> dict:
     return {"ok": answer.status_code == 200}
 
 
+def _certify(server: LoopbackServer, operator: CardSigningKey) -> dict:
+    with FedzooHTTP(server.url, token=DEFAULT_ADMIN_TOKEN) as admin:
+        return {"certified": len(certify_devices(admin, operator))}
+
+
 LEVEL_SCALE = 128  # a delta of k / 128 quantises exactly to k when clip_range = 127 / 128 and the weight is 1
 
 
@@ -93,7 +102,8 @@ class SecureDevices:
         self.threads: list[threading.Thread] = []
         self.outcomes: dict[str, str] = {}
 
-    def start(self, server: LoopbackServer, federation, data_dir: Path, enrollment_token: str, command: dict) -> dict:
+    def start(self, server: LoopbackServer, federation, data_dir: Path, enrollment_token: str, operator: CardSigningKey,
+              command: dict) -> dict:
         shapes = {name: value.shape for name, value in read_float_initializers(federation.model).items()}
         rng = np.random.default_rng(command["seed"])
         levels = {}
@@ -101,8 +111,11 @@ class SecureDevices:
             delta = {name: (rng.integers(-127, 128, shape) / LEVEL_SCALE).astype(np.float32)
                      for name, shape in shapes.items()}
             levels[device_id] = [int(round(value * LEVEL_SCALE)) for value in flatten(delta)]
-            client = FedzooClient(server.url, cache_dir=data_dir / "python-devices" / device_id)
+            folder = data_dir / "python-devices" / device_id
+            client = FedzooClient(server.url, cache_dir=folder, state_file=folder / "state.json",
+                                  operator_keys=TrustedKeys([operator.public_key_raw]))
             client.register(_profile(device_id), enrollment_token)
+            _certify(server, operator)
             work = client.fl_task(federation.card.task)["task"]  # selected now, so seated before the stages open
             thread = threading.Thread(target=self._take_part, args=(client, federation.card.task, work, delta,
                                                                      command["num_examples"]), daemon=True)
@@ -168,7 +181,8 @@ def main() -> None:
                     "enrollment_token": enrollment_token, "model_id": federation.card.id,
                     "family": federation.card.family, "task": federation.card.task,
                     "evaluation_sha256": simulation.evaluation_sha256, "shards": NUM_SHARDS,
-                    "python_accuracy": python_accuracy, "operator_key_id": operator.key_id})
+                    "python_accuracy": python_accuracy, "operator_key_id": operator.key_id,
+                    "operator_keys": TrustedKeys([operator.public_key_raw]).to_json()})
             secure_devices = SecureDevices()
             for line in sys.stdin:
                 command = json.loads(line)
@@ -182,7 +196,9 @@ def main() -> None:
                 elif command["cmd"] == "revoke":
                     _reply(_revoke(server, command["device_id"]))
                 elif command["cmd"] == "python_secure_devices":
-                    _reply(secure_devices.start(server, federation, data_dir, enrollment_token, command))
+                    _reply(secure_devices.start(server, federation, data_dir, enrollment_token, operator, command))
+                elif command["cmd"] == "certify":
+                    _reply(_certify(server, operator))
                 elif command["cmd"] == "python_secure_results":
                     _reply(secure_devices.results())
                 elif command["cmd"] == "check_secure_sum":

@@ -27,9 +27,10 @@ def ready_simulation(federation, server_url: str, cache_root: Path, admin_token:
 
 
 def device_client(simulation, index: int) -> FedzooClient:
-    return FedzooClient(simulation.server_url, token=simulation.tokens[index],
-                        cache_dir=simulation.cache_root / f"device-{index}",
-                        signing_key=load_signing_key(simulation.signing_keys[index]))
+    folder = simulation.cache_root / f"device-{index}"
+    return FedzooClient(simulation.server_url, token=simulation.tokens[index], cache_dir=folder,
+                        signing_key=load_signing_key(simulation.signing_keys[index]),
+                        operator_keys=simulation.operator_keys, state_file=folder / "state.json")
 
 
 def selected_tasks(simulation, count: int, task: str = "digits") -> tuple[list[FedzooClient], list[dict[str, Any]]]:

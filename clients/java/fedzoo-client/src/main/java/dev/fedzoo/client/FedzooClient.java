@@ -19,6 +19,7 @@ import dev.fedzoo.ModelCard;
 import dev.fedzoo.edge.DeviceProfile;
 import dev.fedzoo.edge.EdgeSession;
 import dev.fedzoo.fl.Capabilities;
+import dev.fedzoo.secagg.DeviceCertificates;
 import dev.fedzoo.secagg.Signatures;
 import dev.fedzoo.secagg.SignedRounds;
 
@@ -57,6 +58,7 @@ public final class FedzooClient {
     static final String SIGNING_KEY_STATE = "secagg_signing_key";
 
     private CardVerifier verifier;
+    private NeighbourTrust neighbourTrust;
     private StateStore state;
     private SignedRounds signedRounds = new SignedRounds();
     private String deviceId;
@@ -121,6 +123,26 @@ public final class FedzooClient {
         }
         this.verifier = verifier;
         return this;
+    }
+
+    /**
+     * Accept a SecAgg+ neighbour's key only with the operator's certificate, checked against {@code operatorKeys} (the
+     * operator key set, {@code fedzoo keys export-public}; never {@code GET /v1/keys}, which holds the server's key)
+     * and the newest revocation list kept in the {@link #keepStateIn state}, which this needs. Without it, this device
+     * declines SecAgg+ rounds ({@code operator_keys_required}).
+     */
+    public FedzooClient requireCertifiedNeighbours(DeviceCertificates operatorKeys) {
+        if (state == null) {
+            throw new IllegalStateException("certified neighbours need keepStateIn(...) first: the newest revocation "
+                    + "list must persist");
+        }
+        this.neighbourTrust = new NeighbourTrust(operatorKeys, state);
+        return this;
+    }
+
+    /** The pinned operator keys and kept revocation list ({@link #requireCertifiedNeighbours}), or null. */
+    public NeighbourTrust neighbourTrust() {
+        return neighbourTrust;
     }
 
     /** Whether cards must verify against pinned keys ({@link #requireSignedCards}). */
@@ -423,6 +445,11 @@ public final class FedzooClient {
         }
         refreshTokenIfDue();
         return http.postJson("/v1/fl/rounds/" + roundId + "/decline", body, FedzooHttp.Resend.SAFE, 201);
+    }
+
+    /** The operator's newest signed list of revoked device keys the server holds, or null (none yet). */
+    public JSONObject deviceRevocations() {
+        return http.getJson("/v1/device-revocations", null).optJSONObject("revocations");
     }
 
     /** Sends this device's reply to a SecAgg+ stage: a JSON object, or the framed or raw bytes the stage takes. */

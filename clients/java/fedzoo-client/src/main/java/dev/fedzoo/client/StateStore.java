@@ -13,6 +13,7 @@ import org.json.JSONException;
 import org.json.JSONObject;
 
 import dev.fedzoo.FedzooException;
+import dev.fedzoo.secagg.DeviceRevocations;
 import dev.fedzoo.secagg.SignedRounds;
 
 /**
@@ -21,9 +22,10 @@ import dev.fedzoo.secagg.SignedRounds;
  * <ul>
  * <li>{@code state.json}: {@code server}, {@code device_id}, {@code token} (as the Python CLI's
  * {@code ~/.config/fedzoo/client.json}) and {@code accepted_line_versions} (model line → the newest signed card
- * version accepted, which {@link CardVerifier} refuses to roll back from; and {@code secagg_signed_rounds}, the
- * SecAgg+ round ids the device took part in, see {@link #claimSignedRound}; raised only by a compare-and-swap under
- * an exclusive lock on {@code state.lock}, so two processes cannot write an older version over a newer one);</li>
+ * version accepted, which {@link CardVerifier} refuses to roll back from; raised only by a compare-and-swap under
+ * an exclusive lock on {@code state.lock}, so two processes cannot write an older version over a newer one),
+ * {@code secagg_signed_rounds} (the SecAgg+ round ids the device took part in, see {@link #claimSignedRound}) and
+ * {@code device_revocations} (the newest operator-signed device revocation list verified, {@link NeighbourTrust});</li>
  * <li>{@code pending/<round>.npz} + {@code pending/<round>.json}: an update trained but not yet confirmed by
  * the server, re-sent by the next participation (a 409 {@code duplicate_update} then counts as delivered).</li>
  * </ul>
@@ -33,6 +35,7 @@ import dev.fedzoo.secagg.SignedRounds;
 public final class StateStore {
     static final String ACCEPTED_VERSIONS = "accepted_line_versions";
     static final String SIGNED_ROUNDS = "secagg_signed_rounds";
+    static final String REVOCATIONS = "device_revocations";
     private final File directory;
     private final File pendingDirectory;
 
@@ -171,6 +174,32 @@ public final class StateStore {
             throw new FedzooException("cannot lock " + new File(directory, "state.lock") + ": " + error.getMessage(), error);
         } catch (JSONException error) {
             throw new FedzooException("cannot record round " + roundId + ": " + error.getMessage());
+        }
+    }
+
+    /** The newest device revocation list this device verified ({@link NeighbourTrust}); version 0 when none. */
+    public synchronized DeviceRevocations keptRevocations() {
+        return DeviceRevocations.fromState(load().optJSONObject(REVOCATIONS));
+    }
+
+    /**
+     * Keeps {@code revocations} unless a newer list was kept meanwhile (under {@code state.lock}, as
+     * {@link #acceptVersion}); returns the list now kept.
+     */
+    public synchronized DeviceRevocations keepRevocations(DeviceRevocations revocations) {
+        try (RandomAccessFile locked = lockState()) {
+            JSONObject state = load();
+            DeviceRevocations kept = DeviceRevocations.fromState(state.optJSONObject(REVOCATIONS));
+            if (revocations.version > kept.version) {
+                state.put(REVOCATIONS, revocations.toState());
+                save(state);
+                return revocations;
+            }
+            return kept;
+        } catch (IOException error) {
+            throw new FedzooException("cannot lock " + new File(directory, "state.lock") + ": " + error.getMessage(), error);
+        } catch (JSONException error) {
+            throw new FedzooException("cannot keep the device revocation list: " + error.getMessage());
         }
     }
 

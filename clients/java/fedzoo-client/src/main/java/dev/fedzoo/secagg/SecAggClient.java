@@ -53,6 +53,8 @@ public final class SecAggClient {
     private final Ed25519PrivateKeyParameters signingKey;
     private final Set<String> trustedSigningKeys;
     private final SignedRounds signedRounds;
+    private final DeviceCertificates certificates;
+    private final Map<String, Integer> neighbourDevices = new HashMap<String, Integer>();
     private String stage = "advertise_keys";
     private byte[] cipherPublic;
     private byte[] maskPublic;
@@ -76,6 +78,15 @@ public final class SecAggClient {
      */
     public SecAggClient(SecAggConfig config, int client, Ed25519PrivateKeyParameters signingKey, SecAggBounds bounds,
                         Set<String> trustedSigningKeys, SignedRounds signedRounds) {
+        this(config, client, signingKey, bounds, trustedSigningKeys, signedRounds, null);
+    }
+
+    /**
+     * As above; with {@code certificates} (may be null) a neighbour's key counts only with the operator's certificate
+     * for the device the server names, one seat per device ({@link DeviceCertificates}).
+     */
+    public SecAggClient(SecAggConfig config, int client, Ed25519PrivateKeyParameters signingKey, SecAggBounds bounds,
+                        Set<String> trustedSigningKeys, SignedRounds signedRounds, DeviceCertificates certificates) {
         if (client < 0 || client >= config.numClients) {
             throw new ProtocolViolation("client number " + client + " is outside [0, " + config.numClients + ")",
                     "malformed");
@@ -88,6 +99,7 @@ public final class SecAggClient {
         this.signingKey = signingKey;
         this.trustedSigningKeys = trustedSigningKeys;
         this.signedRounds = signedRounds;
+        this.certificates = certificates;
     }
 
     /** A client that remembers the round ids it took part in for its own lifetime only. */
@@ -378,7 +390,28 @@ public final class SecAggClient {
             throw new ProtocolViolation("client " + peer + "'s keys do not carry its signature: the server may have "
                     + "replaced them", "bad_signature");
         }
+        if (certificates != null) {
+            checkCertificate(peer, entry, signingPublic);
+        }
         return signingPublic;
+    }
+
+    /** Only a key the operator certified for the device the server names, and one seat per device. */
+    private void checkCertificate(int peer, JSONObject entry, byte[] signingPublic) {
+        String device;
+        try {
+            device = certificates.verify(entry.opt("certificate"), entry.opt("device_id"), signingPublic,
+                    System.currentTimeMillis());
+        } catch (DeviceCertificateException refused) {
+            throw new ProtocolViolation("client " + peer + "'s signing key is not vouched for by the operator ("
+                    + refused.reason() + "): " + refused.getMessage(),
+                    refused.reason().equals("revoked") ? "revoked_key" : "uncertified_key");
+        }
+        Integer seated = neighbourDevices.put(device, peer);
+        if (seated != null && seated != peer) {
+            throw new ProtocolViolation("the server seated device '" + device + "' twice, as clients " + seated + " and "
+                    + peer, "uncertified_key");
+        }
     }
 
     private Json reply(String stageName) {

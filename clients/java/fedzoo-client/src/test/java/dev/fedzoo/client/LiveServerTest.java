@@ -31,6 +31,7 @@ import dev.fedzoo.edge.DeviceProfile;
 import dev.fedzoo.edge.EdgeSession;
 import dev.fedzoo.fl.Capabilities;
 import dev.fedzoo.fl.SecureParticipation;
+import dev.fedzoo.secagg.DeviceCertificates;
 import dev.fedzoo.secagg.SecAggBounds;
 import dev.fedzoo.secagg.SecAggClient;
 import dev.fedzoo.secagg.SecAggConfig;
@@ -69,6 +70,23 @@ class LiveServerTest {
         FedzooClient client = new FedzooClient(url, null, TestSupport.workDirectory("device-cache"), QUICK, 30_000);
         client.register(DeviceProfile.collect("java-device-" + (devices++), 1, null, null), enrollmentToken());
         return client;
+    }
+
+    /**
+     * A registered device whose signing key the operator certified (the live server's {@code certify}), pinning the
+     * operator key set for its SecAgg+ neighbours.
+     */
+    private static FedzooClient certifiedDevice() {
+        String name = "java-device-" + (devices++);
+        FedzooClient client = new FedzooClient(server.url, null, TestSupport.workDirectory("device-cache"), QUICK, 30_000)
+                .keepStateIn(new StateStore(TestSupport.workDirectory("state-" + name)));
+        client.register(DeviceProfile.collect(name, 1, null, null), enrollmentToken());
+        try {
+            server.command(new JSONObject().put("cmd", "certify"));
+            return client.requireCertifiedNeighbours(DeviceCertificates.fromJson(server.ready.getJSONObject("operator_keys")));
+        } catch (org.json.JSONException malformed) {
+            throw new IllegalStateException(malformed);
+        }
     }
 
     private static long startRound(int targetClients, String extra) throws Exception {
@@ -359,7 +377,7 @@ class LiveServerTest {
     void aSecureRoundSkipsDevicesThatDoNotSpeakItsProtocolAndOneHandedAnotherVersionDeclinesOnRecord() throws Exception {
         long roundId = startRound(3, "{\"privacy\": {\"secure_aggregation\": {\"neighbour_count\": 2, "
                 + "\"threshold\": 2}}, \"deadline_s\": 3, \"max_accuracy_drop\": 1.0}");
-        FedzooClient device = registeredDevice(server.url);
+        FedzooClient device = certifiedDevice();
         JSONObject skipped = device.flTask("digits", null, new Capabilities(1, true, null));
         assertTrue(skipped.isNull("task"), "the round does not select a device that speaks SecAgg+ version 1");
         assertTrue(skipped.getString("reason").contains("secure aggregation version "
@@ -382,7 +400,7 @@ class LiveServerTest {
 
     /** A Java device that answers the SecAgg+ stages with a known input, or drops out after sharing its keys. */
     private static final class JavaSecureDevice extends Thread {
-        final FedzooClient client = registeredDevice(server.url);
+        final FedzooClient client = certifiedDevice();
         final int[] levels;
         final boolean dropsAfterSharingKeys;
         final List<String> answered = new java.util.ArrayList<String>();
@@ -505,7 +523,7 @@ class LiveServerTest {
         final List<ParticipationResult> results = java.util.Collections.synchronizedList(new java.util.ArrayList<ParticipationResult>());
         List<Thread> devices = new java.util.ArrayList<Thread>();
         for (int i = 0; i < 3; i++) {
-            final FedzooClient device = registeredDevice(server.url);
+            final FedzooClient device = certifiedDevice();
             final int shard = i;
             devices.add(new Thread(() -> results.add(new Participation(device, null).participateOnce("digits",
                     server.shard(shard), UpdateCodec.Encoding.INT8, null, null))));
