@@ -116,3 +116,21 @@ def test_configurations_outside_the_default_bounds_are_refused(config):
     with pytest.raises(ProtocolViolation) as refusal:
         SecAggClient(SecAggConfig.from_dict(config), 0, signatures.new_signing_key())
     assert refusal.value.reason == "config_out_of_bounds"
+
+
+def _answer(client, request):
+    if request["stage"] == "masked_input":
+        return client.masked_input(request, np.zeros(CONFIG.vector_length + 1, dtype=np.uint16))
+    return getattr(client, request["stage"])(request)
+
+
+@pytest.mark.parametrize("case", VECTORS["staged_refusals"], ids=lambda case: case["name"])
+def test_staged_refusals(case):
+    client = SecAggClient(CONFIG, case["client"], signatures.new_signing_key())
+    client.advertise_keys()
+    *accepted, refused = case["steps"]
+    for request in accepted:
+        _answer(client, request)
+    with pytest.raises(ProtocolViolation) as refusal:
+        _answer(client, refused)
+    assert refusal.value.reason == case["reason"]

@@ -16,6 +16,11 @@ A second SDK that reproduces every case speaks the same protocol:
 - `refusals`: consistency_check and unmask requests an honest client must refuse, with the
   `ProtocolViolation.reason` (`signed_survivors`: the set client 0 signed first, or null when the request
   is the consistency_check itself), and configurations outside the default `SecAggBounds`;
+- `staged_refusals`: the server's lies about relayed keys and signatures, as a client 0 sees them: each case's
+  `steps` are requests it answers in order (`masked_input` with an all-zero ring input), the last of which it
+  must refuse with `reason`, every earlier one accepted. Its neighbours' keys are fixed (`seed("neighbour ..")`):
+  keys relayed under a signature over other keys, one signing key relayed for two neighbours, and one altered
+  signature among t or more good ones on the survivor set;
 - `framing`: a share_keys and an unmask reply and their binary framing (`fedzoo.secagg.framing`), as the
   REST endpoints take them; the consistency_check reply is JSON `{"signature": <base64 of 64 bytes>}`.
 """
@@ -123,6 +128,48 @@ def _refusal_cases() -> list[dict[str, Any]]:
                for request, reason in after_signing])
 
 
+def _signing_key_of(peer: int) -> Any:
+    return signatures.load_signing_key(seed(f"neighbour {peer} signing key"))
+
+
+def _neighbour_keys(peer: int, signer: int | None = None) -> dict[str, Any]:
+    """Fixed round keys for one of client 0's neighbours, signed by the fixed long-term key of `signer` (the
+    neighbour itself unless the server relays another's)."""
+    signing_key = _signing_key_of(peer if signer is None else signer)
+    cipher_public = crypto.public_bytes(crypto.load_private_key(seed(f"neighbour {peer} cipher key")))
+    mask_public = crypto.public_bytes(crypto.load_private_key(seed(f"neighbour {peer} mask key")))
+    return {"client": peer, "cipher_public_key": to_base64(cipher_public), "mask_public_key": to_base64(mask_public),
+            "signing_public_key": to_base64(signatures.public_bytes(signing_key)),
+            "signature": to_base64(signing_key.sign(signatures.advertise_payload(CONFIG, peer, cipher_public,
+                                                                                  mask_public)))}
+
+
+def _staged_refusal_cases() -> list[dict[str, Any]]:
+    peers = neighbours(CONFIG)[0]
+    honest = [_neighbour_keys(peer) for peer in peers]
+    forged_cipher = crypto.public_bytes(crypto.load_private_key(seed("server's own cipher key")))
+    forged = [dict(honest[0], cipher_public_key=to_base64(forged_cipher)), *honest[1:]]
+    one_key_for_two = [honest[0], _neighbour_keys(peers[1], signer=peers[0]), *honest[2:]]
+    survivors = list(range(CONFIG.num_clients))
+    signed = [{"client": peer, "signature": to_base64(_signing_key_of(peer).sign(
+        signatures.consistency_payload(CONFIG, peer, survivors)))} for peer in peers]
+    assert len(signed) - 1 >= CONFIG.threshold
+    one_altered = [dict(signed[0], signature=signed[1]["signature"]), *signed[1:]]
+    through_consistency = [
+        {"stage": "share_keys", "public_keys": honest},
+        {"stage": "masked_input", "encrypted_shares": [  # shares no key opens: listed as undecryptable
+            {"owner": peer, "ciphertext": to_base64(seed(f"ciphertext {peer}") * 2)} for peer in peers]},
+        {"stage": "consistency_check", "survivors": survivors}]
+    return [
+        {"name": "relayed keys under a signature over other keys", "client": 0, "reason": "bad_signature",
+         "steps": [{"stage": "share_keys", "public_keys": forged}]},
+        {"name": "one signing key relayed for two neighbours", "client": 0, "reason": "bad_signature",
+         "steps": [{"stage": "share_keys", "public_keys": one_key_for_two}]},
+        {"name": "one altered signature among t good ones", "client": 0, "reason": "bad_signature",
+         "steps": [*through_consistency, {"stage": "unmask", "survivors": survivors, "signatures": one_altered}]},
+    ]
+
+
 def _bounds_cases() -> list[dict[str, Any]]:
     """Valid configurations an honest client with the default SecAggBounds refuses (`config_out_of_bounds`)."""
     base = CONFIG.to_dict()
@@ -174,6 +221,7 @@ def secagg_vectors() -> dict[str, Any]:
                      "ring": quantise(on_levels, CONFIG, 1.0, np.random.default_rng(0)).tolist()},
         "signing": _signing_case(),
         "refusals": _refusal_cases(),
+        "staged_refusals": _staged_refusal_cases(),
         "bounds_refusals": _bounds_cases(),
     }
 

@@ -253,4 +253,36 @@ class SecAggVectorsTest {
             assertEquals(refusal.getString("reason"), violation.reason(), refusal.toString());
         }
     }
+    private static void answer(SecAggClient device, JSONObject request) throws Exception {
+        String stage = request.getString("stage");
+        if (stage.equals("share_keys")) {
+            device.shareKeys(request);
+        } else if (stage.equals("masked_input")) {
+            device.maskedInput(request, new int[config.vectorLength + 1]);
+        } else if (stage.equals("consistency_check")) {
+            device.consistencyCheck(request);
+        } else {
+            device.unmask(request);
+        }
+    }
+
+    /** The server's lies about relayed keys and signatures: every step but the last is answered, the last refused. */
+    @Test
+    void relayedKeysAndSignaturesTheServerAlteredAreRefusedForThePythonReason() throws Exception {
+        JSONArray cases = vectors.getJSONArray("staged_refusals");
+        for (int i = 0; i < cases.length(); i++) {
+            final JSONObject refusal = cases.getJSONObject(i);
+            final SecAggClient device = new SecAggClient(config, refusal.getInt("client"), Signatures.newSigningKey(),
+                    new SecAggBounds(), null);
+            device.advertiseKeys();
+            JSONArray steps = refusal.getJSONArray("steps");
+            for (int step = 0; step < steps.length() - 1; step++) {
+                answer(device, steps.getJSONObject(step));
+            }
+            final JSONObject last = steps.getJSONObject(steps.length() - 1);
+            ProtocolViolation violation = assertThrows(ProtocolViolation.class, () -> answer(device, last),
+                    refusal.getString("name"));
+            assertEquals(refusal.getString("reason"), violation.reason(), refusal.getString("name"));
+        }
+    }
 }
