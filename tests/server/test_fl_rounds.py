@@ -22,25 +22,6 @@ from fl_helpers import device_client, honest_delta, ready_simulation, round_conf
 ADMIN = DEFAULT_ADMIN_TOKEN
 
 
-@pytest.fixture(scope="module")
-def federation():
-    return prepare_federation("digits", num_clients=4, alpha=1.0, hidden_units=16, pretrain_epochs=2, seed=0)
-
-
-@pytest.fixture
-def server(tmp_path):
-    with LoopbackServer(tmp_path / "server") as running:
-        yield running
-
-
-@pytest.fixture
-def simulation(federation, server, tmp_path):
-    with Simulation(federation, server.url, cache_root=tmp_path / "devices") as sim:
-        sim.publish_base_model()
-        sim.register_devices()
-        yield sim
-
-
 _device, _config, _upload = device_client, round_config, upload
 
 

@@ -20,7 +20,7 @@ from fedzoo.secagg.framing import decode_unmask
 from fedzoo.server.fl import secure_rounds
 from fedzoo.server.fl.root_trust import train_root_update
 from fedzoo.server.fl.schemas import TrainingConfig
-from fl_helpers import device_client, ready_simulation, round_config
+from fl_helpers import device_client, ready_simulation, round_config, wait_for_round_end
 
 ADMIN = DEFAULT_ADMIN_TOKEN
 DEVICES = 6
@@ -107,12 +107,7 @@ def scripted_devices(simulation, federation, per_device):
 
 
 def wait_for_end(simulation, round_id, timeout_s=60):
-    deadline = time.monotonic() + timeout_s
-    view = simulation.admin.fl_round(round_id)
-    while view["state"] in ("open", "collecting", "aggregating") and time.monotonic() < deadline:
-        time.sleep(0.1)
-        view = simulation.admin.fl_round(round_id)
-    return view
+    return wait_for_round_end(simulation.admin, round_id, timeout_s)
 
 
 def run_scripted_round(simulation, federation, config, per_device=None):
