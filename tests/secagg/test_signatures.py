@@ -44,3 +44,10 @@ def test_a_signature_or_key_of_the_wrong_length_or_off_the_curve_never_verifies(
     assert not signatures.verify(public[:31], signature, message)
     off_curve = next(y for y in range(2, 60) if not _has_x(y))
     assert not signatures.verify(_encoded(off_curve), signature, message)
+
+
+def test_a_device_key_survives_its_stored_form():
+    key = signatures.new_signing_key()
+    stored = signatures.private_bytes(key)
+    assert len(stored) == 32
+    assert signatures.public_bytes(signatures.load_signing_key(stored)) == signatures.public_bytes(key)
