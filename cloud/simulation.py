@@ -78,6 +78,7 @@ DEFAULT_ADMIN_TOKEN = "simulation-admin-token-0123456789abcdefghij"  # >= 32 byt
 LOOPBACK_ENVIRONMENT = {**{f"FEDZOO_RATE_LIMIT_{action}_PER_ADDRESS": "off" for action in ("REGISTER", "LOOKUP", "UPLOAD")},
                         "FEDZOO_FSYNC_BLOBS": "off"}
 TRANSPORTS = ("tcp", "wsgi")
+LOOPBACK_POLL_S = 0.05  # how often the loopback server's thread checks for shutdown
 
 # Transports into the server apps this process calls through WSGI, by data directory: the LoopbackServer's own
 # app, or one a device process made from an InProcessServer (one more server worker on the same database, as
@@ -178,7 +179,9 @@ class LoopbackServer:
             return self
         self._server = make_server("127.0.0.1", self.port or 0, app, threaded=True, request_handler=_QuietHandler)
         self.port = self._server.server_port
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fedzoo-loopback", daemon=True)
+        # serve_forever checks for shutdown every poll interval: 0.05 s, not werkzeug's 0.5 s that every stop waits out
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": LOOPBACK_POLL_S},
+                                        name="fedzoo-loopback", daemon=True)
         self._thread.start()
         return self
 

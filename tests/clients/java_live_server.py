@@ -29,6 +29,9 @@ After that it answers one JSON line per command line on stdin:
     {"cmd": "python_secure_results"}                       waits for those devices: {"outcomes": [...]}
     {"cmd": "check_secure_sum", "round_id", "levels"}      the largest difference between the round's published model
                                                            and its base plus the FedAvg of these devices' levels / 128
+    {"cmd": "substitute_relayed_keys", "on"}            while on, the server lies in SecAgg+ rounds it starts: it relays
+                                                           X25519 keys of its own making as every device's neighbours',
+                                                           under the neighbours' genuine signatures
     {"cmd": "quit"}
 """
 
@@ -50,7 +53,9 @@ from fedzoo.clients.http import FedzooHTTP
 from fedzoo.clients.participation import participate_once
 from fedzoo.clients.secure_participation import take_part_securely
 from fedzoo.edge.onnx_initializers import read_float_initializers
-from fedzoo.secagg import flatten, unflatten
+from fedzoo.secagg import crypto, flatten, unflatten
+from fedzoo.secagg.messages import to_base64
+from fedzoo.server.fl import secure_rounds
 from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, Simulation, prepare_federation
 from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
 from fedzoo.edge.runtime import EdgeSession
@@ -149,6 +154,25 @@ def _check_secure_sum(simulation: Simulation, command: dict) -> dict:
     return {"max_abs_diff": max(float(np.max(np.abs(published[name] - (base[name] + mean[name])))) for name in base)}
 
 
+class KeySubstitutingServer(secure_rounds.SecAggServer):
+    """A lying server (docs/privacy.md, "Threat model"): the keys it relays are its own, so that it could decrypt the
+    shares and remove the masks; the signatures are the neighbours' own, over the keys they advertised."""
+
+    def collect_keys(self, replies: list[dict]) -> dict[int, dict]:
+        requests = super().collect_keys(replies)
+        return {client: dict(request, public_keys=[dict(entry, cipher_public_key=to_base64(crypto.new_key_pair()[1]))
+                                                   for entry in request["public_keys"]])
+                for client, request in requests.items()}
+
+
+HONEST_SERVER = secure_rounds.SecAggServer
+
+
+def _substitute_relayed_keys(command: dict) -> dict:
+    secure_rounds.SecAggServer = KeySubstitutingServer if command["on"] else HONEST_SERVER
+    return {"ok": True}
+
+
 def _profile(device_id: str) -> DeviceProfile:
     return DeviceProfile(device_id=device_id, platform="linux-x86_64", cpu=CpuInfo(model="python", cores=1),
                          memory_mb=1024, runtime=RuntimeInfo(onnxruntime="python", threads=1))
@@ -203,6 +227,8 @@ def main() -> None:
                     _reply(secure_devices.results())
                 elif command["cmd"] == "check_secure_sum":
                     _reply(_check_secure_sum(simulation, command))
+                elif command["cmd"] == "substitute_relayed_keys":
+                    _reply(_substitute_relayed_keys(command))
                 elif command["cmd"] == "python_device":
                     _reply(_python_device(server, federation, data_dir, enrollment_token, command))
                 else:

@@ -114,6 +114,13 @@ class _TrustingClient(SecAggClient):
         return set(self.neighbours)
 
 
+class _CountingClient(SecAggClient):
+    """A client that counts the survivor-set signatures it is shown without verifying them."""
+
+    def _consistency_signers(self, request, survivors):
+        return {entry["client"] for entry in request["signatures"]} & self.neighbours
+
+
 class _UncheckingClient(SecAggClient):
     """A client that takes relayed keys on trust, without checking the neighbour's signature (v1)."""
 
@@ -135,11 +142,12 @@ def _read_input(config, masked_vector, victim, seed, mask_key_of, victim_mask_pu
     return value
 
 
-def _inconsistent_stories(config, inputs, client_class, victim):
+def _inconsistent_stories(config, inputs, client_class, victim, forward_every_signature=False):
     """Issue #34's attack: the victim's neighbours each hear "the victim and I survived, the victim's other
     neighbours dropped"; everyone else hears "the victim's neighbours dropped". Every story holds the listener
     and is long enough. The server collects b of the victim from its neighbours and the mask key of each
-    neighbour from theirs. Returns (what the server read of the victim's input or None, refusal reasons)."""
+    neighbour from theirs. With `forward_every_signature` it also forwards the signatures made on other stories,
+    so every list is t long. Returns (what the server read of the victim's input or None, refusal reasons)."""
     clients, server, requests, inputs = _through_masked_inputs(config, inputs, client_class, NO_CORRUPTION)
     masked = {i: clients[i].masked_input(r, inputs[i]) for i, r in requests.items()}
     around = set(server.graph[victim])
@@ -148,10 +156,11 @@ def _inconsistent_stories(config, inputs, client_class, victim):
     signed = {client: clients[client].consistency_check({"stage": "consistency_check", "survivors": story[client]})
               for client in everyone}
     refusals = {}
-    # the best the server can do: every neighbour's signature made on the very story this client heard
+    # the best the server can do: every neighbour's signature made on the very story this client heard (and,
+    # with `forward_every_signature`, those made on other stories too)
     shares = _reveal(clients, {client: {"stage": "unmask", "survivors": story[client], "signatures": [
         {"client": peer, "signature": signed[peer]["signature"]} for peer in server.graph[client]
-        if story[peer] == story[client]]} for client in everyone}, refusals)
+        if forward_every_signature or story[peer] == story[client]]} for client in everyone}, refusals)
     return _read_from_shares(config, server, masked[victim], victim, shares), refusals
 
 
@@ -205,9 +214,42 @@ def test_a_server_telling_neighbours_different_stories_never_gets_both_secrets(v
     assert set(refusals.values()) == {"too_few_signatures"}
 
 
-def _substituted_keys(config, inputs, client_class, victim, forge_signing_keys=False, pin_enrolled_keys=False):
+def test_without_verification_a_server_padding_each_list_with_signatures_on_other_stories_reads_one_input():
+    inputs = _inputs(ATTACKED, 1)
+    read, refusals = _inconsistent_stories(ATTACKED, inputs, _CountingClient, victim=0, forward_every_signature=True)
+    assert refusals == {} and read is not None and np.array_equal(read, inputs[0])
+
+
+@pytest.mark.parametrize("victim", [0, 7])
+def test_a_server_padding_each_list_to_t_with_signatures_on_other_stories_is_refused(victim):
+    """At least t signatures are listed, but not on the story the listener signed: each one is verified."""
+    inputs = _inputs(ATTACKED, 1)
+    read, refusals = _inconsistent_stories(ATTACKED, inputs, SecAggClient, victim, forward_every_signature=True)
+    assert read is None
+    assert len(refusals) >= ATTACKED.neighbour_count  # the victim's neighbours among them: each heard its own story
+    assert set(refusals.values()) == {"bad_signature"}
+
+
+def test_one_bad_signature_among_t_good_ones_is_refused():
+    """An honest round's unmask request with one neighbour's signature replaced by another's: t or more good
+    signatures do not excuse one the server altered."""
+    config = SecAggConfig("round-one-bad", 12, 8, 6, 10, 1.0)  # t at the devices' floor (c = 2)
+    clients, _, requests = _to_unmask(config, _inputs(config, 0))
+    request = requests[0]
+    listed = request["signatures"]
+    assert len(listed) > config.threshold
+    forged = [dict(listed[0], signature=listed[1]["signature"]), *listed[1:]]
+    with pytest.raises(ProtocolViolation) as refusal:
+        clients[0].unmask(dict(request, signatures=forged))
+    assert refusal.value.reason == "bad_signature"
+
+
+def _substituted_keys(config, inputs, client_class, victim, forge_signing_keys=False, pin_enrolled_keys=False,
+                      insider=False):
     """Issue #34's second attack: the server relays its own X25519 keys as each of the victim's neighbours'. The
-    victim then encrypts its self-mask seed's shares to the server and masks with keys the server holds.
+    victim then encrypts its self-mask seed's shares to the server and masks with keys the server holds. With
+    `insider`, every forged entry is signed by the long-term key of one enrolled client that is not the victim's
+    neighbour in this run's graph (a colluding Sybil).
     Returns what the server read of the victim's input (or None) and the victim's refusal reason."""
     keys = {index: signatures.new_signing_key() for index in range(config.num_clients)}
     registered = {index: signatures.public_bytes(key) for index, key in keys.items()}
@@ -216,6 +258,8 @@ def _substituted_keys(config, inputs, client_class, victim, forge_signing_keys=F
                for index in range(config.num_clients)}
     server = SecAggServer(config, registered)
     requests = server.collect_keys([c.advertise_keys() for c in clients.values()])
+    insider_key = (keys[next(c for c in range(config.num_clients) if c != victim and c not in server.graph[victim])]
+                   if insider else None)
     forged_ciphers, forged_masks = {}, {}
     entries = []
     for entry in requests[victim]["public_keys"]:
@@ -223,8 +267,8 @@ def _substituted_keys(config, inputs, client_class, victim, forge_signing_keys=F
         forged_ciphers[peer], cipher_public = crypto.new_key_pair()
         forged_masks[peer], mask_public = crypto.new_key_pair()
         forged = dict(entry, cipher_public_key=to_base64(cipher_public), mask_public_key=to_base64(mask_public))
-        if forge_signing_keys:  # the server also lies about the neighbour's long-term key
-            server_key = signatures.new_signing_key()
+        if forge_signing_keys or insider:  # the server also lies about the neighbour's long-term key
+            server_key = insider_key if insider else signatures.new_signing_key()
             forged.update(signing_public_key=to_base64(signatures.public_bytes(server_key)), signature=to_base64(
                 server_key.sign(signatures.advertise_payload(config, peer, cipher_public, mask_public,
                                                              server.nonces[peer]))))
@@ -266,6 +310,14 @@ def test_a_server_also_substituting_long_term_keys_is_refused_where_the_enrolled
     assert refusal is None and np.array_equal(read, inputs[3])  # the documented limit
     read, refusal = _substituted_keys(ATTACKED, inputs, SecAggClient, victim=3, forge_signing_keys=True,
                                       pin_enrolled_keys=True)
+    assert read is None and refusal == "bad_signature"
+
+
+def test_one_enrolled_insiders_key_relayed_for_every_neighbour_is_refused_even_where_keys_are_pinned():
+    """Pinning stops keys the server made up, not an enrolled insider's key standing for many neighbours: that
+    insider would decrypt t shares of the victim's seed. One signing key for two neighbours is refused."""
+    inputs = _inputs(ATTACKED, 2)
+    read, refusal = _substituted_keys(ATTACKED, inputs, SecAggClient, victim=3, pin_enrolled_keys=True, insider=True)
     assert read is None and refusal == "bad_signature"
 
 

@@ -15,6 +15,7 @@ from fedzoo.secagg import ProtocolViolation, SecAggClient, SecAggConfig, SecAggS
 from fedzoo.secagg import crypto, signatures
 from fedzoo.secagg.client import MASK_KEY, SELF_MASK, self_mask_commitment, share_commitment
 from fedzoo.secagg.graph import advertised_bytes, graph_seed, neighbours, read_advertised
+from fedzoo.secagg.messages import from_base64, to_base64
 from fedzoo.secagg.shamir import combine_shares
 
 VECTORS = json.loads(VECTORS_PATH.read_text())
@@ -137,3 +138,49 @@ def test_configurations_outside_the_default_bounds_are_refused(config):
     with pytest.raises(ProtocolViolation) as refusal:
         SecAggClient(SecAggConfig.from_dict(config), 0, signatures.new_signing_key())
     assert refusal.value.reason == "config_out_of_bounds"
+
+
+STAGED = VECTORS["staged_refusals"]
+STAGED_CONFIG = SecAggConfig.from_dict(STAGED["config"])
+
+
+def _in_this_run(request, nonces):
+    """A staged step as the server sends it in a run where client 0 advertised `nonces[0]`: a share_keys step with
+    the advertised list, an unmask step with each listed signature made in this run by the client `signed_by`
+    names (see tests/vectors/secagg_vectors.py)."""
+    if request["stage"] == "share_keys":
+        return dict(request, advertised=to_base64(advertised_bytes(nonces)))
+    if request["stage"] != "unmask":
+        return request
+    seed = graph_seed(STAGED_CONFIG, nonces)
+    neighbours_by_id = {neighbour["client"]: neighbour for neighbour in STAGED["neighbours"]}
+
+    def signature(signer):
+        neighbour = neighbours_by_id[signer]
+        payload = signatures.consistency_payload(
+            STAGED_CONFIG, signer, *(bytes.fromhex(neighbour[name]) for name in ("cipher_public_key", "mask_public_key",
+                                                                                 "nonce")),
+            seed, request["survivors"])
+        return to_base64(signatures.load_signing_key(bytes.fromhex(neighbour["signing_private_key"])).sign(payload))
+
+    return dict(request, signatures=[{"client": entry["client"], "signature": signature(entry["signed_by"])}
+                                     for entry in request["signatures"]])
+
+
+def _answer(client, request):
+    if request["stage"] == "masked_input":
+        return client.masked_input(request, np.zeros(STAGED_CONFIG.vector_length + 1, dtype=np.uint16))
+    return getattr(client, request["stage"])(request)
+
+
+@pytest.mark.parametrize("case", STAGED["cases"], ids=lambda case: case["name"])
+def test_staged_refusals(case):
+    client = SecAggClient(STAGED_CONFIG, case["client"], signatures.new_signing_key())
+    nonces = {neighbour["client"]: bytes.fromhex(neighbour["nonce"]) for neighbour in STAGED["neighbours"]}
+    nonces[case["client"]] = from_base64(client.advertise_keys()["nonce"], "nonce")
+    *accepted, refused = (_in_this_run(request, nonces) for request in case["steps"])
+    for request in accepted:
+        _answer(client, request)
+    with pytest.raises(ProtocolViolation) as refusal:
+        _answer(client, refused)
+    assert refusal.value.reason == case["reason"]

@@ -1,6 +1,8 @@
 """SecAgg+ and DP-FedAvg rounds over REST, against a real server on loopback with real devices' keys."""
 
 import base64
+import io
+import json
 import threading
 import time
 
@@ -16,7 +18,9 @@ from fedzoo.secagg import SecAggClient, SecAggConfig, dequantise_sum, flatten, q
 from fedzoo.secagg.crypto import MASK_DTYPES
 from fedzoo.secagg.framing import decode_unmask
 from fedzoo.server.fl import secure_rounds
-from fl_helpers import device_client, ready_simulation, round_config
+from fedzoo.server.fl.root_trust import train_root_update
+from fedzoo.server.fl.schemas import TrainingConfig
+from fl_helpers import device_client, ready_simulation, round_config, wait_for_round_end
 
 ADMIN = DEFAULT_ADMIN_TOKEN
 DEVICES = 8  # k = 6, t = 5: the devices' floor against 2 corrupt devices leaves room for one dropout
@@ -103,12 +107,7 @@ def scripted_devices(simulation, federation, per_device):
 
 
 def wait_for_end(simulation, round_id, timeout_s=60):
-    deadline = time.monotonic() + timeout_s
-    view = simulation.admin.fl_round(round_id)
-    while view["state"] in ("open", "collecting", "aggregating") and time.monotonic() < deadline:
-        time.sleep(0.1)
-        view = simulation.admin.fl_round(round_id)
-    return view
+    return wait_for_round_end(simulation.admin, round_id, timeout_s)
 
 
 def run_scripted_round(simulation, federation, config, per_device=None):
@@ -557,3 +556,47 @@ def test_an_insider_that_takes_secure_seats_and_drops_out_every_round_is_quarant
     assert [entry["device_id"] for entry in quarantined["devices"]] == [insider]
     assert "SecAgg+ seats" in quarantined["devices"][0]["reason"]
     assert participants[insider]["quarantined"] is True
+
+
+def test_a_device_whose_ring_input_lies_outside_the_clip_range_gets_the_round_refused(simulation, federation):
+    """The masks hide each input: only the unmasked sum shows that a device sent what its SDK would have clipped.
+    Device 2 adds 40 x levels to one coordinate of its ring input (on the wire, the masked vector), more than
+    all 8 clipped updates can add up to: nothing is published."""
+    vector_length = sum(value.size for value in read_float_initializers(federation.model).values())
+
+    def outside_the_clip_range(stage, reply):
+        if stage != "masked_input":
+            return reply
+        dtype = {2: np.uint16, 4: np.uint32}[len(reply) // (vector_length + 1)]
+        masked = np.frombuffer(reply, dtype=dtype).copy()
+        masked[0] += 40 * 127  # wraps modulo 2^bits, as the masks do
+        return masked.tobytes()
+
+    _, devices, view = run_scripted_round(simulation, federation, secure_config(),
+                                          {2: {"tamper": outside_the_clip_range}})
+    assert all("unmask" in device.answered for device in devices)  # every device took part to the end
+    assert view["state"] == "failed" and view["result_model_id"] is None
+    assert "clipping range" in json.dumps(view["outcome"]), view["outcome"]
+
+
+def test_a_private_round_whose_aggregate_points_away_from_the_root_update_is_refused(simulation, federation, server):
+    """Under SecAgg+ the server sees only the mean, so it checks the mean against its own update on its root set:
+    every device sending the server's own update negated (clipped) gives a sum pointing away from it."""
+    root_npz = io.BytesIO()
+    np.savez(root_npz, x=federation.split.validation.x[:150], y=federation.split.validation.y[:150])
+    root_sha = simulation.admin.publish_blob(root_npz.getvalue(), server.admin_token)
+    round_id = simulation.start_plan(secure_config(root_trust={"root_sha256": root_sha}))
+    work = device_client(simulation, 0).fl_task(federation.card.task)["task"]
+    root = train_root_update(federation.model, federation.training_graph, federation.card,
+                             TrainingConfig(**work["training"]), root_npz.getvalue(), seed=1)  # what the server trains
+    away = {name: -value for name, value in root.delta.items()}
+    devices = [ScriptedDevice(device_client(simulation, index), federation.card.task, away, seed=index)
+               for index in range(DEVICES)]
+    for device in devices:
+        device.start()
+    for device in devices:
+        device.join(timeout=90)
+    assert [device.error for device in devices] == [None] * DEVICES
+    view = wait_for_end(simulation, round_id)
+    assert view["state"] == "failed" and view["result_model_id"] is None
+    assert "root set" in json.dumps(view["outcome"]), view["outcome"]

@@ -20,6 +20,15 @@ A second SDK that reproduces every case speaks the same protocol:
   is the consistency_check itself); a signature entry's `client` of "neighbour" or "stranger" stands for one
   of client 0's neighbours or a client that is not (the graph of a live run is drawn from fresh nonces);
 - `bounds_refusals`: configurations outside the default `SecAggBounds` (corruption budget 5%, at least two);
+- `staged_refusals`: the server's lies about relayed keys and signatures, as client 0 sees them in a round of
+  its own `config` (k = n - 1, so every other client is its neighbour whatever the nonces): its neighbours'
+  fixed stage-1 `neighbours` (nonce, keys, long-term key), and `cases` whose `steps` client 0 answers in order
+  after advertising (`masked_input` with an all-zero ring input), refusing the last with `reason`. Client 0's
+  nonce is fresh in each run, so the reader completes each step for its run: a share_keys step gets
+  `advertised` (the neighbours' nonces and client 0's), and an unmask step's entry `{"client", "signed_by"}`
+  gets the signature `signed_by` makes on the step's survivor set in that run (its graph seed). The cases:
+  keys relayed under a signature over other keys, one signing key relayed for two neighbours, and one
+  altered signature (another neighbour's) among t or more good ones on the survivor set;
 - `framing`: a share_keys and an unmask reply and their binary framing (`fedzoo.secagg.framing`), as the
   REST endpoints take them; the consistency_check reply is JSON `{"signature": <base64 of 64 bytes>}`.
 """
@@ -138,6 +147,59 @@ def _refusal_cases() -> list[dict[str, Any]]:
                for request, reason in after_signing])
 
 
+# client 0's round in `staged_refusals`: k = n - 1, and t + 1 <= k so that t good signatures leave room for a bad one
+STAGED_CONFIG = SecAggConfig("vector-round-staged", num_clients=7, neighbour_count=6, threshold=5, vector_length=6,
+                             clip_range=0.5, minimum_survivors=5)
+
+
+def _staged_neighbour(peer: int) -> dict[str, Any]:
+    """One of client 0's neighbours as it advertised: fixed nonce, round keys and long-term key (private, so the
+    reader can sign the survivor set in its own run)."""
+    return {"client": peer, "nonce": _hex(seed(f"staged nonce {peer}")),
+            "cipher_public_key": _hex(crypto.public_bytes(crypto.load_private_key(seed(f"neighbour {peer} cipher key")))),
+            "mask_public_key": _hex(crypto.public_bytes(crypto.load_private_key(seed(f"neighbour {peer} mask key")))),
+            "signing_private_key": _hex(seed(f"neighbour {peer} signing key"))}
+
+
+def _relayed_keys(neighbour: dict[str, Any], signer: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The neighbour's share_keys entry, its stage-1 payload signed by the long-term key of `signer` (the neighbour
+    itself unless the server relays another's)."""
+    signing_key = signatures.load_signing_key(bytes.fromhex((signer or neighbour)["signing_private_key"]))
+    cipher_public, mask_public = (bytes.fromhex(neighbour[name]) for name in ("cipher_public_key", "mask_public_key"))
+    payload = signatures.advertise_payload(STAGED_CONFIG, neighbour["client"], cipher_public, mask_public,
+                                           bytes.fromhex(neighbour["nonce"]))
+    return {"client": neighbour["client"], "cipher_public_key": to_base64(cipher_public),
+            "mask_public_key": to_base64(mask_public),
+            "signing_public_key": to_base64(signatures.public_bytes(signing_key)),
+            "signature": to_base64(signing_key.sign(payload))}
+
+
+def _staged_refusals() -> dict[str, Any]:
+    peers = [_staged_neighbour(peer) for peer in range(1, STAGED_CONFIG.num_clients)]
+    honest = [_relayed_keys(peer) for peer in peers]
+    forged_cipher = crypto.public_bytes(crypto.load_private_key(seed("server's own cipher key")))
+    forged = [dict(honest[0], cipher_public_key=to_base64(forged_cipher)), *honest[1:]]
+    one_key_for_two = [honest[0], _relayed_keys(peers[1], signer=peers[0]), *honest[2:]]
+    survivors = list(range(STAGED_CONFIG.num_clients))
+    signed = [{"client": peer["client"], "signed_by": peer["client"]} for peer in peers]
+    assert len(signed) - 1 >= STAGED_CONFIG.threshold
+    one_altered = [dict(signed[0], signed_by=signed[1]["client"]), *signed[1:]]
+    through_consistency = [
+        {"stage": "share_keys", "public_keys": honest},
+        {"stage": "masked_input", "encrypted_shares": [  # shares no key opens: listed as undecryptable
+            {"owner": peer["client"], "ciphertext": to_base64(seed(f"ciphertext {peer['client']}") * 2)}
+            for peer in peers]},
+        {"stage": "consistency_check", "survivors": survivors}]
+    return {"config": STAGED_CONFIG.to_dict(), "neighbours": peers, "cases": [
+        {"name": "relayed keys under a signature over other keys", "client": 0, "reason": "bad_signature",
+         "steps": [{"stage": "share_keys", "public_keys": forged}]},
+        {"name": "one signing key relayed for two neighbours", "client": 0, "reason": "bad_signature",
+         "steps": [{"stage": "share_keys", "public_keys": one_key_for_two}]},
+        {"name": "one altered signature among t good ones", "client": 0, "reason": "bad_signature",
+         "steps": [*through_consistency, {"stage": "unmask", "survivors": survivors, "signatures": one_altered}]},
+    ]}
+
+
 def _bounds_cases() -> list[dict[str, Any]]:
     """Valid configurations an honest client with the default SecAggBounds refuses (`config_out_of_bounds`)."""
     base = CONFIG.to_dict()
@@ -193,6 +255,7 @@ def secagg_vectors() -> dict[str, Any]:
                      "ring": quantise(on_levels, CONFIG, 1.0, np.random.default_rng(0)).tolist()},
         "signing": _signing_case(),
         "refusals": _refusal_cases(),
+        "staged_refusals": _staged_refusals(),
         "bounds_refusals": _bounds_cases(),
     }
 

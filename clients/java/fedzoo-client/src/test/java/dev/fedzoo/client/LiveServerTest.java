@@ -514,6 +514,43 @@ class LiveServerTest {
         assertTrue(withDropped > 1e-3, "and not the sum with the dropped device's input: " + withDropped);
     }
 
+    /** A lying server relays keys of its own making under the neighbours' genuine signatures: every Java device refuses. */
+    @Test
+    @Order(16)
+    void javaDevicesRefuseKeysTheServerSubstitutedUnderTheirNeighboursSignatures() throws Exception {
+        server.command(new JSONObject().put("cmd", "substitute_relayed_keys").put("on", true));
+        try {
+            long roundId = startRound(3, "{\"privacy\": {\"secure_aggregation\": {\"neighbour_count\": 2, "
+                    + "\"threshold\": 2, \"clip_range\": 0.05, \"stage_deadline_s\": 4}}, \"poll_interval_s\": 0.1}");
+            final String[] outcomes = new String[3];
+            Thread[] devices = new Thread[outcomes.length];
+            for (int i = 0; i < devices.length; i++) {
+                final int index = i;
+                final FedzooClient device = registeredDevice(server.url);
+                devices[i] = new Thread(() -> {
+                    try {
+                        JSONObject work = device.flTask("digits", null).getJSONObject("task");
+                        outcomes[index] = new SecureParticipation(device, new SecAggBounds(), null).takePart(work,
+                                config -> new int[config.vectorLength + 1], () -> device.flTask("digits", null),
+                                null).outcome;
+                    } catch (Exception failure) {
+                        outcomes[index] = "error: " + failure;
+                    }
+                });
+                devices[i].start();
+            }
+            for (Thread device : devices) {
+                device.join(120_000);
+            }
+            assertEquals(Arrays.asList("refused: bad_signature", "refused: bad_signature", "refused: bad_signature"),
+                    Arrays.asList(outcomes));
+            JSONObject view = waitUntilFinished(roundId);
+            assertEquals("failed", view.getString("state"), view.toString());
+        } finally {
+            server.command(new JSONObject().put("cmd", "substitute_relayed_keys").put("on", false));
+        }
+    }
+
     @Test
     @Order(15)
     void javaDevicesTrainClipAndTakePartInASecureDpRoundThroughTheSdksOwnParticipation() throws Exception {

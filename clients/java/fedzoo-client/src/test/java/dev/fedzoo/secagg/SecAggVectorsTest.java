@@ -323,9 +323,9 @@ class SecAggVectorsTest {
         }
         JSONObject show = new JSONObject().put("stage", "consistency_check").put("survivors", everyone);
         SecAggClient[] earlier = roundThroughMaskedInput(keys);
-        int neighbour = Graph.neighbours(config, lastGraphSeed, 0)[0];
-        Object earlierSignature = earlier[neighbour].consistencyCheck(show).get("signature");
         SecAggClient[] clients = roundThroughMaskedInput(keys); // the same devices, round id and parameters
+        int neighbour = Graph.neighbours(config, lastGraphSeed, 0)[0]; // client 0's neighbour in this run's graph
+        Object earlierSignature = earlier[neighbour].consistencyCheck(show).get("signature");
         JSONArray signed = new JSONArray();
         for (int peer : Graph.neighbours(config, lastGraphSeed, 0)) {
             signed.put(new JSONObject().put("client", peer).put("signature", clients[peer].consistencyCheck(show)
@@ -386,5 +386,90 @@ class SecAggVectorsTest {
         final JSONObject seated = new JSONObject().put("stage", "share_keys").put("public_keys", keys)
                 .put("advertised", Base64.toBase64String(Graph.advertisedBytes(nonces)));
         assertEquals("malformed", assertThrows(ProtocolViolation.class, () -> device.shareKeys(seated)).reason());
+    }
+
+    private static JSONObject staged() throws Exception {
+        return vectors.getJSONObject("staged_refusals");
+    }
+
+    /**
+     * A staged step as the server sends it in a run where client 0 advertised {@code nonces.get(0)}, as Python's
+     * {@code _in_this_run}: a share_keys step with the advertised list, an unmask step with each listed signature
+     * made in this run by the client {@code signed_by} names.
+     */
+    private static JSONObject inThisRun(SecAggConfig round, JSONObject request, TreeMap<Integer, byte[]> nonces)
+            throws Exception {
+        String stage = request.getString("stage");
+        if (stage.equals("share_keys")) {
+            return new JSONObject(request.toString()).put("advertised",
+                    Base64.toBase64String(Graph.advertisedBytes(nonces)));
+        }
+        if (!stage.equals("unmask")) {
+            return request;
+        }
+        byte[] seed = Graph.graphSeed(round, nonces);
+        JSONArray shown = request.getJSONArray("survivors");
+        int[] survivors = new int[shown.length()];
+        for (int i = 0; i < survivors.length; i++) {
+            survivors[i] = shown.getInt(i);
+        }
+        JSONArray neighbours = staged().getJSONArray("neighbours");
+        JSONArray listed = request.getJSONArray("signatures");
+        JSONArray signed = new JSONArray();
+        for (int i = 0; i < listed.length(); i++) {
+            int signer = listed.getJSONObject(i).getInt("signed_by");
+            for (int n = 0; n < neighbours.length(); n++) {
+                JSONObject neighbour = neighbours.getJSONObject(n);
+                if (neighbour.getInt("client") == signer) {
+                    byte[] payload = Signatures.consistencyPayload(round, round.digest(), signer,
+                            hex(neighbour, "cipher_public_key"), hex(neighbour, "mask_public_key"),
+                            hex(neighbour, "nonce"), seed, survivors);
+                    Ed25519PrivateKeyParameters key = new Ed25519PrivateKeyParameters(
+                            hex(neighbour, "signing_private_key"), 0);
+                    signed.put(new JSONObject().put("client", listed.getJSONObject(i).getInt("client"))
+                            .put("signature", Base64.toBase64String(Signatures.sign(key, payload))));
+                }
+            }
+        }
+        return new JSONObject(request.toString()).put("signatures", signed);
+    }
+
+    private static void answer(SecAggClient device, JSONObject request) throws Exception {
+        String stage = request.getString("stage");
+        if (stage.equals("share_keys")) {
+            device.shareKeys(request);
+        } else if (stage.equals("masked_input")) {
+            device.maskedInput(request, new int[device.config().vectorLength + 1]);
+        } else if (stage.equals("consistency_check")) {
+            device.consistencyCheck(request);
+        } else {
+            device.unmask(request);
+        }
+    }
+
+    /** The server's lies about relayed keys and signatures: every step but the last is answered, the last refused. */
+    @Test
+    void relayedKeysAndSignaturesTheServerAlteredAreRefusedForThePythonReason() throws Exception {
+        SecAggConfig round = SecAggConfig.fromJson(staged().getJSONObject("config"));
+        JSONArray neighbours = staged().getJSONArray("neighbours");
+        JSONArray cases = staged().getJSONArray("cases");
+        for (int i = 0; i < cases.length(); i++) {
+            final JSONObject refusal = cases.getJSONObject(i);
+            final SecAggClient device = new SecAggClient(round, refusal.getInt("client"), Signatures.newSigningKey(),
+                    new SecAggBounds(), null);
+            TreeMap<Integer, byte[]> nonces = new TreeMap<Integer, byte[]>();
+            for (int n = 0; n < neighbours.length(); n++) {
+                nonces.put(neighbours.getJSONObject(n).getInt("client"), hex(neighbours.getJSONObject(n), "nonce"));
+            }
+            nonces.put(refusal.getInt("client"), Base64.decode(device.advertiseKeys().getString("nonce")));
+            JSONArray steps = refusal.getJSONArray("steps");
+            for (int step = 0; step < steps.length() - 1; step++) {
+                answer(device, inThisRun(round, steps.getJSONObject(step), nonces));
+            }
+            final JSONObject last = inThisRun(round, steps.getJSONObject(steps.length() - 1), nonces);
+            ProtocolViolation violation = assertThrows(ProtocolViolation.class, () -> answer(device, last),
+                    refusal.getString("name"));
+            assertEquals(refusal.getString("reason"), violation.reason(), refusal.getString("name"));
+        }
     }
 }
