@@ -24,7 +24,7 @@ from fedzoo.server import device_certificates as server_certificates
 from fedzoo.server.card_keys import SERVER_KEY_FILE
 from fedzoo.server.fl import secure_rounds
 from fedzoo.signing import CardSigningKey
-from fl_helpers import device_client, ready_simulation, round_config
+from fl_helpers import device_client, ready_simulation, round_config, wait_for_round_end
 
 ADMIN, VIEWER = DEFAULT_ADMIN_TOKEN, "viewer-token-for-certificate-tests-0123456789"
 DEVICES = 6
@@ -74,12 +74,7 @@ def sdk_round(simulation, federation, config, clients=None, extra_threads=()):
 
 
 def wait_for_end(simulation, round_id, timeout_s=60):
-    view = simulation.admin.fl_round(round_id)
-    deadline = time.monotonic() + timeout_s
-    while view["state"] in ("open", "collecting", "aggregating") and time.monotonic() < deadline:
-        time.sleep(0.1)
-        view = simulation.admin.fl_round(round_id)
-    return view
+    return wait_for_round_end(simulation.admin, round_id, timeout_s)
 
 
 def test_certified_sdk_devices_run_a_secure_round_that_publishes(simulation, federation):

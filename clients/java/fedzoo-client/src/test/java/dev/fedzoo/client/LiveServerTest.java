@@ -526,7 +526,7 @@ class LiveServerTest {
             Thread[] devices = new Thread[outcomes.length];
             for (int i = 0; i < devices.length; i++) {
                 final int index = i;
-                final FedzooClient device = registeredDevice(server.url);
+                final FedzooClient device = certifiedDevice(); // certified: the check attacked is the signature
                 devices[i] = new Thread(() -> {
                     try {
                         JSONObject work = device.flTask("digits", null).getJSONObject("task");
