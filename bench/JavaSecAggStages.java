@@ -37,7 +37,10 @@ public class JavaSecAggStages {
             times.put(stage, new ArrayList<Double>());
         }
         for (int run = 0; run < runs; run++) {
-            round(new SecAggConfig("bench-" + run, n, k, k / 2 + 1, length, 0.05, 127, Math.max(3, k / 2 + 1)), times);
+            int corrupt = new SecAggBounds().corruptDevices(n);
+            int t = SecAggBounds.thresholdFloor(k, corrupt);
+            round(new SecAggConfig("bench-" + run, n, k, t, length, 0.05, 127, Math.max(Math.max(3, t), corrupt + 2)),
+                    times);
         }
         long peakKb = 0;
         for (String line : Files.readAllLines(Paths.get("/proc/self/status"))) {
@@ -62,19 +65,26 @@ public class JavaSecAggStages {
             adverts[c] = clients[c].advertiseKeys();
             record(times, c, "advertise_keys", start);
         }
+        java.util.TreeMap<Integer, byte[]> nonces = new java.util.TreeMap<Integer, byte[]>();
+        for (int c = 0; c < n; c++) {
+            nonces.put(c, Base64.decode(adverts[c].getString("nonce")));
+        }
+        byte[] seed = Graph.graphSeed(config, nonces);
+        String advertised = Base64.toBase64String(Graph.advertisedBytes(nonces));
         List<List<JSONObject>> inbox = new ArrayList<List<JSONObject>>();
         for (int c = 0; c < n; c++) {
             inbox.add(new ArrayList<JSONObject>());
         }
         for (int c = n - 1; c >= 0; c--) {
             JSONArray keys = new JSONArray();
-            for (int peer : Graph.neighbours(config, c)) {
+            for (int peer : Graph.neighbours(config, seed, c)) {
                 keys.put(new JSONObject().put("client", peer).put("cipher_public_key", adverts[peer].get("cipher_public_key"))
                         .put("mask_public_key", adverts[peer].get("mask_public_key"))
                         .put("signing_public_key", Base64.toBase64String(signing[peer]))
                         .put("signature", adverts[peer].get("signature")));
             }
-            JSONObject request = new JSONObject().put("stage", "share_keys").put("public_keys", keys);
+            JSONObject request = new JSONObject().put("stage", "share_keys").put("advertised", advertised)
+                    .put("public_keys", keys);
             long start = System.nanoTime();
             JSONObject reply = clients[c].shareKeys(request);
             Framing.encodeShareKeys(reply);
@@ -108,7 +118,7 @@ public class JavaSecAggStages {
             record(times, c, "consistency_check", start);
         }
         JSONArray signed = new JSONArray();
-        for (int peer : Graph.neighbours(config, 0)) {
+        for (int peer : Graph.neighbours(config, seed, 0)) {
             signed.put(new JSONObject().put("client", peer).put("signature", signatures[peer]));
         }
         JSONObject request = new JSONObject().put("stage", "unmask").put("survivors", survivors).put("signatures", signed);

@@ -49,6 +49,7 @@ from fedzoo.dp.accountant import noise_multiplier_for, round_event
 from fedzoo.dp.discrete_gaussian import discrete_gaussian_noise
 from fedzoo.dp.noise import AdaptiveClipping, adaptive_noise_split
 from fedzoo.secagg import RoundAborted, SecAggConfig, quantise, run_local_round, signatures
+from fedzoo.secagg.bounds import corrupt_devices, threshold_floor
 
 TRAINING = {"optimizer": "sgd", "learning_rate": 0.1, "local_epochs": 2, "batch_size": 8}
 
@@ -217,7 +218,8 @@ def main() -> None:
     parser.add_argument("--dimension", type=int, default=60_000, help="SecAgg+ vector length (exactness does not "
                                                                          "depend on it; time and bytes do)")
     parser.add_argument("--neighbours", type=int, default=60)
-    parser.add_argument("--threshold", type=int, default=31)
+    parser.add_argument("--threshold", type=int, default=None,
+                        help="t (default: the devices' floor for the corruption budget, 33 at k = 60 of 100)")
     parser.add_argument("--devices", default="100,500,1000")
     parser.add_argument("--epsilons", default="1,2,4,8")
     parser.add_argument("--rounds", type=int, default=30)
@@ -230,7 +232,8 @@ def main() -> None:
     parts = {int(part) for part in arguments.parts.split(",")}
     print("measured on a shared 2-core VM (other engineers' jobs running): times are upper bounds")
     if 1 in parts:
-        secagg_part(arguments.secagg_runs, 100, arguments.dimension, arguments.neighbours, arguments.threshold, 0.3)
+        threshold = arguments.threshold or threshold_floor(arguments.neighbours, corrupt_devices(100))
+        secagg_part(arguments.secagg_runs, 100, arguments.dimension, arguments.neighbours, threshold, 0.3)
     if 2 in parts:
         dp_part([int(d) for d in arguments.devices.split(",")], [float(e) for e in arguments.epsilons.split(",")],
                 arguments.rounds, arguments.executor, arguments.workers, arguments.server_momentum,

@@ -99,15 +99,17 @@ def python_secagg_stages(runs: int) -> dict:
     """Python's side of part 4 (run in its own process by `--python-secagg-worker`): device 0's time per stage."""
     from fedzoo.secagg import SecAggClient, SecAggConfig, signatures
     from fedzoo.secagg.framing import rest_reply
-    from fedzoo.secagg.graph import neighbours
-    from fedzoo.secagg.messages import to_base64
+    from fedzoo.secagg.bounds import corrupt_devices, survivors_floor, threshold_floor
+    from fedzoo.secagg.graph import advertised_bytes, graph_seed, neighbours
+    from fedzoo.secagg.messages import from_base64, to_base64
 
     times: dict[str, list[float]] = {stage: [] for stage in SECAGG_STAGES}
     rng = np.random.default_rng(1)
     for run in range(runs):
         k, n = SECAGG_NEIGHBOURS, SECAGG_CLIENTS
-        config = SecAggConfig(f"bench-{run}", n, k, k // 2 + 1, SECAGG_LENGTH, 0.05, 127, max(3, k // 2 + 1))
-        graph, order = neighbours(config), list(reversed(range(n)))  # device 0 last in every stage, as in Java
+        t = threshold_floor(k, corrupt_devices(n))
+        config = SecAggConfig(f"bench-{run}", n, k, t, SECAGG_LENGTH, 0.05, 127, survivors_floor(t, corrupt_devices(n)))
+        order = list(reversed(range(n)))  # device 0 last in every stage, as in Java
         keys = {c: signatures.new_signing_key() for c in order}
         clients, adverts, inbox, signed = {}, {}, {c: [] for c in order}, {}
 
@@ -123,8 +125,10 @@ def python_secagg_stages(runs: int) -> dict:
                 clients[c] = SecAggClient(config, c, keys[c])
                 return clients[c].advertise_keys()
             adverts[c] = timed(c, "advertise_keys", advertise)
+        nonces = {c: from_base64(adverts[c]["nonce"], "nonce") for c in order}
+        graph = neighbours(config, graph_seed(config, nonces))
         for c in order:
-            request = {"stage": "share_keys", "public_keys": [
+            request = {"stage": "share_keys", "advertised": to_base64(advertised_bytes(nonces)), "public_keys": [
                 {**{key: adverts[p][key] for key in ("cipher_public_key", "mask_public_key", "signature")}, "client": p,
                  "signing_public_key": to_base64(signatures.public_bytes(keys[p]))} for p in graph[c]]}
             reply = timed(c, "share_keys", lambda c=c, request=request: _framed(clients[c].share_keys(request), rest_reply))
@@ -166,7 +170,7 @@ def secagg_part(runs: int) -> None:
         java_one_core = java_run(["taskset", "-c", "0", *java], *arguments) if shutil.which("taskset") else None
     python_result = json.loads(subprocess.run([sys.executable, __file__, "--python-secagg-worker", "--secagg-runs",
                                                str(runs)], check=True, capture_output=True, text=True).stdout)
-    print(f"SecAgg+ v2, one device's work per stage ({SECAGG_LENGTH} parameters, {SECAGG_NEIGHBOURS} neighbours, "
+    print(f"SecAgg+ v3, one device's work per stage ({SECAGG_LENGTH} parameters, {SECAGG_NEIGHBOURS} neighbours, "
           f"{SECAGG_CLIENTS} devices; median of {runs} fresh rounds; goal Java <= 1.5x Python; Java on all "
           f"{os.cpu_count()} cores, and pinned to one):")
     for stage in SECAGG_STAGES:

@@ -41,10 +41,13 @@ def _client(ctx: click.Context, progress: Callable[[str, int, int | None], None]
         raise click.UsageError("no server given: pass --server URL (or register first)")
     if options["trusted_keys"] is not None:  # pin them: kept in the state file for every later command
         update_state(options["state"], {"trusted_keys": TrustedKeys.load(options["trusted_keys"]).to_json()})
+    if options["operator_keys"] is not None:  # pinned the same way, for SecAgg+ neighbours' certificates
+        update_state(options["state"], {"operator_keys": TrustedKeys.load(options["operator_keys"]).to_json()})
     state = load_state(options["state"])
     trusted = TrustedKeys.from_json(state["trusted_keys"]) if "trusted_keys" in state else None
+    operator = TrustedKeys.from_json(state["operator_keys"]) if "operator_keys" in state else None
     return FedzooClient(server, token=options["token"], cache_dir=options["cache_dir"], state_file=options["state"],
-                        trusted_keys=trusted, progress=progress)
+                        trusted_keys=trusted, progress=progress, operator_keys=operator)
 
 
 def _read_npz(path: Path, need_labels: bool) -> tuple[np.ndarray, np.ndarray | None]:
@@ -68,11 +71,15 @@ def _read_npz(path: Path, need_labels: bool) -> tuple[np.ndarray, np.ndarray | N
 @click.option("--trusted-keys", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="pin this key set (JSON from GET /v1/keys or `fedzoo keys export-public`, obtained out of band); "
                    "kept in the state file: every card must then be signed by one of its keys")
+@click.option("--operator-keys", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="pin the operator's key set (`fedzoo keys export-public`, never GET /v1/keys), kept in the state "
+                   "file: SecAgg+ neighbours count only with its certificate; without it SecAgg+ rounds are declined")
 @click.pass_context
 def client(ctx: click.Context, server: str | None, token: str | None, state: Path, cache_dir: Path | None,
-           trusted_keys: Path | None) -> None:
+           trusted_keys: Path | None, operator_keys: Path | None) -> None:
     """Device-side client: register, look up, download, run, train."""
-    ctx.obj = {"server": server, "token": token, "state": state, "cache_dir": cache_dir, "trusted_keys": trusted_keys}
+    ctx.obj = {"server": server, "token": token, "state": state, "cache_dir": cache_dir, "trusted_keys": trusted_keys,
+               "operator_keys": operator_keys}
 
 
 @client.command()

@@ -37,15 +37,17 @@ from fedzoo.capabilities import PYTHON_SDK, Capabilities
 from fedzoo.cards import ModelCard
 from fedzoo.clients.card_trust import CardVerifier
 from fedzoo.clients.confirmation import ConfirmationPolicy, confirmed_lookup
-from fedzoo.clients.device_state import load_state, update_state
+from fedzoo.clients.device_state import StateFileSignedRounds, load_state, update_state
 from fedzoo.clients.download import BlobCache, download_blob, sha256_of_file
 from fedzoo.clients.errors import IntegrityError, NotFoundAPIError
 from fedzoo.clients.http import FedzooHTTP, RetryPolicy
+from fedzoo.clients.neighbour_trust import NeighbourTrust
 from fedzoo.clients.metered import MeteredBytes, MeteredFile, ProgressCallback
 from fedzoo.device import DeviceProfile
 from fedzoo.errors import InvalidInputError
 from fedzoo.revocation import RevocationList
 from fedzoo.secagg import signatures
+from fedzoo.secagg.signed_rounds import SignedRounds
 from fedzoo.signing import TrustedKeys
 
 # Rotate the device token once less than this share of its lifetime is left (the Java SDK does the same).
@@ -69,6 +71,7 @@ class FedzooClient:
         clock: Callable[[], float] = time.time,
         signing_key: Ed25519PrivateKey | None = None,
         transport: httpx.BaseTransport | None = None,
+        operator_keys: TrustedKeys | None = None,
     ) -> None:
         """`state_file` keeps the device id, token and token expiry across restarts (a token saved there is
         used when `token` is not given). `trusted_keys` pins the fleet's card-signing keys: every card must then
@@ -79,7 +82,11 @@ class FedzooClient:
         `clock` gives this device's Unix time, which decides when the token is due for rotation.
         `signing_key` is the device's long-term SecAgg+ key where it is not kept in the state file.
         `transport` replaces the network: e.g. `httpx.WSGITransport` into a server app in this process (a
-        simulation's virtual devices, `fedzoo.cloud.simulation.InProcessServer`)."""
+        simulation's virtual devices, `fedzoo.cloud.simulation.InProcessServer`).
+        `operator_keys` pins the operator's key set (`fedzoo keys export-public`; never `GET /v1/keys`, which holds
+        the server's key): SecAgg+ neighbours count only with the operator's certificate, and without it this
+        device declines SecAgg+ rounds (`operator_keys_required`). It needs the state_file too (the newest device
+        revocation list is kept there)."""
         self.http = FedzooHTTP(base_url, token=token, retry=retry, timeout_s=timeout_s, transport=transport)
         self.progress = progress
         self.clock = clock
@@ -91,7 +98,11 @@ class FedzooClient:
             raise InvalidInputError("pinned keys need a state_file (in a durable state directory, not the cache): "
                                     "the versions accepted per model line must survive restarts and cache clears",
                                     field="state_file")
+        if operator_keys is not None and self.state_file is None:
+            raise InvalidInputError("the operator key set needs a state_file (in a durable state directory): the "
+                                    "newest device revocation list must survive restarts", field="state_file")
         self.card_verifier = None if trusted_keys is None else CardVerifier(trusted_keys, self.state_file)
+        self.neighbour_trust = None if operator_keys is None else NeighbourTrust(operator_keys, self.state_file)
         self.device_id: str | None = None
         self.token_refresh_at_s: float | None = None  # Unix time on this device's clock
         saved = load_state(self.state_file) if self.state_file is not None else {}
@@ -100,6 +111,8 @@ class FedzooClient:
             self.http.token = saved["token"]
             self.token_refresh_at_s = saved.get("token_refresh_at_s")
         self.signing_key = signing_key
+        # the SecAgg+ round ids this device took part in: it never signs under one twice (docs/privacy.md)
+        self.signed_rounds = StateFileSignedRounds(self.state_file) if self.state_file is not None else SignedRounds()
         if signing_key is None and saved.get(SIGNING_KEY_STATE):
             self.signing_key = signatures.load_signing_key(base64.b64decode(saved[SIGNING_KEY_STATE]))
 
@@ -330,6 +343,10 @@ class FedzooClient:
         )
         self.uploaded_bytes += len(delta_npz)
         return response.json()
+
+    def device_revocations(self) -> dict[str, Any] | None:
+        """The operator's newest signed list of revoked device keys the server holds (None: none yet)."""
+        return self.http.get_json("/v1/device-revocations")["revocations"]
 
     def secure_reply(self, reply_url: str, reply: dict[str, Any] | bytes) -> dict[str, Any]:
         """Send this device's reply to a SecAgg+ stage: JSON, or the masked vector's raw bytes."""

@@ -1,5 +1,5 @@
 """The device's small JSON state file: server, device id, token and when that token expires, the pinned keys,
-and the newest card version accepted per model line.
+the newest card version accepted per model line, and the SecAgg+ round ids the device took part in.
 
 Shared by the SDK (`FedzooClient(state_file=...)`, which rewrites it on every registration and token
 rotation) and `fedzoo client`. Keys it does not know are kept, so other parts of the SDK can store theirs in
@@ -20,6 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from fedzoo.errors import InvalidInputError
+from fedzoo.secagg.signed_rounds import SignedRounds, replayed, round_key
+
+SIGNED_ROUNDS_STATE = "secagg_signed_rounds"  # round keys (`signed_rounds.round_key`) of every SecAgg+ round taken
 
 
 def load_state(path: Path) -> dict[str, Any]:
@@ -63,3 +66,23 @@ def _locked(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(descriptor)  # closing releases the lock
+
+
+class StateFileSignedRounds(SignedRounds):
+    """The SecAgg+ round ids this device took part in, kept in its state file (so a restarted app, or a second
+    process of it, refuses a round id it signed under before). Keyed by the state's server as well: another
+    server's round of the same name is another round."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+
+    def claim(self, round_id: str) -> None:
+        def claimed(state: dict[str, Any]) -> dict[str, Any]:
+            key = round_key(f"{state.get('server', '')} {round_id}")
+            taken = state.get(SIGNED_ROUNDS_STATE, [])
+            if key in taken:
+                raise replayed(round_id)
+            return {SIGNED_ROUNDS_STATE: [*taken, key]}
+
+        change_state(self.path, claimed)

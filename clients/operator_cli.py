@@ -18,15 +18,18 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import click
 from rich.text import Text
 
 from fedzoo.card_views import card_fields
+from fedzoo.clients.device_certification import certify_devices, revoke_device_keys
 from fedzoo.clients.http import FedzooHTTP, RetryPolicy
 from fedzoo.output import format_option, print_fields, print_json, print_table
+from fedzoo.signing import CardSigningKey
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 PAGE_LIMIT_MAX = 200  # the server's largest page
@@ -222,7 +225,7 @@ def model_latency(api: FedzooHTTP, model_id: str, output_format: str) -> None:
 
 @click.group()
 def devices() -> None:
-    """The fleet: registered devices (viewer or admin token)."""
+    """The fleet: registered devices (viewer or admin token); certify their keys (admin token, operator key)."""
 
 
 DEVICE_COLUMNS = ("device_id", "device_class", "platform", "runtime", "runtime_threads", "memory_mb", "registered_at",
@@ -258,6 +261,42 @@ def device_classes(api: FedzooHTTP, output_format: str) -> None:
     rows = [(row["device_class"], row["devices"], _when(row["last_seen_at"])) for row in counts["device_classes"]]
     print_table("device classes", ("device class", "devices", "last seen (UTC)"), rows,
                 caption=f"{counts['total']} devices")
+
+
+SIGNING_KEY_OPTION = click.option(
+    "--signing-key", "signing_key_path", envvar="FEDZOO_SIGNING_KEY", required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="the operator's private key (PEM, `fedzoo keys generate`), read here and never sent (or $FEDZOO_SIGNING_KEY)")
+
+
+@devices.command(name="certify")
+@SIGNING_KEY_OPTION
+@click.option("--lifetime-days", type=click.IntRange(1, 3660), default=365, show_default=True,
+              help="how long each certificate is valid")
+@click.option("--device", "device_ids", multiple=True, help="only this device (repeatable; default: every one "
+              "awaiting a certificate)")
+@admin_options
+def certify(api: FedzooHTTP, signing_key_path: Path, lifetime_days: int, device_ids: tuple[str, ...]) -> None:
+    """Certify the signing keys of devices that have no certificate yet (admin token): the server lists them,
+    this machine signs each with the operator key, the server stores the certificates for SecAgg+ rounds."""
+    key = CardSigningKey.load(signing_key_path)
+    receipts = certify_devices(api, key, timedelta(days=lifetime_days), set(device_ids) or None)
+    for receipt in receipts:
+        click.echo(f"certified {receipt['device_id']} with key {receipt['key_id']} until "
+                   f"{_when(receipt['expires_at'])} UTC")
+    click.echo(f"{len(receipts)} devices certified")
+
+
+@devices.command(name="revoke-keys")
+@click.argument("device_ids", nargs=-1, required=True)
+@SIGNING_KEY_OPTION
+@admin_options
+def revoke_keys(api: FedzooHTTP, signing_key_path: Path, device_ids: tuple[str, ...]) -> None:
+    """Publish the next signed revocation list, adding DEVICE_IDS' signing keys (admin token): devices refuse
+    these keys as SecAgg+ neighbours from the next round on."""
+    revocations = revoke_device_keys(api, CardSigningKey.load(signing_key_path), set(device_ids))
+    click.echo(f"published device revocation list version {revocations.version}: "
+               f"{len(revocations.revoked_keys)} keys revoked")
 
 
 # federated rounds --------------------------------------------------------------------------------

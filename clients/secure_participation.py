@@ -5,8 +5,13 @@ SecAgg+ (`task.privacy.secure_aggregation`) it never uploads the delta: it quant
 ring (`fedzoo.secagg.encoding`, levels = 127 is the int8 encoding's range), then answers each stage
 the server shows it at check-in (`GET /v1/fl/task`) with `fedzoo.secagg.SecAggClient`, whose secrets live
 in this process only and die with the round; it signs with the device's long-term key (`client.signing_key`,
-made at registration). The device refuses a server that breaks the protocol, e.g. one that relays keys
-without their owner's signature, shows it a survivor set fewer than t neighbours signed, or sends parameters
+made at registration), and takes part in a round id once (`client.signed_rounds`, kept in the state file).
+It accepts a neighbour's key only with the operator's certificate for it, checked against the operator key set the
+device pins (`FedzooClient(operator_keys=...)`) and the newest signed revocation list it has seen
+(`fedzoo.clients.neighbour_trust`); a device without an operator key set declines every SecAgg+ round
+(`operator_keys_required`): a key only the server vouches for could be the server's own. The device refuses a server
+that breaks the protocol, e.g. one that relays keys without their owner's signature, runs a round id it took part in
+before, draws the graph without its nonce, shows it a survivor set fewer than t neighbours signed, or sends parameters
 outside the device's own `SecAggBounds`: `ProtocolViolation`, reported as the outcome `refused: <reason>` and
 told to the server (`POST /v1/fl/rounds/<id>/decline`), which records it; so is a round of a protocol version
 it does not speak.
@@ -84,10 +89,16 @@ def take_part_securely(client: FedzooClient, work: dict[str, Any], delta: Parame
         if secure["request"] is not None:
             if client.signing_key is None:
                 return "refused: signing_key_required", sent
+            if client.neighbour_trust is None:
+                return _decline(client, work["round_id"], "operator_keys_required",
+                                "this device has no operator key set to check its neighbours' certificates against "
+                                "(FedzooClient(operator_keys=...), docs/privacy.md)"), sent
             try:
                 if protocol is None:
                     config = SecAggConfig.from_dict(secure["config"])
-                    protocol = SecAggClient(config, secure["client"], client.signing_key, bounds, trusted_signing_keys)
+                    certificates = client.neighbour_trust.policy(client.device_revocations())
+                    protocol = SecAggClient(config, secure["client"], client.signing_key, bounds, trusted_signing_keys,
+                                            client.signed_rounds, certificates)
                     vector = ring_input(delta, config, work["privacy"], num_examples)
                 reply = answer_stage(protocol, secure["stage"], secure["request"], vector)
             except ProtocolViolation as violation:

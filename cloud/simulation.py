@@ -43,6 +43,8 @@ from fedzoo.cloud.autodiff import build_training_graph
 from fedzoo.cloud.data import DatasetSplit, dirichlet_partition, load_dataset, split_dataset
 from fedzoo.cloud.executors import make_executor
 from fedzoo.clients.client import FedzooClient
+from fedzoo.clients.device_certification import certify_devices
+from fedzoo.clients.http import FedzooHTTP
 from fedzoo.clients.participation import ParticipationResult, run_task
 from fedzoo.local_training import LocalData, normalise, train_locally
 from fedzoo.update_codec import Encoding
@@ -56,12 +58,13 @@ from fedzoo.edge.runtime import create_session
 from fedzoo.edge.trainer import Trainer, write_parameters
 from fedzoo.errors import InvalidInputError
 from fedzoo.secagg import RoundAborted, dequantise_sum, example_weight, flatten, quantise, run_local_round, unflatten
+from fedzoo.secagg.bounds import corrupt_devices, largest_neighbour_count, survivors_floor, threshold_floor
 from fedzoo.secagg.config import SecAggConfig
 from fedzoo.secagg.signatures import load_signing_key
 from fedzoo.secagg.signatures import private_bytes as signing_private_bytes
 from fedzoo.server.fl.strategies import (ClientUpdate, Strategy, make_strategy, require_secure_aggregation_support,
                                          weighted_mean_delta)
-from fedzoo.signing import CardSigningKey, sign_card
+from fedzoo.signing import CardSigningKey, TrustedKeys, sign_card
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +81,7 @@ DEFAULT_ADMIN_TOKEN = "simulation-admin-token-0123456789abcdefghij"  # >= 32 byt
 LOOPBACK_ENVIRONMENT = {**{f"FEDZOO_RATE_LIMIT_{action}_PER_ADDRESS": "off" for action in ("REGISTER", "LOOKUP", "UPLOAD")},
                         "FEDZOO_FSYNC_BLOBS": "off"}
 TRANSPORTS = ("tcp", "wsgi")
+LOOPBACK_POLL_S = 0.05  # how often the loopback server's thread checks for shutdown
 
 # Transports into the server apps this process calls through WSGI, by data directory: the LoopbackServer's own
 # app, or one a device process made from an InProcessServer (one more server worker on the same database, as
@@ -178,7 +182,9 @@ class LoopbackServer:
             return self
         self._server = make_server("127.0.0.1", self.port or 0, app, threaded=True, request_handler=_QuietHandler)
         self.port = self._server.server_port
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fedzoo-loopback", daemon=True)
+        # serve_forever checks for shutdown every poll interval: 0.05 s, not werkzeug's 0.5 s that every stop waits out
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": LOOPBACK_POLL_S},
+                                        name="fedzoo-loopback", daemon=True)
         self._thread.start()
         return self
 
@@ -399,6 +405,7 @@ class _Context:
     shards: list[np.ndarray]
     encoding: Encoding
     attack: DeviceAttack
+    operator_keys_raw: tuple[bytes, ...]  # the operator key set the devices pin (their neighbours' certificates)
 
 
 # One SDK client per device and process, kept across rounds like a real device's (connections stay open).
@@ -411,10 +418,12 @@ def _device_client(context: _Context, device_index: int, token: str, signing_key
     key = (context.base_url, token)
     with _DEVICE_CLIENTS_LOCK:
         if key not in _DEVICE_CLIENTS:
-            _DEVICE_CLIENTS[key] = FedzooClient(context.base_url, token=token,
-                                                cache_dir=Path(context.cache_root) / f"device-{device_index}",
+            folder = Path(context.cache_root) / f"device-{device_index}"
+            _DEVICE_CLIENTS[key] = FedzooClient(context.base_url, token=token, cache_dir=folder,
                                                 signing_key=load_signing_key(signing_key),
-                                                transport=_transport(context.in_process))
+                                                transport=_transport(context.in_process),
+                                                operator_keys=TrustedKeys(list(context.operator_keys_raw)),
+                                                state_file=folder / "state.json")
         return _DEVICE_CLIENTS[key]
 
 
@@ -486,6 +495,7 @@ class Simulation:
         executor: str = "in-process", cache_root: str | Path | None = None, attackers: frozenset[int] = frozenset(),
         attack: DeviceAttack = ScaledUpdateAttack(), encoding: Encoding = "fp32", seed: int = 0,
         workers: int | None = None, http_threads: int = 1, in_process: InProcessServer | None = None,
+        operator_key: CardSigningKey | None = None,
     ) -> None:
         self.federation, self.server_url, self.admin_token = federation, server_url, admin_token
         self.in_process = in_process
@@ -499,6 +509,10 @@ class Simulation:
                                   transport=_transport(in_process))
         self.tokens: list[str] = []
         self.signing_keys: list[bytes] = []  # each device's raw Ed25519 private key, beside its token
+        # the operator's key (a fresh one unless given), which certifies every device's signing key after
+        # registration; the server never has it
+        self.operator_key = operator_key or CardSigningKey.generate()
+        self.operator_keys = TrustedKeys([self.operator_key.public_key_raw])
         self._context: _Context | None = None
 
     def close(self) -> None:
@@ -542,6 +556,12 @@ class Simulation:
             for token, signing_key in pool.map(register, range(len(self.federation.shards))):
                 self.tokens.append(token)
                 self.signing_keys.append(signing_key)
+        self.certify_devices()
+
+    def certify_devices(self) -> None:
+        """The operator certifies every registered device's signing key (`fedzoo devices certify`)."""
+        with FedzooHTTP(self.server_url, token=self.admin_token, transport=_transport(self.in_process)) as api:
+            certify_devices(api, self.operator_key)
 
     def start_plan(self, round_config: dict[str, Any]) -> int:
         """Ask the server for a plan of rounds (evaluated on the federation's test split); returns the first round id."""
@@ -553,7 +573,8 @@ class Simulation:
         executor keeps its copy across rounds)."""
         if self._context is None or (self._context.encoding, self._context.attack) != (self.encoding, self.attack):
             self._context = _Context(self.server_url, self.in_process, str(self.cache_root), self.federation.pool.x,
-                                     self.federation.pool.y, self.federation.shards, self.encoding, self.attack)
+                                     self.federation.pool.y, self.federation.shards, self.encoding, self.attack,
+                                     tuple(self.operator_keys.public_keys_raw()))
         return self._context
 
     def run_round(self, round_id: int) -> RoundRecord:
@@ -638,7 +659,7 @@ def _seconds_until(moment: str) -> float:
 @dataclass(frozen=True)
 class SecureAggregationOptions:
     """SecAgg+ in every round. Each cohort of m gets k = min(neighbour_count, m - 1 made even) and
-    t = max(threshold, k // 2 + 1); `dropout_after_key_sharing` of the cohort vanish before sending their
+    t = max(threshold, the devices' floor (k + c) // 2 + 1); `dropout_after_key_sharing` of the cohort vanish before sending their
     masked input (the costliest moment to drop). Without DP, each coordinate is clipped to +-clip_range and
     weights are examples capped at max_examples."""
 
@@ -715,9 +736,12 @@ def _train_private(context: _PrivateContext, work: _PrivateWork) -> tuple[dict[s
 
 def _cohort_secagg_config(options: SecureAggregationOptions, round_id: str, cohort: int, vector_length: int,
                           clip_range: float) -> SecAggConfig:
-    neighbour_count = min(options.neighbour_count, (cohort - 1) // 2 * 2)
-    threshold = min(neighbour_count, max(options.threshold, neighbour_count // 2 + 1))
-    return SecAggConfig(round_id, cohort, neighbour_count, threshold, vector_length, clip_range, options.levels)
+    """k capped below the cohort, t raised to the default devices' floor (`fedzoo.secagg.bounds`)."""
+    corrupt = corrupt_devices(cohort)
+    neighbour_count = min(options.neighbour_count, largest_neighbour_count(cohort))
+    threshold = min(neighbour_count, max(options.threshold, threshold_floor(neighbour_count, corrupt)))
+    return SecAggConfig(round_id, cohort, neighbour_count, threshold, vector_length, clip_range, options.levels,
+                        minimum_survivors=min(cohort, survivors_floor(threshold, corrupt)))
 
 
 class ServerStep:

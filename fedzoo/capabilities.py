@@ -18,9 +18,10 @@ from dataclasses import dataclass
 
 from fedzoo.errors import InvalidInputError
 
-# The SecAgg+ wire protocol of this checkout's fedzoo.secagg (2: signed keys and a consistency check); bumped with
+# The SecAgg+ wire protocol of this checkout's fedzoo.secagg (2: signed keys and a consistency check; 3: signatures
+# bound to one run of a round by fresh keys and nonces, and the graph drawn from every device's nonce); bumped with
 # any change a device would notice.
-SECURE_AGGREGATION_VERSION = 2
+SECURE_AGGREGATION_VERSION = 3
 UPLOAD_ENCODINGS = ("fp32", "int8")
 MAX_ENCODINGS = 8
 ENCODINGS_PATTERN = rf"^[a-z0-9_]{{1,16}}(,[a-z0-9_]{{1,16}}){{0,{MAX_ENCODINGS - 1}}}$"

@@ -25,7 +25,8 @@ from fedzoo.server.fl import routes as fl_routes
 from fedzoo.server.latency import LatencyEstimator, default_estimator
 from fedzoo.server.ratelimit import RateLimiter
 from fedzoo.server.routes import (
-    blobs, calibration, devices, enrollment, keys, lookup, meta, models, operator, quarantine, revocations,
+    blobs, calibration, device_certificates, devices, enrollment, keys, lookup, meta, models, operator,
+    quarantine, revocations,
 )
 from fedzoo.server.routes.common import EXTENSION_KEY
 
@@ -34,6 +35,7 @@ BLUEPRINTS = [
     models.blueprint,
     blobs.blueprint,
     devices.blueprint,
+    device_certificates.blueprint,
     enrollment.blueprint,
     lookup.blueprint,
     calibration.blueprint,

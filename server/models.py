@@ -212,3 +212,28 @@ LATENCY_SLOTS = 8  # cost_<i>_ms / scale_<i> columns: at most this many latency 
 COST_COLUMNS = tuple(f"cost_{slot}_ms" for slot in range(LATENCY_SLOTS))
 SCALE_COLUMNS = tuple(f"scale_{slot}" for slot in range(LATENCY_SLOTS))
 FACTOR_COLUMNS = tuple(f"factor_{slot}" for slot in range(LATENCY_SLOTS))
+
+
+class DeviceCertificateRecord(Base):
+    """The operator's certificate of a device's signing key (`fedzoo.device_certificates`), as uploaded by
+    `fedzoo devices certify`: the server stores and relays it, and could not have made it."""
+
+    __tablename__ = "device_certificates"
+
+    device_id: Mapped[str] = mapped_column(String(128), ForeignKey("devices.id", ondelete="CASCADE"),
+                                           primary_key=True)
+    certificate_json: Mapped[str] = mapped_column(Text)
+    key_id: Mapped[str] = mapped_column(String(16))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    uploaded_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+
+
+class DeviceRevocationListRecord(Base):
+    """One version of the operator's signed list of revoked device keys (`fedzoo.device_revocations`); the
+    newest is served."""
+
+    __tablename__ = "device_revocation_lists"
+
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    document_json: Mapped[str] = mapped_column(Text)
+    uploaded_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)

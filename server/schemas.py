@@ -307,3 +307,56 @@ __all__ = [
     "LookupRequest", "LookupResponse", "ModelCard", "ShortlistEntry", "ModelList", "ModelListQuery", "PublishResponse",
     "TelemetryRequest", "TelemetryResponse",
 ]
+
+
+# device certificates (docs/privacy.md, "Who vouches for a device's key") ---------------------------------------
+
+class SealedDocument(StrictRequest):
+    """An operator-signed document (`fedzoo.device_certificates.seal`): the signed payload and its signature."""
+
+    key_id: str = Field(pattern=r"^[0-9a-f]{16}$", description="the operator key that signed it")
+    payload: str = Field(max_length=200_000, description="base64 of the signed JSON payload")
+    signature: str = Field(max_length=100, description="base64 ed25519 signature over domain + payload")
+
+
+class DeviceCertificateUpload(StrictRequest):
+    certificate: SealedDocument
+
+
+class DeviceCertificateReceipt(Response):
+    device_id: str
+    key_id: str
+    expires_at: datetime
+
+
+class SigningKeysQuery(StrictRequest):
+    model_config = ConfigDict(extra="forbid", strict=False)  # query strings are text
+
+    uncertified: bool = Field(default=False, description="only devices whose key has no certificate yet")
+    limit: int = Field(default=50, ge=1, le=200)
+    offset: int = Field(default=0, ge=0, le=10_000_000)
+
+
+class DeviceSigningKey(Response):
+    device_id: str
+    signing_public_key: str = Field(description="base64 of the raw 32-byte ed25519 key")
+    fingerprint: str = Field(description="hex sha256 of the key: how revocation lists name it")
+    registered_at: datetime
+    certificate_key_id: str | None = Field(description="the operator key of its certificate, or null")
+    certificate_expires_at: datetime | None
+
+
+class DeviceSigningKeyList(Response):
+    devices: list[DeviceSigningKey]
+    total: int
+    limit: int
+    offset: int
+    next_offset: int | None
+
+
+class DeviceRevocationsUpload(StrictRequest):
+    revocations: SealedDocument
+
+
+class DeviceRevocationsView(Response):
+    revocations: dict[str, str] | None = Field(description="the newest operator-signed list, or null (none yet)")

@@ -2,15 +2,17 @@
 
 Five stages, each a reply to the server's message for it:
 
-1. `advertise_keys()`: two fresh X25519 public keys (cipher, mask), signed with the device's long-term
-   Ed25519 key (`signatures.advertise_payload`).
-2. `share_keys(request)`: given its neighbours' keys, each signature checked against the neighbour's
+1. `advertise_keys()`: two fresh X25519 public keys (cipher, mask) and a fresh nonce, signed with the
+   device's long-term Ed25519 key (`signatures.advertise_payload`), once the device has claimed the round id
+   (`signed_rounds.SignedRounds`: it never signs under one twice).
+2. `share_keys(request)`: given every advertised client's nonce, it checks its own is there and derives the
+   graph (`graph.graph_seed`); given its neighbours' keys, each signature checked against the neighbour's
    long-term key, Shamir-share a fresh self-mask seed b and the mask private key among them, each share
    pair encrypted to its holder, with commitments to each share.
 3. `masked_input(request, vector)`: given the ciphertexts its neighbours sent it, the input masked by
    PRG(b) and by one pairwise mask per neighbour that shared (+ towards larger ids, - towards smaller).
 4. `consistency_check(request)`: sign the survivor set the server shows it (it must include this client
-   and hold at least `minimum_survivors`).
+   and hold at least `minimum_survivors`), together with its own stage-1 keys, nonce and the graph seed.
 5. `unmask(request)`: only if at least t neighbours signed that very set: for each neighbour that shared,
    the share of b (it survived) or of its mask key (it did not), never both.
 
@@ -28,11 +30,12 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from fedzoo.device_certificates import CertificatePolicy, DeviceCertificateError
 from fedzoo.secagg import crypto, signatures
 from fedzoo.secagg.bounds import SecAggBounds
 from fedzoo.secagg.config import SecAggConfig
 from fedzoo.secagg.errors import ProtocolViolation
-from fedzoo.secagg.graph import neighbours
+from fedzoo.secagg.graph import graph_seed, neighbours, read_advertised
 from fedzoo.secagg.messages import (
     client_ids,
     expect_stage,
@@ -42,6 +45,7 @@ from fedzoo.secagg.messages import (
     vector_to_base64,
 )
 from fedzoo.secagg.shamir import SHARE_BYTES, share_value_bytes, split_secret
+from fedzoo.secagg.signed_rounds import SignedRounds
 
 SELF_MASK, MASK_KEY = "self_mask", "mask_key"
 # A share commitment only has to stop a holder from returning another value that matches it (a second
@@ -84,18 +88,27 @@ class SecAggClient:
 
     `signing_key` is the device's long-term Ed25519 key (its public half registered with the server);
     `bounds` are the device's own limits on the configuration; `trusted_signing_keys`, when the operator
-    pins the enrolled devices' public keys on the device, are the only neighbour keys it accepts."""
+    pins the enrolled devices' public keys on the device, are the only neighbour keys it accepts;
+    `signed_rounds` is the device's memory of the round ids it took part in (the SDK's loop keeps it in the
+    state file; without one, this object's own memory only); `certificates`, when given, makes it accept a
+    neighbour's key only with the operator's certificate for the device the server names, one seat per device
+    (`fedzoo.device_certificates`)."""
 
     def __init__(self, config: SecAggConfig, client: int, signing_key: Ed25519PrivateKey,
-                 bounds: SecAggBounds = SecAggBounds(), trusted_signing_keys: frozenset[bytes] | None = None) -> None:
+                 bounds: SecAggBounds = SecAggBounds(), trusted_signing_keys: frozenset[bytes] | None = None,
+                 signed_rounds: SignedRounds | None = None, certificates: CertificatePolicy | None = None) -> None:
         if not 0 <= client < config.num_clients:
             raise ProtocolViolation(f"client number {client} is outside [0, {config.num_clients})", reason="malformed")
         bounds.check(config)
         self.config, self.client = config, client
-        self.neighbours = set(neighbours(config)[client])
+        self.neighbours: set[int] = set()  # fixed by the graph seed, in share_keys
         self._signing_key, self._trusted_signing_keys = signing_key, trusted_signing_keys
+        self._signed_rounds = signed_rounds if signed_rounds is not None else SignedRounds()
+        self._certificates, self._neighbour_devices = certificates, dict[str, int]()
         self._stage = "advertise_keys"
         self._cipher_private = self._mask_private = self._seed = None
+        self._cipher_public = self._mask_public = self._nonce = self._graph_seed = b""
+        self._nonces: dict[int, bytes] = {}  # every advertised client's stage-1 nonce
         self._mask_public_keys: dict[int, bytes] = {}
         self._cipher_public_keys: dict[int, bytes] = {}
         self._signing_public_keys: dict[int, bytes] = {}
@@ -108,25 +121,31 @@ class SecAggClient:
                                     reason="wrong_stage")
 
     def advertise_keys(self) -> dict[str, Any]:
-        """Stage 1: fresh public keys for this round, signed with the device's long-term key."""
+        """Stage 1: fresh public keys and nonce for this round, signed with the device's long-term key, once the
+        round id is claimed (a round id this device took part in before is refused: `round_replayed`)."""
         self._enter("advertise_keys")
-        self._cipher_private, cipher_public = crypto.new_key_pair()
-        self._mask_private, mask_public = crypto.new_key_pair()
-        signature = self._signing_key.sign(signatures.advertise_payload(self.config, self.client, cipher_public,
-                                                                        mask_public))
+        self._signed_rounds.claim(self.config.round_id)
+        self._cipher_private, self._cipher_public = crypto.new_key_pair()
+        self._mask_private, self._mask_public = crypto.new_key_pair()
+        self._nonce = os.urandom(signatures.NONCE_BYTES)
+        signature = self._signing_key.sign(signatures.advertise_payload(
+            self.config, self.client, self._cipher_public, self._mask_public, self._nonce))
         self._stage = "share_keys"
-        return {"stage": "advertise_keys", "client": self.client, "cipher_public_key": to_base64(cipher_public),
-                "mask_public_key": to_base64(mask_public), "signature": to_base64(signature)}
+        return {"stage": "advertise_keys", "client": self.client, "cipher_public_key": to_base64(self._cipher_public),
+                "mask_public_key": to_base64(self._mask_public), "nonce": to_base64(self._nonce),
+                "signature": to_base64(signature)}
 
     def share_keys(self, request: dict[str, Any]) -> dict[str, Any]:
         """Stage 2: shares of the self-mask seed and the mask key, one encrypted pair per neighbour with keys,
-        once every neighbour's keys carry its long-term signature."""
+        once the graph is the one every advertised nonce (this client's included) fixes and every neighbour's
+        keys carry its long-term signature."""
         self._enter("share_keys")
         request = expect_stage(request, "share_keys")
+        self._join_graph(request)
         peers, entries = listed_entries(request, "public_keys", "client", self.config.num_clients)
-        if not set(peers) <= self.neighbours:
-            raise ProtocolViolation(f"the server sent keys of clients {sorted(set(peers) - self.neighbours)} that are "
-                                    f"not this client's neighbours", reason="malformed")
+        if set(peers) != self.neighbours & set(self._nonces):
+            raise ProtocolViolation(f"the server sent keys of clients {sorted(peers)}, but this client's advertised "
+                                    f"neighbours are {sorted(self.neighbours & set(self._nonces))}", reason="malformed")
         for peer, entry in zip(peers, entries):
             self._cipher_public_keys[peer] = _key(entry.get("cipher_public_key"), "cipher_public_key")
             self._mask_public_keys[peer] = _key(entry.get("mask_public_key"), "mask_public_key")
@@ -188,7 +207,8 @@ class SecAggClient:
         survivors = frozenset(client_ids(request.get("survivors"), self.config.num_clients, "survivors"))
         self._check_survivors(survivors)
         self._survivors = survivors
-        signature = self._signing_key.sign(signatures.consistency_payload(self.config, self.client, survivors))
+        signature = self._signing_key.sign(signatures.consistency_payload(
+            self.config, self.client, self._cipher_public, self._mask_public, self._nonce, self._graph_seed, survivors))
         self._stage = "unmask"
         return {"stage": "consistency_check", "client": self.client, "signature": to_base64(signature)}
 
@@ -233,19 +253,42 @@ class SecAggClient:
             raise ProtocolViolation(f"only {len(survivors)} survivors; this client unmasks sums of at least "
                                     f"{self.config.minimum_survivors}", reason="too_few_survivors")
 
+    def _join_graph(self, request: dict[str, Any]) -> None:
+        """Read every advertised client's nonce; this client's must be there as it drew it; its neighbours follow."""
+        self._nonces = read_advertised(from_base64(request.get("advertised"), "advertised"), self.config.num_clients)
+        if self._nonces.get(self.client) != self._nonce:
+            raise ProtocolViolation("the advertised list the graph is drawn from does not hold this client's nonce",
+                                    reason="malformed")
+        self._graph_seed = graph_seed(self.config, self._nonces)
+        self.neighbours = set(neighbours(self.config, self._graph_seed)[self.client])
+
     def _neighbour_signing_key(self, peer: int, entry: dict[str, Any]) -> bytes:
         """The neighbour's long-term key, once its signature on the keys the server relayed checks out."""
         signing_key = from_base64(entry.get("signing_public_key"), "signing_public_key")
         signature = from_base64(entry.get("signature"), "signature")
         payload = signatures.advertise_payload(self.config, peer, self._cipher_public_keys[peer],
-                                               self._mask_public_keys[peer])
+                                               self._mask_public_keys[peer], self._nonces[peer])
         if self._trusted_signing_keys is not None and signing_key not in self._trusted_signing_keys:
             raise ProtocolViolation(f"client {peer}'s signing key is not one of the keys pinned on this device",
                                     reason="bad_signature")
         if not signatures.verify(signing_key, signature, payload):
             raise ProtocolViolation(f"client {peer}'s keys do not carry its signature: the server may have replaced "
                                     "them", reason="bad_signature")
+        if self._certificates is not None:
+            self._check_certificate(peer, entry, signing_key)
         return signing_key
+
+    def _check_certificate(self, peer: int, entry: dict[str, Any], signing_key: bytes) -> None:
+        """Only a key the operator certified for the device the server names, and one seat per device."""
+        try:
+            device = self._certificates.verify(entry.get("certificate"), entry.get("device_id"), signing_key)
+        except DeviceCertificateError as error:
+            raise ProtocolViolation(f"client {peer}'s signing key is not vouched for by the operator ({error.reason}): "
+                                    f"{error}", reason="revoked_key" if error.reason == "revoked" else
+                                    "uncertified_key") from None
+        if self._neighbour_devices.setdefault(device.device_id, peer) != peer:
+            raise ProtocolViolation(f"the server seated device {device.device_id!r} twice, as clients "
+                                    f"{self._neighbour_devices[device.device_id]} and {peer}", reason="uncertified_key")
 
     def _consistency_signers(self, request: dict[str, Any], survivors: frozenset[int]) -> set[int]:
         """The neighbours whose signature on `survivors` the request carries; any signature that does not verify
@@ -257,7 +300,9 @@ class SecAggClient:
         for signer, entry in zip(signers, entries):
             signing_key = self._signing_public_keys.get(signer)
             signature = from_base64(entry.get("signature"), "signature")
-            payload = signatures.consistency_payload(self.config, signer, survivors)
+            payload = (signatures.consistency_payload(
+                self.config, signer, self._cipher_public_keys[signer], self._mask_public_keys[signer],
+                self._nonces[signer], self._graph_seed, survivors) if signing_key is not None else b"")
             if signing_key is None or not signatures.verify(signing_key, signature, payload):
                 raise ProtocolViolation(f"client {signer}'s signature on the survivor set does not verify",
                                         reason="bad_signature")

@@ -12,7 +12,11 @@ class ProtocolViolation(FedzooError):
     `wrong_stage`, `malformed`, `not_a_survivor`, `too_few_neighbours`, `too_few_survivors`, `bad_signature`
     (a neighbour's keys or survivor-set signature do not verify), `too_few_signatures` (fewer than t neighbours
     signed this client's survivor set), `inconsistent_survivors` (unmasking for another set than the one it
-    signed), `config_out_of_bounds` (parameters outside the device's own `SecAggBounds`).
+    signed), `config_out_of_bounds` (parameters outside the device's own `SecAggBounds`), `round_replayed` (a round id
+    the device took part in before: `signed_rounds`), `uncertified_key` (a neighbour's key without the operator's
+    valid certificate for the device the server names, or one device seated twice), `revoked_key` (a key the
+    operator's revocation list names), `bad_revocations` (a revocation list the operator did not sign, or older than
+    the one the device kept).
     """
 
     def __init__(self, message: str, reason: str) -> None:

@@ -6,7 +6,8 @@ client still in the round. `collect_unmask_shares` returns the exact sum of the 
 
 Every device's advertised keys and its signature on the survivor set are checked against its registered
 long-term key (`signing_keys`) before they are relayed: an honest server never forwards what honest
-devices would refuse. Shares the server receives are checked against the commitments their dealer made
+devices would refuse. The graph is drawn when stage 1 closes, from every accepted advertisement's nonce
+(`graph.graph_seed`); the share_keys request relays that list so each device checks its own neighbours. Shares the server receives are checked against the commitments their dealer made
 when sharing, so a client that returns a wrong share is caught and its share ignored; a reconstructed secret is checked
 against the dealer's public key or seed commitment, so a dealer that shared inconsistent values makes
 the round abort (`RoundAborted`) instead of producing a wrong sum.
@@ -26,7 +27,7 @@ from fedzoo.secagg.client import (
 )
 from fedzoo.secagg.config import SecAggConfig
 from fedzoo.secagg.errors import ProtocolViolation, RoundAborted
-from fedzoo.secagg.graph import neighbours
+from fedzoo.secagg.graph import advertised_bytes, graph_seed, neighbours
 from fedzoo.secagg.messages import from_base64, to_base64, vector_from_base64
 from fedzoo.secagg.shamir import PRIME, SHARE_BYTES, ShareError, combine_shares
 
@@ -53,13 +54,19 @@ class _Dealt:
 class SecAggServer:
     """One round's server state; call the `collect_*` methods in order with the replies that arrived.
 
-    `signing_keys`: each client's registered Ed25519 public key (a client without one cannot take part)."""
+    `signing_keys`: each client's registered Ed25519 public key (a client without one cannot take part);
+    `vouchers`: each client's device id and the operator's certificate of its key, relayed with the key so that
+    neighbours can check the operator vouched for it (`fedzoo.device_certificates`)."""
 
-    def __init__(self, config: SecAggConfig, signing_keys: Mapping[int, bytes]) -> None:
+    def __init__(self, config: SecAggConfig, signing_keys: Mapping[int, bytes],
+                 vouchers: Mapping[int, dict[str, Any]] | None = None) -> None:
         self.config = config
         self.signing_keys = dict(signing_keys)
-        self.graph = neighbours(config)
+        self.vouchers = dict(vouchers or {})
+        self.graph: dict[int, list[int]] = {}  # drawn when stage 1 closes
+        self.graph_seed = b""
         self.keys: dict[int, tuple[bytes, bytes]] = {}  # client -> (cipher public key, mask public key)
+        self.nonces: dict[int, bytes] = {}  # client -> its stage-1 nonce
         self.key_signatures: dict[int, bytes] = {}
         self.dealt: dict[int, _Dealt] = {}
         self.forwarded: dict[int, list[int]] = {}  # holder -> owners whose shares it was sent
@@ -82,25 +89,31 @@ class SecAggServer:
         return {client: reply for client, reply in by_client.items() if reply is not None}
 
     def collect_keys(self, replies: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-        """Close stage 1; the share_keys request for each client that advertised keys."""
+        """Close stage 1: draw the graph from the advertised nonces; the share_keys request for each client that
+        advertised keys (the advertised list, and its neighbours' keys)."""
         for client, reply in self._replies(replies, "advertise_keys", set(range(self.config.num_clients))).items():
             try:
                 keys = tuple(from_base64(reply.get(name), name) for name in ("cipher_public_key", "mask_public_key"))
+                nonce = from_base64(reply.get("nonce"), "nonce")
             except ProtocolViolation:
-                keys = ()
-            if len(keys) != 2 or not all(len(key) == 32 and crypto.is_usable_public_key(key) for key in keys):
+                keys, nonce = (), b""
+            if (len(keys) != 2 or len(nonce) != signatures.NONCE_BYTES
+                    or not all(len(key) == 32 and crypto.is_usable_public_key(key) for key in keys)):
                 self.misbehaving[client] = "advertised malformed keys"
                 continue
             signature = _signature(reply.get("signature"))
-            if not self._signed_by(client, signature, signatures.advertise_payload(self.config, client, *keys)):
+            if not self._signed_by(client, signature, self.advertise_payload(client, *keys, nonce)):
                 self.misbehaving[client] = "advertised keys without its valid signature"
                 continue
-            self.keys[client], self.key_signatures[client] = keys, signature
-        return {client: {"stage": "share_keys", "public_keys": [
+            self.keys[client], self.nonces[client], self.key_signatures[client] = keys, nonce, signature
+        self.graph_seed = graph_seed(self.config, self.nonces)
+        self.graph = neighbours(self.config, self.graph_seed)
+        advertised = to_base64(advertised_bytes(self.nonces))
+        return {client: {"stage": "share_keys", "advertised": advertised, "public_keys": [
                     {"client": peer, "cipher_public_key": to_base64(self.keys[peer][0]),
                      "mask_public_key": to_base64(self.keys[peer][1]),
                      "signing_public_key": to_base64(self.signing_keys[peer]),
-                     "signature": to_base64(self.key_signatures[peer])}
+                     "signature": to_base64(self.key_signatures[peer]), **self.vouchers.get(peer, {})}
                     for peer in self.graph[client] if peer in self.keys]}
                 for client in self.keys}
 
@@ -138,7 +151,7 @@ class SecAggServer:
         """Close stage 4; the unmask request (the survivor set and the neighbours' signatures on it) for each
         survivor that signed it and has t neighbours who did (an honest client refuses with fewer)."""
         survivors = sorted(self.masked)
-        payload = {client: signatures.consistency_payload(self.config, client, survivors) for client in survivors}
+        payload = {client: self.consistency_payload(client, survivors) for client in survivors}
         for client, reply in self._replies(replies, "consistency_check", set(survivors)).items():
             signature = _signature(reply.get("signature"))
             if self._signed_by(client, signature, payload[client]):
@@ -205,6 +218,15 @@ class SecAggServer:
                     continue
                 shares.setdefault((owner, kind), []).append((holder + 1, value))
         return shares
+
+    def advertise_payload(self, client: int, cipher_public_key: bytes, mask_public_key: bytes, nonce: bytes) -> bytes:
+        """What a client's stage-1 signature must cover."""
+        return signatures.advertise_payload(self.config, client, cipher_public_key, mask_public_key, nonce)
+
+    def consistency_payload(self, client: int, survivors: list[int]) -> bytes:
+        """What a client's stage-4 signature on `survivors` must cover in this run (after stage 1 closed)."""
+        return signatures.consistency_payload(self.config, client, *self.keys[client], self.nonces[client],
+                                              self.graph_seed, survivors)
 
     def _signed_by(self, client: int, signature: bytes | None, payload: bytes) -> bool:
         key = self.signing_keys.get(client)

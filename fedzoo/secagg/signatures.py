@@ -8,9 +8,13 @@ Against a server that lies (Bonawitz et al. 2017, §6), two statements are signe
   its own set.
 
 Both are bound to the round (`SecAggConfig.context`) and to a digest of the whole configuration, so a
-signature from one round, or from a neighbour given other parameters, does not verify. Every signed
-message is `fedzoo-secagg/v2/<label> 0x00` followed by length-prefixed parts (u32 big-endian length, then
-the bytes); the Java SDK builds the same bytes (tests/vectors/secagg_vectors.json, `signing`).
+signature from one round, or from a neighbour given other parameters, does not verify. Both also name the
+signer's own stage-1 keys and the fresh nonce it drew for this run of the round, and the survivor-set
+signature names the graph seed (a digest of every advertised nonce), so a signature collected in a
+"preparation" run under the same round id never verifies in another run: those keys and nonces are new
+each time (issue #44). Every signed message is `fedzoo-secagg/v3/<label> 0x00` followed by length-prefixed
+parts (u32 big-endian length, then the bytes); the Java SDK builds the same bytes
+(tests/vectors/secagg_vectors.json, `signing`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from fedzoo.secagg.config import SecAggConfig
 
 SIGNING_KEY_BYTES = 32
 SIGNATURE_BYTES = 64
-PREFIX = b"fedzoo-secagg/v2/"
+PREFIX = b"fedzoo-secagg/v3/"
+NONCE_BYTES = 32  # a device's fresh contribution to each run of a round (stage 1)
 _FIELD = 2**255 - 19  # Ed25519's curve is over GF(2^255 - 19); d is its curve constant (RFC 8032, 5.1)
 _D = -121665 * pow(121666, -1, _FIELD) % _FIELD
 
@@ -45,15 +50,19 @@ def config_digest(config: SecAggConfig) -> bytes:
         _u32(config.levels), _u32(config.minimum_survivors))).digest()
 
 
-def advertise_payload(config: SecAggConfig, client: int, cipher_public_key: bytes, mask_public_key: bytes) -> bytes:
-    """What stage 1's signature covers: this client's two X25519 public keys in this round."""
+def advertise_payload(config: SecAggConfig, client: int, cipher_public_key: bytes, mask_public_key: bytes,
+                      nonce: bytes) -> bytes:
+    """What stage 1's signature covers: this client's two X25519 public keys and its nonce in this round."""
     return signed_message("advertise_keys", config.context, config_digest(config), _u32(client),
-                          cipher_public_key, mask_public_key)
+                          cipher_public_key, mask_public_key, nonce)
 
 
-def consistency_payload(config: SecAggConfig, client: int, survivors: Iterable[int]) -> bytes:
-    """What stage 4's signature covers: the survivor set this client was shown, as sorted u32s."""
+def consistency_payload(config: SecAggConfig, client: int, cipher_public_key: bytes, mask_public_key: bytes,
+                        nonce: bytes, graph_seed: bytes, survivors: Iterable[int]) -> bytes:
+    """What stage 4's signature covers: the signer's own stage-1 keys and nonce, the run's graph seed
+    (`graph.graph_seed`), and the survivor set this client was shown, as sorted u32s."""
     return signed_message("consistency_check", config.context, config_digest(config), _u32(client),
+                          cipher_public_key, mask_public_key, nonce, graph_seed,
                           b"".join(_u32(survivor) for survivor in sorted(survivors)))
 
 

@@ -161,6 +161,7 @@ class RoundLifecycle:
         if state:
             round_row.strategy_state_sha256 = self.context.save_npz(state)
         round_row.outcome_json = json.dumps({"metrics": card.metrics.model_dump(), **summary})
+        self.context.private.record_seat_failures(session, round_row.id, config.quarantine, self.context.clock())
         self.open_next(session, round_row, config, card)
 
     def fail(self, session: Session, round_row: FLRound, reason: str, summary: dict[str, Any] | None = None) -> None:
@@ -170,6 +171,7 @@ class RoundLifecycle:
         round_row.aggregation_lease_until = None
         round_row.outcome_json = json.dumps({"failure": reason, **(summary or {})})
         config = RoundConfig.model_validate_json(round_row.config_json)
+        self.context.private.record_seat_failures(session, round_row.id, config.quarantine, self.context.clock())
         card = ModelCard.from_dict(registry.get_card(session, round_row.base_model_id))
         self.open_next(session, round_row, config, card)
 

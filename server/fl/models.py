@@ -96,13 +96,15 @@ class FLUpdate(Base):
     __table_args__ = (UniqueConstraint("round_id", "device_id", name="uq_fl_updates_round_device"),)
 
 
-REFUSAL_KINDS = ("late", "rejected", "declined")
+REFUSAL_KINDS = ("late", "rejected", "declined", "aborted")
+SEAT_FAILURES = ("declined", "aborted")  # in a SecAgg+ round, these count towards quarantine (server.fl.quarantine)
 
 
 class FLRefusedUpload(Base):
     """An upload a selected device sent but the round refused: `late` (the round no longer took updates) or
     `rejected` (stale base version, too large, malformed delta); or a task the device `declined` (one it cannot do,
-    or a server that broke the protocol: `fedzoo.server.fl.eligibility`). Kept so operators see more than the
+    or a server that broke the protocol: `fedzoo.server.fl.eligibility`); or a SecAgg+ seat the device `aborted`
+    (it did not answer a stage it was asked for before the stage closed). Kept so operators see more than the
     counted."""
 
     __tablename__ = "fl_refused_uploads"

@@ -8,7 +8,10 @@ quarantined device is not selected again, by any round, until an operator releas
 screening left out (`rejected`): by the norm bound's `reject` action, by the direction screening (its update pointed
 away from the round's median delta: `fedzoo.server.fl.direction` leaves out only at a cosine of -0.05 or below),
 or by the root set's cosine test when it pointed away from the server's update (cosine at most
-`max_root_cosine`, -0.05 by default). Late in a plan honest
+`max_root_cosine`, -0.05 by default). In SecAgg+ rounds, where the server never sees an update, a seat the device
+declined or aborted (it missed a stage it was asked for, `FLRefusedUpload` kinds in `SEAT_FAILURES`) counts the
+same way: an insider that claims the capability, takes seats and drops out costs every round a seat and its
+neighbours' work (issue #44). Late in a plan honest
 non-IID updates are about orthogonal to the server's (cosines within +-0.1 of 0, measured by bench/fl_robust.py):
 they are left out of the round but do not count. Updates left out because the operator revoked the device do not
 count, nor do those from before a release.
@@ -22,7 +25,7 @@ from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session
 
 from fedzoo.errors import NotFoundError
-from fedzoo.server.fl.models import FLQuarantine, FLUpdate
+from fedzoo.server.fl.models import SEAT_FAILURES, FLPrivateRound, FLQuarantine, FLRefusedUpload, FLUpdate
 from fedzoo.server.fl.schemas import QuarantinePolicy
 from fedzoo.server.fl.screening import REVOKED_REASON
 
@@ -47,8 +50,8 @@ def is_quarantined(session: Session, device_id: str) -> bool:
 
 def review(session: Session, round_id: int, device_ids: list[str], policy: QuarantinePolicy | None,
            now: datetime) -> list[str]:
-    """Quarantine the devices of a round whose last `window_updates` recorded updates (since any release)
-    hold `max_exclusions` exclusions; returns the ids newly quarantined."""
+    """Quarantine the devices of a round whose last `window_updates` recorded updates and SecAgg+ seat failures
+    (since any release) hold `max_exclusions` exclusions; returns the ids newly quarantined."""
     if policy is None:
         return []
     flagged = []
@@ -56,15 +59,25 @@ def review(session: Session, round_id: int, device_ids: list[str], policy: Quara
         rows = {row.device_id: row for row in session.scalars(select(FLQuarantine).where(FLQuarantine.device_id.in_(chunk)))}
         candidates = [device_id for device_id in chunk if device_id not in rows or rows[device_id].released_at is not None]
         recent_by_device = _recent_updates(session, candidates, policy.window_updates)
+        failures_by_device = _recent_seat_failures(session, candidates, policy.window_updates)
         for device_id in candidates:
-            row, recent = rows.get(device_id), recent_by_device.get(device_id, [])
+            row = rows.get(device_id)
+            # (when, counts towards quarantine, a SecAgg+ seat rather than an update), newest first
+            recent = sorted([(_aware(update.received_at), _counts(update, policy), False)
+                             for update in recent_by_device.get(device_id, [])]
+                            + [(_aware(failure.received_at), True, True)
+                               for failure in failures_by_device.get(device_id, [])],
+                            key=lambda event: event[0], reverse=True)[:policy.window_updates]
             if row is not None:  # released: only what came after counts
-                recent = [update for update in recent if _aware(update.received_at) > _aware(row.released_at)]
-            exclusions = sum(_counts(update, policy) for update in recent)
+                recent = [event for event in recent if event[0] > _aware(row.released_at)]
+            exclusions = sum(counted for _, counted, _ in recent)
             if exclusions < policy.max_exclusions:
                 continue
-            reason = (f"{exclusions} of its last {len(recent)} updates were left out of aggregation (policy: "
-                      f"{policy.max_exclusions} of {policy.window_updates}); round {round_id} decided it")
+            seats = any(seat for _, _, seat in recent)
+            reason = (f"{exclusions} of its last {len(recent)} "
+                      + ("updates or SecAgg+ seats were left out of aggregation or abandoned" if seats
+                         else "updates were left out of aggregation")
+                      + f" (policy: {policy.max_exclusions} of {policy.window_updates}); round {round_id} decided it")
             if row is None:
                 session.add(FLQuarantine(device_id=device_id, round_id=round_id, reason=reason, quarantined_at=now))
             else:
@@ -86,6 +99,22 @@ def _recent_updates(session: Session, device_ids: list[str], window_updates: int
     for update in session.execute(select(ranked).where(ranked.c.rank <= window_updates).order_by(ranked.c.rank)):
         recent.setdefault(update.device_id, []).append(update)
     return recent
+
+
+def _recent_seat_failures(session: Session, device_ids: list[str], window_updates: int) -> dict[str, list[Row]]:
+    """Each device's last `window_updates` declined or aborted SecAgg+ seats, newest first, in one query."""
+    if not device_ids:
+        return {}
+    ranked = (select(FLRefusedUpload.device_id, FLRefusedUpload.received_at,
+                     func.row_number().over(partition_by=FLRefusedUpload.device_id,
+                                            order_by=FLRefusedUpload.id.desc()).label("rank"))
+              .join(FLPrivateRound, FLPrivateRound.round_id == FLRefusedUpload.round_id)
+              .where(FLRefusedUpload.device_id.in_(device_ids), FLRefusedUpload.kind.in_(SEAT_FAILURES),
+                     FLPrivateRound.stage.is_not(None)).subquery())
+    failures: dict[str, list[Row]] = {}
+    for failure in session.execute(select(ranked).where(ranked.c.rank <= window_updates).order_by(ranked.c.rank)):
+        failures.setdefault(failure.device_id, []).append(failure)
+    return failures
 
 
 def release(session: Session, device_id: str, now: datetime) -> FLQuarantine:

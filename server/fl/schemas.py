@@ -115,12 +115,14 @@ MAX_NEIGHBOURS = 200  # k = O(log n) (Bell et al.): 200 is far past any cohort's
 
 class SecureAggregationSettings(_Request):
     """SecAgg+ in every round of the plan (see docs/privacy.md, "Sizing k and t"). The cohort is the devices
-    selected; k is capped at the largest even number below the cohort, t defaults to k/2 + 1."""
+    selected; k is capped at the largest even number below the cohort, t defaults to the devices' floor
+    (k + c) // 2 + 1 for the c corrupt devices they withstand (`fedzoo.secagg.bounds`)."""
 
     neighbour_count: int = Field(default=60, ge=2, le=MAX_NEIGHBOURS,
                                  description="k: even; each device masks with k others")
     threshold: int | None = Field(default=None, ge=2, le=MAX_NEIGHBOURS,
-                                  description="t: shares that recover a secret, k/2 < t <= k (default k/2 + 1)")
+                                  description="t: shares that recover a secret, k/2 < t <= k (default: the devices' "
+                                              "floor (k + c) // 2 + 1 for c corrupt devices, docs/privacy.md)")
     levels: int = Field(default=127, ge=1, le=32_767,
                         description="quantised values lie in [-levels, levels]; 127 is the int8 encoding")
     clip_range: float = Field(default=0.05, gt=0, le=1e6,
@@ -432,10 +434,12 @@ BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 
 
 class AdvertiseKeysReply(_Request):
-    """Stage 1: the device's two fresh X25519 public keys (base64 of 32 bytes), signed with its registered key."""
+    """Stage 1: the device's two fresh X25519 public keys and a fresh nonce (base64 of 32 bytes each), signed with
+    its registered key; the nonces of every device fix the round's graph (fedzoo.secagg.graph)."""
 
     cipher_public_key: str = Field(pattern=BASE64_32_BYTES)
     mask_public_key: str = Field(pattern=BASE64_32_BYTES)
+    nonce: str = Field(pattern=BASE64_32_BYTES)
     signature: str = Field(pattern=BASE64_64_BYTES, description="Ed25519 over fedzoo.secagg.signatures."
                                                                 "advertise_payload (docs/privacy.md)")
 

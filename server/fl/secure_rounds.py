@@ -54,18 +54,20 @@ from fedzoo.dp.clipping import clip_delta
 from fedzoo.dp.noise import AdaptiveClipping, DpFedAvg, adaptive_noise_split, quantised_sensitivity
 from fedzoo.errors import InvalidInputError
 from fedzoo.secagg import SecAggConfig, SecAggServer, dequantise_sum, flatten, signatures, unflatten
-from fedzoo.secagg.config import least_survivors
+from fedzoo.secagg.bounds import corrupt_devices, largest_neighbour_count, survivors_floor, threshold_floor
 from fedzoo.secagg.crypto import MASK_DTYPES
 from fedzoo.secagg.errors import ProtocolViolation, RoundAborted
 from fedzoo.secagg.framing import decode_share_keys, decode_unmask
 from fedzoo.secagg.messages import STAGES, from_base64, to_base64
+from fedzoo.server import device_certificates
 from fedzoo.server.db import Database
 from fedzoo.server.errors import Conflict, Forbidden, ValidationFailed
-from fedzoo.server.fl.models import (ACTIVE_STATES, FLParticipant, FLPrivateRound, FLRound, FLSecureMessage,
-                                    PrivacyLine)
+from fedzoo.server.fl import quarantine
+from fedzoo.server.fl.models import (ACTIVE_STATES, FLParticipant, FLPrivateRound, FLRefusedUpload, FLRound,
+                                    FLSecureMessage, PrivacyLine, SEAT_FAILURES)
 from fedzoo.server.fl.privacy_lineage import lineage_claim
-from fedzoo.server.fl.schemas import (DpSettings, RoundConfig, SecureAggregationSettings, SecureAggregationTask,
-                                     TaskPrivacy)
+from fedzoo.server.fl.schemas import (DpSettings, QuarantinePolicy, RoundConfig, SecureAggregationSettings,
+                                     SecureAggregationTask, TaskPrivacy)
 from fedzoo.server.fl.strategies import Parameters, Strategy
 from fedzoo.server.models import DeviceRecord
 
@@ -94,12 +96,18 @@ def next_stage(stage: str) -> str:
 
 def secagg_config(settings: SecureAggregationSettings, round_id: int, cohort: int, vector_length: int,
                   clip_range: float, min_clients: int) -> SecAggConfig:
-    """The round's SecAgg+ parameters for a cohort of `cohort` devices: k capped below the cohort, t above k/2,
-    and devices refuse to unmask a sum of fewer than max(3, t, min_clients) inputs (all of a cohort of 3)."""
-    neighbour_count = min(settings.neighbour_count, (cohort - 1) // 2 * 2)
-    threshold = max(neighbour_count // 2 + 1, min(settings.threshold or 0, neighbour_count))
+    """The round's SecAgg+ parameters for a cohort of `cohort` devices: k capped below the cohort; t as the
+    operator set it, else the default devices' floor (k + c) // 2 + 1 for the c corrupt devices a round of this
+    size must withstand (`fedzoo.secagg.bounds`); devices refuse to unmask a sum of fewer than
+    max(3, t, c + 2, min_clients) inputs (all of a cohort of 3). The defaults are within every default device's
+    bounds; parameters the operator set below them are sent as they are, and devices refuse them."""
+    corrupt = corrupt_devices(cohort)
+    neighbour_count = min(settings.neighbour_count, largest_neighbour_count(cohort))
+    threshold = (max(neighbour_count // 2 + 1, min(settings.threshold, neighbour_count)) if settings.threshold
+                 else min(threshold_floor(neighbour_count, corrupt), neighbour_count))
+    least = max(survivors_floor(threshold, corrupt), min_clients)
     return SecAggConfig(f"fl-round-{round_id}", cohort, neighbour_count, threshold, vector_length, clip_range,
-                        settings.levels, minimum_survivors=min(cohort, max(least_survivors(threshold), min_clients)))
+                        settings.levels, minimum_survivors=min(cohort, least))
 
 
 def with_calibrated_noise(config: RoundConfig) -> RoundConfig:
@@ -218,13 +226,15 @@ class PrivateRounds:
 
     @staticmethod
     def seat_refusal(session: Session, config: RoundConfig, device_id: str) -> str | None:
-        """Why the device cannot be seated in a round of this plan, or None: SecAgg+ needs its signing key."""
+        """Why the device cannot be seated in a round of this plan, or None: SecAgg+ needs its signing key and the
+        operator's valid certificate of it (`fedzoo.server.device_certificates.seat_refusal`)."""
         if config.privacy.secure_aggregation is None:
             return None
-        if session.scalar(select(DeviceRecord.signing_public_key).where(DeviceRecord.id == device_id)) is None:
+        signing_key = session.scalar(select(DeviceRecord.signing_public_key).where(DeviceRecord.id == device_id))
+        if signing_key is None:
             return ("signing_key_required: this round runs secure aggregation, which needs the device's signing key; "
                     "register the device again with `signing_public_key` (docs/privacy.md)")
-        return None
+        return device_certificates.seat_refusal(session, device_id, signing_key, datetime.now(timezone.utc))
 
     def start_stages(self, session: Session, round_row: FLRound, config: RoundConfig, vector_length: int) -> None:
         """Selection closed: number the seated devices and open advertise_keys (once, whoever gets here first)."""
@@ -305,7 +315,7 @@ class PrivateRounds:
         if stage == "masked_input":
             _check_masked_vector(body, protocol)
         if stage in ("advertise_keys", "consistency_check"):
-            _check_signature(body, stage, protocol, client, server.signing_keys.get(client), expected[client])
+            _check_signature(body, stage, server, client, expected[client])
         with self.database.session() as session:
             # the same conditional write as closing the stage: a reply either lands in an open stage or is refused
             still_open = session.execute(
@@ -325,6 +335,31 @@ class PrivateRounds:
                 FLSecureMessage.round_id == round_id, FLSecureMessage.stage == stage))
         return {"round_id": round_id, "stage": stage, "client": client, "received": received,
                 "expected": len(expected)}
+
+    def record_seat_failures(self, session: Session, round_id: int, policy: QuarantinePolicy | None,
+                             now: datetime) -> None:
+        """A SecAgg+ round ended: each seated device that missed a stage it was asked for, once that stage closed,
+        is recorded as `aborted` (unless it declined), and the cohort's quarantine is reviewed: declined and
+        aborted seats count like updates left out (`server.fl.quarantine`)."""
+        row = session.get(FLPrivateRound, round_id)
+        if row is None or row.stage is None or row.participants_json is None:
+            return
+        participants = json.loads(row.participants_json)
+        closed = STAGES if row.stage == DONE else STAGES[: STAGES.index(row.stage)]
+        failed = set(session.scalars(select(FLRefusedUpload.device_id).where(
+            FLRefusedUpload.round_id == round_id, FLRefusedUpload.kind.in_(SEAT_FAILURES))))
+        replied = {(stage, client) for stage, client in session.execute(
+            select(FLSecureMessage.stage, FLSecureMessage.client).where(FLSecureMessage.round_id == round_id))}
+        for stage in closed:
+            for client in self._protocol(session, round_id, stage)[1]:
+                device_id = participants[client]
+                if (stage, client) not in replied and device_id not in failed:
+                    failed.add(device_id)
+                    session.add(FLRefusedUpload(round_id=round_id, device_id=device_id, kind="aborted", upload_bytes=0,
+                                                reason=f"took a SecAgg+ seat and did not answer stage {stage!r}",
+                                                received_at=now))
+        session.flush()
+        quarantine.review(session, round_id, participants, policy, now)
 
     @staticmethod
     def has_finished(session: Session, round_id: int, device_id: str) -> bool:
@@ -402,7 +437,7 @@ class PrivateRounds:
         if key not in self._replayed:
             row = session.get(FLPrivateRound, round_id)
             protocol = SecAggConfig.from_dict(json.loads(row.secagg_config_json))
-            server = SecAggServer(protocol, self._signing_keys(session, round_id))
+            server = SecAggServer(protocol, self._signing_keys(session, round_id), self._vouchers(session, round_id))
             requests: dict[int, dict[str, Any]] = {client: {"stage": "advertise_keys"}
                                                    for client in range(protocol.num_clients)}
             for done in STAGES[: STAGES.index(stage)]:
@@ -419,6 +454,15 @@ class PrivateRounds:
         keys = dict(session.execute(select(DeviceRecord.id, DeviceRecord.signing_public_key)
                                     .where(DeviceRecord.id.in_(participants))).all())
         return {client: keys[device] for client, device in enumerate(participants) if keys.get(device) is not None}
+
+    @staticmethod
+    def _vouchers(session: Session, round_id: int) -> dict[int, dict[str, Any]]:
+        """Client number -> the seated device's id and the operator's certificate of its key, relayed to its
+        neighbours with the key."""
+        participants = json.loads(session.get(FLPrivateRound, round_id).participants_json)
+        certificates = device_certificates.certificates_of(session, participants)
+        return {client: {"device_id": device, "certificate": certificates[device]}
+                for client, device in enumerate(participants) if device in certificates}
 
     @staticmethod
     def _replies(session: Session, round_id: int, stage: str) -> list[dict[str, Any]]:
@@ -634,17 +678,16 @@ def _check_masked_vector(body: bytes, protocol: SecAggConfig) -> None:
                                 field="masked_vector")
 
 
-def _check_signature(body: bytes, stage: str, protocol: SecAggConfig, client: int, signing_key: bytes | None,
-                     request: dict[str, Any]) -> None:
-    """422 unless the reply's signature is the device's, over its keys (advertise_keys) or over the survivor set it
-    was sent (consistency_check): a reply its neighbours would refuse is never stored."""
+def _check_signature(body: bytes, stage: str, server: SecAggServer, client: int, request: dict[str, Any]) -> None:
+    """422 unless the reply's signature is the device's, over its keys and nonce (advertise_keys) or over the
+    survivor set it was sent (consistency_check): a reply its neighbours would refuse is never stored."""
     reply = json.loads(body)
+    signing_key = server.signing_keys.get(client)
     try:
         signature = from_base64(reply.get("signature"), "signature")
-        payload = (signatures.advertise_payload(protocol, client, from_base64(reply["cipher_public_key"], "key"),
-                                                from_base64(reply["mask_public_key"], "key"))
-                   if stage == "advertise_keys" else
-                   signatures.consistency_payload(protocol, client, request["survivors"]))
+        payload = (server.advertise_payload(client, *(from_base64(reply.get(name), name) for name in
+                                                      ("cipher_public_key", "mask_public_key", "nonce")))
+                   if stage == "advertise_keys" else server.consistency_payload(client, request["survivors"]))
     except ProtocolViolation:
         signature, payload = b"", b""
     if signing_key is None or not signatures.verify(signing_key, signature, payload):

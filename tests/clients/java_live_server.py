@@ -7,10 +7,11 @@ base model signed by that key and its evaluation set, writes each device shard a
 into DIR, then prints one JSON line:
 
     {"ready": true, "url", "admin_token", "enrollment_token", "model_id", "family", "task", "evaluation_sha256",
-     "shards", "python_accuracy", "operator_key_id"}
+     "shards", "python_accuracy", "operator_key_id", "operator_keys"}
     (python_accuracy: the Python SDK's EdgeSession accuracy on DIR/test.npz; enrollment_token: one the admin
      created for every device of the run, Java and Python; the versions rounds publish are signed by the
-     server's own key: GET /v1/keys lists both)
+     server's own key: GET /v1/keys lists both; operator_keys: the operator key set, which devices pin for their
+     SecAgg+ neighbours' certificates)
 
 After that it answers one JSON line per command line on stdin:
 
@@ -19,6 +20,7 @@ After that it answers one JSON line per command line on stdin:
                                                            a Python SDK device registers and participates once
     {"cmd": "expire_token", "device_id"}                   end a device's token lifetime now (as if its TTL passed)
     {"cmd": "revoke", "device_id"}                         the admin revokes a device (POST /v1/devices/<id>/revoke)
+    {"cmd": "certify"}                                     the operator certifies every device key awaiting a certificate
     {"cmd": "python_secure_devices", "device_ids", "seed", "num_examples"}
                                                            Python SDK devices register and, each in a thread, take part
                                                            in the open SecAgg+ round (take_part_securely) with a delta on
@@ -27,6 +29,9 @@ After that it answers one JSON line per command line on stdin:
     {"cmd": "python_secure_results"}                       waits for those devices: {"outcomes": [...]}
     {"cmd": "check_secure_sum", "round_id", "levels"}      the largest difference between the round's published model
                                                            and its base plus the FedAvg of these devices' levels / 128
+    {"cmd": "substitute_relayed_keys", "on"}            while on, the server lies in SecAgg+ rounds it starts: it relays
+                                                           X25519 keys of its own making as every device's neighbours',
+                                                           under the neighbours' genuine signatures
     {"cmd": "quit"}
 """
 
@@ -43,10 +48,14 @@ from pathlib import Path
 import numpy as np
 
 from fedzoo.clients.client import FedzooClient
+from fedzoo.clients.device_certification import certify_devices
+from fedzoo.clients.http import FedzooHTTP
 from fedzoo.clients.participation import participate_once
 from fedzoo.clients.secure_participation import take_part_securely
 from fedzoo.edge.onnx_initializers import read_float_initializers
-from fedzoo.secagg import flatten, unflatten
+from fedzoo.secagg import crypto, flatten, unflatten
+from fedzoo.secagg.messages import to_base64
+from fedzoo.server.fl import secure_rounds
 from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, Simulation, prepare_federation
 from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
 from fedzoo.edge.runtime import EdgeSession
@@ -83,6 +92,11 @@ def _revoke(server: LoopbackServer, device_id: str) -> dict:
     return {"ok": answer.status_code == 200}
 
 
+def _certify(server: LoopbackServer, operator: CardSigningKey) -> dict:
+    with FedzooHTTP(server.url, token=DEFAULT_ADMIN_TOKEN) as admin:
+        return {"certified": len(certify_devices(admin, operator))}
+
+
 LEVEL_SCALE = 128  # a delta of k / 128 quantises exactly to k when clip_range = 127 / 128 and the weight is 1
 
 
@@ -93,7 +107,8 @@ class SecureDevices:
         self.threads: list[threading.Thread] = []
         self.outcomes: dict[str, str] = {}
 
-    def start(self, server: LoopbackServer, federation, data_dir: Path, enrollment_token: str, command: dict) -> dict:
+    def start(self, server: LoopbackServer, federation, data_dir: Path, enrollment_token: str, operator: CardSigningKey,
+              command: dict) -> dict:
         shapes = {name: value.shape for name, value in read_float_initializers(federation.model).items()}
         rng = np.random.default_rng(command["seed"])
         levels = {}
@@ -101,8 +116,11 @@ class SecureDevices:
             delta = {name: (rng.integers(-127, 128, shape) / LEVEL_SCALE).astype(np.float32)
                      for name, shape in shapes.items()}
             levels[device_id] = [int(round(value * LEVEL_SCALE)) for value in flatten(delta)]
-            client = FedzooClient(server.url, cache_dir=data_dir / "python-devices" / device_id)
+            folder = data_dir / "python-devices" / device_id
+            client = FedzooClient(server.url, cache_dir=folder, state_file=folder / "state.json",
+                                  operator_keys=TrustedKeys([operator.public_key_raw]))
             client.register(_profile(device_id), enrollment_token)
+            _certify(server, operator)
             work = client.fl_task(federation.card.task)["task"]  # selected now, so seated before the stages open
             thread = threading.Thread(target=self._take_part, args=(client, federation.card.task, work, delta,
                                                                      command["num_examples"]), daemon=True)
@@ -134,6 +152,25 @@ def _check_secure_sum(simulation: Simulation, command: dict) -> dict:
     levels = np.asarray(command["levels"], dtype=np.float64)
     mean = unflatten(levels.sum(axis=0) / LEVEL_SCALE / len(levels), {name: value.shape for name, value in base.items()})
     return {"max_abs_diff": max(float(np.max(np.abs(published[name] - (base[name] + mean[name])))) for name in base)}
+
+
+class KeySubstitutingServer(secure_rounds.SecAggServer):
+    """A lying server (docs/privacy.md, "Threat model"): the keys it relays are its own, so that it could decrypt the
+    shares and remove the masks; the signatures are the neighbours' own, over the keys they advertised."""
+
+    def collect_keys(self, replies: list[dict]) -> dict[int, dict]:
+        requests = super().collect_keys(replies)
+        return {client: dict(request, public_keys=[dict(entry, cipher_public_key=to_base64(crypto.new_key_pair()[1]))
+                                                   for entry in request["public_keys"]])
+                for client, request in requests.items()}
+
+
+HONEST_SERVER = secure_rounds.SecAggServer
+
+
+def _substitute_relayed_keys(command: dict) -> dict:
+    secure_rounds.SecAggServer = KeySubstitutingServer if command["on"] else HONEST_SERVER
+    return {"ok": True}
 
 
 def _profile(device_id: str) -> DeviceProfile:
@@ -168,7 +205,8 @@ def main() -> None:
                     "enrollment_token": enrollment_token, "model_id": federation.card.id,
                     "family": federation.card.family, "task": federation.card.task,
                     "evaluation_sha256": simulation.evaluation_sha256, "shards": NUM_SHARDS,
-                    "python_accuracy": python_accuracy, "operator_key_id": operator.key_id})
+                    "python_accuracy": python_accuracy, "operator_key_id": operator.key_id,
+                    "operator_keys": TrustedKeys([operator.public_key_raw]).to_json()})
             secure_devices = SecureDevices()
             for line in sys.stdin:
                 command = json.loads(line)
@@ -182,11 +220,15 @@ def main() -> None:
                 elif command["cmd"] == "revoke":
                     _reply(_revoke(server, command["device_id"]))
                 elif command["cmd"] == "python_secure_devices":
-                    _reply(secure_devices.start(server, federation, data_dir, enrollment_token, command))
+                    _reply(secure_devices.start(server, federation, data_dir, enrollment_token, operator, command))
+                elif command["cmd"] == "certify":
+                    _reply(_certify(server, operator))
                 elif command["cmd"] == "python_secure_results":
                     _reply(secure_devices.results())
                 elif command["cmd"] == "check_secure_sum":
                     _reply(_check_secure_sum(simulation, command))
+                elif command["cmd"] == "substitute_relayed_keys":
+                    _reply(_substitute_relayed_keys(command))
                 elif command["cmd"] == "python_device":
                     _reply(_python_device(server, federation, data_dir, enrollment_token, command))
                 else:

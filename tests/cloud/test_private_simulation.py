@@ -31,7 +31,8 @@ def test_secure_aggregation_reaches_the_model_plain_fedavg_reaches(federation):
 
 
 def test_secure_aggregation_survives_dropouts_after_key_sharing(federation):
-    options = SecureAggregationOptions(neighbour_count=14, threshold=8, clip_range=0.1, dropout_after_key_sharing=0.3)
+    # k = 16, t = 10 (the floor against 2 corrupt devices): 6 of 20 dropping leave 10 of any device's neighbours
+    options = SecureAggregationOptions(neighbour_count=16, threshold=10, clip_range=0.1, dropout_after_key_sharing=0.3)
     records = run_private_rounds(federation, 2, 20, TRAINING, secure_aggregation=options, executor="in-process")
     assert [r.survivors for r in records] == [14, 14] and not any(r.aborted for r in records)
 

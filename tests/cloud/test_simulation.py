@@ -90,6 +90,27 @@ def test_a_poisoning_device_is_clipped_and_a_worse_aggregate_is_never_published(
     # depends on the CPU's numerics: the contract is the invariant above, over both strategies' rounds
 
 
+def _distance(parameters, other):
+    return float(np.sqrt(sum(np.sum((parameters[name] - other[name]) ** 2.0) for name in parameters)))
+
+
+@pytest.mark.slow
+def test_the_median_publishes_weights_nearer_the_attack_free_round_than_fedavg_on_the_same_shards(federation, tmp_path):
+    """One round on the same shards and seeds, gate open: FedAvg without the attacker is the reference; with it,
+    the (clipped) scaled update pulls FedAvg's mean, while the coordinate-wise median stays between the honest
+    updates (with 1 attacker of 3, the honest value nearest the attacker's). Distances of published weights,
+    with margins no CPU's rounding closes."""
+    attackers, one_round = frozenset({0}), {"num_rounds": 1, "max_accuracy_drop": 1.0}
+    clean, fedavg, median = [], [], []
+    _run(federation, tmp_path / "clean", "in-process", {"name": "fedavg"}, published=clean, **one_round)
+    _run(federation, tmp_path / "fedavg", "in-process", {"name": "fedavg"}, attackers, published=fedavg, **one_round)
+    _run(federation, tmp_path / "median", "in-process", {"name": "median"}, attackers, published=median, **one_round)
+    step = _distance(clean[0], read_float_initializers(federation.model))  # how far the honest round moved
+    pulled, resisted = _distance(fedavg[0], clean[0]), _distance(median[0], clean[0])
+    assert pulled > 1.5 * step, (pulled, step)  # the attack matters: FedAvg lands further off than a round moves
+    assert resisted < 0.75 * pulled, (resisted, pulled)  # about half on this machine; equal were it FedAvg
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install 'fedzoo[ray]')")
 def test_ray_executor_runs_devices_as_parallel_tasks(federation, tmp_path):

@@ -12,14 +12,9 @@ import pytest
 from fl_helpers import round_config
 from server_helpers import ADMIN_TOKEN, VIEWER_TOKEN, device_profile, make_card, tiny_onnx_model
 
-from fedzoo.cloud.simulation import Simulation, prepare_federation
+from fedzoo.cloud.simulation import Simulation
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def federation():
-    return prepare_federation("digits", num_clients=4, alpha=1.0, hidden_units=16, pretrain_epochs=2, seed=0)
 
 
 def number_cells(texts: list[str]) -> list[float]:

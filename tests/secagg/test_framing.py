@@ -31,7 +31,7 @@ def test_the_vectors_frame_and_read_back(stage, encode, decode):
 
 
 def test_a_real_rounds_replies_round_trip_at_about_173_bytes_a_neighbour():
-    config = SecAggConfig("framing", num_clients=9, neighbour_count=8, threshold=5, vector_length=4, clip_range=1.0)
+    config = SecAggConfig("framing", num_clients=9, neighbour_count=8, threshold=6, vector_length=4, clip_range=1.0)
     keys = {index: signatures.new_signing_key() for index in range(config.num_clients)}
     clients = {index: SecAggClient(config, index, keys[index]) for index in range(config.num_clients)}
     server = SecAggServer(config, {index: signatures.public_bytes(key) for index, key in keys.items()})

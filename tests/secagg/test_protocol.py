@@ -22,10 +22,12 @@ from fedzoo.secagg import (
     run_local_round,
     signatures,
 )
+from fedzoo.secagg.bounds import SecAggBounds, corrupt_devices, threshold_floor
 from fedzoo.secagg.client import pairwise_mask, self_mask
-from fedzoo.secagg.graph import neighbours
+from fedzoo.secagg.graph import neighbours, ring_order
 from fedzoo.secagg.messages import STAGES, from_base64, to_base64
-from fedzoo.secagg.shamir import ShareError, combine_shares
+from fedzoo.secagg.shamir import SHARE_BYTES, ShareError, combine_shares
+from fedzoo.secagg.signed_rounds import SignedRounds
 
 
 def _inputs(config, seed):
@@ -50,11 +52,11 @@ def _exact(config, inputs, dropouts):
     return local
 
 
-# 24 clients, 16 neighbours, threshold 9: 30% (7 clients) dropping can never leave fewer than 9 of 16
+# 24 clients, 20 neighbours, threshold 12 (the devices' floor): 30% (7 clients) dropping never leaves fewer than 12
 @pytest.mark.parametrize("stage", STAGES)
 @pytest.mark.parametrize("rate", [0.0, 0.1, 0.3])
 def test_the_sum_is_exact_whatever_fraction_drops_at_each_stage(stage, rate):
-    config = SecAggConfig("round-7", 24, 16, 9, 20, 1.0)
+    config = SecAggConfig("round-7", 24, 20, 12, 20, 1.0)
     for seed in range(3):
         dropping = set(random.Random(seed).sample(range(24), round(rate * 24)))
         local = _exact(config, _inputs(config, seed), {stage: dropping})
@@ -64,7 +66,7 @@ def test_the_sum_is_exact_whatever_fraction_drops_at_each_stage(stage, rate):
 
 
 def test_the_sum_is_exact_when_clients_drop_at_every_stage_at_once():
-    config = SecAggConfig("round-8", 30, 20, 11, 20, 1.0)
+    config = SecAggConfig("round-8", 30, 20, 12, 20, 1.0)
     for seed in range(3):
         order = random.Random(seed).sample(range(30), 8)
         dropouts = {"advertise_keys": set(order[:2]), "share_keys": set(order[2:4]),
@@ -74,20 +76,24 @@ def test_the_sum_is_exact_when_clients_drop_at_every_stage_at_once():
 
 @pytest.mark.slow
 def test_many_seeded_rounds_of_sixty_clients_with_30_percent_dropping_after_key_sharing():
-    config = SecAggConfig("round-9", 60, 30, 16, 50, 1.0)
+    config = SecAggConfig("round-9", 60, 42, 23, 50, 1.0)  # 42 - 18 dropped >= 23 wherever they sit
     for seed in range(8):
         dropping = set(random.Random(seed).sample(range(60), 18))
         _exact(config, _inputs(config, seed), {"masked_input": dropping})
 
 
-def _parties(config, client_class=SecAggClient):
+# Bounds that assume no corrupt device: issue #34's attacks need none, and are run at its parameters
+NO_CORRUPTION = SecAggBounds(corruption_budget=0.0, least_corrupt_devices=0)
+
+
+def _parties(config, client_class=SecAggClient, bounds=SecAggBounds()):
     keys = {index: signatures.new_signing_key() for index in range(config.num_clients)}
-    clients = {index: client_class(config, index, keys[index]) for index in range(config.num_clients)}
+    clients = {index: client_class(config, index, keys[index], bounds) for index in range(config.num_clients)}
     return clients, SecAggServer(config, {index: signatures.public_bytes(key) for index, key in keys.items()})
 
 
-def _through_masked_inputs(config, inputs, client_class=SecAggClient):
-    clients, server = _parties(config, client_class)
+def _through_masked_inputs(config, inputs, client_class=SecAggClient, bounds=SecAggBounds()):
+    clients, server = _parties(config, client_class, bounds)
     requests = server.collect_keys([c.advertise_keys() for c in clients.values()])
     requests = server.collect_shares([clients[i].share_keys(r) for i, r in requests.items()])
     return clients, server, requests, inputs
@@ -106,6 +112,13 @@ class _TrustingClient(SecAggClient):
 
     def _consistency_signers(self, request, survivors):
         return set(self.neighbours)
+
+
+class _CountingClient(SecAggClient):
+    """A client that counts the survivor-set signatures it is shown without verifying them."""
+
+    def _consistency_signers(self, request, survivors):
+        return {entry["client"] for entry in request["signatures"]} & self.neighbours
 
 
 class _UncheckingClient(SecAggClient):
@@ -129,40 +142,55 @@ def _read_input(config, masked_vector, victim, seed, mask_key_of, victim_mask_pu
     return value
 
 
-def _inconsistent_stories(config, inputs, client_class, victim):
+def _inconsistent_stories(config, inputs, client_class, victim, forward_every_signature=False):
     """Issue #34's attack: the victim's neighbours each hear "the victim and I survived, the victim's other
     neighbours dropped"; everyone else hears "the victim's neighbours dropped". Every story holds the listener
     and is long enough. The server collects b of the victim from its neighbours and the mask key of each
-    neighbour from theirs. Returns (what the server read of the victim's input or None, refusal reasons)."""
-    clients, server, requests, inputs = _through_masked_inputs(config, inputs, client_class)
+    neighbour from theirs. With `forward_every_signature` it also forwards the signatures made on other stories,
+    so every list is t long. Returns (what the server read of the victim's input or None, refusal reasons)."""
+    clients, server, requests, inputs = _through_masked_inputs(config, inputs, client_class, NO_CORRUPTION)
     masked = {i: clients[i].masked_input(r, inputs[i]) for i, r in requests.items()}
-    around = set(neighbours(config)[victim])
+    around = set(server.graph[victim])
     everyone = set(range(config.num_clients))
     story = {client: sorted((everyone - around) | ({client} if client in around else set())) for client in everyone}
     signed = {client: clients[client].consistency_check({"stage": "consistency_check", "survivors": story[client]})
               for client in everyone}
-    shares, refusals = {}, {}
-    for client in everyone:
-        # the best the server can do: every neighbour's signature made on the very story this client heard
-        same_story = [{"client": peer, "signature": signed[peer]["signature"]}
-                      for peer in neighbours(config)[client] if story[peer] == story[client]]
+    refusals = {}
+    # the best the server can do: every neighbour's signature made on the very story this client heard (and,
+    # with `forward_every_signature`, those made on other stories too)
+    shares = _reveal(clients, {client: {"stage": "unmask", "survivors": story[client], "signatures": [
+        {"client": peer, "signature": signed[peer]["signature"]} for peer in server.graph[client]
+        if forward_every_signature or story[peer] == story[client]]} for client in everyone}, refusals)
+    return _read_from_shares(config, server, masked[victim], victim, shares), refusals
+
+
+def _reveal(clients, requests, refusals):
+    """Each client's unmask reply to its request, pooled as (owner, kind) -> [(x, value)]; refusals are recorded."""
+    shares = {}
+    for client, request in requests.items():
         try:
-            reply = clients[client].unmask({"stage": "unmask", "survivors": story[client], "signatures": same_story})
+            reply = clients[client].unmask(request)
         except ProtocolViolation as refusal:
             refusals[client] = refusal.reason
             continue
         for share in reply["shares"]:
             shares.setdefault((share["owner"], share["kind"]), []).append((client + 1, _share_value(share)))
+    return shares
+
+
+def _read_from_shares(config, server, masked_reply, victim, shares):
+    """What the server reads of the victim's input from the pooled shares: its seed and its neighbours' mask keys
+    recovered, every mask removed from its masked vector; None when a secret cannot be recovered."""
+    around = sorted(server.graph[victim])
     try:
         seed = combine_shares(shares.get((victim, "self_mask"), []), config.threshold)
         mask_keys = {peer: crypto.load_private_key(combine_shares(shares.get((peer, "mask_key"), []), config.threshold))
                      for peer in around}
     except ShareError:
-        return None, refusals
-    victim_keys = server.keys[victim]
-    masked_vector = from_base64(masked[victim]["masked_vector"], "masked_vector")
-    vector = np.frombuffer(masked_vector, dtype=crypto.MASK_DTYPES[config.modulus_bits]).copy()
-    return _read_input(config, vector, victim, seed, mask_keys, victim_keys[1], sorted(around)), refusals
+        return None
+    vector = np.frombuffer(from_base64(masked_reply["masked_vector"], "masked_vector"),
+                           dtype=crypto.MASK_DTYPES[config.modulus_bits]).copy()
+    return _read_input(config, vector, victim, seed, mask_keys, server.keys[victim][1], around)
 
 
 # n = 30, k = 8, t = 5: the parameters of the review that found the attack
@@ -182,21 +210,56 @@ def test_a_server_telling_neighbours_different_stories_never_gets_both_secrets(v
     inputs = _inputs(ATTACKED, 1)
     read, refusals = _inconsistent_stories(ATTACKED, inputs, SecAggClient, victim)
     assert read is None
-    assert set(neighbours(ATTACKED)[victim]) <= set(refusals)
+    assert len(refusals) >= ATTACKED.neighbour_count
     assert set(refusals.values()) == {"too_few_signatures"}
 
 
-def _substituted_keys(config, inputs, client_class, victim, forge_signing_keys=False, pin_enrolled_keys=False):
+def test_without_verification_a_server_padding_each_list_with_signatures_on_other_stories_reads_one_input():
+    inputs = _inputs(ATTACKED, 1)
+    read, refusals = _inconsistent_stories(ATTACKED, inputs, _CountingClient, victim=0, forward_every_signature=True)
+    assert refusals == {} and read is not None and np.array_equal(read, inputs[0])
+
+
+@pytest.mark.parametrize("victim", [0, 7])
+def test_a_server_padding_each_list_to_t_with_signatures_on_other_stories_is_refused(victim):
+    """At least t signatures are listed, but not on the story the listener signed: each one is verified."""
+    inputs = _inputs(ATTACKED, 1)
+    read, refusals = _inconsistent_stories(ATTACKED, inputs, SecAggClient, victim, forward_every_signature=True)
+    assert read is None
+    assert len(refusals) >= ATTACKED.neighbour_count  # the victim's neighbours among them: each heard its own story
+    assert set(refusals.values()) == {"bad_signature"}
+
+
+def test_one_bad_signature_among_t_good_ones_is_refused():
+    """An honest round's unmask request with one neighbour's signature replaced by another's: t or more good
+    signatures do not excuse one the server altered."""
+    config = SecAggConfig("round-one-bad", 12, 8, 6, 10, 1.0)  # t at the devices' floor (c = 2)
+    clients, _, requests = _to_unmask(config, _inputs(config, 0))
+    request = requests[0]
+    listed = request["signatures"]
+    assert len(listed) > config.threshold
+    forged = [dict(listed[0], signature=listed[1]["signature"]), *listed[1:]]
+    with pytest.raises(ProtocolViolation) as refusal:
+        clients[0].unmask(dict(request, signatures=forged))
+    assert refusal.value.reason == "bad_signature"
+
+
+def _substituted_keys(config, inputs, client_class, victim, forge_signing_keys=False, pin_enrolled_keys=False,
+                      insider=False):
     """Issue #34's second attack: the server relays its own X25519 keys as each of the victim's neighbours'. The
-    victim then encrypts its self-mask seed's shares to the server and masks with keys the server holds.
+    victim then encrypts its self-mask seed's shares to the server and masks with keys the server holds. With
+    `insider`, every forged entry is signed by the long-term key of one enrolled client that is not the victim's
+    neighbour in this run's graph (a colluding Sybil).
     Returns what the server read of the victim's input (or None) and the victim's refusal reason."""
     keys = {index: signatures.new_signing_key() for index in range(config.num_clients)}
     registered = {index: signatures.public_bytes(key) for index, key in keys.items()}
     pinned = frozenset(registered.values()) if pin_enrolled_keys else None
-    clients = {index: client_class(config, index, keys[index], trusted_signing_keys=pinned)
+    clients = {index: client_class(config, index, keys[index], NO_CORRUPTION, trusted_signing_keys=pinned)
                for index in range(config.num_clients)}
     server = SecAggServer(config, registered)
     requests = server.collect_keys([c.advertise_keys() for c in clients.values()])
+    insider_key = (keys[next(c for c in range(config.num_clients) if c != victim and c not in server.graph[victim])]
+                   if insider else None)
     forged_ciphers, forged_masks = {}, {}
     entries = []
     for entry in requests[victim]["public_keys"]:
@@ -204,13 +267,14 @@ def _substituted_keys(config, inputs, client_class, victim, forge_signing_keys=F
         forged_ciphers[peer], cipher_public = crypto.new_key_pair()
         forged_masks[peer], mask_public = crypto.new_key_pair()
         forged = dict(entry, cipher_public_key=to_base64(cipher_public), mask_public_key=to_base64(mask_public))
-        if forge_signing_keys:  # the server also lies about the neighbour's long-term key
-            server_key = signatures.new_signing_key()
+        if forge_signing_keys or insider:  # the server also lies about the neighbour's long-term key
+            server_key = insider_key if insider else signatures.new_signing_key()
             forged.update(signing_public_key=to_base64(signatures.public_bytes(server_key)), signature=to_base64(
-                server_key.sign(signatures.advertise_payload(config, peer, cipher_public, mask_public))))
+                server_key.sign(signatures.advertise_payload(config, peer, cipher_public, mask_public,
+                                                             server.nonces[peer]))))
         entries.append(forged)
     try:
-        dealt = clients[victim].share_keys({"stage": "share_keys", "public_keys": entries})
+        dealt = clients[victim].share_keys(dict(requests[victim], public_keys=entries))
     except ProtocolViolation as refusal:
         return None, refusal.reason
     seed_shares = []
@@ -249,31 +313,39 @@ def test_a_server_also_substituting_long_term_keys_is_refused_where_the_enrolled
     assert read is None and refusal == "bad_signature"
 
 
+def test_one_enrolled_insiders_key_relayed_for_every_neighbour_is_refused_even_where_keys_are_pinned():
+    """Pinning stops keys the server made up, not an enrolled insider's key standing for many neighbours: that
+    insider would decrypt t shares of the victim's seed. One signing key for two neighbours is refused."""
+    inputs = _inputs(ATTACKED, 2)
+    read, refusal = _substituted_keys(ATTACKED, inputs, SecAggClient, victim=3, pin_enrolled_keys=True, insider=True)
+    assert read is None and refusal == "bad_signature"
+
+
 def test_a_key_advertisement_presented_as_another_clients_or_under_other_parameters_is_refused():
-    config = SecAggConfig("round-replay", 12, 6, 4, 10, 1.0)
+    config = SecAggConfig("round-replay", 12, 6, 5, 10, 1.0)
     clients, server = _parties(config)
-    requests = server.collect_keys([c.advertise_keys() for c in clients.values()])
+    replies = [c.advertise_keys() for c in clients.values()]
+    requests = server.collect_keys(replies)
     victim = 0
     entries = requests[victim]["public_keys"]
-    other_parameters = SecAggConfig("round-replay", 12, 6, 4, 11, 1.0)  # same graph, another vector length
     swapped = [entries[0], dict(entries[0], client=entries[1]["client"],
                                 signing_public_key=entries[1]["signing_public_key"]),
                *entries[2:]]  # the first neighbour's keys presented as the second's, under the second's long-term key
     for tampered in (swapped, [dict(entries[0], signature=entries[1]["signature"]), *entries[1:]]):
-        fresh = SecAggClient(config, victim, signatures.new_signing_key())
-        fresh.advertise_keys()
         with pytest.raises(ProtocolViolation) as refusal:
-            fresh.share_keys({"stage": "share_keys", "public_keys": tampered})
+            clients[victim].share_keys(dict(requests[victim], public_keys=tampered))
         assert refusal.value.reason == "bad_signature"
-    stranger = SecAggClient(other_parameters, victim, signatures.new_signing_key())
-    stranger.advertise_keys()
-    with pytest.raises(ProtocolViolation) as refusal:
-        stranger.share_keys({"stage": "share_keys", "public_keys": entries})
-    assert refusal.value.reason == "bad_signature"
+    other_parameters = SecAggConfig("round-replay", 12, 6, 5, 11, 1.0)  # another vector length
+    peer = entries[0]["client"]
+    signed = server.advertise_payload(peer, *server.keys[peer], server.nonces[peer])
+    assert signatures.verify(server.signing_keys[peer], from_base64(entries[0]["signature"], "signature"), signed)
+    assert not signatures.verify(server.signing_keys[peer], from_base64(entries[0]["signature"], "signature"),
+                                 signatures.advertise_payload(other_parameters, peer, *server.keys[peer],
+                                                              server.nonces[peer]))
 
 
 def test_the_server_drops_a_client_whose_advertised_keys_are_not_signed_by_its_registered_key():
-    config = SecAggConfig("round-unsigned", 12, 6, 4, 10, 1.0)
+    config = SecAggConfig("round-unsigned", 12, 6, 5, 10, 1.0)
     clients, server = _parties(config)
     replies = [c.advertise_keys() for c in clients.values()]
     replies[2]["signature"] = replies[3]["signature"]
@@ -283,7 +355,7 @@ def test_the_server_drops_a_client_whose_advertised_keys_are_not_signed_by_its_r
 
 
 def test_a_server_unmasking_for_another_set_than_the_one_signed_is_refused():
-    config = SecAggConfig("round-other-set", 12, 6, 4, 10, 1.0)
+    config = SecAggConfig("round-other-set", 12, 6, 5, 10, 1.0)
     clients, _, requests = _to_unmask(config, _inputs(config, 0))
     request = requests[0]
     with pytest.raises(ProtocolViolation) as refusal:
@@ -298,7 +370,7 @@ def test_a_server_unmasking_for_another_set_than_the_one_signed_is_refused():
     (lambda request: dict(request, stage="share_keys"), "wrong_stage"),
 ])
 def test_clients_refuse_survivor_sets_that_break_the_rules(tamper, reason):
-    config = SecAggConfig("round-rules", 10, 6, 4, 10, 1.0)
+    config = SecAggConfig("round-rules", 10, 6, 5, 10, 1.0)
     clients, server, requests, inputs = _through_masked_inputs(config, _inputs(config, 2))
     honest = server.collect_masked_inputs([clients[i].masked_input(r, inputs[i]) for i, r in requests.items()])
     with pytest.raises(ProtocolViolation) as refusal:
@@ -307,22 +379,20 @@ def test_clients_refuse_survivor_sets_that_break_the_rules(tamper, reason):
 
 
 def test_stages_out_of_order_and_too_few_neighbours_are_refused():
-    config = SecAggConfig("round-order", 10, 6, 4, 10, 1.0)
+    config = SecAggConfig("round-order", 10, 6, 5, 10, 1.0)
     clients, server = _parties(config)
     client = clients[0]
     with pytest.raises(ProtocolViolation) as refusal:
         client.unmask({"stage": "unmask", "survivors": [0, 1, 2, 3], "signatures": []})
     assert refusal.value.reason == "wrong_stage"
-    requests = server.collect_keys([c.advertise_keys() for c in clients.values()])
-    keys = requests[0]["public_keys"]
+    requests = server.collect_keys([c.advertise_keys() for c in list(clients.values())[:5]])  # 4 others advertised
     with pytest.raises(ProtocolViolation) as refusal:
-        client.share_keys({"stage": "share_keys", "public_keys": keys[:3]})
+        client.share_keys(requests[0])
     assert refusal.value.reason == "too_few_neighbours"
-    stranger = next(c for c in range(10) if c not in neighbours(config)[0] and c != 0)
-    fresh = SecAggClient(config, 0, signatures.new_signing_key())
-    fresh.advertise_keys()
-    with pytest.raises(ProtocolViolation, match="not this client's neighbours"):
-        fresh.share_keys({"stage": "share_keys", "public_keys": [dict(keys[0], client=stranger)]})
+    keys = requests[0]["public_keys"]
+    stranger = next(c for c in range(10) if c not in server.graph[0] and c != 0)
+    with pytest.raises(ProtocolViolation, match="advertised neighbours are"):
+        client.share_keys(dict(requests[0], public_keys=[dict(keys[0], client=stranger), *keys[1:]]))
 
 
 class _LyingHolder(SecAggClient):
@@ -349,7 +419,7 @@ class _BadDealer(SecAggClient):
 
 
 def test_a_holder_returning_wrong_shares_is_named_and_the_sum_stays_exact():
-    config = SecAggConfig("round-liar", 20, 12, 7, 20, 1.0)
+    config = SecAggConfig("round-liar", 20, 12, 8, 20, 1.0)
     inputs = _inputs(config, 3)
     key = signatures.new_signing_key()
     local = run_local_round(config, inputs, {"masked_input": {5, 6}}, clients={4: _LyingHolder(config, 4, key)},
@@ -361,7 +431,7 @@ def test_a_holder_returning_wrong_shares_is_named_and_the_sum_stays_exact():
 
 @pytest.mark.parametrize("dealer_drops", [False, True])
 def test_a_dealer_sharing_garbage_aborts_the_round_with_no_sum(dealer_drops):
-    config = SecAggConfig("round-dealer", 20, 12, 7, 20, 1.0)
+    config = SecAggConfig("round-dealer", 20, 12, 8, 20, 1.0)
     dropouts = {"masked_input": {9}} if dealer_drops else {}
     key = signatures.new_signing_key()
     with pytest.raises(RoundAborted) as aborted:
@@ -371,7 +441,7 @@ def test_a_dealer_sharing_garbage_aborts_the_round_with_no_sum(dealer_drops):
 
 
 def test_a_tampered_ciphertext_is_reported_and_others_suffice():
-    config = SecAggConfig("round-tamper", 20, 12, 7, 20, 1.0)
+    config = SecAggConfig("round-tamper", 20, 12, 8, 20, 1.0)
     inputs = _inputs(config, 5)
     clients, server, requests, _ = _through_masked_inputs(config, inputs)
     victim_holder = 2
@@ -386,19 +456,19 @@ def test_a_tampered_ciphertext_is_reported_and_others_suffice():
 
 
 def test_too_few_masked_inputs_abort_before_anyone_unmasks():
-    config = SecAggConfig("round-few", 10, 6, 4, 10, 1.0, minimum_survivors=5)
+    config = SecAggConfig("round-few", 10, 6, 5, 10, 1.0, minimum_survivors=5)
     with pytest.raises(RoundAborted, match="only 4 masked inputs"):
         run_local_round(config, _inputs(config, 6), {"masked_input": set(range(6))})
 
 
 def test_a_client_advertising_a_low_order_key_is_dropped_by_the_server_and_refused_by_clients():
-    config = SecAggConfig("round-keys", 12, 6, 4, 10, 1.0)
+    config = SecAggConfig("round-keys", 12, 6, 5, 10, 1.0)
     clients, server = _parties(config)
     replies = [client.advertise_keys() for client in clients.values()]
     replies[5]["mask_public_key"] = base64.b64encode(bytes(32)).decode()  # the all-zero point: no agreement
     requests = server.collect_keys(replies)
     assert 5 not in requests and "malformed keys" in server.misbehaving[5]
-    neighbour = neighbours(config)[5][0]
+    neighbour = server.graph[5][0]
     forged = dict(requests[neighbour])
     forged["public_keys"] = requests[neighbour]["public_keys"] + [
         {"client": 5, "cipher_public_key": replies[5]["cipher_public_key"], "mask_public_key": replies[5]["mask_public_key"],
@@ -407,3 +477,218 @@ def test_a_client_advertising_a_low_order_key_is_dropped_by_the_server_and_refus
     with pytest.raises(ProtocolViolation) as refusal:
         clients[neighbour].share_keys(forged)
     assert refusal.value.reason == "malformed"
+
+
+def _answers(clients, answer, requests, refusals):
+    """Each client's reply to its request; a client that refuses is out (its reason kept in `refusals`)."""
+    replies = []
+    for index, request in requests.items():
+        try:
+            replies.append(answer(index, clients[index], request))
+        except ProtocolViolation as refusal:
+            refusals[index] = refusal.reason
+    return replies
+
+
+def _run_to_signing(config, registered, make_client, inputs, refusals):
+    """One run of the round up to its masked inputs, relayed honestly: (clients, server, masked replies)."""
+    clients = {index: make_client(index) for index in range(config.num_clients)}
+    server = SecAggServer(config, registered)
+    requests = server.collect_keys(_answers(clients, lambda i, c, r: c.advertise_keys(), dict.fromkeys(clients),
+                                            refusals))
+    requests = server.collect_shares(_answers(clients, lambda i, c, r: c.share_keys(r), requests, refusals))
+    masked = _answers(clients, lambda i, c, r: c.masked_input(r, inputs[i]), requests, refusals)
+    return clients, server, {reply["client"]: reply for reply in masked}
+
+
+def _stories(graph, victim, threshold):
+    """Issue #44's plan: each client x is told that some of the victim's neighbours dropped (at most k - t of its own
+    neighbours, so t of them still sign its story), such that every neighbour u of the victim is told dropped by t
+    of u's neighbours (who reveal u's mask key) while the victim survives in every story (its neighbours reveal
+    b). Returns each client's story, or None where this graph leaves no such plan."""
+    spare = len(graph[victim]) - threshold
+    dropped = {client: set() for client in graph}
+    inside = set(graph[victim]) | {victim}
+    # a greedy plan: the neighbours with the fewest tellers outside the victim's neighbourhood first, and tellers
+    # from outside it first (their spare capacity serves nothing else); it finds one on every shuffled ring tried
+    for peer in sorted(graph[victim], key=lambda peer: (len(set(graph[peer]) & inside), peer)):
+        tellers = [x for x in sorted(graph[peer], key=lambda x: (x in inside, len(dropped[x]), x))
+                   if len(dropped[x]) < spare]
+        if len(tellers) < threshold:
+            return None
+        for x in tellers[:threshold]:
+            dropped[x].add(peer)
+    return {client: sorted(set(graph) - dropped[client]) for client in graph}
+
+
+def _replayed_signatures(config, inputs, victim, make_client):
+    """Issue #44's first attack, with honest devices and pinned keys: k "preparation" runs under the round's id,
+    each failed before unmasking, collect every device's signature on each story a neighbour of it will be told;
+    the real run then tells each device its story with those signatures. Returns (what the server read of the
+    victim's input, or None; refusal reasons seen in the real run)."""
+    keys = {index: signatures.new_signing_key() for index in range(config.num_clients)}
+    registered = {index: signatures.public_bytes(key) for index, key in keys.items()}
+    collected, refusals = {}, {}
+    for run in range(config.neighbour_count):
+        try:
+            clients, server, _ = _run_to_signing(config, registered, lambda i: make_client(i, keys[i]), inputs, {})
+        except RoundAborted:
+            continue
+        stories = _stories(server.graph, victim, config.threshold) if server.graph else None
+        for signer, client in clients.items():
+            if stories is None:
+                break
+            told = sorted(server.graph[signer])[run] if run < len(server.graph[signer]) else signer
+            story = stories[told] if signer in stories[told] else stories[signer]
+            try:
+                signed = client.consistency_check({"stage": "consistency_check", "survivors": story})
+            except ProtocolViolation:
+                continue
+            collected[(signer, tuple(story))] = signed["signature"]
+    clients, server, masked = _run_to_signing(config, registered, lambda i: make_client(i, keys[i]), inputs, refusals)
+    stories = _stories(server.graph, victim, config.threshold) if victim in masked else None
+    if stories is None:
+        return None, refusals
+    signed_now = {}
+    for client in masked:
+        try:
+            signed_now[client] = clients[client].consistency_check({"stage": "consistency_check",
+                                                                     "survivors": stories[client]})["signature"]
+        except ProtocolViolation as refusal:
+            refusals[client] = refusal.reason
+    requests = {}
+    for client in signed_now:
+        story = stories[client]
+        signed = [{"client": peer, "signature": signed_now[peer] if stories.get(peer) == story and peer in signed_now
+                   else collected.get((peer, tuple(story)))} for peer in server.graph[client] if peer in story]
+        requests[client] = {"stage": "unmask", "survivors": story,
+                            "signatures": [entry for entry in signed if entry["signature"] is not None]}
+    shares = _reveal(clients, requests, refusals)
+    return _read_from_shares(config, server, masked[victim], victim, shares), refusals
+
+
+def test_preparation_runs_under_the_same_round_id_are_refused_by_devices_that_remember_the_round():
+    """The devices keep their memory of signed round ids (the SDK keeps it in the state file): every run after
+    the first is refused at stage 1, so the server has nothing to replay."""
+    memory = {index: SignedRounds() for index in range(ATTACKED.num_clients)}
+    inputs = _inputs(ATTACKED, 7)
+    read, refusals = _replayed_signatures(
+        ATTACKED, inputs, 4, lambda i, key: SecAggClient(ATTACKED, i, key, NO_CORRUPTION, signed_rounds=memory[i]))
+    assert read is None
+    assert set(refusals.values()) == {"round_replayed"} and len(refusals) == ATTACKED.num_clients
+
+
+def test_survivor_set_signatures_from_preparation_runs_do_not_verify_in_the_real_run():
+    """Devices that forgot the round (a fresh memory each run): the graph and every signature are new each run, so
+    the signatures collected before do not count and the real run's devices reveal nothing to the attack."""
+    inputs = _inputs(ATTACKED, 7)
+    read, refusals = _replayed_signatures(
+        ATTACKED, inputs, 4, lambda i, key: SecAggClient(ATTACKED, i, key, NO_CORRUPTION))
+    assert read is None
+    assert refusals and set(refusals.values()) <= {"too_few_signatures", "bad_signature"}
+    assert _stories(neighbours(ATTACKED, os.urandom(32)), 4, ATTACKED.threshold) is not None  # the plan exists
+
+
+def test_a_signature_made_in_another_run_of_the_round_is_refused():
+    """The same signer, the same survivor set, the same round id and parameters: only the run differs."""
+    config = SecAggConfig("round-runs", 12, 6, 5, 10, 1.0)
+    keys = {index: signatures.new_signing_key() for index in range(12)}
+    registered = {index: signatures.public_bytes(key) for index, key in keys.items()}
+    inputs = _inputs(config, 8)
+    runs = []
+    for _ in range(2):
+        clients, server, masked = _run_to_signing(config, registered, lambda i: SecAggClient(config, i, keys[i]),
+                                                  inputs, {})
+        requests = server.collect_masked_inputs(list(masked.values()))
+        signed = [clients[i].consistency_check(r) for i, r in requests.items()]
+        runs.append((clients, {reply["client"]: reply["signature"] for reply in signed},
+                     server.collect_consistency(signed)))
+    (_, earlier, _), (clients, _, requests) = runs
+    request = requests[0]
+    first, *others = request["signatures"]
+    with pytest.raises(ProtocolViolation) as refusal:
+        clients[0].unmask(dict(request, signatures=[dict(first, signature=earlier[first["client"]]), *others]))
+    assert refusal.value.reason == "bad_signature"
+    assert clients[0].unmask(request)["shares"]  # the run's own signatures are taken
+
+
+class _Sybil(SecAggClient):
+    """A device the server made (or an insider working with it): it follows the protocol, and hands the server both
+    shares it holds of any neighbour's secrets."""
+
+    def both_shares(self, owner):
+        key = crypto.agree(self._cipher_private, self._cipher_public_keys[owner], "share-encryption",
+                           self.config.context)
+        plaintext = crypto.decrypt(key, self._received[owner],
+                                   client_module.share_associated_data(self.config, owner, self.client))
+        return (int.from_bytes(plaintext[8 : 8 + SHARE_BYTES], "big"), int.from_bytes(plaintext[8 + SHARE_BYTES :], "big"))
+
+
+def _two_sybils_next_to_the_victim(config, inputs, bounds, victim=0):
+    """Issue #44's second attack, with pinned keys: the server's two devices sit on either side of the victim (a
+    grind of the graph succeeded). Every honest device on the victim's left, the victim included, hears "everyone
+    survived"; every one on its right hears "everyone but the victim". Each then finds t signatures on its own
+    story among its neighbours (the two Sybils sign both), so the left reveals shares of the victim's seed and the
+    right shares of its mask key, and with the Sybils' two shares each the server holds t of both when
+    t <= (k + 2)/2. Returns (what the server read of the victim's input or None, refusal reasons)."""
+    keys = {index: signatures.new_signing_key() for index in range(config.num_clients)}
+    registered = {index: signatures.public_bytes(key) for index, key in keys.items()}
+    pinned = frozenset(registered.values())
+    try:
+        clients = {index: _Sybil(config, index, keys[index], bounds, pinned) for index in range(config.num_clients)}
+    except ProtocolViolation as refusal:
+        return None, {"every device": refusal.reason}
+    server = SecAggServer(config, registered)
+    requests = server.collect_keys([client.advertise_keys() for client in clients.values()])
+    requests = server.collect_shares([clients[i].share_keys(r) for i, r in requests.items()])
+    masked = {i: clients[i].masked_input(r, inputs[i]) for i, r in requests.items()}
+    order, n = ring_order(config, server.graph_seed), config.num_clients
+    at = order.index(victim)
+    sybils = {order[(at - 1) % n], order[(at + 1) % n]}
+    right = {order[(at + step) % n] for step in range(1, n - n // 2)}
+    story = {client: sorted(set(range(n)) - ({victim} if client in right else set())) for client in range(n)}
+    signed = {client: clients[client].consistency_check({"stage": "consistency_check", "survivors": story[client]})
+              ["signature"] for client in range(n) if client not in sybils}
+
+    def signature(peer, survivors):
+        if peer in sybils:  # the server signs any story with its devices' keys
+            return to_base64(keys[peer].sign(server.consistency_payload(peer, survivors)))
+        return signed[peer] if story[peer] == survivors else None
+
+    refusals = {}
+    shares = _reveal(clients, {client: {"stage": "unmask", "survivors": story[client], "signatures": [
+        {"client": peer, "signature": signature(peer, story[client])} for peer in server.graph[client]
+        if signature(peer, story[client]) is not None]} for client in server.graph[victim] if client not in sybils},
+        refusals)
+    for sybil in sybils:
+        seed_share, key_share = clients[sybil].both_shares(victim)
+        shares.setdefault((victim, "self_mask"), []).append((sybil + 1, seed_share))
+        shares.setdefault((victim, "mask_key"), []).append((sybil + 1, key_share))
+    try:
+        seed = combine_shares(shares[(victim, "self_mask")], config.threshold)
+        mask_key = crypto.load_private_key(combine_shares(shares[(victim, "mask_key")], config.threshold))
+    except ShareError:
+        return None, refusals
+    value = np.frombuffer(from_base64(masked[victim]["masked_vector"], "masked_vector"),
+                          dtype=crypto.MASK_DTYPES[config.modulus_bits]) - self_mask(config, seed)
+    for peer in server.graph[victim]:
+        mask = pairwise_mask(config, mask_key, server.keys[peer][1])
+        value = value - mask if victim < peer else value + mask
+    return value, refusals
+
+
+@pytest.mark.parametrize("num_clients, neighbour_count", [(30, 8), pytest.param(100, 60, marks=pytest.mark.slow)])
+def test_two_sybils_next_to_the_victim_read_it_at_t_k_over_2_plus_1_and_devices_refuse_that_t(num_clients,
+                                                                                               neighbour_count):
+    """Issue #44: at the server's old default t = k/2 + 1 two of its devices next to the victim suffice, pinned keys
+    and the consistency check notwithstanding. A device's default bounds (two corrupt devices at least) refuse that
+    t; at their floor the same attack leaves the server short of both secrets."""
+    old = SecAggConfig("round-sybils", num_clients, neighbour_count, neighbour_count // 2 + 1, 6, 1.0)
+    inputs = _inputs(old, 9)
+    read, refusals = _two_sybils_next_to_the_victim(old, inputs, NO_CORRUPTION)
+    assert refusals == {} and np.array_equal(read, inputs[0])  # what a device without the bound gives away
+    assert _two_sybils_next_to_the_victim(old, inputs, SecAggBounds()) == (None, {"every device": "config_out_of_bounds"})
+    threshold = threshold_floor(neighbour_count, corrupt_devices(num_clients))  # 6 at k = 8, 33 at k = 60
+    floor = SecAggConfig("round-sybils", num_clients, neighbour_count, threshold, 6, 1.0)
+    read, refusals = _two_sybils_next_to_the_victim(floor, _inputs(floor, 9), SecAggBounds())
+    assert read is None

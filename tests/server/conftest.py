@@ -1,4 +1,5 @@
-"""Fixtures of the server tests (`server_config`, `live_server`); helpers live in server_helpers.py."""
+"""Fixtures of the server tests (`server_config`, `live_server`, and for round tests a loopback `server` with a
+`simulation` of the `federation` on it); helpers live in server_helpers.py and fl_helpers.py."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/ has no packages; make server_helpers importable
 
+from fl_helpers import ready_simulation  # noqa: E402
 from server_helpers import LiveServer, running_live_server, config_for_tests  # noqa: E402
 
 from fedzoo.server.config import ServerConfig  # noqa: E402
@@ -25,3 +27,19 @@ def live_server(server_config: ServerConfig) -> Iterator[LiveServer]:
     """A fresh registry behind a real HTTP server on loopback (werkzeug, threaded)."""
     with running_live_server(server_config) as server:
         yield server
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    """The real server app on a loopback port (`LoopbackServer`), its data in tmp_path."""
+    from fedzoo.cloud.simulation import LoopbackServer
+
+    with LoopbackServer(tmp_path / "server") as running:
+        yield running
+
+
+@pytest.fixture
+def simulation(federation, server, tmp_path: Path):
+    """The federation's base model published on `server` and its devices registered."""
+    with ready_simulation(federation, server.url, tmp_path / "devices") as sim:
+        yield sim

@@ -1,7 +1,9 @@
-"""Helpers of the federated-round tests: a device client, a round config, honest deltas, a raw upload."""
+"""Helpers of the federated-round tests: a device client, a round config, honest deltas, a raw upload, waiting
+for a round to end."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,9 +29,10 @@ def ready_simulation(federation, server_url: str, cache_root: Path, admin_token:
 
 
 def device_client(simulation, index: int) -> FedzooClient:
-    return FedzooClient(simulation.server_url, token=simulation.tokens[index],
-                        cache_dir=simulation.cache_root / f"device-{index}",
-                        signing_key=load_signing_key(simulation.signing_keys[index]))
+    folder = simulation.cache_root / f"device-{index}"
+    return FedzooClient(simulation.server_url, token=simulation.tokens[index], cache_dir=folder,
+                        signing_key=load_signing_key(simulation.signing_keys[index]),
+                        operator_keys=simulation.operator_keys, state_file=folder / "state.json")
 
 
 def selected_tasks(simulation, count: int, task: str = "digits") -> tuple[list[FedzooClient], list[dict[str, Any]]]:
@@ -61,3 +64,14 @@ def upload(client: FedzooClient, task: dict[str, Any], delta: dict[str, np.ndarr
     metadata = {"base_version": base_version or task["base_version"], "num_examples": num_examples,
                 "metrics": {"accuracy": 0.5, "loss": 1.0} if metrics is None else metrics}
     return client.upload_update(task["upload"]["url"], metadata, encode_update(delta, encoding))
+
+
+def wait_for_round_end(admin: FedzooClient, round_id: int, timeout_s: float = 60) -> dict[str, Any]:
+    """The round's view once it is closed or failed; still running after `timeout_s`, as it is (the caller's
+    assert on the state then says so)."""
+    give_up = time.monotonic() + timeout_s
+    view = admin.fl_round(round_id)
+    while view["state"] in ("open", "collecting", "aggregating") and time.monotonic() < give_up:
+        time.sleep(0.1)
+        view = admin.fl_round(round_id)
+    return view

@@ -24,7 +24,7 @@ from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.http import RetryPolicy
 from fedzoo.clients.participation import deliver_update
 from fedzoo.update_codec import encode_update
-from fedzoo.cloud.simulation import Simulation, prepare_federation
+from fedzoo.cloud.simulation import Simulation
 from fedzoo.edge.onnx_initializers import read_float_initializers
 
 pytestmark = pytest.mark.slow
@@ -35,11 +35,6 @@ POSTGRES_URL = os.environ.get("FEDZOO_TEST_POSTGRES_URL")
 RESUME_BOUND_S = 30.0
 PATIENT = RetryPolicy(max_attempts=8, base_delay_s=0.5, max_delay_s=4.0)
 DELTAS = (0.001, 0.003)  # two devices' constant deltas: exactly-once aggregation gives base + 0.002
-
-
-@pytest.fixture(scope="module")
-def federation():
-    return prepare_federation("digits", num_clients=4, alpha=1.0, hidden_units=16, pretrain_epochs=2, seed=0)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.skipif(

@@ -13,14 +13,14 @@ import httpx
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from fl_helpers import honest_delta, ready_simulation, round_config, selected_tasks, upload
+from fl_helpers import OPEN_GATE, honest_delta, round_config, selected_tasks, upload
 from server_helpers import log_in
 
 from fedzoo.cards import Metrics
 from fedzoo.cli import cli, main
 from fedzoo.local_training import train_locally
 from fedzoo.update_codec import split_statistics
-from fedzoo.cloud.simulation import LoopbackServer, prepare_federation
+from fedzoo.cloud.simulation import LoopbackServer
 from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.errors import InvalidInputError
 from fedzoo.server.fl.evaluation import GateReference, best_published, decide_publication
@@ -31,26 +31,14 @@ from fedzoo.server.fl.secure_rounds import check_secure_sum
 from fedzoo.server.fl.strategies import ClientUpdate
 from fedzoo.server.fl.weighting import bound_weights
 
-OPEN_GATE = 1.0  # these tests are about the decisions and weights, not the accuracy gate
 ROOT_ALONE = None  # direction_screening off: the root-set tests pin FLTrust's own decisions
 VIEWER_TOKEN = "robust-rounds-viewer-token-0123456789"
-
-
-@pytest.fixture(scope="module")
-def federation():
-    return prepare_federation("digits", num_clients=4, alpha=1.0, hidden_units=16, pretrain_epochs=2, seed=0)
 
 
 @pytest.fixture
 def server(tmp_path):
     with LoopbackServer(tmp_path / "server", viewer_token=VIEWER_TOKEN) as running:
         yield running
-
-
-@pytest.fixture
-def simulation(federation, server, tmp_path):
-    with ready_simulation(federation, server.url, tmp_path / "devices") as sim:
-        yield sim
 
 
 def _root_set(federation, count=150) -> bytes:

@@ -22,25 +22,6 @@ from fl_helpers import device_client, honest_delta, ready_simulation, round_conf
 ADMIN = DEFAULT_ADMIN_TOKEN
 
 
-@pytest.fixture(scope="module")
-def federation():
-    return prepare_federation("digits", num_clients=4, alpha=1.0, hidden_units=16, pretrain_epochs=2, seed=0)
-
-
-@pytest.fixture
-def server(tmp_path):
-    with LoopbackServer(tmp_path / "server") as running:
-        yield running
-
-
-@pytest.fixture
-def simulation(federation, server, tmp_path):
-    with Simulation(federation, server.url, cache_root=tmp_path / "devices") as sim:
-        sim.publish_base_model()
-        sim.register_devices()
-        yield sim
-
-
 _device, _config, _upload = device_client, round_config, upload
 
 
@@ -63,7 +44,9 @@ def test_two_rounds_publish_new_versions_with_lineage_and_measured_accuracy(simu
     assert hashlib.sha256(blob).hexdigest() == second.sha256
     test_features = normalise(federation.split.test.x, federation.card.input.normalisation)
     assert accuracy_of(blob, test_features, federation.split.test.y) == pytest.approx(second.metrics.accuracy)
-    assert blob != federation.model
+    # learned something: two rounds gain about 0.26 over the pre-trained model here, so 0.1 is a margin no
+    # CPU's rounding closes (a round that publishes its base, or a sign-flipped delta, does not clear it)
+    assert blob != federation.model and second.metrics.accuracy > federation.card.metrics.accuracy + 0.1
     # lookup can serve the new versions: they are in the registry under the task
     listed = {card["id"]: card["metrics"]["accuracy"] for card in simulation.admin.list_models(task="digits")["models"]}
     assert {federation.card.id, first.id, second.id} <= set(listed)

@@ -1,6 +1,8 @@
 """SecAgg+ and DP-FedAvg rounds over REST, against a real server on loopback with real devices' keys."""
 
 import base64
+import io
+import json
 import threading
 import time
 
@@ -16,11 +18,13 @@ from fedzoo.secagg import SecAggClient, SecAggConfig, dequantise_sum, flatten, q
 from fedzoo.secagg.crypto import MASK_DTYPES
 from fedzoo.secagg.framing import decode_unmask
 from fedzoo.server.fl import secure_rounds
-from fl_helpers import device_client, ready_simulation, round_config
+from fedzoo.server.fl.root_trust import train_root_update
+from fedzoo.server.fl.schemas import TrainingConfig
+from fl_helpers import device_client, ready_simulation, round_config, wait_for_round_end
 
 ADMIN = DEFAULT_ADMIN_TOKEN
 VIEWER = "secure-rounds-viewer-token-0123456789"
-DEVICES = 6
+DEVICES = 8  # k = 6, t = 5: the devices' floor against 2 corrupt devices leaves room for one dropout
 POLL_S = 0.05
 
 
@@ -42,8 +46,8 @@ def simulation(federation, server, tmp_path):
 
 
 def secure_config(**overrides):
-    privacy = overrides.pop("privacy", {"secure_aggregation": {"neighbour_count": 4, "threshold": 3,
-                                                               "clip_range": 0.05, "stage_deadline_s": 3}})
+    privacy = overrides.pop("privacy", {"secure_aggregation": {"neighbour_count": 6, "clip_range": 0.05,
+                                                               "stage_deadline_s": 3}})
     settings = {"min_clients": 3, "target_clients": DEVICES, "deadline_s": 60, "poll_interval_s": POLL_S,
                 "max_accuracy_drop": 1.0, "privacy": privacy}
     return round_config(**{**settings, **overrides})
@@ -104,12 +108,7 @@ def scripted_devices(simulation, federation, per_device):
 
 
 def wait_for_end(simulation, round_id, timeout_s=60):
-    deadline = time.monotonic() + timeout_s
-    view = simulation.admin.fl_round(round_id)
-    while view["state"] in ("open", "collecting", "aggregating") and time.monotonic() < deadline:
-        time.sleep(0.1)
-        view = simulation.admin.fl_round(round_id)
-    return view
+    return wait_for_round_end(simulation.admin, round_id, timeout_s)
 
 
 def run_scripted_round(simulation, federation, config, per_device=None):
@@ -237,7 +236,7 @@ def test_devices_refuse_a_server_that_tells_each_a_different_survivor_set(simula
 
 
 def test_devices_refuse_parameters_below_their_own_bounds_whatever_the_server_says(simulation, federation):
-    """The operator's plan asks for 2 neighbours among 6 devices: valid for the server, below every device's floor."""
+    """The operator's plan asks for 2 neighbours among 8 devices: valid for the server, below every device's floor."""
     weak = {"secure_aggregation": {"neighbour_count": 2, "clip_range": 0.05, "stage_deadline_s": 3}}
     _, results, view = sdk_round(simulation, federation, secure_config(privacy=weak, deadline_s=10))
     assert [result.outcome for result in results] == ["refused: config_out_of_bounds"] * DEVICES
@@ -270,7 +269,8 @@ def test_plans_with_rules_that_need_every_update_are_refused_under_privacy(simul
 def test_secure_stage_endpoints_check_the_token_the_stage_and_the_body(simulation, federation):
     round_id = simulation.start_plan(secure_config())
     url = f"{simulation.server_url}/v1/fl/rounds/{round_id}/secagg"
-    keys = {"cipher_public_key": "A" * 43 + "=", "mask_public_key": "A" * 43 + "=", "signature": "A" * 86 + "=="}
+    keys = {"cipher_public_key": "A" * 43 + "=", "mask_public_key": "A" * 43 + "=", "nonce": "A" * 43 + "=",
+            "signature": "A" * 86 + "=="}
     tokens = simulation.tokens
     with httpx.Client(timeout=30) as http:
         auth = lambda index: {"Authorization": f"Bearer {tokens[index]}"}  # noqa: E731
@@ -302,7 +302,8 @@ def test_secure_stage_endpoints_check_the_token_the_stage_and_the_body(simulatio
             assert bad.status_code == 422 and bad.json()["error"]["field"] in ("signature", "survivors"), bad.text
         for body, field in (({**keys, "cipher_public_key": "short"}, "cipher_public_key"),
                             ({**keys, "client": 3}, "client"), ({"mask_public_key": keys["mask_public_key"]},
-                                                                 "cipher_public_key")):
+                                                                 "cipher_public_key"),
+                            ({**keys, "nonce": "A" * 20}, "nonce")):
             bad = http.post(f"{url}/advertise_keys", json=body, headers=auth(0))
             assert (bad.status_code, bad.json()["error"]["field"]) == (422, field), bad.text
         assert http.post(f"{url}/advertise_keys", content=b"{", headers={**auth(0), "Content-Type": "application/json"}
@@ -315,7 +316,7 @@ def test_secure_stage_endpoints_check_the_token_the_stage_and_the_body(simulatio
         protocol = SecAggConfig.from_dict(secure["config"])
         raw_key = base64.b64decode(keys["cipher_public_key"])
         keys["signature"] = base64.b64encode(device_client(simulation, 0).signing_key.sign(
-            signatures.advertise_payload(protocol, secure["client"], raw_key, raw_key))).decode()
+            signatures.advertise_payload(protocol, secure["client"], raw_key, raw_key, bytes(32)))).decode()
         stored = http.post(f"{url}/advertise_keys", json=keys, headers=auth(0))  # stored: the server checks keys later
         assert stored.status_code == 201 and stored.json()["received"] == 1
         again = http.post(f"{url}/advertise_keys", json=keys, headers=auth(0))
@@ -363,7 +364,7 @@ def test_a_server_restart_between_stages_loses_nothing_and_the_sum_is_exact(simu
             super()._run()
 
     round_id = simulation.start_plan(secure_config(privacy={"secure_aggregation": {
-        "neighbour_count": 4, "threshold": 3, "stage_deadline_s": 20}}))
+        "neighbour_count": 6, "stage_deadline_s": 20}}))
     parameters = read_float_initializers(federation.model)
     rng = np.random.default_rng(3)
     devices = [PausingDevice(device_client(simulation, index), federation.card.task,
@@ -387,7 +388,7 @@ def test_a_server_restart_between_stages_loses_nothing_and_the_sum_is_exact(simu
 def test_dp_with_secure_aggregation_records_epsilon_on_the_card(simulation, federation):
     from fedzoo.dp.accountant import epsilon_after
 
-    privacy = {"secure_aggregation": {"neighbour_count": 4, "threshold": 3, "stage_deadline_s": 5},
+    privacy = {"secure_aggregation": {"neighbour_count": 6, "stage_deadline_s": 5},
                "dp": {"max_epsilon": 50, "delta": 1e-5, "clip_norm": 0.5, "noise_multiplier": 1.5}}
     _, results, view = sdk_round(simulation, federation, secure_config(privacy=privacy))
     assert [result.outcome for result in results] == ["accepted"] * DEVICES
@@ -442,7 +443,7 @@ def test_two_gunicorn_workers_run_a_secure_round_with_a_dropout_to_the_exact_sum
             assert view["state"] == "closed", view["outcome"]
             assert view["outcome"]["secure_aggregation"]["survivors"] == DEVICES - 1
             _, published = published_parameters(simulation, view)
-            for name, value in expected_parameters(federation, view, devices[:5]).items():
+            for name, value in expected_parameters(federation, view, devices[:5] + devices[6:]).items():
                 np.testing.assert_allclose(published[name], value, rtol=0, atol=1e-6)
     finally:
         stop_gunicorn(server)
@@ -558,3 +559,72 @@ def test_a_new_line_from_a_dp_model_starts_from_the_ledger_its_signed_card_carri
     claim = {"line_events": [[1.5, 1.0, 2]], "delta": 1e-6, "accountant": "pld"}
     assert secure_rounds.inherited_ledger(claim, 1e-5, "rdp") == ([[1.5, 1.0, 2]], 1e-6, "pld")
     assert secure_rounds.inherited_ledger({}, 1e-5, "rdp") == ([], 1e-5, "rdp")
+
+
+def test_an_insider_that_takes_secure_seats_and_drops_out_every_round_is_quarantined(simulation, federation):
+    """Issue #44: the device claims SecAgg+, takes its seat and vanishes after key sharing, round after round. Each
+    seat it abandons counts like an update left out; its history shows in the participants view."""
+    policy = {"quarantine": {"max_exclusions": 2, "window_updates": 3}}
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+    rounds = []
+    for _ in range(2):
+        round_id, devices, view = run_scripted_round(simulation, federation, secure_config(**policy),
+                                                     {2: {"stop_before": "masked_input"}})
+        assert view["state"] == "closed", view["outcome"]
+        rounds.append(round_id)
+    insiders = set()
+    for round_id in rounds:
+        participants = {entry["device_id"]: entry for entry in httpx.get(
+            f"{simulation.server_url}/v1/fl/rounds/{round_id}/participants", headers=headers).json()["participants"]}
+        insiders |= {device for device, entry in participants.items() if entry["status"] == "aborted"}
+        (insider,) = insiders  # the same one device, the one that dropped out, in both rounds
+        assert participants[insider]["reason"] == "took a SecAgg+ seat and did not answer stage 'masked_input'"
+        assert {entry["status"] for device, entry in participants.items() if device != insider} == {"no_update"}
+    quarantined = httpx.get(f"{simulation.server_url}/v1/fl/quarantine", headers=headers).json()
+    assert [entry["device_id"] for entry in quarantined["devices"]] == [insider]
+    assert "SecAgg+ seats" in quarantined["devices"][0]["reason"]
+    assert participants[insider]["quarantined"] is True
+
+
+def test_a_device_whose_ring_input_lies_outside_the_clip_range_gets_the_round_refused(simulation, federation):
+    """The masks hide each input: only the unmasked sum shows that a device sent what its SDK would have clipped.
+    Device 2 adds 40 x levels to one coordinate of its ring input (on the wire, the masked vector), more than
+    all 8 clipped updates can add up to: nothing is published."""
+    vector_length = sum(value.size for value in read_float_initializers(federation.model).values())
+
+    def outside_the_clip_range(stage, reply):
+        if stage != "masked_input":
+            return reply
+        dtype = {2: np.uint16, 4: np.uint32}[len(reply) // (vector_length + 1)]
+        masked = np.frombuffer(reply, dtype=dtype).copy()
+        masked[0] += 40 * 127  # wraps modulo 2^bits, as the masks do
+        return masked.tobytes()
+
+    _, devices, view = run_scripted_round(simulation, federation, secure_config(),
+                                          {2: {"tamper": outside_the_clip_range}})
+    assert all("unmask" in device.answered for device in devices)  # every device took part to the end
+    assert view["state"] == "failed" and view["result_model_id"] is None
+    assert "clipping range" in json.dumps(view["outcome"]), view["outcome"]
+
+
+def test_a_private_round_whose_aggregate_points_away_from_the_root_update_is_refused(simulation, federation, server):
+    """Under SecAgg+ the server sees only the mean, so it checks the mean against its own update on its root set:
+    every device sending the server's own update negated (clipped) gives a sum pointing away from it."""
+    root_npz = io.BytesIO()
+    np.savez(root_npz, x=federation.split.validation.x[:150], y=federation.split.validation.y[:150])
+    root_sha = simulation.admin.publish_blob(root_npz.getvalue(), server.admin_token)
+    round_id = simulation.start_plan(secure_config(root_trust={"root_sha256": root_sha}))
+    work = device_client(simulation, 0).fl_task(federation.card.task)["task"]
+    root = train_root_update(federation.model, federation.training_graph, federation.card,
+                             TrainingConfig(**work["training"]), root_npz.getvalue(), seed=1)  # what the server trains
+    away = {name: -value for name, value in root.delta.items()}
+    devices = [ScriptedDevice(device_client(simulation, index), federation.card.task, away, seed=index)
+               for index in range(DEVICES)]
+    for device in devices:
+        device.start()
+    for device in devices:
+        device.join(timeout=90)
+    assert [device.error for device in devices] == [None] * DEVICES
+    view = wait_for_end(simulation, round_id)
+    assert view["state"] == "failed" and view["result_model_id"] is None
+    assert "root set" in json.dumps(view["outcome"]), view["outcome"]

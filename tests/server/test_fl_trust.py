@@ -12,27 +12,7 @@ from fl_helpers import device_client, honest_delta, round_config, selected_tasks
 
 from fedzoo.clients.errors import ConflictError
 from fedzoo.update_codec import encode_update
-from fedzoo.cloud.simulation import LoopbackServer, Simulation, prepare_federation
 from fedzoo.edge.onnx_initializers import read_float_initializers
-
-
-@pytest.fixture(scope="module")
-def federation():
-    return prepare_federation("digits", num_clients=4, alpha=1.0, hidden_units=16, pretrain_epochs=2, seed=0)
-
-
-@pytest.fixture
-def server(tmp_path):
-    with LoopbackServer(tmp_path / "server") as running:
-        yield running
-
-
-@pytest.fixture
-def simulation(federation, server, tmp_path):
-    with Simulation(federation, server.url, cache_root=tmp_path / "devices") as sim:
-        sim.publish_base_model()
-        sim.register_devices()
-        yield sim
 
 
 def _published_parameters(simulation, round_id):

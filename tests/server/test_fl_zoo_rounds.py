@@ -21,6 +21,7 @@ from sqlalchemy import create_engine, update
 
 from fedzoo.cards import Latency, ModelCard, is_supernet
 from fedzoo.cli import cli
+from fl_helpers import OPEN_GATE, wait_for_round_end
 from server_helpers import fresh_postgres_database, log_in
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.errors import APIError
@@ -36,7 +37,6 @@ from fedzoo.zoo import Zoo
 pytestmark = pytest.mark.slow
 POSTGRES_URL = os.environ.get("FEDZOO_TEST_POSTGRES_URL")
 TIERS = {"tier-small": 2, "tier-large": 2}  # device class -> devices
-OPEN_GATE = 1.0  # the gate is not what these tests are about
 
 
 def _npz(**arrays) -> bytes:
@@ -168,15 +168,6 @@ def _plan(fleet, **overrides) -> dict:
     return config
 
 
-def _wait(admin: FedzooClient, round_id: int, timeout_s: float = 300) -> dict:
-    give_up = time.monotonic() + timeout_s
-    view = admin.fl_round(round_id)
-    while view["state"] in ("open", "collecting", "aggregating") and time.monotonic() < give_up:
-        time.sleep(0.2)
-        view = admin.fl_round(round_id)
-    return view
-
-
 def test_a_zoo_wide_round_improves_the_supernet_and_republishes_every_zoo_model(fleet):
     zoo, admin, split = fleet["zoo"], fleet["admin"], fleet["split"]
     members = _members(zoo)
@@ -189,7 +180,7 @@ def test_a_zoo_wide_round_improves_the_supernet_and_republishes_every_zoo_model(
         assert training_card.task.endswith(".subnet") and training_card.parent_id == _supernet(zoo).id
         result = run_task(device, work, LocalData(split.train.x[shard], split.train.y[shard]))
         assert result.outcome == "accepted"
-    view = _wait(admin, round_id)
+    view = wait_for_round_end(admin, round_id, timeout_s=300)
     assert view["state"] == "closed", view["outcome"]
     outcome = view["outcome"]["zoo"]
     # both tiers took part with different subnets: the smallest model's and a larger one's
@@ -265,7 +256,7 @@ def test_min_coverage_keeps_single_device_elements_out_of_the_release(fleet):
     for device, shard in zip(fleet["devices"], fleet["shards"]):
         work = device.fl_task(_supernet(zoo).details["supernet"]["task"])["task"]
         run_task(device, work, LocalData(split.train.x[shard], split.train.y[shard]))
-    view = _wait(admin, round_id)
+    view = wait_for_round_end(admin, round_id, timeout_s=300)
     assert view["state"] == "closed", view["outcome"]
     coverage = view["outcome"]["zoo"]["coverage"]
     # two devices per tier: elements only the large tier holds are covered twice, below 3: never released

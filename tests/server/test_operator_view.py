@@ -17,7 +17,7 @@ from server_helpers import (
 )
 
 from fedzoo.clients.errors import ConflictError
-from fedzoo.cloud.simulation import Simulation, prepare_federation
+from fedzoo.cloud.simulation import Simulation
 from fedzoo.device import DeviceProfile
 from fedzoo.server import devices
 from fedzoo.server.app import prepare_registry
@@ -28,11 +28,6 @@ from fedzoo.server.models import DeviceRecord
 
 READ_ENDPOINTS = ("/v1/fl/rounds", "/v1/fl/rounds/1/participants", "/v1/devices", "/v1/devices/classes",
                   "/v1/models/base/lineage", "/v1/models/base/latency")
-
-
-@pytest.fixture(scope="module")
-def federation():
-    return prepare_federation("digits", num_clients=4, alpha=1.0, hidden_units=16, pretrain_epochs=2, seed=0)
 
 
 def viewer(server) -> httpx.Client:

@@ -9,13 +9,26 @@ A second SDK that reproduces every case speaks the same protocol:
 - `share_decryption`: a share ciphertext (nonce || ChaCha20-Poly1305) that opens to a known plaintext;
 - `shamir`: shares over GF(2^256 + 297) and the secret any `threshold` of them give;
 - `commitments`: the share and seed commitments the server checks;
-- `graph`: each client's neighbours for a round configuration;
+- `graph`: every client's stage-1 nonce, the advertised list the server relays (`advertised`, hex of
+  `graph.advertised_bytes`), the graph seed it gives and each client's neighbours;
 - `quantise`: inputs on exact levels (so rounding is deterministic) and the ring values they become;
-- `signing`: the configuration digest, and the stage 1 (advertised keys) and stage 4 (survivor set) payloads
-  with their Ed25519 signatures under a fixed key (Ed25519 signatures are deterministic);
+- `signing`: the configuration digest, and the stage 1 (advertised keys and nonce) and stage 4 (survivor set,
+  with the signer's keys, nonce and the graph seed) payloads with their Ed25519 signatures under a fixed key
+  (Ed25519 signatures are deterministic);
 - `refusals`: consistency_check and unmask requests an honest client must refuse, with the
   `ProtocolViolation.reason` (`signed_survivors`: the set client 0 signed first, or null when the request
-  is the consistency_check itself), and configurations outside the default `SecAggBounds`;
+  is the consistency_check itself); a signature entry's `client` of "neighbour" or "stranger" stands for one
+  of client 0's neighbours or a client that is not (the graph of a live run is drawn from fresh nonces);
+- `bounds_refusals`: configurations outside the default `SecAggBounds` (corruption budget 5%, at least two);
+- `staged_refusals`: the server's lies about relayed keys and signatures, as client 0 sees them in a round of
+  its own `config` (k = n - 1, so every other client is its neighbour whatever the nonces): its neighbours'
+  fixed stage-1 `neighbours` (nonce, keys, long-term key), and `cases` whose `steps` client 0 answers in order
+  after advertising (`masked_input` with an all-zero ring input), refusing the last with `reason`. Client 0's
+  nonce is fresh in each run, so the reader completes each step for its run: a share_keys step gets
+  `advertised` (the neighbours' nonces and client 0's), and an unmask step's entry `{"client", "signed_by"}`
+  gets the signature `signed_by` makes on the step's survivor set in that run (its graph seed). The cases:
+  keys relayed under a signature over other keys, one signing key relayed for two neighbours, and one
+  altered signature (another neighbour's) among t or more good ones on the survivor set;
 - `framing`: a share_keys and an unmask reply and their binary framing (`fedzoo.secagg.framing`), as the
   REST endpoints take them; the consistency_check reply is JSON `{"signature": <base64 of 64 bytes>}`.
 """
@@ -43,12 +56,12 @@ from fedzoo.secagg.config import SecAggConfig
 from fedzoo.secagg.encoding import quantise
 from fedzoo.secagg.framing import encode_share_keys, encode_unmask
 from fedzoo.secagg.messages import to_base64
-from fedzoo.secagg.graph import neighbours
+from fedzoo.secagg.graph import advertised_bytes, graph_seed, neighbours
 from fedzoo.secagg.shamir import PRIME
 
 VECTORS_PATH = Path(__file__).with_name("secagg_vectors.json")
-CONFIG = SecAggConfig("vector-round-1", num_clients=8, neighbour_count=4, threshold=3, vector_length=6,
-                      clip_range=0.5, minimum_survivors=3)
+CONFIG = SecAggConfig("vector-round-1", num_clients=8, neighbour_count=4, threshold=4, vector_length=6,
+                      clip_range=0.5, minimum_survivors=4)
 
 
 def seed(label: str) -> bytes:
@@ -79,26 +92,37 @@ def _framing_case() -> dict[str, Any]:
             "unmask": {"reply": unmask, "framed": _hex(encode_unmask(unmask))}}
 
 
+NONCES = {client: seed(f"stage-1 nonce {client}") for client in range(CONFIG.num_clients) if client != 6}
+GRAPH_SEED = graph_seed(CONFIG, NONCES)
+
+
+def _graph_case() -> dict[str, Any]:
+    return {"nonces": {str(client): _hex(nonce) for client, nonce in NONCES.items()},
+            "advertised": _hex(advertised_bytes(NONCES)), "seed": _hex(GRAPH_SEED),
+            "neighbours": {str(client): peers for client, peers in neighbours(CONFIG, GRAPH_SEED).items()}}
+
+
 def _signing_case() -> dict[str, Any]:
     key = signatures.load_signing_key(seed("device signing key"))
     cipher_public = crypto.public_bytes(crypto.load_private_key(seed("cipher key")))
     mask_public = crypto.public_bytes(crypto.load_private_key(seed("mask key")))
-    advertise = signatures.advertise_payload(CONFIG, 1, cipher_public, mask_public)
+    advertise = signatures.advertise_payload(CONFIG, 1, cipher_public, mask_public, NONCES[1])
     survivors = [0, 1, 2, 4, 5, 7]
-    consistency = signatures.consistency_payload(CONFIG, 1, survivors)
+    consistency = signatures.consistency_payload(CONFIG, 1, cipher_public, mask_public, NONCES[1], GRAPH_SEED,
+                                                 survivors)
     return {
         "private_key": _hex(seed("device signing key")), "public_key": _hex(signatures.public_bytes(key)),
         "config_digest": _hex(signatures.config_digest(CONFIG)),
         "advertise": {"client": 1, "cipher_public_key": _hex(cipher_public), "mask_public_key": _hex(mask_public),
-                      "payload": _hex(advertise), "signature": _hex(key.sign(advertise))},
-        "consistency": {"client": 1, "survivors": survivors, "payload": _hex(consistency),
-                        "signature": _hex(key.sign(consistency))},
+                      "nonce": _hex(NONCES[1]), "payload": _hex(advertise), "signature": _hex(key.sign(advertise))},
+        "consistency": {"client": 1, "graph_seed": _hex(GRAPH_SEED), "survivors": survivors,
+                        "payload": _hex(consistency), "signature": _hex(key.sign(consistency))},
     }
 
 
 def _refusal_cases() -> list[dict[str, Any]]:
     everyone = list(range(CONFIG.num_clients))
-    neighbour, stranger = neighbours(CONFIG)[0][0], next(c for c in everyone if c not in neighbours(CONFIG)[0] and c)
+    neighbour, stranger = "neighbour", "stranger"  # resolved against client 0's graph in the run (see above)
     zero_signature = to_base64(bytes(64))
 
     def unmask(survivors: list[int], signed: list[dict[str, Any]]) -> dict[str, Any]:
@@ -123,12 +147,69 @@ def _refusal_cases() -> list[dict[str, Any]]:
                for request, reason in after_signing])
 
 
+# client 0's round in `staged_refusals`: k = n - 1, and t + 1 <= k so that t good signatures leave room for a bad one
+STAGED_CONFIG = SecAggConfig("vector-round-staged", num_clients=7, neighbour_count=6, threshold=5, vector_length=6,
+                             clip_range=0.5, minimum_survivors=5)
+
+
+def _staged_neighbour(peer: int) -> dict[str, Any]:
+    """One of client 0's neighbours as it advertised: fixed nonce, round keys and long-term key (private, so the
+    reader can sign the survivor set in its own run)."""
+    return {"client": peer, "nonce": _hex(seed(f"staged nonce {peer}")),
+            "cipher_public_key": _hex(crypto.public_bytes(crypto.load_private_key(seed(f"neighbour {peer} cipher key")))),
+            "mask_public_key": _hex(crypto.public_bytes(crypto.load_private_key(seed(f"neighbour {peer} mask key")))),
+            "signing_private_key": _hex(seed(f"neighbour {peer} signing key"))}
+
+
+def _relayed_keys(neighbour: dict[str, Any], signer: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The neighbour's share_keys entry, its stage-1 payload signed by the long-term key of `signer` (the neighbour
+    itself unless the server relays another's)."""
+    signing_key = signatures.load_signing_key(bytes.fromhex((signer or neighbour)["signing_private_key"]))
+    cipher_public, mask_public = (bytes.fromhex(neighbour[name]) for name in ("cipher_public_key", "mask_public_key"))
+    payload = signatures.advertise_payload(STAGED_CONFIG, neighbour["client"], cipher_public, mask_public,
+                                           bytes.fromhex(neighbour["nonce"]))
+    return {"client": neighbour["client"], "cipher_public_key": to_base64(cipher_public),
+            "mask_public_key": to_base64(mask_public),
+            "signing_public_key": to_base64(signatures.public_bytes(signing_key)),
+            "signature": to_base64(signing_key.sign(payload))}
+
+
+def _staged_refusals() -> dict[str, Any]:
+    peers = [_staged_neighbour(peer) for peer in range(1, STAGED_CONFIG.num_clients)]
+    honest = [_relayed_keys(peer) for peer in peers]
+    forged_cipher = crypto.public_bytes(crypto.load_private_key(seed("server's own cipher key")))
+    forged = [dict(honest[0], cipher_public_key=to_base64(forged_cipher)), *honest[1:]]
+    one_key_for_two = [honest[0], _relayed_keys(peers[1], signer=peers[0]), *honest[2:]]
+    survivors = list(range(STAGED_CONFIG.num_clients))
+    signed = [{"client": peer["client"], "signed_by": peer["client"]} for peer in peers]
+    assert len(signed) - 1 >= STAGED_CONFIG.threshold
+    one_altered = [dict(signed[0], signed_by=signed[1]["client"]), *signed[1:]]
+    through_consistency = [
+        {"stage": "share_keys", "public_keys": honest},
+        {"stage": "masked_input", "encrypted_shares": [  # shares no key opens: listed as undecryptable
+            {"owner": peer["client"], "ciphertext": to_base64(seed(f"ciphertext {peer['client']}") * 2)}
+            for peer in peers]},
+        {"stage": "consistency_check", "survivors": survivors}]
+    return {"config": STAGED_CONFIG.to_dict(), "neighbours": peers, "cases": [
+        {"name": "relayed keys under a signature over other keys", "client": 0, "reason": "bad_signature",
+         "steps": [{"stage": "share_keys", "public_keys": forged}]},
+        {"name": "one signing key relayed for two neighbours", "client": 0, "reason": "bad_signature",
+         "steps": [{"stage": "share_keys", "public_keys": one_key_for_two}]},
+        {"name": "one altered signature among t good ones", "client": 0, "reason": "bad_signature",
+         "steps": [*through_consistency, {"stage": "unmask", "survivors": survivors, "signatures": one_altered}]},
+    ]}
+
+
 def _bounds_cases() -> list[dict[str, Any]]:
     """Valid configurations an honest client with the default SecAggBounds refuses (`config_out_of_bounds`)."""
     base = CONFIG.to_dict()
-    return [dict(base, num_clients=12, neighbour_count=2, threshold=2, minimum_survivors=3),  # k below 4
-            dict(base, num_clients=70_000, neighbour_count=4, threshold=3, minimum_survivors=3, levels=1),  # n > 65,536
-            dict(base, num_clients=500, neighbour_count=202, threshold=102, minimum_survivors=102)]  # k above 200
+    return [dict(base, num_clients=12, neighbour_count=2, threshold=2, minimum_survivors=4),  # k below 4
+            dict(base, num_clients=70_000, neighbour_count=4, threshold=4, minimum_survivors=4, levels=1),  # n > 65,536
+            dict(base, num_clients=500, neighbour_count=202, threshold=120, minimum_survivors=120),  # k above 200
+            dict(base, num_clients=30, neighbour_count=8, threshold=5, minimum_survivors=5),  # t = k/2 + 1 < 6
+            dict(base, num_clients=100, neighbour_count=60, threshold=31, minimum_survivors=31),  # t < 33 (c = 5)
+            dict(base, num_clients=200, neighbour_count=8, threshold=8, minimum_survivors=8),  # k <= c = 10
+            dict(base, num_clients=60, neighbour_count=4, threshold=4, minimum_survivors=4)]  # survivors < c + 2 = 5
 
 
 def secagg_vectors() -> dict[str, Any]:
@@ -169,11 +250,12 @@ def secagg_vectors() -> dict[str, Any]:
                                "commitment": self_mask_commitment(CONFIG, 1, seed("self mask seed"))},
         },
         "framing": _framing_case(),
-        "graph": {str(client): peers for client, peers in neighbours(CONFIG).items()},
+        "graph": _graph_case(),
         "quantise": {"vector": on_levels.tolist(), "weight": 1.0,
                      "ring": quantise(on_levels, CONFIG, 1.0, np.random.default_rng(0)).tolist()},
         "signing": _signing_case(),
         "refusals": _refusal_cases(),
+        "staged_refusals": _staged_refusals(),
         "bounds_refusals": _bounds_cases(),
     }
 

@@ -22,6 +22,7 @@ import dev.fedzoo.edge.FloatTensor;
 import dev.fedzoo.fl.LocalData;
 import dev.fedzoo.fl.Participation;
 import dev.fedzoo.fl.ParticipationResult;
+import dev.fedzoo.secagg.DeviceCertificates;
 
 /**
  * The device side from a shell on the JVM, as Python's {@code fedzoo client}: the server URL and token live in a
@@ -31,7 +32,11 @@ import dev.fedzoo.fl.ParticipationResult;
  * java -cp ... dev.fedzoo.Cli register --state DIR --server URL --device-id ID [--enrollment-token T]
  * java -cp ... dev.fedzoo.Cli run --state DIR --task mnist --latency-budget-ms 5 --inputs test.npz
  * java -cp ... dev.fedzoo.Cli participate --state DIR --task mnist --data shard.npz [--encoding int8] [--rounds 1] [--max-idle-s 300]
+ *     [--operator-keys operator-keys.json]
  * </pre>
+ *
+ * {@code --operator-keys} pins the operator's key set for SecAgg+ neighbours' certificates; without it the device
+ * declines SecAgg+ rounds ({@code operator_keys_required}).
  */
 public final class Cli {
     private Cli() {
@@ -65,7 +70,12 @@ public final class Cli {
             session.close();
             System.out.println(new JSONObject().put("model_id", card.id()).put("accuracy", accuracy).put("examples", data.size()));
         } else if (command.equals("participate")) {
-            participate(client(state), state, options);
+            FedzooClient client = client(state);
+            if (options.containsKey("operator-keys")) {
+                client.requireCertifiedNeighbours(DeviceCertificates.fromJson(new JSONObject(new String(
+                        BlobCache.readBytes(new File(options.get("operator-keys"))), "UTF-8"))));
+            }
+            participate(client, state, options);
         } else {
             throw new InvalidInputException("unknown command '" + command + "'; use register, run or participate", "command");
         }

@@ -20,7 +20,9 @@ import dev.fedzoo.ModelCard;
 import dev.fedzoo.edge.DeviceProfile;
 import dev.fedzoo.edge.EdgeSession;
 import dev.fedzoo.fl.Capabilities;
+import dev.fedzoo.secagg.DeviceCertificates;
 import dev.fedzoo.secagg.Signatures;
+import dev.fedzoo.secagg.SignedRounds;
 
 /**
  * One device's session with one fedzoo server, as {@code fedzoo.clients.client.FedzooClient}: register, look up
@@ -57,7 +59,9 @@ public final class FedzooClient {
     static final String SIGNING_KEY_STATE = "secagg_signing_key";
 
     private CardVerifier verifier;
+    private NeighbourTrust neighbourTrust;
     private StateStore state;
+    private SignedRounds signedRounds = new SignedRounds();
     private String deviceId;
     private Ed25519PrivateKeyParameters signingKey;
     private long tokenRefreshAtMs = -1;
@@ -89,8 +93,14 @@ public final class FedzooClient {
      * Keeps this device's identity in {@code state} (server, device id, token and when to refresh it, accepted card
      * versions), and takes a token saved there earlier when none was given: a restarted app carries on.
      */
-    public FedzooClient keepStateIn(StateStore state) {
+    public FedzooClient keepStateIn(final StateStore state) {
         this.state = state;
+        this.signedRounds = new SignedRounds() {
+            @Override
+            public void claim(String roundId) {
+                state.claimSignedRound(roundId);
+            }
+        };
         JSONObject saved = state.load();
         deviceId = saved.optString("device_id", null);
         if (signingKey == null && saved.has(SIGNING_KEY_STATE)) {
@@ -116,9 +126,34 @@ public final class FedzooClient {
         return this;
     }
 
+    /**
+     * Accept a SecAgg+ neighbour's key only with the operator's certificate, checked against {@code operatorKeys} (the
+     * operator key set, {@code fedzoo keys export-public}; never {@code GET /v1/keys}, which holds the server's key)
+     * and the newest revocation list kept in the {@link #keepStateIn state}, which this needs. Without it, this device
+     * declines SecAgg+ rounds ({@code operator_keys_required}).
+     */
+    public FedzooClient requireCertifiedNeighbours(DeviceCertificates operatorKeys) {
+        if (state == null) {
+            throw new IllegalStateException("certified neighbours need keepStateIn(...) first: the newest revocation "
+                    + "list must persist");
+        }
+        this.neighbourTrust = new NeighbourTrust(operatorKeys, state);
+        return this;
+    }
+
+    /** The pinned operator keys and kept revocation list ({@link #requireCertifiedNeighbours}), or null. */
+    public NeighbourTrust neighbourTrust() {
+        return neighbourTrust;
+    }
+
     /** Whether cards must verify against pinned keys ({@link #requireSignedCards}). */
     public boolean signedCardsRequired() {
         return verifier != null;
+    }
+
+    /** The SecAgg+ round ids this device took part in: kept in the {@link #keepStateIn state} where there is one. */
+    public SignedRounds signedRounds() {
+        return signedRounds;
     }
 
     /** The HTTP layer (token, retries, sleeper). */
@@ -445,6 +480,11 @@ public final class FedzooClient {
         }
         refreshTokenIfDue();
         return http.postJson("/v1/fl/rounds/" + roundId + "/decline", body, FedzooHttp.Resend.SAFE, 201);
+    }
+
+    /** The operator's newest signed list of revoked device keys the server holds, or null (none yet). */
+    public JSONObject deviceRevocations() {
+        return http.getJson("/v1/device-revocations", null).optJSONObject("revocations");
     }
 
     /** Sends this device's reply to a SecAgg+ stage: a JSON object, or the framed or raw bytes the stage takes. */

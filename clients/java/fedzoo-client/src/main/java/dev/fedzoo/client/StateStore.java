@@ -8,10 +8,13 @@ import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
 
+import org.json.JSONArray;
 import org.json.JSONException;
 import org.json.JSONObject;
 
 import dev.fedzoo.FedzooException;
+import dev.fedzoo.secagg.DeviceRevocations;
+import dev.fedzoo.secagg.SignedRounds;
 
 /**
  * What a device must remember across process death, in one app-private directory (on Android,
@@ -23,7 +26,9 @@ import dev.fedzoo.FedzooException;
  * line → the id of the card accepted at that version: no second card for one line and version) and
  * {@code revocation_list} (the newest operator's {@link RevocationList} verified), each changed only by a
  * compare-and-swap under an exclusive lock on {@code state.lock}, so two processes cannot write an older version
- * or list over a newer one;</li>
+ * or list over a newer one, {@code secagg_signed_rounds} (the SecAgg+ round ids the device took part in, see
+ * {@link #claimSignedRound}) and {@code device_revocations} (the newest operator-signed device revocation list
+ * verified, {@link NeighbourTrust});</li>
  * <li>{@code pending/<round>.npz} + {@code pending/<round>.json}: an update trained but not yet confirmed by
  * the server, re-sent by the next participation (a 409 {@code duplicate_update} then counts as delivered).</li>
  * </ul>
@@ -34,6 +39,8 @@ public final class StateStore {
     static final String ACCEPTED_VERSIONS = "accepted_line_versions";
     static final String ACCEPTED_CARDS = "accepted_line_cards";
     static final String REVOCATION_LIST = "revocation_list";
+    static final String SIGNED_ROUNDS = "secagg_signed_rounds";
+    static final String REVOCATIONS = "device_revocations";
     private final File directory;
     private final File pendingDirectory;
 
@@ -198,6 +205,60 @@ public final class StateStore {
             state.put(key, section);
         }
         return section;
+    }
+
+    /**
+     * Records that this device takes part in SecAgg+ round {@code roundId} of the state's server (as Python's
+     * {@code StateFileSignedRounds}): a compare-and-swap under {@code state.lock} that refuses
+     * ({@link ProtocolViolation} {@code round_replayed}) a round id recorded before.
+     */
+    public synchronized void claimSignedRound(String roundId) {
+        try (RandomAccessFile locked = lockState()) {
+            JSONObject state = load();
+            String key = SignedRounds.roundKey(state.optString("server", "") + " " + roundId);
+            JSONArray taken = state.optJSONArray(SIGNED_ROUNDS);
+            if (taken == null) {
+                taken = new JSONArray();
+                state.put(SIGNED_ROUNDS, taken);
+            }
+            for (int i = 0; i < taken.length(); i++) {
+                if (key.equals(taken.optString(i))) {
+                    throw SignedRounds.replayed(roundId);
+                }
+            }
+            taken.put(key);
+            save(state);
+        } catch (IOException error) {
+            throw new FedzooException("cannot lock " + new File(directory, "state.lock") + ": " + error.getMessage(), error);
+        } catch (JSONException error) {
+            throw new FedzooException("cannot record round " + roundId + ": " + error.getMessage());
+        }
+    }
+
+    /** The newest device revocation list this device verified ({@link NeighbourTrust}); version 0 when none. */
+    public synchronized DeviceRevocations keptRevocations() {
+        return DeviceRevocations.fromState(load().optJSONObject(REVOCATIONS));
+    }
+
+    /**
+     * Keeps {@code revocations} unless a newer list was kept meanwhile (under {@code state.lock}, as
+     * {@link #acceptVersion}); returns the list now kept.
+     */
+    public synchronized DeviceRevocations keepRevocations(DeviceRevocations revocations) {
+        try (RandomAccessFile locked = lockState()) {
+            JSONObject state = load();
+            DeviceRevocations kept = DeviceRevocations.fromState(state.optJSONObject(REVOCATIONS));
+            if (revocations.version > kept.version) {
+                state.put(REVOCATIONS, revocations.toState());
+                save(state);
+                return revocations;
+            }
+            return kept;
+        } catch (IOException error) {
+            throw new FedzooException("cannot lock " + new File(directory, "state.lock") + ": " + error.getMessage(), error);
+        } catch (JSONException error) {
+            throw new FedzooException("cannot keep the device revocation list: " + error.getMessage());
+        }
     }
 
     /** Keeps an update until {@link #removePending} (the delta first, so a half-written pair never looks complete). */

@@ -13,7 +13,7 @@ import java.util.Map;
  */
 public final class Capabilities {
     /** The SecAgg+ protocol version this SDK speaks ({@code fedzoo.capabilities.SECURE_AGGREGATION_VERSION}). */
-    public static final int SECURE_AGGREGATION_VERSION = 2;
+    public static final int SECURE_AGGREGATION_VERSION = 3;
 
     /** What this SDK can do: SecAgg+ (this version), DP clipping, fp32 and int8 updates. */
     public static final Capabilities JAVA_SDK = new Capabilities(SECURE_AGGREGATION_VERSION, true,

@@ -23,7 +23,9 @@ import dev.fedzoo.secagg.SecAggConfig;
  * its delta; it quantises it into the round's ring and answers each stage the server shows it at check-in
  * ({@code task.privacy.secure_aggregation}) with a {@link SecAggClient}, whose secrets live in this call only. The
  * device refuses a server that breaks the protocol (a relayed key without its owner's signature, a survivor set
- * fewer than t neighbours signed, parameters outside its {@link SecAggBounds}) and tells the server why
+ * fewer than t neighbours signed, parameters outside its {@link SecAggBounds}, a neighbour key without the operator's
+ * certificate: {@link FedzooClient#requireCertifiedNeighbours}, without which it declines every SecAgg+ round with
+ * {@code operator_keys_required}) and tells the server why
  * ({@code POST .../decline}, recorded by the round); so it does a round of a protocol version it does not speak.
  */
 public final class SecureParticipation {
@@ -92,11 +94,16 @@ public final class SecureParticipation {
                 if (client.signingKey() == null) {
                     return new Outcome("refused: signing_key_required", sent);
                 }
+                if (client.neighbourTrust() == null) {
+                    return decline(roundId, "operator_keys_required", "this device has no operator key set to check its "
+                            + "neighbours' certificates against (FedzooClient.requireCertifiedNeighbours)", sent);
+                }
                 Object reply;
                 try {
                     if (protocol == null) {
                         protocol = new SecAggClient(SecAggConfig.fromJson(secure.optJSONObject("config")),
-                                secure.optInt("client"), client.signingKey(), bounds, trustedSigningKeys);
+                                secure.optInt("client"), client.signingKey(), bounds, trustedSigningKeys,
+                                client.signedRounds(), client.neighbourTrust().policy(client.deviceRevocations()));
                         ring = input.ringInput(protocol.config());
                     }
                     reply = answer(protocol, stage, request, ring);

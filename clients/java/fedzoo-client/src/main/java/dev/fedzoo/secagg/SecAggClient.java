@@ -21,14 +21,17 @@ import org.json.JSONArray;
 import org.json.JSONObject;
 
 /**
- * One device in one SecAgg+ round (protocol v2), stage for stage as {@code fedzoo.secagg.client.SecAggClient}:
+ * One device in one SecAgg+ round (protocol v3), stage for stage as {@code fedzoo.secagg.client.SecAggClient}:
  *
  * <ol>
- * <li>{@link #advertiseKeys}: two fresh X25519 public keys, signed with the device's long-term Ed25519 key;</li>
- * <li>{@link #shareKeys}: once every neighbour's keys carry its signature, Shamir shares of a fresh self-mask seed
+ * <li>{@link #advertiseKeys}: two fresh X25519 public keys and a fresh nonce, signed with the device's long-term
+ * Ed25519 key, once the round id is claimed ({@link SignedRounds}: never twice);</li>
+ * <li>{@link #shareKeys}: once the graph is the one every advertised nonce (its own included) fixes and every
+ * neighbour's keys carry its signature, Shamir shares of a fresh self-mask seed
  * and of the mask key, each pair encrypted to its holder, with commitments;</li>
  * <li>{@link #maskedInput}: the ring input plus the self-mask and one pairwise mask per neighbour that shared;</li>
- * <li>{@link #consistencyCheck}: the device signs the survivor set it is shown;</li>
+ * <li>{@link #consistencyCheck}: the device signs the survivor set it is shown, with its own stage-1 keys, nonce and
+ * the graph seed;</li>
  * <li>{@link #unmask}: under at least t neighbours' signatures on that same set, for each neighbour that shared its
  * self-mask share (it survived) or its mask-key share (it did not), never both.</li>
  * </ol>
@@ -49,7 +52,15 @@ public final class SecAggClient {
     private final Set<Integer> neighbours = new HashSet<Integer>();
     private final Ed25519PrivateKeyParameters signingKey;
     private final Set<String> trustedSigningKeys;
+    private final SignedRounds signedRounds;
+    private final DeviceCertificates certificates;
+    private final Map<String, Integer> neighbourDevices = new HashMap<String, Integer>();
     private String stage = "advertise_keys";
+    private byte[] cipherPublic;
+    private byte[] maskPublic;
+    private byte[] nonce;
+    private byte[] graphSeed;
+    private TreeMap<Integer, byte[]> nonces = new TreeMap<Integer, byte[]>();
     private X25519PrivateKeyParameters cipherPrivate;
     private X25519PrivateKeyParameters maskPrivate;
     private byte[] seed;
@@ -62,10 +73,20 @@ public final class SecAggClient {
 
     /**
      * Client {@code client} of a round; {@code bounds} are the device's own limits on the configuration;
-     * {@code trustedSigningKeys} (base64, may be null) the enrolled devices' keys when the operator pins them.
+     * {@code trustedSigningKeys} (base64, may be null) the enrolled devices' keys when the operator pins them;
+     * {@code signedRounds} the device's memory of the round ids it took part in.
      */
     public SecAggClient(SecAggConfig config, int client, Ed25519PrivateKeyParameters signingKey, SecAggBounds bounds,
-                        Set<String> trustedSigningKeys) {
+                        Set<String> trustedSigningKeys, SignedRounds signedRounds) {
+        this(config, client, signingKey, bounds, trustedSigningKeys, signedRounds, null);
+    }
+
+    /**
+     * As above; with {@code certificates} (may be null) a neighbour's key counts only with the operator's certificate
+     * for the device the server names, one seat per device ({@link DeviceCertificates}).
+     */
+    public SecAggClient(SecAggConfig config, int client, Ed25519PrivateKeyParameters signingKey, SecAggBounds bounds,
+                        Set<String> trustedSigningKeys, SignedRounds signedRounds, DeviceCertificates certificates) {
         if (client < 0 || client >= config.numClients) {
             throw new ProtocolViolation("client number " + client + " is outside [0, " + config.numClients + ")",
                     "malformed");
@@ -77,9 +98,14 @@ public final class SecAggClient {
         this.configDigest = config.digest();
         this.signingKey = signingKey;
         this.trustedSigningKeys = trustedSigningKeys;
-        for (int neighbour : Graph.neighbours(config, client)) {
-            neighbours.add(neighbour);
-        }
+        this.signedRounds = signedRounds;
+        this.certificates = certificates;
+    }
+
+    /** A client that remembers the round ids it took part in for its own lifetime only. */
+    public SecAggClient(SecAggConfig config, int client, Ed25519PrivateKeyParameters signingKey, SecAggBounds bounds,
+                        Set<String> trustedSigningKeys) {
+        this(config, client, signingKey, bounds, trustedSigningKeys, new SignedRounds());
     }
 
     /** The round's configuration. */
@@ -98,31 +124,40 @@ public final class SecAggClient {
         }
     }
 
-    /** Stage 1: fresh public keys for this round, signed with the device's long-term key. */
+    /** Stage 1: fresh public keys and nonce for this round, signed with the device's long-term key. */
     public JSONObject advertiseKeys() {
         enter("advertise_keys", null);
+        signedRounds.claim(config.roundId);
         cipherPrivate = Crypto.newKeyPair();
         maskPrivate = Crypto.newKeyPair();
-        byte[] cipherPublic = Crypto.publicBytes(cipherPrivate);
-        byte[] maskPublic = Crypto.publicBytes(maskPrivate);
+        cipherPublic = Crypto.publicBytes(cipherPrivate);
+        maskPublic = Crypto.publicBytes(maskPrivate);
+        nonce = new byte[Signatures.NONCE_BYTES];
+        RANDOM.nextBytes(nonce);
         byte[] signature = Signatures.sign(signingKey,
-                Signatures.advertisePayload(config, configDigest, client, cipherPublic, maskPublic));
+                Signatures.advertisePayload(config, configDigest, client, cipherPublic, maskPublic, nonce));
         stage = "share_keys";
         return reply("advertise_keys").with("cipher_public_key", Base64.toBase64String(cipherPublic))
                 .with("mask_public_key", Base64.toBase64String(maskPublic))
+                .with("nonce", Base64.toBase64String(nonce))
                 .with("signature", Base64.toBase64String(signature));
     }
 
     /** Stage 2: shares of the self-mask seed and the mask key for each neighbour whose keys carry its signature. */
     public JSONObject shareKeys(JSONObject request) {
         enter("share_keys", request);
+        joinGraph(request);
         JSONObject[] entries = listedEntries(request, "public_keys");
         int[] peers = ids(entries, "client");
+        Set<Integer> advertisedNeighbours = new TreeSet<Integer>(neighbours);
+        advertisedNeighbours.retainAll(nonces.keySet());
+        Set<Integer> sent = new TreeSet<Integer>();
         for (int peer : peers) {
-            if (!neighbours.contains(peer)) {
-                throw new ProtocolViolation("the server sent keys of client " + peer + ", not this client's neighbour",
-                        "malformed");
-            }
+            sent.add(peer);
+        }
+        if (!sent.equals(advertisedNeighbours)) {
+            throw new ProtocolViolation("the server sent keys of clients " + sent + ", but this client's advertised "
+                    + "neighbours are " + advertisedNeighbours, "malformed");
         }
         Set<String> distinctSigningKeys = new HashSet<String>();
         for (int i = 0; i < peers.length; i++) {
@@ -246,8 +281,8 @@ public final class SecAggClient {
         Set<Integer> shown = clientIds(request.opt("survivors"), "survivors");
         checkSurvivors(shown);
         survivors = shown;
-        byte[] signature = Signatures.sign(signingKey,
-                Signatures.consistencyPayload(config, configDigest, client, sorted(shown)));
+        byte[] signature = Signatures.sign(signingKey, Signatures.consistencyPayload(config, configDigest, client,
+                cipherPublic, maskPublic, nonce, graphSeed, sorted(shown)));
         stage = "unmask";
         return reply("consistency_check").with("signature", Base64.toBase64String(signature));
     }
@@ -271,8 +306,10 @@ public final class SecAggClient {
         }
         for (int i = 0; i < signers.length; i++) {
             byte[] signingPublic = signingPublicKeys.get(signers[i]);
-            byte[] payload = Signatures.consistencyPayload(config, configDigest, signers[i], sorted(shown));
-            if (signingPublic == null || !Signatures.verify(signingPublic, base64(entries[i], "signature"), payload)) {
+            byte[] signature = base64(entries[i], "signature");
+            if (signingPublic == null || !Signatures.verify(signingPublic, signature, Signatures.consistencyPayload(
+                    config, configDigest, signers[i], cipherPublicKeys.get(signers[i]), maskPublicKeys.get(signers[i]),
+                    nonces.get(signers[i]), graphSeed, sorted(shown)))) {
                 throw new ProtocolViolation("client " + signers[i] + "'s signature on the survivor set does not verify",
                         "bad_signature");
             }
@@ -326,6 +363,20 @@ public final class SecAggClient {
         }
     }
 
+    /** Reads every advertised client's nonce; this client's must be there as it drew it; its neighbours follow. */
+    private void joinGraph(JSONObject request) {
+        nonces = Graph.readAdvertised(base64(request, "advertised"), config.numClients);
+        if (!Arrays.equals(nonces.get(client), nonce)) {
+            throw new ProtocolViolation("the advertised list the graph is drawn from does not hold this client's nonce",
+                    "malformed");
+        }
+        graphSeed = Graph.graphSeed(config, nonces);
+        neighbours.clear();
+        for (int neighbour : Graph.neighbours(config, graphSeed, client)) {
+            neighbours.add(neighbour);
+        }
+    }
+
     private byte[] neighbourSigningKey(int peer, JSONObject entry) {
         byte[] signingPublic = base64(entry, "signing_public_key");
         byte[] signature = base64(entry, "signature");
@@ -334,12 +385,33 @@ public final class SecAggClient {
                     "bad_signature");
         }
         byte[] payload = Signatures.advertisePayload(config, configDigest, peer, cipherPublicKeys.get(peer),
-                maskPublicKeys.get(peer));
+                maskPublicKeys.get(peer), nonces.get(peer));
         if (!Signatures.verify(signingPublic, signature, payload)) {
             throw new ProtocolViolation("client " + peer + "'s keys do not carry its signature: the server may have "
                     + "replaced them", "bad_signature");
         }
+        if (certificates != null) {
+            checkCertificate(peer, entry, signingPublic);
+        }
         return signingPublic;
+    }
+
+    /** Only a key the operator certified for the device the server names, and one seat per device. */
+    private void checkCertificate(int peer, JSONObject entry, byte[] signingPublic) {
+        String device;
+        try {
+            device = certificates.verify(entry.opt("certificate"), entry.opt("device_id"), signingPublic,
+                    System.currentTimeMillis());
+        } catch (DeviceCertificateException refused) {
+            throw new ProtocolViolation("client " + peer + "'s signing key is not vouched for by the operator ("
+                    + refused.reason() + "): " + refused.getMessage(),
+                    refused.reason().equals("revoked") ? "revoked_key" : "uncertified_key");
+        }
+        Integer seated = neighbourDevices.put(device, peer);
+        if (seated != null && seated != peer) {
+            throw new ProtocolViolation("the server seated device '" + device + "' twice, as clients " + seated + " and "
+                    + peer, "uncertified_key");
+        }
     }
 
     private Json reply(String stageName) {

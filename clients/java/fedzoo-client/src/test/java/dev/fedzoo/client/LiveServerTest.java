@@ -32,6 +32,7 @@ import dev.fedzoo.edge.DeviceProfile;
 import dev.fedzoo.edge.EdgeSession;
 import dev.fedzoo.fl.Capabilities;
 import dev.fedzoo.fl.SecureParticipation;
+import dev.fedzoo.secagg.DeviceCertificates;
 import dev.fedzoo.secagg.SecAggBounds;
 import dev.fedzoo.secagg.SecAggClient;
 import dev.fedzoo.secagg.SecAggConfig;
@@ -70,6 +71,23 @@ class LiveServerTest {
         FedzooClient client = new FedzooClient(url, null, TestSupport.workDirectory("device-cache"), QUICK, 30_000);
         client.register(DeviceProfile.collect("java-device-" + (devices++), 1, null, null), enrollmentToken());
         return client;
+    }
+
+    /**
+     * A registered device whose signing key the operator certified (the live server's {@code certify}), pinning the
+     * operator key set for its SecAgg+ neighbours.
+     */
+    private static FedzooClient certifiedDevice() {
+        String name = "java-device-" + (devices++);
+        FedzooClient client = new FedzooClient(server.url, null, TestSupport.workDirectory("device-cache"), QUICK, 30_000)
+                .keepStateIn(new StateStore(TestSupport.workDirectory("state-" + name)));
+        client.register(DeviceProfile.collect(name, 1, null, null), enrollmentToken());
+        try {
+            server.command(new JSONObject().put("cmd", "certify"));
+            return client.requireCertifiedNeighbours(DeviceCertificates.fromJson(server.ready.getJSONObject("operator_keys")));
+        } catch (org.json.JSONException malformed) {
+            throw new IllegalStateException(malformed);
+        }
     }
 
     private static long startRound(int targetClients, String extra) throws Exception {
@@ -362,7 +380,7 @@ class LiveServerTest {
     void aSecureRoundSkipsDevicesThatDoNotSpeakItsProtocolAndOneHandedAnotherVersionDeclinesOnRecord() throws Exception {
         long roundId = startRound(3, "{\"privacy\": {\"secure_aggregation\": {\"neighbour_count\": 2, "
                 + "\"threshold\": 2}}, \"deadline_s\": 3, \"max_accuracy_drop\": 1.0}");
-        FedzooClient device = registeredDevice(server.url);
+        FedzooClient device = certifiedDevice();
         JSONObject skipped = device.flTask("digits", null, new Capabilities(1, true, null));
         assertTrue(skipped.isNull("task"), "the round does not select a device that speaks SecAgg+ version 1");
         assertTrue(skipped.getString("reason").contains("secure aggregation version "
@@ -385,7 +403,7 @@ class LiveServerTest {
 
     /** A Java device that answers the SecAgg+ stages with a known input, or drops out after sharing its keys. */
     private static final class JavaSecureDevice extends Thread {
-        final FedzooClient client = registeredDevice(server.url);
+        final FedzooClient client = certifiedDevice();
         final int[] levels;
         final boolean dropsAfterSharingKeys;
         final List<String> answered = new java.util.ArrayList<String>();
@@ -454,8 +472,9 @@ class LiveServerTest {
     @Test
     @Order(14)
     void aSecureRoundOfJavaAndPythonDevicesWithAJavaDropoutAfterKeySharingSumsTheOthersExactly() throws Exception {
-        long roundId = startRound(5, "{\"privacy\": {\"secure_aggregation\": {\"neighbour_count\": 4, "
-                + "\"threshold\": 3, \"clip_range\": 0.9921875, \"stage_deadline_s\": 4}}, \"min_clients\": 3, "
+        // 7 devices: k = 6 and the devices' floor t = 5 (against 2 corrupt devices) leave room for the dropout
+        long roundId = startRound(7, "{\"privacy\": {\"secure_aggregation\": {\"neighbour_count\": 6, "
+                + "\"clip_range\": 0.9921875, \"stage_deadline_s\": 4}}, \"min_clients\": 3, "
                 + "\"deadline_s\": 90, \"max_accuracy_drop\": 1.0, \"poll_interval_s\": 0.1, "
                 + "\"max_examples_per_update\": 10}");
         JSONObject python = server.command(new JSONObject().put("cmd", "python_secure_devices")
@@ -463,7 +482,8 @@ class LiveServerTest {
                 .put("num_examples", 10));
         int vectorLength = python.getJSONObject("levels").getJSONArray("python-secure-1").length();
         List<JavaSecureDevice> java = Arrays.asList(new JavaSecureDevice(vectorLength, 1, false),
-                new JavaSecureDevice(vectorLength, 2, false), new JavaSecureDevice(vectorLength, 3, true));
+                new JavaSecureDevice(vectorLength, 2, false), new JavaSecureDevice(vectorLength, 4, false),
+                new JavaSecureDevice(vectorLength, 5, false), new JavaSecureDevice(vectorLength, 3, true));
         for (JavaSecureDevice device : java) {
             device.start();
         }
@@ -474,25 +494,64 @@ class LiveServerTest {
         JSONObject results = server.command(new JSONObject().put("cmd", "python_secure_results"));
         JSONObject view = waitUntilFinished(roundId);
         assertEquals("closed", view.getString("state"), view.toString());
-        assertEquals("accepted", java.get(0).outcome);
-        assertEquals("accepted", java.get(1).outcome);
-        assertEquals(Arrays.asList("advertise_keys", "share_keys"), java.get(2).answered);
+        for (JavaSecureDevice device : java.subList(0, 4)) {
+            assertEquals("accepted", device.outcome);
+        }
+        assertEquals(Arrays.asList("advertise_keys", "share_keys"), java.get(4).answered);
         assertEquals("accepted", results.getJSONObject("outcomes").getString("python-secure-1"), results.toString());
         assertEquals("accepted", results.getJSONObject("outcomes").getString("python-secure-2"), results.toString());
         JSONObject secure = view.getJSONObject("outcome").getJSONObject("secure_aggregation");
-        assertEquals(4, secure.getInt("survivors"), secure.toString());
+        assertEquals(6, secure.getInt("survivors"), secure.toString());
         assertEquals(1, secure.getInt("dropped"), secure.toString());
 
         JSONArray survivors = new JSONArray().put(python.getJSONObject("levels").getJSONArray("python-secure-1"))
                 .put(python.getJSONObject("levels").getJSONArray("python-secure-2"))
-                .put(new JSONArray(java.get(0).levels)).put(new JSONArray(java.get(1).levels));
+                .put(new JSONArray(java.get(0).levels)).put(new JSONArray(java.get(1).levels))
+                .put(new JSONArray(java.get(2).levels)).put(new JSONArray(java.get(3).levels));
         double exact = server.command(new JSONObject().put("cmd", "check_secure_sum").put("round_id", roundId)
                 .put("levels", survivors)).getDouble("max_abs_diff");
-        assertTrue(exact <= 1e-6, "the published model is the base plus the FedAvg of the 4 survivors: " + exact);
+        assertTrue(exact <= 1e-6, "the published model is the base plus the FedAvg of the 6 survivors: " + exact);
         double withDropped = server.command(new JSONObject().put("cmd", "check_secure_sum").put("round_id", roundId)
-                .put("levels", new JSONArray(survivors.toString()).put(new JSONArray(java.get(2).levels))))
+                .put("levels", new JSONArray(survivors.toString()).put(new JSONArray(java.get(4).levels))))
                 .getDouble("max_abs_diff");
         assertTrue(withDropped > 1e-3, "and not the sum with the dropped device's input: " + withDropped);
+    }
+
+    /** A lying server relays keys of its own making under the neighbours' genuine signatures: every Java device refuses. */
+    @Test
+    @Order(16)
+    void javaDevicesRefuseKeysTheServerSubstitutedUnderTheirNeighboursSignatures() throws Exception {
+        server.command(new JSONObject().put("cmd", "substitute_relayed_keys").put("on", true));
+        try {
+            long roundId = startRound(3, "{\"privacy\": {\"secure_aggregation\": {\"neighbour_count\": 2, "
+                    + "\"threshold\": 2, \"clip_range\": 0.05, \"stage_deadline_s\": 4}}, \"poll_interval_s\": 0.1}");
+            final String[] outcomes = new String[3];
+            Thread[] devices = new Thread[outcomes.length];
+            for (int i = 0; i < devices.length; i++) {
+                final int index = i;
+                final FedzooClient device = certifiedDevice(); // certified: the check attacked is the signature
+                devices[i] = new Thread(() -> {
+                    try {
+                        JSONObject work = device.flTask("digits", null).getJSONObject("task");
+                        outcomes[index] = new SecureParticipation(device, new SecAggBounds(), null).takePart(work,
+                                config -> new int[config.vectorLength + 1], () -> device.flTask("digits", null),
+                                null).outcome;
+                    } catch (Exception failure) {
+                        outcomes[index] = "error: " + failure;
+                    }
+                });
+                devices[i].start();
+            }
+            for (Thread device : devices) {
+                device.join(120_000);
+            }
+            assertEquals(Arrays.asList("refused: bad_signature", "refused: bad_signature", "refused: bad_signature"),
+                    Arrays.asList(outcomes));
+            JSONObject view = waitUntilFinished(roundId);
+            assertEquals("failed", view.getString("state"), view.toString());
+        } finally {
+            server.command(new JSONObject().put("cmd", "substitute_relayed_keys").put("on", false));
+        }
     }
 
     @Test
@@ -504,7 +563,7 @@ class LiveServerTest {
         final List<ParticipationResult> results = java.util.Collections.synchronizedList(new java.util.ArrayList<ParticipationResult>());
         List<Thread> devices = new java.util.ArrayList<Thread>();
         for (int i = 0; i < 3; i++) {
-            final FedzooClient device = registeredDevice(server.url);
+            final FedzooClient device = certifiedDevice();
             final int shard = i;
             devices.add(new Thread(() -> results.add(new Participation(device, null).participateOnce("digits",
                     server.shard(shard), UpdateCodec.Encoding.INT8, null, null))));

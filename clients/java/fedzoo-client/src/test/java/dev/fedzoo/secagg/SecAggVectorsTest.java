@@ -10,8 +10,10 @@ import java.math.BigInteger;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 import java.util.Random;
+import java.util.TreeMap;
 
 import org.bouncycastle.crypto.params.Ed25519PrivateKeyParameters;
 import org.bouncycastle.crypto.params.X25519PrivateKeyParameters;
@@ -25,7 +27,7 @@ import org.junit.jupiter.api.Test;
 import dev.fedzoo.TestSupport;
 
 /**
- * The shared SecAgg+ v2 vectors ({@code tests/vectors/secagg_vectors.json}, written by Python's
+ * The shared SecAgg+ v3 vectors ({@code tests/vectors/secagg_vectors.json}, written by Python's
  * {@code tests/vectors/secagg_vectors.py}): a Java device that reproduces every case speaks the Python device's
  * protocol, byte for byte.
  */
@@ -50,9 +52,20 @@ class SecAggVectorsTest {
         assertEquals(vectors.getInt("modulus_bits"), config.modulusBits());
         assertArrayEquals(hex(vectors.getJSONObject("signing"), "config_digest"), config.digest());
         JSONObject graph = vectors.getJSONObject("graph");
+        JSONObject nonceHex = graph.getJSONObject("nonces");
+        TreeMap<Integer, byte[]> nonces = new TreeMap<Integer, byte[]>();
         for (int client = 0; client < config.numClients; client++) {
-            JSONArray expected = graph.getJSONArray(Integer.toString(client));
-            int[] neighbours = Graph.neighbours(config, client);
+            if (nonceHex.has(Integer.toString(client))) {
+                nonces.put(client, Hex.decode(nonceHex.getString(Integer.toString(client))));
+            }
+        }
+        assertArrayEquals(hex(graph, "advertised"), Graph.advertisedBytes(nonces));
+        assertEquals(nonces.keySet(), Graph.readAdvertised(hex(graph, "advertised"), config.numClients).keySet());
+        byte[] seed = Graph.graphSeed(config, nonces);
+        assertArrayEquals(hex(graph, "seed"), seed);
+        for (int client = 0; client < config.numClients; client++) {
+            JSONArray expected = graph.getJSONObject("neighbours").getJSONArray(Integer.toString(client));
+            int[] neighbours = Graph.neighbours(config, seed, client);
             assertEquals(expected.length(), neighbours.length);
             for (int i = 0; i < neighbours.length; i++) {
                 assertEquals(expected.getInt(i), neighbours[i]);
@@ -165,8 +178,11 @@ class SecAggVectorsTest {
         assertArrayEquals(hex(signing, "public_key"), Signatures.publicBytes(key));
         byte[] digest = config.digest();
         JSONObject advertise = signing.getJSONObject("advertise");
-        byte[] payload = Signatures.advertisePayload(config, digest, advertise.getInt("client"),
-                hex(advertise, "cipher_public_key"), hex(advertise, "mask_public_key"));
+        byte[] cipherPublic = hex(advertise, "cipher_public_key");
+        byte[] maskPublic = hex(advertise, "mask_public_key");
+        byte[] nonce = hex(advertise, "nonce");
+        byte[] payload = Signatures.advertisePayload(config, digest, advertise.getInt("client"), cipherPublic, maskPublic,
+                nonce);
         assertArrayEquals(hex(advertise, "payload"), payload);
         assertArrayEquals(hex(advertise, "signature"), Signatures.sign(key, payload)); // Ed25519 is deterministic
         JSONObject consistency = signing.getJSONObject("consistency");
@@ -175,7 +191,8 @@ class SecAggVectorsTest {
         for (int i = 0; i < sorted.length; i++) {
             sorted[i] = survivors.getInt(i);
         }
-        byte[] signed = Signatures.consistencyPayload(config, digest, consistency.getInt("client"), sorted);
+        byte[] signed = Signatures.consistencyPayload(config, digest, consistency.getInt("client"), cipherPublic,
+                maskPublic, nonce, hex(consistency, "graph_seed"), sorted);
         assertArrayEquals(hex(consistency, "payload"), signed);
         assertArrayEquals(hex(consistency, "signature"), Signatures.sign(key, signed));
         byte[] forged = hex(consistency, "signature");
@@ -195,32 +212,45 @@ class SecAggVectorsTest {
         new SecAggBounds().check(config);
     }
 
-    /** An honest round of the vectors' configuration in this process, taken through stage 3. */
+    private static byte[] lastGraphSeed;
+
+    /** An honest round of the vectors' configuration in this process, taken through stage 3 ({@link #lastGraphSeed}). */
     private static SecAggClient[] roundThroughMaskedInput() throws Exception {
+        return roundThroughMaskedInput(null);
+    }
+
+    /** The same with the devices' long-term keys {@code longTermKeys} (fresh ones where null). */
+    private static SecAggClient[] roundThroughMaskedInput(Ed25519PrivateKeyParameters[] longTermKeys) throws Exception {
         int n = config.numClients;
         SecAggClient[] clients = new SecAggClient[n];
         JSONObject[] adverts = new JSONObject[n];
         byte[][] signingKeys = new byte[n][];
         for (int c = 0; c < n; c++) {
-            Ed25519PrivateKeyParameters key = Signatures.newSigningKey();
+            Ed25519PrivateKeyParameters key = longTermKeys != null ? longTermKeys[c] : Signatures.newSigningKey();
             signingKeys[c] = Signatures.publicBytes(key);
             clients[c] = new SecAggClient(config, c, key, new SecAggBounds(), null);
             adverts[c] = clients[c].advertiseKeys();
         }
+        TreeMap<Integer, byte[]> nonces = new TreeMap<Integer, byte[]>();
+        for (int c = 0; c < n; c++) {
+            nonces.put(c, Base64.decode(adverts[c].getString("nonce")));
+        }
+        lastGraphSeed = Graph.graphSeed(config, nonces);
+        String advertised = Base64.toBase64String(Graph.advertisedBytes(nonces));
         List<List<JSONObject>> inbox = new ArrayList<List<JSONObject>>();
         for (int c = 0; c < n; c++) {
             inbox.add(new ArrayList<JSONObject>());
         }
         for (int c = 0; c < n; c++) {
             JSONArray keys = new JSONArray();
-            for (int peer : Graph.neighbours(config, c)) {
+            for (int peer : Graph.neighbours(config, lastGraphSeed, c)) {
                 keys.put(new JSONObject().put("client", peer).put("cipher_public_key", adverts[peer].get("cipher_public_key"))
                         .put("mask_public_key", adverts[peer].get("mask_public_key"))
                         .put("signing_public_key", Base64.toBase64String(signingKeys[peer]))
                         .put("signature", adverts[peer].get("signature")));
             }
-            JSONArray shares = clients[c].shareKeys(new JSONObject().put("stage", "share_keys").put("public_keys", keys))
-                    .getJSONArray("shares");
+            JSONArray shares = clients[c].shareKeys(new JSONObject().put("stage", "share_keys")
+                    .put("advertised", advertised).put("public_keys", keys)).getJSONArray("shares");
             for (int i = 0; i < shares.length(); i++) {
                 JSONObject share = shares.getJSONObject(i);
                 inbox.get(share.getInt("holder")).add(new JSONObject().put("owner", c).put("ciphertext",
@@ -240,17 +270,206 @@ class SecAggVectorsTest {
         for (int i = 0; i < refusals.length(); i++) {
             final JSONObject refusal = refusals.getJSONObject(i);
             final SecAggClient device = roundThroughMaskedInput()[refusal.getInt("client")];
+            final JSONObject request = resolved(refusal.getJSONObject("request"), refusal.getInt("client"));
             ProtocolViolation violation;
             if (refusal.isNull("signed_survivors")) {
                 violation = assertThrows(ProtocolViolation.class,
-                        () -> device.consistencyCheck(refusal.getJSONObject("request")), refusal.toString());
+                        () -> device.consistencyCheck(request), refusal.toString());
             } else {
                 device.consistencyCheck(new JSONObject().put("stage", "consistency_check")
                         .put("survivors", refusal.getJSONArray("signed_survivors")));
-                violation = assertThrows(ProtocolViolation.class, () -> device.unmask(refusal.getJSONObject("request")),
-                        refusal.toString());
+                violation = assertThrows(ProtocolViolation.class, () -> device.unmask(request), refusal.toString());
             }
             assertEquals(refusal.getString("reason"), violation.reason(), refusal.toString());
+        }
+    }
+
+    /** The request with "neighbour" / "stranger" signers replaced by one of the client's neighbours / another client. */
+    private static JSONObject resolved(JSONObject request, int client) throws Exception {
+        JSONArray signed = request.optJSONArray("signatures");
+        if (signed == null) {
+            return request;
+        }
+        int[] around = Graph.neighbours(config, lastGraphSeed, client);
+        int stranger = -1;
+        for (int c = config.numClients - 1; c >= 0; c--) {
+            if (c != client && Arrays.binarySearch(around, c) < 0) {
+                stranger = c;
+            }
+        }
+        JSONArray out = new JSONArray();
+        for (int i = 0; i < signed.length(); i++) {
+            JSONObject entry = new JSONObject(signed.getJSONObject(i).toString());
+            Object signer = entry.opt("client");
+            if ("neighbour".equals(signer)) {
+                entry.put("client", around[0]);
+            } else if ("stranger".equals(signer)) {
+                entry.put("client", stranger);
+            }
+            out.put(entry);
+        }
+        return new JSONObject(request.toString()).put("signatures", out);
+    }
+
+    @Test
+    void aSurvivorSetSignatureFromAnotherRunOfTheRoundIsRefused() throws Exception {
+        Ed25519PrivateKeyParameters[] keys = new Ed25519PrivateKeyParameters[config.numClients];
+        for (int c = 0; c < keys.length; c++) {
+            keys[c] = Signatures.newSigningKey();
+        }
+        JSONArray everyone = new JSONArray();
+        for (int c = 0; c < config.numClients; c++) {
+            everyone.put(c);
+        }
+        JSONObject show = new JSONObject().put("stage", "consistency_check").put("survivors", everyone);
+        SecAggClient[] earlier = roundThroughMaskedInput(keys);
+        SecAggClient[] clients = roundThroughMaskedInput(keys); // the same devices, round id and parameters
+        int neighbour = Graph.neighbours(config, lastGraphSeed, 0)[0]; // client 0's neighbour in this run's graph
+        Object earlierSignature = earlier[neighbour].consistencyCheck(show).get("signature");
+        JSONArray signed = new JSONArray();
+        for (int peer : Graph.neighbours(config, lastGraphSeed, 0)) {
+            signed.put(new JSONObject().put("client", peer).put("signature", clients[peer].consistencyCheck(show)
+                    .get("signature")));
+        }
+        clients[0].consistencyCheck(show);
+        final JSONObject honest = new JSONObject().put("stage", "unmask").put("survivors", everyone).put("signatures",
+                signed);
+        JSONArray replayedSignatures = new JSONArray(signed.toString());
+        for (int i = 0; i < replayedSignatures.length(); i++) {
+            if (replayedSignatures.getJSONObject(i).getInt("client") == neighbour) {
+                replayedSignatures.getJSONObject(i).put("signature", earlierSignature);
+            }
+        }
+        final JSONObject replayed = new JSONObject(honest.toString()).put("signatures", replayedSignatures);
+        assertEquals("bad_signature", assertThrows(ProtocolViolation.class, () -> clients[0].unmask(replayed)).reason());
+        assertEquals(true, clients[0].unmask(honest).getJSONArray("shares").length() > 0);
+    }
+
+    @Test
+    void aDeviceTakesPartInARoundIdOnceAndRemembersItInItsStateStore() throws Exception {
+        File directory = TestSupport.workDirectory("signed-rounds");
+        Ed25519PrivateKeyParameters key = Signatures.newSigningKey();
+        dev.fedzoo.client.StateStore store = new dev.fedzoo.client.StateStore(directory);
+        store.put("server", "https://fl.example");
+        new SecAggClient(config, 1, key, new SecAggBounds(), null, signedRoundsOf(store)).advertiseKeys();
+        final SecAggClient again = new SecAggClient(config, 1, key, new SecAggBounds(), null,
+                signedRoundsOf(new dev.fedzoo.client.StateStore(directory))); // a restarted app
+        assertEquals("round_replayed", assertThrows(ProtocolViolation.class, () -> again.advertiseKeys()).reason());
+        store.put("server", "https://other.example"); // another server's round of the same name is another round
+        new SecAggClient(config, 1, key, new SecAggBounds(), null, signedRoundsOf(store)).advertiseKeys();
+    }
+
+    private static SignedRounds signedRoundsOf(dev.fedzoo.client.StateStore store) {
+        return new dev.fedzoo.client.FedzooClient("http://127.0.0.1:9", null, TestSupport.workDirectory("cache"))
+                .keepStateIn(store).signedRounds();
+    }
+
+    @Test
+    void aGraphWithoutTheDevicesNonceOrWithNeighboursTheServerChoseIsRefused() throws Exception {
+        SecAggClient device = new SecAggClient(config, 0, Signatures.newSigningKey(), new SecAggBounds(), null);
+        JSONObject advert = device.advertiseKeys();
+        TreeMap<Integer, byte[]> nonces = new TreeMap<Integer, byte[]>();
+        for (int c = 0; c < config.numClients; c++) {
+            nonces.put(c, c == 0 ? Base64.decode(advert.getString("nonce")) : Hex.decode(String.format("%064x", c)));
+        }
+        TreeMap<Integer, byte[]> withoutIt = new TreeMap<Integer, byte[]>(nonces);
+        withoutIt.put(0, new byte[Signatures.NONCE_BYTES]);
+        final JSONObject missing = new JSONObject().put("stage", "share_keys").put("public_keys", new JSONArray())
+                .put("advertised", Base64.toBase64String(Graph.advertisedBytes(withoutIt)));
+        assertEquals("malformed", assertThrows(ProtocolViolation.class, () -> device.shareKeys(missing)).reason());
+        int[] around = Graph.neighbours(config, Graph.graphSeed(config, nonces), 0);
+        int chosen = -1;
+        for (int c = 1; c < config.numClients && chosen < 0; c++) {
+            chosen = Arrays.binarySearch(around, c) < 0 ? c : -1;
+        }
+        JSONArray keys = new JSONArray().put(new JSONObject().put("client", chosen));
+        final JSONObject seated = new JSONObject().put("stage", "share_keys").put("public_keys", keys)
+                .put("advertised", Base64.toBase64String(Graph.advertisedBytes(nonces)));
+        assertEquals("malformed", assertThrows(ProtocolViolation.class, () -> device.shareKeys(seated)).reason());
+    }
+
+    private static JSONObject staged() throws Exception {
+        return vectors.getJSONObject("staged_refusals");
+    }
+
+    /**
+     * A staged step as the server sends it in a run where client 0 advertised {@code nonces.get(0)}, as Python's
+     * {@code _in_this_run}: a share_keys step with the advertised list, an unmask step with each listed signature
+     * made in this run by the client {@code signed_by} names.
+     */
+    private static JSONObject inThisRun(SecAggConfig round, JSONObject request, TreeMap<Integer, byte[]> nonces)
+            throws Exception {
+        String stage = request.getString("stage");
+        if (stage.equals("share_keys")) {
+            return new JSONObject(request.toString()).put("advertised",
+                    Base64.toBase64String(Graph.advertisedBytes(nonces)));
+        }
+        if (!stage.equals("unmask")) {
+            return request;
+        }
+        byte[] seed = Graph.graphSeed(round, nonces);
+        JSONArray shown = request.getJSONArray("survivors");
+        int[] survivors = new int[shown.length()];
+        for (int i = 0; i < survivors.length; i++) {
+            survivors[i] = shown.getInt(i);
+        }
+        JSONArray neighbours = staged().getJSONArray("neighbours");
+        JSONArray listed = request.getJSONArray("signatures");
+        JSONArray signed = new JSONArray();
+        for (int i = 0; i < listed.length(); i++) {
+            int signer = listed.getJSONObject(i).getInt("signed_by");
+            for (int n = 0; n < neighbours.length(); n++) {
+                JSONObject neighbour = neighbours.getJSONObject(n);
+                if (neighbour.getInt("client") == signer) {
+                    byte[] payload = Signatures.consistencyPayload(round, round.digest(), signer,
+                            hex(neighbour, "cipher_public_key"), hex(neighbour, "mask_public_key"),
+                            hex(neighbour, "nonce"), seed, survivors);
+                    Ed25519PrivateKeyParameters key = new Ed25519PrivateKeyParameters(
+                            hex(neighbour, "signing_private_key"), 0);
+                    signed.put(new JSONObject().put("client", listed.getJSONObject(i).getInt("client"))
+                            .put("signature", Base64.toBase64String(Signatures.sign(key, payload))));
+                }
+            }
+        }
+        return new JSONObject(request.toString()).put("signatures", signed);
+    }
+
+    private static void answer(SecAggClient device, JSONObject request) throws Exception {
+        String stage = request.getString("stage");
+        if (stage.equals("share_keys")) {
+            device.shareKeys(request);
+        } else if (stage.equals("masked_input")) {
+            device.maskedInput(request, new int[device.config().vectorLength + 1]);
+        } else if (stage.equals("consistency_check")) {
+            device.consistencyCheck(request);
+        } else {
+            device.unmask(request);
+        }
+    }
+
+    /** The server's lies about relayed keys and signatures: every step but the last is answered, the last refused. */
+    @Test
+    void relayedKeysAndSignaturesTheServerAlteredAreRefusedForThePythonReason() throws Exception {
+        SecAggConfig round = SecAggConfig.fromJson(staged().getJSONObject("config"));
+        JSONArray neighbours = staged().getJSONArray("neighbours");
+        JSONArray cases = staged().getJSONArray("cases");
+        for (int i = 0; i < cases.length(); i++) {
+            final JSONObject refusal = cases.getJSONObject(i);
+            final SecAggClient device = new SecAggClient(round, refusal.getInt("client"), Signatures.newSigningKey(),
+                    new SecAggBounds(), null);
+            TreeMap<Integer, byte[]> nonces = new TreeMap<Integer, byte[]>();
+            for (int n = 0; n < neighbours.length(); n++) {
+                nonces.put(neighbours.getJSONObject(n).getInt("client"), hex(neighbours.getJSONObject(n), "nonce"));
+            }
+            nonces.put(refusal.getInt("client"), Base64.decode(device.advertiseKeys().getString("nonce")));
+            JSONArray steps = refusal.getJSONArray("steps");
+            for (int step = 0; step < steps.length() - 1; step++) {
+                answer(device, inThisRun(round, steps.getJSONObject(step), nonces));
+            }
+            final JSONObject last = inThisRun(round, steps.getJSONObject(steps.length() - 1), nonces);
+            ProtocolViolation violation = assertThrows(ProtocolViolation.class, () -> answer(device, last),
+                    refusal.getString("name"));
+            assertEquals(refusal.getString("reason"), violation.reason(), refusal.getString("name"));
         }
     }
 }

@@ -1,0 +1,121 @@
+"""Mutation testing of the security-critical modules with mutmut: which one-token edits the tests do not notice.
+
+Run by hand or nightly, never in the test suite (one module takes minutes; the whole list takes hours on 2 cores):
+
+    python bench/mutation.py fedzoo/secagg/signatures.py      # one module
+    python bench/mutation.py                                  # every module in MODULES
+
+mutmut imports the mutated copy through `sys.path`, but the repository's areas are installed under one namespace
+by `package-dir` (`server/` is `fedzoo.server`), which the editable install maps to the original files. So each
+run builds the installed layout in a scratch folder (fedzoo/ with every area inside it, tests/ beside it) and runs
+mutmut there, against the tests MODULES names for the module. It prints, per module, the mutants killed and
+every survivor with its diff; docs/testing.md lists the survivors that remain and why each is harmless. The goal:
+no survivor on a line that refuses, verifies or bounds something.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+AREAS = ("cloud", "edge", "nas", "compress", "server", "clients")  # pyproject.toml's package-dir, under fedzoo/
+# module (repository path) -> the tests that should notice any change to it: fast ones, since a survivor runs all
+MODULES: dict[str, list[str]] = {
+    "fedzoo/secagg/signatures.py": ["tests/secagg/test_vectors.py", "tests/secagg/test_signatures.py"],
+    "fedzoo/secagg/client.py": ["tests/secagg/test_vectors.py", "tests/secagg/test_protocol.py"],
+    "fedzoo/secagg/server.py": ["tests/secagg/test_protocol.py"],
+    "fedzoo/secagg/shamir.py": ["tests/secagg/test_shamir.py", "tests/secagg/test_vectors.py"],
+    "fedzoo/secagg/encoding.py": ["tests/secagg/test_encoding.py", "tests/secagg/test_vectors.py"],
+    "fedzoo/secagg/framing.py": ["tests/secagg/test_framing.py", "tests/secagg/test_vectors.py"],
+    "fedzoo/signing.py": ["tests/clients/test_signed_models.py", "tests/server/test_signed_cards.py"],
+    "fedzoo/dp": ["tests/dp"],
+    "server/fl/weighting.py": ["tests/server/test_fl_robust.py"],
+    "server/fl/root_trust.py": ["tests/server/test_fl_robust.py"],
+    "server/fl/secure_rounds.py": ["tests/server/test_fl_secure_rounds.py", "tests/server/test_fl_robust.py"],
+    "clients/card_trust.py": ["tests/clients/test_signed_models.py"],
+}
+IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", ".hypothesis", "target", "mutants")
+
+
+def installed_path(module: str) -> str:
+    """Where `module` lies in the installed layout: `server/fl/x.py` is `fedzoo/server/fl/x.py`."""
+    area = module.split("/", 1)[0]
+    return f"fedzoo/{module}" if area in AREAS else module
+
+
+def build_layout(scratch: Path, module: str, tests: list[str]) -> None:
+    shutil.copytree(ROOT / "fedzoo", scratch / "fedzoo", ignore=IGNORED)
+    for area in AREAS:
+        shutil.copytree(ROOT / area, scratch / "fedzoo" / area, ignore=shutil.ignore_patterns(
+            "__pycache__", "*.pyc", "java", "mutants"))
+    shutil.copytree(ROOT / "tests", scratch / "tests", ignore=IGNORED)
+    target = installed_path(module)
+    only = f"{target}/*" if (ROOT / module).is_dir() else target
+    selection = ", ".join(f'"{test}"' for test in tests)
+    (scratch / "pyproject.toml").write_text(f"""[tool.pytest.ini_options]
+testpaths = ["tests"]
+addopts = "-q -p no:cacheprovider --import-mode=importlib"
+markers = ["slow: end-to-end tests"]
+
+[tool.mutmut]
+source_paths = ["fedzoo"]
+only_mutate = ["{only}"]
+pytest_add_cli_args_test_selection = [{selection}]
+""")
+
+
+def survivors(scratch: Path) -> tuple[dict[str, int], list[str]]:
+    """(mutants by status, the names of those no test killed) from `mutmut results --all true`."""
+    listing = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=scratch,
+                             capture_output=True, text=True, check=True).stdout
+    counts: dict[str, int] = {}
+    survived = []
+    for name, status in re.findall(r"^\s*(\S+): (.+)$", listing, flags=re.MULTILINE):
+        counts[status] = counts.get(status, 0) + 1
+        if status in ("survived", "no tests"):
+            survived.append(name)
+    return counts, survived
+
+
+def run(module: str, max_children: int) -> int:
+    """Mutates one module, prints its counts and the mutants no test killed; returns their number."""
+    tests = MODULES[module]
+    with tempfile.TemporaryDirectory(prefix="fedzoo-mutation-") as folder:
+        scratch = Path(folder)
+        build_layout(scratch, module, tests)
+        done = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)],
+                              cwd=scratch, capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"{module}: mutmut failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+            return -1
+        counts, survived = survivors(scratch)
+        print(f"{module} (tests: {' '.join(tests)}): " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+        for name in survived:
+            diff = subprocess.run([sys.executable, "-m", "mutmut", "show", name], cwd=scratch, capture_output=True,
+                                  text=True).stdout
+            changed = [line for line in diff.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+            print(f"  not killed {name}:\n    " + "\n    ".join(changed))
+    return len(survived)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("modules", nargs="*", metavar="module",
+                        help=f"repository paths among MODULES (default: all): {', '.join(MODULES)}")
+    parser.add_argument("--max-children", type=int, default=1, help="mutants tested at once (default 1)")
+    arguments = parser.parse_args()
+    unknown = sorted(set(arguments.modules) - set(MODULES))
+    if unknown:
+        parser.error(f"no tests are named for {', '.join(unknown)}: add the module to MODULES in bench/mutation.py")
+    results = {module: run(module, arguments.max_children) for module in arguments.modules or MODULES}
+    print("not killed per module: " + ", ".join(f"{module} {count}" for module, count in results.items()))
+
+
+if __name__ == "__main__":
+    main()
