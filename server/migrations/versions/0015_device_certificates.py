@@ -1,7 +1,7 @@
 """The operator's certificates of device signing keys, and its signed lists of revoked device keys.
 
-Revision ID: 0013_device_certificates
-Revises: 0012_zoo_rounds
+Revision ID: 0015_device_certificates
+Revises: 0014_zoo_serving
 Create Date: 2026-12-07
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0013_device_certificates"
-down_revision = "0012_zoo_rounds"
+revision = "0015_device_certificates"
+down_revision = "0014_zoo_serving"
 branch_labels = None
 depends_on = None
 
