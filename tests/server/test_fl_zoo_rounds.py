@@ -385,7 +385,7 @@ def test_a_zoo_plan_gating_on_the_best_version_refuses_one_worse_than_its_lines_
     worse = admin.create_zoo_rounds(_plan(fleet, learning_rate=0.5, gate={"compare_with": "parent"}),
                                     DEFAULT_ADMIN_TOKEN)["id"]
     _train_every_device(fleet, worse, labels=np.random.default_rng(0).permutation(split.train.y))
-    worse_view = _wait(admin, worse)
+    worse_view = wait_for_round_end(admin, worse, timeout_s=300)
     assert worse_view["state"] == "closed", worse_view["outcome"]
     dropped = {model["new_model_id"]: model for model in worse_view["outcome"]["zoo"]["models"]
                if model["published"] and model["accuracy_after"] < model["accuracy_before"]}
@@ -394,7 +394,7 @@ def test_a_zoo_plan_gating_on_the_best_version_refuses_one_worse_than_its_lines_
     best = admin.create_zoo_rounds(_plan(fleet, model_id=worse_view["result_model_id"], max_accuracy_drop=0.0),
                                    DEFAULT_ADMIN_TOKEN)["id"]
     _train_every_device(fleet, best)
-    view = _wait(admin, best)
+    view = wait_for_round_end(admin, best, timeout_s=300)
     models = view["outcome"]["zoo"]["models"]
     for model in models:
         gate = model["gate"]
@@ -424,7 +424,8 @@ def test_a_publication_whose_worker_died_is_re_run_by_the_next_advance_and_publi
             aggregation_lease_until=datetime.now(timezone.utc) - timedelta(seconds=60),
             publication_json=json.dumps({"stage": "re-extracting", "zoo_models_done": 1})))
     engine.dispose()
-    view = _wait(admin, round_id)  # each read advances: the lapsed lease is claimed and the job re-run here
+    # each read advances: the lapsed lease is claimed and the job re-run here
+    view = wait_for_round_end(admin, round_id, timeout_s=300)
     assert view["state"] == "closed", view["outcome"]
     assert view["publication"]["stage"] == "published" and view["outcome"]["aggregated_updates"] == 3
     supernets = [card for card in admin.list_models(task=_supernet(zoo).task)["models"]
