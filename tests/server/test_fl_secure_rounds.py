@@ -557,3 +557,14 @@ def test_an_insider_that_takes_secure_seats_and_drops_out_every_round_is_quarant
     assert [entry["device_id"] for entry in quarantined["devices"]] == [insider]
     assert "SecAgg+ seats" in quarantined["devices"][0]["reason"]
     assert participants[insider]["quarantined"] is True
+
+
+def test_the_servers_default_parameters_are_within_every_default_devices_bounds():
+    """Rounds run: whatever the cohort, the server's default t (and k capped below the cohort) pass the devices'
+    floors for the corrupt devices they withstand (`fedzoo.secagg.bounds`)."""
+    from fedzoo.secagg.bounds import SecAggBounds
+    from fedzoo.server.fl.schemas import SecureAggregationSettings
+
+    for cohort in range(3, 300):
+        SecAggBounds().check(secure_rounds.secagg_config(SecureAggregationSettings(), 1, cohort, 10, 0.05, 3))
+    assert secure_rounds.secagg_config(SecureAggregationSettings(), 1, 100, 10, 0.05, 3).threshold == 33
