@@ -302,7 +302,7 @@ def test_a_pinned_device_takes_part_in_a_round_and_refuses_a_task_naming_blobs_i
     with LoopbackServer(tmp_path / "server", trusted_keys=key_set) as server, \
             Simulation(federation, server.url, cache_root=tmp_path / "sim", operator_key=OPERATOR) as simulation:
         simulation.publish_base_model(signing_key=OPERATOR)
-        simulation.register_devices()
+        simulation.register_devices()  # and certifies their keys with OPERATOR, the key this server trusts
         simulation.start_plan({"min_clients": 1, "target_clients": 2, "deadline_s": 60, "local_epochs": 1,
                                "batch_size": 32, "learning_rate": 0.05})
         pinned = TrustedKeys.from_json(httpx.get(f"{server.url}/v1/keys").json())

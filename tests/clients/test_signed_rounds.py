@@ -32,3 +32,15 @@ def test_a_client_refuses_to_advertise_keys_twice_under_one_round_id(tmp_path):
     with pytest.raises(ProtocolViolation) as refusal:
         again.advertise_keys()
     assert refusal.value.reason == "round_replayed"
+
+
+def test_the_sdk_client_keeps_its_round_memory_in_its_state_file(tmp_path):
+    from fedzoo.clients.client import FedzooClient
+
+    path = tmp_path / "client.json"
+    with FedzooClient("http://127.0.0.1:9", cache_dir=tmp_path / "cache", state_file=path) as client:
+        client.signed_rounds.claim("fl-round-1")
+    with FedzooClient("http://127.0.0.1:9", cache_dir=tmp_path / "cache", state_file=path) as restarted:
+        with pytest.raises(ProtocolViolation) as refusal:
+            restarted.signed_rounds.claim("fl-round-1")
+    assert refusal.value.reason == "round_replayed"

@@ -628,3 +628,14 @@ def test_a_private_round_whose_aggregate_points_away_from_the_root_update_is_ref
     view = wait_for_end(simulation, round_id)
     assert view["state"] == "failed" and view["result_model_id"] is None
     assert "root set" in json.dumps(view["outcome"]), view["outcome"]
+
+
+def test_the_servers_default_parameters_are_within_every_default_devices_bounds():
+    """Rounds run: whatever the cohort, the server's default t (and k capped below the cohort) pass the devices'
+    floors for the corrupt devices they withstand (`fedzoo.secagg.bounds`)."""
+    from fedzoo.secagg.bounds import SecAggBounds
+    from fedzoo.server.fl.schemas import SecureAggregationSettings
+
+    for cohort in range(3, 300):
+        SecAggBounds().check(secure_rounds.secagg_config(SecureAggregationSettings(), 1, cohort, 10, 0.05, 3))
+    assert secure_rounds.secagg_config(SecureAggregationSettings(), 1, 100, 10, 0.05, 3).threshold == 33

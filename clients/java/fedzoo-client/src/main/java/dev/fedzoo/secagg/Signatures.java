@@ -13,7 +13,8 @@ import org.bouncycastle.crypto.signers.Ed25519Signer;
  * own keys in a neighbour's place, and the survivor set it was shown (stage 4), so the server cannot tell neighbours
  * different stories about who dropped out. Every message is {@code fedzoo-secagg/v3/<label> 0x00} then
  * length-prefixed parts, bound to the round's context and configuration digest; the survivor-set signature also names
- * the signer's stage-1 keys and nonce and the graph seed, so a signature from another run of the round never verifies. Ed25519 is BouncyCastle's (the platform's from API 33 only).
+ * the signer's stage-1 keys and nonce and the graph seed, so a signature from another run of the round never verifies.
+ * Ed25519 is BouncyCastle's (the platform's from API 33 only).
  */
 public final class Signatures {
     public static final int SIGNING_KEY_BYTES = 32;
