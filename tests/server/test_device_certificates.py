@@ -24,7 +24,7 @@ from fedzoo.server import device_certificates as server_certificates
 from fedzoo.server.card_keys import SERVER_KEY_FILE
 from fedzoo.server.fl import secure_rounds
 from fedzoo.signing import CardSigningKey
-from fl_helpers import device_client, ready_simulation, round_config, wait_for_round_end
+from fl_helpers import device_client, round_config, wait_for_round_end
 
 ADMIN, VIEWER = DEFAULT_ADMIN_TOKEN, "viewer-token-for-certificate-tests-0123456789"
 DEVICES = 6
@@ -39,12 +39,6 @@ def federation():
 def server(tmp_path):
     with LoopbackServer(tmp_path / "server", deadline_check_s=0.2, viewer_token=VIEWER) as running:
         yield running
-
-
-@pytest.fixture
-def simulation(federation, server, tmp_path):
-    with ready_simulation(federation, server.url, tmp_path / "devices") as sim:
-        yield sim
 
 
 def secure_config(neighbour_count=4, target=DEVICES, deadline_s=20):

@@ -9,10 +9,9 @@ import sqlite3
 
 import numpy as np
 import pytest
-from fl_helpers import honest_delta, ready_simulation, round_config, selected_tasks, upload
+from fl_helpers import honest_delta, round_config, selected_tasks, upload
 
 from fedzoo.cloud.attacks import WeightGrabAttack
-from fedzoo.cloud.simulation import LoopbackServer, prepare_federation
 from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.local_training import train_locally
 from fedzoo.server.fl.schemas import RoundConfig
@@ -20,23 +19,6 @@ from fedzoo.server.fl.stages.screening import round_defences
 from fedzoo.update_codec import split_statistics
 
 SHA = "a" * 64
-
-
-@pytest.fixture(scope="module")
-def federation():
-    return prepare_federation("digits", num_clients=4, alpha=1.0, hidden_units=16, pretrain_epochs=2, seed=0)
-
-
-@pytest.fixture
-def server(tmp_path):
-    with LoopbackServer(tmp_path / "server") as running:
-        yield running
-
-
-@pytest.fixture
-def simulation(federation, server, tmp_path):
-    with ready_simulation(federation, server.url, tmp_path / "devices") as sim:
-        yield sim
 
 
 def _trained_delta(federation, task, index, attack=None):

@@ -39,12 +39,6 @@ def server(tmp_path):
         yield running
 
 
-@pytest.fixture
-def simulation(federation, server, tmp_path):
-    with ready_simulation(federation, server.url, tmp_path / "devices") as sim:
-        yield sim
-
-
 def secure_config(**overrides):
     privacy = overrides.pop("privacy", {"secure_aggregation": {"neighbour_count": 6, "clip_range": 0.05,
                                                                "stage_deadline_s": 3}})
