@@ -120,7 +120,7 @@ def test_fedzoo_serve_prints_the_dashboard_url_and_serves_it_from_every_worker(t
             assert all(client.get("/ui/fleet").status_code == 200 for _ in range(6))
     finally:
         stop_gunicorn(server)
-    assert f"dashboard: {server.base_url}/ui/" in server.process.stdout.read()
+    assert f"dashboard: {server.base_url}/ui/" in server.log()
 
 
 def _forged_admin_cookie(guessed_key: str) -> str:

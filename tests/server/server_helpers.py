@@ -197,17 +197,23 @@ class GunicornServer:
     base_url: str
     process: subprocess.Popen
     data_dir: Path
+    log_path: Path  # master's and workers' output: a file, so a chatty server never blocks on a full pipe
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
 
 
 def fedzoo_command() -> list[str]:
     return [str(Path(sys.executable).with_name("fedzoo"))]
 
 
-def wait_until_healthy(base_url: str, process: subprocess.Popen, timeout_s: float = 60.0) -> None:
+def wait_until_healthy(base_url: str, process: subprocess.Popen, timeout_s: float = 60.0,
+                       log_path: Path | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"fedzoo serve exited with {process.returncode}: {process.stdout.read()}")
+            output = log_path.read_text(errors="replace") if log_path else process.stdout.read()
+            raise RuntimeError(f"fedzoo serve exited with {process.returncode}: {output}")
         try:
             if httpx.get(f"{base_url}/v1/health", timeout=1).status_code == 200:
                 return
@@ -225,13 +231,15 @@ def start_gunicorn(data_dir: Path, *extra_args: str, workers: int = 2, env: dict
     environment = {**os.environ, "FEDZOO_ADMIN_TOKEN": ADMIN_TOKEN, "FEDZOO_DATA_DIR": str(data_dir)}
     environment.pop("FEDZOO_DATABASE_URL", None)
     environment.update(env or {})
-    process = subprocess.Popen(
-        [*fedzoo_command(), "serve", "--port", str(port), "--workers", str(workers), *extra_args],
-        env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )
-    server = GunicornServer(f"http://127.0.0.1:{port}", process, data_dir)
+    log_path = data_dir.parent / f"gunicorn-{port}.log"
+    with log_path.open("a") as log:
+        process = subprocess.Popen(
+            [*fedzoo_command(), "serve", "--port", str(port), "--workers", str(workers), *extra_args],
+            env=environment, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        )
+    server = GunicornServer(f"http://127.0.0.1:{port}", process, data_dir, log_path)
     try:
-        wait_until_healthy(server.base_url, process)
+        wait_until_healthy(server.base_url, process, log_path=log_path)
     except BaseException:
         process.kill()
         process.wait()

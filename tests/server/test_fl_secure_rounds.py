@@ -439,6 +439,8 @@ def test_two_gunicorn_workers_run_a_secure_round_with_a_dropout_to_the_exact_sum
             _, published = published_parameters(simulation, view)
             for name, value in expected_parameters(federation, view, devices[:5] + devices[6:]).items():
                 np.testing.assert_allclose(published[name], value, rtol=0, atol=1e-6)
+    except Exception as error:  # the server's side of a failure (e.g. a master that went away) is in its log
+        raise AssertionError(f"{error}\n--- fedzoo serve log (tail) ---\n{server.log()[-6000:]}") from error
     finally:
         stop_gunicorn(server)
 

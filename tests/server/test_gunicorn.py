@@ -91,7 +91,7 @@ def test_gunicorn_serves_lookups_and_finishes_a_download_on_sigterm(tmp_path, zo
                     digest.update(chunk)
             assert download.status_code == 200 and digest.hexdigest() == artifact
         assert server.process.wait(timeout=30) == 0
-        log = server.process.stdout.read()
+        log = server.log()
         assert "Handling signal: term" in log and "Shutting down: Master" in log
         assert "terminate called" not in log and "SIGABRT" not in log
     finally:
@@ -145,4 +145,4 @@ def test_open_enrollment_is_announced_by_every_worker_and_in_health(tmp_path):
         assert _post(f"{server.base_url}/v1/devices", json=device_profile("walk-in")).status_code == 201
     finally:
         stop_gunicorn(server)
-    assert server.process.stdout.read().count("OPEN ENROLLMENT") == 2
+    assert server.log().count("OPEN ENROLLMENT") == 2
