@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fedzoo.cards import is_supernet
-from fedzoo.cloud.data import load_dataset, split_dataset
+from fedzoo.datasets import load_dataset, split_dataset
 from fedzoo.compress.finetune import FineTuning
 from fedzoo.compress.pipeline import REPORT_NAME, CompressionReport, compress_zoo
 from fedzoo.compress.pruning import IMPORTANCE_CRITERIA, SCOPES

@@ -35,9 +35,9 @@ import torch
 from torch import nn
 
 from fedzoo.cards import Latency, Metrics, ModelCard, Pruning, is_supernet
-from fedzoo.cloud.data import DatasetSplit
+from fedzoo.datasets import DatasetSplit
 from fedzoo.compress.errors import CalibrationDataError
-from fedzoo.compress.export import DEFAULT_TOLERANCE, ExportMismatchError, export_checked, load_onnx_file, max_abs_difference
+from fedzoo.nas.export import DEFAULT_TOLERANCE, ExportMismatchError, export_checked, load_onnx_file, max_abs_difference
 from fedzoo.compress.finetune import FineTuning, fine_tune
 from fedzoo.compress.gate import judge, pick_fastest
 from fedzoo.compress.measure import DEVICE_CLASS, Measurement, measure, measure_side_by_side, normalise

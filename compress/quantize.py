@@ -37,7 +37,7 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from fedzoo.compress.compact import compact_model
 from fedzoo.compress.errors import CalibrationDataError, UnsupportedOperationError
-from fedzoo.compress.export import load_onnx_file
+from fedzoo.nas.export import load_onnx_file
 from fedzoo.errors import InvalidInputError
 
 CALIBRATION_METHODS = {

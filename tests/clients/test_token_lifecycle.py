@@ -13,7 +13,7 @@ import pytest
 
 from fedzoo.clients.client import REFRESH_AT_LIFETIME_FRACTION, FedzooClient
 from fedzoo.clients.errors import AuthenticationError, ReregistrationRequiredError
-from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer
+from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
 
 TOKEN_TTL_S = 4

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import torch
 
-from fedzoo.cloud.data import load_dataset, split_dataset
+from fedzoo.datasets import load_dataset, split_dataset
 from fedzoo.cloud.pipeline import BuildReporter
 from fedzoo.nas.distributed import join_workers, leave_workers, synchronise_batchnorm
 from fedzoo.nas.space import tiny_space

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedzoo.compress.export import export_onnx
+from fedzoo.nas.export import export_onnx
 from fedzoo.errors import InvalidInputError
 from fedzoo.nas.space import arch_hash, arch_key, default_space, tiny_space
 from fedzoo.nas.subnet import build_subnet, count_macs, count_params, recalibrate_batchnorm

@@ -16,7 +16,8 @@ from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.device_certification import revoke_device_keys
 from fedzoo.clients.http import FedzooHTTP
 from fedzoo.clients.participation import LocalData, participate_once
-from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, prepare_federation
+from fedzoo.cloud.simulation import prepare_federation
+from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
 from fedzoo.device_certificates import issue_certificate
 from fedzoo.secagg import SecAggClient, SecAggConfig, signatures

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from fedzoo.cards import ModelCard
-from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, prepare_federation
+from fedzoo.cloud.simulation import prepare_federation
+from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.dp.accountant import epsilon_of_events
 from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.edge.trainer import write_parameters

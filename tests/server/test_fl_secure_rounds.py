@@ -12,7 +12,8 @@ import pytest
 
 from fedzoo.clients.participation import LocalData, participate_once
 from fedzoo.clients.secure_participation import answer_stage
-from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, prepare_federation
+from fedzoo.cloud.simulation import prepare_federation
+from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.secagg import SecAggClient, SecAggConfig, dequantise_sum, flatten, quantise, signatures, unflatten
 from fedzoo.secagg.crypto import MASK_DTYPES
