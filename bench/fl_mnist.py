@@ -51,8 +51,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedzoo.datasets import load_dataset, split_dataset
 from fedzoo.cloud.pipeline import PRESETS, BuildConfig, build_zoo
+from fedzoo.datasets import load_dataset, split_dataset
 from fedzoo.cloud.simulation import (
     Federation, ScaledUpdateAttack, Simulation, centralized_baseline, federation_from_zoo,
 )

@@ -55,8 +55,8 @@ from fedzoo.cloud.attacks import (
     BackdoorAttack, DeviceAttack, LabelFlipAttack, ScaledUpdateAttack, WeightGrabAttack, attack_success_rate,
 )
 from fedzoo.cloud.simulation import Federation, Simulation, prepare_federation
-from fedzoo.server.testing import LoopbackServer
 from fedzoo.edge.runtime import create_session
+from fedzoo.server.testing import LoopbackServer
 
 INSIDERS = (0, 5, 10, 15)  # the first `share` of these attack
 BACKDOOR_TARGET = 0

@@ -101,8 +101,8 @@ def zoo_models(folder: Path) -> tuple[dict[str, bytes], dict[str, float], dict[s
 def generated_models(folder: Path) -> tuple[dict[str, bytes], dict[str, float], dict[str, str], str]:
     import torch
 
-    from fedzoo.nas.export import export_onnx
     from fedzoo.compress.quantize import quantize_int8
+    from fedzoo.nas.export import export_onnx
     from fedzoo.nas.space import default_space
     from fedzoo.nas.subnet import build_subnet, count_macs
 

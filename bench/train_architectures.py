@@ -128,10 +128,10 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown architectures {unknown}; choose from {sorted(ARCHITECTURES)}")
 
-    from fedzoo.graphs.autodiff import build_training_graph
-    from fedzoo.nas.export import export_onnx
     from fedzoo.edge.optimizers import SGD
     from fedzoo.edge.trainer import Trainer
+    from fedzoo.graphs.autodiff import build_training_graph
+    from fedzoo.nas.export import export_onnx
 
     torch.set_num_threads(1)
     print(f"onnxruntime {onnxruntime.__version__}, torch {torch.__version__}, CPU, 1 thread, batch {BATCH_SIZE}, "

@@ -183,10 +183,10 @@ def main() -> None:
     import onnxruntime
     import torch
 
-    from fedzoo.graphs.autodiff import build_training_graph
-    from fedzoo.nas.export import export_onnx
     from fedzoo.edge.optimizers import SGD
     from fedzoo.edge.trainer import Trainer
+    from fedzoo.graphs.autodiff import build_training_graph
+    from fedzoo.nas.export import export_onnx
 
     model, shard_x, shard_y = subnet_and_shard()
     with tempfile.TemporaryDirectory() as directory:

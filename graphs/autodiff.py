@@ -29,11 +29,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from fedzoo.graphs.batchnorm_training import lower_batch_norms, running_name
+from fedzoo.errors import InvalidInputError
 from fedzoo.graphs import depthwise_lowering, small_plane_conv_lowering
+from fedzoo.graphs.batchnorm_training import lower_batch_norms, running_name
 from fedzoo.graphs.forward_preparation import infer_shapes, prepare_forward
 from fedzoo.graphs.gradient_rules import GRADIENT_RULES, ForwardNode, GraphBuilder, MissingGradientRuleError, StaticShape, rule_for
-from fedzoo.errors import InvalidInputError
 
 INPUT_NAME = "x"
 TARGET_NAME = "y"

@@ -18,8 +18,8 @@ from pathlib import Path
 import onnx
 
 from fedzoo.cards import ModelCard, is_supernet
-from fedzoo.graphs.autodiff import Trainable, build_training_graph, resolve_trainable
 from fedzoo.errors import InvalidInputError
+from fedzoo.graphs.autodiff import Trainable, build_training_graph, resolve_trainable
 from fedzoo.zoo import Zoo
 
 DETAILS_KEY = "training"

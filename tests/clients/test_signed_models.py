@@ -22,9 +22,9 @@ from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.errors import CardSignatureError, IntegrityError
 from fedzoo.clients.participation import participate_once, run_task
 from fedzoo.cloud.simulation import Simulation, prepare_federation
-from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.errors import InvalidInputError
 from fedzoo.revocation import sign_revocation_list
+from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.signing import CardSigningKey, TrustedKeys, sign_card
 
 OPERATOR = CardSigningKey.from_seed(bytes(range(32)))

@@ -22,10 +22,10 @@ from fedzoo.graphs.autodiff import (
     nameable_parameters,
     parameter_candidates,
 )
-from fedzoo.nas.export import export_onnx
 from fedzoo.edge.optimizers import SGD
 from fedzoo.edge.trainer import Trainer
 from fedzoo.errors import InvalidInputError
+from fedzoo.nas.export import export_onnx
 from fedzoo.nas.subnet import build_subnet
 
 torch.set_num_threads(1)

@@ -16,10 +16,10 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).parent))  # the shared helpers next to this file (importlib mode)
 from architectures import ARCHITECTURES, with_batchnorm_statistics
 from autodiff_reference import initializers, relative_error, run_training_graph, torch_reference_gradients
-from fedzoo.graphs.autodiff import build_training_graph, parameter_candidates
-from fedzoo.nas.export import export_onnx
 from fedzoo.edge.optimizers import SGD
 from fedzoo.edge.trainer import Trainer
+from fedzoo.graphs.autodiff import build_training_graph, parameter_candidates
+from fedzoo.nas.export import export_onnx
 
 torch.set_num_threads(1)
 CLASSES = 10
