@@ -2,8 +2,8 @@
 
 Nothing is faked between the parts: the server is `fedzoo.server.create_app` on a SQLite file
 (`fedzoo.server.testing.LoopbackServer`), served by werkzeug on 127.0.0.1 (or, with `transport="wsgi"`, called
-through WSGI in each process that holds devices, without TCP); every virtual device registers, checks in, downloads, trains with
-`fedzoo.edge.trainer` and uploads through the `fedzoo.clients` SDK over HTTP. Only the data
+through WSGI in each process that holds devices, without TCP); every virtual device registers, checks in,
+downloads, trains with `fedzoo.edge.trainer` and uploads through the `fedzoo.clients` SDK over HTTP. Only the data
 differs per device (its Dirichlet shard) and, for robustness experiments, what an attacker does to
 its data and delta (`fedzoo.cloud.attacks`).
 

@@ -1,6 +1,7 @@
 """A test harness, not product code: the real fedzoo server in this process, on 127.0.0.1 or through WSGI without a
 socket (`LoopbackServer`), for the fleet simulator (`fedzoo fl simulate`), the tests and the benchmarks. It is a
-tool for running the system end to end on one machine; `fedzoo serve` is how a server runs in production."""
+tool for running the system end to end on one machine; `fedzoo serve` is how a server runs in production.
+Clients reach its WSGI transport through httpx (the client and cloud extras), which the server itself never needs."""
 
 from __future__ import annotations
 
