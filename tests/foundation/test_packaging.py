@@ -1,4 +1,4 @@
-"""Packaging: the device side imports without torch, and every area lives under `fedzoo.`."""
+"""Packaging: the device side imports without torch, the core without dp-accounting, and every area lives under `fedzoo.`."""
 
 import subprocess
 import sys
@@ -11,35 +11,50 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 AREAS = ("cloud", "edge", "nas", "compress", "server", "clients", "graphs", "admin")
 
-BLOCK_TORCH = textwrap.dedent(
-    """
-    import importlib.abc, sys
+def blocker(package: str) -> str:
+    """A script prologue after which importing `package` (or any of its modules) raises ImportError."""
+    return textwrap.dedent(
+        f"""
+        import importlib.abc, sys
 
-    class BlockTorch(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "torch" or name.startswith("torch."):
-                raise ImportError(f"torch is blocked on the device side (import of {name})")
-            return None
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name == "{package}" or name.startswith("{package}."):
+                    raise ImportError(f"{package} is blocked here (import of {{name}})")
+                return None
 
-    sys.meta_path.insert(0, BlockTorch())
-    """
-)
+        sys.meta_path.insert(0, Block())
+        """
+    )
 
 
-def device_side_modules() -> list[str]:
+BLOCK_TORCH = blocker("torch")
+
+
+def modules_in(folder: str) -> list[str]:
+    """Every module of an area folder (or of fedzoo/, the core) by its installed name."""
+    package = ["fedzoo"] if folder == "fedzoo" else ["fedzoo", folder]
     names = []
-    for area in ("edge", "clients"):
-        for path in sorted((ROOT / area).rglob("*.py")):
-            relative = path.relative_to(ROOT / area).with_suffix("")
-            parts = [part for part in relative.parts if part != "__init__"]
-            names.append(".".join(["fedzoo", area, *parts]))
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        relative = path.relative_to(ROOT / folder).with_suffix("")
+        names.append(".".join([*package, *(part for part in relative.parts if part != "__init__")]))
     return names
 
 
+def imports_cleanly(modules: list[str], blocked: str) -> subprocess.CompletedProcess:
+    script = blocker(blocked) + "\n".join(f"import {name}" for name in modules) + f"\nprint('ok', {blocked!r} in sys.modules)"
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+
+
 def test_device_side_imports_without_torch():
-    modules = device_side_modules()
-    script = BLOCK_TORCH + "\n".join(f"import {name}" for name in modules) + "\nprint('ok', 'torch' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    result = imports_cleanly(modules_in("fedzoo") + modules_in("edge") + modules_in("clients"), "torch")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["ok", "False"]
+
+
+def test_the_core_imports_without_dp_accounting():
+    """dp-accounting comes with the server and cloud extras: the core imports it only where an epsilon is computed."""
+    result = imports_cleanly(modules_in("fedzoo"), "dp_accounting")
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["ok", "False"]
 
