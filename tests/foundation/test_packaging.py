@@ -1,4 +1,5 @@
-"""Packaging: the device side imports without torch, the core without dp-accounting, and every area lives under `fedzoo.`."""
+"""Packaging: the device side imports without torch, the core without dp-accounting, and every area lives
+under `fedzoo.`."""
 
 import subprocess
 import sys
@@ -42,7 +43,8 @@ def modules_in(folder: str) -> list[str]:
 
 
 def imports_cleanly(modules: list[str], blocked: str) -> subprocess.CompletedProcess:
-    script = blocker(blocked) + "\n".join(f"import {name}" for name in modules) + f"\nprint('ok', {blocked!r} in sys.modules)"
+    imports = "\n".join(f"import {name}" for name in modules)
+    script = f"{blocker(blocked)}{imports}\nprint('ok', {blocked!r} in sys.modules)"
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
 
 
