@@ -26,7 +26,7 @@ import numpy as np
 from fedzoo.cards import ModelCard
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.download import sha256_of_file
-from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer
+from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.signing import CardSigningKey, TrustedKeys, sign_card, verify_card
 
 INPUTS = 784

@@ -26,15 +26,15 @@ import torch
 from onnx import numpy_helper
 
 from fedzoo.cards import InputSpec, Latency, Metrics, ModelCard, Normalisation
-from fedzoo.cloud.data import DatasetSplit, load_dataset, split_dataset
 from fedzoo.compress.compact import compact_model
-from fedzoo.compress.export import export_checked
 from fedzoo.compress.finetune import FineTuning, fine_tune
 from fedzoo.compress.macs import count_cost
 from fedzoo.compress.measure import DEVICE_CLASS, evaluate_onnx, normalise
 from fedzoo.compress.pipeline import CompressionReport, VariantOutcome, compress_zoo
 from fedzoo.compress.quantize import DEFAULT_INT8_RECIPES, quantize_int8
+from fedzoo.datasets import DatasetSplit, load_dataset, split_dataset
 from fedzoo.edge.benchmark import benchmark_model, benchmark_models_interleaved
+from fedzoo.nas.export import export_checked
 from fedzoo.nas.subnet import build_subnet
 from fedzoo.zoo import Zoo
 

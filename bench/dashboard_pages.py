@@ -32,9 +32,9 @@ from fedzoo.server import migrations
 from fedzoo.server.app import create_app
 from fedzoo.server.config import ServerConfig
 from fedzoo.server.db import Database
-from fedzoo.server.fl.models import FLParticipant, FLRefusedUpload, FLRound, FLUpdate
+from fedzoo.server.fl.tables import FLParticipant, FLRefusedUpload, FLRound, FLUpdate
 from fedzoo.server.latency import default_estimator
-from fedzoo.server.models import (
+from fedzoo.server.tables import (
     COST_COLUMNS, SCALE_COLUMNS, DeviceRecord, MeasuredLatency, ModelClassLatency, ModelRecord,
 )
 

@@ -51,11 +51,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedzoo.cloud.data import load_dataset, split_dataset
 from fedzoo.cloud.pipeline import PRESETS, BuildConfig, build_zoo
+from fedzoo.datasets import load_dataset, split_dataset
 from fedzoo.cloud.simulation import (
-    Federation, LoopbackServer, ScaledUpdateAttack, Simulation, centralized_baseline, federation_from_zoo,
+    Federation, ScaledUpdateAttack, Simulation, centralized_baseline, federation_from_zoo,
 )
+from fedzoo.server.testing import LoopbackServer
 from fedzoo.zoo import Zoo
 
 ZOO_PRESET = "tiny"

@@ -50,12 +50,13 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from fedzoo.local_training import normalise
+from fedzoo.edge.local_training import normalise
 from fedzoo.cloud.attacks import (
     BackdoorAttack, DeviceAttack, LabelFlipAttack, ScaledUpdateAttack, WeightGrabAttack, attack_success_rate,
 )
-from fedzoo.cloud.simulation import Federation, LoopbackServer, Simulation, prepare_federation
+from fedzoo.cloud.simulation import Federation, Simulation, prepare_federation
 from fedzoo.edge.runtime import create_session
+from fedzoo.server.testing import LoopbackServer
 
 INSIDERS = (0, 5, 10, 15)  # the first `share` of these attack
 BACKDOOR_TARGET = 0

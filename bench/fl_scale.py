@@ -59,8 +59,8 @@ def setup_flower(venv: Path) -> None:
 
 def prepare(folder: Path) -> tuple[Path, str, Path]:
     """The zoo fedzoo simulates from, and the data file Flower reads: the same model, pool and shard order."""
-    from fedzoo.cloud.data import load_dataset, split_dataset
     from fedzoo.cloud.simulation import prepare_federation
+    from fedzoo.datasets import load_dataset, split_dataset
     from fedzoo.zoo import Zoo
 
     federation = prepare_federation(DATASET, num_clients=1, alpha=None, hidden_units=HIDDEN_UNITS, seed=SEED)

@@ -48,9 +48,9 @@ import torch
 from torch import nn
 
 from fedzoo.cards import ModelCard, is_supernet
-from fedzoo.cloud.data import dirichlet_partition, load_dataset, split_dataset
 from fedzoo.cloud.pipeline import PRESETS, BuildConfig, build_zoo
-from fedzoo.cloud.zoo_extraction import SupernetSpec, read_weights_npz, subnet_module, supernet_weights
+from fedzoo.compress.zoo_extraction import SupernetSpec, read_weights_npz, subnet_module, supernet_weights
+from fedzoo.datasets import dirichlet_partition, load_dataset, split_dataset
 from fedzoo.nas.space import SearchSpace, arch_key
 from fedzoo.nas.subnet import evaluate_accuracy, recalibrate_batchnorm
 from fedzoo.nas.subnet_mapping import extract_weights, map_back

@@ -210,8 +210,8 @@ def training_part(arguments: argparse.Namespace) -> None:
     import onnx
     import onnxruntime
 
-    from fedzoo.cloud.autodiff import build_training_graph
-    from fedzoo.compress.export import export_onnx
+    from fedzoo.graphs.autodiff import build_training_graph
+    from fedzoo.nas.export import export_onnx
 
     model, shard_x, shard_y = subnet_and_shard()
     with tempfile.TemporaryDirectory() as directory:

@@ -60,7 +60,7 @@ from fedzoo.edge.calibration_models import calibration_models
 from fedzoo.edge.fleet import DeviceClass, available_fleet, run_on_device_class
 from fedzoo.edge.latency_predictor import CALIBRATION_GROUPS, REFERENCE_MODEL_PATH, KernelLatencyPredictor, kernel_features
 from fedzoo.server.lookup import SHORTLIST_SIGMAS
-from fedzoo.server.models import LATENCY_SLOTS
+from fedzoo.server.tables import LATENCY_SLOTS
 from fedzoo.server.online_calibration import (
     MEASURED_LOG_SIGMA, CalibrationState, kalman_update, model_factor, relative_residuals,
 )
@@ -101,8 +101,8 @@ def zoo_models(folder: Path) -> tuple[dict[str, bytes], dict[str, float], dict[s
 def generated_models(folder: Path) -> tuple[dict[str, bytes], dict[str, float], dict[str, str], str]:
     import torch
 
-    from fedzoo.compress.export import export_onnx
     from fedzoo.compress.quantize import quantize_int8
+    from fedzoo.nas.export import export_onnx
     from fedzoo.nas.space import default_space
     from fedzoo.nas.subnet import build_subnet, count_macs
 

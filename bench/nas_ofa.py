@@ -24,9 +24,9 @@ import torch
 
 from fedzoo.cloud.executors import InProcessExecutor
 from fedzoo.cloud.pipeline import BuildConfig, BuildReporter, build_zoo, search_architectures
-from fedzoo.compress.export import export_onnx
 from fedzoo.edge.benchmark import benchmark_model
 from fedzoo.nas.evaluation import EvaluationContext, prepare_subnet
+from fedzoo.nas.export import export_onnx
 from fedzoo.nas.latency import KernelPredictedLatency, LatencyEstimator, make_latency_estimator
 from fedzoo.nas.pareto import hypervolume, non_dominated_fronts, pareto_front
 from fedzoo.nas.search import select_zoo

@@ -1,6 +1,6 @@
 """On-device training of the architectures users bring: our training graph on onnxruntime vs torch eager.
 
-For each hand-built architecture of tests/cloud/architectures.py (MobileNetV3-small with squeeze-excite,
+For each hand-built architecture of tests/graphs/architectures.py (MobileNetV3-small with squeeze-excite,
 ResNet-18, an EfficientNet-B0-like net, SqueezeNet, ShuffleNetV2, LeNet-5, an MLP regressor with MSE),
 exported with non-trivial BatchNorm statistics, side by side in one run, 1 thread each:
 1. time per training step (forward, backward, SGD-momentum update; batch 32), every parameter trained,
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))  # train_benchmark's timing and memory helpers
-sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "cloud"))  # the architectures
+sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "graphs"))  # the architectures
 from train_benchmark import fold_batchnorm, peak_rss_mb, time_steps  # noqa: E402
 
 BATCH_SIZE = 32
@@ -113,7 +113,7 @@ def main() -> None:
     parser.add_argument("--folder", type=Path)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps-per-round", type=int, default=3)
-    parser.add_argument("--architectures", nargs="+", help="default: all of tests/cloud/architectures.py")
+    parser.add_argument("--architectures", nargs="+", help="default: all of tests/graphs/architectures.py")
     arguments = parser.parse_args()
     if arguments.client:  # before importing the architectures, which import torch
         print(json.dumps(CLIENTS[arguments.client](arguments.folder, arguments.architectures[0])))
@@ -128,10 +128,10 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown architectures {unknown}; choose from {sorted(ARCHITECTURES)}")
 
-    from fedzoo.cloud.autodiff import build_training_graph
-    from fedzoo.compress.export import export_onnx
     from fedzoo.edge.optimizers import SGD
     from fedzoo.edge.trainer import Trainer
+    from fedzoo.graphs.autodiff import build_training_graph
+    from fedzoo.nas.export import export_onnx
 
     torch.set_num_threads(1)
     print(f"onnxruntime {onnxruntime.__version__}, torch {torch.__version__}, CPU, 1 thread, batch {BATCH_SIZE}, "

@@ -151,7 +151,7 @@ def subnet_and_shard():
     """The NAS subnet of `ARCH` (torch, train mode, BN statistics from the shard) and a normalised MNIST shard of 640."""
     import torch
 
-    from fedzoo.cloud.data import load_dataset
+    from fedzoo.datasets import load_dataset
     from fedzoo.nas.subnet import build_subnet
 
     torch.manual_seed(0)
@@ -183,10 +183,10 @@ def main() -> None:
     import onnxruntime
     import torch
 
-    from fedzoo.cloud.autodiff import build_training_graph
-    from fedzoo.compress.export import export_onnx
     from fedzoo.edge.optimizers import SGD
     from fedzoo.edge.trainer import Trainer
+    from fedzoo.graphs.autodiff import build_training_graph
+    from fedzoo.nas.export import export_onnx
 
     model, shard_x, shard_y = subnet_and_shard()
     with tempfile.TemporaryDirectory() as directory:

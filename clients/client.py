@@ -82,7 +82,7 @@ class FedzooClient:
         `clock` gives this device's Unix time, which decides when the token is due for rotation.
         `signing_key` is the device's long-term SecAgg+ key where it is not kept in the state file.
         `transport` replaces the network: e.g. `httpx.WSGITransport` into a server app in this process (a
-        simulation's virtual devices, `fedzoo.cloud.simulation.InProcessServer`).
+        simulation's virtual devices, `fedzoo.server.testing.InProcessServer`).
         `operator_keys` pins the operator's key set (`fedzoo keys export-public`; never `GET /v1/keys`, which holds
         the server's key): SecAgg+ neighbours count only with the operator's certificate, and without it this
         device declines SecAgg+ rounds (`operator_keys_required`). It needs the state_file too (the newest device

@@ -33,7 +33,7 @@ import numpy as np
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.errors import ConflictError, IntegrityError, ServerUnavailableError
 from fedzoo.clients.secure_participation import clip_for_privacy, take_part_securely
-from fedzoo.local_training import LocalData, Parameters, train_locally
+from fedzoo.edge.local_training import LocalData, Parameters, train_locally
 from fedzoo.update_codec import Encoding, encode_update, split_statistics
 
 DeltaTransform = Callable[[Parameters], Parameters]

@@ -1,1 +1,1 @@
-"""The cloud side: data sets, the zoo-building pipeline and its CLI commands (PyTorch lives here)."""
+"""The cloud side: the zoo-building pipeline, the fleet simulator and its CLI commands (PyTorch lives here)."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedzoo.local_training import LocalData
+from fedzoo.edge.local_training import LocalData
 
 Parameters = dict[str, np.ndarray]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 import numpy as np
 
-from fedzoo.cloud.data import dirichlet_partition, load_dataset, split_dataset
+from fedzoo.datasets import dirichlet_partition, load_dataset, split_dataset
 from fedzoo.output import format_option, print_json, print_table
 
 

@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from fedzoo.cards import ModelCard
-from fedzoo.cloud.data import DatasetSplit, dirichlet_partition, load_dataset, split_dataset
+from fedzoo.datasets import DatasetSplit, dirichlet_partition, load_dataset, split_dataset
 from fedzoo.errors import FedzooError
 from fedzoo.signing import CardSigningKey
 from fedzoo.zoo import Zoo
@@ -114,7 +114,7 @@ def stage_compress(run: DemoRun) -> str:
 
 
 def stage_training_graphs(run: DemoRun) -> str:
-    from fedzoo.cloud.training_graphs import attach_training_graphs
+    from fedzoo.graphs.training_graphs import attach_training_graphs
 
     updated = attach_training_graphs(run.zoo_dir)
     return f"training graphs attached to {len(updated)} cards (standard ONNX ops only)"

@@ -11,7 +11,7 @@ Stages, in order::
               one process per core (or on Ray); checkpoint after every generation
     cards     extract, recalibrate BN, test accuracy, export ONNX, measure latency, write cards
     compress  pruned and INT8 variants behind the accuracy gate, fine-tuned on every core (fedzoo.compress.pipeline)   (skippable)
-    graphs    a standard-op training graph for every model (fedzoo.cloud.training_graphs)   (skippable)
+    graphs    a standard-op training graph for every model (fedzoo.graphs.training_graphs)   (skippable)
 
 Checkpoints live in `<out>/.checkpoint/`; running the same build again resumes from them. Every random
 draw is seeded from `BuildConfig.seed`, so two builds with the same settings train the same supernet.
@@ -36,10 +36,10 @@ import numpy as np
 import torch
 
 from fedzoo.cards import InputSpec, Latency, Metrics, ModelCard, Normalisation
-from fedzoo.cloud.data import DatasetSplit, Subset, load_dataset, split_dataset
+from fedzoo.datasets import DatasetSplit, Subset, load_dataset, split_dataset
 from fedzoo.cloud.executors import Executor, make_executor
-from fedzoo.cloud.training_graphs import attach_training_graphs
-from fedzoo.cloud.zoo_extraction import write_supernet_card
+from fedzoo.graphs.training_graphs import attach_training_graphs
+from fedzoo.compress.zoo_extraction import write_supernet_card
 from fedzoo.compress.pipeline import compress_zoo
 from fedzoo.edge.device_profile import usable_cores
 from fedzoo.errors import FedzooError, InvalidInputError
@@ -427,7 +427,7 @@ def write_card(
     details: dict[str, Any],
 ) -> ModelCard:
     """Extract one zoo subnet, score it on the test split, export and time its ONNX, and store its card."""
-    from fedzoo.compress.export import export_onnx
+    from fedzoo.nas.export import export_onnx
     from fedzoo.edge.benchmark import benchmark_model
 
     calibration = parts["train"].x[: max(config.resolved_preset().calibration_examples * 4, 1)]

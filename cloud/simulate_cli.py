@@ -96,8 +96,9 @@ def run_simulation(zoo_dir: Path, model_id: str, clients: int, per_round: int, r
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from fedzoo.cloud.data import load_dataset, split_dataset
-    from fedzoo.cloud.simulation import LoopbackServer, Simulation, federation_from_zoo
+    from fedzoo.datasets import load_dataset, split_dataset
+    from fedzoo.cloud.simulation import Simulation, federation_from_zoo
+    from fedzoo.server.testing import LoopbackServer
     from fedzoo.output import progress_wanted
     from fedzoo.zoo import Zoo
 

@@ -10,11 +10,11 @@ from rich.console import Console
 from rich.table import Table
 
 from fedzoo.cards import is_supernet
-from fedzoo.cloud.data import load_dataset, split_dataset
 from fedzoo.compress.finetune import FineTuning
 from fedzoo.compress.pipeline import REPORT_NAME, CompressionReport, compress_zoo
 from fedzoo.compress.pruning import IMPORTANCE_CRITERIA, SCOPES
 from fedzoo.compress.quantize import CALIBRATION_METHODS, DEFAULT_INT8_RECIPES, INT8_RECIPES
+from fedzoo.datasets import load_dataset, split_dataset
 from fedzoo.edge.device_profile import usable_cores
 from fedzoo.errors import InvalidInputError
 from fedzoo.nas.devices import device_option

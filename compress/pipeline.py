@@ -35,16 +35,16 @@ import torch
 from torch import nn
 
 from fedzoo.cards import Latency, Metrics, ModelCard, Pruning, is_supernet
-from fedzoo.cloud.data import DatasetSplit
 from fedzoo.compress.errors import CalibrationDataError
-from fedzoo.compress.export import DEFAULT_TOLERANCE, ExportMismatchError, export_checked, load_onnx_file, max_abs_difference
 from fedzoo.compress.finetune import FineTuning, fine_tune
 from fedzoo.compress.gate import judge, pick_fastest
 from fedzoo.compress.measure import DEVICE_CLASS, Measurement, measure, measure_side_by_side, normalise
 from fedzoo.compress.pruning import PruningResult, prune_channels, resize_to_state_dict
 from fedzoo.compress.quantize import DEFAULT_INT8_RECIPES, INT8_RECIPES, QuantizationRecipe, quantize_int8
+from fedzoo.datasets import DatasetSplit
 from fedzoo.edge.kernels import split_kernels
 from fedzoo.errors import FedzooError, InvalidInputError
+from fedzoo.nas.export import DEFAULT_TOLERANCE, ExportMismatchError, export_checked, load_onnx_file, max_abs_difference
 from fedzoo.zoo import Zoo, atomic_write_bytes, sha256_of_file
 
 logger = logging.getLogger("fedzoo.compress")

@@ -37,8 +37,8 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from fedzoo.compress.compact import compact_model
 from fedzoo.compress.errors import CalibrationDataError, UnsupportedOperationError
-from fedzoo.compress.export import load_onnx_file
 from fedzoo.errors import InvalidInputError
+from fedzoo.nas.export import load_onnx_file
 
 CALIBRATION_METHODS = {
     "minmax": (CalibrationMethod.MinMax, {}),

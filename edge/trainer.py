@@ -1,6 +1,6 @@
 """On-device training with the stock onnxruntime: run the cloud-built training graph, step in numpy.
 
-The training graph (see `fedzoo.cloud.autodiff`, docs/training-graphs.md) takes `x`, `y` and the
+The training graph (see `fedzoo.graphs.autodiff`, docs/training-graphs.md) takes `x`, `y` and the
 trainable parameters as inputs and returns `loss` and `grad.<name>`; the parameters live here as numpy
 arrays, the optimizer updates them between runs. A graph built with `batch_norm="training"` also takes
 BatchNorm running statistics as inputs and returns their updated values as `running.<name>`: they live

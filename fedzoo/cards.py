@@ -166,7 +166,7 @@ class ModelCard(_Strict):
             raise card_error(error) from None
 
 
-SUPERNET_DETAILS = "supernet"  # details key of a zoo's supernet card (fedzoo.cloud.zoo_extraction)
+SUPERNET_DETAILS = "supernet"  # details key of a zoo's supernet card (fedzoo.compress.zoo_extraction)
 
 
 def is_supernet(card: ModelCard) -> bool:

@@ -144,7 +144,7 @@ def subnet_part_keys(model: Subnet, input_shape: tuple[int, ...]) -> list[str]:
 
 
 def _exported(model: nn.Module, input_shape: tuple[int, ...], folder: str) -> Path:
-    from fedzoo.compress.export import export_onnx
+    from fedzoo.nas.export import export_onnx
 
     path = Path(folder) / "candidate.onnx"
     export_onnx(model, input_shape, path)

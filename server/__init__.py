@@ -11,10 +11,9 @@ Layout, web layer to storage:
     enrollment.py   enrollment tokens: create, list, revoke, take one use per registration
     ratelimit.py    per-address, per-device and per-token-prefix rate limits in a store the workers share
     revocations.py  the operator's signed card revocation lists: checked, stored, the newest served
-    enrollment_cli.py  `fedzoo enrollment ...`: the operator's commands, over REST
     lookup.py       the best model under latency and memory budgets, one SQL query
     latency.py      measured -> card device class -> predictor; `LatencyEstimator`
     blobstore.py    `BlobStore` by sha256 (`FileBlobStore`; S3 could implement it)
-    db.py, models.py, migrations/   SQLAlchemy 2.0 tables and their Alembic history
+    db.py, tables.py, migrations/   SQLAlchemy 2.0 tables and their Alembic history
     fl/             federated-learning rounds (its own blueprint, tables and revision); fl/stages/ the stages of a round
 """

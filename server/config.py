@@ -53,7 +53,7 @@ class ServerConfig:
     dp_line_max_epsilon: float = DEFAULT_DP_LINE_MAX_EPSILON
     dp_max_delta: float = DEFAULT_DP_MAX_DELTA
     # fsync every stored blob (an accepted update is on disk before the device hears so); a simulation's
-    # throwaway server turns it off (fedzoo.cloud.simulation.LOOPBACK_ENVIRONMENT)
+    # throwaway server turns it off (fedzoo.server.testing.LOOPBACK_ENVIRONMENT)
     fsync_blobs: bool = True
 
     def __post_init__(self) -> None:

@@ -20,7 +20,7 @@ from fedzoo.device_certificates import DeviceCertificate, DeviceCertificateError
 from fedzoo.device_revocations import DeviceRevocations, verify_revocations
 from fedzoo.errors import NotFoundError
 from fedzoo.server.errors import Conflict, ValidationFailed
-from fedzoo.server.models import DeviceCertificateRecord, DeviceRecord, DeviceRevocationListRecord, as_utc, utc_now
+from fedzoo.server.tables import DeviceCertificateRecord, DeviceRecord, DeviceRevocationListRecord, as_utc, utc_now
 from fedzoo.signing import TrustedKeys
 
 

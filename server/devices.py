@@ -25,7 +25,7 @@ from fedzoo.server.errors import Conflict, Unauthorized, ValidationFailed
 from fedzoo.server.latency import (
     MEASURED_WINDOW_REPORTS, DeviceScales, LatencyEstimator, measured_median_ms, slot_values,
 )
-from fedzoo.server.models import (
+from fedzoo.server.tables import (
     SCALE_COLUMNS, DeviceRecord, LatencyReport, MeasuredLatency, ModelRecord, as_utc, utc_now,
 )
 

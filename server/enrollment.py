@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from fedzoo.errors import NotFoundError
 from fedzoo.server.auth import hash_token, new_device_token
 from fedzoo.server.errors import Forbidden, Unauthorized
-from fedzoo.server.models import EnrollmentToken, as_utc
+from fedzoo.server.tables import EnrollmentToken, as_utc
 
 
 @dataclass(frozen=True)

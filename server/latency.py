@@ -40,7 +40,7 @@ from statistics import median
 from fedzoo.cards import ModelCard
 from fedzoo.device import DeviceProfile
 from fedzoo.errors import FedzooError
-from fedzoo.server.models import LATENCY_SLOTS
+from fedzoo.server.tables import LATENCY_SLOTS
 
 # The card's latency under this device class is the reference device's (used by the fallback).
 REFERENCE_DEVICE_CLASS = "reference"

@@ -40,8 +40,8 @@ from sqlalchemy.orm import Session
 from fedzoo.cards import ModelCard
 from fedzoo.server.devices import AuthenticatedDevice
 from fedzoo.server.errors import NoModelFits, NotFound
-from fedzoo.server.models import COST_COLUMNS, FACTOR_COLUMNS, SCALE_COLUMNS
 from fedzoo.server.online_calibration import CARD_CLASS_LOG_SIGMA, MEASURED_LOG_SIGMA, initial_log_sigma
+from fedzoo.server.tables import COST_COLUMNS, FACTOR_COLUMNS, SCALE_COLUMNS
 
 BYTES_PER_MB = 1024 * 1024
 RUNTIME_OVERHEAD_MB = 16.0

@@ -48,7 +48,7 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from fedzoo.server.models import (
+from fedzoo.server.tables import (
     COST_COLUMNS, FACTOR_COLUMNS, LATENCY_SLOTS, SCALE_COLUMNS, ClassLatencyCalibration, DeviceRecord,
     MeasuredLatency, ModelRecord, utc_now,
 )

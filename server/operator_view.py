@@ -15,9 +15,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from fedzoo.errors import NotFoundError
-from fedzoo.server.fl.models import FLParticipant, FLQuarantine, FLRefusedUpload, FLRound, FLUpdate
 from fedzoo.server.fl.round_context import MAX_ROUND_ID, as_utc
-from fedzoo.server.models import (
+from fedzoo.server.fl.tables import FLParticipant, FLQuarantine, FLRefusedUpload, FLRound, FLUpdate
+from fedzoo.server.tables import (
     COST_COLUMNS, SCALE_COLUMNS, DeviceRecord, MeasuredLatency, ModelClassLatency, ModelRecord,
 )
 

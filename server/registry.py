@@ -25,7 +25,7 @@ from fedzoo.server.blobstore import BlobStore
 from fedzoo.server.errors import Conflict
 from fedzoo.server.latency import LatencyEstimator, ModelCosts, slot_values
 from fedzoo.server.lookup import estimate_memory_mb
-from fedzoo.server.models import (
+from fedzoo.server.tables import (
     COST_COLUMNS, SCALE_COLUMNS, ClassLatencyCalibration, DeviceRecord, MeasuredLatency, ModelClassLatency,
     ModelRecord,
 )

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from fedzoo.errors import CardSignatureError
 from fedzoo.revocation import RevocationList, verify_revocation_list
 from fedzoo.server.errors import Conflict, ValidationFailed
-from fedzoo.server.models import RevocationListRecord
+from fedzoo.server.tables import RevocationListRecord
 from fedzoo.signing import TrustedKeys
 
 

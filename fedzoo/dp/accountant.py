@@ -21,12 +21,12 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
-
-import dp_accounting
-from dp_accounting import pld, rdp
+from typing import TYPE_CHECKING, Any, Literal
 
 from fedzoo.errors import FedzooError, InvalidInputError
+
+if TYPE_CHECKING:  # imported where an epsilon is computed: importing fedzoo.dp does not need dp-accounting
+    import dp_accounting
 
 Mechanism = Literal["rdp", "pld"]
 LineEvents = list[list[float]]
@@ -39,6 +39,8 @@ class PrivacyBudgetExhausted(FedzooError):
 
 def round_event(noise_multiplier: float, sampling_probability: float) -> dp_accounting.DpEvent:
     """One round as a dp-accounting event."""
+    import dp_accounting
+
     gaussian = dp_accounting.GaussianDpEvent(noise_multiplier)
     if sampling_probability == 1.0:
         return gaussian
@@ -46,6 +48,8 @@ def round_event(noise_multiplier: float, sampling_probability: float) -> dp_acco
 
 
 def _fresh(mechanism: Mechanism) -> dp_accounting.PrivacyAccountant:
+    from dp_accounting import pld, rdp
+
     return rdp.RdpAccountant() if mechanism == "rdp" else pld.PLDAccountant()
 
 
@@ -92,6 +96,7 @@ def noise_multiplier_for(epsilon: float, delta: float, rounds: int, sampling_pro
     if not math.isfinite(epsilon) or epsilon <= 0:
         raise InvalidInputError(f"epsilon must be a positive number, got {epsilon}", field="epsilon")
     _check(1.0, sampling_probability, delta, mechanism)
+    import dp_accounting
 
     def event(noise_multiplier: float) -> dp_accounting.DpEvent:
         return dp_accounting.SelfComposedDpEvent(round_event(noise_multiplier, sampling_probability), rounds)

@@ -17,8 +17,8 @@ from fedzoo.server import devices, operator_view, registry
 from fedzoo.server.dashboard import charts, session as login
 from fedzoo.server.errors import Forbidden, from_domain_error
 from fedzoo.server.fl import quarantine as device_quarantine
-from fedzoo.server.fl.models import ROUND_STATES
 from fedzoo.server.fl.routes import service
+from fedzoo.server.fl.tables import ROUND_STATES
 from fedzoo.server.operator_schemas import DeviceListQuery, PageQuery, RoundListQuery
 from fedzoo.server.routes.common import (
     EXTENSION_KEY, context, count_operator_auth_failure, query_args, refuse_operator_guess,

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from fedzoo.cards import ModelCard
 from fedzoo.dp.accountant import PrivacyBudgetExhausted
 from fedzoo.server import registry
-from fedzoo.server.fl.models import ACTIVE_STATES, FLRound
+from fedzoo.server.fl.tables import ACTIVE_STATES, FLRound
 from fedzoo.server.fl.round_context import RoundContext
 from fedzoo.server.fl.schemas import RoundConfig
 from fedzoo.server.fl.secure_rounds import config_for_round

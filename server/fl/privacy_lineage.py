@@ -18,7 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from fedzoo.cards import ModelCard
-from fedzoo.server.models import ModelRecord
+from fedzoo.server.tables import ModelRecord
 
 MAX_LINEAGE_CARDS = 256  # a lineage walk stops here (a registry's chains are far shorter)
 

@@ -25,7 +25,7 @@ from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session
 
 from fedzoo.errors import NotFoundError
-from fedzoo.server.fl.models import SEAT_FAILURES, FLPrivateRound, FLQuarantine, FLRefusedUpload, FLUpdate
+from fedzoo.server.fl.tables import SEAT_FAILURES, FLPrivateRound, FLQuarantine, FLRefusedUpload, FLUpdate
 from fedzoo.server.fl.schemas import QuarantinePolicy
 from fedzoo.server.fl.screening import REVOKED_REASON
 

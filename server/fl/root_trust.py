@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from fedzoo.cards import ModelCard
-from fedzoo.local_training import LocalData, train_locally
+from fedzoo.edge.local_training import LocalData, train_locally
 from fedzoo.update_codec import split_statistics
 from fedzoo.errors import InvalidInputError
 from fedzoo.server.fl.schemas import RootTrust, TrainingConfig

@@ -16,7 +16,7 @@ from fedzoo.errors import NotFoundError
 from fedzoo.server.blobstore import BlobStore
 from fedzoo.server.db import Database
 from fedzoo.server.fl.base_models import BaseModels
-from fedzoo.server.fl.models import FLRound, FLSubnetAssignment, FLUpdate
+from fedzoo.server.fl.tables import FLRound, FLSubnetAssignment, FLUpdate
 from fedzoo.server.fl.schemas import RoundConfig
 from fedzoo.server.fl.secure_rounds import PrivateRounds
 from fedzoo.server.fl.strategies import Parameters

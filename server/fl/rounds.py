@@ -76,7 +76,7 @@ from fedzoo.server.fl.base_models import BaseModels, RoundBase, max_upload_bytes
 from fedzoo.server.fl.eligibility import DECLINED
 from fedzoo.server.fl.faults import crash_point
 from fedzoo.server.fl.lifecycle import AGGREGATION_LEASE_S, RoundLifecycle
-from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLRefusedUpload, FLRound, FLUpdate
+from fedzoo.server.fl.tables import ACTIVE_STATES, FLParticipant, FLRefusedUpload, FLRound, FLUpdate
 from fedzoo.server.fl.round_context import RoundContext, as_utc, count_rows, find_round, utc_now
 from fedzoo.server.fl.schemas import RoundConfig, TaskResponse, UpdateMetadata
 from fedzoo.server.fl.screening import Screened
@@ -89,7 +89,7 @@ from fedzoo.server.fl.stages.selection import Selection
 from fedzoo.server.fl.strategies import ClientUpdate, Strategy, make_strategy, require_secure_aggregation_support
 from fedzoo.server.fl.zoo_plan import ZooPlan, is_zoo
 from fedzoo.server.latency import LatencyEstimator
-from fedzoo.server.models import DeviceRecord
+from fedzoo.server.tables import DeviceRecord
 from fedzoo.signing import CardSigningKey
 
 log = logging.getLogger(__name__)

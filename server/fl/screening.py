@@ -31,7 +31,7 @@ class Screened:
     """One update after screening: what the strategy gets (None when rejected) and why."""
 
     original: ClientUpdate
-    outcome: str  # "counted", "clipped" or "rejected" (fedzoo.server.fl.models.SCREENING_OUTCOMES)
+    outcome: str  # "counted", "clipped" or "rejected" (fedzoo.server.fl.tables.SCREENING_OUTCOMES)
     reason: str | None
     update: ClientUpdate | None  # its num_examples is the weight the strategy gives it
     root_cosine: float | None = None  # FLTrust: cosine with the server's own update (fedzoo.server.fl.root_trust)

@@ -63,13 +63,13 @@ from fedzoo.server import device_certificates
 from fedzoo.server.db import Database
 from fedzoo.server.errors import Conflict, Forbidden, ValidationFailed
 from fedzoo.server.fl import quarantine
-from fedzoo.server.fl.models import (ACTIVE_STATES, FLParticipant, FLPrivateRound, FLRefusedUpload, FLRound,
+from fedzoo.server.fl.tables import (ACTIVE_STATES, FLParticipant, FLPrivateRound, FLRefusedUpload, FLRound,
                                     FLSecureMessage, PrivacyLine, SEAT_FAILURES)
 from fedzoo.server.fl.privacy_lineage import lineage_claim
 from fedzoo.server.fl.schemas import (DpSettings, QuarantinePolicy, RoundConfig, SecureAggregationSettings,
                                      SecureAggregationTask, TaskPrivacy)
 from fedzoo.server.fl.strategies import Parameters, Strategy
-from fedzoo.server.models import DeviceRecord
+from fedzoo.server.tables import DeviceRecord
 
 SELECTION, DONE = "selection", "done"
 COLLECT = {"advertise_keys": "collect_keys", "share_keys": "collect_shares", "masked_input": "collect_masked_inputs",

@@ -43,7 +43,7 @@ from fedzoo.nas.subnet_mapping import Weights, map_back
 from fedzoo.server import registry
 from fedzoo.server.devices import AuthenticatedDevice
 from fedzoo.server.fl.evaluation import GateReference, client_reported_metrics, decide_publication, evaluate
-from fedzoo.server.fl.models import FLRound, FLSubnetAssignment, FLUpdate
+from fedzoo.server.fl.tables import FLRound, FLSubnetAssignment, FLUpdate
 from fedzoo.server.fl.per_element import (
     CoverageSum, coverage_by_layer, coverage_report, is_statistic, require_mean_only, step_supernet,
 )
@@ -54,10 +54,10 @@ from fedzoo.server.fl.stages.screening import ScreenedRound, screen_round
 from fedzoo.server.fl.strategies import Strategy
 from fedzoo.server.latency import LatencyEstimator
 from fedzoo.server.lookup import LookupQuery, lookup
-from fedzoo.server.models import DeviceRecord, ModelRecord
+from fedzoo.server.tables import DeviceRecord, ModelRecord
 from fedzoo.signing import CardSigningKey, sign_card
 
-WEIGHTS_ARTIFACT = "supernet_weights"  # as fedzoo.cloud.zoo_extraction (not imported: it imports torch)
+WEIGHTS_ARTIFACT = "supernet_weights"  # as fedzoo.compress.zoo_extraction (not imported: it imports torch)
 SUBNET_TASK_SUFFIX = ".subnet"
 COMPRESSION_TOLERANCE = 0.01  # an INT8 variant may lose at most 1 point against its fp32 model (fedzoo.compress.gate)
 
@@ -297,7 +297,7 @@ class ZooPlan:
         card_id = f"{supernet.card.id}-{arch_hash(arch)}"[:120] + f"-t{supernet.card.version}"
         if session.get(ModelRecord, card_id) is not None:
             return card_id
-        from fedzoo.cloud.zoo_extraction import SupernetSpec, training_blobs
+        from fedzoo.compress.zoo_extraction import SupernetSpec, training_blobs
 
         spec = SupernetSpec(supernet.space, supernet.num_classes, supernet.in_channels, supernet.task,
                             supernet.zoo_family)
@@ -426,7 +426,7 @@ class ZooPlan:
         alone give). Each INT8 variant (`variants` by zoo model id) is re-quantized from a re-extracted model that
         passed, with its own recipe, and gated twice: against its line (the plan's `max_accuracy_drop`) and
         against the new fp32 model (the compression gate's tolerance). `progress` hears the zoo models done."""
-        from fedzoo.cloud.zoo_extraction import SupernetSpec, deployable_blob, inference_training_graph, requantized_blob
+        from fedzoo.compress.zoo_extraction import SupernetSpec, deployable_blob, inference_training_graph, requantized_blob
 
         started = time.perf_counter()
         spec = SupernetSpec(supernet.space, supernet.num_classes, supernet.in_channels, supernet.task,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from alembic import context
 
-from fedzoo.server import models  # noqa: F401  (registers the registry tables on Base.metadata)
+from fedzoo.server import tables  # noqa: F401  (registers the registry tables on Base.metadata)
 from fedzoo.server.db import Base, make_engine
-from fedzoo.server.fl import models as fl_models  # noqa: F401  (and the federated-learning tables)
+from fedzoo.server.fl import tables as fl_tables  # noqa: F401  (and the federated-learning tables)
 
 target_metadata = Base.metadata
 

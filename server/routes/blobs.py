@@ -22,12 +22,12 @@ from fedzoo.cards import SHA256_PATTERN
 from fedzoo.server import registry
 from fedzoo.server.blobstore import BlobStore, check_digest
 from fedzoo.server.errors import BadRequest, NotFound, RangeNotSatisfiable, UnsupportedMediaType
+from fedzoo.server.fl.tables import FLRound
 from fedzoo.server.openapi import OCTET_STREAM, documented
-from fedzoo.server.fl.models import FLRound
-from fedzoo.server.models import ModelRecord
 from fedzoo.server.routes.common import context, json_response, raw_body, require_admin_token, require_reader_token
 from fedzoo.server.routes.models import MODEL_ID
 from fedzoo.server.schemas import BlobUploadResponse
+from fedzoo.server.tables import ModelRecord
 
 blueprint = Blueprint("blobs", __name__)
 SHA256_PARAM = {"sha256": {"type": "string", "pattern": SHA256_PATTERN}}

@@ -9,8 +9,8 @@ from fedzoo.device import DeviceProfile
 from fedzoo.server import devices, enrollment
 from fedzoo.server.auth import bearer_token
 from fedzoo.server.errors import Forbidden, Unauthorized
-from fedzoo.server.models import as_utc
 from fedzoo.server.openapi import documented
+from fedzoo.server.tables import as_utc
 from fedzoo.server.routes.common import (
     calling_device, context, json_body, json_response, rate_limit, require_admin_token,
 )

@@ -5,8 +5,8 @@ from __future__ import annotations
 from flask import Blueprint, Response
 
 from fedzoo.server import enrollment
-from fedzoo.server.models import EnrollmentToken, as_utc
 from fedzoo.server.openapi import documented
+from fedzoo.server.tables import EnrollmentToken, as_utc
 from fedzoo.server.routes.common import (
     context, json_body, json_response, next_offset, query_args, require_admin_token,
 )

@@ -56,7 +56,8 @@ from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.secagg import crypto, flatten, unflatten
 from fedzoo.secagg.messages import to_base64
 from fedzoo.server.fl import secure_rounds
-from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, Simulation, prepare_federation
+from fedzoo.cloud.simulation import Simulation, prepare_federation
+from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
 from fedzoo.edge.runtime import EdgeSession
 from fedzoo.signing import CardSigningKey, TrustedKeys

@@ -29,11 +29,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from fedzoo.cloud.autodiff import build_training_graph
-from fedzoo.cloud.data import load_dataset, split_dataset
+from fedzoo.graphs.autodiff import build_training_graph
+from fedzoo.datasets import load_dataset, split_dataset
 from fedzoo.cloud.simulation import mlp_classifier
 from fedzoo.cards import Normalisation
-from fedzoo.local_training import LocalData, normalise, train_locally
+from fedzoo.edge.local_training import LocalData, normalise, train_locally
 from fedzoo.update_codec import encode_update
 from fedzoo.edge.calibration_models import calibration_model
 from fedzoo.edge.onnx_initializers import read_float_initializers

@@ -13,7 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from fedzoo.cli import cli, main
-from fedzoo.cloud.simulation import LoopbackServer, Simulation, prepare_federation
+from fedzoo.cloud.simulation import Simulation, prepare_federation
+from fedzoo.server.testing import LoopbackServer
 
 # the accuracy gate is open (max_accuracy_drop 1.0): these tests are about the operator's view of rounds, and
 # whether a round's aggregate clears a gate depends on the CPU's numerics
@@ -338,7 +339,7 @@ def test_a_refused_token_is_the_servers_message_and_field(fleet, tmp_path):
 
 
 def test_zoo_show_of_a_round_without_a_zoo_outcome_is_a_message_not_a_traceback():
-    from fedzoo.clients.operator_cli import zoo_round_report
+    from fedzoo.admin.operator_cli import zoo_round_report
 
     with pytest.raises(click.ClickException, match="round 3 is closed and has no zoo-wide outcome"):
         zoo_round_report({"id": 3, "state": "closed", "outcome": {"metrics": {"accuracy": 0.9}}})

@@ -10,7 +10,8 @@ from click.testing import CliRunner
 from fedzoo.clients.cli import client as client_cli
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.participation import participation_loop, run_task, train_locally
-from fedzoo.cloud.simulation import LoopbackServer, Simulation, prepare_federation
+from fedzoo.cloud.simulation import Simulation, prepare_federation
+from fedzoo.server.testing import LoopbackServer
 
 TRAINING = {"local_epochs": 2, "batch_size": 16, "learning_rate": 0.1, "optimizer": "sgd", "momentum": 0.0}
 

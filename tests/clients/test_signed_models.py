@@ -21,9 +21,10 @@ from fedzoo.clients.cli import client as client_cli
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.errors import CardSignatureError, IntegrityError
 from fedzoo.clients.participation import participate_once, run_task
-from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, Simulation, prepare_federation
+from fedzoo.cloud.simulation import Simulation, prepare_federation
 from fedzoo.errors import InvalidInputError
 from fedzoo.revocation import sign_revocation_list
+from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.signing import CardSigningKey, TrustedKeys, sign_card
 
 OPERATOR = CardSigningKey.from_seed(bytes(range(32)))

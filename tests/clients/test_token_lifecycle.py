@@ -13,8 +13,8 @@ import pytest
 
 from fedzoo.clients.client import REFRESH_AT_LIFETIME_FRACTION, FedzooClient
 from fedzoo.clients.errors import AuthenticationError, ReregistrationRequiredError
-from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
+from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 
 TOKEN_TTL_S = 4
 

@@ -13,7 +13,7 @@ from fedzoo.cards import is_supernet
 from fedzoo.cloud import pipeline
 from fedzoo.cloud.executors import InProcessExecutor, ProcessExecutor, make_executor
 from fedzoo.cloud.pipeline import BuildConfig, BuildInterrupted, build_zoo
-from fedzoo.cloud.zoo_extraction import WEIGHTS_ARTIFACT, SupernetSpec, read_weights_npz
+from fedzoo.compress.zoo_extraction import WEIGHTS_ARTIFACT, SupernetSpec, read_weights_npz
 from fedzoo.errors import InvalidInputError
 from fedzoo.nas.devices import resolve_device
 from fedzoo.nas.latency import MacsLatencyModel

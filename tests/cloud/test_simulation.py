@@ -7,15 +7,10 @@ import importlib.util
 import numpy as np
 import pytest
 
-from fedzoo.cloud.simulation import (
-    LoopbackServer,
-    ScaledUpdateAttack,
-    Simulation,
-    centralized_baseline,
-    prepare_federation,
-)
+from fedzoo.cloud.simulation import ScaledUpdateAttack, Simulation, centralized_baseline, prepare_federation
 from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.errors import InvalidInputError
+from fedzoo.server.testing import LoopbackServer
 
 
 @pytest.fixture(scope="module")
@@ -123,9 +118,9 @@ def test_ray_executor_runs_devices_as_parallel_tasks(federation, tmp_path):
 
 @pytest.mark.slow
 def test_a_zoo_subnet_fine_tunes_on_data_the_build_never_saw(tmp_path):
-    from fedzoo.cloud.data import load_dataset, split_dataset
     from fedzoo.cloud.pipeline import PRESETS, BuildConfig, build_zoo
     from fedzoo.cloud.simulation import federation_from_zoo
+    from fedzoo.datasets import load_dataset, split_dataset
 
     build = build_zoo(BuildConfig(dataset="digits", out=tmp_path / "zoo", preset="tiny", latency_source="macs",
                                   compress=False, executor="in-process"))

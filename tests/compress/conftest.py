@@ -32,7 +32,7 @@ def trained_mobilenet(digits, tmp_path_factory):
     from models import TinyMobileNet
     from zoo_factory import train
 
-    from fedzoo.compress.export import export_checked
+    from fedzoo.nas.export import export_checked
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -4,8 +4,8 @@ import pytest
 from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
 from fedzoo.compress.compact import compact_model
-from fedzoo.compress.export import onnx_outputs
 from fedzoo.compress.quantize import _ArrayReader
+from fedzoo.nas.export import onnx_outputs
 
 
 @pytest.fixture(scope="module")

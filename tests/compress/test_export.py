@@ -4,7 +4,7 @@ import pytest
 import torch
 from models import PlainNet, TinyMobileNet, randomise_batchnorm
 
-from fedzoo.compress.export import (
+from fedzoo.nas.export import (
     OPSET,
     ExportMismatchError,
     assert_equivalent,

@@ -8,10 +8,10 @@ from click.testing import CliRunner
 from torch import nn
 from zoo_factory import add_trained_model, digits_arch, digits_split, make_arch, snapshot
 
-from fedzoo.cloud.data import DatasetSplit, Subset
+from fedzoo.datasets import DatasetSplit, Subset
 from fedzoo.compress.cli import compress
 from fedzoo.compress.errors import CalibrationDataError, UnsupportedOperationError
-from fedzoo.compress.export import export_onnx
+from fedzoo.nas.export import export_onnx
 from fedzoo.compress.finetune import FineTuning
 from fedzoo.compress.pipeline import REPORT_NAME, compress_zoo, default_model_builder
 from fedzoo.compress.quantize import DEFAULT_INT8_RECIPES, INT8_RECIPES

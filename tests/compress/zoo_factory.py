@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from fedzoo.cards import InputSpec, Latency, Metrics, ModelCard, Normalisation
-from fedzoo.cloud.data import DatasetSplit, load_dataset, split_dataset
-from fedzoo.compress.export import export_checked
 from fedzoo.compress.macs import count_cost
 from fedzoo.compress.measure import evaluate_onnx, normalise
+from fedzoo.datasets import DatasetSplit, load_dataset, split_dataset
+from fedzoo.nas.export import export_checked
 from fedzoo.nas.subnet import build_subnet
 from fedzoo.zoo import Zoo
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fedzoo.cloud.simulation import LoopbackServer, Simulation, prepare_federation
+from fedzoo.cloud.simulation import Simulation, prepare_federation
+from fedzoo.server.testing import LoopbackServer
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "python-sdk.md"
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)

@@ -14,13 +14,13 @@ import torch
 from onnx import helper, numpy_helper
 from torch import nn
 
-from fedzoo.cloud.autodiff import build_training_graph
-from fedzoo.cloud.data import dirichlet_partition, load_dataset, split_dataset
-from fedzoo.compress.export import export_onnx
+from fedzoo.datasets import dirichlet_partition, load_dataset, split_dataset
 from fedzoo.edge.onnx_initializers import read_float_initializers, replace_initializers
 from fedzoo.edge.optimizers import SGD
 from fedzoo.edge.trainer import Trainer, load_parameters, save_parameters, write_parameters
 from fedzoo.errors import InvalidInputError
+from fedzoo.graphs.autodiff import build_training_graph
+from fedzoo.nas.export import export_onnx
 
 torch.set_num_threads(1)
 

@@ -8,8 +8,8 @@ import os
 import numpy as np
 import torch
 
-from fedzoo.cloud.data import load_dataset, split_dataset
 from fedzoo.cloud.pipeline import BuildReporter
+from fedzoo.datasets import load_dataset, split_dataset
 from fedzoo.nas.distributed import join_workers, leave_workers, synchronise_batchnorm
 from fedzoo.nas.space import tiny_space
 from fedzoo.nas.supernet import Supernet

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedzoo.compress.export import export_onnx
 from fedzoo.compress.pruning import prune_channels
 from fedzoo.errors import InvalidInputError
+from fedzoo.nas.export import export_onnx
 from fedzoo.nas.latency import KernelPredictedLatency, MacsLatencyModel, MeasuredOnnxLatency, make_latency_estimator
 from fedzoo.nas.space import tiny_space
 from fedzoo.nas.subnet import build_subnet, count_macs

@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedzoo.compress.export import export_onnx
 from fedzoo.errors import InvalidInputError
+from fedzoo.nas.export import export_onnx
 from fedzoo.nas.space import arch_hash, arch_key, default_space, tiny_space
 from fedzoo.nas.subnet import build_subnet, count_macs, count_params, recalibrate_batchnorm
 from fedzoo.nas.supernet import Supernet, extract_subnet

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedzoo.cloud.data import load_dataset, split_dataset
+from fedzoo.datasets import load_dataset, split_dataset
 from fedzoo.nas.evaluation import prepare_subnet
 from fedzoo.nas.space import tiny_space
 from fedzoo.nas.subnet import build_subnet, evaluate_accuracy

@@ -32,7 +32,7 @@ def live_server(server_config: ServerConfig) -> Iterator[LiveServer]:
 @pytest.fixture
 def server(tmp_path: Path):
     """The real server app on a loopback port (`LoopbackServer`), its data in tmp_path."""
-    from fedzoo.cloud.simulation import LoopbackServer
+    from fedzoo.server.testing import LoopbackServer
 
     with LoopbackServer(tmp_path / "server") as running:
         yield running

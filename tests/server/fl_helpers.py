@@ -20,7 +20,8 @@ from fedzoo.secagg.signatures import load_signing_key
 @contextmanager
 def ready_simulation(federation, server_url: str, cache_root: Path, admin_token: str | None = None) -> Iterator[Any]:
     """A Simulation whose base model is published and whose devices are registered."""
-    from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, Simulation
+    from fedzoo.cloud.simulation import Simulation
+    from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN
 
     with Simulation(federation, server_url, admin_token or DEFAULT_ADMIN_TOKEN, cache_root=cache_root) as simulation:
         simulation.publish_base_model()

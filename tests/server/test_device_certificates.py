@@ -16,13 +16,14 @@ from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.device_certification import revoke_device_keys
 from fedzoo.clients.http import FedzooHTTP
 from fedzoo.clients.participation import LocalData, participate_once
-from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, prepare_federation
+from fedzoo.cloud.simulation import prepare_federation
 from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
 from fedzoo.device_certificates import issue_certificate
 from fedzoo.secagg import SecAggClient, SecAggConfig, signatures
 from fedzoo.server import device_certificates as server_certificates
 from fedzoo.server.card_keys import SERVER_KEY_FILE
 from fedzoo.server.fl import secure_rounds
+from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.signing import CardSigningKey
 from fl_helpers import device_client, round_config, wait_for_round_end
 

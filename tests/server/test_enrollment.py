@@ -22,7 +22,7 @@ from sqlalchemy import update
 from fedzoo.cli import main as fedzoo_main
 from fedzoo.secagg import signatures
 from fedzoo.server.app import create_app
-from fedzoo.server.models import DeviceRecord, EnrollmentToken
+from fedzoo.server.tables import DeviceRecord, EnrollmentToken
 
 GOOD_LOOKUP = {"task": "digits", "latency_budget_ms": 100.0}
 

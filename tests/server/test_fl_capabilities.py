@@ -8,7 +8,8 @@ from fedzoo.capabilities import PYTHON_SDK, SECURE_AGGREGATION_VERSION, Capabili
 from fedzoo.clients import secure_participation
 from fedzoo.clients.errors import BadRequestError, PermissionDeniedError
 from fedzoo.clients.participation import participate_once
-from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, prepare_federation
+from fedzoo.cloud.simulation import prepare_federation
+from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fl_helpers import device_client, ready_simulation, round_config
 
 DEVICES = 4

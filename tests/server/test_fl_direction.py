@@ -12,8 +12,8 @@ import pytest
 from fl_helpers import honest_delta, round_config, selected_tasks, upload
 
 from fedzoo.cloud.attacks import WeightGrabAttack
+from fedzoo.edge.local_training import train_locally
 from fedzoo.edge.onnx_initializers import read_float_initializers
-from fedzoo.local_training import train_locally
 from fedzoo.server.fl.schemas import RoundConfig
 from fedzoo.server.fl.stages.screening import round_defences
 from fedzoo.update_codec import split_statistics

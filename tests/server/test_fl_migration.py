@@ -11,7 +11,7 @@ from sqlalchemy import inspect
 
 from fedzoo.server import migrations
 from fedzoo.server.db import Base, make_engine
-import fedzoo.server.fl.models  # noqa: F401  (registers the FL tables on Base.metadata)
+import fedzoo.server.fl.tables  # noqa: F401  (registers the FL tables on Base.metadata)
 
 FL_TABLES = {"fl_rounds", "fl_participants", "fl_updates"}
 

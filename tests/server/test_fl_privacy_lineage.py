@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from fedzoo.cards import ModelCard
-from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, prepare_federation
+from fedzoo.cloud.simulation import prepare_federation
 from fedzoo.dp.accountant import epsilon_of_events
 from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.edge.trainer import write_parameters
+from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fl_helpers import device_client, honest_delta, ready_simulation, round_config, upload
 
 ADMIN = DEFAULT_ADMIN_TOKEN

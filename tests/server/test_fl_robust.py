@@ -18,9 +18,9 @@ from server_helpers import log_in
 
 from fedzoo.cards import Metrics
 from fedzoo.cli import cli, main
-from fedzoo.local_training import train_locally
+from fedzoo.edge.local_training import train_locally
 from fedzoo.update_codec import split_statistics
-from fedzoo.cloud.simulation import LoopbackServer
+from fedzoo.server.testing import LoopbackServer
 from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.errors import InvalidInputError
 from fedzoo.server.fl.evaluation import GateReference, best_published, decide_publication

@@ -13,9 +13,10 @@ import pytest
 
 from fedzoo.clients.errors import AuthenticationError, BadRequestError, ConflictError, PayloadTooLargeError, PermissionDeniedError
 from fedzoo.clients.participation import run_task
-from fedzoo.local_training import normalise
+from fedzoo.edge.local_training import normalise
 from fedzoo.update_codec import encode_update
-from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, Simulation, accuracy_of, prepare_federation
+from fedzoo.cloud.simulation import Simulation, accuracy_of, prepare_federation
+from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.server.fl import rounds
 from fl_helpers import device_client, honest_delta, ready_simulation, round_config, upload
 

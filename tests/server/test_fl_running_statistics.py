@@ -13,10 +13,11 @@ from fl_helpers import device_client, honest_delta, round_config, upload
 from torch import nn
 
 from fedzoo.clients.errors import BadRequestError
-from fedzoo.local_training import normalise
+from fedzoo.edge.local_training import normalise
 from fedzoo.update_codec import decode_update, encode_update, split_statistics, statistics_delta
-from fedzoo.cloud.autodiff import build_training_graph
-from fedzoo.cloud.simulation import LoopbackServer, Simulation, prepare_federation
+from fedzoo.graphs.autodiff import build_training_graph
+from fedzoo.cloud.simulation import Simulation, prepare_federation
+from fedzoo.server.testing import LoopbackServer
 from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.server.fl.running_statistics import aggregate_statistics
 from fedzoo.server.fl.schemas import NormBound

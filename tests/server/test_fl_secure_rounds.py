@@ -12,7 +12,7 @@ import pytest
 
 from fedzoo.clients.participation import LocalData, participate_once
 from fedzoo.clients.secure_participation import answer_stage
-from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, prepare_federation
+from fedzoo.cloud.simulation import prepare_federation
 from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.secagg import SecAggClient, SecAggConfig, dequantise_sum, flatten, quantise, signatures, unflatten
 from fedzoo.secagg.crypto import MASK_DTYPES
@@ -20,6 +20,7 @@ from fedzoo.secagg.framing import decode_unmask
 from fedzoo.server.fl import secure_rounds
 from fedzoo.server.fl.root_trust import train_root_update
 from fedzoo.server.fl.schemas import TrainingConfig
+from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fl_helpers import device_client, ready_simulation, round_config, wait_for_round_end
 
 ADMIN = DEFAULT_ADMIN_TOKEN

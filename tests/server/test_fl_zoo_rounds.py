@@ -26,13 +26,13 @@ from server_helpers import fresh_postgres_database, log_in
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.errors import APIError
 from fedzoo.clients.participation import run_task
-from fedzoo.edge.runtime import create_session
-from fedzoo.local_training import LocalData, normalise
-from fedzoo.cloud.data import dirichlet_partition, load_dataset, split_dataset
-from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer
-from fedzoo.cloud.zoo_extraction import requantized_blob
+from fedzoo.compress.zoo_extraction import requantized_blob
+from fedzoo.datasets import dirichlet_partition, load_dataset, split_dataset
 from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
-from fedzoo.server.fl.models import FLRound
+from fedzoo.edge.local_training import LocalData, normalise
+from fedzoo.edge.runtime import create_session
+from fedzoo.server.fl.tables import FLRound
+from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.zoo import Zoo
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ from fedzoo.server.blobstore import FileBlobStore
 from fedzoo.server.db import Database
 from fedzoo.server.latency import CalibrationScalingEstimator, KernelPredictorEstimator
 from fedzoo.server.lookup import LookupQuery, lookup
-from fedzoo.server.models import FACTOR_COLUMNS, ClassLatencyCalibration, DeviceRecord, MeasuredLatency, ModelRecord
+from fedzoo.server.tables import FACTOR_COLUMNS, ClassLatencyCalibration, DeviceRecord, MeasuredLatency, ModelRecord
 
 
 def test_calibration_scaling_is_the_geometric_mean_of_the_ratios():

@@ -5,7 +5,8 @@ import pytest
 from fl_helpers import round_config
 from server_helpers import make_card, tiny_onnx_model
 
-from fedzoo.cloud.simulation import LoopbackServer, Simulation, prepare_federation
+from fedzoo.cloud.simulation import Simulation, prepare_federation
+from fedzoo.server.testing import LoopbackServer
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from fedzoo.server.db import Database
 from fedzoo.server.errors import NoModelFits, NotFound
 from fedzoo.server.latency import CalibrationScalingEstimator
 from fedzoo.server.lookup import LookupQuery, estimate_memory_mb, lookup
-from fedzoo.server.models import ClassLatencyCalibration, DeviceRecord, ModelRecord
+from fedzoo.server.tables import ClassLatencyCalibration, DeviceRecord, ModelRecord
 
 CLASSES = ["pi4", "phone", None]
 

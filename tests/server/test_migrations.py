@@ -20,7 +20,7 @@ from fedzoo.server.blobstore import FileBlobStore
 from fedzoo.server.db import Base, Database
 from fedzoo.server.latency import CalibrationScalingEstimator
 from fedzoo.server.auth import hash_token
-from fedzoo.server.models import DeviceRecord, LatencyReport, MeasuredLatency
+from fedzoo.server.tables import DeviceRecord, LatencyReport, MeasuredLatency
 
 INITIAL = "0001_registry"
 LEGACY_TOKEN = "a-token-issued-before-0004"
@@ -36,8 +36,8 @@ def legacy_device_row(device_id: str, token: str) -> dict:
 
 
 def load_all_tables() -> None:
-    importlib.import_module("fedzoo.server.models")
-    importlib.import_module("fedzoo.server.fl.models")
+    importlib.import_module("fedzoo.server.tables")
+    importlib.import_module("fedzoo.server.fl.tables")
 
 
 def test_head_schema_matches_the_table_definitions(tmp_path):

@@ -19,7 +19,7 @@ from server_helpers import (
 
 from fedzoo.cli import cli
 from fedzoo.edge.calibration_models import CALIBRATION_MODEL_NAMES
-from fedzoo.server.models import ClassLatencyCalibration, DeviceRecord, ModelRecord
+from fedzoo.server.tables import ClassLatencyCalibration, DeviceRecord, ModelRecord
 from fedzoo.server.online_calibration import (
     CLASS_FACTOR_BOUNDS, MEASURED_LOG_SIGMA, MODEL_FACTOR_BOUNDS, CalibrationState, initial_log_sigma, kalman_update,
     model_factor, relative_residuals,

@@ -8,7 +8,8 @@ import httpx
 import numpy as np
 import pytest
 
-from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN, LoopbackServer, prepare_federation
+from fedzoo.cloud.simulation import prepare_federation
+from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fl_helpers import ready_simulation, round_config
 
 VIEWER = "operator-data-viewer-token-0123456789"

@@ -24,7 +24,7 @@ from fedzoo.server.app import prepare_registry
 from fedzoo.server.db import Database
 from fedzoo.server.devices import LastSeenRecorder
 from fedzoo.server.latency import default_estimator
-from fedzoo.server.models import DeviceRecord
+from fedzoo.server.tables import DeviceRecord
 
 READ_ENDPOINTS = ("/v1/fl/rounds", "/v1/fl/rounds/1/participants", "/v1/devices", "/v1/devices/classes",
                   "/v1/models/base/lineage", "/v1/models/base/latency")

@@ -33,7 +33,7 @@ def postgres_url():
 
 def test_migrations_reach_the_table_definitions_on_postgres(postgres_url):
     migrations.upgrade(postgres_url)
-    import fedzoo.server.models  # noqa: F401
+    import fedzoo.server.tables  # noqa: F401
 
     database = Database(postgres_url)
     with database.engine.connect() as connection:

@@ -11,7 +11,8 @@ from server_helpers import (ADMIN_TOKEN, REFERENCE_CALIBRATION_MS, config_for_te
                             start_gunicorn, stop_gunicorn, tiny_onnx_model)
 
 from fedzoo.cards import ModelCard
-from fedzoo.cloud.simulation import LoopbackServer, Simulation, prepare_federation
+from fedzoo.cloud.simulation import Simulation, prepare_federation
+from fedzoo.server.testing import LoopbackServer
 from fedzoo.errors import InvalidInputError
 from fedzoo.server.app import prepare_registry
 from fedzoo.server.card_keys import SERVER_KEY_FILE, FleetKeys, load_or_create_key

@@ -14,7 +14,7 @@ import numpy as np
 from fedzoo.errors import InvalidInputError
 from fedzoo.server.fl.base_models import RoundBase
 from fedzoo.server.fl.root_trust import RootUpdate, check_aggregate
-from fedzoo.server.fl.models import FLUpdate
+from fedzoo.server.fl.tables import FLUpdate
 from fedzoo.server.fl.round_context import RoundContext
 from fedzoo.server.fl.running_statistics import aggregate_statistics
 from fedzoo.server.fl.schemas import RoundConfig

@@ -19,7 +19,7 @@ from fedzoo.server.fl.base_models import RoundBase
 from fedzoo.server.fl.evaluation import (
     GateReference, PublicationDecision, best_published, decide_publication, evaluate,
 )
-from fedzoo.server.fl.models import FLRound
+from fedzoo.server.fl.tables import FLRound
 from fedzoo.server.fl.round_context import RoundContext
 from fedzoo.server.fl.schemas import RoundConfig
 from fedzoo.server.fl.secure_rounds import published_counts

@@ -21,7 +21,7 @@ from fedzoo.server.fl import quarantine, root_trust
 from fedzoo.server.fl.direction import MIN_UPDATES, screen_directions
 from fedzoo.server.fl.base_models import RoundBase
 from fedzoo.server.fl.evaluation import client_reported_metrics
-from fedzoo.server.fl.models import FLUpdate
+from fedzoo.server.fl.tables import FLUpdate
 from fedzoo.server.fl.round_context import RoundContext
 from fedzoo.server.fl.schemas import QuarantinePolicy, RoundConfig, round_training
 from fedzoo.server.fl.screening import Screened, screen_updates

@@ -17,7 +17,7 @@ from fedzoo.server.errors import Forbidden
 from fedzoo.server.fl import quarantine
 from fedzoo.server.fl.base_models import max_upload_bytes
 from fedzoo.server.fl.eligibility import DECLINED, missing_capabilities
-from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLRefusedUpload, FLRound
+from fedzoo.server.fl.tables import ACTIVE_STATES, FLParticipant, FLRefusedUpload, FLRound
 from fedzoo.server.fl.round_context import (RoundContext, as_utc, count_rows, find_round, has_update,
                                             lock_round_before_deadline)
 from fedzoo.server.fl.schemas import RoundConfig, Task, TaskResponse, UploadSpec, round_training

@@ -14,7 +14,7 @@ revision = "0001_registry"
 down_revision = None
 branch_labels = None
 depends_on = None
-LATENCY_SLOTS = 8  # fixed here: a later change to fedzoo.server.models must come with its own revision
+LATENCY_SLOTS = 8  # fixed here: a later change to fedzoo.server.tables must come with its own revision
 
 
 def upgrade() -> None:

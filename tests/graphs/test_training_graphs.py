@@ -10,12 +10,12 @@ from onnxruntime.quantization import quantize_dynamic
 from torch import nn
 
 from fedzoo.cards import InputSpec, Metrics, ModelCard
-from fedzoo.cloud.autodiff import head_parameters, parameter_candidates
-from fedzoo.cloud.training_graphs import DETAILS_KEY, attach_training_graphs
-from fedzoo.compress.export import export_onnx
 from fedzoo.edge.optimizers import SGD
 from fedzoo.edge.trainer import Trainer
 from fedzoo.errors import InvalidInputError
+from fedzoo.graphs.autodiff import head_parameters, parameter_candidates
+from fedzoo.graphs.training_graphs import DETAILS_KEY, attach_training_graphs
+from fedzoo.nas.export import export_onnx
 from fedzoo.zoo import Zoo
 
 torch.set_num_threads(1)

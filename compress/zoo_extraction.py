@@ -26,8 +26,8 @@ import onnx
 import torch
 
 from fedzoo.cards import SUPERNET_DETAILS, InputSpec, Metrics, ModelCard
-from fedzoo.cloud.autodiff import build_training_graph
-from fedzoo.compress.export import INPUT_NAME, OPSET, OUTPUT_NAME, export_onnx
+from fedzoo.graphs.autodiff import build_training_graph
+from fedzoo.nas.export import INPUT_NAME, OPSET, OUTPUT_NAME, export_onnx
 from fedzoo.nas.space import Arch, SearchSpace
 from fedzoo.nas.subnet import Subnet, count_macs, count_params, recalibrate_batchnorm
 from fedzoo.nas.subnet_mapping import Weights, extract_weights
@@ -125,7 +125,7 @@ def deployable_blob(spec: SupernetSpec, arch: Arch, weights: Weights, calibratio
 
 def inference_training_graph(onnx_bytes: bytes) -> bytes:
     """The training graph of a deployable (BN folded) model, as the zoo's cards carry
-    (`fedzoo.cloud.training_graphs`), so today's single-model plans can fine-tune a re-extracted version."""
+    (`fedzoo.graphs.training_graphs`), so today's single-model plans can fine-tune a re-extracted version."""
     return build_training_graph(onnx.load_model_from_string(onnx_bytes)).SerializeToString()
 
 

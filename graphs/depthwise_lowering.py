@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from fedzoo.cloud.gradient_rules import StaticShape
+from fedzoo.graphs.gradient_rules import StaticShape
 
 # Largest H*W * OH*OW lowered: 14x14 -> 7x7 (stride 2). Measured on a NAS subnet (batch 32, 1 thread),
 # the whole training graph of a depthwise layer on a 7x7 or 4x4 plane ran 4-10x faster lowered, one from

@@ -26,10 +26,10 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from fedzoo.cloud.depthwise_lowering import Emitter, conv_2d_shapes, tap_matrices
-from fedzoo.cloud.gradient_rules import StaticShape
+from fedzoo.graphs.depthwise_lowering import Emitter, conv_2d_shapes, tap_matrices
+from fedzoo.graphs.gradient_rules import StaticShape
 
-# Largest H*W * OH*OW lowered. Measured on tests/cloud/architectures.py's ResNet-18 (batch 32, 1 thread, CPU
+# Largest H*W * OH*OW lowered. Measured on tests/graphs/architectures.py's ResNet-18 (batch 32, 1 thread, CPU
 # time of a training step, interleaved): 12.9-13.3 ms with no conv lowered, 10.8-11.1 ms with the planes up to
 # 8x8 -> 4x4 lowered (this bound, or 4x4 -> 4x4), 12.1 ms with 8x8 -> 8x8 too (there E's product costs as
 # much as the conv). Folding the batch into the GEMM is what pays: the same rewrite with one GEMM per image

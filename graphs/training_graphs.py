@@ -7,7 +7,7 @@ devices receive the new quantized version (the policy the compression stage writ
 card's `details["fine_tuning"]`). Cards are rewritten atomically through `Zoo.add_card`; what was
 made trainable is recorded in `details["training"]`.
 
-`trainable` is one of `fedzoo.cloud.autodiff.SELECTIONS` ("all", "head", "all_but_depthwise") or a list
+`trainable` is one of `fedzoo.graphs.autodiff.SELECTIONS` ("all", "head", "all_but_depthwise") or a list
 of names and glob patterns (docs/training-graphs.md); "all_but_depthwise" trains about 2x faster on onnxruntime's CPU kernels (bench/train_benchmark.py).
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 import onnx
 
 from fedzoo.cards import ModelCard, is_supernet
-from fedzoo.cloud.autodiff import Trainable, build_training_graph, resolve_trainable
 from fedzoo.errors import InvalidInputError
+from fedzoo.graphs.autodiff import Trainable, build_training_graph, resolve_trainable
 from fedzoo.zoo import Zoo
 
 DETAILS_KEY = "training"

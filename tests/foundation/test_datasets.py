@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedzoo.cloud.data import dirichlet_partition, load_dataset, load_npz, split_dataset, validate_arrays
+from fedzoo.datasets import dirichlet_partition, load_dataset, load_npz, split_dataset, validate_arrays
 from fedzoo.errors import InvalidInputError
 
 

@@ -2,7 +2,7 @@
 reference gradients for exactly the same computation), and run our training graph in onnxruntime.
 
 The torch forms are written from the ONNX operator specification, independently of our rules and of
-`fedzoo.cloud.forward_preparation` (shape subgraphs, Pad's computed pads and auto_pad run as the ONNX
+`fedzoo.graphs.forward_preparation` (shape subgraphs, Pad's computed pads and auto_pad run as the ONNX
 graph says)."""
 
 from __future__ import annotations

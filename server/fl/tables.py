@@ -14,7 +14,7 @@ from sqlalchemy import DateTime, Float, ForeignKey, Index, Integer, LargeBinary,
 from sqlalchemy.orm import Mapped, mapped_column
 
 from fedzoo.server.db import Base
-from fedzoo.server.models import utc_now
+from fedzoo.server.tables import utc_now
 
 ROUND_STATES = ("open", "collecting", "aggregating", "closed", "failed")
 ACTIVE_STATES = ("open", "collecting")

@@ -2,17 +2,17 @@
 
 Each rule receives a forward node, the gradients of its outputs and which inputs need a gradient, and
 emits standard default-domain ONNX ops (through a `GraphBuilder`) that compute the gradients of its
-inputs. The reverse sweep in `fedzoo.cloud.autodiff` looks rules up in `GRADIENT_RULES`; an op on the
+inputs. The reverse sweep in `fedzoo.graphs.autodiff` looks rules up in `GRADIENT_RULES`; an op on the
 path from a trainable parameter to the loss without a rule there is an error naming the op.
 
 Conventions the rules follow, chosen to match torch autograd exactly:
 - masks of piecewise-linear ops (Relu, Clip, HardSigmoid, HardSwish, LeakyRelu) are strict at the kinks, like torch;
 - broadcasting is undone by `reduce_to_shape`, summing over the broadcast axes of the operand;
 - attributes that select elements (Slice starts, Gather indices, Pad pads, reduction axes) must be constants
-  once `fedzoo.cloud.forward_preparation` has folded the model's constant subgraphs.
+  once `fedzoo.graphs.forward_preparation` has folded the model's constant subgraphs.
 
 The rules of the ops that move elements around (pooling, Concat, Split, Slice, Gather, Pad, Resize) are
-in `fedzoo.cloud.layout_rules`, registered in this same table.
+in `fedzoo.graphs.layout_rules`, registered in this same table.
 """
 
 from __future__ import annotations
@@ -416,7 +416,7 @@ def _log_softmax(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], 
 
 @gradient_rule("Dropout")
 def _dropout(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], needs: list[bool]) -> list[str | None]:
-    # `fedzoo.cloud.autodiff` sets the mode: inference (no training_mode input: the identity) or training
+    # `fedzoo.graphs.autodiff` sets the mode: inference (no training_mode input: the identity) or training
     # (training_mode a constant true, the mask an output): dy where the mask kept an element, / (1 - ratio).
     training_mode = constant_input(ctx, node, 2, "training_mode")
     if training_mode is None or not bool(training_mode):
@@ -856,4 +856,4 @@ def _conv(ctx: GraphBuilder, node: ForwardNode, grads: list[str | None], needs: 
 
 
 # Registers the rules of the ops that move elements around into GRADIENT_RULES (kept in their own module).
-from fedzoo.cloud import layout_rules  # noqa: E402, F401
+from fedzoo.graphs import layout_rules  # noqa: E402, F401

@@ -10,12 +10,12 @@ the stock onnxruntime runs on a device:
 
 Frozen parameters stay initializers of the training graph, and so do float initializers that are not
 weights (buffers, folded statistics): only the weights and biases of Conv / Gemm / MatMul /
-normalization layers are trained unless the caller names others. `fedzoo.cloud.forward_preparation`
+normalization layers are trained unless the caller names others. `fedzoo.graphs.forward_preparation`
 first makes the batch symbolic, folds constant subgraphs and makes pooling and padding explicit.
 
 The sweep visits the forward nodes in reverse topological order; when it reaches a node every consumer of its outputs has already been
 visited, so their gradients are complete (contributions of several consumers, e.g. a residual
-branch, are summed). Each node's gradient comes from its rule in `fedzoo.cloud.gradient_rules`.
+branch, are summed). Each node's gradient comes from its rule in `fedzoo.graphs.gradient_rules`.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from fedzoo.cloud.batchnorm_training import lower_batch_norms, running_name
-from fedzoo.cloud import depthwise_lowering, small_plane_conv_lowering
-from fedzoo.cloud.forward_preparation import infer_shapes, prepare_forward
-from fedzoo.cloud.gradient_rules import GRADIENT_RULES, ForwardNode, GraphBuilder, MissingGradientRuleError, StaticShape, rule_for
 from fedzoo.errors import InvalidInputError
+from fedzoo.graphs import depthwise_lowering, small_plane_conv_lowering
+from fedzoo.graphs.batchnorm_training import lower_batch_norms, running_name
+from fedzoo.graphs.forward_preparation import infer_shapes, prepare_forward
+from fedzoo.graphs.gradient_rules import GRADIENT_RULES, ForwardNode, GraphBuilder, MissingGradientRuleError, StaticShape, rule_for
 
 INPUT_NAME = "x"
 TARGET_NAME = "y"
@@ -51,7 +51,7 @@ WEIGHT_POSITIONS: dict[str, tuple[int, ...]] = {
 NON_DIFFERENTIABLE_OPS = {"Shape", "Size", "ArgMax", "ArgMin", "NonZero", "Equal", "Greater", "GreaterOrEqual", "Less",
                           "LessOrEqual", "Not", "And", "Or", "Xor", "IsNaN", "IsInf"}  # fmt: skip
 # How BatchNormalization nodes left in the model (not folded) run: with their stored statistics, or with
-# batch statistics and updated running statistics (`fedzoo.cloud.batchnorm_training`).
+# batch statistics and updated running statistics (`fedzoo.graphs.batchnorm_training`).
 BATCH_NORM_MODES = ("inference", "training")
 # How Dropout nodes run: as the identity (the inference forward), or dropping at random like torch's train mode.
 DROPOUT_MODES = ("inference", "training")
@@ -332,7 +332,7 @@ def _lower_trainable_convs(
     nodes: list[onnx.NodeProto], shapes: dict[str, StaticShape], parameters: set[str], fresh_name: _FreshNames
 ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
     """Convs with a trainable kernel as MatMuls where onnxruntime's Conv is slow for them: depthwise ones
-    (`fedzoo.cloud.depthwise_lowering`) and those on small planes (`fedzoo.cloud.small_plane_conv_lowering`).
+    (`fedzoo.graphs.depthwise_lowering`) and those on small planes (`fedzoo.graphs.small_plane_conv_lowering`).
     A frozen kernel stays a Conv: onnxruntime runs those with its fast blocked kernels."""
     lowered: list[onnx.NodeProto] = []
     constants: list[onnx.TensorProto] = []
@@ -534,7 +534,7 @@ def build_training_graph(
     result = helper.make_model(
         training,
         opset_imports=list(model.opset_import),
-        producer_name="fedzoo.cloud.autodiff",
+        producer_name="fedzoo.graphs.autodiff",
         ir_version=model.ir_version,
         doc_string=f"training graph: loss={loss}, trainable={len(parameters)} parameters",
     )

@@ -15,17 +15,17 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))  # the shared helpers next to this file (importlib mode)
 from autodiff_reference import initializers, relative_error, run_training_graph, torch_reference_gradients
-from fedzoo.cloud.autodiff import (
+from fedzoo.graphs.autodiff import (
     build_training_graph,
     depthwise_parameters,
     head_parameters,
     nameable_parameters,
     parameter_candidates,
 )
-from fedzoo.compress.export import export_onnx
 from fedzoo.edge.optimizers import SGD
 from fedzoo.edge.trainer import Trainer
 from fedzoo.errors import InvalidInputError
+from fedzoo.nas.export import export_onnx
 from fedzoo.nas.subnet import build_subnet
 
 torch.set_num_threads(1)

@@ -19,10 +19,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).parent))  # the shared helpers next to this file (importlib mode)
 from autodiff_reference import initializers, relative_error, run_training_graph, torch_reference_gradients
-from fedzoo.cloud import depthwise_lowering, small_plane_conv_lowering
-from fedzoo.cloud.autodiff import build_training_graph, nameable_parameters
-from fedzoo.cloud.gradient_rules import GRADIENT_RULES, MissingGradientRuleError
 from fedzoo.errors import InvalidInputError
+from fedzoo.graphs import depthwise_lowering, small_plane_conv_lowering
+from fedzoo.graphs.autodiff import build_training_graph, nameable_parameters
+from fedzoo.graphs.gradient_rules import GRADIENT_RULES, MissingGradientRuleError
 
 torch.set_num_threads(1)
 ZOO_OPS = {"Conv", "Gemm", "MatMul", "Add", "Relu", "Clip", "HardSwish", "HardSigmoid", "GlobalAveragePool", "Flatten",

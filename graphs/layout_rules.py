@@ -1,6 +1,6 @@
 """Gradient rules of the ops that move elements around: pooling, Concat, Split, Slice, Gather, Pad, Resize.
 
-They register into `fedzoo.cloud.gradient_rules.GRADIENT_RULES` like every other rule. Most are the
+They register into `fedzoo.graphs.gradient_rules.GRADIENT_RULES` like every other rule. Most are the
 transpose of a selection: the forward reads input element `source[j]` into output position `j` along an
 axis, so the backward adds each output gradient back onto its source. With the selection known at build
 time (constant starts, indices, pads, scales) that is a constant 0/1 matrix applied along the axis, or a
@@ -15,7 +15,7 @@ import onnx
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from fedzoo.cloud.gradient_rules import (
+from fedzoo.graphs.gradient_rules import (
     EVERY_INPUT,
     ForwardNode,
     GraphBuilder,

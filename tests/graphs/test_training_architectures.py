@@ -1,4 +1,4 @@
-"""Whole-model training graphs of the architectures users bring (tests/cloud/architectures.py), exported
+"""Whole-model training graphs of the architectures users bring (tests/graphs/architectures.py), exported
 with torch.onnx.export like a user would: loss and every gradient against float64 torch autograd on the
 same ONNX graph, at batch 1 and 32."""
 
@@ -16,10 +16,10 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).parent))  # the shared helpers next to this file (importlib mode)
 from architectures import ARCHITECTURES, with_batchnorm_statistics
 from autodiff_reference import initializers, relative_error, run_training_graph, torch_reference_gradients
-from fedzoo.cloud.autodiff import build_training_graph, parameter_candidates
-from fedzoo.compress.export import export_onnx
 from fedzoo.edge.optimizers import SGD
 from fedzoo.edge.trainer import Trainer
+from fedzoo.graphs.autodiff import build_training_graph, parameter_candidates
+from fedzoo.nas.export import export_onnx
 
 torch.set_num_threads(1)
 CLASSES = 10

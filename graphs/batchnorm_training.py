@@ -1,5 +1,5 @@
 """BatchNormalization in training mode, written in ops that have gradient rules (the `batch_norm="training"`
-option of `fedzoo.cloud.autodiff.build_training_graph`).
+option of `fedzoo.graphs.autodiff.build_training_graph`).
 
 A model exported without BatchNorm folding (`torch.onnx.export(..., do_constant_folding=False)`) keeps its
 BatchNormalization nodes. In training mode each is rewritten into what torch's train-mode BatchNorm computes:
