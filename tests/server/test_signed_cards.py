@@ -197,7 +197,7 @@ def test_the_server_serves_its_measurements_outside_the_signature_and_never_stor
         listed = client.get("/v1/models").json()["models"]
         pinned = TrustedKeys.from_json(client.get("/v1/keys").json())
     assert served["unsigned"] == {"fleet_latency_factor": None, "fleet_factor_devices": 0, "retired_by": None,
-                                  "server_evaluation": None}
+                                  "revoked_by_list": None, "server_evaluation": None}
     assert [entry["unsigned"] for entry in listed] == [served["unsigned"]]
     verify_card(ModelCard.from_dict(served), pinned)
     with trusting_server.client(ADMIN_TOKEN) as client:  # publishing it again, measurements and all: the same card
