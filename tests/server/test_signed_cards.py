@@ -185,7 +185,8 @@ def test_a_federated_round_publishes_a_version_signed_by_the_servers_key(tmp_pat
     verify_card(published, key_set, last_accepted_version=1)
     assert published.version == 2
     assert published.line_id == federation.card.id and published.parent_id == federation.card.id
-    assert set(published.unsigned) == {"fleet_latency_factor", "fleet_factor_devices", "retired_by", "server_evaluation"}
+    assert set(published.unsigned) == {"fleet_latency_factor", "fleet_factor_devices", "retired_by", "revoked_by_list",
+                                      "server_evaluation"}
 
 
 def test_the_server_serves_its_measurements_outside_the_signature_and_never_stores_a_publishers(trusting_server):
