@@ -5,8 +5,8 @@ exactly this card, the signature has not expired, the version is not below the n
 already accepted for the card's line (no rollback), at that same version it is the very card accepted then
 (one card per line and version: two cards both calling themselves "version 2" of a line are not both
 accepted), and the operator's revocation list the device holds (`fedzoo.clients.held_revocations`) does not
-revoke it. Lines, not families: one
-family holds many lines (every subnet of a NAS zoo, every compressed child), each with its own versions.
+revoke it. Lines, not families: one family holds many lines (every subnet of a NAS zoo, every compressed child),
+each with its own versions.
 
 All of it persists in the device's state file (keys `accepted_line_versions`, `accepted_line_cards` and
 `revocation_list`, as the Java SDK's `StateStore`), which lives in a durable state directory, not the cache,

@@ -59,7 +59,7 @@ def revoke_device_keys(api: FedzooHTTP, key: CardSigningKey, device_ids: set[str
     except NotFoundAPIError:
         served = None
     current = (verify_revocation_list(served, TrustedKeys([key.public_key_raw])) if served is not None
-               else RevocationList(0, "", frozenset(), frozenset(), frozenset(), {}))
+               else RevocationList.nothing_revoked())
     keys = {device["device_id"]: device["fingerprint"] for device in signing_keys(api, uncertified=False)}
     unknown = sorted(device_ids - set(keys))
     if unknown:

@@ -56,6 +56,11 @@ class RevocationList:
     device_key_fingerprints: frozenset[str]  # `fedzoo.device_certificates.key_fingerprint` of each revoked key
     document: dict[str, Any]  # the signed document, as stored and served
 
+    @classmethod
+    def nothing_revoked(cls) -> RevocationList:
+        """Where no list was published yet: version 0, nothing revoked (the next list is version 1)."""
+        return cls(0, "", frozenset(), frozenset(), frozenset(), {})
+
     def refuse_revoked(self, card: ModelCard) -> None:
         """Raise `CardSignatureError` (reason `revoked`) when this list revokes the card or its model bytes."""
         if card.id in self.card_ids or card.sha256 in self.card_sha256s:

@@ -152,7 +152,8 @@ def _candidates_sql(precision_filter: bool) -> str:
         CROSS JOIN models AS m
         LEFT JOIN measured_latency AS measured ON measured.model_id = m.id AND measured.device_id = :device_id
         LEFT JOIN model_class_latency AS by_class ON by_class.model_id = m.id AND by_class.device_class = :device_class
-        WHERE m.task = :task AND m.retired_by IS NULL AND m.revoked_by_list IS NULL {"AND m.precision = :precision" if precision_filter else ""}"""
+        WHERE m.task = :task AND m.retired_by IS NULL AND m.revoked_by_list IS NULL
+              {"AND m.precision = :precision" if precision_filter else ""}"""
 
 
 # A candidate fits when latency x exp(margin_sigmas x sigma) <= budget; without a margin, latency <= budget.

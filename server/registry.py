@@ -182,7 +182,8 @@ def served_card(record: ModelRecord) -> dict[str, Any]:
     the card's signature and never acted on by a device (which checks the signed list itself)."""
     return {**json.loads(record.card_json), "unsigned": {
         "fleet_latency_factor": record.latency_factor, "fleet_factor_devices": record.latency_factor_devices,
-        "retired_by": record.retired_by, "revoked_by_list": record.revoked_by_list, "server_evaluation": None if record.evaluation_sha256 is None else {
+        "retired_by": record.retired_by, "revoked_by_list": record.revoked_by_list,
+        "server_evaluation": None if record.evaluation_sha256 is None else {
             "accuracy": record.accuracy, "evaluation_sha256": record.evaluation_sha256}}}
 
 

@@ -34,7 +34,7 @@ After that it answers one JSON line per command line on stdin:
                                                            under the neighbours' genuine signatures
     {"cmd": "substitute_signing_keys", "on"}            while on, the server relays long-term signing keys of its own
                                                            making as every device's neighbours', and signs their round
-                                                           keys and survivor sets with them (no operator certificate fits)
+                                                           keys and survivor sets with them (no certificate fits them)
     {"cmd": "seat_sybils", "count"}                     the server enrolls `count` devices of its own, "certifies" their
                                                            keys with its own card-signing key (written straight into its
                                                            database: the operator would never sign them), and each, in a
