@@ -9,11 +9,10 @@ import java.util.Arrays;
 import java.util.List;
 import java.util.Map;
 
+import org.bouncycastle.crypto.params.Ed25519PublicKeyParameters;
 import org.json.JSONArray;
 import org.json.JSONException;
 import org.json.JSONObject;
-
-import org.bouncycastle.crypto.params.Ed25519PublicKeyParameters;
 
 import dev.fedzoo.FedzooException;
 import dev.fedzoo.secagg.SignedRounds;
