@@ -3,6 +3,7 @@ registry runs in WAL mode with foreign keys enforced."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 from datetime import datetime, timezone
 
@@ -15,12 +16,14 @@ from sqlalchemy import insert, text
 from sqlalchemy.exc import IntegrityError
 
 from fedzoo.device import DeviceProfile
-from fedzoo.server import devices, migrations, registry
+from fedzoo.revocation import sign_revocation_list
+from fedzoo.server import devices, migrations, registry, revocations
 from fedzoo.server.blobstore import FileBlobStore
 from fedzoo.server.db import Base, Database
 from fedzoo.server.latency import CalibrationScalingEstimator
 from fedzoo.server.auth import hash_token
 from fedzoo.server.models import DeviceRecord, LatencyReport, MeasuredLatency
+from fedzoo.signing import CardSigningKey
 
 INITIAL = "0001_registry"
 LEGACY_TOKEN = "a-token-issued-before-0004"
@@ -131,12 +134,6 @@ def test_line_versions_keep_the_first_card_where_a_line_already_repeated_a_versi
 def test_the_one_revocation_list_marks_the_cards_a_list_held_before_0016_revokes(tmp_path):
     """0016 folds device keys into the one list and marks revoked cards for lookup: a card the newest list held
     before the upgrade revokes (by model sha256) is marked with that list's version, the others are not."""
-    import hashlib
-
-    from fedzoo.revocation import sign_revocation_list
-    from fedzoo.server import revocations
-    from fedzoo.signing import CardSigningKey
-
     url, database, store, estimator, blob = _registry_at_head(tmp_path)
     other = tiny_onnx_model(seed=6)
     store.put(other)
