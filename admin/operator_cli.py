@@ -292,11 +292,12 @@ def certify(api: FedzooHTTP, signing_key_path: Path, lifetime_days: int, device_
 @SIGNING_KEY_OPTION
 @admin_options
 def revoke_keys(api: FedzooHTTP, signing_key_path: Path, device_ids: tuple[str, ...]) -> None:
-    """Publish the next signed revocation list, adding DEVICE_IDS' signing keys (admin token): devices refuse
-    these keys as SecAgg+ neighbours from the next round on."""
+    """Publish the next version of the operator's revocation list, adding DEVICE_IDS' signing keys to the served
+    list (admin token): devices refuse these keys as SecAgg+ neighbours from the next round on."""
     revocations = revoke_device_keys(api, CardSigningKey.load(signing_key_path), set(device_ids))
-    click.echo(f"published device revocation list version {revocations.version}: "
-               f"{len(revocations.revoked_keys)} keys revoked")
+    click.echo(f"published revocation list version {revocations.version}: "
+               f"{len(revocations.device_key_fingerprints)} device keys, {len(revocations.card_ids)} card ids, "
+               f"{len(revocations.card_sha256s)} model sha256s revoked")
 
 
 # federated rounds --------------------------------------------------------------------------------

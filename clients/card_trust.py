@@ -4,8 +4,9 @@ With keys pinned, the SDK checks a card before its model is downloaded or loaded
 exactly this card, the signature has not expired, the version is not below the newest one this device
 already accepted for the card's line (no rollback), at that same version it is the very card accepted then
 (one card per line and version: two cards both calling themselves "version 2" of a line are not both
-accepted), and the operator's revocation list the device holds does not revoke it. Lines, not families: one
-family holds many lines (every subnet of a NAS zoo, every compressed child), each with its own versions.
+accepted), and the operator's revocation list the device holds (`fedzoo.clients.held_revocations`) does not
+revoke it. Lines, not families: one family holds many lines (every subnet of a NAS zoo, every compressed child),
+each with its own versions.
 
 All of it persists in the device's state file (keys `accepted_line_versions`, `accepted_line_cards` and
 `revocation_list`, as the Java SDK's `StateStore`), which lives in a durable state directory, not the cache,
@@ -20,19 +21,18 @@ from pathlib import Path
 from typing import Any
 
 from fedzoo.cards import ModelCard
+from fedzoo.clients import held_revocations
 from fedzoo.clients.device_state import change_state, load_state
 from fedzoo.errors import CardSignatureError, InvalidInputError
-from fedzoo.revocation import RevocationList, held_revocation_list, verify_revocation_list
 from fedzoo.signing import TrustedKeys, verify_card
 
 ACCEPTED_VERSIONS_KEY = "accepted_line_versions"
 ACCEPTED_CARDS_KEY = "accepted_line_cards"  # line -> the id of the card accepted at its recorded version
-REVOCATION_LIST_KEY = "revocation_list"
 
 
 class CardVerifier:
     """Verifies cards against pinned keys and remembers what was accepted (the Java SDK's CardVerifier plus
-    the part of its StateStore that keeps `accepted_line_versions`, `accepted_line_cards`, `revocation_list`)."""
+    the part of its StateStore that keeps `accepted_line_versions` and `accepted_line_cards`)."""
 
     def __init__(self, trusted_keys: TrustedKeys, state_path: Path) -> None:
         self.trusted_keys = trusted_keys
@@ -43,17 +43,12 @@ class CardVerifier:
         version = _section(self._state(), ACCEPTED_VERSIONS_KEY, self.state_path).get(line_id)
         return version if isinstance(version, int) else None
 
-    def revocation_list(self) -> RevocationList | None:
-        """The newest revocation list this device verified, or None."""
-        document = self._state().get(REVOCATION_LIST_KEY)
-        return None if document is None else held_revocation_list(document)
-
     def verify(self, card: ModelCard) -> None:
         """Raise `CardSignatureError` (with its `reason`) unless the card may be used on this device."""
         state = self._state()
         verify_card(card, self.trusted_keys, last_accepted_version=self.accepted_version(card.line_id),
                     last_accepted_card_id=_section(state, ACCEPTED_CARDS_KEY, self.state_path).get(card.line_id))
-        revocations = self.revocation_list()
+        revocations = held_revocations.held(self.state_path)
         if revocations is not None:
             revocations.refuse_revoked(card)
 
@@ -70,20 +65,6 @@ class CardVerifier:
             return {ACCEPTED_VERSIONS_KEY: versions, ACCEPTED_CARDS_KEY: cards}
 
         change_state(self.state_path, raised)
-
-    def hold_revocation_list(self, document: Any) -> RevocationList:
-        """Verify a revocation list the server served and keep it when it is newer than the one held: a
-        compare-and-swap; `CardSignatureError` for a list no pinned key signed, an older one (rollback) or a
-        different one under the held version (version_reused)."""
-        def newer(state: dict[str, Any]) -> dict[str, Any]:
-            held = state.get(REVOCATION_LIST_KEY)
-            held_list = None if held is None else held_revocation_list(held)
-            verified.append(verify_revocation_list(document, self.trusted_keys, held=held_list))
-            return {REVOCATION_LIST_KEY: verified[-1].document}
-
-        verified: list[RevocationList] = []
-        change_state(self.state_path, newer)
-        return verified[-1]
 
     def _state(self) -> dict[str, Any]:
         state = load_state(self.state_path)  # an unreadable file raises: refuse to guess what was accepted

@@ -35,6 +35,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedzoo.capabilities import PYTHON_SDK, Capabilities
 from fedzoo.cards import ModelCard
+from fedzoo.clients import held_revocations
 from fedzoo.clients.card_trust import CardVerifier
 from fedzoo.clients.confirmation import ConfirmationPolicy, confirmed_lookup
 from fedzoo.clients.device_state import StateFileSignedRounds, load_state, update_state
@@ -85,8 +86,8 @@ class FedzooClient:
         simulation's virtual devices, `fedzoo.server.testing.InProcessServer`).
         `operator_keys` pins the operator's key set (`fedzoo keys export-public`; never `GET /v1/keys`, which holds
         the server's key): SecAgg+ neighbours count only with the operator's certificate, and without it this
-        device declines SecAgg+ rounds (`operator_keys_required`). It needs the state_file too (the newest device
-        revocation list is kept there)."""
+        device declines SecAgg+ rounds (`operator_keys_required`); they also verify the operator's revocation list.
+        It needs the state_file too (the newest revocation list is kept there)."""
         self.http = FedzooHTTP(base_url, token=token, retry=retry, timeout_s=timeout_s, transport=transport)
         self.progress = progress
         self.clock = clock
@@ -100,7 +101,7 @@ class FedzooClient:
                                     field="state_file")
         if operator_keys is not None and self.state_file is None:
             raise InvalidInputError("the operator key set needs a state_file (in a durable state directory): the "
-                                    "newest device revocation list must survive restarts", field="state_file")
+                                    "newest revocation list must survive restarts", field="state_file")
         self.card_verifier = None if trusted_keys is None else CardVerifier(trusted_keys, self.state_file)
         self.neighbour_trust = None if operator_keys is None else NeighbourTrust(operator_keys, self.state_file)
         self.device_id: str | None = None
@@ -244,17 +245,28 @@ class FedzooClient:
 
     def refresh_revocations(self) -> RevocationList | None:
         """Fetch the operator's signed revocation list (`GET /v1/revocations`) and keep it when it is newer than
-        the one this device holds; from then on `download_model` / `session` refuse the cards it revokes. A
-        list no pinned key signed, an older one (a server rolling a revocation back) or a different one under the
-        held version raises `CardSignatureError`. None when the server has no list yet. Needs pinned keys."""
-        if self.card_verifier is None:
-            raise InvalidInputError("a revocation list is verified against the pinned keys: give trusted_keys",
-                                    field="trusted_keys")
+        the one this device holds; from then on `download_model` / `session` refuse the cards it revokes and
+        SecAgg+ rounds the device keys it revokes. It is verified against the operator keys (`operator_keys`),
+        or the pinned card keys where no operator keys are pinned. A list none of them signed, an older one (a
+        server rolling a revocation back) or a different one under the held version raises `CardSignatureError`.
+        None when neither this device nor the server holds a list."""
+        keys = (self.neighbour_trust.operator_keys if self.neighbour_trust is not None
+                else self.card_verifier.trusted_keys if self.card_verifier is not None else None)
+        if keys is None:
+            raise InvalidInputError("a revocation list is verified against the pinned keys: give operator_keys or "
+                                    "trusted_keys", field="operator_keys")
+        document = self.served_revocation_list()
+        if document is None:
+            return held_revocations.held(self.state_file)  # none published: keep whatever this device holds
+        return held_revocations.hold(self.state_file, document, keys)
+
+    def served_revocation_list(self) -> dict[str, Any] | None:
+        """The operator's newest signed revocation list as the server serves it, not yet verified (None: the
+        server has none)."""
         try:
-            document = self.http.get_json("/v1/revocations")
+            return self.http.get_json("/v1/revocations")
         except NotFoundAPIError:
-            return self.card_verifier.revocation_list()  # none published: keep whatever this device holds
-        return self.card_verifier.hold_revocation_list(document)
+            return None
 
     def download_model(self, card: ModelCard | dict[str, Any]) -> Path:
         """The model's ONNX file in the cache (downloaded, resumed or reused); with pinned keys, only after
@@ -343,10 +355,6 @@ class FedzooClient:
         )
         self.uploaded_bytes += len(delta_npz)
         return response.json()
-
-    def device_revocations(self) -> dict[str, Any] | None:
-        """The operator's newest signed list of revoked device keys the server holds (None: none yet)."""
-        return self.http.get_json("/v1/device-revocations")["revocations"]
 
     def secure_reply(self, reply_url: str, reply: dict[str, Any] | bytes) -> dict[str, Any]:
         """Send this device's reply to a SecAgg+ stage: JSON, or the masked vector's raw bytes."""

@@ -2,7 +2,8 @@
 `fedzoo devices revoke-keys`): the server lists the keys, the operator's machine signs, the server stores.
 
 The private key never leaves the operator's machine; what travels is the device list (in) and the signed
-certificates or revocation list (out).
+certificates or the next version of the one revocation list (out; `fedzoo keys revoke` signs a whole list
+offline instead).
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import base64
 from datetime import timedelta
 from typing import Any
 
+from fedzoo.clients.errors import NotFoundAPIError
 from fedzoo.clients.http import FedzooHTTP
-from fedzoo.errors import NotFoundError
 from fedzoo.device_certificates import DEFAULT_CERTIFICATE_LIFETIME, issue_certificate
-from fedzoo.device_revocations import DeviceRevocations, sign_revocations, verify_revocations
-from fedzoo.signing import CardSigningKey
+from fedzoo.errors import NotFoundError
+from fedzoo.revocation import RevocationList, sign_revocation_list, verify_revocation_list
+from fedzoo.signing import CardSigningKey, TrustedKeys
 
 PAGE_LIMIT = 200
 
@@ -48,16 +50,21 @@ def certify_devices(api: FedzooHTTP, key: CardSigningKey, lifetime: timedelta = 
     return receipts
 
 
-def revoke_device_keys(api: FedzooHTTP, key: CardSigningKey, device_ids: set[str]) -> DeviceRevocations:
-    """Publish the next revocation list: the served list's keys plus the keys of `device_ids`."""
-    served = api.get_json("/v1/device-revocations")["revocations"]
-    current = (verify_revocations(served, None, DeviceRevocations(0, frozenset())) if served is not None
-               else DeviceRevocations(0, frozenset()))
+def revoke_device_keys(api: FedzooHTTP, key: CardSigningKey, device_ids: set[str]) -> RevocationList:
+    """Publish the next version of the operator's one revocation list: the served list (read with this
+    operator's key, so a list someone else signed is not carried over unnoticed) with its card sections
+    unchanged and the signing keys of `device_ids` added."""
+    try:
+        served = api.get_json("/v1/revocations")
+    except NotFoundAPIError:
+        served = None
+    current = (verify_revocation_list(served, TrustedKeys([key.public_key_raw])) if served is not None
+               else RevocationList.nothing_revoked())
     keys = {device["device_id"]: device["fingerprint"] for device in signing_keys(api, uncertified=False)}
     unknown = sorted(device_ids - set(keys))
     if unknown:
         raise NotFoundError(f"no registered signing key for devices {unknown}")
-    revoked = sorted(current.revoked_keys | {keys[device_id] for device_id in device_ids})
-    document = sign_revocations(current.version + 1, revoked, key)
-    api.request("PUT", "/v1/device-revocations", json={"revocations": document})
-    return DeviceRevocations(current.version + 1, frozenset(revoked))
+    document = sign_revocation_list(key, current.version + 1, sorted(current.card_ids), sorted(current.card_sha256s),
+                                    sorted(current.device_key_fingerprints | {keys[device] for device in device_ids}))
+    api.request("POST", "/v1/revocations", json=document, expected=(201,))
+    return verify_revocation_list(document, TrustedKeys([key.public_key_raw]))

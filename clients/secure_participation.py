@@ -96,7 +96,7 @@ def take_part_securely(client: FedzooClient, work: dict[str, Any], delta: Parame
             try:
                 if protocol is None:
                     config = SecAggConfig.from_dict(secure["config"])
-                    certificates = client.neighbour_trust.policy(client.device_revocations())
+                    certificates = client.neighbour_trust.policy(client.served_revocation_list())
                     protocol = SecAggClient(config, secure["client"], client.signing_key, bounds, trusted_signing_keys,
                                             client.signed_rounds, certificates)
                     vector = ring_input(delta, config, work["privacy"], num_examples)

@@ -79,13 +79,16 @@ def retire(key_id: str, keys_dir: Path | None) -> None:
               help="The list's version: higher than every list published before (devices refuse an older one).")
 @click.option("--card-id", "card_ids", multiple=True, help="A card id to revoke (repeatable).")
 @click.option("--card-sha256", "card_sha256s", multiple=True, help="A model blob sha256 to revoke (repeatable).")
-@click.option("--device-key", "device_keys", multiple=True, help="A device signing key to revoke (repeatable).")
+@click.option("--device-key", "device_keys", multiple=True,
+              help="A device signing key to revoke, by its fingerprint (hex sha256 of the raw key, as "
+                   "`GET /v1/devices/signing-keys` lists it; repeatable).")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Where to write the signed list (upload it with POST /v1/revocations).")
 def revoke(signing_key: Path, list_version: int, card_ids: tuple[str, ...], card_sha256s: tuple[str, ...],
            device_keys: tuple[str, ...], out: Path) -> None:
-    """Sign a revocation list: every card, model and device key still revoked, under a new version. Each list
-    replaces the one before, so list everything revoked so far again."""
+    """Sign the operator's revocation list: every card, model and device key still revoked, under a new version.
+    Each list replaces the one before, so list everything revoked so far again (`fedzoo devices revoke-keys` adds
+    device keys to the served list instead)."""
     try:
         document = sign_revocation_list(CardSigningKey.load(signing_key), list_version, list(card_ids),
                                         list(card_sha256s), list(device_keys))

@@ -1,8 +1,11 @@
-"""The operator's signed revocation list: cards (by id or model sha256) no device may load any more.
+"""The operator's one signed revocation list: cards (by id or model sha256) no device may load any more, and
+device signing keys (by fingerprint) no device may accept as a SecAgg+ neighbour any more.
 
-A signed card stays valid until it expires; a card found bad before then is revoked by listing it here. The
-operator signs the list with the offline key that signs cards (`fedzoo keys revoke`); the server only stores
-and serves it (`POST`/`GET /v1/revocations`), and devices verify it against the keys they pin for cards:
+A signed card or a device certificate stays valid until it expires; one found bad before then is revoked by
+listing it here. The operator signs the list offline with the key that signs cards and certificates (`fedzoo keys
+revoke`, or `fedzoo devices revoke-keys` to add devices' keys to the served list); the server only checks, stores
+and serves it (`POST`/`GET /v1/revocations`), and devices verify it against the operator keys they pin
+(`operator_keys`; a device that pins only card keys verifies it against those):
 
     {"key_id": "<16 hex>", "algorithm": "ed25519", "payload": "<base64>", "signature": "<base64>"}
 
@@ -11,12 +14,12 @@ languages) and the signature covers `REVOCATION_DOMAIN + payload`, a purpose lab
 neither can pass for the other. The payload is JSON:
 
     {"purpose": "revocation_list", "contract": 1, "version": N, "issued_at": "...Z", "key_id": "...",
-     "revoked_cards": {"ids": [...], "sha256s": [...]}, "revoked_device_keys": [...]}
+     "revoked_cards": {"ids": [...], "sha256s": [...]}, "revoked_device_keys": [<hex sha256 of a raw key>, ...]}
 
-`version` only grows: a device keeps the newest list it verified (its state file; Java: `StateStore`), refuses
-an older one (a server cannot roll a revocation back by serving a stale list) and a different list under the
-version it holds. `revoked_device_keys` is the section for device signing keys (operator certificates);
-this module carries it as a list of strings and leaves its meaning to their verifier.
+`version` only grows, one counter for both sections: a device keeps the newest list it verified (its state file,
+key `revocation_list`; Java: `StateStore`), refuses an older one (a server cannot roll a revocation back by
+serving a stale list) and a different list under the version it holds. A server can withhold a newer list; the
+device then still refuses everything the list it holds revokes (docs/privacy.md).
 """
 
 from __future__ import annotations
@@ -50,8 +53,13 @@ class RevocationList:
     issued_at: str
     card_ids: frozenset[str]
     card_sha256s: frozenset[str]
-    device_keys: frozenset[str]
+    device_key_fingerprints: frozenset[str]  # `fedzoo.device_certificates.key_fingerprint` of each revoked key
     document: dict[str, Any]  # the signed document, as stored and served
+
+    @classmethod
+    def nothing_revoked(cls) -> RevocationList:
+        """Where no list was published yet: version 0, nothing revoked (the next list is version 1)."""
+        return cls(0, "", frozenset(), frozenset(), frozenset(), {})
 
     def refuse_revoked(self, card: ModelCard) -> None:
         """Raise `CardSignatureError` (reason `revoked`) when this list revokes the card or its model bytes."""
@@ -62,8 +70,9 @@ class RevocationList:
 
 
 def sign_revocation_list(key: CardSigningKey, version: int, card_ids: list[str] = (), card_sha256s: list[str] = (),
-                         device_keys: list[str] = (), now: datetime | None = None) -> dict[str, Any]:
-    """The signed document of a revocation list (what `fedzoo keys revoke` writes)."""
+                         device_key_fingerprints: list[str] = (), now: datetime | None = None) -> dict[str, Any]:
+    """The signed document of a revocation list (what `fedzoo keys revoke` writes); each list names everything
+    still revoked, since it replaces the one before."""
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise InvalidInputError(f"a revocation list's version is a whole number from 1, got {version!r}",
                                 field="version")
@@ -71,28 +80,31 @@ def sign_revocation_list(key: CardSigningKey, version: int, card_ids: list[str] 
     payload = {"purpose": PURPOSE, "contract": CONTRACT, "version": version, "issued_at": issued_at,
                "key_id": key.key_id,
                "revoked_cards": {"ids": sorted(set(card_ids)), "sha256s": sorted(set(card_sha256s))},
-               "revoked_device_keys": sorted(set(device_keys))}
+               "revoked_device_keys": sorted(set(device_key_fingerprints))}
     _check_payload(payload)
     raw = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
     return {"key_id": key.key_id, "algorithm": "ed25519", "payload": base64.b64encode(raw).decode(),
             "signature": base64.b64encode(key.private_key.sign(REVOCATION_DOMAIN + raw)).decode()}
 
 
-def verify_revocation_list(document: Any, trusted: TrustedKeys, held: RevocationList | None = None) -> RevocationList:
-    """The list in `document` once a trusted key is seen to have signed it; `CardSignatureError` with a reason
-    (`unknown_key`, `bad_signature`, `field_mismatch`, `rollback`: older than the `held` list, or
-    `version_reused`: another list under the held version) otherwise."""
+def verify_revocation_list(document: Any, trusted: TrustedKeys | None, held: RevocationList | None = None
+                           ) -> RevocationList:
+    """The list in `document` once a key of `trusted` (the operator keys) is seen to have signed it;
+    `CardSignatureError` with a reason (`unknown_key`, `bad_signature`, `field_mismatch`, `rollback`: older than
+    the `held` list, or `version_reused`: another list under the held version) otherwise. `trusted` None reads
+    the list without checking its signature: only for a server that was not given the operator keys."""
     if not isinstance(document, dict) or not all(isinstance(document.get(name), str)
                                                   for name in ("key_id", "payload", "signature")):
         raise CardSignatureError('a revocation list is {"key_id", "algorithm", "payload", "signature"}',
                                  reason="field_mismatch")
-    public_key = trusted.get(document["key_id"])
-    if public_key is None:
+    public_key = None if trusted is None else trusted.get(document["key_id"])
+    if trusted is not None and public_key is None:
         raise CardSignatureError(f"the revocation list is signed by key {document['key_id']}, which is not among "
-                                 f"the trusted keys {trusted.key_ids}", reason="unknown_key")
+                                 f"the operator keys {trusted.key_ids}", reason="unknown_key")
     try:
         raw = base64.b64decode(document["payload"], validate=True)
-        public_key.verify(base64.b64decode(document["signature"], validate=True), REVOCATION_DOMAIN + raw)
+        if public_key is not None:
+            public_key.verify(base64.b64decode(document["signature"], validate=True), REVOCATION_DOMAIN + raw)
         payload = json.loads(raw)
     except (InvalidSignature, ValueError):
         raise CardSignatureError("the revocation list's signature does not verify", reason="bad_signature") from None
@@ -140,7 +152,7 @@ def _check_payload(payload: Any) -> None:
         raise InvalidInputError('revoked_cards must be {"ids": [...], "sha256s": [...]}', field="revoked_cards")
     for field, values, pattern in (("revoked_cards.ids", cards["ids"], IDENTIFIER_PATTERN),
                                    ("revoked_cards.sha256s", cards["sha256s"], SHA256_PATTERN),
-                                   ("revoked_device_keys", payload.get("revoked_device_keys"), r"[\x21-\x7e]{1,200}")):
+                                   ("revoked_device_keys", payload.get("revoked_device_keys"), SHA256_PATTERN)):
         if not isinstance(values, list) or len(values) > MAX_ENTRIES:
             raise InvalidInputError(f"{field} must be a list of at most {MAX_ENTRIES}", field=field)
         for value in values:

@@ -24,18 +24,23 @@ SERVER_KEY_FILE = "server-signing-key.pem"
 
 @dataclass(frozen=True)
 class FleetKeys:
-    """What this server signs with, and which signatures it accepts (the set `GET /v1/keys` publishes)."""
+    """What this server signs with, and which signatures it accepts (`trusted`: the set `GET /v1/keys` publishes;
+    `operator_keys`: the operator's own, `FEDZOO_TRUSTED_KEYS`, the only keys for certificates and revocation
+    lists; None when not given)."""
 
     server_key: CardSigningKey
     trusted: TrustedKeys
     require_signed_cards: bool
+    operator_keys: TrustedKeys | None
 
     @classmethod
     def from_config(cls, config: ServerConfig) -> FleetKeys:
         server_key = (CardSigningKey.load(config.signing_key_path) if config.signing_key_path is not None
                       else load_or_create_key(config.data_dir / SERVER_KEY_FILE))
-        operator_keys = TrustedKeys.load(config.trusted_keys_path).public_keys_raw() if config.trusted_keys_path else []
-        return cls(server_key, TrustedKeys([server_key.public_key_raw, *operator_keys]), config.require_signed_cards)
+        operator_keys = TrustedKeys.load(config.trusted_keys_path) if config.trusted_keys_path else None
+        operator_raw = operator_keys.public_keys_raw() if operator_keys is not None else []
+        return cls(server_key, TrustedKeys([server_key.public_key_raw, *operator_raw]), config.require_signed_cards,
+                   operator_keys)
 
     def check_publishable(self, card: ModelCard) -> None:
         """Refuse (422, field `signature`) a signed card no trusted key verifies, and an unsigned one when

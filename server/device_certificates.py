@@ -17,10 +17,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from fedzoo.device_certificates import DeviceCertificate, DeviceCertificateError, key_fingerprint, read_certificate
-from fedzoo.device_revocations import DeviceRevocations, verify_revocations
 from fedzoo.errors import NotFoundError
+from fedzoo.server import revocations
 from fedzoo.server.errors import Conflict, ValidationFailed
-from fedzoo.server.tables import DeviceCertificateRecord, DeviceRecord, DeviceRevocationListRecord, as_utc, utc_now
+from fedzoo.server.tables import DeviceCertificateRecord, DeviceRecord, as_utc, utc_now
 from fedzoo.signing import TrustedKeys
 
 
@@ -82,32 +82,7 @@ def seat_refusal(session: Session, device_id: str, signing_public_key: bytes, no
                 "operator certified; the operator runs `fedzoo devices certify` (docs/privacy.md)")
     if as_utc(record.expires_at) <= now:
         return "certificate_expired: the operator's certificate of this device's key expired; run `fedzoo devices certify`"
-    latest = latest_revocations(session)
-    if latest is not None and key_fingerprint(signing_public_key) in verify_revocations(
-            latest, None, DeviceRevocations(0, frozenset())).revoked_keys:
+    revoked = revocations.newest_list(session)
+    if revoked is not None and key_fingerprint(signing_public_key) in revoked.device_key_fingerprints:
         return "key_revoked: the operator revoked this device's signing key (fedzoo devices revoke-keys)"
     return None
-
-
-def store_revocations(session: Session, document: dict[str, Any], operator_keys: TrustedKeys | None
-                      ) -> DeviceRevocations:
-    """Keep a new version of the operator's revocation list; 409 unless it is newer than the stored one."""
-    latest = latest_revocations(session)
-    try:
-        kept = verify_revocations(latest, None, DeviceRevocations(0, frozenset())) if latest else None
-        revocations = verify_revocations(document, operator_keys, DeviceRevocations(0, frozenset()))
-    except DeviceCertificateError as error:
-        raise ValidationFailed(str(error), field="revocations", code="revocations_not_trusted",
-                               reason=error.reason) from None
-    if kept is not None and revocations.version <= kept.version:
-        raise Conflict(f"the server has revocation list version {kept.version}; publish version "
-                       f"{kept.version + 1} or later", field="version", code="stale_revocations")
-    session.add(DeviceRevocationListRecord(version=revocations.version, document_json=json.dumps(document)))
-    session.flush()
-    return revocations
-
-
-def latest_revocations(session: Session) -> dict[str, Any] | None:
-    text = session.scalar(select(DeviceRevocationListRecord.document_json)
-                          .order_by(DeviceRevocationListRecord.version.desc()).limit(1))
-    return json.loads(text) if text is not None else None

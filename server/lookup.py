@@ -4,7 +4,8 @@ Latency per (device, model) follows `fedzoo.server.latency`: this device's measu
 card's latency for the device's class, else the predictor's group costs of the model dotted with the
 device's group scales, times the model's fleet latency factor. All three are columns already in the
 database, so the whole choice is one query: filter by task (index `ix_models_task_accuracy`; a compressed
-variant retired by a zoo-wide round, `models.retired_by`, is never chosen: docs/zoo-federated.md), compute the
+variant retired by a zoo-wide round, `models.retired_by`, is never chosen: docs/zoo-federated.md, nor a card on
+the operator's revocation list, `models.revoked_by_list`: `fedzoo.server.revocations`), compute the
 latency with COALESCE, keep what fits, order by accuracy (then latency, then id) and take two rows: the
 choice and the runner-up. `models.accuracy` is the server's measurement on a zoo plan's evaluation set once a
 zoo-wide plan has measured the task's models (`models.evaluation_sha256`), else the card's: one set per task.
@@ -151,7 +152,8 @@ def _candidates_sql(precision_filter: bool) -> str:
         CROSS JOIN models AS m
         LEFT JOIN measured_latency AS measured ON measured.model_id = m.id AND measured.device_id = :device_id
         LEFT JOIN model_class_latency AS by_class ON by_class.model_id = m.id AND by_class.device_class = :device_class
-        WHERE m.task = :task AND m.retired_by IS NULL {"AND m.precision = :precision" if precision_filter else ""}"""
+        WHERE m.task = :task AND m.retired_by IS NULL AND m.revoked_by_list IS NULL
+              {"AND m.precision = :precision" if precision_filter else ""}"""
 
 
 # A candidate fits when latency x exp(margin_sigmas x sigma) <= budget; without a margin, latency <= budget.

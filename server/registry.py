@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from fedzoo.cards import ModelCard
 from fedzoo.device import DeviceProfile
 from fedzoo.errors import InvalidInputError, NotFoundError
-from fedzoo.server import online_calibration
+from fedzoo.server import online_calibration, revocations
 from fedzoo.server.blobstore import BlobStore
 from fedzoo.server.errors import Conflict
 from fedzoo.server.latency import LatencyEstimator, ModelCosts, slot_values
@@ -124,6 +124,7 @@ def publish(session: Session, store: BlobStore, estimator: LatencyEstimator, car
                        code="version_taken")
     model_bytes = check_card_blobs(card, store)
     record = card_record(card, estimator.model_costs(card, model_bytes), estimator.signature)
+    record.revoked_by_list = revocations.revoking_version(session, card.id, card.sha256)
     online_calibration.inherit_model_factor(session, record)  # a federated version: its parent's graph
     session.add(record)
     session.flush()  # the model row first: the latency rows reference it
@@ -177,10 +178,12 @@ def get_served_card(session: Session, model_id: str) -> dict[str, Any]:
 def served_card(record: ModelRecord) -> dict[str, Any]:
     """A stored card plus `unsigned`: what the server measured of the model since it was published (the
     fleet latency factor; its accuracy on a zoo plan's evaluation set, which lookup ranks by) and whether lookup
-    retired it (`retired_by`), outside the card's signature and never acted on by a device."""
+    retired it (`retired_by`) or the operator's revocation list revokes it (`revoked_by_list`, its version), outside
+    the card's signature and never acted on by a device (which checks the signed list itself)."""
     return {**json.loads(record.card_json), "unsigned": {
         "fleet_latency_factor": record.latency_factor, "fleet_factor_devices": record.latency_factor_devices,
-        "retired_by": record.retired_by, "server_evaluation": None if record.evaluation_sha256 is None else {
+        "retired_by": record.retired_by, "revoked_by_list": record.revoked_by_list,
+        "server_evaluation": None if record.evaluation_sha256 is None else {
             "accuracy": record.accuracy, "evaluation_sha256": record.evaluation_sha256}}}
 
 

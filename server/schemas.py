@@ -183,13 +183,14 @@ class SignedRevocationList(StrictRequest):
     algorithm: Literal["ed25519"] = "ed25519"
     payload: str = Field(min_length=1, max_length=16 * 1024 * 1024, description=(
         'base64 of the signed JSON {"purpose": "revocation_list", "contract": 1, "version", "issued_at", "key_id", '
-        '"revoked_cards": {"ids", "sha256s"}, "revoked_device_keys"}'))
+        '"revoked_cards": {"ids", "sha256s"}, "revoked_device_keys": [hex sha256 of each revoked device signing '
+        'key]}'))
     signature: str = Field(min_length=1, max_length=200, description="base64 of the 64-byte ed25519 signature over "
                            "'fedzoo-revocation-list-v1\\n' + payload")
 
 
 class RevocationListView(Response):
-    """The newest revocation list the server holds, as signed; devices verify it against their pinned keys."""
+    """The newest revocation list the server holds, as signed; devices verify it against their pinned operator keys."""
 
     key_id: str
     algorithm: Literal["ed25519"]
@@ -352,11 +353,3 @@ class DeviceSigningKeyList(Response):
     limit: int
     offset: int
     next_offset: int | None
-
-
-class DeviceRevocationsUpload(StrictRequest):
-    revocations: SealedDocument
-
-
-class DeviceRevocationsView(Response):
-    revocations: dict[str, str] | None = Field(description="the newest operator-signed list, or null (none yet)")

@@ -72,6 +72,9 @@ class ModelRecord(Base):
                                                    doc="the newer version whose line moved past this variant")
     evaluation_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True,
                                                           doc="the set `accuracy` was measured on by the server")
+    revoked_by_list: Mapped[int | None] = mapped_column(Integer, nullable=True,
+                                                        doc="the operator's revocation list version that revokes it "
+                                                            "(`fedzoo.server.revocations`): lookup skips it")
 
     __table_args__ = (Index("ix_models_task_accuracy", "task", "accuracy"),
                       Index("ux_models_line_version", "line_id", "version", unique=True))
@@ -225,15 +228,4 @@ class DeviceCertificateRecord(Base):
     certificate_json: Mapped[str] = mapped_column(Text)
     key_id: Mapped[str] = mapped_column(String(16))
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    uploaded_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
-
-
-class DeviceRevocationListRecord(Base):
-    """One version of the operator's signed list of revoked device keys (`fedzoo.device_revocations`); the
-    newest is served."""
-
-    __tablename__ = "device_revocation_lists"
-
-    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
-    document_json: Mapped[str] = mapped_column(Text)
     uploaded_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)

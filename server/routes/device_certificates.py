@@ -1,7 +1,8 @@
-"""Device certificates and revocations: the operator's signatures over device keys, stored and served here.
+"""Device certificates: the operator's signatures over device keys, stored and served here.
 
 The admin lists the keys awaiting a certificate and uploads the certificates `fedzoo devices certify` signed
-offline; the server relays them in SecAgg+ rounds. The revocation list is public (signed, like the key set).
+offline; the server relays them in SecAgg+ rounds. Revoked keys are a section of the operator's one revocation
+list (`routes/revocations.py`, `GET /v1/revocations`).
 """
 
 from __future__ import annotations
@@ -15,18 +16,10 @@ from fedzoo.server.routes.common import (
 )
 from fedzoo.server.routes.devices import DEVICE_ID
 from fedzoo.server.schemas import (
-    DeviceCertificateReceipt, DeviceCertificateUpload, DeviceRevocationsUpload, DeviceRevocationsView,
-    DeviceSigningKeyList, SigningKeysQuery,
+    DeviceCertificateReceipt, DeviceCertificateUpload, DeviceSigningKeyList, SigningKeysQuery,
 )
-from fedzoo.signing import TrustedKeys
 
 blueprint = Blueprint("device_certificates", __name__)
-
-
-def _operator_keys() -> TrustedKeys | None:
-    """The operator keys this server was given (`FEDZOO_TRUSTED_KEYS`), to check uploads against; None without."""
-    path = context().config.trusted_keys_path
-    return TrustedKeys.load(path) if path is not None else None
 
 
 @documented(blueprint, "GET", "/v1/devices/signing-keys",
@@ -52,26 +45,6 @@ def put_certificate(device_id: str) -> Response:
     body = json_body(DeviceCertificateUpload)
     with context().db.session() as session:
         read = device_certificates.store_certificate(session, device_id, body.certificate.model_dump(),
-                                                     _operator_keys())
+                                                     context().keys.operator_keys)
     return json_response(DeviceCertificateReceipt(device_id=device_id, key_id=read.key_id,
                                                   expires_at=read.expires_at))
-
-
-@documented(blueprint, "GET", "/v1/device-revocations",
-            summary="The operator's newest signed list of revoked device keys (public: devices check its signature)",
-            response=DeviceRevocationsView)
-def get_revocations() -> Response:
-    with context().db.session() as session:
-        return json_response(DeviceRevocationsView(revocations=device_certificates.latest_revocations(session)))
-
-
-@documented(blueprint, "PUT", "/v1/device-revocations",
-            summary="Admin: publish a newer operator-signed list of revoked device keys", auth="admin",
-            request=DeviceRevocationsUpload, response=DeviceRevocationsView, errors=(403, 409, 422))
-def put_revocations() -> Response:
-    require_admin_token()
-    body = json_body(DeviceRevocationsUpload)
-    document = body.revocations.model_dump()
-    with context().db.session() as session:
-        device_certificates.store_revocations(session, document, _operator_keys())
-    return json_response(DeviceRevocationsView(revocations=document))

@@ -1,5 +1,6 @@
-"""The operator's signed revocation list: devices fetch the newest (public: it is signed, and devices verify it
-against their pinned keys); the admin uploads a new version signed offline (`fedzoo keys revoke`)."""
+"""The operator's one signed revocation list (cards and device keys): devices fetch the newest (public: it is
+signed, and devices verify it against their pinned operator keys, before loading a card and before each SecAgg+
+round); the admin uploads a new version signed offline (`fedzoo keys revoke`, `fedzoo devices revoke-keys`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ blueprint = Blueprint("revocations", __name__)
 
 
 @documented(blueprint, "GET", "/v1/revocations", summary="The operator's newest signed revocation list: cards "
-            "(by id or model sha256) devices must not load", response=RevocationListView, errors=(404,))
+            "(by id or model sha256) devices must not load, device signing keys (by fingerprint) no device accepts "
+            "as a SecAgg+ neighbour", response=RevocationListView, errors=(404,))
 def newest_revocation_list() -> Response:
     with context().db.session() as session:
         record = revocations.newest(session)
@@ -35,7 +37,7 @@ def upload_revocation_list() -> Response:
     require_admin_token()
     body = json_body(SignedRevocationList)
     with context().db.session() as session:
-        listed = revocations.store(session, body.model_dump(), context().keys.trusted)
+        listed = revocations.store(session, body.model_dump(), context().keys.operator_keys)
     return json_response(RevocationListStored(version=listed.version, revoked_card_ids=len(listed.card_ids),
                                               revoked_card_sha256s=len(listed.card_sha256s),
-                                              revoked_device_keys=len(listed.device_keys)), status=201)
+                                              revoked_device_keys=len(listed.device_key_fingerprints)), status=201)

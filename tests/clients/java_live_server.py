@@ -32,6 +32,15 @@ After that it answers one JSON line per command line on stdin:
     {"cmd": "substitute_relayed_keys", "on"}            while on, the server lies in SecAgg+ rounds it starts: it relays
                                                            X25519 keys of its own making as every device's neighbours',
                                                            under the neighbours' genuine signatures
+    {"cmd": "substitute_signing_keys", "on"}            while on, the server relays long-term signing keys of its own
+                                                           making as every device's neighbours', and signs their round
+                                                           keys and survivor sets with them (no certificate fits them)
+    {"cmd": "seat_sybils", "count"}                     the server enrolls `count` devices of its own, "certifies" their
+                                                           keys with its own card-signing key (written straight into its
+                                                           database: the operator would never sign them), and each, in a
+                                                           thread, takes a seat in the next SecAgg+ round and advertises
+                                                           keys: answers their device ids
+    {"cmd": "stop_sybils"}                               the Sybils stop polling
     {"cmd": "quit"}
 """
 
@@ -53,8 +62,10 @@ from fedzoo.clients.http import FedzooHTTP
 from fedzoo.clients.participation import participate_once
 from fedzoo.clients.secure_participation import take_part_securely
 from fedzoo.edge.onnx_initializers import read_float_initializers
-from fedzoo.secagg import crypto, flatten, unflatten
+from fedzoo.device_certificates import issue_certificate
+from fedzoo.secagg import SecAggClient, SecAggConfig, crypto, flatten, signatures, unflatten
 from fedzoo.secagg.messages import to_base64
+from fedzoo.server.card_keys import SERVER_KEY_FILE
 from fedzoo.server.fl import secure_rounds
 from fedzoo.cloud.simulation import Simulation, prepare_federation
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
@@ -166,12 +177,72 @@ class KeySubstitutingServer(secure_rounds.SecAggServer):
                 for client, request in requests.items()}
 
 
+class SigningKeySubstitutingServer(secure_rounds.SecAggServer):
+    """A lying server that puts long-term signing keys of its own in every neighbour's place and signs what it
+    relays with them: a device that trusted the server's word for its neighbours' keys would accept every signature."""
+
+    forged_keys: dict[int, object] = {}
+
+    def collect_keys(self, replies: list[dict]) -> dict[int, dict]:
+        requests = super().collect_keys(replies)
+        for request in requests.values():
+            for entry in request["public_keys"]:
+                key = self.forged_keys.setdefault(entry["client"], signatures.new_signing_key())
+                payload = self.advertise_payload(entry["client"], *self.keys[entry["client"]],
+                                                 self.nonces[entry["client"]])
+                entry["signing_public_key"] = to_base64(signatures.public_bytes(key))
+                entry["signature"] = to_base64(key.sign(payload))
+        return requests
+
+    def collect_consistency(self, replies: list[dict]) -> dict[int, dict]:
+        requests = super().collect_consistency(replies)
+        for request in requests.values():
+            for entry in request["signatures"]:
+                payload = self.consistency_payload(entry["client"], request["survivors"])
+                entry["signature"] = to_base64(self.forged_keys[entry["client"]].sign(payload))
+        return requests
+
+
 HONEST_SERVER = secure_rounds.SecAggServer
 
 
-def _substitute_relayed_keys(command: dict) -> dict:
-    secure_rounds.SecAggServer = KeySubstitutingServer if command["on"] else HONEST_SERVER
+def _substitute(command: dict, lying_server: type) -> dict:
+    secure_rounds.SecAggServer = lying_server if command["on"] else HONEST_SERVER
     return {"ok": True}
+
+
+class Sybils:
+    """Devices the server made: enrolled, their keys "certified" with the server's own key, each answering the
+    first SecAgg+ stage of the round it is seated in with key pairs of the server's making."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+
+    def seat(self, server: LoopbackServer, federation, enrollment_token: str, count: int) -> dict:
+        own_key = CardSigningKey.load(server.data_dir / SERVER_KEY_FILE)
+        device_ids = [f"sybil-{index}" for index in range(count)]
+        for device_id in device_ids:
+            client = FedzooClient(server.url)
+            client.register(_profile(device_id), enrollment_token)
+            certificate = issue_certificate(device_id, signatures.public_bytes(client.signing_key), own_key)
+            with sqlite3.connect(server.data_dir / "registry.db") as database:  # no upload: it would be refused
+                database.execute("INSERT INTO device_certificates (device_id, certificate_json, key_id, expires_at, "
+                                 "uploaded_at) VALUES (?, ?, ?, '2100-01-01 00:00:00.000000', "
+                                 "'2026-01-01 00:00:00.000000')", (device_id, json.dumps(certificate), own_key.key_id))
+            threading.Thread(target=self._advertise, args=(client, federation.card.task), daemon=True).start()
+        return {"device_ids": device_ids}
+
+    def _advertise(self, client: FedzooClient, task: str) -> None:
+        with client:
+            while not self.stop.is_set():
+                secure = ((client.fl_task(task)["task"] or {}).get("privacy") or {}).get("secure_aggregation") or {}
+                if secure.get("stage") == "advertise_keys" and secure.get("request") is not None:
+                    reply = SecAggClient(SecAggConfig.from_dict(secure["config"]), secure["client"],
+                                         client.signing_key).advertise_keys()
+                    client.secure_reply(secure["reply_url"], {name: reply[name] for name in (
+                        "cipher_public_key", "mask_public_key", "nonce", "signature")})
+                    return
+                time.sleep(0.05)
 
 
 def _profile(device_id: str) -> DeviceProfile:
@@ -208,7 +279,7 @@ def main() -> None:
                     "evaluation_sha256": simulation.evaluation_sha256, "shards": NUM_SHARDS,
                     "python_accuracy": python_accuracy, "operator_key_id": operator.key_id,
                     "operator_keys": TrustedKeys([operator.public_key_raw]).to_json()})
-            secure_devices = SecureDevices()
+            secure_devices, sybils = SecureDevices(), Sybils()
             for line in sys.stdin:
                 command = json.loads(line)
                 if command["cmd"] == "quit":
@@ -229,7 +300,14 @@ def main() -> None:
                 elif command["cmd"] == "check_secure_sum":
                     _reply(_check_secure_sum(simulation, command))
                 elif command["cmd"] == "substitute_relayed_keys":
-                    _reply(_substitute_relayed_keys(command))
+                    _reply(_substitute(command, KeySubstitutingServer))
+                elif command["cmd"] == "substitute_signing_keys":
+                    _reply(_substitute(command, SigningKeySubstitutingServer))
+                elif command["cmd"] == "seat_sybils":
+                    _reply(sybils.seat(server, federation, enrollment_token, command["count"]))
+                elif command["cmd"] == "stop_sybils":
+                    sybils.stop.set()
+                    _reply({"ok": True})
                 elif command["cmd"] == "python_device":
                     _reply(_python_device(server, federation, data_dir, enrollment_token, command))
                 else:

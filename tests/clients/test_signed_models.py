@@ -418,7 +418,7 @@ def test_revocations_need_pinned_keys(tmp_path):
     with FedzooClient("http://127.0.0.1:9", cache_dir=tmp_path / "cache") as device:
         with pytest.raises(InvalidInputError) as refused:
             device.refresh_revocations()
-    assert refused.value.field == "trusted_keys"
+    assert refused.value.field == "operator_keys"
 
 
 def test_the_held_list_outlives_a_rotation_of_the_pinned_keys(federation, scripted_server, tmp_path):

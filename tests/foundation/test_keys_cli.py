@@ -111,13 +111,18 @@ def test_keys_revoke_signs_a_list_the_pinned_keys_verify_and_refuses_bad_input(t
     key_path = tmp_path / "keys" / f"{_generate(tmp_path / 'keys', capsys).key_id}.pem"
     out = tmp_path / "revocations.json"
     code, stdout, _ = run_main(["keys", "revoke", "--signing-key", str(key_path), "--version", "4",
-                                "--card-id", "digits-v3-r12", "--card-sha256", "ab" * 32, "--out", str(out)], capsys)
-    assert code == 0 and "version 4 (1 card ids, 1 model sha256s, 0 device keys)" in stdout
+                                "--card-id", "digits-v3-r12", "--card-sha256", "ab" * 32, "--device-key", "cd" * 32,
+                                "--out", str(out)], capsys)
+    assert code == 0 and "version 4 (1 card ids, 1 model sha256s, 1 device keys)" in stdout
     listed = verify_revocation_list(json.loads(out.read_text()),
                                     TrustedKeys([CardSigningKey.load(key_path).public_key_raw]))
     assert (listed.version, listed.card_ids, listed.card_sha256s) == (4, {"digits-v3-r12"}, {"ab" * 32})
+    assert listed.device_key_fingerprints == {"cd" * 32}
     assert "PRIVATE" not in out.read_text()
     code, _, stderr = run_main(["keys", "revoke", "--signing-key", str(key_path), "--version", "5",
                                 "--card-sha256", "not-a-digest", "--out", str(tmp_path / "bad.json")], capsys)
     assert code != 0 and "revoked_cards.sha256s" in stderr and "Traceback" not in stderr
+    code, _, stderr = run_main(["keys", "revoke", "--signing-key", str(key_path), "--version", "5",
+                                "--device-key", "phone-17", "--out", str(tmp_path / "bad.json")], capsys)
+    assert code != 0 and "revoked_device_keys" in stderr and "Traceback" not in stderr  # a fingerprint, not an id
     assert not (tmp_path / "bad.json").exists()

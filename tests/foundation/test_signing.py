@@ -64,7 +64,9 @@ def test_each_revocation_list_vector_gets_its_expected_verdict(case):
     trusted = TrustedKeys.from_json(REVOCATION_VECTORS["trusted_keys"])
     held = None if case["held"] is None else verify_revocation_list(case["held"], trusted)
     if case["expect"] == "ok":
-        assert verify_revocation_list(case["document"], trusted, held=held).version == case["version"]
+        listed = verify_revocation_list(case["document"], trusted, held=held)
+        assert listed.version == case["version"]
+        assert sorted(listed.device_key_fingerprints) == case["device_key_fingerprints"]
     else:
         with pytest.raises(CardSignatureError) as caught:
             verify_revocation_list(case["document"], trusted, held=held)

@@ -30,11 +30,12 @@ def live_server(server_config: ServerConfig) -> Iterator[LiveServer]:
 
 
 @pytest.fixture
-def server(tmp_path: Path):
-    """The real server app on a loopback port (`LoopbackServer`), its data in tmp_path."""
+def server(request: pytest.FixtureRequest, tmp_path: Path):
+    """The real server app on a loopback port (`LoopbackServer`), its data in tmp_path, with the options of the
+    test module's `LOOPBACK_SERVER_OPTIONS` (e.g. a short deadline check, a viewer token) where it sets them."""
     from fedzoo.server.testing import LoopbackServer
 
-    with LoopbackServer(tmp_path / "server") as running:
+    with LoopbackServer(tmp_path / "server", **getattr(request.module, "LOOPBACK_SERVER_OPTIONS", {})) as running:
         yield running
 
 

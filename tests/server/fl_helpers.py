@@ -17,6 +17,15 @@ from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.secagg.signatures import load_signing_key
 
 
+def digits_federation(num_clients: int, alpha: float | None = None) -> Any:
+    """The small digits federation the round tests share (8 hidden units, one pretraining epoch, seed 0); a test
+    module's `federation` fixture returns it with its own device count."""
+    from fedzoo.cloud.simulation import prepare_federation
+
+    return prepare_federation("digits", num_clients=num_clients, alpha=alpha, hidden_units=8, pretrain_epochs=1,
+                              seed=0)
+
+
 @contextmanager
 def ready_simulation(federation, server_url: str, cache_root: Path, admin_token: str | None = None) -> Iterator[Any]:
     """A Simulation whose base model is published and whose devices are registered."""

@@ -15,31 +15,30 @@ from fedzoo.cli import cli, main
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.device_certification import revoke_device_keys
 from fedzoo.clients.http import FedzooHTTP
+from fedzoo.revocation import sign_revocation_list
 from fedzoo.clients.participation import LocalData, participate_once
-from fedzoo.cloud.simulation import prepare_federation
 from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
 from fedzoo.device_certificates import issue_certificate
 from fedzoo.secagg import SecAggClient, SecAggConfig, signatures
+from fedzoo.secagg.errors import ProtocolViolation
 from fedzoo.server import device_certificates as server_certificates
+from fedzoo.server import revocations as server_revocations
 from fedzoo.server.card_keys import SERVER_KEY_FILE
 from fedzoo.server.fl import secure_rounds
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.signing import CardSigningKey
-from fl_helpers import device_client, round_config, wait_for_round_end
+from fl_helpers import device_client, digits_federation, round_config, wait_for_round_end
 
 ADMIN, VIEWER = DEFAULT_ADMIN_TOKEN, "viewer-token-for-certificate-tests-0123456789"
 DEVICES = 6
 
 
+LOOPBACK_SERVER_OPTIONS = {"deadline_check_s": 0.2, "viewer_token": VIEWER}  # the conftest `server`
+
+
 @pytest.fixture(scope="module")
 def federation():
-    return prepare_federation("digits", num_clients=DEVICES, alpha=None, hidden_units=8, pretrain_epochs=1, seed=0)
-
-
-@pytest.fixture
-def server(tmp_path):
-    with LoopbackServer(tmp_path / "server", deadline_check_s=0.2, viewer_token=VIEWER) as running:
-        yield running
+    return digits_federation(DEVICES)
 
 
 def secure_config(neighbour_count=4, target=DEVICES, deadline_s=20):
@@ -160,7 +159,7 @@ def test_sybils_the_server_enrolled_and_certified_with_its_own_key_are_refused(s
 def test_neighbours_refuse_a_device_whose_key_the_operator_revoked(simulation, federation, server, monkeypatch):
     with FedzooHTTP(server.url, token=ADMIN) as admin:
         revocations = revoke_device_keys(admin, simulation.operator_key, {"sim-device-5"})
-    assert revocations.version == 1 and len(revocations.revoked_keys) == 1
+    assert revocations.version == 1 and len(revocations.device_key_fingerprints) == 1
     clients = [device_client(simulation, index) for index in range(DEVICES)]
     round_id = simulation.start_plan(secure_config(deadline_s=3))
     answer = clients[5].fl_task(federation.card.task)  # an honest server no longer seats it
@@ -169,24 +168,54 @@ def test_neighbours_refuse_a_device_whose_key_the_operator_revoked(simulation, f
     monkeypatch.setattr(server_certificates, "seat_refusal", lambda *_args: None)  # a server that seats it anyway
     outcomes, _ = sdk_round(simulation, federation, secure_config(deadline_s=10), clients)
     assert outcomes.count("refused: revoked_key") == 4  # device 5's k = 4 neighbours
-    assert all(client.neighbour_trust.kept_revocations().version == 1 for client in clients)
+    assert all(client.neighbour_trust.held_revocations().version == 1 for client in clients)
+
+
+def test_a_server_withholding_the_list_still_faces_the_list_devices_hold(simulation, federation, server,
+                                                                         monkeypatch):
+    """Documented limitation: a server can withhold a newer list, and devices that never fetched it accept the key
+    it revokes. It cannot make a device forget a list it holds: fetched once (here with `refresh_revocations`,
+    the card path: one list, one state key, one version), it revokes the key in every later round."""
+    clients = [device_client(simulation, index) for index in range(DEVICES)]
+    with FedzooHTTP(server.url, token=ADMIN) as admin:
+        revoke_device_keys(admin, simulation.operator_key, {"sim-device-5"})
+    assert [client.refresh_revocations().version for client in clients] == [1] * DEVICES
+    monkeypatch.setattr(server_revocations, "newest", lambda _session: None)  # GET /v1/revocations: 404 from now
+    monkeypatch.setattr(server_certificates, "seat_refusal", lambda *_args: None)
+    outcomes, view = sdk_round(simulation, federation, secure_config(deadline_s=10), clients)
+    assert outcomes.count("refused: revoked_key") == 4 and view["state"] == "failed"  # device 5's k = 4 neighbours
+
+
+def test_a_list_the_server_signed_itself_does_not_lift_a_revocation(simulation, federation, server, monkeypatch):
+    """A non-operator key: the server signs "version 2" with the key it signs federated cards with (devices pin it
+    for cards, in GET /v1/keys) and drops device 5 from it. This server was given no operator keys, so it stores the
+    list; every device pinning the operator key set refuses it before the round, and keeps the operator's list."""
+    with FedzooHTTP(server.url, token=ADMIN) as admin:
+        revoke_device_keys(admin, simulation.operator_key, {"sim-device-5"})
+        clients = [device_client(simulation, index) for index in range(DEVICES)]
+        assert all(client.refresh_revocations().version == 1 for client in clients)
+        forged = sign_revocation_list(CardSigningKey.load(server.data_dir / SERVER_KEY_FILE), 2)
+        admin.request("POST", "/v1/revocations", json=forged, expected=(201,))
+    monkeypatch.setattr(server_certificates, "seat_refusal", lambda *_args: None)
+    outcomes, view = sdk_round(simulation, federation, secure_config(deadline_s=10), clients)
+    assert outcomes == ["refused: bad_revocations"] * DEVICES and view["state"] == "failed"
+    assert all(client.neighbour_trust.held_revocations().version == 1 for client in clients)
 
 
 def test_a_device_keeps_the_newest_revocation_list_and_refuses_an_older_one(simulation, server):
     client = device_client(simulation, 0)
     with FedzooHTTP(server.url, token=ADMIN) as admin:
-        first = admin.get_json("/v1/device-revocations")["revocations"]
-        assert first is None
+        assert client.served_revocation_list() is None
         revoke_device_keys(admin, simulation.operator_key, {"sim-device-5"})
-        older = admin.get_json("/v1/device-revocations")["revocations"]
+        older = admin.get_json("/v1/revocations")
         revoke_device_keys(admin, simulation.operator_key, {"sim-device-4"})
-        newer = admin.get_json("/v1/device-revocations")["revocations"]
+        newer = admin.get_json("/v1/revocations")
     assert len(client.neighbour_trust.policy(newer).revoked_fingerprints) == 2
-    from fedzoo.secagg.errors import ProtocolViolation
     with pytest.raises(ProtocolViolation) as refused:  # a server serving the list of before: rollback refused
         client.neighbour_trust.policy(older)
     assert refused.value.reason == "bad_revocations" and "rollback" in str(refused.value)
-    assert len(client.neighbour_trust.policy(None).revoked_fingerprints) == 2  # withheld: the kept list holds
+    assert len(client.neighbour_trust.policy(None).revoked_fingerprints) == 2  # withheld: the held list holds
+    assert client.neighbour_trust.held_revocations().document == newer  # the one list the card checks use too
 
 
 def test_devices_without_the_operator_key_set_decline_secure_rounds(simulation, federation, tmp_path):
@@ -224,8 +253,6 @@ def test_certificate_endpoints_need_the_admin_token_and_name_bad_input(simulatio
             assert http.get("/v1/devices/signing-keys", headers=headers).status_code in (401, 403)
             assert http.put("/v1/devices/sim-device-0/certificate", json=certificate,
                             headers=headers).status_code in (401, 403)
-            assert http.put("/v1/device-revocations", json={"revocations": certificate["certificate"]},
-                            headers=headers).status_code in (401, 403)
         admin = {"Authorization": f"Bearer {ADMIN}"}
         listed = http.get("/v1/devices/signing-keys", params={"uncertified": "true"}, headers=admin).json()
         assert listed["devices"] == [] and listed["total"] == 0  # the simulation certified every device
@@ -241,9 +268,9 @@ def test_certificate_endpoints_need_the_admin_token_and_name_bad_input(simulatio
         assert (other.status_code, other.json()["error"]["code"]) == (422, "certificate_not_trusted")
         assert http.put("/v1/devices/nobody/certificate", json=certificate, headers=admin).status_code == 404
         assert http.get("/v1/devices/signing-keys", params={"limit": 0}, headers=admin).status_code == 422
-        as_list = http.put("/v1/device-revocations", json={"revocations": certificate["certificate"]}, headers=admin)
-        assert (as_list.status_code, as_list.json()["error"]["field"]) == (422, "revocations")
-        assert http.get("/v1/device-revocations").json() == {"revocations": None}
+        as_list = http.post("/v1/revocations", json=certificate["certificate"], headers=admin)  # not a list
+        assert (as_list.status_code, as_list.json()["error"]["field"]) == (422, "signature"), as_list.text
+        assert http.get("/v1/revocations").status_code == 404
 
 
 def test_a_server_given_the_operator_keys_refuses_certificates_they_did_not_sign(federation, tmp_path):
@@ -284,7 +311,7 @@ def test_the_cli_certifies_what_awaits_a_certificate_and_publishes_revocations(s
     again = CliRunner().invoke(cli, ["devices", "certify", "--signing-key", str(key_file)], env=env)
     assert again.exit_code == 0 and "0 devices certified" in again.stdout
     revoked = CliRunner().invoke(cli, ["devices", "revoke-keys", "fresh", "--signing-key", str(key_file)], env=env)
-    assert revoked.exit_code == 0 and "version 1: 1 keys revoked" in revoked.stdout
+    assert revoked.exit_code == 0 and "version 1: 1 device keys, 0 card ids" in revoked.stdout, revoked.output
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     for arguments, named in ((["revoke-keys", "nobody", "--signing-key", str(key_file)], "nobody"),

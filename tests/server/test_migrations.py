@@ -3,6 +3,7 @@ registry runs in WAL mode with foreign keys enforced."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 from datetime import datetime, timezone
 
@@ -15,12 +16,14 @@ from sqlalchemy import insert, text
 from sqlalchemy.exc import IntegrityError
 
 from fedzoo.device import DeviceProfile
-from fedzoo.server import devices, migrations, registry
+from fedzoo.revocation import sign_revocation_list
+from fedzoo.server import devices, migrations, registry, revocations
 from fedzoo.server.blobstore import FileBlobStore
 from fedzoo.server.db import Base, Database
 from fedzoo.server.latency import CalibrationScalingEstimator
 from fedzoo.server.auth import hash_token
 from fedzoo.server.tables import DeviceRecord, LatencyReport, MeasuredLatency
+from fedzoo.signing import CardSigningKey
 
 INITIAL = "0001_registry"
 LEGACY_TOKEN = "a-token-issued-before-0004"
@@ -125,4 +128,25 @@ def test_line_versions_keep_the_first_card_where_a_line_already_repeated_a_versi
     with database.session() as session:
         assert registry.next_line_version(session, "base") == 3
         assert registry.get_card(session, "base-v3-r2")["version"] == 2  # still served
+    database.dispose()
+
+
+def test_the_one_revocation_list_marks_the_cards_a_list_held_before_0016_revokes(tmp_path):
+    """0016 folds device keys into the one list and marks revoked cards for lookup: a card the newest list held
+    before the upgrade revokes (by model sha256) is marked with that list's version, the others are not."""
+    url, database, store, estimator, blob = _registry_at_head(tmp_path)
+    other = tiny_onnx_model(seed=6)
+    store.put(other)
+    operator = CardSigningKey.from_seed(bytes(range(32)))
+    with database.session() as session:
+        registry.publish(session, store, estimator, make_card(blob, "revoked", 0.9, 1000))
+        registry.publish(session, store, estimator, make_card(other, "kept", 0.9, 1000))
+        revocations.store(session, sign_revocation_list(operator, 3, card_sha256s=[hashlib.sha256(blob).hexdigest()]),
+                          None)
+    command.downgrade(migrations.alembic_config(url), "0015_device_certificates")
+    migrations.upgrade(url)
+    with database.engine.connect() as connection:
+        marks = dict(connection.execute(text("SELECT id, revoked_by_list FROM models")).all())
+        tables = set(connection.execute(text("SELECT name FROM sqlite_master WHERE type = 'table'")).scalars())
+    assert marks == {"revoked": 3, "kept": None} and "device_revocation_lists" not in tables
     database.dispose()

@@ -9,6 +9,7 @@ import pytest
 from server_helpers import ADMIN_TOKEN, VIEWER_TOKEN, device_profile, running_live_server
 
 from fedzoo.revocation import sign_revocation_list
+from fedzoo.server.card_keys import SERVER_KEY_FILE
 from fedzoo.server.config import ServerConfig
 from fedzoo.signing import CardSigningKey, TrustedKeys, sign_card
 
@@ -86,3 +87,50 @@ def _any_card():
     from server_helpers import make_card, tiny_onnx_model
 
     return make_card(tiny_onnx_model(seed=1), "any-card", 0.9, 1000)
+
+
+def test_the_servers_own_card_key_cannot_sign_a_revocation_list(server):
+    """The server signs the cards its federated rounds publish, and devices pin that key for cards: were it to
+    sign lists too, it could lift what the operator revoked. Only the operator keys (FEDZOO_TRUSTED_KEYS) count."""
+    own = CardSigningKey.load(server.config.data_dir / SERVER_KEY_FILE)
+    with server.client(ADMIN_TOKEN) as admin:
+        refused = admin.post("/v1/revocations", json=sign_revocation_list(own, 1))
+    assert _error(refused) == (422, "revocation_list_not_trusted", "signature")
+    assert refused.json()["error"]["reason"] == "unknown_key"
+
+
+def test_lookup_never_chooses_a_revoked_card_and_the_registry_marks_it(server):
+    """Over REST: the most accurate card is revoked (by its model sha256), so lookup chooses the next; the
+    registry shows the list version that revokes it; a card published later under a revoked id is marked at
+    once; a newer list that drops the revocation makes the card eligible again."""
+    from server_helpers import make_card, tiny_onnx_model
+
+    models = {name: tiny_onnx_model(seed=seed) for seed, name in enumerate(("best", "second", "later"), start=2)}
+    cards = {name: sign_card(make_card(models[name], name, accuracy, 1000), OPERATOR)
+             for name, accuracy in (("best", 0.95), ("second", 0.9), ("later", 0.99))}
+    for name in ("best", "second"):
+        assert server.publish(cards[name], models[name]).status_code == 201
+    token = server.register(device_profile("phone-1"))
+
+    def chosen():
+        with server.client(token) as device:
+            answer = device.post("/v1/lookup", json={"task": "digits", "latency_budget_ms": 1000})
+        assert answer.status_code == 200, answer.text
+        return answer.json()["model"]["id"]
+
+    def marks():
+        with server.client(ADMIN_TOKEN) as admin:
+            listed = admin.get("/v1/models").json()["models"]
+        return {card["id"]: card["unsigned"]["revoked_by_list"] for card in listed}
+
+    assert chosen() == "best"
+    with server.client(ADMIN_TOKEN) as admin:
+        assert admin.post("/v1/revocations", json=sign_revocation_list(
+            OPERATOR, 1, card_ids=["later"], card_sha256s=[cards["best"].sha256])).status_code == 201
+    assert chosen() == "second" and marks() == {"best": 1, "second": None}
+    assert server.publish(cards["later"], models["later"]).status_code == 201  # revoked by id before it came
+    assert chosen() == "second" and marks() == {"best": 1, "second": None, "later": 1}
+    with server.client(ADMIN_TOKEN) as admin:
+        assert admin.post("/v1/revocations", json=sign_revocation_list(OPERATOR, 2, card_ids=["later"])).status_code \
+            == 201
+    assert chosen() == "best" and marks() == {"best": None, "second": None, "later": 2}

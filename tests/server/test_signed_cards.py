@@ -186,7 +186,8 @@ def test_a_federated_round_publishes_a_version_signed_by_the_servers_key(tmp_pat
     verify_card(published, key_set, last_accepted_version=1)
     assert published.version == 2
     assert published.line_id == federation.card.id and published.parent_id == federation.card.id
-    assert set(published.unsigned) == {"fleet_latency_factor", "fleet_factor_devices", "retired_by", "server_evaluation"}
+    assert set(published.unsigned) == {"fleet_latency_factor", "fleet_factor_devices", "retired_by", "revoked_by_list",
+                                      "server_evaluation"}
 
 
 def test_the_server_serves_its_measurements_outside_the_signature_and_never_stores_a_publishers(trusting_server):
@@ -198,7 +199,7 @@ def test_the_server_serves_its_measurements_outside_the_signature_and_never_stor
         listed = client.get("/v1/models").json()["models"]
         pinned = TrustedKeys.from_json(client.get("/v1/keys").json())
     assert served["unsigned"] == {"fleet_latency_factor": None, "fleet_factor_devices": 0, "retired_by": None,
-                                  "server_evaluation": None}
+                                  "revoked_by_list": None, "server_evaluation": None}
     assert [entry["unsigned"] for entry in listed] == [served["unsigned"]]
     verify_card(ModelCard.from_dict(served), pinned)
     with trusting_server.client(ADMIN_TOKEN) as client:  # publishing it again, measurements and all: the same card

@@ -1,11 +1,11 @@
-"""Test vectors for device certificates and device revocation lists, shared by the Python and Java SDKs.
+"""Test vectors for device certificates, shared by the Python and Java SDKs.
 
 Ed25519 is deterministic, so fixed key seeds and fixed times give the same file on every run:
 `python tests/vectors/device_certificate_vectors.py` rewrites `device_certificates.json`, and a test checks that
 the committed file is what this script writes. Each certificate case is what a neighbour's entry carries (device
 id, signing key, certificate), the verifier's clock and revoked key fingerprints, and the expected verdict: `ok`
 or a `DeviceCertificateError.reason`. `signed_bytes_hex` pins the bytes the operator signs for the valid case.
-Each revocation case is a list, the version a device kept, and the verdict.
+Revoked device keys are a section of the operator's one revocation list: its vectors are `revocation_lists.json`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from fedzoo.device_certificates import CERTIFICATE_DOMAIN, issue_certificate, key_fingerprint
-from fedzoo.device_revocations import sign_revocations
 from fedzoo.secagg import signatures
 from fedzoo.signing import CardSigningKey, TrustedKeys
 from card_signature_vectors import _card, fleet_key, stranger_key  # noqa: E402  (run from tests/vectors)
@@ -78,15 +77,6 @@ def device_certificate_vectors() -> dict[str, Any]:
         ("revoked", "alice", alice, valid, within, [key_fingerprint(alice)], "revoked"),
         ("another_key_revoked", "alice", alice, valid, within, [key_fingerprint(bob)], "ok"),
     ]
-    revocations = sign_revocations(2, [key_fingerprint(bob)], operator, ISSUED_AT)
-    revocation_cases = [
-        ("valid", revocations, 1, [key_fingerprint(bob)], "ok"),
-        ("same_version_as_kept", revocations, 2, [key_fingerprint(bob)], "ok"),
-        ("version_one_nothing_revoked", sign_revocations(1, [], operator, ISSUED_AT), 0, [], "ok"),
-        ("older_than_kept", revocations, 3, None, "rollback"),
-        ("signed_by_a_key_not_pinned", sign_revocations(2, [], stranger_key(), ISSUED_AT), 0, None, "unknown_key"),
-        ("certificate_as_revocation_list", valid, 0, None, "bad_signature"),
-    ]
     return {
         "description": __doc__.split("\n\n")[0],
         "operator_keys": TrustedKeys([operator.public_key_raw]).to_json(),
@@ -95,10 +85,6 @@ def device_certificate_vectors() -> dict[str, Any]:
             {"name": name, "device_id": device_id, "signing_public_key": base64.b64encode(raw).decode(),
              "certificate": certificate, "now": _time(now), "revoked_keys": revoked, "expect": expect}
             for name, device_id, raw, certificate, now, revoked, expect in cases
-        ],
-        "revocations": [
-            {"name": name, "revocations": document, "kept_version": kept, "revoked_keys": revoked, "expect": expect}
-            for name, document, kept, revoked, expect in revocation_cases
         ],
     }
 

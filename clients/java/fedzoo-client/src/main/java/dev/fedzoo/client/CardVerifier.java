@@ -81,9 +81,9 @@ public final class CardVerifier {
         return Collections.unmodifiableSet(keys.keySet());
     }
 
-    /** The pinned key filed under {@code keyId}, or null (what {@link RevocationList#verify} checks against). */
-    Ed25519PublicKeyParameters key(String keyId) {
-        return keys.get(keyId);
+    /** The pinned keys by key id (what {@link RevocationList#verify} checks against without operator keys). */
+    Map<String, Ed25519PublicKeyParameters> keys() {
+        return Collections.unmodifiableMap(keys);
     }
 
     /**

@@ -129,7 +129,8 @@ public final class FedzooClient {
     /**
      * Accept a SecAgg+ neighbour's key only with the operator's certificate, checked against {@code operatorKeys} (the
      * operator key set, {@code fedzoo keys export-public}; never {@code GET /v1/keys}, which holds the server's key)
-     * and the newest revocation list kept in the {@link #keepStateIn state}, which this needs. Without it, this device
+     * and the newest revocation list held in the {@link #keepStateIn state}, which this needs (the operator keys
+     * also verify that list). Without it, this device
      * declines SecAgg+ rounds ({@code operator_keys_required}).
      */
     public FedzooClient requireCertifiedNeighbours(DeviceCertificates operatorKeys) {
@@ -141,7 +142,7 @@ public final class FedzooClient {
         return this;
     }
 
-    /** The pinned operator keys and kept revocation list ({@link #requireCertifiedNeighbours}), or null. */
+    /** The pinned operator keys and held revocation list ({@link #requireCertifiedNeighbours}), or null. */
     public NeighbourTrust neighbourTrust() {
         return neighbourTrust;
     }
@@ -381,22 +382,31 @@ public final class FedzooClient {
     /**
      * Fetches the operator's signed revocation list ({@code GET /v1/revocations}) and keeps it in the
      * {@link #keepStateIn state} when it is newer than the one held; from then on {@link #downloadModel} refuses
-     * the cards it revokes. A list no pinned key signed, an older one (a server rolling a revocation back) or another
-     * list under the held version throws {@link CardSignatureException}. Returns the list held (null when the server
-     * has none and nothing is held). Needs {@link #requireSignedCards}.
+     * the cards it revokes and SecAgg+ rounds the device keys it revokes. It is verified against the operator keys
+     * ({@link #requireCertifiedNeighbours}), or the pinned card keys where no operator keys are pinned. A list none of
+     * them signed, an older one (a server rolling a revocation back) or another list under the held version throws
+     * {@link CardSignatureException}. Returns the list held (null when the server has none and nothing is held).
      */
     public RevocationList refreshRevocations() {
-        if (verifier == null) {
-            throw new InvalidInputException("a revocation list is verified against the pinned keys: requireSignedCards first",
-                    "trusted_keys");
+        if (verifier == null && neighbourTrust == null) {
+            throw new InvalidInputException("a revocation list is verified against the pinned keys: "
+                    + "requireCertifiedNeighbours or requireSignedCards first", "operator_keys");
         }
-        JSONObject document;
-        try {
-            document = http.getJson("/v1/revocations", null);
-        } catch (ApiException.NotFound none) {
+        JSONObject document = servedRevocationList();
+        if (document == null) {
             return state.revocationList(); // none published: keep whatever this device holds
         }
-        return state.holdRevocationList(verifier, document);
+        return state.holdRevocationList(neighbourTrust != null ? neighbourTrust.operatorKeys().operatorKeys()
+                : verifier.keys(), document);
+    }
+
+    /** The operator's newest signed revocation list as the server serves it, not yet verified (null: none). */
+    public JSONObject servedRevocationList() {
+        try {
+            return http.getJson("/v1/revocations", null);
+        } catch (ApiException.NotFound none) {
+            return null;
+        }
     }
 
     /**
@@ -480,11 +490,6 @@ public final class FedzooClient {
         }
         refreshTokenIfDue();
         return http.postJson("/v1/fl/rounds/" + roundId + "/decline", body, FedzooHttp.Resend.SAFE, 201);
-    }
-
-    /** The operator's newest signed list of revoked device keys the server holds, or null (none yet). */
-    public JSONObject deviceRevocations() {
-        return http.getJson("/v1/device-revocations", null).optJSONObject("revocations");
     }
 
     /** Sends this device's reply to a SecAgg+ stage: a JSON object, or the framed or raw bytes the stage takes. */

@@ -1,17 +1,18 @@
 package dev.fedzoo.client;
 
+import java.util.Collections;
+
 import org.json.JSONObject;
 
-import dev.fedzoo.secagg.DeviceCertificateException;
 import dev.fedzoo.secagg.DeviceCertificates;
-import dev.fedzoo.secagg.DeviceRevocations;
 import dev.fedzoo.secagg.ProtocolViolation;
 
 /**
- * A device's pinned operator key set for SecAgg+ neighbours and the newest device revocation list it verified, as
+ * A device's pinned operator key set for SecAgg+ neighbours, checked against the one revocation list it holds, as
  * {@code fedzoo.clients.neighbour_trust}: before each SecAgg+ round the device reads the operator's signed list
- * ({@code GET /v1/device-revocations}) and keeps the newest in its {@link StateStore} (key {@code device_revocations});
- * an older list is refused, and a server that withholds a newer one still faces every key of the list kept.
+ * ({@code GET /v1/revocations}) and keeps it in its {@link StateStore} when newer (key {@code revocation_list}: the
+ * same list and version as the card checks); an older list, another list under the held version, or one no operator
+ * key signed is refused, and a server that withholds a newer list still faces every key of the list held.
  */
 public final class NeighbourTrust {
     private final DeviceCertificates operatorKeys;
@@ -22,25 +23,31 @@ public final class NeighbourTrust {
         this.state = state;
     }
 
-    /** The list this device kept (version 0 when none). */
-    public DeviceRevocations keptRevocations() {
-        return state.keptRevocations();
+    /** The pinned operator keys (nothing revoked). */
+    public DeviceCertificates operatorKeys() {
+        return operatorKeys;
+    }
+
+    /** The newest revocation list this device verified, or null. */
+    public RevocationList heldRevocations() {
+        return state.revocationList();
     }
 
     /**
-     * The certificate policy for a round, after keeping {@code servedRevocations} (may be null) if it is newer;
-     * {@link ProtocolViolation} {@code bad_revocations} for a list the operator did not sign or one older than kept.
+     * The certificate policy for a round, after keeping {@code servedRevocations} (null: the server has none) if it
+     * is newer; {@link ProtocolViolation} {@code bad_revocations} for a list no operator key signed, one older than
+     * held, or another list under the held version.
      */
     public DeviceCertificates policy(JSONObject servedRevocations) {
-        DeviceRevocations kept = state.keptRevocations();
+        RevocationList held = state.revocationList();
         if (servedRevocations != null) {
             try {
-                kept = state.keepRevocations(DeviceRevocations.verify(servedRevocations, operatorKeys, kept));
-            } catch (DeviceCertificateException refused) {
-                throw new ProtocolViolation("the server's device revocation list is refused (" + refused.reason() + "): "
+                held = state.holdRevocationList(operatorKeys.operatorKeys(), servedRevocations);
+            } catch (CardSignatureException refused) {
+                throw new ProtocolViolation("the server's revocation list is refused (" + refused.reason() + "): "
                         + refused.getMessage(), "bad_revocations");
             }
         }
-        return operatorKeys.withRevoked(kept.revokedKeys);
+        return operatorKeys.withRevoked(held == null ? Collections.<String>emptySet() : held.deviceKeyFingerprints());
     }
 }

@@ -1,6 +1,7 @@
 package dev.fedzoo.client;
 
 import java.util.Collections;
+import java.util.Map;
 import java.util.Set;
 import java.util.TreeSet;
 import java.util.regex.Pattern;
@@ -16,12 +17,14 @@ import org.json.JSONTokener;
 import dev.fedzoo.ModelCard;
 
 /**
- * The operator's signed revocation list, as {@code fedzoo.revocation}: cards (by id or model sha256) no device
- * may load any more, and a {@code revoked_device_keys} section. The document carries its signed bytes
+ * The operator's one signed revocation list, as {@code fedzoo.revocation}: cards (by id or model sha256) no device
+ * may load any more, and device signing keys (by fingerprint, {@code DeviceCertificates.keyFingerprint}) no device
+ * accepts as a SecAgg+ neighbour. The document carries its signed bytes
  * ({@code {"key_id", "algorithm", "payload", "signature"}}); the signature covers
- * {@code "fedzoo-revocation-list-v1\n" + payload}, a purpose label no card signature shares. Its version only
- * grows: {@link StateStore} keeps the newest list verified and refuses an older one or another list under the
- * held version. Decided exactly as Python decides the shared vectors ({@code tests/vectors/revocation_lists.json}).
+ * {@code "fedzoo-revocation-list-v1\n" + payload}, a purpose label no card signature or certificate shares. Its
+ * version only grows, one counter for both sections: {@link StateStore} keeps the newest list verified and refuses
+ * an older one or another list under the held version. Decided exactly as Python decides the shared vectors
+ * ({@code tests/vectors/revocation_lists.json}).
  */
 public final class RevocationList {
     private static final byte[] DOMAIN = "fedzoo-revocation-list-v1\n".getBytes(FedzooHttp.UTF8);
@@ -30,20 +33,19 @@ public final class RevocationList {
     private static final int MAX_ENTRIES = 100_000;
     private static final Pattern IDENTIFIER = Pattern.compile("[A-Za-z0-9][A-Za-z0-9._-]{0,127}");
     private static final Pattern SHA256 = Pattern.compile("[0-9a-f]{64}");
-    private static final Pattern DEVICE_KEY = Pattern.compile("[\\x21-\\x7e]{1,200}");
 
     private final int version;
     private final Set<String> cardIds;
     private final Set<String> cardSha256s;
-    private final Set<String> deviceKeys;
+    private final Set<String> deviceKeyFingerprints;
     private final JSONObject document;
 
-    private RevocationList(int version, Set<String> cardIds, Set<String> cardSha256s, Set<String> deviceKeys,
+    private RevocationList(int version, Set<String> cardIds, Set<String> cardSha256s, Set<String> deviceKeyFingerprints,
             JSONObject document) {
         this.version = version;
         this.cardIds = Collections.unmodifiableSet(cardIds);
         this.cardSha256s = Collections.unmodifiableSet(cardSha256s);
-        this.deviceKeys = Collections.unmodifiableSet(deviceKeys);
+        this.deviceKeyFingerprints = Collections.unmodifiableSet(deviceKeyFingerprints);
         this.document = document;
     }
 
@@ -52,9 +54,9 @@ public final class RevocationList {
         return version;
     }
 
-    /** The revoked device signing keys (the section operator certificates use). */
-    public Set<String> deviceKeys() {
-        return deviceKeys;
+    /** The fingerprints (hex sha256 of the raw key) of the revoked device signing keys. */
+    public Set<String> deviceKeyFingerprints() {
+        return deviceKeyFingerprints;
     }
 
     /** The signed document, as served and stored. */
@@ -72,11 +74,13 @@ public final class RevocationList {
     }
 
     /**
-     * The list in {@code document} once one of {@code verifier}'s pinned keys is seen to have signed it; a
+     * The list in {@code document} once one of {@code keys} (the pinned operator keys, by key id) is seen to have
+     * signed it; a
      * {@link CardSignatureException} ({@code unknown_key}, {@code bad_signature}, {@code field_mismatch},
      * {@code rollback}: older than {@code held}, {@code version_reused}: another list under its version) otherwise.
      */
-    public static RevocationList verify(JSONObject document, CardVerifier verifier, RevocationList held) {
+    public static RevocationList verify(JSONObject document, Map<String, Ed25519PublicKeyParameters> keys,
+            RevocationList held) {
         String keyId = document.opt("key_id") instanceof String ? document.optString("key_id") : null;
         String payloadText = document.opt("payload") instanceof String ? document.optString("payload") : null;
         String signatureText = document.opt("signature") instanceof String ? document.optString("signature") : null;
@@ -84,10 +88,10 @@ public final class RevocationList {
             throw new CardSignatureException("a revocation list is {\"key_id\", \"algorithm\", \"payload\", \"signature\"}",
                     "field_mismatch");
         }
-        Ed25519PublicKeyParameters key = verifier.key(keyId);
+        Ed25519PublicKeyParameters key = keys.get(keyId);
         if (key == null) {
             throw new CardSignatureException("the revocation list is signed by key " + keyId
-                    + ", which is not among the trusted keys " + verifier.keyIds(), "unknown_key");
+                    + ", which is not among the operator keys " + keys.keySet(), "unknown_key");
         }
         byte[] raw = strictBase64(payloadText);
         byte[] signature = strictBase64(signatureText);
@@ -161,7 +165,7 @@ public final class RevocationList {
         }
         return new RevocationList((Integer) version, strings(cards.opt("ids"), IDENTIFIER, "revoked_cards.ids"),
                 strings(cards.opt("sha256s"), SHA256, "revoked_cards.sha256s"),
-                strings(payload.opt("revoked_device_keys"), DEVICE_KEY, "revoked_device_keys"), stored);
+                strings(payload.opt("revoked_device_keys"), SHA256, "revoked_device_keys"), stored);
     }
 
     private static Set<String> strings(Object values, Pattern pattern, String field) {

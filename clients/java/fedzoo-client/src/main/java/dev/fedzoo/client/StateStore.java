@@ -7,13 +7,14 @@ import java.io.RandomAccessFile;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
+import java.util.Map;
 
+import org.bouncycastle.crypto.params.Ed25519PublicKeyParameters;
 import org.json.JSONArray;
 import org.json.JSONException;
 import org.json.JSONObject;
 
 import dev.fedzoo.FedzooException;
-import dev.fedzoo.secagg.DeviceRevocations;
 import dev.fedzoo.secagg.SignedRounds;
 
 /**
@@ -24,11 +25,11 @@ import dev.fedzoo.secagg.SignedRounds;
  * {@code ~/.config/fedzoo/client.json}), {@code accepted_line_versions} (model line → the newest signed card
  * version accepted, which {@link CardVerifier} refuses to roll back from), {@code accepted_line_cards} (model
  * line → the id of the card accepted at that version: no second card for one line and version) and
- * {@code revocation_list} (the newest operator's {@link RevocationList} verified), each changed only by a
- * compare-and-swap under an exclusive lock on {@code state.lock}, so two processes cannot write an older version
- * or list over a newer one, {@code secagg_signed_rounds} (the SecAgg+ round ids the device took part in, see
- * {@link #claimSignedRound}) and {@code device_revocations} (the newest operator-signed device revocation list
- * verified, {@link NeighbourTrust});</li>
+ * {@code revocation_list} (the newest operator's {@link RevocationList} verified: the revoked cards that
+ * {@link FedzooClient#verifyCard} refuses and the revoked device keys that {@link NeighbourTrust} refuses, under one
+ * version) and {@code secagg_signed_rounds} (the SecAgg+ round ids the device took part in, see
+ * {@link #claimSignedRound}), each changed only by a compare-and-swap under an exclusive lock on {@code state.lock}
+ * ({@link #change}), so two processes cannot write an older version or list over a newer one;</li>
  * <li>{@code pending/<round>.npz} + {@code pending/<round>.json}: an update trained but not yet confirmed by
  * the server, re-sent by the next participation (a 409 {@code duplicate_update} then counts as delivered).</li>
  * </ul>
@@ -40,7 +41,6 @@ public final class StateStore {
     static final String ACCEPTED_CARDS = "accepted_line_cards";
     static final String REVOCATION_LIST = "revocation_list";
     static final String SIGNED_ROUNDS = "secagg_signed_rounds";
-    static final String REVOCATIONS = "device_revocations";
     private final File directory;
     private final File pendingDirectory;
 
@@ -98,14 +98,32 @@ public final class StateStore {
 
     /** Sets one key of the saved state and saves it (under {@code state.lock}, as {@link #acceptVersion}). */
     public synchronized void put(String key, Object value) {
+        change("store " + key, state -> {
+            state.put(key, value);
+            return null;
+        });
+    }
+
+    /** A change to the saved state, made by {@link #change}; it throws to leave the state as it was. */
+    private interface Change<T> {
+        T apply(JSONObject state) throws JSONException;
+    }
+
+    /**
+     * Loads the state, applies {@code change} and saves the result, all under this process's lock and an exclusive
+     * lock on {@code state.lock} against other processes: the compare-and-swap every kept decision goes through.
+     * An exception {@code change} throws leaves the saved state as it was.
+     */
+    private synchronized <T> T change(String what, Change<T> change) {
         try (RandomAccessFile locked = lockState()) {
             JSONObject state = load();
-            state.put(key, value);
+            T result = change.apply(state);
             save(state);
+            return result;
         } catch (IOException error) {
             throw new FedzooException("cannot lock " + new File(directory, "state.lock") + ": " + error.getMessage(), error);
         } catch (JSONException error) {
-            throw new FedzooException("cannot store " + key + ": " + error.getMessage());
+            throw new FedzooException("cannot " + what + ": " + error.getMessage());
         }
     }
 
@@ -145,8 +163,7 @@ public final class StateStore {
      * card at this version ({@code version_reused}) was accepted meanwhile.
      */
     public synchronized void acceptCard(String lineId, int version, String cardId) {
-        try (RandomAccessFile locked = lockState()) {
-            JSONObject state = load();
+        change("record version of " + lineId, state -> {
             JSONObject versions = section(state, ACCEPTED_VERSIONS);
             JSONObject cards = section(state, ACCEPTED_CARDS);
             int recorded = versions.optInt(lineId, 0);
@@ -163,12 +180,8 @@ public final class StateStore {
             if (cardId != null) {
                 cards.put(lineId, cardId);
             }
-            save(state);
-        } catch (IOException error) {
-            throw new FedzooException("cannot lock " + new File(directory, "state.lock") + ": " + error.getMessage(), error);
-        } catch (JSONException error) {
-            throw new FedzooException("cannot record version of " + lineId + ": " + error.getMessage());
-        }
+            return null;
+        });
     }
 
     /** The newest revocation list this device verified, or null. */
@@ -178,24 +191,19 @@ public final class StateStore {
     }
 
     /**
-     * Verifies a served revocation list and keeps it when it is newer than the one held: a compare-and-swap under
-     * {@code state.lock}; {@link CardSignatureException} for a list no pinned key signed, an older one
-     * ({@code rollback}) or another list under the held version ({@code version_reused}).
+     * Verifies a served revocation list against {@code keys} (the pinned operator keys, by key id) and keeps it when
+     * it is newer than the one held: a compare-and-swap under {@code state.lock}; {@link CardSignatureException} for a
+     * list none of those keys signed, an older one ({@code rollback}) or another list under the held version
+     * ({@code version_reused}).
      */
-    public synchronized RevocationList holdRevocationList(CardVerifier verifier, JSONObject document) {
-        try (RandomAccessFile locked = lockState()) {
-            JSONObject state = load();
+    public synchronized RevocationList holdRevocationList(Map<String, Ed25519PublicKeyParameters> keys,
+            JSONObject document) {
+        return change("keep the revocation list", state -> {
             JSONObject held = state.optJSONObject(REVOCATION_LIST);
-            RevocationList verified = RevocationList.verify(document, verifier,
-                    held == null ? null : RevocationList.held(held));
+            RevocationList verified = RevocationList.verify(document, keys, held == null ? null : RevocationList.held(held));
             state.put(REVOCATION_LIST, verified.document());
-            save(state);
             return verified;
-        } catch (IOException error) {
-            throw new FedzooException("cannot lock " + new File(directory, "state.lock") + ": " + error.getMessage(), error);
-        } catch (JSONException error) {
-            throw new FedzooException("cannot keep the revocation list: " + error.getMessage());
-        }
+        });
     }
 
     private static JSONObject section(JSONObject state, String key) throws JSONException {
@@ -213,8 +221,7 @@ public final class StateStore {
      * ({@link ProtocolViolation} {@code round_replayed}) a round id recorded before.
      */
     public synchronized void claimSignedRound(String roundId) {
-        try (RandomAccessFile locked = lockState()) {
-            JSONObject state = load();
+        change("record round " + roundId, state -> {
             String key = SignedRounds.roundKey(state.optString("server", "") + " " + roundId);
             JSONArray taken = state.optJSONArray(SIGNED_ROUNDS);
             if (taken == null) {
@@ -227,38 +234,8 @@ public final class StateStore {
                 }
             }
             taken.put(key);
-            save(state);
-        } catch (IOException error) {
-            throw new FedzooException("cannot lock " + new File(directory, "state.lock") + ": " + error.getMessage(), error);
-        } catch (JSONException error) {
-            throw new FedzooException("cannot record round " + roundId + ": " + error.getMessage());
-        }
-    }
-
-    /** The newest device revocation list this device verified ({@link NeighbourTrust}); version 0 when none. */
-    public synchronized DeviceRevocations keptRevocations() {
-        return DeviceRevocations.fromState(load().optJSONObject(REVOCATIONS));
-    }
-
-    /**
-     * Keeps {@code revocations} unless a newer list was kept meanwhile (under {@code state.lock}, as
-     * {@link #acceptVersion}); returns the list now kept.
-     */
-    public synchronized DeviceRevocations keepRevocations(DeviceRevocations revocations) {
-        try (RandomAccessFile locked = lockState()) {
-            JSONObject state = load();
-            DeviceRevocations kept = DeviceRevocations.fromState(state.optJSONObject(REVOCATIONS));
-            if (revocations.version > kept.version) {
-                state.put(REVOCATIONS, revocations.toState());
-                save(state);
-                return revocations;
-            }
-            return kept;
-        } catch (IOException error) {
-            throw new FedzooException("cannot lock " + new File(directory, "state.lock") + ": " + error.getMessage(), error);
-        } catch (JSONException error) {
-            throw new FedzooException("cannot keep the device revocation list: " + error.getMessage());
-        }
+            return null;
+        });
     }
 
     /** Keeps an update until {@link #removePending} (the delta first, so a half-written pair never looks complete). */

@@ -103,7 +103,7 @@ public final class SecureParticipation {
                     if (protocol == null) {
                         protocol = new SecAggClient(SecAggConfig.fromJson(secure.optJSONObject("config")),
                                 secure.optInt("client"), client.signingKey(), bounds, trustedSigningKeys,
-                                client.signedRounds(), client.neighbourTrust().policy(client.deviceRevocations()));
+                                client.signedRounds(), client.neighbourTrust().policy(client.servedRevocationList()));
                         ring = input.ringInput(protocol.config());
                     }
                     reply = answer(protocol, stage, request, ring);

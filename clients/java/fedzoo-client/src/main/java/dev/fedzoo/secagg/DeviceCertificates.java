@@ -66,6 +66,11 @@ public final class DeviceCertificates {
         return new DeviceCertificates(keys, Collections.<String>emptySet());
     }
 
+    /** The pinned operator keys by key id (what the operator's revocation list must verify against). */
+    public Map<String, Ed25519PublicKeyParameters> operatorKeys() {
+        return Collections.unmodifiableMap(operatorKeys);
+    }
+
     /** The same operator keys, refusing also the keys whose fingerprints ({@link #keyFingerprint}) are given. */
     public DeviceCertificates withRevoked(Set<String> fingerprints) {
         return new DeviceCertificates(operatorKeys, fingerprints);

@@ -39,7 +39,8 @@ class CardVerifierTest {
             try {
                 verifier.verify(card, now, last, lastCardId);
                 if (!vector.isNull("revocation_list")) {
-                    RevocationList.verify(vector.getJSONObject("revocation_list"), verifier, null).refuseRevoked(card);
+                    RevocationList.verify(vector.getJSONObject("revocation_list"), verifier.keys(), null)
+                            .refuseRevoked(card);
                 }
             } catch (CardSignatureException refused) {
                 reason = refused.reason();
@@ -64,11 +65,13 @@ class CardVerifierTest {
             JSONObject vector = cases.getJSONObject(i);
             String name = vector.getString("name");
             RevocationList held = vector.isNull("held") ? null
-                    : RevocationList.verify(vector.getJSONObject("held"), verifier, null);
+                    : RevocationList.verify(vector.getJSONObject("held"), verifier.keys(), null);
             try {
-                RevocationList listed = RevocationList.verify(vector.getJSONObject("document"), verifier, held);
+                RevocationList listed = RevocationList.verify(vector.getJSONObject("document"), verifier.keys(), held);
                 assertEquals("ok", vector.getString("expect"), name);
                 assertEquals(vector.getInt("version"), listed.version(), name);
+                assertEquals(vector.getJSONArray("device_key_fingerprints").toString(),
+                        new JSONArray(listed.deviceKeyFingerprints()).toString(), name);
             } catch (CardSignatureException refused) {
                 assertEquals(vector.getString("expect"), refused.reason(), name + ": " + refused.getMessage());
             }

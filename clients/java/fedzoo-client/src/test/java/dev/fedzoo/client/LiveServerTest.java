@@ -517,40 +517,86 @@ class LiveServerTest {
         assertTrue(withDropped > 1e-3, "and not the sum with the dropped device's input: " + withDropped);
     }
 
+    /**
+     * {@code count} certified Java devices, each in a thread, take part through the SDK's own participation in the
+     * SecAgg+ round now open (with an all-zero input): their outcomes.
+     */
+    private static List<String> secureOutcomes(int count) throws Exception {
+        final String[] outcomes = new String[count];
+        Thread[] devices = new Thread[count];
+        for (int i = 0; i < count; i++) {
+            final int index = i;
+            final FedzooClient device = certifiedDevice(); // certified: its own certificate is never what is attacked
+            devices[i] = new Thread(() -> {
+                try {
+                    JSONObject work = device.flTask("digits", null).getJSONObject("task");
+                    outcomes[index] = new SecureParticipation(device, new SecAggBounds(), null).takePart(work,
+                            config -> new int[config.vectorLength + 1], () -> device.flTask("digits", null),
+                            null).outcome;
+                } catch (Exception failure) {
+                    outcomes[index] = "error: " + failure;
+                }
+            });
+            devices[i].start();
+        }
+        for (Thread device : devices) {
+            device.join(120_000);
+        }
+        return Arrays.asList(outcomes);
+    }
+
+    private static final String THREE_DEVICE_SECURE_ROUND = "{\"privacy\": {\"secure_aggregation\": {\"neighbour_count\": 2, "
+            + "\"threshold\": 2, \"clip_range\": 0.05, \"stage_deadline_s\": 4}}, \"poll_interval_s\": 0.1}";
+
     /** A lying server relays keys of its own making under the neighbours' genuine signatures: every Java device refuses. */
     @Test
     @Order(16)
     void javaDevicesRefuseKeysTheServerSubstitutedUnderTheirNeighboursSignatures() throws Exception {
         server.command(new JSONObject().put("cmd", "substitute_relayed_keys").put("on", true));
         try {
-            long roundId = startRound(3, "{\"privacy\": {\"secure_aggregation\": {\"neighbour_count\": 2, "
-                    + "\"threshold\": 2, \"clip_range\": 0.05, \"stage_deadline_s\": 4}}, \"poll_interval_s\": 0.1}");
-            final String[] outcomes = new String[3];
-            Thread[] devices = new Thread[outcomes.length];
-            for (int i = 0; i < devices.length; i++) {
-                final int index = i;
-                final FedzooClient device = certifiedDevice(); // certified: the check attacked is the signature
-                devices[i] = new Thread(() -> {
-                    try {
-                        JSONObject work = device.flTask("digits", null).getJSONObject("task");
-                        outcomes[index] = new SecureParticipation(device, new SecAggBounds(), null).takePart(work,
-                                config -> new int[config.vectorLength + 1], () -> device.flTask("digits", null),
-                                null).outcome;
-                    } catch (Exception failure) {
-                        outcomes[index] = "error: " + failure;
-                    }
-                });
-                devices[i].start();
-            }
-            for (Thread device : devices) {
-                device.join(120_000);
-            }
-            assertEquals(Arrays.asList("refused: bad_signature", "refused: bad_signature", "refused: bad_signature"),
-                    Arrays.asList(outcomes));
+            long roundId = startRound(3, THREE_DEVICE_SECURE_ROUND);
+            assertEquals(Collections.nCopies(3, "refused: bad_signature"), secureOutcomes(3));
             JSONObject view = waitUntilFinished(roundId);
             assertEquals("failed", view.getString("state"), view.toString());
         } finally {
             server.command(new JSONObject().put("cmd", "substitute_relayed_keys").put("on", false));
+        }
+    }
+
+    /**
+     * Issue #44: a lying server puts signing keys of its own in the neighbours' place and signs everything it relays
+     * with them, through a real server: the operator certified none of those keys, and every Java device refuses.
+     */
+    @Test
+    @Order(17)
+    void javaDevicesRefuseNeighbourSigningKeysTheOperatorDidNotCertify() throws Exception {
+        server.command(new JSONObject().put("cmd", "substitute_signing_keys").put("on", true));
+        try {
+            long roundId = startRound(3, THREE_DEVICE_SECURE_ROUND);
+            assertEquals(Collections.nCopies(3, "refused: uncertified_key"), secureOutcomes(3));
+            JSONObject view = waitUntilFinished(roundId);
+            assertEquals("failed", view.getString("state"), view.toString());
+        } finally {
+            server.command(new JSONObject().put("cmd", "substitute_signing_keys").put("on", false));
+        }
+    }
+
+    /**
+     * Issue #44: the server enrolls two Sybils, certifies them with its own card-signing key (which devices pin for
+     * cards, never for neighbours) and seats them next to three Java devices: every Java device refuses them.
+     */
+    @Test
+    @Order(18)
+    void javaDevicesRefuseSybilsTheServerSeatedWithoutTheOperatorsCertificate() throws Exception {
+        long roundId = startRound(5, "{\"privacy\": {\"secure_aggregation\": {\"neighbour_count\": 4, "
+                + "\"clip_range\": 0.05, \"stage_deadline_s\": 4}}, \"poll_interval_s\": 0.1}"); // all neighbours
+        server.command(new JSONObject().put("cmd", "seat_sybils").put("count", 2));
+        try {
+            assertEquals(Collections.nCopies(3, "refused: uncertified_key"), secureOutcomes(3));
+            JSONObject view = waitUntilFinished(roundId);
+            assertEquals("failed", view.getString("state"), view.toString());
+        } finally {
+            server.command(new JSONObject().put("cmd", "stop_sybils"));
         }
     }
 
