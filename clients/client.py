@@ -35,6 +35,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedzoo.capabilities import PYTHON_SDK, Capabilities
 from fedzoo.cards import ModelCard
+from fedzoo.dp.distributed import NoisePolicy
 from fedzoo.clients.card_trust import CardVerifier
 from fedzoo.clients.confirmation import ConfirmationPolicy, confirmed_lookup
 from fedzoo.clients.device_state import StateFileSignedRounds, load_state, update_state
@@ -72,6 +73,7 @@ class FedzooClient:
         signing_key: Ed25519PrivateKey | None = None,
         transport: httpx.BaseTransport | None = None,
         operator_keys: TrustedKeys | None = None,
+        noise_policy: NoisePolicy = NoisePolicy(),
     ) -> None:
         """`state_file` keeps the device id, token and token expiry across restarts (a token saved there is
         used when `token` is not given). `trusted_keys` pins the fleet's card-signing keys: every card must then
@@ -86,7 +88,8 @@ class FedzooClient:
         `operator_keys` pins the operator's key set (`fedzoo keys export-public`; never `GET /v1/keys`, which holds
         the server's key): SecAgg+ neighbours count only with the operator's certificate, and without it this
         device declines SecAgg+ rounds (`operator_keys_required`). It needs the state_file too (the newest device
-        revocation list is kept there)."""
+        revocation list is kept there). `noise_policy` is this device's terms for DP under SecAgg+ (require that it
+        adds its own share of the noise; a floor on the noise multiplier: `fedzoo.dp.distributed.NoisePolicy`)."""
         self.http = FedzooHTTP(base_url, token=token, retry=retry, timeout_s=timeout_s, transport=transport)
         self.progress = progress
         self.clock = clock
@@ -111,6 +114,7 @@ class FedzooClient:
             self.http.token = saved["token"]
             self.token_refresh_at_s = saved.get("token_refresh_at_s")
         self.signing_key = signing_key
+        self.noise_policy = noise_policy
         # the SecAgg+ round ids this device took part in: it never signs under one twice (docs/privacy.md)
         self.signed_rounds = StateFileSignedRounds(self.state_file) if self.state_file is not None else SignedRounds()
         if signing_key is None and saved.get(SIGNING_KEY_STATE):
