@@ -10,6 +10,8 @@ import dev.fedzoo.FedzooException;
 import dev.fedzoo.client.ApiException;
 import dev.fedzoo.client.FedzooClient;
 import dev.fedzoo.client.StopSignal;
+import dev.fedzoo.dp.DistributedNoise;
+import dev.fedzoo.dp.SecureRandomSource;
 import dev.fedzoo.edge.FloatTensor;
 import dev.fedzoo.secagg.Encoding;
 import dev.fedzoo.secagg.Framing;
@@ -64,8 +66,27 @@ public final class SecureParticipation {
     /** The ring input of a trained delta: weighted (equal under DP, else by capped examples), clipped, quantised. */
     public static RingSource ringInputOf(final Map<String, FloatTensor> delta, final JSONObject privacy,
                                          final int numExamples, final Random random) {
+        return ringInputOf(delta, privacy, numExamples, random, DistributedNoise.Policy.permissive());
+    }
+
+    /**
+     * The same, and under distributed DP ({@code privacy.distributed_noise}) rounded within the norm bound and noised
+     * by this device from its CSPRNG, after checking the request against the signed config and {@code policy}.
+     */
+    public static RingSource ringInputOf(final Map<String, FloatTensor> delta, final JSONObject privacy,
+                                         final int numExamples, final Random random,
+                                         final DistributedNoise.Policy policy) {
         return new RingSource() {
             public int[] ringInput(SecAggConfig config) {
+                if (privacy.has("clip_norm") && !privacy.isNull("clip_norm")) {
+                    JSONObject requested = privacy.optJSONObject("distributed_noise");
+                    DistributedNoise noise = requested != null ? DistributedNoise.fromJson(requested) : null;
+                    DistributedNoise.check(noise, config.minimumSurvivors, policy);
+                    if (noise != null) {
+                        return noise.noisedRingInput(Encoding.flatten(delta), privacy.optDouble("clip_norm"),
+                                config.levels, config.modulusBits(), new SecureRandomSource());
+                    }
+                }
                 double weight = privacy.optBoolean("equal_weights") ? 1.0
                         : Encoding.exampleWeight(numExamples, privacy.optInt("max_examples", numExamples));
                 return Encoding.quantise(Encoding.flatten(delta), config, weight, random);
