@@ -9,9 +9,10 @@ denominator). The arms differ only in the privacy of the sum:
   under DP); the server adds discrete Gaussian noise of z x the quantised sensitivity to the unmasked sum
   (`fedzoo.dp.noise.DpFedAvg`, exact sampler from os.urandom);
 - distributed (levels 127 and 32767): each device clips, scales, rounds within the norm bound and adds its own share of
-  the noise (`fedzoo.dp.distributed`, exact sampler from os.urandom), calibrated for a survivor floor of
-  `--floor` x the cohort (the round tolerates that much dropout), so when every device survives the sum carries
-  cohort / floor times the charged variance.
+  the noise (`fedzoo.dp.distributed`, exact sampler from os.urandom), calibrated as the server asks: for the honest
+  inputs of a sum at the survivor floor of `--floor` x the cohort (the round tolerates that much dropout), less the
+  c corrupt devices the round withstands (5%, at least 2), so when every device survives the sum carries
+  cohort / (floor - c) times the charged variance.
 
 Both DP arms run at the same z: the one whose `--rounds` rounds spend epsilon at delta 1e-5 with no sampling
 amplification (q = 1, as the REST server seats whoever checks in), so the ledger charges both the same epsilon. The
@@ -42,6 +43,7 @@ from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.edge.trainer import write_parameters
 from fedzoo.local_training import LocalData, normalise, train_locally
 from fedzoo.secagg import SecAggConfig, dequantise_sum, flatten, quantise, unflatten
+from fedzoo.secagg.bounds import SecAggBounds
 
 TRAINING = {"optimizer": "sgd", "learning_rate": 0.1, "local_epochs": 2, "batch_size": 8, "momentum": 0.0}
 DELTA = 1e-5
@@ -64,7 +66,7 @@ def run_arm(arm: str, federation, args, clip_norm: float, noise_multiplier: floa
     neighbours = min(60, args.cohort - 1) // 2 * 2
     config = SecAggConfig(f"bench-{arm}", args.cohort, neighbours, neighbours // 2 + 1, dimension, clip_norm, levels,
                           minimum_survivors=max(floor, neighbours // 2 + 1))
-    noise = DistributedNoise(noise_multiplier, floor)
+    noise = DistributedNoise(noise_multiplier, SecAggBounds().honest_survivors(config))  # as the server asks
     ledger = PrivacyLedger(noise_multiplier, 1.0, DELTA, 1e6)
     central = DpFedAvg(ledger, args.cohort, clip_norm)
     step = clip_norm / levels

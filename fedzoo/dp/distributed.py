@@ -13,9 +13,9 @@ A device's pipeline (the same in both SDKs; `tests/vectors/distributed_noise_vec
    `fedzoo.dp.discrete_gaussian`, from `os.urandom`);
 5. append its weight (`levels`: every device weighs 1 under DP) and reduce into Z_{2^bits}.
 
-Calibration: sigma^2 is chosen so that the sum of the `survivors` devices' noise alone (the fewest inputs the round
-unmasks: the SecAgg+ config's `minimum_survivors`) meets the plan's noise multiplier z under KLS's bound; more
-survivors only add noise. The accounting (`noise_multiplier_of_sum`): the sum of n draws of N_Z(0, sigma^2) added
+Calibration: sigma^2 is chosen so that the sum of the `survivors` devices' noise alone (the fewest honest inputs a sum
+the round unmasks holds: the SecAgg+ config's `minimum_survivors` less the corrupt devices it withstands, which may add
+none) meets the plan's noise multiplier z under KLS's bound; more survivors only add noise. The accounting (`noise_multiplier_of_sum`): the sum of n draws of N_Z(0, sigma^2) added
 to an integer vector of L2 sensitivity D2 is (1/2) eps^2-concentrated DP with eps = D2 / (sqrt(n) sigma) +
 tau sqrt(d), tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 sigma^2 k / (k + 1)) (KLS 2021, the sum of discrete Gaussians);
 that is the Renyi curve of a Gaussian mechanism of noise multiplier 1 / eps, so the line's ledger composes it with
@@ -49,8 +49,8 @@ ROUNDING_ATTEMPTS = 1000  # each attempt passes with probability > 1 - exp(-1/2)
 @dataclass(frozen=True)
 class DistributedNoise:
     """What the server asks of each device in a distributed-DP round: the plan's noise multiplier z (what the
-    ledger charges) and the fewest survivors the noise is calibrated for (the SecAgg+ config's
-    `minimum_survivors`)."""
+    ledger charges) and the fewest honest survivors the noise is calibrated for (the SecAgg+ config's
+    `minimum_survivors` less the c corrupt devices the round withstands: those may add no noise)."""
 
     noise_multiplier: float
     survivors: int
@@ -155,10 +155,11 @@ class NoisePolicy:
     minimum_noise_multiplier: float | None = None
 
 
-def check_noise_request(noise: DistributedNoise | None, minimum_survivors: int, policy: NoisePolicy) -> None:
+def check_noise_request(noise: DistributedNoise | None, honest_survivors: int, policy: NoisePolicy) -> None:
     """Refuse (ProtocolViolation) a request the device must not follow: central noise where the policy requires
-    distributed; noise calibrated for more survivors than the round's signed SecAgg+ config lets the server unmask
-    (a sum of fewer would carry less than the accounted noise); less noise than the policy's floor. (The device
+    distributed; noise calibrated for more honest survivors than any sum the round's signed SecAgg+ config lets the
+    server unmask holds (`SecAggBounds.honest_survivors`: its survivor floor less the corrupt devices the device
+    tolerates, which may add no noise); less noise than the policy's floor. (The device
     computes its own sigma from z and the survivors, so the server cannot ask for a sigma that misstates z.)"""
     if noise is None:
         if policy.require_distributed:
@@ -166,9 +167,9 @@ def check_noise_request(noise: DistributedNoise | None, minimum_survivors: int, 
                                     "server to add it (central noise: the server would see the noiseless sum)",
                                     "noise_not_distributed")
         return
-    if noise.survivors > minimum_survivors:
-        raise ProtocolViolation(f"the noise is calibrated for {noise.survivors} survivors, but the round unmasks sums "
-                                f"of {minimum_survivors}: such a sum would carry less than the accounted noise",
+    if noise.survivors > honest_survivors:
+        raise ProtocolViolation(f"the noise is calibrated for {noise.survivors} honest survivors, but a sum the round "
+                                f"unmasks may hold only {honest_survivors}: it would carry less than the accounted noise",
                                 "noise_survivors_above_floor")
     if policy.minimum_noise_multiplier is not None and noise.noise_multiplier < policy.minimum_noise_multiplier:
         raise ProtocolViolation(f"noise multiplier {noise.noise_multiplier} is below this device's floor "

@@ -4,7 +4,8 @@
 What the server still does: refuse the setting without SecAgg+ (422 `privacy.dp.noise`: there is no ring to noise
 in), check that the ring holds every possible noised sum without wrapping (422 `privacy.secure_aggregation.levels`
 otherwise) and report the bits per coordinate it needs, ask each device for the noise calibrated for the round's
-signed survivor floor (the SecAgg+ config's `minimum_survivors`, which every device enforces before it unmasks), and
+signed survivor floor (the SecAgg+ config's `minimum_survivors`, which every device enforces before it unmasks, less
+the corrupt devices the round withstands: a Sybil adds no noise), and
 charge the plan's ledger for each released round at the plan's z, which the calibrated sum meets or beats.
 """
 
@@ -20,6 +21,7 @@ from fedzoo.dp.distributed import (MECHANISM, TAIL_STDDEVS, DistributedNoise, de
                                    equivalent_noise_multiplier, norm_bound_squared, ring_bits_needed)
 from fedzoo.errors import InvalidInputError
 from fedzoo.secagg import SecAggConfig
+from fedzoo.secagg.bounds import SecAggBounds
 from fedzoo.server.fl.schemas import RoundConfig
 
 
@@ -44,8 +46,9 @@ def check_distributed_plan(config: RoundConfig, protocol: SecAggConfig | None) -
 
 
 def noise_request(config: RoundConfig, protocol: SecAggConfig) -> DistributedNoise:
-    """What each device is asked to add: the plan's z, calibrated for the fewest survivors the round unmasks."""
-    return DistributedNoise(config.privacy.dp.noise_multiplier, protocol.minimum_survivors)
+    """What each device is asked to add: the plan's z, calibrated for the fewest honest survivors a sum the round
+    unmasks holds (its survivor floor less the corrupt devices the default devices withstand)."""
+    return DistributedNoise(config.privacy.dp.noise_multiplier, SecAggBounds().honest_survivors(protocol))
 
 
 def bits_needed(protocol: SecAggConfig, noise: DistributedNoise) -> int:
@@ -61,13 +64,14 @@ def noise_slack(protocol: SecAggConfig, noise: DistributedNoise, survivors: int)
     return TAIL_STDDEVS * math.sqrt(survivors * sigma_squared) * protocol.clip_range / protocol.levels
 
 
-def released_mean(noised_sum: np.ndarray, survivors: int, noise: DistributedNoise, ledger: PrivacyLedger, expected_clients: int) -> np.ndarray:
+def released_mean(noised_sum: np.ndarray, survivors: int, minimum_survivors: int, ledger: PrivacyLedger,
+                  expected_clients: int) -> np.ndarray:
     """The round's mean delta from the devices' noised sum, charged to the ledger: the sum must hold at least the
     survivors the noise was calibrated for (the devices enforce it; a server that let fewer through would release
     less noise than it charges), and it is divided by the expected cohort (fixed denominator, as central DP)."""
-    if survivors < noise.survivors:
-        raise InvalidInputError(f"the sum holds {survivors} inputs, fewer than the {noise.survivors} the noise is "
-                                "calibrated for", field="survivors")
+    if survivors < minimum_survivors:
+        raise InvalidInputError(f"the sum holds {survivors} inputs, fewer than the round's floor {minimum_survivors} "
+                                "the noise is calibrated under", field="survivors")
     ledger.require_budget_for_next_round()
     ledger.record_round()
     return np.asarray(noised_sum, dtype=np.float64) / expected_clients

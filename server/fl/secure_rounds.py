@@ -539,10 +539,9 @@ class PrivateRounds:
                                   "clipped": 0, "rejected": 0})
         if is_distributed(config):  # the devices noised the sum: the server adds nothing
             ledger = PrivacyLedger.from_dict(json.loads(ledger_json))
-            noise = noise_request(config, protocol)
-            mean = released_mean(mean_or_sum, count, noise, ledger, config.target_clients)
+            mean = released_mean(mean_or_sum, count, protocol.minimum_survivors, ledger, config.target_clients)
             summary["privacy_ledger"] = ledger.to_dict()
-            summary["privacy"] = card_privacy(config, ledger, None, card_noise(protocol, noise))
+            summary["privacy"] = card_privacy(config, ledger, None, card_noise(protocol, noise_request(config, protocol)))
         elif dp is not None:
             ledger = PrivacyLedger.from_dict(json.loads(ledger_json))
             mechanism = DpFedAvg(ledger, config.target_clients, dp.clip_norm, adaptive_clipping(dp))

@@ -22,6 +22,7 @@ from fedzoo.dp.distributed import (DistributedNoise, NoisePolicy, check_noise_re
 from fedzoo.dp.seeded_stream import SeededStream
 from fedzoo.errors import InvalidInputError
 from fedzoo.secagg import SecAggConfig
+from fedzoo.secagg.bounds import SecAggBounds
 from fedzoo.secagg.errors import ProtocolViolation
 from fedzoo.secagg.local import run_local_round
 
@@ -137,8 +138,11 @@ def test_the_unmasked_sum_of_honest_devices_carries_the_calibrated_noise():
 
 
 def test_a_device_refuses_noise_calibrated_for_more_survivors_than_the_round_unmasks():
-    """The lying server asks each device for the share of 30 survivors but lets the round unmask a sum of 4: the
-    sum would carry 4/30 of the accounted variance. The device compares with its signed config's floor."""
+    """The lying server asks each device for the share of 30 honest survivors, but a sum the round unmasks may hold
+    only 4 honest inputs: it would carry 4/30 of the accounted variance. The device compares with what its signed
+    config's floor guarantees (`SecAggBounds.honest_survivors`: the floor less the corrupt devices it tolerates)."""
+    config = SecAggConfig("ddp-floor", 8, 6, 5, 10, 0.5, 127, minimum_survivors=7)
+    assert SecAggBounds().honest_survivors(config) == 5  # c = 2 of 8 may be the server's and add no noise
     with pytest.raises(ProtocolViolation) as refused:
         check_noise_request(DistributedNoise(1.0, 30), 4, NoisePolicy())
     assert refused.value.reason == "noise_survivors_above_floor"

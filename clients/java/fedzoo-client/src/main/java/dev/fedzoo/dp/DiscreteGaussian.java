@@ -79,7 +79,7 @@ public final class DiscreteGaussian {
             BigInteger candidate = discreteLaplace(scale, source);
             BigInteger gap = candidate.abs().multiply(b).multiply(scale).subtract(a);
             if (bernoulliExpMinus(gap.multiply(gap), bias, source)) {
-                return candidate.longValueExact();
+                return candidate.longValue(); // |x| beyond 2^63 has probability 0 at any sigma a ring can hold
             }
         }
     }

@@ -79,8 +79,11 @@ public final class DistributedNoise {
         return new BigInteger[] {numerator.divide(common), SIGMA_SQUARED_DENOMINATOR.divide(common)};
     }
 
-    /** Refuse a request the device must not follow (the reasons Python's {@code check_noise_request} gives). */
-    public static void check(DistributedNoise noise, int minimumSurvivors, Policy policy) {
+    /**
+     * Refuse a request the device must not follow (the reasons Python's {@code check_noise_request} gives);
+     * {@code honestSurvivors} is {@link dev.fedzoo.secagg.SecAggBounds#honestSurvivors} of the signed config.
+     */
+    public static void check(DistributedNoise noise, int honestSurvivors, Policy policy) {
         if (noise == null) {
             if (policy.requireDistributed) {
                 throw new ProtocolViolation("this device adds its own share of DP noise under SecAgg+, and the round "
@@ -89,10 +92,10 @@ public final class DistributedNoise {
             }
             return;
         }
-        if (noise.survivors > minimumSurvivors) {
-            throw new ProtocolViolation("the noise is calibrated for " + noise.survivors + " survivors, but the round "
-                    + "unmasks sums of " + minimumSurvivors + ": such a sum would carry less than the accounted noise",
-                    "noise_survivors_above_floor");
+        if (noise.survivors > honestSurvivors) {
+            throw new ProtocolViolation("the noise is calibrated for " + noise.survivors + " honest survivors, but a sum "
+                    + "the round unmasks may hold only " + honestSurvivors + ": it would carry less than the accounted "
+                    + "noise", "noise_survivors_above_floor");
         }
         if (policy.minimumNoiseMultiplier != null && noise.noiseMultiplier < policy.minimumNoiseMultiplier) {
             throw new ProtocolViolation("noise multiplier " + noise.noiseMultiplier + " is below this device's floor "

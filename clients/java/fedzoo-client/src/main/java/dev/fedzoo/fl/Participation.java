@@ -281,7 +281,7 @@ public final class Participation {
             if (privacy != null && privacy.optJSONObject("secure_aggregation") != null) {
                 SecureParticipation.Outcome secure = new SecureParticipation(client, bounds, trustedSigningKeys).takePart(
                         work, SecureParticipation.ringInputOf(delta, privacy, data.size(), random,
-                                client.noisePolicy()),
+                                client.noisePolicy(), bounds),
                         new SecureParticipation.CheckIn() {
                             public JSONObject checkIn() {
                                 return client.flTask(card.task(), card.family());

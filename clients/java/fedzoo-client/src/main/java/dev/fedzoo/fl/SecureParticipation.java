@@ -66,22 +66,24 @@ public final class SecureParticipation {
     /** The ring input of a trained delta: weighted (equal under DP, else by capped examples), clipped, quantised. */
     public static RingSource ringInputOf(final Map<String, FloatTensor> delta, final JSONObject privacy,
                                          final int numExamples, final Random random) {
-        return ringInputOf(delta, privacy, numExamples, random, DistributedNoise.Policy.permissive());
+        return ringInputOf(delta, privacy, numExamples, random, DistributedNoise.Policy.permissive(),
+                new SecAggBounds());
     }
 
     /**
      * The same, and under distributed DP ({@code privacy.distributed_noise}) rounded within the norm bound and noised
-     * by this device from its CSPRNG, after checking the request against the signed config and {@code policy}.
+     * by this device from its CSPRNG, after checking the request against the signed config (the honest survivors its
+     * floor guarantees under {@code bounds}) and {@code policy}.
      */
     public static RingSource ringInputOf(final Map<String, FloatTensor> delta, final JSONObject privacy,
                                          final int numExamples, final Random random,
-                                         final DistributedNoise.Policy policy) {
+                                         final DistributedNoise.Policy policy, final SecAggBounds bounds) {
         return new RingSource() {
             public int[] ringInput(SecAggConfig config) {
                 if (privacy.has("clip_norm") && !privacy.isNull("clip_norm")) {
                     JSONObject requested = privacy.optJSONObject("distributed_noise");
                     DistributedNoise noise = requested != null ? DistributedNoise.fromJson(requested) : null;
-                    DistributedNoise.check(noise, config.minimumSurvivors, policy);
+                    DistributedNoise.check(noise, bounds.honestSurvivors(config), policy);
                     if (noise != null) {
                         return noise.noisedRingInput(Encoding.flatten(delta), privacy.optDouble("clip_norm"),
                                 config.levels, config.modulusBits(), new SecureRandomSource());
