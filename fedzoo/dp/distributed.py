@@ -15,12 +15,13 @@ A device's pipeline (the same in both SDKs; `tests/vectors/distributed_noise_vec
 
 Calibration: sigma^2 is chosen so that the sum of the `survivors` devices' noise alone (the fewest honest inputs a sum
 the round unmasks holds: the SecAgg+ config's `minimum_survivors` less the corrupt devices it withstands, which may add
-none) meets the plan's noise multiplier z under KLS's bound; more survivors only add noise. The accounting (`noise_multiplier_of_sum`): the sum of n draws of N_Z(0, sigma^2) added
-to an integer vector of L2 sensitivity D2 is (1/2) eps^2-concentrated DP with eps = D2 / (sqrt(n) sigma) +
-tau sqrt(d), tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 sigma^2 k / (k + 1)) (KLS 2021, the sum of discrete Gaussians);
-that is the Renyi curve of a Gaussian mechanism of noise multiplier 1 / eps, so the line's ledger composes it with
-central rounds as a Gaussian event of that multiplier. The step^2 of margin in sigma^2 keeps tau negligible (the
-sum is worth at least the plan's z, and within 1% of it on realistic grids: tests/dp/test_distributed.py).
+none) meets the plan's noise multiplier z under KLS's bound; more survivors only add noise. The accounting
+(`noise_multiplier_of_sum`): the sum of n draws of N_Z(0, sigma^2) added to an integer vector of L2 sensitivity D2
+is (1/2) eps^2-concentrated DP with eps = D2 / (sqrt(n) sigma) + tau sqrt(d),
+tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 sigma^2 k / (k + 1)) (KLS 2021, the sum of discrete Gaussians); that is the
+Renyi curve of a Gaussian mechanism of noise multiplier 1 / eps, so the line's ledger composes it with central
+rounds as a Gaussian event of that multiplier. The step^2 of margin in sigma^2 keeps tau negligible (the sum is
+worth at least the plan's z, and within 1% of it on realistic grids: tests/dp/test_distributed.py).
 
 No randomized rotation and no modular clipping: the ring is sized so that no sum wraps (`ring_bits_needed`, at
 most 32 bits for cohorts up to 32,000 at levels 32767): more bits than KLS's 16-20, no bias from wrap-around.
@@ -169,7 +170,8 @@ def check_noise_request(noise: DistributedNoise | None, honest_survivors: int, p
         return
     if noise.survivors > honest_survivors:
         raise ProtocolViolation(f"the noise is calibrated for {noise.survivors} honest survivors, but a sum the round "
-                                f"unmasks may hold only {honest_survivors}: it would carry less than the accounted noise",
+                                f"unmasks may hold only {honest_survivors}: it would carry less than the accounted "
+                                "noise",
                                 "noise_survivors_above_floor")
     if policy.minimum_noise_multiplier is not None and noise.noise_multiplier < policy.minimum_noise_multiplier:
         raise ProtocolViolation(f"noise multiplier {noise.noise_multiplier} is below this device's floor "

@@ -541,7 +541,8 @@ class PrivateRounds:
             ledger = PrivacyLedger.from_dict(json.loads(ledger_json))
             mean = released_mean(mean_or_sum, count, protocol.minimum_survivors, ledger, config.target_clients)
             summary["privacy_ledger"] = ledger.to_dict()
-            summary["privacy"] = card_privacy(config, ledger, None, card_noise(protocol, noise_request(config, protocol)))
+            noise = card_noise(protocol, noise_request(config, protocol))
+            summary["privacy"] = card_privacy(config, ledger, None, noise)
         elif dp is not None:
             ledger = PrivacyLedger.from_dict(json.loads(ledger_json))
             mechanism = DpFedAvg(ledger, config.target_clients, dp.clip_norm, adaptive_clipping(dp))
@@ -576,8 +577,9 @@ def check_secure_sum(total: np.ndarray, total_weight: float, survivors: int, cli
                      noise_slack: float = 0.0) -> None:
     """What the unmasked sum itself proves: every device's weight is at most 1 (exactly 1 under equal weights)
     and every coordinate it adds is within +-clip_range x its weight, so no coordinate of the sum may exceed
-    `total_weight x clip_range` (plus `noise_slack` where the devices noised their inputs). A sum outside that envelope means some device sent values its SDK would have
-    clipped: the round is refused (InvalidInputError), since the server cannot tell which device did it."""
+    `total_weight x clip_range` (plus `noise_slack` where the devices noised their inputs). A sum outside that
+    envelope means some device sent values its SDK would have clipped: the round is refused (InvalidInputError),
+    since the server cannot tell which device did it."""
     if equal and not math.isclose(total_weight, survivors):
         raise InvalidInputError(f"the weights of the {survivors} survivors sum to {total_weight:.3f}: every update "
                                 "must weigh the same (1)", field="weight")

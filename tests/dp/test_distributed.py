@@ -4,6 +4,7 @@ against an exact Renyi divergence and the Gaussian limit, and the noise the serv
 import json
 import math
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -165,7 +166,6 @@ def test_the_seeded_stream_and_sampler_reproduce_the_vectors():
     below = SeededStream(stream["below"]["seed"].encode())
     assert [below.below(bound) for bound in stream["below"]["bounds"]] == stream["below"]["values"]
     gaussian = VECTORS["discrete_gaussian"]
-    from fractions import Fraction
     sigma_squared = Fraction(*gaussian["sigma_squared"])
     source = SeededStream(gaussian["seed"].encode())
     assert [sample_discrete_gaussian(sigma_squared, source) for _ in gaussian["values"]] == gaussian["values"]

@@ -16,6 +16,7 @@ noises its update exactly as Python does. The vectors fix the encoding, not the 
 from __future__ import annotations
 
 import json
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,8 @@ import numpy as np
 
 from fedzoo.dp.discrete_gaussian import sample_discrete_gaussian
 from fedzoo.dp.distributed import (DistributedNoise, device_sigma_squared, equivalent_noise_multiplier,
-                                   noised_ring_input, norm_bound_squared, ring_bits_needed)
+                                   noised_ring_input, norm_bound_squared, ring_bits_needed, round_conditionally)
 from fedzoo.dp.seeded_stream import SeededStream
-from fractions import Fraction
 
 VECTORS_PATH = Path(__file__).with_name("distributed_noise_vectors.json")
 CASES = [  # name, dimension, clip_norm, levels, modulus_bits, z, survivors, cohort
@@ -45,16 +45,23 @@ def _vector(name: str, dimension: int, clip_norm: float) -> np.ndarray:
     return vector * (clip_norm / np.linalg.norm(vector)) * (1 - 1e-12)  # on the clip norm: the tightest case
 
 
+class _CountingStream(SeededStream):
+    """The seeded stream, counting the roundings drawn (each reads 4 bytes a coordinate in one piece)."""
+
+    def __init__(self, seed: bytes, dimension: int) -> None:
+        super().__init__(seed)
+        self.dimension, self.roundings = dimension, 0
+
+    def read(self, count: int) -> bytes:
+        self.roundings += count == 4 * self.dimension
+        return super().read(count)
+
+
 def _attempts(seed: str, vector: np.ndarray, clip_norm: float, levels: int) -> int:
-    """How many roundings `round_conditionally` draws for this case (it reads 4 bytes a coordinate each time)."""
-    stream, scaled = SeededStream(seed.encode()), vector * (levels / clip_norm)
-    bound, floor = norm_bound_squared(levels, vector.size), np.floor(scaled)
-    for attempt in range(1, 100):
-        draws = np.frombuffer(stream.read(4 * vector.size), dtype="<u4").astype(np.float64)
-        rounded = floor + (draws < (scaled - floor) * 2.0**32)
-        if np.dot(rounded, rounded) <= bound:
-            return attempt
-    raise AssertionError("no rounding within the bound")
+    """How many roundings `round_conditionally` draws for this case."""
+    stream = _CountingStream(seed.encode(), vector.size)
+    round_conditionally(vector * (levels / clip_norm), norm_bound_squared(levels, vector.size), stream)
+    return stream.roundings
 
 
 def _seed(name: str, vector: np.ndarray, clip_norm: float, levels: int) -> str:
@@ -77,7 +84,8 @@ def distributed_noise_vectors() -> dict[str, Any]:
         sigma = device_sigma_squared(noise, levels, dimension)
         seed = _seed(name, vector, clip_norm, levels)
         ring = noised_ring_input(vector, clip_norm, levels, bits, noise, SeededStream(seed.encode()))
-        cases.append({"name": name, "seed": seed, "rounding_attempts": _attempts(seed, vector, clip_norm, levels), "vector": vector.tolist(), "clip_norm": clip_norm, "levels": levels,
+        cases.append({"name": name, "seed": seed, "rounding_attempts": _attempts(seed, vector, clip_norm, levels),
+                      "vector": vector.tolist(), "clip_norm": clip_norm, "levels": levels,
                       "modulus_bits": bits, "noise": noise.to_dict(), "cohort": cohort,
                       "norm_bound_squared": norm_bound_squared(levels, dimension),
                       "sigma_squared": [sigma.numerator, sigma.denominator],
