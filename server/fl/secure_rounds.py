@@ -116,6 +116,8 @@ def check_planned_ring(config: RoundConfig, vector_length: int) -> None:
     """A distributed-noise plan: 422 without SecAgg+, or when the ring of a cohort at the selection goal cannot
     hold its noised sums (`distributed_dp.check_distributed_plan`)."""
     settings, dp = config.privacy.secure_aggregation, config.privacy.dp
+    if not is_distributed(config):
+        return
     protocol = None
     if settings is not None:
         goal = math.ceil(config.target_clients * (1 + config.over_selection))
