@@ -35,7 +35,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedzoo.capabilities import PYTHON_SDK, Capabilities
 from fedzoo.cards import ModelCard
-from fedzoo.dp.distributed import NoisePolicy
 from fedzoo.clients.card_trust import CardVerifier
 from fedzoo.clients.confirmation import ConfirmationPolicy, confirmed_lookup
 from fedzoo.clients.device_state import StateFileSignedRounds, load_state, update_state
@@ -45,6 +44,7 @@ from fedzoo.clients.http import FedzooHTTP, RetryPolicy
 from fedzoo.clients.neighbour_trust import NeighbourTrust
 from fedzoo.clients.metered import MeteredBytes, MeteredFile, ProgressCallback
 from fedzoo.device import DeviceProfile
+from fedzoo.dp.distributed import NoisePolicy
 from fedzoo.errors import InvalidInputError
 from fedzoo.revocation import RevocationList
 from fedzoo.secagg import signatures

@@ -5,8 +5,8 @@ What the server still does: refuse the setting without SecAgg+ (422 `privacy.dp.
 in), check that the ring holds every possible noised sum without wrapping (422 `privacy.secure_aggregation.levels`
 otherwise) and report the bits per coordinate it needs, ask each device for the noise calibrated for the round's
 signed survivor floor (the SecAgg+ config's `minimum_survivors`, which every device enforces before it unmasks, less
-the corrupt devices the round withstands: a Sybil adds no noise), and
-charge the plan's ledger for each released round at the plan's z, which the calibrated sum meets or beats.
+the corrupt devices the round withstands: a Sybil adds no noise), and charge the plan's ledger for each released
+round at the plan's z, which the calibrated sum meets or beats.
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ def is_distributed(config: RoundConfig) -> bool:
 def check_distributed_plan(config: RoundConfig, protocol: SecAggConfig | None) -> None:
     """422 for a distributed-noise plan the ring cannot carry: without SecAgg+ (`protocol` None), or a ring too small
     for the selection goal's noised sums (`protocol`: the SecAgg+ config a cohort of that size gets)."""
-    if not is_distributed(config):
-        return
     if protocol is None:
         raise InvalidInputError("distributed noise needs secure aggregation: each device adds its share of the noise "
                                 "inside the SecAgg+ ring; set privacy.secure_aggregation, or use noise 'central'",
