@@ -111,3 +111,22 @@ def test_devices_that_require_their_own_noise_refuse_a_round_where_the_server_ad
                                  NoisePolicy(require_distributed=True))
     assert [result.outcome for result in results] == ["refused: noise_not_distributed"] * DEVICES
     assert view["state"] == "failed" and view["result_model_id"] is None
+
+
+def test_a_server_claiming_fewer_survivors_than_the_noise_is_calibrated_for_gets_no_share(simulation, federation,
+                                                                                         monkeypatch):
+    """The lying server tells each device that only floor - 1 devices survived, so that it could unmask a sum with
+    less than the accounted noise: every device checks the count against its signed config's floor before it reveals
+    a share (`too_few_survivors`), and the round fails with no output."""
+
+    class FewerSurvivors(secure_rounds.SecAggServer):
+        def collect_masked_inputs(self, replies):
+            requests = super().collect_masked_inputs(replies)
+            floor = self.config.minimum_survivors
+            return {client: dict(request, survivors=sorted({client, *sorted(requests)[:floor - 2]}))
+                    for client, request in requests.items()}
+
+    monkeypatch.setattr(secure_rounds, "SecAggServer", FewerSurvivors)
+    _, results, view = sdk_round(simulation, federation, distributed_config(deadline_s=15))
+    assert [result.outcome for result in results] == ["refused: too_few_survivors"] * DEVICES
+    assert view["state"] == "failed" and view["result_model_id"] is None
