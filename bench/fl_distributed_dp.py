@@ -5,9 +5,9 @@ fixed cohort of `--cohort` devices a round, `--rounds` rounds, MLP 64-16-10, Fed
 denominator). The arms differ only in the privacy of the sum:
 
 - clear: the plain mean of the unclipped deltas (what privacy costs is measured against it);
-- central: each device clips to C and quantises into the SecAgg+ ring (levels 32767, as docs/privacy.md recommends
-  under DP); the server adds discrete Gaussian noise of z x the quantised sensitivity to the unmasked sum
-  (`fedzoo.dp.noise.DpFedAvg`, exact sampler from os.urandom);
+- central (levels 32767, as docs/privacy.md recommends under DP, and 127, the int8 grid): each device clips to C and
+  quantises into the SecAgg+ ring; the server adds discrete Gaussian noise of z x the quantised sensitivity
+  C + step sqrt(d) to the unmasked sum (`fedzoo.dp.noise.DpFedAvg`, exact sampler from os.urandom);
 - distributed (levels 127 and 32767): each device clips, scales, rounds within the norm bound and adds its own share of
   the noise (`fedzoo.dp.distributed`, exact sampler from os.urandom), calibrated as the server asks: for the honest
   inputs of a sum at the survivor floor of `--floor` x the cohort (the round tolerates that much dropout), less the
@@ -25,6 +25,7 @@ neighbour in every arm (docs/privacy.md, ~173 B framed).
 
     .venv/bin/python bench/fl_distributed_dp.py [--devices 200] [--cohort 50] [--rounds 15] [--epsilon 8]
         [--clip-norms 0.5,1.5] [--floor 0.8] [--seed 0] [--repeats 1]
+        [--arms clear,central-32767,distributed-127,distributed-32767]   (also: central-127)
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def run_arm(arm: str, federation, args, clip_norm: float, noise_multiplier: floa
     shapes = {name: value.shape for name, value in parameters.items()}
     dimension = sum(value.size for value in parameters.values())
     rng = np.random.default_rng(args.seed)  # cohorts and training seeds: the same in every arm
-    levels = {"central": 32767, "distributed-127": 127, "distributed-32767": 32767}.get(arm, 127)
+    levels = int(arm.rsplit("-", 1)[1]) if "-" in arm else 127
     floor = max(3, math.ceil(args.floor * args.cohort), min(60, args.cohort - 1) // 2 * 2 // 2 + 1)
     neighbours = min(60, args.cohort - 1) // 2 * 2
     config = SecAggConfig(f"bench-{arm}", args.cohort, neighbours, neighbours // 2 + 1, dimension, clip_norm, levels,
@@ -84,7 +85,7 @@ def run_arm(arm: str, federation, args, clip_norm: float, noise_multiplier: floa
             vectors.append(flatten(delta if arm == "clear" else clip_delta(delta, clip_norm)[0]))
         if arm == "clear":
             mean = np.mean(vectors, axis=0)
-        elif arm == "central":
+        elif arm.startswith("central"):
             inputs = [quantise(vector, config, 1.0, rng) for vector in vectors]
             total, _ = dequantise_sum(ring_sum(inputs, config.modulus_bits), config)
             mean = central.noised_mean(total, sensitivity=quantised_sensitivity(clip_norm, step, dimension),
@@ -120,6 +121,7 @@ def main() -> None:
     parser.add_argument("--floor", type=float, default=0.8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--arms", default="clear,central-32767,distributed-127,distributed-32767")
     args = parser.parse_args()
     federation = prepare_federation("digits", num_clients=args.devices, alpha=None, hidden_units=16, seed=args.seed)
     dimension = sum(value.size for value in read_float_initializers(federation.model).values())
@@ -132,7 +134,7 @@ def main() -> None:
     print(f"| arm | clip norm (chosen on validation) | validation | test (mean +- sd of {args.repeats}) | ring bits | "
           "bits needed | vector upload vs raw int8 | device noise CPU s |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-    for arm in ("clear", "central", "distributed-127", "distributed-32767"):
+    for arm in args.arms.split(","):
         norms = [1.0] if arm == "clear" else [float(value) for value in args.clip_norms.split(",")]
         results = {norm: run_arm(arm, federation, args, norm, z) for norm in norms}
         chosen = max(results, key=lambda norm: results[norm]["validation"])
