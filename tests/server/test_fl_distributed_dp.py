@@ -7,7 +7,7 @@ import threading
 import httpx
 import pytest
 
-from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN as ADMIN, LoopbackServer, prepare_federation
+from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN as ADMIN, prepare_federation
 from fedzoo.clients.participation import LocalData, participate_once
 from fedzoo.dp.accountant import epsilon_after
 from fedzoo.dp.distributed import MECHANISM, DistributedNoise, NoisePolicy
@@ -21,12 +21,6 @@ POLL_S = 0.05
 @pytest.fixture(scope="module")
 def federation():
     return prepare_federation("digits", num_clients=DEVICES, alpha=None, hidden_units=8, pretrain_epochs=1, seed=0)
-
-
-@pytest.fixture
-def server(tmp_path):
-    with LoopbackServer(tmp_path / "server", deadline_check_s=0.2) as running:
-        yield running
 
 
 def distributed_config(noise="distributed", secure=True, noise_multiplier=1.5, **overrides):
