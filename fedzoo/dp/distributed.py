@@ -23,8 +23,10 @@ Renyi curve of a Gaussian mechanism of noise multiplier 1 / eps, so the line's l
 rounds as a Gaussian event of that multiplier. The step^2 of margin in sigma^2 keeps tau negligible (the sum is
 worth at least the plan's z, and within 1% of it on realistic grids: tests/dp/test_distributed.py).
 
-No randomized rotation and no modular clipping: the ring is sized so that no sum wraps (`ring_bits_needed`, at
-most 32 bits for cohorts up to 32,000 at levels 32767): more bits than KLS's 16-20, no bias from wrap-around.
+No randomized rotation and no modular clipping: the ring must hold every noised sum without wrapping
+(`ring_bits_needed`; the server refuses a plan whose ring does not), so there is no wrap-around bias to correct; the
+cost is the ring SecAgg+ already picks (16 bits at levels 127 for cohorts up to 258, else 32) instead of KLS's
+tighter rings after rotation.
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ from fedzoo.errors import InvalidInputError
 from fedzoo.secagg.errors import ProtocolViolation
 
 MECHANISM = "distributed-discrete-gaussian"
-DISTRIBUTED_LEVELS = 32767  # the finest grid a SecAgg+ config allows: rounding adds <0.4% to the sensitivity at d=60k
 TAIL_STDDEVS = 20  # the ring holds the noise up to 20 standard deviations (P(|noise| > 20 sigma) < 1e-86)
 NORM_TOLERANCE = 1e-5  # float32 clipping lands within ~1e-7 of C; the bound itself is enforced on the integers
 ROUNDING_ATTEMPTS = 1000  # each attempt passes with probability > 1 - exp(-1/2); 1000 failures: something is wrong
