@@ -95,9 +95,12 @@ def test_a_server_calibrating_for_more_survivors_than_it_unmasks_is_refused_by_e
     lying = lambda config, protocol: DistributedNoise(config.privacy.dp.noise_multiplier,  # noqa: E731
                                                       protocol.num_clients)
     monkeypatch.setattr(secure_rounds, "noise_request", lying)
-    _, results, view = sdk_round(simulation, federation, distributed_config(deadline_s=15))
+    round_id, results, view = sdk_round(simulation, federation, distributed_config(deadline_s=15))
     assert [result.outcome for result in results] == ["refused: noise_survivors_above_floor"] * DEVICES
     assert view["state"] == "failed" and view["result_model_id"] is None
+    participants = httpx.get(f"{simulation.server_url}/v1/fl/rounds/{round_id}/participants",
+                             headers={"Authorization": f"Bearer {ADMIN}"}).json()["participants"]
+    assert {entry["reason"].split(":")[0] for entry in participants} == {"noise_survivors_above_floor"}
 
 
 def test_devices_that_require_their_own_noise_refuse_a_round_where_the_server_adds_it(simulation, federation):
