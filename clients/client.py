@@ -45,6 +45,7 @@ from fedzoo.clients.http import FedzooHTTP, RetryPolicy
 from fedzoo.clients.neighbour_trust import NeighbourTrust
 from fedzoo.clients.metered import MeteredBytes, MeteredFile, ProgressCallback
 from fedzoo.device import DeviceProfile
+from fedzoo.dp.distributed import NoisePolicy
 from fedzoo.errors import InvalidInputError
 from fedzoo.revocation import RevocationList
 from fedzoo.secagg import signatures
@@ -73,6 +74,7 @@ class FedzooClient:
         signing_key: Ed25519PrivateKey | None = None,
         transport: httpx.BaseTransport | None = None,
         operator_keys: TrustedKeys | None = None,
+        noise_policy: NoisePolicy = NoisePolicy(),
     ) -> None:
         """`state_file` keeps the device id, token and token expiry across restarts (a token saved there is
         used when `token` is not given). `trusted_keys` pins the fleet's card-signing keys: every card must then
@@ -87,7 +89,9 @@ class FedzooClient:
         `operator_keys` pins the operator's key set (`fedzoo keys export-public`; never `GET /v1/keys`, which holds
         the server's key): SecAgg+ neighbours count only with the operator's certificate, and without it this
         device declines SecAgg+ rounds (`operator_keys_required`); they also verify the operator's revocation list.
-        It needs the state_file too (the newest revocation list is kept there)."""
+        It needs the state_file too (the newest revocation list is kept there). `noise_policy` is this device's
+        terms for DP under SecAgg+ (require that it adds its own share of the noise; a floor on the noise
+        multiplier: `fedzoo.dp.distributed.NoisePolicy`)."""
         self.http = FedzooHTTP(base_url, token=token, retry=retry, timeout_s=timeout_s, transport=transport)
         self.progress = progress
         self.clock = clock
@@ -112,6 +116,7 @@ class FedzooClient:
             self.http.token = saved["token"]
             self.token_refresh_at_s = saved.get("token_refresh_at_s")
         self.signing_key = signing_key
+        self.noise_policy = noise_policy
         # the SecAgg+ round ids this device took part in: it never signs under one twice (docs/privacy.md)
         self.signed_rounds = StateFileSignedRounds(self.state_file) if self.state_file is not None else SignedRounds()
         if signing_key is None and saved.get(SIGNING_KEY_STATE):

@@ -14,7 +14,9 @@ that breaks the protocol, e.g. one that relays keys without their owner's signat
 before, draws the graph without its nonce, shows it a survivor set fewer than t neighbours signed, or sends parameters
 outside the device's own `SecAggBounds`: `ProtocolViolation`, reported as the outcome `refused: <reason>` and
 told to the server (`POST /v1/fl/rounds/<id>/decline`), which records it; so is a round of a protocol version
-it does not speak.
+it does not speak. Under distributed DP the device adds its own share of the noise to its ring input, and refuses a
+request calibrated for more honest survivors than the signed config's floor guarantees, or one its `NoisePolicy` does
+not accept.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from fedzoo.clients.client import FedzooClient
 from fedzoo.capabilities import SECURE_AGGREGATION_VERSION
 from fedzoo.clients.errors import APIError, ConflictError, ServerUnavailableError
 from fedzoo.dp.clipping import clip_delta
+from fedzoo.dp.distributed import DistributedNoise, NoisePolicy, check_noise_request, noised_ring_input
 from fedzoo.secagg import SecAggClient, SecAggConfig, example_weight, flatten, quantise
 from fedzoo.secagg.bounds import SecAggBounds
 from fedzoo.secagg.errors import ProtocolViolation
@@ -48,8 +51,18 @@ def clip_for_privacy(delta: Parameters, privacy: dict[str, Any] | None) -> Param
     return clip_delta(delta, privacy["clip_norm"])[0]
 
 
-def ring_input(delta: Parameters, config: SecAggConfig, privacy: dict[str, Any], num_examples: int) -> np.ndarray:
-    """The device's input to SecAgg+: the clipped, weighted, quantised delta and its weight (equal under DP)."""
+def ring_input(delta: Parameters, config: SecAggConfig, privacy: dict[str, Any], num_examples: int,
+               policy: NoisePolicy = NoisePolicy(), bounds: SecAggBounds = SecAggBounds()) -> np.ndarray:
+    """The device's input to SecAgg+: the clipped, weighted, quantised delta and its weight (equal under DP); under
+    distributed DP (`privacy.distributed_noise`) rounded within the norm bound and noised by this device
+    (`fedzoo.dp.distributed`), after checking the request against the signed config (the honest survivors its floor
+    guarantees under the device's `bounds`) and the device's `policy`."""
+    if privacy.get("clip_norm") is not None:
+        noise = privacy.get("distributed_noise")
+        request = DistributedNoise.from_dict(noise) if noise is not None else None
+        check_noise_request(request, bounds.honest_survivors(config), policy)
+        if request is not None:
+            return noised_ring_input(flatten(delta), privacy["clip_norm"], config.levels, config.modulus_bits, request)
     weight = 1.0 if privacy["equal_weights"] else example_weight(num_examples, privacy["max_examples"])
     return quantise(flatten(delta), config, weight)
 
@@ -99,7 +112,7 @@ def take_part_securely(client: FedzooClient, work: dict[str, Any], delta: Parame
                     certificates = client.neighbour_trust.policy(client.served_revocation_list())
                     protocol = SecAggClient(config, secure["client"], client.signing_key, bounds, trusted_signing_keys,
                                             client.signed_rounds, certificates)
-                    vector = ring_input(delta, config, work["privacy"], num_examples)
+                    vector = ring_input(delta, config, work["privacy"], num_examples, client.noise_policy, bounds)
                 reply = answer_stage(protocol, secure["stage"], secure["request"], vector)
             except ProtocolViolation as violation:
                 log.warning("round %s: this device refuses the server's %s request: %s", work["round_id"],

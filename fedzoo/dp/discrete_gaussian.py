@@ -38,6 +38,10 @@ class SecureRandom:
         self._position += count
         return chunk
 
+    def read(self, count: int) -> bytes:
+        """`count` uniform bytes."""
+        return self._bytes(count)
+
     def below(self, bound: int) -> int:
         """A uniform integer in [0, bound) (rejection sampling: no modulo bias)."""
         if bound <= 0:

@@ -64,6 +64,12 @@ class SecAggBounds:
     max_neighbour_count: int = 200
     max_clients: int = 65_536
 
+    def honest_survivors(self, config: SecAggConfig) -> int:
+        """The honest inputs any sum the round unmasks holds at least: its survivor floor less the corrupt devices
+        this device tolerates (they may add nothing that the floor counts on, e.g. distributed DP's noise)."""
+        return config.minimum_survivors - corrupt_devices(config.num_clients, self.corruption_budget,
+                                                          self.least_corrupt_devices)
+
     def check(self, config: SecAggConfig) -> None:
         """Raise ProtocolViolation (`config_out_of_bounds`) naming the first parameter outside these bounds."""
         corrupt = corrupt_devices(config.num_clients, self.corruption_budget, self.least_corrupt_devices)

@@ -16,7 +16,10 @@ class ProtocolViolation(FedzooError):
     the device took part in before: `signed_rounds`), `uncertified_key` (a neighbour's key without the operator's
     valid certificate for the device the server names, or one device seated twice), `revoked_key` (a key the
     operator's revocation list names), `bad_revocations` (a revocation list the operator did not sign, or older than
-    the one the device kept).
+    the one the device kept); under distributed DP (`fedzoo.dp.distributed.check_noise_request`)
+    `noise_survivors_above_floor` (noise calibrated for more honest survivors than the signed config guarantees),
+    `noise_not_distributed` (central noise where the device's policy requires its own), `noise_below_floor` (a noise
+    multiplier below the device's floor).
     """
 
     def __init__(self, message: str, reason: str) -> None:

@@ -80,7 +80,8 @@ from fedzoo.server.fl.tables import ACTIVE_STATES, FLParticipant, FLRefusedUploa
 from fedzoo.server.fl.round_context import RoundContext, as_utc, count_rows, find_round, utc_now
 from fedzoo.server.fl.schemas import RoundConfig, TaskResponse, UpdateMetadata
 from fedzoo.server.fl.screening import Screened
-from fedzoo.server.fl.secure_rounds import DONE, PrivateRounds, is_private, with_calibrated_noise, without_dp_counts
+from fedzoo.server.fl.secure_rounds import (DONE, PrivateRounds, check_planned_ring, is_private, with_calibrated_noise,
+                                            without_dp_counts)
 from fedzoo.server.fl.stages.aggregation import Aggregation
 from fedzoo.server.fl.stages.collection import Collection
 from fedzoo.server.fl.stages.publication import Publication
@@ -147,6 +148,7 @@ class RoundService:
             base = self.base_model(session, config.model_id)
             if config.privacy.dp is not None:
                 config = with_calibrated_noise(self.private.with_delta(session, config, base.card))
+                check_planned_ring(config, sum(value.size for value in base.parameters.values()))
             self._check_evaluation_set(config.evaluation_sha256, base.card)
             if config.root_trust is not None:
                 self._check_evaluation_set(config.root_trust.root_sha256, base.card, "root_trust.root_sha256")

@@ -170,6 +170,11 @@ class DpSettings(_Request):
         default=None, gt=0, le=1000,
         description="z; default: the smallest whose num_rounds rounds spend max_epsilon (no sampling amplification)")
     mechanism: Literal["rdp", "pld"] = Field(default="rdp", description="the accountant (dp-accounting)")
+    noise: Literal["central", "distributed"] = Field(
+        default="central",
+        description="who adds the noise: the server to the unmasked sum (central), or each device its share inside "
+                    "the SecAgg+ ring, calibrated for the round's survivor floor (distributed: needs secure "
+                    "aggregation; the server never sees a noiseless sum)")
 
 
 class PrivacySettings(_Request):
@@ -337,6 +342,9 @@ class TaskPrivacy(_Response):
     equal_weights: bool = Field(description="every update counts the same (DP); else examples, capped by the round")
     max_examples: int = Field(description="the cap on a device's example count in its weight")
     secure_aggregation: SecureAggregationTask | None = None
+    distributed_noise: dict[str, Any] | None = Field(
+        default=None, description="distributed DP: {mechanism, noise_multiplier, survivors}, the noise the device adds "
+                                  "to its ring input (fedzoo.dp.distributed), once the round's SecAgg+ config is fixed")
 
 
 class Task(_Response):

@@ -63,6 +63,8 @@ from fedzoo.server import device_certificates
 from fedzoo.server.db import Database
 from fedzoo.server.errors import Conflict, Forbidden, ValidationFailed
 from fedzoo.server.fl import quarantine
+from fedzoo.server.fl.distributed_dp import (card_noise, check_distributed_plan, is_distributed, noise_request,
+                                             noise_slack, released_mean)
 from fedzoo.server.fl.tables import (ACTIVE_STATES, FLParticipant, FLPrivateRound, FLRefusedUpload, FLRound,
                                     FLSecureMessage, PrivacyLine, SEAT_FAILURES)
 from fedzoo.server.fl.privacy_lineage import lineage_claim
@@ -108,6 +110,19 @@ def secagg_config(settings: SecureAggregationSettings, round_id: int, cohort: in
     least = max(survivors_floor(threshold, corrupt), min_clients)
     return SecAggConfig(f"fl-round-{round_id}", cohort, neighbour_count, threshold, vector_length, clip_range,
                         settings.levels, minimum_survivors=min(cohort, least))
+
+
+def check_planned_ring(config: RoundConfig, vector_length: int) -> None:
+    """A distributed-noise plan: 422 without SecAgg+, or when the ring of a cohort at the selection goal cannot
+    hold its noised sums (`distributed_dp.check_distributed_plan`)."""
+    settings, dp = config.privacy.secure_aggregation, config.privacy.dp
+    if not is_distributed(config):
+        return
+    protocol = None
+    if settings is not None:
+        goal = math.ceil(config.target_clients * (1 + config.over_selection))
+        protocol = secagg_config(settings, 0, goal, vector_length, dp.clip_norm, config.min_clients)
+    check_distributed_plan(config, protocol)
 
 
 def with_calibrated_noise(config: RoundConfig) -> RoundConfig:
@@ -263,8 +278,11 @@ class PrivateRounds:
         secure = None
         if config.privacy.secure_aggregation is not None:
             secure = self._stage_view(session, round_row, config, device_id)
+        noise = None
+        if is_distributed(config) and secure is not None and secure.config is not None:
+            noise = noise_request(config, SecAggConfig.from_dict(secure.config)).to_dict()
         return TaskPrivacy(clip_norm=dp.clip_norm if dp is not None else None, equal_weights=equal_weights(config),
-                           max_examples=max_examples, secure_aggregation=secure)
+                           max_examples=max_examples, secure_aggregation=secure, distributed_noise=noise)
 
     def _stage_view(self, session: Session, round_row: FLRound, config: RoundConfig,
                     device_id: str) -> SecureAggregationTask:
@@ -503,10 +521,13 @@ class PrivateRounds:
                 "survivors": count, "dropped": len(result.dropped),
                 "misbehaving": {str(client): why for client, why in result.misbehaving.items()}}
             summary["upload_bytes"] = int(upload_bytes)
+            slack = 0.0
             if dp is not None:
                 grid_step = protocol.clip_range / protocol.levels  # the unmasked sum's own integer grid
                 sensitivity = quantised_sensitivity(protocol.clip_range, grid_step, vector_length)
-            check_secure_sum(total, total_weight, count, protocol.clip_range, equal_weights(config))
+            if is_distributed(config):  # the devices' noise may take a coordinate beyond the clipped envelope
+                slack = noise_slack(protocol, noise_request(config, protocol), count)
+            check_secure_sum(total, total_weight, count, protocol.clip_range, equal_weights(config), slack)
             mean_or_sum = total if dp is not None else total / total_weight
         else:  # DP without SecAgg+: the server sees each delta, and clips it itself rather than trust the device
             count = len(clear_deltas)
@@ -518,7 +539,13 @@ class PrivateRounds:
         summary.update(accepted_updates=count, aggregated_updates=count,
                        screening={"norm_limit": dp.clip_norm if dp is not None else None, "counted": count,
                                   "clipped": 0, "rejected": 0})
-        if dp is not None:
+        if is_distributed(config):  # the devices noised the sum: the server adds nothing
+            ledger = PrivacyLedger.from_dict(json.loads(ledger_json))
+            mean = released_mean(mean_or_sum, count, protocol.minimum_survivors, ledger, config.target_clients)
+            summary["privacy_ledger"] = ledger.to_dict()
+            noise = card_noise(protocol, noise_request(config, protocol))
+            summary["privacy"] = card_privacy(config, ledger, None, noise)
+        elif dp is not None:
             ledger = PrivacyLedger.from_dict(json.loads(ledger_json))
             mechanism = DpFedAvg(ledger, config.target_clients, dp.clip_norm, adaptive_clipping(dp))
             mean = mechanism.noised_mean(mean_or_sum, unclipped, count, sensitivity, grid_step)
@@ -548,11 +575,13 @@ def equal_weights(config: RoundConfig) -> bool:
     return config.privacy.dp is not None or config.weight_bound.rule != "examples"
 
 
-def check_secure_sum(total: np.ndarray, total_weight: float, survivors: int, clip_range: float, equal: bool) -> None:
+def check_secure_sum(total: np.ndarray, total_weight: float, survivors: int, clip_range: float, equal: bool,
+                     noise_slack: float = 0.0) -> None:
     """What the unmasked sum itself proves: every device's weight is at most 1 (exactly 1 under equal weights)
     and every coordinate it adds is within +-clip_range x its weight, so no coordinate of the sum may exceed
-    `total_weight x clip_range`. A sum outside that envelope means some device sent values its SDK would have
-    clipped: the round is refused (InvalidInputError), since the server cannot tell which device did it."""
+    `total_weight x clip_range` (plus `noise_slack` where the devices noised their inputs). A sum outside that
+    envelope means some device sent values its SDK would have clipped: the round is refused (InvalidInputError),
+    since the server cannot tell which device did it."""
     if equal and not math.isclose(total_weight, survivors):
         raise InvalidInputError(f"the weights of the {survivors} survivors sum to {total_weight:.3f}: every update "
                                 "must weigh the same (1)", field="weight")
@@ -560,7 +589,7 @@ def check_secure_sum(total: np.ndarray, total_weight: float, survivors: int, cli
         raise InvalidInputError(f"the weights of the {survivors} survivors sum to {total_weight:.3f}, outside "
                                 f"(0, {survivors}]: some device sent a weight above 1", field="weight")
     largest = float(np.max(np.abs(total))) if total.size else 0.0
-    if largest > total_weight * clip_range * (1 + 1e-9):
+    if largest > total_weight * clip_range * (1 + 1e-9) + noise_slack:
         raise InvalidInputError(f"a coordinate of the unmasked sum is {largest:.6g}, more than {total_weight:.3f} "
                                 f"updates clipped to +-{clip_range:g} can add up to: some device sent values outside "
                                 "the clipping range", field="clip_range")
@@ -586,19 +615,24 @@ def config_for_round(config: RoundConfig, previous: FLRound | None) -> RoundConf
     return config.model_copy(update={"privacy": privacy})
 
 
-def card_privacy(config: RoundConfig, ledger: PrivacyLedger | None, mechanism: DpFedAvg | None) -> dict[str, Any]:
-    """What a published card says about the privacy of the plan that made it."""
+def card_privacy(config: RoundConfig, ledger: PrivacyLedger | None, mechanism: DpFedAvg | None,
+                 distributed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a published card says about the privacy of the plan that made it: the server's `mechanism`, or the
+    devices' noise (`distributed`, from `distributed_dp.card_noise`, which names the mechanism and its sensitivity)."""
     settings, dp = config.privacy.secure_aggregation, config.privacy.dp
     record: dict[str, Any] = {"secure_aggregation": settings is not None, "dp": None}
-    if ledger is not None and mechanism is not None:
+    if ledger is not None and (mechanism is not None or distributed is not None):
         record["dp"] = {"epsilon": ledger.epsilon_spent, "delta": ledger.delta, "accountant": ledger.mechanism,
                         "rounds": ledger.rounds_done, "max_epsilon": ledger.max_epsilon,
                         "plan_epsilon": ledger.plan_epsilon_spent, "line": ledger.line,
                         "line_events": ledger.events(), "line_max_epsilon": ledger.line_max_epsilon,
                         "noise_multiplier": ledger.noise_multiplier, "clip_norm": dp.clip_norm,
-                        "sensitivity": mechanism.released_sensitivity,
-                        "sampling_probability": ledger.sampling_probability,
-                        "noise": "discrete Gaussian from os.urandom"}
+                        "sampling_probability": ledger.sampling_probability}
+        if distributed is not None:
+            record["dp"].update(distributed)
+            return record
+        record["dp"].update(sensitivity=mechanism.released_sensitivity, mechanism="central-discrete-gaussian",
+                            noise="discrete Gaussian from os.urandom")
         if mechanism.adaptive is not None:
             record["dp"].update(next_clip_norm=mechanism.clip_norm,
                                 noised_unclipped_fraction=mechanism.released_unclipped_fraction,

@@ -17,6 +17,7 @@ import org.json.JSONObject;
 import dev.fedzoo.FedzooException;
 import dev.fedzoo.InvalidInputException;
 import dev.fedzoo.ModelCard;
+import dev.fedzoo.dp.DistributedNoise;
 import dev.fedzoo.edge.DeviceProfile;
 import dev.fedzoo.edge.EdgeSession;
 import dev.fedzoo.fl.Capabilities;
@@ -60,6 +61,7 @@ public final class FedzooClient {
 
     private CardVerifier verifier;
     private NeighbourTrust neighbourTrust;
+    private DistributedNoise.Policy noisePolicy = DistributedNoise.Policy.permissive();
     private StateStore state;
     private SignedRounds signedRounds = new SignedRounds();
     private String deviceId;
@@ -140,6 +142,20 @@ public final class FedzooClient {
         }
         this.neighbourTrust = new NeighbourTrust(operatorKeys, state);
         return this;
+    }
+
+    /**
+     * This device's terms for DP under SecAgg+ (Python's {@code noise_policy}): require that it adds its own share of
+     * the noise, or a floor on the noise multiplier; a request outside them is refused.
+     */
+    public FedzooClient withNoisePolicy(DistributedNoise.Policy policy) {
+        this.noisePolicy = policy;
+        return this;
+    }
+
+    /** The device's terms for DP under SecAgg+ ({@link #withNoisePolicy}; permissive by default). */
+    public DistributedNoise.Policy noisePolicy() {
+        return noisePolicy;
     }
 
     /** The pinned operator keys and held revocation list ({@link #requireCertifiedNeighbours}), or null. */

@@ -280,7 +280,8 @@ public final class Participation {
             Map<String, FloatTensor> delta = privacy != null ? privateDelta(trained.delta, privacy) : trained.delta;
             if (privacy != null && privacy.optJSONObject("secure_aggregation") != null) {
                 SecureParticipation.Outcome secure = new SecureParticipation(client, bounds, trustedSigningKeys).takePart(
-                        work, SecureParticipation.ringInputOf(delta, privacy, data.size(), random),
+                        work, SecureParticipation.ringInputOf(delta, data.size(), random, client.noisePolicy(),
+                                bounds),
                         new SecureParticipation.CheckIn() {
                             public JSONObject checkIn() {
                                 return client.flTask(card.task(), card.family());

@@ -10,6 +10,8 @@ import dev.fedzoo.FedzooException;
 import dev.fedzoo.client.ApiException;
 import dev.fedzoo.client.FedzooClient;
 import dev.fedzoo.client.StopSignal;
+import dev.fedzoo.dp.DistributedNoise;
+import dev.fedzoo.dp.SecureRandomSource;
 import dev.fedzoo.edge.FloatTensor;
 import dev.fedzoo.secagg.Encoding;
 import dev.fedzoo.secagg.Framing;
@@ -34,9 +36,12 @@ public final class SecureParticipation {
         JSONObject checkIn();
     }
 
-    /** The device's input to the round, made once the round's configuration is known. */
+    /**
+     * The device's input to the round, made once the round's configuration is known, from the task's privacy settings
+     * as of that stage (under distributed DP they carry the noise request only once the configuration is fixed).
+     */
     public interface RingSource {
-        int[] ringInput(SecAggConfig config);
+        int[] ringInput(SecAggConfig config, JSONObject privacy);
     }
 
     /** How taking part ended: {@code accepted}, {@code refused: <reason>}, {@code dropped out} or {@code stopped}. */
@@ -61,11 +66,26 @@ public final class SecureParticipation {
         this.trustedSigningKeys = trustedSigningKeys;
     }
 
-    /** The ring input of a trained delta: weighted (equal under DP, else by capped examples), clipped, quantised. */
-    public static RingSource ringInputOf(final Map<String, FloatTensor> delta, final JSONObject privacy,
-                                         final int numExamples, final Random random) {
+    /**
+     * The ring input of a trained (clipped under DP) delta, as Python's {@code ring_input}: weighted (equal under DP,
+     * else by capped examples) and quantised; under distributed DP ({@code privacy.distributed_noise}) rounded within
+     * the norm bound and noised by this device from its CSPRNG, after checking the request against the signed config
+     * (the honest survivors its floor guarantees under {@code bounds}) and {@code policy}.
+     */
+    public static RingSource ringInputOf(final Map<String, FloatTensor> delta, final int numExamples,
+                                         final Random random, final DistributedNoise.Policy policy,
+                                         final SecAggBounds bounds) {
         return new RingSource() {
-            public int[] ringInput(SecAggConfig config) {
+            public int[] ringInput(SecAggConfig config, JSONObject privacy) {
+                if (privacy.has("clip_norm") && !privacy.isNull("clip_norm")) {
+                    JSONObject requested = privacy.optJSONObject("distributed_noise");
+                    DistributedNoise noise = requested != null ? DistributedNoise.fromJson(requested) : null;
+                    DistributedNoise.check(noise, bounds.honestSurvivors(config), policy);
+                    if (noise != null) {
+                        return noise.noisedRingInput(Encoding.flatten(delta), privacy.optDouble("clip_norm"),
+                                config.levels, config.modulusBits(), new SecureRandomSource());
+                    }
+                }
                 double weight = privacy.optBoolean("equal_weights") ? 1.0
                         : Encoding.exampleWeight(numExamples, privacy.optInt("max_examples", numExamples));
                 return Encoding.quantise(Encoding.flatten(delta), config, weight, random);
@@ -76,7 +96,8 @@ public final class SecureParticipation {
     /** Answers every SecAgg+ stage the server asks of this device in the round of {@code work}. */
     public Outcome takePart(JSONObject work, RingSource input, CheckIn checkIn, StopSignal stop) {
         long roundId = work.optLong("round_id");
-        JSONObject secure = work.optJSONObject("privacy").optJSONObject("secure_aggregation");
+        JSONObject privacy = work.optJSONObject("privacy");
+        JSONObject secure = privacy.optJSONObject("secure_aggregation");
         if (secure.optInt("version") != Capabilities.SECURE_AGGREGATION_VERSION) {
             return decline(roundId, "unsupported_secure_aggregation", "the round speaks SecAgg+ version "
                     + secure.opt("version") + "; this device speaks " + Capabilities.SECURE_AGGREGATION_VERSION, 0);
@@ -104,7 +125,7 @@ public final class SecureParticipation {
                         protocol = new SecAggClient(SecAggConfig.fromJson(secure.optJSONObject("config")),
                                 secure.optInt("client"), client.signingKey(), bounds, trustedSigningKeys,
                                 client.signedRounds(), client.neighbourTrust().policy(client.servedRevocationList()));
-                        ring = input.ringInput(protocol.config());
+                        ring = input.ringInput(protocol.config(), privacy);
                     }
                     reply = answer(protocol, stage, request, ring);
                 } catch (ProtocolViolation violation) {
@@ -129,7 +150,8 @@ public final class SecureParticipation {
             if (next == null || next.optLong("round_id") != roundId) {
                 return new Outcome("dropped out", sent);
             }
-            secure = next.optJSONObject("privacy").optJSONObject("secure_aggregation");
+            privacy = next.optJSONObject("privacy");
+            secure = privacy.optJSONObject("secure_aggregation");
         }
     }
 

@@ -35,6 +35,14 @@ public final class SecAggBounds {
         return (numClients - 1) / 2 * 2;
     }
 
+    /**
+     * The honest inputs any sum the round unmasks holds at least: its survivor floor less the corrupt devices this
+     * device tolerates (they may add nothing the floor counts on, e.g. distributed DP's noise).
+     */
+    public int honestSurvivors(SecAggConfig config) {
+        return config.minimumSurvivors - corruptDevices(config.numClients);
+    }
+
     /** c: the corrupt devices a round of n must withstand. */
     public int corruptDevices(int numClients) {
         return Math.max((int) Math.ceil(corruptionBudget * numClients - 1e-9),

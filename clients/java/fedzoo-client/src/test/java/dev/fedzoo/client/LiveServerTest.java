@@ -391,7 +391,7 @@ class LiveServerTest {
         // as if the server had changed its protocol under the device: a task of a version this SDK does not speak
         work.getJSONObject("privacy").getJSONObject("secure_aggregation").put("version", 99);
         SecureParticipation.Outcome declined = new SecureParticipation(device, new SecAggBounds(), null).takePart(work,
-                config -> new int[config.vectorLength + 1], () -> device.flTask("digits", null), null);
+                (config, privacy) -> new int[config.vectorLength + 1], () -> device.flTask("digits", null), null);
         assertEquals("refused: unsupported_secure_aggregation", declined.outcome);
         assertEquals(0, device.uploadedBytes());
         JSONObject view = waitUntilFinished(roundId);
@@ -428,7 +428,7 @@ class LiveServerTest {
                     return;
                 }
                 // the SDK's own stage loop, with an input on exact quantisation levels (so the test knows it)
-                outcome = new SecureParticipation(client, new SecAggBounds(), null).takePart(work, config -> {
+                outcome = new SecureParticipation(client, new SecAggBounds(), null).takePart(work, (config, privacy) -> {
                     double[] vector = new double[levels.length];
                     for (int i = 0; i < vector.length; i++) {
                         vector[i] = levels[i] / 128.0;
@@ -531,7 +531,7 @@ class LiveServerTest {
                 try {
                     JSONObject work = device.flTask("digits", null).getJSONObject("task");
                     outcomes[index] = new SecureParticipation(device, new SecAggBounds(), null).takePart(work,
-                            config -> new int[config.vectorLength + 1], () -> device.flTask("digits", null),
+                            (config, privacy) -> new int[config.vectorLength + 1], () -> device.flTask("digits", null),
                             null).outcome;
                 } catch (Exception failure) {
                     outcomes[index] = "error: " + failure;
@@ -711,5 +711,57 @@ class LiveServerTest {
         assertEquals(0, unconfirmed.getJSONArray("measurements").length());
         assertEquals(1, unconfirmed.getJSONArray("skipped").length());
         assertEquals(0L, unconfirmed.getLong("bytes_downloaded"));
+    }
+
+    /**
+     * A distributed-DP round of three Java devices: each rounds its clipped delta within the norm bound and adds its own
+     * share of the noise in the ring (the SDK's {@code ringInputOf} under the task's {@code distributed_noise}); the
+     * server adds none and publishes a card stating the mechanism, the survivors it is calibrated for and the epsilon.
+     */
+    @Test
+    @Order(17)
+    void javaDevicesNoiseTheirOwnInputsInADistributedDpRound() throws Exception {
+        long roundId = startRound(3, "{\"privacy\": {\"secure_aggregation\": {\"neighbour_count\": 2, "
+                + "\"threshold\": 2, \"stage_deadline_s\": 4, \"levels\": 32767}, \"dp\": {\"max_epsilon\": 50, "
+                + "\"clip_norm\": 0.5, \"noise_multiplier\": 1.5, \"noise\": \"distributed\"}}, "
+                + "\"poll_interval_s\": 0.1}");
+        final String[] outcomes = new String[3];
+        Thread[] devices = new Thread[outcomes.length];
+        for (int i = 0; i < devices.length; i++) {
+            final int index = i;
+            final FedzooClient device = certifiedDevice();
+            devices[i] = new Thread(() -> {
+                try {
+                    JSONObject work = device.flTask("digits", null).getJSONObject("task");
+                    outcomes[index] = new SecureParticipation(device, new SecAggBounds(), null).takePart(work,
+                            (config, privacy) -> {
+                                float[] values = new float[config.vectorLength];
+                                values[index] = 0.25f; // within the clip norm
+                                java.util.Map<String, dev.fedzoo.edge.FloatTensor> delta =
+                                        java.util.Collections.singletonMap("delta", new dev.fedzoo.edge.FloatTensor(
+                                                new long[] {values.length}, values));
+                                return SecureParticipation.ringInputOf(delta, 1, new java.util.Random(index),
+                                        device.noisePolicy(), new SecAggBounds()).ringInput(config, privacy);
+                            }, () -> device.flTask("digits", null), null).outcome;
+                } catch (Exception failure) {
+                    outcomes[index] = "error: " + failure;
+                }
+            });
+            devices[i].start();
+        }
+        for (Thread device : devices) {
+            device.join(120_000);
+        }
+        assertEquals(Arrays.asList("accepted", "accepted", "accepted"), Arrays.asList(outcomes));
+        JSONObject view = waitUntilFinished(roundId);
+        assertEquals("closed", view.getString("state"), view.toString());
+        JSONObject dp = new FedzooClient(server.url, null, TestSupport.workDirectory("reader"))
+                .card(view.getString("result_model_id")).json().getJSONObject("details").getJSONObject("federated")
+                .getJSONObject("privacy").getJSONObject("dp");
+        assertEquals(dev.fedzoo.dp.DistributedNoise.MECHANISM, dp.getString("mechanism"));
+        assertEquals(2, dp.getInt("calibrated_survivors"), dp.toString()); // the floor of 3 less the 1 corrupt withstood
+        assertEquals(1.5, dp.getDouble("noise_multiplier"), 0.0);
+        assertTrue(dp.getDouble("equivalent_noise_multiplier") >= 1.5, dp.toString());
+        assertTrue(dp.getDouble("epsilon") > 0, dp.toString());
     }
 }
