@@ -7,7 +7,8 @@ import threading
 import httpx
 import pytest
 
-from fedzoo.cloud.simulation import DEFAULT_ADMIN_TOKEN as ADMIN, prepare_federation
+from fedzoo.cloud.simulation import prepare_federation
+from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN as ADMIN
 from fedzoo.clients.participation import LocalData, participate_once
 from fedzoo.dp.accountant import epsilon_after
 from fedzoo.dp.distributed import MECHANISM, DistributedNoise, NoisePolicy
