@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedzoo.cards import Metrics, ModelCard
-from fedzoo.server.fl.strategies import ClientUpdate
+from fedzoo.aggregation.strategies import ClientUpdate
 
 EVALUATION_BATCH = 256
 

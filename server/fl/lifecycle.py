@@ -32,7 +32,7 @@ from fedzoo.server.fl.models import ACTIVE_STATES, FLRound
 from fedzoo.server.fl.round_context import RoundContext
 from fedzoo.server.fl.schemas import RoundConfig
 from fedzoo.server.fl.secure_rounds import config_for_round
-from fedzoo.server.fl.strategies import Strategy
+from fedzoo.aggregation.strategies import Strategy
 from fedzoo.server.fl.zoo_plan import round_identity
 
 log = logging.getLogger(__name__)

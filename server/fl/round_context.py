@@ -19,7 +19,7 @@ from fedzoo.server.fl.base_models import BaseModels
 from fedzoo.server.fl.models import FLRound, FLSubnetAssignment, FLUpdate
 from fedzoo.server.fl.schemas import RoundConfig
 from fedzoo.server.fl.secure_rounds import PrivateRounds
-from fedzoo.server.fl.strategies import Parameters
+from fedzoo.aggregation.strategies import Parameters
 from fedzoo.update_codec import decode_update, split_statistics
 
 MAX_ROUND_ID = 2**63 - 1  # SQL BIGINT

@@ -26,10 +26,10 @@ from fedzoo.errors import InvalidInputError
 from fedzoo.server.fl.evaluation import GateReference, best_published, decide_publication
 from fedzoo.server.fl.root_trust import RootUpdate, check_aggregate, train_root_update
 from fedzoo.server.fl.schemas import RootTrust, TrainingConfig, WeightBound
-from fedzoo.server.fl.screening import Screened
-from fedzoo.server.fl.secure_rounds import check_secure_sum
-from fedzoo.server.fl.strategies import ClientUpdate
-from fedzoo.server.fl.weighting import bound_weights
+from fedzoo.aggregation.screening import Screened
+from fedzoo.aggregation.private import check_secure_sum
+from fedzoo.aggregation.strategies import ClientUpdate
+from fedzoo.aggregation.weighting import bound_weights
 
 ROOT_ALONE = None  # direction_screening off: the root-set tests pin FLTrust's own decisions
 VIEWER_TOKEN = "robust-rounds-viewer-token-0123456789"

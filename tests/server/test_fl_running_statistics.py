@@ -18,9 +18,9 @@ from fedzoo.update_codec import decode_update, encode_update, split_statistics, 
 from fedzoo.cloud.autodiff import build_training_graph
 from fedzoo.cloud.simulation import LoopbackServer, Simulation, prepare_federation
 from fedzoo.edge.onnx_initializers import read_float_initializers
-from fedzoo.server.fl.running_statistics import aggregate_statistics
+from fedzoo.aggregation.running_statistics import aggregate_statistics
 from fedzoo.server.fl.schemas import NormBound
-from fedzoo.server.fl.strategies import ClientUpdate
+from fedzoo.aggregation.strategies import ClientUpdate
 
 STATISTICS = ("1.running_mean", "1.running_var")
 

@@ -21,7 +21,7 @@ from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLRefusedUploa
 from fedzoo.server.fl.round_context import (RoundContext, as_utc, count_rows, find_round, has_update,
                                             lock_round_before_deadline)
 from fedzoo.server.fl.schemas import RoundConfig, Task, TaskResponse, UploadSpec, round_training
-from fedzoo.server.fl.strategies import make_strategy
+from fedzoo.aggregation.strategies import make_strategy
 from fedzoo.server.fl.zoo_plan import ZooPlan, is_zoo
 
 IDLE_RETRY_AFTER_S = 30.0

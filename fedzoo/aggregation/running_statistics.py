@@ -29,9 +29,9 @@ import numpy as np
 
 from fedzoo.update_codec import RUNNING_PREFIX
 from fedzoo.errors import InvalidInputError
-from fedzoo.server.fl.schemas import NormBound
-from fedzoo.server.fl.screening import screen_updates
-from fedzoo.server.fl.strategies import ClientUpdate, Parameters
+from fedzoo.aggregation.settings import NormBound
+from fedzoo.aggregation.screening import screen_updates
+from fedzoo.aggregation.strategies import ClientUpdate, Parameters
 
 
 def training_graph_state(training_graph: bytes) -> tuple[list[str], list[str]]:
