@@ -57,8 +57,6 @@ from fedzoo.update_codec import split_statistics
 log = logging.getLogger(__name__)
 
 ENGINES = ("server", "inprocess", "ray")
-# what the server engine's plan leaves at its own default: the server's FEDZOO_FL_MAX_EXAMPLES_PER_UPDATE default
-DEFAULT_MAX_EXAMPLES_PER_UPDATE = 100_000
 UNSUPPORTED = {"root_trust": "FLTrust needs the server's root set", "zoo": "zoo-wide plans run on the server engine",
                "privacy": "private plans run through run_private_rounds (SecAgg+ and DP in process)"}
 
@@ -143,12 +141,15 @@ class InProcessEngine:
     measured on the test split and published only past the plan's accuracy gate."""
 
     def __init__(self, federation: Federation, executor: str = "in-process", workers: int | None = None,
-                 seed: int = 0, max_examples_per_update: int = DEFAULT_MAX_EXAMPLES_PER_UPDATE,
+                 seed: int = 0, max_examples_per_update: int | None = None,
                  spill_dir: Path | None = None) -> None:
         self.federation = federation
         self.executor: Executor = make_executor(executor, workers)
         self.rng = random.Random(seed)
-        self.max_examples_per_update = max_examples_per_update
+        # a plan without its own cap gets the server's default (FEDZOO_FL_MAX_EXAMPLES_PER_UPDATE)
+        from fedzoo.server.config import DEFAULT_FL_MAX_EXAMPLES_PER_UPDATE  # a constant: no server is started
+
+        self.max_examples_per_update = max_examples_per_update or DEFAULT_FL_MAX_EXAMPLES_PER_UPDATE
         self.spill_dir = spill_dir
         self.context = DeviceContext.of(federation)
         parameter_names, statistic_names = training_graph_state(federation.training_graph)
