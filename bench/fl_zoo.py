@@ -47,6 +47,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedzoo.aggregation.per_element import CoverageSum, coverage_report, is_statistic, step_supernet
+from fedzoo.aggregation.strategies import Strategy, make_strategy
 from fedzoo.cards import ModelCard, is_supernet
 from fedzoo.cloud.data import dirichlet_partition, load_dataset, split_dataset
 from fedzoo.cloud.pipeline import PRESETS, BuildConfig, build_zoo
@@ -54,9 +56,7 @@ from fedzoo.cloud.zoo_extraction import SupernetSpec, read_weights_npz, subnet_m
 from fedzoo.nas.space import SearchSpace, arch_key
 from fedzoo.nas.subnet import evaluate_accuracy, recalibrate_batchnorm
 from fedzoo.nas.subnet_mapping import extract_weights, map_back
-from fedzoo.aggregation.per_element import CoverageSum, coverage_report, is_statistic, step_supernet
 from fedzoo.server.fl.schemas import ZooSettings
-from fedzoo.aggregation.strategies import Strategy, make_strategy
 from fedzoo.zoo import Zoo
 
 TIERS = 4

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from fedzoo.aggregation.settings import DirectionScreening
 from fedzoo.aggregation.screening import Screened, joined
+from fedzoo.aggregation.settings import DirectionScreening
 from fedzoo.aggregation.strategies import CoordinateMedian, Parameters
 
 MIN_UPDATES = 3  # a median is robust only with a majority of honest updates: one harmful among three

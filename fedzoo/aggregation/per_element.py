@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedzoo.errors import InvalidInputError
 from fedzoo.aggregation.settings import MappedDelta
 from fedzoo.aggregation.strategies import Parameters, Strategy
+from fedzoo.errors import InvalidInputError
 
 
 def require_mean_only(strategy: Strategy) -> None:

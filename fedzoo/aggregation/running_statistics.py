@@ -27,11 +27,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from fedzoo.update_codec import RUNNING_PREFIX
-from fedzoo.errors import InvalidInputError
-from fedzoo.aggregation.settings import NormBound
 from fedzoo.aggregation.screening import screen_updates
+from fedzoo.aggregation.settings import NormBound
 from fedzoo.aggregation.strategies import ClientUpdate, Parameters
+from fedzoo.errors import InvalidInputError
+from fedzoo.update_codec import RUNNING_PREFIX
 
 
 def training_graph_state(training_graph: bytes) -> tuple[list[str], list[str]]:

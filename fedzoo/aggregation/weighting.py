@@ -20,8 +20,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from fedzoo.aggregation.settings import WeightBound
 from fedzoo.aggregation.screening import Screened, joined
+from fedzoo.aggregation.settings import WeightBound
 
 
 def bound_weights(decisions: list[Screened], bound: WeightBound) -> tuple[list[Screened], float | None]:

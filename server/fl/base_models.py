@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session
 
+from fedzoo.aggregation.running_statistics import training_graph_state, variance_names
+from fedzoo.aggregation.strategies import Parameters
 from fedzoo.cards import ModelCard
 from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.errors import InvalidInputError
 from fedzoo.server import registry
 from fedzoo.server.blobstore import BlobStore
-from fedzoo.aggregation.running_statistics import training_graph_state, variance_names
-from fedzoo.aggregation.strategies import Parameters
 
 UPLOAD_OVERHEAD_BYTES = 64 * 1024  # npz headers and int8 scales on top of the raw float32 deltas
 MAX_CACHED_BASES = 8

@@ -24,10 +24,10 @@ from datetime import datetime, timezone
 from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session
 
+from fedzoo.aggregation.screening import REVOKED_REASON
 from fedzoo.errors import NotFoundError
 from fedzoo.server.fl.models import SEAT_FAILURES, FLPrivateRound, FLQuarantine, FLRefusedUpload, FLUpdate
 from fedzoo.server.fl.schemas import QuarantinePolicy
-from fedzoo.aggregation.screening import REVOKED_REASON
 
 QUERY_CHUNK = 500  # devices per IN (...) list: well under any database's limit on bound parameters
 

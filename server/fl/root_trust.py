@@ -28,14 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from fedzoo.cards import ModelCard
-from fedzoo.local_training import LocalData, train_locally
-from fedzoo.update_codec import split_statistics
-from fedzoo.errors import InvalidInputError
-from fedzoo.server.fl.schemas import RootTrust, TrainingConfig
 from fedzoo.aggregation.direction import cosine_between, delta_norm
 from fedzoo.aggregation.screening import Screened, joined, scaled
 from fedzoo.aggregation.strategies import Parameters
+from fedzoo.cards import ModelCard
+from fedzoo.errors import InvalidInputError
+from fedzoo.local_training import LocalData, train_locally
+from fedzoo.server.fl.schemas import RootTrust, TrainingConfig
+from fedzoo.update_codec import split_statistics
 
 
 @dataclass(frozen=True)

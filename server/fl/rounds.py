@@ -62,6 +62,8 @@ import numpy as np
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
+from fedzoo.aggregation.screening import Screened
+from fedzoo.aggregation.strategies import ClientUpdate, Strategy, make_strategy, require_secure_aggregation_support
 from fedzoo.capabilities import Capabilities
 from fedzoo.cards import ModelCard
 from fedzoo.dp.accountant import PrivacyBudgetExhausted
@@ -79,14 +81,12 @@ from fedzoo.server.fl.lifecycle import AGGREGATION_LEASE_S, RoundLifecycle
 from fedzoo.server.fl.models import ACTIVE_STATES, FLParticipant, FLRefusedUpload, FLRound, FLUpdate
 from fedzoo.server.fl.round_context import RoundContext, as_utc, count_rows, find_round, utc_now
 from fedzoo.server.fl.schemas import RoundConfig, TaskResponse, UpdateMetadata
-from fedzoo.aggregation.screening import Screened
 from fedzoo.server.fl.secure_rounds import DONE, PrivateRounds, is_private, with_calibrated_noise, without_dp_counts
 from fedzoo.server.fl.stages.aggregation import Aggregation
 from fedzoo.server.fl.stages.collection import Collection
 from fedzoo.server.fl.stages.publication import Publication
 from fedzoo.server.fl.stages.screening import record_screening, root_update, round_defences, screen_round
 from fedzoo.server.fl.stages.selection import Selection
-from fedzoo.aggregation.strategies import ClientUpdate, Strategy, make_strategy, require_secure_aggregation_support
 from fedzoo.server.fl.zoo_plan import ZooPlan, is_zoo
 from fedzoo.server.latency import LatencyEstimator
 from fedzoo.server.models import DeviceRecord

@@ -47,11 +47,11 @@ from fedzoo.server.fl.models import FLRound, FLSubnetAssignment, FLUpdate
 from fedzoo.aggregation.per_element import (
     CoverageSum, coverage_by_layer, coverage_report, is_statistic, require_mean_only, step_supernet,
 )
+from fedzoo.aggregation.screening import Screened
+from fedzoo.aggregation.strategies import Strategy
 from fedzoo.server.fl.round_context import RoundContext
 from fedzoo.server.fl.schemas import RoundConfig
-from fedzoo.aggregation.screening import Screened
 from fedzoo.server.fl.stages.screening import ScreenedRound, screen_round
-from fedzoo.aggregation.strategies import Strategy
 from fedzoo.server.latency import LatencyEstimator
 from fedzoo.server.lookup import LookupQuery, lookup
 from fedzoo.server.models import DeviceRecord, ModelRecord

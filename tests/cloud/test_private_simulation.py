@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 
 from fedzoo.aggregation.private import ServerMomentum
+from fedzoo.aggregation.strategies import SecureAggregationUnsupportedError, make_strategy
 from fedzoo.cloud.inprocess import DpOptions, SecureAggregationOptions, run_private_rounds
 from fedzoo.cloud.simulation import prepare_federation
 from fedzoo.dp.accountant import epsilon_after
 from fedzoo.dp.noise import AdaptiveClipping
 from fedzoo.errors import InvalidInputError
-from fedzoo.aggregation.strategies import SecureAggregationUnsupportedError, make_strategy
 
 TRAINING = {"optimizer": "sgd", "learning_rate": 0.05, "local_epochs": 1, "batch_size": 16}
 

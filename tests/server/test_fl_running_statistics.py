@@ -12,15 +12,15 @@ import torch
 from fl_helpers import device_client, honest_delta, round_config, upload
 from torch import nn
 
+from fedzoo.aggregation.running_statistics import aggregate_statistics
+from fedzoo.aggregation.strategies import ClientUpdate
 from fedzoo.clients.errors import BadRequestError
-from fedzoo.local_training import normalise
-from fedzoo.update_codec import decode_update, encode_update, split_statistics, statistics_delta
 from fedzoo.cloud.autodiff import build_training_graph
 from fedzoo.cloud.simulation import LoopbackServer, Simulation, prepare_federation
 from fedzoo.edge.onnx_initializers import read_float_initializers
-from fedzoo.aggregation.running_statistics import aggregate_statistics
+from fedzoo.local_training import normalise
 from fedzoo.server.fl.schemas import NormBound
-from fedzoo.aggregation.strategies import ClientUpdate
+from fedzoo.update_codec import decode_update, encode_update, split_statistics, statistics_delta
 
 STATISTICS = ("1.running_mean", "1.running_var")
 

@@ -11,15 +11,15 @@ from typing import Any
 
 import numpy as np
 
+from fedzoo.aggregation.running_statistics import aggregate_statistics
+from fedzoo.aggregation.strategies import ClientUpdate, Parameters, Strategy, make_strategy
 from fedzoo.errors import InvalidInputError
 from fedzoo.server.fl.base_models import RoundBase
-from fedzoo.server.fl.root_trust import RootUpdate, check_aggregate
 from fedzoo.server.fl.models import FLUpdate
+from fedzoo.server.fl.root_trust import RootUpdate, check_aggregate
 from fedzoo.server.fl.round_context import RoundContext
-from fedzoo.aggregation.running_statistics import aggregate_statistics
 from fedzoo.server.fl.schemas import RoundConfig
 from fedzoo.server.fl.secure_rounds import is_private
-from fedzoo.aggregation.strategies import ClientUpdate, Parameters, Strategy, make_strategy
 
 
 @dataclass(frozen=True)
