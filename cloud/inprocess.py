@@ -29,7 +29,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -53,6 +53,9 @@ from fedzoo.secagg import RoundAborted, dequantise_sum, example_weight, flatten,
 from fedzoo.secagg.bounds import corrupt_devices, largest_neighbour_count, survivors_floor, threshold_floor
 from fedzoo.secagg.config import SecAggConfig
 from fedzoo.update_codec import split_statistics
+
+if TYPE_CHECKING:
+    from fedzoo.server.fl.schemas import RoundConfig
 
 log = logging.getLogger(__name__)
 
@@ -84,12 +87,12 @@ class DeviceContext:
 
 @dataclass(frozen=True)
 class FitInstructions:
-    """One selected device's work for a round: train from `parameters` with `training`, seeded; clip to
-    `clip_norm` on the device under DP."""
+    """One selected device's work for a round: train the round's `model` (ONNX bytes, written once per round as
+    the server publishes one model a round) with `training`, seeded; clip to `clip_norm` on the device under DP."""
 
     device_index: int
     seed: int
-    parameters: Parameters
+    model: bytes
     training: dict[str, Any]
     clip_norm: float | None = None
 
@@ -110,9 +113,8 @@ def fit_device(context: DeviceContext, work: FitInstructions) -> FitResult:
     """One virtual device's local training on its shard, with the SDK's training code (a top-level function, so
     that worker processes and Ray tasks can run it)."""
     shard = context.shards[work.device_index]
-    model = write_parameters(context.model, work.parameters)
     started = time.perf_counter()
-    delta, metrics = train_locally(context.training_graph, model, context.card, work.training,
+    delta, metrics = train_locally(context.training_graph, work.model, context.card, work.training,
                                    LocalData(context.pool_x[shard], context.pool_y[shard]), work.seed)
     train_seconds = time.perf_counter() - started
     within = True
@@ -203,14 +205,17 @@ class InProcessEngine:
             if state:
                 strategy.load_state(state)
             training = round_training(config, number, strategy.configure_fit(number)).model_dump(mode="json")
-            work = [FitInstructions(index, self.rng.randrange(2**31), self.parameters, training) for index in seated]
+            model = self.model
+            work = [FitInstructions(index, self.rng.randrange(2**31), model, training) for index in seated]
             results = self.executor.map(fit_device, self.context, work)
             worked = time.perf_counter()
             accepted = [(index, result) for index, result in zip(seated, results) if _finite(result)]
             accepted = accepted[:config.target_clients]
             outcome = self._aggregate(config, strategy, accepted, cap)
             state_text, accuracy = "failed", None
-            if outcome is not None:
+            if isinstance(outcome, str):
+                summary = {"failure": outcome}
+            else:
                 parameters, statistics, summary = outcome
                 accuracy = self.accuracy(parameters, statistics)
                 reference = best if config.gate.compare_with == "best" else current
@@ -221,8 +226,6 @@ class InProcessEngine:
                     best = max(best, accuracy)
                     self.parameters, self.statistics = parameters, statistics or self.statistics
                     state = strategy.state() or state
-            else:
-                summary = {"failure": f"fewer than min_clients={config.min_clients} updates"}
             record = RoundRecord(number, number, state_text, len(accepted),
                                  sum(value.nbytes for _, result in accepted for value in result.delta.values()),
                                  accuracy if state_text == "closed" else None, None, len(results) - len(accepted),
@@ -233,11 +236,11 @@ class InProcessEngine:
                 progress(record)
         return records
 
-    def _aggregate(self, config: Any, strategy: Strategy, accepted: list[tuple[int, FitResult]],
-                   cap: int) -> tuple[Parameters, Parameters, dict[str, Any]] | None:
-        """The round's aggregate (parameters, statistics) and what its outcome says, or None below min_clients."""
+    def _aggregate(self, config: RoundConfig, strategy: Strategy, accepted: list[tuple[int, FitResult]],
+                   cap: int) -> tuple[Parameters, Parameters, dict[str, Any]] | str:
+        """The round's aggregate (parameters, statistics) and what its outcome says, or why the round failed."""
         if len(accepted) < config.min_clients:
-            return None
+            return f"{len(accepted)} finite updates, fewer than min_clients={config.min_clients}"
         split = {index: split_statistics(result.delta) for index, result in accepted}
         updates = [ClientUpdate(str(index), min(result.num_examples, cap),
                                 lambda delta=split[index][0]: delta, delta_norm(split[index][0]), result.metrics)
@@ -245,10 +248,10 @@ class InProcessEngine:
         robust = screen_round_updates(updates, config.norm_bound, config.weight_bound, config.direction_screening,
                                       self.spill_dir)
         if not robust.kept:
-            return None
+            return "screening left out every update"
         parameters = strategy.aggregate_fit(self.parameters, robust.kept)
         if not all(np.all(np.isfinite(value)) for value in parameters.values()):
-            return None
+            return f"the {strategy.name} aggregate holds NaN or infinite weights"
         statistics: Parameters = {}
         summary: dict[str, Any] = {"aggregated_updates": len(robust.kept), "screening": {
             "norm_limit": robust.norm_limit,
@@ -393,7 +396,8 @@ def run_private_rounds(
                 continue  # SecAgg+ needs 3 clients; a Poisson draw this small is negligible at useful sizes
             clip_norm = private.clip_norm if private is not None else None
             round_training = {**training, **aggregator.configure_fit(number)}
-            work = [FitInstructions(int(index), int(rng.integers(2**31)), parameters, round_training, clip_norm)
+            model = write_parameters(federation.model, parameters)
+            work = [FitInstructions(int(index), int(rng.integers(2**31)), model, round_training, clip_norm)
                     for index in cohort]
             results = workers.map(fit_device, context, work)
             aggregation_started = time.perf_counter()
