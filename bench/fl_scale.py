@@ -3,7 +3,9 @@
 For 200, 1,000 and 10,000 clients (every client in every round), each arm runs the same rounds of the same model
 (a 2-layer perceptron pre-trained on 10% of MNIST-5k's training split, shipped as ONNX with its training graph),
 on the same shards (the training split, shuffled with the seed, cut into near-equal parts), with the same local
-work (`fedzoo.local_training.train_locally`: one epoch of SGD on the shard with the stock onnxruntime):
+work (`fedzoo.local_training.train_locally`: one epoch of SGD on the shard with the stock onnxruntime). fedzoo's
+rounds need half the clients' updates to pass its default screening (`--min-clients`; a round needing every one
+fails whenever direction screening leaves out one):
 - fedzoo-inprocess: `fedzoo fl simulate --engine inprocess`: the devices one after another in this process and the
   aggregation core (`fedzoo.aggregation`) aggregating with the server's default robust screening (norm bound,
   weight bound, direction screening against the round's median), no HTTP or database;
@@ -135,7 +137,8 @@ def fedzoo_command(framework: str, zoo_dir: Path, model_id: str, dataset: str, c
                    workers: int) -> list[str]:
     engine, transport = ENGINES[framework]
     command = [str(Path(sys.executable).parent / "fedzoo"), "fl", "simulate", "--zoo", str(zoo_dir), "--model", model_id,
-               "--clients", str(clients), "--per-round", str(clients), "--rounds", str(rounds), "--engine", engine,
+               "--clients", str(clients), "--per-round", str(clients), "--min-clients", str(max(1, clients // 2)),
+               "--rounds", str(rounds), "--engine", engine,
                "--quiet", "--local-epochs", str(TRAINING["local_epochs"]), "--batch-size", str(TRAINING["batch_size"]),
                "--learning-rate", str(TRAINING["learning_rate"]), "--dataset", dataset, "--seed", str(SEED)]
     if engine == "server":

@@ -247,8 +247,9 @@ class InProcessEngine:
                    for index, result in accepted]
         robust = screen_round_updates(updates, config.norm_bound, config.weight_bound, config.direction_screening,
                                       self.spill_dir)
-        if not robust.kept:
-            return "screening left out every update"
+        if len(robust.kept) < config.min_clients:  # the server's rule: the round's minimum counts screened updates
+            return (f"only {len(robust.kept)} of {len(accepted)} updates passed screening; the round needs "
+                    f"{config.min_clients}")
         parameters = strategy.aggregate_fit(self.parameters, robust.kept)
         if not all(np.all(np.isfinite(value)) for value in parameters.values()):
             return f"the {strategy.name} aggregate holds NaN or infinite weights"

@@ -61,6 +61,8 @@ def peak_rss_mb(pid: int | str = "self") -> float:
 @click.option("--model", "model_id", required=True, help="The zoo model to fine-tune (it must carry a training graph).")
 @click.option("--clients", type=click.IntRange(min=1), default=100, show_default=True, help="Virtual devices.")
 @click.option("--per-round", type=click.IntRange(min=1), default=10, show_default=True, help="Devices each round aggregates.")
+@click.option("--min-clients", type=click.IntRange(min=1), default=None,
+              help="Fewer updates passing screening fail a round (default: --per-round).")
 @click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--engine", type=click.Choice(["server", "inprocess", "ray"]), default="server", show_default=True,
               help="server: through the real server over HTTP; inprocess: the same rounds without HTTP or database; "
@@ -83,7 +85,8 @@ def peak_rss_mb(pid: int | str = "self") -> float:
 @click.option("--deadline-s", type=click.FloatRange(min=1), default=600, show_default=True, help="Each round's deadline.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the split (use the build's) and the shards.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def simulate(zoo_dir: Path, model_id: str, clients: int, per_round: int, rounds: int, engine: str, executor: str | None,
+def simulate(zoo_dir: Path, model_id: str, clients: int, per_round: int, min_clients: int | None, rounds: int,
+             engine: str, executor: str | None,
              workers: int | None,
              transport: str, http_threads: int, dataset: str | None, alpha: float | None, local_epochs: int, batch_size: int,
              learning_rate: float, max_accuracy_drop: float, deadline_s: float, seed: int, quiet: bool) -> None:
@@ -91,13 +94,16 @@ def simulate(zoo_dir: Path, model_id: str, clients: int, per_round: int, rounds:
     engine; prints a JSON summary (per round: state, accuracy on the test split, wall and training seconds)."""
     if per_round > clients:
         raise click.BadParameter(f"{per_round} devices per round but only {clients} clients; raise --clients", param_hint="--per-round")
+    if min_clients is not None and min_clients > per_round:
+        raise click.BadParameter(f"{min_clients} is more than --per-round {per_round}", param_hint="--min-clients")
     if engine == "ray" and executor not in (None, "ray"):
         raise click.BadParameter(f"the ray engine trains on Ray, not {executor!r}", param_hint="--executor")
     executor = executor or {"server": "processes", "inprocess": "in-process", "ray": "ray"}[engine]
     try:
         summary = run_simulation(zoo_dir, model_id, clients, per_round, rounds, executor, workers, http_threads, dataset, alpha,
                                  {"local_epochs": local_epochs, "batch_size": batch_size, "learning_rate": learning_rate,
-                                  "max_accuracy_drop": max_accuracy_drop, "deadline_s": deadline_s}, seed, quiet,
+                                  "max_accuracy_drop": max_accuracy_drop, "deadline_s": deadline_s,
+                                  "min_clients": min_clients or per_round}, seed, quiet,
                                  transport, engine)
     except ModuleNotFoundError as error:
         raise click.ClickException(f"fedzoo fl simulate needs {error.name!r}: pip install 'fedzoo[all]'") from None
@@ -122,7 +128,7 @@ def run_simulation(zoo_dir: Path, model_id: str, clients: int, per_round: int, r
     federation = federation_from_zoo(zoo_dir, model_id, split, num_clients=clients, alpha=alpha, seed=seed,
                                      cloud_examples=_cloud_examples(card, len(split.train)))
     config = {"min_clients": per_round, "target_clients": per_round, "over_selection": 0.0, "num_rounds": rounds,
-              **round_settings}
+              **round_settings}  # round_settings may lower min_clients
     started = time.perf_counter()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True, disable=not progress_wanted(quiet)) as progress:

@@ -89,3 +89,10 @@ def test_the_ray_engine_with_another_executor_is_refused_with_the_option_named(z
     code, stdout, stderr = run_main(["fl", "simulate", "--zoo", str(folder), "--model", model_id, "--engine", "ray",
                                      "--executor", "processes"], capsys)
     assert code == 2 and stdout == "" and "--executor" in stderr and "Traceback" not in stderr
+
+
+def test_a_minimum_above_the_devices_per_round_is_refused_with_the_option_named(zoo_dir, capsys):
+    folder, model_id = zoo_dir
+    code, stdout, stderr = run_main(["fl", "simulate", "--zoo", str(folder), "--model", model_id, "--per-round", "5",
+                                     "--min-clients", "6", "--engine", "inprocess"], capsys)
+    assert code == 2 and stdout == "" and "--min-clients" in stderr and "Traceback" not in stderr
