@@ -36,7 +36,7 @@ import numpy as np
 from fedzoo.aggregation.direction import delta_norm
 from fedzoo.aggregation.private import DifferentialPrivacy, ServerMomentum, split_unclipped_count, with_unclipped_bit
 from fedzoo.aggregation.robust import screen_round_updates
-from fedzoo.aggregation.running_statistics import aggregate_statistics, training_graph_state, variance_names
+from fedzoo.aggregation.running_statistics import aggregate_statistics
 from fedzoo.aggregation.strategies import (ClientUpdate, Parameters, Strategy, make_strategy,
                                            require_secure_aggregation_support)
 from fedzoo.cards import ModelCard
@@ -46,7 +46,7 @@ from fedzoo.dp.accountant import PrivacyBudgetExhausted, PrivacyLedger, noise_mu
 from fedzoo.dp.clipping import clip_delta
 from fedzoo.dp.noise import AdaptiveClipping, DpFedAvg, quantised_sensitivity
 from fedzoo.edge.onnx_initializers import read_float_initializers
-from fedzoo.edge.trainer import write_parameters
+from fedzoo.edge.trainer import training_graph_state, variance_names, write_parameters
 from fedzoo.errors import InvalidInputError
 from fedzoo.local_training import LocalData, normalise, train_locally
 from fedzoo.secagg import RoundAborted, dequantise_sum, example_weight, flatten, quantise, run_local_round, unflatten

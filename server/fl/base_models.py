@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session
 
-from fedzoo.aggregation.running_statistics import training_graph_state, variance_names
+from fedzoo.edge.trainer import training_graph_state, variance_names
 from fedzoo.aggregation.strategies import Parameters
 from fedzoo.cards import ModelCard
 from fedzoo.edge.onnx_initializers import read_float_initializers
