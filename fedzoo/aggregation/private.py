@@ -12,7 +12,7 @@ strategy the same way, `dp_fixed_clipping.py`), server momentum, and what a SecA
   carried as one more coordinate of its masked vector, so the server only learns the count.
 
 The server's private rounds (`fedzoo.server.fl.secure_rounds`) and the in-process engine
-(`fedzoo.cloud.engines`) both aggregate through these; neither has its own copy.
+(`fedzoo.cloud.inprocess`) both aggregate through these; neither has its own copy.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ strategy sees them the server bounds them:
   The median is robust while fewer than half of the round's updates are outliers.
 
 The server records each decision on the update's row (`screening`, `screening_reason`, `counted_norm`);
-the in-process engine (`fedzoo.cloud.engines`) runs the same functions on updates held in memory.
+the in-process engine (`fedzoo.cloud.inprocess`) runs the same functions on updates held in memory.
 """
 
 from __future__ import annotations
