@@ -19,7 +19,7 @@ import numpy as np
 
 from fedzoo.update_codec import decode_update, encode_update
 from fedzoo.server.blobstore import FileBlobStore
-from fedzoo.server.fl.strategies import (
+from fedzoo.aggregation.strategies import (
     ClientUpdate, CoordinateMedian, FedAdam, FedAvg, MultiKrum, NormClipping, TrimmedMean,
 )
 

@@ -44,7 +44,8 @@ import numpy as np
 import dp_accounting
 
 from fedzoo.update_codec import decode_update, encode_update
-from fedzoo.cloud.simulation import SEEDED_NOISE_NOTICE, DpOptions, prepare_federation, run_private_rounds
+from fedzoo.cloud.inprocess import SEEDED_NOISE_NOTICE, DpOptions, run_private_rounds
+from fedzoo.cloud.simulation import prepare_federation
 from fedzoo.dp.accountant import noise_multiplier_for, round_event
 from fedzoo.dp.discrete_gaussian import discrete_gaussian_noise
 from fedzoo.dp.noise import AdaptiveClipping, adaptive_noise_split

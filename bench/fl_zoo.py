@@ -13,7 +13,7 @@ training mode, SGD; the same local trainer in every arm):
      does);
 - B  zoo-wide: every device trains its tier's subnet of the supernet; deltas mapped onto the supernet
      (`fedzoo.nas.subnet_mapping`), averaged per element and stepped by the same strategy after the zoo plan's
-     coverage scaling (`fedzoo.server.fl.per_element.step_supernet`, `--coverage-step-exponent`, default the
+     coverage scaling (`fedzoo.aggregation.per_element.step_supernet`, `--coverage-step-exponent`, default the
      plan's), then every zoo model re-extracted with BatchNorm recalibrated on the cloud's images (as the server
      does); also reported with the devices' averaged statistics instead (the BatchNorm measurement);
 - R1 the smallest model trained by all devices (FedAvg); R2 the supernet trained centrally on all devices'
@@ -47,6 +47,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedzoo.aggregation.per_element import CoverageSum, coverage_report, is_statistic, step_supernet
+from fedzoo.aggregation.strategies import Strategy, make_strategy
 from fedzoo.cards import ModelCard, is_supernet
 from fedzoo.cloud.pipeline import PRESETS, BuildConfig, build_zoo
 from fedzoo.compress.zoo_extraction import SupernetSpec, read_weights_npz, subnet_module, supernet_weights
@@ -54,9 +56,7 @@ from fedzoo.datasets import dirichlet_partition, load_dataset, split_dataset
 from fedzoo.nas.space import SearchSpace, arch_key
 from fedzoo.nas.subnet import evaluate_accuracy, recalibrate_batchnorm
 from fedzoo.nas.subnet_mapping import extract_weights, map_back
-from fedzoo.server.fl.per_element import CoverageSum, coverage_report, is_statistic, step_supernet
 from fedzoo.server.fl.schemas import ZooSettings
-from fedzoo.server.fl.strategies import Strategy, make_strategy
 from fedzoo.zoo import Zoo
 
 TIERS = 4

@@ -35,7 +35,7 @@ MODULES: dict[str, list[str]] = {
     "fedzoo/secagg/framing.py": ["tests/secagg/test_framing.py", "tests/secagg/test_vectors.py"],
     "fedzoo/signing.py": ["tests/clients/test_signed_models.py", "tests/server/test_signed_cards.py"],
     "fedzoo/dp": ["tests/dp"],
-    "server/fl/weighting.py": ["tests/server/test_fl_robust.py"],
+    "fedzoo/aggregation/weighting.py": ["tests/server/test_fl_robust.py"],
     "server/fl/root_trust.py": ["tests/server/test_fl_robust.py"],
     "server/fl/secure_rounds.py": ["tests/server/test_fl_secure_rounds.py", "tests/server/test_fl_robust.py"],
     "clients/card_trust.py": ["tests/clients/test_signed_models.py"],

@@ -1,14 +1,22 @@
 """`fedzoo fl simulate`: a simulated federation from the command line (as Flower users run `flwr run`): a zoo
-model fine-tuned by N virtual devices over rounds, against the real server.
+model fine-tuned by N virtual devices over rounds, on one of three engines over the same aggregation core
+(`fedzoo.aggregation`):
 
-The server is fedzoo's own app on a fresh SQLite file (`LoopbackServer`): every device registers, checks in,
-downloads and uploads through the SDK's HTTP requests, as a phone would. `--transport wsgi` (the default) hands
-each request to the app through WSGI, without TCP: in this process (check-ins) and, in each device process, an
-instance of the app on the same data directory (a server worker, as gunicorn runs several on one database);
-`--transport tcp` serves the app over loopback TCP with werkzeug's threaded server in this process. The devices'
-work runs on the executor: `processes` (one per core, each keeping its devices' HTTP clients across rounds),
-`ray` (tasks reading the shards from Ray's object store), or `in-process`. Prints a progress bar on stderr and a
-JSON summary on stdout.
+- `--engine server` (the default): against the real server. It is fedzoo's own app on a fresh SQLite file
+  (`LoopbackServer`): every device registers, checks in, downloads and uploads through the SDK's HTTP requests, as
+  a phone would. `--transport wsgi` (the default) hands each request to the app through WSGI, without TCP: in this
+  process (check-ins) and, in each device process, an instance of the app on the same data directory (a server
+  worker, as gunicorn runs several on one database); `--transport tcp` serves the app over loopback TCP with
+  werkzeug's threaded server in this process. The devices' work runs on the executor: `processes` (one per core,
+  each keeping its devices' HTTP clients across rounds), `ray` (tasks reading the shards from Ray's object store),
+  or `in-process`. The engine for testing the system.
+- `--engine inprocess`: the same plan, selection, seeds, local training and aggregation without HTTP, database or
+  blob store (`fedzoo.cloud.inprocess`); devices train one after another in this process unless `--executor`
+  says otherwise. The engine for research sweeps over strategies and fleet sizes.
+- `--engine ray`: the in-process engine with the devices' training as Ray tasks (a local Ray instance, or the
+  cluster `RAY_ADDRESS` names).
+
+Prints a progress bar on stderr and a JSON summary on stdout.
 """
 
 from __future__ import annotations
@@ -53,9 +61,14 @@ def peak_rss_mb(pid: int | str = "self") -> float:
 @click.option("--model", "model_id", required=True, help="The zoo model to fine-tune (it must carry a training graph).")
 @click.option("--clients", type=click.IntRange(min=1), default=100, show_default=True, help="Virtual devices.")
 @click.option("--per-round", type=click.IntRange(min=1), default=10, show_default=True, help="Devices each round aggregates.")
+@click.option("--min-clients", type=click.IntRange(min=1), default=None,
+              help="Fewer updates passing screening fail a round (default: --per-round).")
 @click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True)
-@click.option("--executor", type=click.Choice(["processes", "ray", "in-process"]), default="processes", show_default=True,
-              help="Where the devices' work runs.")
+@click.option("--engine", type=click.Choice(["server", "inprocess", "ray"]), default="server", show_default=True,
+              help="server: through the real server over HTTP; inprocess: the same rounds without HTTP or database; "
+                   "ray: inprocess with the devices' training on Ray.")
+@click.option("--executor", type=click.Choice(["processes", "ray", "in-process"]), default=None,
+              help="Where the devices' work runs (default: processes for the server engine, in-process for inprocess).")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Processes or Ray CPUs (default: all cores).")
 @click.option("--transport", type=click.Choice(["wsgi", "tcp"]), default="wsgi", show_default=True,
               help="How requests reach the server: through WSGI in each process (no TCP), or loopback TCP.")
@@ -72,18 +85,26 @@ def peak_rss_mb(pid: int | str = "self") -> float:
 @click.option("--deadline-s", type=click.FloatRange(min=1), default=600, show_default=True, help="Each round's deadline.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the split (use the build's) and the shards.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def simulate(zoo_dir: Path, model_id: str, clients: int, per_round: int, rounds: int, executor: str, workers: int | None,
+def simulate(zoo_dir: Path, model_id: str, clients: int, per_round: int, min_clients: int | None, rounds: int,
+             engine: str, executor: str | None,
+             workers: int | None,
              transport: str, http_threads: int, dataset: str | None, alpha: float | None, local_epochs: int, batch_size: int,
              learning_rate: float, max_accuracy_drop: float, deadline_s: float, seed: int, quiet: bool) -> None:
-    """Fine-tune zoo model MODEL on CLIENTS virtual devices for ROUNDS rounds of PER_ROUND devices against the
-    real server; prints a JSON summary (per round: state, accuracy on the test split, wall and training seconds)."""
+    """Fine-tune zoo model MODEL on CLIENTS virtual devices for ROUNDS rounds of PER_ROUND devices on the chosen
+    engine; prints a JSON summary (per round: state, accuracy on the test split, wall and training seconds)."""
     if per_round > clients:
         raise click.BadParameter(f"{per_round} devices per round but only {clients} clients; raise --clients", param_hint="--per-round")
+    if min_clients is not None and min_clients > per_round:
+        raise click.BadParameter(f"{min_clients} is more than --per-round {per_round}", param_hint="--min-clients")
+    if engine == "ray" and executor not in (None, "ray"):
+        raise click.BadParameter(f"the ray engine trains on Ray, not {executor!r}", param_hint="--executor")
+    executor = executor or {"server": "processes", "inprocess": "in-process", "ray": "ray"}[engine]
     try:
         summary = run_simulation(zoo_dir, model_id, clients, per_round, rounds, executor, workers, http_threads, dataset, alpha,
                                  {"local_epochs": local_epochs, "batch_size": batch_size, "learning_rate": learning_rate,
-                                  "max_accuracy_drop": max_accuracy_drop, "deadline_s": deadline_s}, seed, quiet,
-                                 transport)
+                                  "max_accuracy_drop": max_accuracy_drop, "deadline_s": deadline_s,
+                                  "min_clients": min_clients or per_round}, seed, quiet,
+                                 transport, engine)
     except ModuleNotFoundError as error:
         raise click.ClickException(f"fedzoo fl simulate needs {error.name!r}: pip install 'fedzoo[all]'") from None
     click.echo(json.dumps(summary, indent=2))
@@ -91,14 +112,14 @@ def simulate(zoo_dir: Path, model_id: str, clients: int, per_round: int, rounds:
 
 def run_simulation(zoo_dir: Path, model_id: str, clients: int, per_round: int, rounds: int, executor: str,
                    workers: int | None, http_threads: int, dataset: str | None, alpha: float | None,
-                   round_settings: dict[str, Any], seed: int, quiet: bool = True, transport: str = "wsgi") -> dict[str, Any]:
+                   round_settings: dict[str, Any], seed: int, quiet: bool = True, transport: str = "wsgi",
+                   engine: str = "server") -> dict[str, Any]:
     """Run the simulation `fedzoo fl simulate` describes and return its summary."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from fedzoo.cloud.simulation import federation_from_zoo
     from fedzoo.datasets import load_dataset, split_dataset
-    from fedzoo.cloud.simulation import Simulation, federation_from_zoo
-    from fedzoo.server.testing import LoopbackServer
     from fedzoo.output import progress_wanted
     from fedzoo.zoo import Zoo
 
@@ -107,35 +128,36 @@ def run_simulation(zoo_dir: Path, model_id: str, clients: int, per_round: int, r
     federation = federation_from_zoo(zoo_dir, model_id, split, num_clients=clients, alpha=alpha, seed=seed,
                                      cloud_examples=_cloud_examples(card, len(split.train)))
     config = {"min_clients": per_round, "target_clients": per_round, "over_selection": 0.0, "num_rounds": rounds,
-              **round_settings}
+              **round_settings}  # round_settings may lower min_clients
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="fedzoo-simulate-") as folder:
-        with LoopbackServer(Path(folder) / "server", transport=transport) as server:
-            with Simulation(federation, server.url, executor=executor, cache_root=Path(folder) / "devices", seed=seed,
-                            workers=workers, http_threads=http_threads, in_process=server.in_process) as simulation:
-                simulation.publish_base_model()
-                simulation.register_devices()
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True, disable=not progress_wanted(quiet)) as progress:
+        bar = progress.add_task(f"rounds of {per_round} devices", total=rounds)
+
+        def on_round(record) -> None:
+            accuracy = "-" if record.accuracy is None else f"{record.accuracy:.4f}"
+            progress.update(bar, advance=1, description=f"round {record.number}: {record.state}, accuracy {accuracy}")
+
+        if engine == "server":
+            records, workers, worker_peaks_mb, setup_seconds = _on_the_server(
+                federation, config, executor, workers, http_threads, seed, transport, started, on_round)
+        else:
+            from fedzoo.cloud.inprocess import InProcessEngine
+
+            with InProcessEngine(federation, executor, workers, seed) as simulator:
                 setup_seconds = time.perf_counter() - started
-                columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-                with Progress(*columns, console=Console(stderr=True), transient=True,
-                              disable=not progress_wanted(quiet)) as progress:
-                    bar = progress.add_task(f"rounds of {per_round} devices", total=rounds)
-
-                    def on_round(record) -> None:
-                        accuracy = "-" if record.accuracy is None else f"{record.accuracy:.4f}"
-                        progress.update(bar, advance=1, description=f"round {record.number}: {record.state}, accuracy {accuracy}")
-
-                    records = simulation.run(config, progress=on_round)
-                # read before the executor's workers exit (with --transport wsgi they hold server workers too)
-                worker_peaks_mb = [peak_rss_mb(pid) for pid in simulation.executor.worker_pids()]
+                records = simulator.run(config, progress=on_round)
+                workers, worker_peaks_mb = simulator.executor.workers, [
+                    peak_rss_mb(pid) for pid in simulator.executor.worker_pids()]
     return {
         "model_id": model_id,
         "clients": clients,
         "per_round": per_round,
+        "engine": engine,
         "executor": executor,
-        "workers": simulation.executor.workers,
-        "transport": transport,
-        "server": SERVER_DESCRIPTIONS[transport],
+        "workers": workers,
+        "transport": transport if engine == "server" else None,
+        "server": SERVER_DESCRIPTIONS[transport] if engine == "server" else "none: the aggregation core in this process",
         "setup_seconds": setup_seconds,
         "wall_seconds": time.perf_counter() - started,
         "peak_rss_mb": peak_rss_mb(),
@@ -151,3 +173,21 @@ def run_simulation(zoo_dir: Path, model_id: str, clients: int, per_round: int, r
         ],
     }
 
+
+def _on_the_server(federation: Any, config: dict[str, Any], executor: str, workers: int | None, http_threads: int,
+                   seed: int, transport: str, started: float, on_round: Any) -> tuple[list, int, list[float], float]:
+    """The plan through the real server (the server engine): records, device workers, their peak RSS, setup s."""
+    from fedzoo.cloud.simulation import Simulation
+    from fedzoo.server.testing import LoopbackServer
+
+    with tempfile.TemporaryDirectory(prefix="fedzoo-simulate-") as folder:
+        with LoopbackServer(Path(folder) / "server", transport=transport) as server:
+            with Simulation(federation, server.url, executor=executor, cache_root=Path(folder) / "devices", seed=seed,
+                            workers=workers, http_threads=http_threads, in_process=server.in_process) as simulation:
+                simulation.publish_base_model()
+                simulation.register_devices()
+                setup_seconds = time.perf_counter() - started
+                records = simulation.run(config, progress=on_round)
+                # read before the executor's workers exit (with --transport wsgi they hold server workers too)
+                worker_peaks_mb = [peak_rss_mb(pid) for pid in simulation.executor.worker_pids()]
+                return records, simulation.executor.workers, worker_peaks_mb, setup_seconds

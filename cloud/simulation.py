@@ -12,15 +12,15 @@ the selected ones do their work, in this process one after another (`executor="i
 parallel Ray tasks (`executor="ray"`, for many devices), and the server aggregates as soon as the
 target is reached (surplus reports are refused, as in Bonawitz et al.) or at the deadline.
 
-Private rounds (`run_private_rounds`: SecAgg+ and/or DP-FedAvg over hundreds of devices) run the same
-local training and the same strategies without the HTTP server, until SecAgg+ is carried over REST.
+This is the `server` engine of `fedzoo fl simulate`; `fedzoo.cloud.inprocess` is the `inprocess` and `ray`
+engines (the same plan without HTTP or database, aggregated by the same core) and the private rounds over
+hundreds of devices (`run_private_rounds`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-import logging
 import math
 import random
 import shutil
@@ -46,28 +46,18 @@ from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.device_certification import certify_devices
 from fedzoo.clients.http import FedzooHTTP
 from fedzoo.clients.participation import ParticipationResult, run_task
-from fedzoo.edge.local_training import LocalData, normalise, train_locally
+from fedzoo.edge.local_training import LocalData, normalise
 from fedzoo.update_codec import Encoding
 from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
-from fedzoo.dp.accountant import PrivacyBudgetExhausted, PrivacyLedger, noise_multiplier_for
-from fedzoo.dp.clipping import clip_delta
-from fedzoo.dp.noise import AdaptiveClipping, DpFedAvg, quantised_sensitivity
-from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.edge.optimizers import SGD
 from fedzoo.edge.runtime import create_session
 from fedzoo.edge.trainer import Trainer, write_parameters
 from fedzoo.errors import InvalidInputError
-from fedzoo.secagg import RoundAborted, dequantise_sum, example_weight, flatten, quantise, run_local_round, unflatten
-from fedzoo.secagg.bounds import corrupt_devices, largest_neighbour_count, survivors_floor, threshold_floor
-from fedzoo.secagg.config import SecAggConfig
 from fedzoo.secagg.signatures import load_signing_key
 from fedzoo.secagg.signatures import private_bytes as signing_private_bytes
-from fedzoo.server.fl.strategies import (ClientUpdate, Strategy, make_strategy, require_secure_aggregation_support,
-                                         weighted_mean_delta)
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, InProcessServer
 from fedzoo.signing import CardSigningKey, TrustedKeys, sign_card
 
-log = logging.getLogger(__name__)
 
 
 # the model -----------------------------------------------------------------------------------------
@@ -501,252 +491,3 @@ def _seconds_until(moment: str) -> float:
     from datetime import datetime, timezone
 
     return max(0.0, (datetime.fromisoformat(moment) - datetime.now(timezone.utc)).total_seconds())
-
-
-# private rounds, in process ------------------------------------------------------------------------
-#
-# DP needs hundreds of devices to be meaningful, so these private rounds run without the HTTP server (which
-# runs SecAgg+ and DP rounds too, see `Simulation` and fedzoo.server.fl.secure_rounds): each selected device
-# trains with the same `train_locally` the SDK uses (devices concurrently, in worker processes or on Ray),
-# clips its delta, and the round is aggregated with the same strategies, `fedzoo.secagg` and `fedzoo.dp` the
-# server uses.
-
-
-@dataclass(frozen=True)
-class SecureAggregationOptions:
-    """SecAgg+ in every round. Each cohort of m gets k = min(neighbour_count, m - 1 made even) and
-    t = max(threshold, the devices' floor (k + c) // 2 + 1); `dropout_after_key_sharing` of the cohort vanish before sending their
-    masked input (the costliest moment to drop). Without DP, each coordinate is clipped to +-clip_range and
-    weights are examples capped at max_examples."""
-
-    neighbour_count: int = 60
-    threshold: int = 31
-    levels: int = 127
-    clip_range: float = 0.05
-    max_examples: int = 100
-    dropout_after_key_sharing: float = 0.0
-
-
-SEEDED_NOISE_NOTICE = ("the simulator's DP noise is reproducible (drawn from seed %s): its epsilon figures describe "
-                       "the mechanism, and nothing it produces is private or carries an epsilon; the server draws "
-                       "its noise from os.urandom")
-
-
-@dataclass(frozen=True)
-class DpOptions:
-    """DP-FedAvg over the plan: devices clip to clip_norm, the server adds noise and counts epsilon at delta.
-    Without a noise_multiplier, the one whose planned rounds spend exactly max_epsilon is used."""
-
-    max_epsilon: float
-    delta: float = 1e-5
-    clip_norm: float = 0.5
-    noise_multiplier: float | None = None
-    adaptive: AdaptiveClipping | None = None
-    mechanism: str = "rdp"
-
-
-@dataclass
-class PrivateRoundRecord:
-    number: int
-    participants: int
-    survivors: int
-    accuracy: float
-    epsilon: float | None  # spent after this round (DP only)
-    clip_norm: float | None
-    round_seconds: float
-    aggregation_seconds: float  # SecAgg+: the whole protocol; else the sum
-    upload_bytes_per_client: float | None  # SecAgg+: mean JSON bytes a survivor sent over the five stages
-    aborted: bool = False  # SecAgg+ could not unmask: the model stays, no privacy is spent
-
-
-@dataclass(frozen=True)
-class _PrivateContext:
-    model: bytes
-    training_graph: bytes
-    card: ModelCard
-    pool_x: np.ndarray
-    pool_y: np.ndarray
-    shards: list[np.ndarray]
-
-
-@dataclass(frozen=True)
-class _PrivateWork:
-    device_index: int
-    seed: int
-    parameters: dict[str, np.ndarray]
-    training: dict[str, Any]  # the plan's training settings plus the strategy's (FedProx's proximal_mu)
-    clip_norm: float | None
-
-
-def _train_private(context: _PrivateContext, work: _PrivateWork) -> tuple[dict[str, np.ndarray], int, bool]:
-    """One device: train on its shard from the round's parameters; clip the delta on the device under DP."""
-    shard = context.shards[work.device_index]
-    model = write_parameters(context.model, work.parameters)
-    delta, _ = train_locally(context.training_graph, model, context.card, work.training,
-                             LocalData(context.pool_x[shard], context.pool_y[shard]), work.seed)
-    within = True
-    if work.clip_norm is not None:
-        delta, within = clip_delta(delta, work.clip_norm)
-    return delta, len(shard), within
-
-
-def _cohort_secagg_config(options: SecureAggregationOptions, round_id: str, cohort: int, vector_length: int,
-                          clip_range: float) -> SecAggConfig:
-    """k capped below the cohort, t raised to the default devices' floor (`fedzoo.secagg.bounds`)."""
-    corrupt = corrupt_devices(cohort)
-    neighbour_count = min(options.neighbour_count, largest_neighbour_count(cohort))
-    threshold = min(neighbour_count, max(options.threshold, threshold_floor(neighbour_count, corrupt)))
-    return SecAggConfig(round_id, cohort, neighbour_count, threshold, vector_length, clip_range, options.levels,
-                        minimum_survivors=min(cohort, survivors_floor(threshold, corrupt)))
-
-
-class ServerStep:
-    """The server's step from a round's mean delta: the strategy's own, or with momentum v <- beta v + mean
-    and the strategy's step along v (FedAvgM; under DP it is post-processing and costs no privacy)."""
-
-    def __init__(self, aggregator: Strategy, momentum: float) -> None:
-        self.aggregator, self.momentum = aggregator, momentum
-        self.velocity: dict[str, np.ndarray] | None = None
-
-    def __call__(self, parameters: dict[str, np.ndarray], mean_delta: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if not self.momentum:
-            return self.aggregator.apply_mean_delta(parameters, mean_delta)
-        if self.velocity is None:
-            self.velocity = {name: np.zeros_like(value, dtype=np.float64) for name, value in mean_delta.items()}
-        for name, value in mean_delta.items():
-            self.velocity[name] = self.momentum * self.velocity[name] + value
-        return self.aggregator.apply_mean_delta(parameters, self.velocity)
-
-
-def run_private_rounds(
-    federation: Federation, rounds: int, clients_per_round: int, training: dict[str, Any],
-    strategy: dict[str, Any] | None = None, secure_aggregation: SecureAggregationOptions | None = None,
-    dp: DpOptions | None = None, executor: str = "processes", num_workers: int | None = None, seed: int = 0,
-    progress=None, server_momentum: float = 0.0, equal_weights: bool = False, evaluate_on: str = "test",
-) -> list[PrivateRoundRecord]:
-    """Federated rounds over the federation's devices with SecAgg+ and/or DP-FedAvg (or neither: the
-    baseline); returns one record per round run. A DP plan stops early when its budget would be exceeded.
-
-    Selection: with DP every device joins a round independently with probability clients_per_round / N
-    (Poisson sampling, what the accountant assumes); without, clients_per_round devices at random.
-    `server_momentum` > 0 makes FedAvg FedAvgM (DP-FedAvgM under DP: McMahan et al. 2018); `equal_weights`
-    gives the non-private baseline DP's equal weighting; `evaluate_on="validation"` measures each round on
-    the validation split, the one to choose settings on (the test split reports them)."""
-    device_count = len(federation.shards)
-    if not 3 <= clients_per_round <= device_count:
-        raise InvalidInputError(f"clients_per_round must lie in [3, {device_count}], got {clients_per_round}",
-                                field="clients_per_round")
-    if rounds < 1:
-        raise InvalidInputError(f"rounds must be at least 1, got {rounds}", field="rounds")
-    aggregator = make_strategy(strategy or {"name": "fedavg"})
-    if secure_aggregation is not None or dp is not None:
-        require_secure_aggregation_support(aggregator)  # DP, too, needs only the equal-weighted sum
-    if server_momentum and aggregator.name not in ("fedavg", "fedprox"):
-        raise InvalidInputError(f"server_momentum applies to fedavg and fedprox, not {aggregator.name!r}",
-                                field="server_momentum")
-    if not 0 <= server_momentum < 1:
-        raise InvalidInputError(f"server_momentum must lie in [0, 1), got {server_momentum}", field="server_momentum")
-    if evaluate_on not in ("test", "validation"):
-        raise InvalidInputError(f"evaluate_on must be 'test' or 'validation', got {evaluate_on!r}", field="evaluate_on")
-    server_step = ServerStep(aggregator, server_momentum)
-    rng = np.random.default_rng(seed)  # cohorts and training seeds: the same whatever the privacy options
-    protocol_rng = np.random.default_rng([seed, 1])  # quantisation and dropouts
-    privacy = None
-    if dp is not None:
-        sampling_probability = clients_per_round / device_count
-        noise_multiplier = dp.noise_multiplier or noise_multiplier_for(dp.max_epsilon, dp.delta, rounds,
-                                                                       sampling_probability, dp.mechanism)
-        ledger = PrivacyLedger(noise_multiplier, sampling_probability, dp.delta, dp.max_epsilon, dp.mechanism)
-        privacy = DpFedAvg(ledger, clients_per_round, dp.clip_norm, dp.adaptive, seed=int(protocol_rng.integers(2**63)))
-        log.warning(SEEDED_NOISE_NOTICE, seed)
-    parameters = read_float_initializers(federation.model)
-    shapes = {name: value.shape for name, value in parameters.items()}
-    vector_length = sum(value.size for value in parameters.values())
-    evaluation = getattr(federation.split, evaluate_on)
-    evaluation_features = normalise(evaluation.x, federation.card.input.normalisation)
-    context = _PrivateContext(federation.model, federation.training_graph, federation.card, federation.pool.x,
-                              federation.pool.y, federation.shards)
-    workers = make_executor(executor, num_workers)
-    records: list[PrivateRoundRecord] = []
-    try:
-        for number in range(1, rounds + 1):
-            started = time.perf_counter()
-            if privacy is not None:
-                try:
-                    privacy.check_budget()
-                except PrivacyBudgetExhausted:
-                    break
-                cohort = np.flatnonzero(rng.random(device_count) < privacy.ledger.sampling_probability)
-            else:
-                cohort = rng.choice(device_count, clients_per_round, replace=False)
-            if secure_aggregation is not None and len(cohort) < 3:
-                continue  # SecAgg+ needs 3 clients; a Poisson draw this small is negligible at useful sizes
-            clip_norm = privacy.clip_norm if privacy is not None else None
-            round_training = {**training, **aggregator.configure_fit(number)}
-            work = [_PrivateWork(int(index), int(rng.integers(2**31)), parameters, round_training, clip_norm)
-                    for index in cohort]
-            results = workers.map(_train_private, context, work)
-            aggregation_started = time.perf_counter()
-            upload_bytes = None
-            within_count = sum(bool(within) for _, _, within in results)
-            if secure_aggregation is not None:
-                clip_range = clip_norm if clip_norm is not None else secure_aggregation.clip_range
-                # under DP the last coordinate carries the device's "not clipped" bit (as +-clip_range levels)
-                extra = 1 if privacy is not None else 0
-                config = _cohort_secagg_config(secure_aggregation, f"sim-{seed}-{number}", len(results),
-                                               vector_length + extra, clip_range)
-                inputs = {}
-                for index, (delta, examples, within) in enumerate(results):
-                    vector = flatten(delta)
-                    if privacy is not None:
-                        vector, weight = np.append(vector, clip_range * within), 1.0  # equal weights under DP
-                    else:
-                        weight = example_weight(examples, secure_aggregation.max_examples)
-                    inputs[index] = quantise(vector, config, weight, protocol_rng)
-                dropping = set(protocol_rng.choice(len(results), int(secure_aggregation.dropout_after_key_sharing * len(results)),
-                                          replace=False).tolist())
-                try:
-                    local = run_local_round(config, inputs, {"masked_input": dropping})
-                except RoundAborted:
-                    records.append(PrivateRoundRecord(
-                        number, len(results), 0, records[-1].accuracy if records else federation.card.metrics.accuracy,
-                        privacy.ledger.epsilon_spent if privacy is not None else None, clip_norm,
-                        time.perf_counter() - started, time.perf_counter() - aggregation_started, None, aborted=True))
-                    continue
-                weighted_sum, total_weight = dequantise_sum(local.result.ring_sum, config)
-                survivors = len(local.result.survivors)
-                upload_bytes = float(np.mean([sum(local.upload_bytes[c].values()) for c in local.result.survivors]))
-                if privacy is not None:
-                    within_count = round(weighted_sum[-1] / clip_range)
-                    step = clip_range / config.levels
-                    sensitivity = quantised_sensitivity(clip_range, step, vector_length)
-                    mean = privacy.noised_mean(weighted_sum[:-1], within_count, survivors, sensitivity, step)
-                else:
-                    mean = weighted_sum / total_weight
-                parameters = server_step(parameters, unflatten(mean, shapes))
-            elif privacy is not None:
-                survivors = len(results)
-                clipped_sum = sum((flatten(delta) for delta, _, _ in results), np.zeros(vector_length))
-                mean = privacy.noised_mean(clipped_sum, within_count, survivors)
-                parameters = server_step(parameters, unflatten(mean, shapes))
-            else:
-                survivors = len(results)
-                updates = [ClientUpdate(f"device-{index}", 1 if equal_weights else examples,
-                                        lambda delta=delta: delta, 0.0)
-                           for index, (delta, examples, _) in zip(cohort, results)]
-                if server_momentum:
-                    parameters = server_step(parameters, weighted_mean_delta(parameters, updates))
-                else:
-                    parameters = aggregator.aggregate_fit(parameters, updates)
-            aggregation_seconds = time.perf_counter() - aggregation_started
-            accuracy = accuracy_of(write_parameters(federation.model, parameters), evaluation_features, evaluation.y)
-            record = PrivateRoundRecord(
-                number, len(results), survivors, accuracy,
-                privacy.ledger.epsilon_spent if privacy is not None else None, clip_norm,
-                time.perf_counter() - started, aggregation_seconds, upload_bytes)
-            records.append(record)
-            if progress is not None:
-                progress(record)
-    finally:
-        workers.close()
-    return records

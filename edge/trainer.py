@@ -204,3 +204,23 @@ def write_parameters(
     if output_path is not None:
         _atomic_write_bytes(Path(output_path), updated)
     return updated
+
+
+def training_graph_state(training_graph: bytes) -> tuple[list[str], list[str]]:
+    """The training graph's trainable parameters and running statistics, in input order (docs/training-graphs.md):
+    every input but `x` and `y`; a statistic is an input with a `running.<name>` output."""
+    import onnx
+
+    graph = onnx.load_model_from_string(training_graph).graph
+    outputs = {value.name for value in graph.output}
+    state = [value.name for value in graph.input if value.name not in (INPUT_NAME, TARGET_NAME)]
+    statistics = [name for name in state if RUNNING_PREFIX + name in outputs]
+    return [name for name in state if name not in statistics], statistics
+
+
+def variance_names(onnx_bytes: bytes) -> set[str]:
+    """The initializers that are a BatchNormalization's running variance (its fifth input)."""
+    import onnx
+
+    graph = onnx.load_model_from_string(onnx_bytes).graph
+    return {node.input[4] for node in graph.node if node.op_type == "BatchNormalization" and len(node.input) > 4}

@@ -14,7 +14,7 @@ archive is written by numpy without pickles and has one of two encodings:
 BatchNorm running statistics (graphs built with `batch_norm="training"`) travel in the same archive,
 in either encoding, as entries named `running.<statistic>` holding `trained - global` of that
 statistic (`statistics_delta`); the server averages them apart from the parameters' deltas
-(`fedzoo.server.fl.running_statistics`).
+(`fedzoo.aggregation.running_statistics`).
 
 The server decodes with `decode_update`, which also guards against archives that expand to more
 than `max_decoded_bytes` (a zip bomb), or whose array headers declare more values than they hold,

@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session
 
+from fedzoo.edge.trainer import training_graph_state, variance_names
+from fedzoo.aggregation.strategies import Parameters
 from fedzoo.cards import ModelCard
 from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.errors import InvalidInputError
 from fedzoo.server import registry
 from fedzoo.server.blobstore import BlobStore
-from fedzoo.server.fl.running_statistics import training_graph_state, variance_names
-from fedzoo.server.fl.strategies import Parameters
 
 UPLOAD_OVERHEAD_BYTES = 64 * 1024  # npz headers and int8 scales on top of the raw float32 deltas
 MAX_CACHED_BASES = 8
@@ -25,7 +25,7 @@ MAX_CACHED_BASES = 8
 @dataclass(frozen=True)
 class RoundBase:
     """What the round needs to know about its base model: the trainable parameters, the BatchNorm running
-    statistics devices update (`fedzoo.server.fl.running_statistics`) and where the blobs are."""
+    statistics devices update (`fedzoo.aggregation.running_statistics`) and where the blobs are."""
 
     card: ModelCard
     onnx_bytes: bytes

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedzoo.aggregation.strategies import ClientUpdate
 from fedzoo.cards import Metrics, ModelCard
-from fedzoo.server.fl.strategies import ClientUpdate
 
 EVALUATION_BATCH = 256
 

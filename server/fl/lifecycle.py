@@ -25,6 +25,7 @@ from typing import Any
 from sqlalchemy import or_, update
 from sqlalchemy.orm import Session
 
+from fedzoo.aggregation.strategies import Strategy
 from fedzoo.cards import ModelCard
 from fedzoo.dp.accountant import PrivacyBudgetExhausted
 from fedzoo.server import registry
@@ -32,7 +33,6 @@ from fedzoo.server.fl.tables import ACTIVE_STATES, FLRound
 from fedzoo.server.fl.round_context import RoundContext
 from fedzoo.server.fl.schemas import RoundConfig
 from fedzoo.server.fl.secure_rounds import config_for_round
-from fedzoo.server.fl.strategies import Strategy
 from fedzoo.server.fl.zoo_plan import round_identity
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ takes part in a seat and the server's time, and keeps probing. The round's `quar
 quarantined device is not selected again, by any round, until an operator releases it, or revokes it for good
 (`fedzoo fl quarantine`, `GET /v1/fl/quarantine`, the dashboard's Quarantine page). An exclusion is an update
 screening left out (`rejected`): by the norm bound's `reject` action, by the direction screening (its update pointed
-away from the round's median delta: `fedzoo.server.fl.direction` leaves out only at a cosine of -0.05 or below),
+away from the round's median delta: `fedzoo.aggregation.direction` leaves out only at a cosine of -0.05 or below),
 or by the root set's cosine test when it pointed away from the server's update (cosine at most
 `max_root_cosine`, -0.05 by default). In SecAgg+ rounds, where the server never sees an update, a seat the device
 declined or aborted (it missed a stage it was asked for, `FLRefusedUpload` kinds in `SEAT_FAILURES`) counts the
@@ -24,10 +24,10 @@ from datetime import datetime, timezone
 from sqlalchemy import Row, func, select
 from sqlalchemy.orm import Session
 
+from fedzoo.aggregation.screening import REVOKED_REASON
 from fedzoo.errors import NotFoundError
 from fedzoo.server.fl.tables import SEAT_FAILURES, FLPrivateRound, FLQuarantine, FLRefusedUpload, FLUpdate
 from fedzoo.server.fl.schemas import QuarantinePolicy
-from fedzoo.server.fl.screening import REVOKED_REASON
 
 QUERY_CHUNK = 500  # devices per IN (...) list: well under any database's limit on bound parameters
 

@@ -28,13 +28,14 @@ from typing import Any
 
 import numpy as np
 
+from fedzoo.aggregation.direction import cosine_between, delta_norm
+from fedzoo.aggregation.screening import Screened, joined, scaled
+from fedzoo.aggregation.strategies import Parameters
 from fedzoo.cards import ModelCard
 from fedzoo.edge.local_training import LocalData, train_locally
-from fedzoo.update_codec import split_statistics
 from fedzoo.errors import InvalidInputError
 from fedzoo.server.fl.schemas import RootTrust, TrainingConfig
-from fedzoo.server.fl.screening import Screened, joined, scaled
-from fedzoo.server.fl.strategies import Parameters
+from fedzoo.update_codec import split_statistics
 
 
 @dataclass(frozen=True)
@@ -45,19 +46,6 @@ class RootUpdate:
     norm: float
     num_examples: int
     seconds: float
-
-
-def _norm(delta: Parameters) -> float:
-    return math.sqrt(sum(float(np.vdot(value, value)) for value in delta.values()))
-
-
-def cosine_between(delta: Parameters, reference: Parameters) -> float:
-    """Cosine similarity of a delta with a reference delta over the reference's parameters (0 when either is
-    zero)."""
-    dot = sum(float(np.vdot(delta[name].astype(np.float64), value.astype(np.float64)))
-              for name, value in reference.items())
-    length = _norm(delta) * _norm(reference)
-    return dot / length if length > 0 else 0.0
 
 
 def cosine(delta: Parameters, root: RootUpdate) -> float:
@@ -73,7 +61,7 @@ def train_root_update(model: bytes, training_graph: bytes, card: ModelCard, trai
         data = LocalData(archive["x"].astype(np.float32), archive["y"].astype(np.int64))
     delta, _metrics = train_locally(training_graph, model, card, training.model_dump(), data, seed)
     parameters, _statistics = split_statistics(delta)
-    norm = _norm(parameters)
+    norm = delta_norm(parameters)
     if not math.isfinite(norm) or norm == 0.0:
         raise InvalidInputError(f"the server's update on the root set has norm {norm}: it cannot score updates "
                                 "(give a root set the model can still learn from)", field="root_trust.root_sha256")
@@ -129,7 +117,7 @@ def check_aggregate(base: Parameters, aggregate: Parameters, root: RootUpdate,
         raise InvalidInputError(f"the aggregate's cosine {similarity:.3f} with the server's update on its root set "
                                 f"is at most {settings.min_cosine:g}: some update in the sum is harmful, and "
                                 "under secure aggregation the server cannot leave it out", field="root_trust")
-    norm, limit = _norm(delta), settings.max_norm_ratio * root.norm
+    norm, limit = delta_norm(delta), settings.max_norm_ratio * root.norm
     factor = min(1.0, limit / norm) if norm > 0 else 1.0
     bounded = {name: (base[name] + factor * delta[name]).astype(np.float32) for name in base}
     return bounded, {"aggregate_cosine": similarity, "aggregate_norm": norm, "scaled_by": factor,

@@ -12,6 +12,7 @@ import numpy as np
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from fedzoo.aggregation.strategies import Parameters
 from fedzoo.errors import NotFoundError
 from fedzoo.server.blobstore import BlobStore
 from fedzoo.server.db import Database
@@ -19,7 +20,6 @@ from fedzoo.server.fl.base_models import BaseModels
 from fedzoo.server.fl.tables import FLRound, FLSubnetAssignment, FLUpdate
 from fedzoo.server.fl.schemas import RoundConfig
 from fedzoo.server.fl.secure_rounds import PrivateRounds
-from fedzoo.server.fl.strategies import Parameters
 from fedzoo.update_codec import decode_update, split_statistics
 
 MAX_ROUND_ID = 2**63 - 1  # SQL BIGINT

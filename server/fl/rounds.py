@@ -17,7 +17,7 @@ A round moves `open → collecting → aggregating → closed | failed`:
   `min_clients`, one worker claims the round (a conditional UPDATE naming it the lease owner, so two
   workers never aggregate the same round). The owner renews its short lease every second while it
   works, so a crashed owner's round is taken over within `AGGREGATION_LEASE_S` seconds, not minutes.
-  It screens the updates (`fedzoo.server.fl.screening`: capped weights, norm bound; robust rounds: weights
+  It screens the updates (`fedzoo.aggregation.screening`: capped weights, norm bound; robust rounds: weights
   bounded by the round's median, direction screening against the round's median delta, FLTrust scoring
   against a root set, docs/federated-rounds.md; the outcome's `defences` names what ran), runs the
   strategy over the deltas streamed from the blob store, measures the aggregate and its parent on the
@@ -62,6 +62,8 @@ import numpy as np
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
+from fedzoo.aggregation.screening import Screened
+from fedzoo.aggregation.strategies import ClientUpdate, Strategy, make_strategy, require_secure_aggregation_support
 from fedzoo.capabilities import Capabilities
 from fedzoo.cards import ModelCard
 from fedzoo.dp.accountant import PrivacyBudgetExhausted
@@ -79,7 +81,6 @@ from fedzoo.server.fl.lifecycle import AGGREGATION_LEASE_S, RoundLifecycle
 from fedzoo.server.fl.tables import ACTIVE_STATES, FLParticipant, FLRefusedUpload, FLRound, FLUpdate
 from fedzoo.server.fl.round_context import RoundContext, as_utc, count_rows, find_round, utc_now
 from fedzoo.server.fl.schemas import RoundConfig, TaskResponse, UpdateMetadata
-from fedzoo.server.fl.screening import Screened
 from fedzoo.server.fl.secure_rounds import (DONE, PrivateRounds, check_planned_ring, is_private, with_calibrated_noise,
                                             without_dp_counts)
 from fedzoo.server.fl.stages.aggregation import Aggregation
@@ -87,7 +88,6 @@ from fedzoo.server.fl.stages.collection import Collection
 from fedzoo.server.fl.stages.publication import Publication
 from fedzoo.server.fl.stages.screening import record_screening, root_update, round_defences, screen_round
 from fedzoo.server.fl.stages.selection import Selection
-from fedzoo.server.fl.strategies import ClientUpdate, Strategy, make_strategy, require_secure_aggregation_support
 from fedzoo.server.fl.zoo_plan import ZooPlan, is_zoo
 from fedzoo.server.latency import LatencyEstimator
 from fedzoo.server.tables import DeviceRecord

@@ -23,7 +23,7 @@ never needs a clear update), and divides by `target_clients`. A DP round publish
 or in its read (`published_counts`, `without_dp_counts`). Weights are equal: under SecAgg+ the weight coordinate of
 the sum must equal the number of survivors, else the round fails. Without DP, SecAgg+ rounds weigh updates equally
 too unless the round keeps FedAvg's example weights, and the unmasked sum must lie within what clipped updates can
-add up to (`check_secure_sum`, docs/privacy.md "Robust rounds under SecAgg+"). The plan's ledger is stored with each
+add up to (`fedzoo.aggregation.private.check_secure_sum`, docs/privacy.md "Robust rounds under SecAgg+"). The plan's ledger is stored with each
 round; a round that would take epsilon past `max_epsilon` does not open.
 
 One ledger per model line (`PrivacyLine`), found from the weights (`privacy_lineage`): a plan on a model continues
@@ -37,23 +37,22 @@ on a line, so two plans never compose from the same starting point.
 from __future__ import annotations
 
 import json
-import math
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-import numpy as np
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from fedzoo.aggregation.private import DifferentialPrivacy, check_secure_sum, clipped_sum
+from fedzoo.aggregation.strategies import Parameters, Strategy
 from fedzoo.cards import ModelCard
 from fedzoo.dp.accountant import LineEvents, PrivacyLedger, epsilon_of_events, noise_multiplier_for
-from fedzoo.dp.clipping import clip_delta
 from fedzoo.dp.noise import AdaptiveClipping, DpFedAvg, adaptive_noise_split, quantised_sensitivity
 from fedzoo.errors import InvalidInputError
-from fedzoo.secagg import SecAggConfig, SecAggServer, dequantise_sum, flatten, signatures, unflatten
+from fedzoo.secagg import SecAggConfig, SecAggServer, dequantise_sum, signatures, unflatten
 from fedzoo.secagg.bounds import corrupt_devices, largest_neighbour_count, survivors_floor, threshold_floor
 from fedzoo.secagg.crypto import MASK_DTYPES
 from fedzoo.secagg.errors import ProtocolViolation, RoundAborted
@@ -70,7 +69,6 @@ from fedzoo.server.fl.tables import (ACTIVE_STATES, FLParticipant, FLPrivateRoun
 from fedzoo.server.fl.privacy_lineage import lineage_claim
 from fedzoo.server.fl.schemas import (DpSettings, QuarantinePolicy, RoundConfig, SecureAggregationSettings,
                                      SecureAggregationTask, TaskPrivacy)
-from fedzoo.server.fl.strategies import Parameters, Strategy
 from fedzoo.server.tables import DeviceRecord
 
 SELECTION, DONE = "selection", "done"
@@ -502,8 +500,6 @@ class PrivateRounds:
         vector_length = sum(value.size for value in base_parameters.values())
         dp, settings = config.privacy.dp, config.privacy.secure_aggregation
         summary: dict[str, Any] = {"num_examples": None, "client_reported_metrics": {}}
-        sensitivity = grid_step = None
-        unclipped = 0
         with self.database.session() as session:
             row = session.get(FLPrivateRound, round_id)
             ledger_json = row.ledger_json
@@ -521,40 +517,35 @@ class PrivateRounds:
                 "survivors": count, "dropped": len(result.dropped),
                 "misbehaving": {str(client): why for client, why in result.misbehaving.items()}}
             summary["upload_bytes"] = int(upload_bytes)
-            slack = 0.0
-            if dp is not None:
-                grid_step = protocol.clip_range / protocol.levels  # the unmasked sum's own integer grid
-                sensitivity = quantised_sensitivity(protocol.clip_range, grid_step, vector_length)
-            if is_distributed(config):  # the devices' noise may take a coordinate beyond the clipped envelope
-                slack = noise_slack(protocol, noise_request(config, protocol), count)
+            slack = noise_slack(protocol, noise_request(config, protocol), count) if is_distributed(config) else 0.0
             check_secure_sum(total, total_weight, count, protocol.clip_range, equal_weights(config), slack)
-            mean_or_sum = total if dp is not None else total / total_weight
         else:  # DP without SecAgg+: the server sees each delta, and clips it itself rather than trust the device
             count = len(clear_deltas)
-            mean_or_sum = np.zeros(vector_length)
-            for load in clear_deltas:
-                clipped, within = clip_delta(load(), dp.clip_norm)
-                mean_or_sum += flatten(clipped)
-                unclipped += within
         summary.update(accepted_updates=count, aggregated_updates=count,
                        screening={"norm_limit": dp.clip_norm if dp is not None else None, "counted": count,
                                   "clipped": 0, "rejected": 0})
-        if is_distributed(config):  # the devices noised the sum: the server adds nothing
-            ledger = PrivacyLedger.from_dict(json.loads(ledger_json))
-            mean = released_mean(mean_or_sum, count, protocol.minimum_survivors, ledger, config.target_clients)
-            summary["privacy_ledger"] = ledger.to_dict()
-            noise = card_noise(protocol, noise_request(config, protocol))
-            summary["privacy"] = card_privacy(config, ledger, None, noise)
-        elif dp is not None:
-            ledger = PrivacyLedger.from_dict(json.loads(ledger_json))
-            mechanism = DpFedAvg(ledger, config.target_clients, dp.clip_norm, adaptive_clipping(dp))
-            mean = mechanism.noised_mean(mean_or_sum, unclipped, count, sensitivity, grid_step)
-            summary["privacy_ledger"] = ledger.to_dict()
-            summary["privacy"] = card_privacy(config, ledger, mechanism)
-        else:
-            mean = mean_or_sum
+        if dp is None:
             summary["privacy"] = card_privacy(config, None, None)
-        return strategy.apply_mean_delta(base_parameters, unflatten(mean, shapes)), summary
+            return strategy.apply_mean_delta(base_parameters, unflatten(total / total_weight, shapes)), summary
+        ledger = PrivacyLedger.from_dict(json.loads(ledger_json))
+        if is_distributed(config):  # the devices noised the sum: the server adds nothing
+            mean = released_mean(total, count, protocol.minimum_survivors, ledger, config.target_clients)
+            summary["privacy_ledger"] = ledger.to_dict()
+            summary["privacy"] = card_privacy(config, ledger, None, card_noise(protocol, noise_request(config, protocol)))
+            return strategy.apply_mean_delta(base_parameters, unflatten(mean, shapes)), summary
+        mechanism = DpFedAvg(ledger, config.target_clients, dp.clip_norm, adaptive_clipping(dp))
+        private = DifferentialPrivacy(strategy, mechanism)
+        if settings is not None:
+            grid_step = protocol.clip_range / protocol.levels  # the unmasked sum's own integer grid
+            parameters = private.apply_noised_sum(base_parameters, total, 0, count,
+                                                  quantised_sensitivity(protocol.clip_range, grid_step, vector_length),
+                                                  grid_step)
+        else:
+            total, unclipped, _ = clipped_sum((load() for load in clear_deltas), dp.clip_norm, vector_length)
+            parameters = private.apply_noised_sum(base_parameters, total, unclipped, count)
+        summary["privacy_ledger"] = ledger.to_dict()
+        summary["privacy"] = card_privacy(config, ledger, mechanism)
+        return parameters, summary
 
     def record_release(self, session: Session, round_id: int, summary: dict[str, Any]) -> None:
         """A noised aggregate left the server (published or refused): the plan's ledger and its line's count
@@ -573,26 +564,6 @@ def equal_weights(config: RoundConfig) -> bool:
     FedAvg's example weights (`weight_bound.rule` "examples"), since the server cannot bound each device's weight
     by the round's median when it sees only the sum: equal weights are the bound it can check."""
     return config.privacy.dp is not None or config.weight_bound.rule != "examples"
-
-
-def check_secure_sum(total: np.ndarray, total_weight: float, survivors: int, clip_range: float, equal: bool,
-                     noise_slack: float = 0.0) -> None:
-    """What the unmasked sum itself proves: every device's weight is at most 1 (exactly 1 under equal weights)
-    and every coordinate it adds is within +-clip_range x its weight, so no coordinate of the sum may exceed
-    `total_weight x clip_range` (plus `noise_slack` where the devices noised their inputs). A sum outside that
-    envelope means some device sent values its SDK would have clipped: the round is refused (InvalidInputError),
-    since the server cannot tell which device did it."""
-    if equal and not math.isclose(total_weight, survivors):
-        raise InvalidInputError(f"the weights of the {survivors} survivors sum to {total_weight:.3f}: every update "
-                                "must weigh the same (1)", field="weight")
-    if not 0 < total_weight <= survivors * (1 + 1e-9):
-        raise InvalidInputError(f"the weights of the {survivors} survivors sum to {total_weight:.3f}, outside "
-                                f"(0, {survivors}]: some device sent a weight above 1", field="weight")
-    largest = float(np.max(np.abs(total))) if total.size else 0.0
-    if largest > total_weight * clip_range * (1 + 1e-9) + noise_slack:
-        raise InvalidInputError(f"a coordinate of the unmasked sum is {largest:.6g}, more than {total_weight:.3f} "
-                                f"updates clipped to +-{clip_range:g} can add up to: some device sent values outside "
-                                "the clipping range", field="clip_range")
 
 
 def adaptive_clipping(dp: DpSettings) -> AdaptiveClipping | None:

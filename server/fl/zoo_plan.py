@@ -6,7 +6,7 @@ lookup picks under its budget, and the server improves the one supernet all zoo 
   never served by lookup: its BatchNorm is kept so the delta names the subnet's own tensors and carries the
   running statistics). Devices and SDKs are unchanged: it is a round like any other to them.
 - **screening** per subnet: the norm bound's median is taken over the devices that trained the same subnet.
-- **aggregation** per element (`fedzoo.server.fl.per_element`): each delta is mapped onto the supernet
+- **aggregation** per element (`fedzoo.aggregation.per_element`): each delta is mapped onto the supernet
   (`fedzoo.nas.subnet_mapping`) and every element averaged over the devices covering it, that mean scaled by
   the cohorts covering the element (`zoo.coverage_step_exponent`); elements below `min_coverage` keep their
   values.
@@ -36,6 +36,11 @@ from sqlalchemy import or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from fedzoo.aggregation.per_element import (
+    CoverageSum, coverage_by_layer, coverage_report, is_statistic, require_mean_only, step_supernet,
+)
+from fedzoo.aggregation.screening import Screened
+from fedzoo.aggregation.strategies import Strategy
 from fedzoo.cards import SUPERNET_DETAILS, Metrics, ModelCard
 from fedzoo.errors import FedzooError, InvalidInputError
 from fedzoo.nas.space import Arch, SearchSpace, arch_hash, arch_key
@@ -44,14 +49,9 @@ from fedzoo.server import registry
 from fedzoo.server.devices import AuthenticatedDevice
 from fedzoo.server.fl.evaluation import GateReference, client_reported_metrics, decide_publication, evaluate
 from fedzoo.server.fl.tables import FLRound, FLSubnetAssignment, FLUpdate
-from fedzoo.server.fl.per_element import (
-    CoverageSum, coverage_by_layer, coverage_report, is_statistic, require_mean_only, step_supernet,
-)
 from fedzoo.server.fl.round_context import RoundContext
 from fedzoo.server.fl.schemas import RoundConfig
-from fedzoo.server.fl.screening import Screened
 from fedzoo.server.fl.stages.screening import ScreenedRound, screen_round
-from fedzoo.server.fl.strategies import Strategy
 from fedzoo.server.latency import LatencyEstimator
 from fedzoo.server.lookup import LookupQuery, lookup
 from fedzoo.server.tables import DeviceRecord, ModelRecord

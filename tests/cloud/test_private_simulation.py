@@ -4,12 +4,13 @@ that need each update are refused."""
 import numpy as np
 import pytest
 
-from fedzoo.cloud.simulation import (DpOptions, SecureAggregationOptions, ServerStep, prepare_federation,
-                                     run_private_rounds)
+from fedzoo.aggregation.private import ServerMomentum
+from fedzoo.aggregation.strategies import SecureAggregationUnsupportedError, make_strategy
+from fedzoo.cloud.inprocess import DpOptions, SecureAggregationOptions, run_private_rounds
+from fedzoo.cloud.simulation import prepare_federation
 from fedzoo.dp.accountant import epsilon_after
 from fedzoo.dp.noise import AdaptiveClipping
 from fedzoo.errors import InvalidInputError
-from fedzoo.server.fl.strategies import SecureAggregationUnsupportedError, make_strategy
 
 TRAINING = {"optimizer": "sgd", "learning_rate": 0.05, "local_epochs": 1, "batch_size": 16}
 
@@ -48,7 +49,7 @@ def test_a_dp_plan_stops_before_its_budget(federation):
 def test_dp_with_secure_aggregation_and_adaptive_clipping_spends_the_planned_budget(federation, caplog):
     dp = DpOptions(max_epsilon=8.0, clip_norm=0.3, adaptive=AdaptiveClipping(clip_learning_rate=0.5))
     options = SecureAggregationOptions(neighbour_count=8, threshold=5, levels=32767)
-    with caplog.at_level("WARNING", logger="fedzoo.cloud.simulation"):
+    with caplog.at_level("WARNING", logger="fedzoo.cloud.inprocess"):
         records = run_private_rounds(federation, 3, 10, TRAINING, dp=dp, secure_aggregation=options,
                                      executor="in-process")
     # its noise follows from the seed: it says so, and that nothing it makes is private
@@ -69,7 +70,7 @@ def test_rules_that_need_each_update_are_refused_under_secagg_or_dp(federation, 
 
 
 def test_fedprox_devices_get_the_proximal_term_under_secure_aggregation(federation, monkeypatch):
-    import fedzoo.cloud.simulation as simulation
+    import fedzoo.cloud.inprocess as simulation
 
     seen = []
 
@@ -86,11 +87,11 @@ def test_fedprox_devices_get_the_proximal_term_under_secure_aggregation(federati
 
 
 def test_server_momentum_steps_along_the_running_sum_of_mean_deltas():
-    step = ServerStep(make_strategy({"name": "fedavg", "server_learning_rate": 0.5}), momentum=0.9)
+    step = ServerMomentum(make_strategy({"name": "fedavg", "server_learning_rate": 0.5}), momentum=0.9)
     parameters = {"w": np.zeros(2, dtype=np.float32)}
     mean_delta = {"w": np.array([1.0, -2.0])}
-    first = step(parameters, mean_delta)
-    second = step(first, mean_delta)
+    first = step.apply_mean_delta(parameters, mean_delta)
+    second = step.apply_mean_delta(first, mean_delta)
     np.testing.assert_allclose(first["w"], 0.5 * mean_delta["w"])
     np.testing.assert_allclose(second["w"], first["w"] + 0.5 * 1.9 * mean_delta["w"], rtol=1e-6)
 

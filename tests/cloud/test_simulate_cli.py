@@ -70,3 +70,29 @@ def test_an_unknown_model_is_a_message_not_a_traceback(zoo_dir, capsys):
     folder, _ = zoo_dir
     code, stdout, stderr = run_main(["fl", "simulate", "--zoo", str(folder), "--model", "no-such-model"], capsys)
     assert code != 0 and stdout == "" and "no-such-model" in stderr and "Traceback" not in stderr
+
+
+def test_simulate_on_the_inprocess_engine_runs_the_same_plan_without_a_server(zoo_dir, capsys):
+    folder, model_id = zoo_dir
+    code, stdout, stderr = run_main(["fl", "simulate", "--zoo", str(folder), "--model", model_id, "--clients", "12",
+                                     "--per-round", "6", "--rounds", "2", "--engine", "inprocess", "--quiet"], capsys)
+    assert code == 0, stderr
+    summary = json.loads(stdout)
+    assert (summary["engine"], summary["executor"], summary["transport"]) == ("inprocess", "in-process", None)
+    for record in summary["rounds"]:
+        assert (record["state"], record["accepted_updates"], record["participants"]) == ("closed", 6, 6)
+        assert 0 < record["train_seconds"] < record["wall_seconds"] and 0 < record["accuracy"] <= 1
+
+
+def test_the_ray_engine_with_another_executor_is_refused_with_the_option_named(zoo_dir, capsys):
+    folder, model_id = zoo_dir
+    code, stdout, stderr = run_main(["fl", "simulate", "--zoo", str(folder), "--model", model_id, "--engine", "ray",
+                                     "--executor", "processes"], capsys)
+    assert code == 2 and stdout == "" and "--executor" in stderr and "Traceback" not in stderr
+
+
+def test_a_minimum_above_the_devices_per_round_is_refused_with_the_option_named(zoo_dir, capsys):
+    folder, model_id = zoo_dir
+    code, stdout, stderr = run_main(["fl", "simulate", "--zoo", str(folder), "--model", model_id, "--per-round", "5",
+                                     "--min-clients", "6", "--engine", "inprocess"], capsys)
+    assert code == 2 and stdout == "" and "--min-clients" in stderr and "Traceback" not in stderr

@@ -9,11 +9,11 @@ from hypothesis import strategies as st
 from fedzoo.errors import InvalidInputError
 from fedzoo.nas.space import tiny_space
 from fedzoo.nas.subnet_mapping import MappedDelta, extract_weights, map_back
-from fedzoo.server.fl.per_element import (
+from fedzoo.aggregation.per_element import (
     MIN_RUNNING_VARIANCE, CoverageSum, apply_per_element, coverage_by_layer, coverage_report, coverage_step_scale,
     is_statistic, layer_of, require_mean_only, step_supernet,
 )
-from fedzoo.server.fl.strategies import FedAdam, FedAvg, make_strategy
+from fedzoo.aggregation.strategies import FedAdam, FedAvg, make_strategy
 
 SPACE = tiny_space(8)
 

@@ -16,6 +16,10 @@ from click.testing import CliRunner
 from fl_helpers import OPEN_GATE, honest_delta, round_config, selected_tasks, upload
 from server_helpers import log_in
 
+from fedzoo.aggregation.private import check_secure_sum
+from fedzoo.aggregation.screening import Screened
+from fedzoo.aggregation.strategies import ClientUpdate
+from fedzoo.aggregation.weighting import bound_weights
 from fedzoo.cards import Metrics
 from fedzoo.cli import cli, main
 from fedzoo.edge.local_training import train_locally
@@ -23,13 +27,11 @@ from fedzoo.update_codec import split_statistics
 from fedzoo.server.testing import LoopbackServer
 from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.errors import InvalidInputError
+from fedzoo.edge.local_training import train_locally
 from fedzoo.server.fl.evaluation import GateReference, best_published, decide_publication
 from fedzoo.server.fl.root_trust import RootUpdate, check_aggregate, train_root_update
 from fedzoo.server.fl.schemas import RootTrust, TrainingConfig, WeightBound
-from fedzoo.server.fl.screening import Screened
-from fedzoo.server.fl.secure_rounds import check_secure_sum
-from fedzoo.server.fl.strategies import ClientUpdate
-from fedzoo.server.fl.weighting import bound_weights
+from fedzoo.update_codec import split_statistics
 
 ROOT_ALONE = None  # direction_screening off: the root-set tests pin FLTrust's own decisions
 VIEWER_TOKEN = "robust-rounds-viewer-token-0123456789"

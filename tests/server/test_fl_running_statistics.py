@@ -12,6 +12,8 @@ import torch
 from fl_helpers import device_client, honest_delta, round_config, upload
 from torch import nn
 
+from fedzoo.aggregation.running_statistics import aggregate_statistics
+from fedzoo.aggregation.strategies import ClientUpdate
 from fedzoo.clients.errors import BadRequestError
 from fedzoo.edge.local_training import normalise
 from fedzoo.update_codec import decode_update, encode_update, split_statistics, statistics_delta
@@ -19,9 +21,9 @@ from fedzoo.graphs.autodiff import build_training_graph
 from fedzoo.cloud.simulation import Simulation, prepare_federation
 from fedzoo.server.testing import LoopbackServer
 from fedzoo.edge.onnx_initializers import read_float_initializers
-from fedzoo.server.fl.running_statistics import aggregate_statistics
+from fedzoo.edge.local_training import normalise
 from fedzoo.server.fl.schemas import NormBound
-from fedzoo.server.fl.strategies import ClientUpdate
+from fedzoo.update_codec import decode_update, encode_update, split_statistics, statistics_delta
 
 STATISTICS = ("1.running_mean", "1.running_var")
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fedzoo.errors import InvalidInputError
-from fedzoo.server.fl.strategies import (
+from fedzoo.aggregation.strategies import (
     ClientUpdate,
     CoordinateMedian,
     MultiKrum,
@@ -220,7 +220,7 @@ def test_fedadam_follows_kingma_ba_step_counting_and_is_one_step_behind_flower()
 
 @pytest.mark.parametrize("name", ["median", "trimmed_mean", "multi_krum", "norm_clipping"])
 def test_rules_that_need_each_update_refuse_secure_aggregation(name):
-    from fedzoo.server.fl.strategies import SecureAggregationUnsupportedError, require_secure_aggregation_support
+    from fedzoo.aggregation.strategies import SecureAggregationUnsupportedError, require_secure_aggregation_support
 
     strategy = make_strategy({"name": name})
     with pytest.raises(SecureAggregationUnsupportedError, match=f"{name}.*cannot run under secure aggregation") as error:
@@ -232,7 +232,7 @@ def test_rules_that_need_each_update_refuse_secure_aggregation(name):
 
 @pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedadam"])
 def test_sum_only_rules_run_on_a_mean_delta_as_they_do_on_updates(name):
-    from fedzoo.server.fl.strategies import require_secure_aggregation_support, weighted_mean_delta
+    from fedzoo.aggregation.strategies import require_secure_aggregation_support, weighted_mean_delta
 
     base = _global_parameters()
     updates, _ = _updates()

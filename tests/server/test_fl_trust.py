@@ -155,7 +155,7 @@ def test_client_reported_means_stay_finite_at_the_top_of_the_float_range():
     import sys
 
     from fedzoo.server.fl.evaluation import client_reported_metrics
-    from fedzoo.server.fl.strategies import ClientUpdate
+    from fedzoo.aggregation.strategies import ClientUpdate
 
     top = sys.float_info.max
     updates = [ClientUpdate("a", 3, dict, 0.0, {"loss": top}),
@@ -168,7 +168,7 @@ def test_client_reported_means_stay_finite_at_the_top_of_the_float_range():
 
 def test_the_norm_limit_is_the_smaller_of_the_median_multiple_and_the_absolute_bound():
     from fedzoo.server.fl.schemas import NormBound
-    from fedzoo.server.fl.screening import norm_limit
+    from fedzoo.aggregation.screening import norm_limit
 
     assert norm_limit([1.0, 2.0, 100.0], NormBound(median_multiple=3.0)) == 6.0
     assert norm_limit([1.0, 2.0, 100.0], NormBound(median_multiple=3.0, max_norm=4.0)) == 4.0

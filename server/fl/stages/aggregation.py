@@ -1,6 +1,6 @@
 """Aggregation: the round's strategy over the screened deltas streamed from the blob store (or, in a
 private round, over the unmasked sum, `fedzoo.server.fl.secure_rounds`), then the BatchNorm running
-statistics (`fedzoo.server.fl.running_statistics`). A strategy's state (FedAdam's moments) carries from
+statistics (`fedzoo.aggregation.running_statistics`). A strategy's state (FedAdam's moments) carries from
 round to round of a plan as a blob."""
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ from typing import Any
 
 import numpy as np
 
+from fedzoo.aggregation.running_statistics import aggregate_statistics
+from fedzoo.aggregation.strategies import ClientUpdate, Parameters, Strategy, make_strategy
 from fedzoo.errors import InvalidInputError
 from fedzoo.server.fl.base_models import RoundBase
 from fedzoo.server.fl.root_trust import RootUpdate, check_aggregate
 from fedzoo.server.fl.tables import FLUpdate
 from fedzoo.server.fl.round_context import RoundContext
-from fedzoo.server.fl.running_statistics import aggregate_statistics
 from fedzoo.server.fl.schemas import RoundConfig
 from fedzoo.server.fl.secure_rounds import is_private
-from fedzoo.server.fl.strategies import ClientUpdate, Parameters, Strategy, make_strategy
 
 
 @dataclass(frozen=True)

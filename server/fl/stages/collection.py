@@ -15,15 +15,15 @@ from typing import Any
 import numpy as np
 from sqlalchemy.exc import IntegrityError
 
+from fedzoo.aggregation.running_statistics import validate_statistics
+from fedzoo.aggregation.strategies import Parameters
 from fedzoo.errors import FedzooError, InvalidInputError, NotFoundError
 from fedzoo.server.errors import Conflict, Forbidden, PayloadTooLarge
 from fedzoo.server.fl.base_models import max_upload_bytes
 from fedzoo.server.fl.faults import crash_point
 from fedzoo.server.fl.tables import ACTIVE_STATES, FLParticipant, FLRefusedUpload, FLRound, FLUpdate
 from fedzoo.server.fl.round_context import RoundContext, count_rows, find_round, has_update, lock_round_before_deadline
-from fedzoo.server.fl.running_statistics import validate_statistics
 from fedzoo.server.fl.schemas import RoundConfig, UpdateMetadata
-from fedzoo.server.fl.strategies import Parameters
 from fedzoo.update_codec import decode_update, split_statistics
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Screening: before a strategy sees a round's updates, the server bounds each device's claims
-(`fedzoo.server.fl.screening`: capped weights, norm bound, revoked devices), bounds each weight by the round
-(`fedzoo.server.fl.weighting`), leaves out updates pointing away from the round's median delta
-(`fedzoo.server.fl.direction`), scores each update against its own update on the root set
+(`fedzoo.aggregation.screening`: capped weights, norm bound, revoked devices), bounds each weight by the round
+(`fedzoo.aggregation.weighting`), leaves out updates pointing away from the round's median delta
+(`fedzoo.aggregation.direction`), scores each update against its own update on the root set
 (`fedzoo.server.fl.root_trust`), and records each decision on the update's row, then applies the quarantine
 policy (`fedzoo.server.fl.quarantine`). The round's outcome says which defences ran and why the others did not
 (`round_defences`)."""
@@ -17,16 +17,16 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from fedzoo.aggregation.direction import MIN_UPDATES
+from fedzoo.aggregation.robust import screen_round_updates
+from fedzoo.aggregation.screening import Screened
+from fedzoo.aggregation.strategies import ClientUpdate, make_strategy
 from fedzoo.server.fl import quarantine, root_trust
-from fedzoo.server.fl.direction import MIN_UPDATES, screen_directions
 from fedzoo.server.fl.base_models import RoundBase
 from fedzoo.server.fl.evaluation import client_reported_metrics
 from fedzoo.server.fl.tables import FLUpdate
 from fedzoo.server.fl.round_context import RoundContext
 from fedzoo.server.fl.schemas import QuarantinePolicy, RoundConfig, round_training
-from fedzoo.server.fl.screening import Screened, screen_updates
-from fedzoo.server.fl.strategies import ClientUpdate, make_strategy
-from fedzoo.server.fl.weighting import bound_weights
 
 
 @dataclass(frozen=True)
@@ -98,12 +98,10 @@ def screen_round(context: RoundContext, rows: list[FLUpdate], config: RoundConfi
                      context.delta_loader(row.blob_sha256), row.delta_norm, json.loads(row.metrics_json))
         for row in rows
     ]
-    screened, norm_limit = screen_updates(updates, config.norm_bound, revoked)
-    screened, weight_cap = bound_weights(screened, config.weight_bound)
-    counted = sum(decision.update is not None for decision in screened)
-    direction = None
-    if config.direction_screening is not None and counted >= MIN_UPDATES:
-        screened, direction = screen_directions(screened, config.direction_screening, spill_dir)
+    robust = screen_round_updates(updates, config.norm_bound, config.weight_bound, config.direction_screening,
+                                  spill_dir, revoked)
+    screened, norm_limit, weight_cap, counted, direction = (robust.decisions, robust.norm_limit, robust.weight_cap,
+                                                            robust.counted, robust.direction)
     if root is not None:
         screened = root_trust.score_updates(screened, root, config.root_trust)
     kept = [decision.update for decision in screened if decision.update is not None]

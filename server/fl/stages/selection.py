@@ -20,8 +20,8 @@ from fedzoo.server.fl.eligibility import DECLINED, missing_capabilities
 from fedzoo.server.fl.tables import ACTIVE_STATES, FLParticipant, FLRefusedUpload, FLRound
 from fedzoo.server.fl.round_context import (RoundContext, as_utc, count_rows, find_round, has_update,
                                             lock_round_before_deadline)
+from fedzoo.aggregation.strategies import make_strategy
 from fedzoo.server.fl.schemas import RoundConfig, Task, TaskResponse, UploadSpec, round_training
-from fedzoo.server.fl.strategies import make_strategy
 from fedzoo.server.fl.zoo_plan import ZooPlan, is_zoo
 
 IDLE_RETRY_AFTER_S = 30.0

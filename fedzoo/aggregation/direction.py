@@ -17,18 +17,32 @@ It needs each update, so it does not run under SecAgg+ (the server sees only the
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fedzoo.server.fl.root_trust import cosine_between
-from fedzoo.server.fl.schemas import DirectionScreening
-from fedzoo.server.fl.screening import Screened, joined
-from fedzoo.server.fl.strategies import CoordinateMedian, Parameters
+from fedzoo.aggregation.screening import Screened, joined
+from fedzoo.aggregation.settings import DirectionScreening
+from fedzoo.aggregation.strategies import CoordinateMedian, Parameters
 
 MIN_UPDATES = 3  # a median is robust only with a majority of honest updates: one harmful among three
+
+
+def delta_norm(delta: Parameters) -> float:
+    """The L2 norm of all of a delta's tensors together."""
+    return math.sqrt(sum(float(np.vdot(value, value)) for value in delta.values()))
+
+
+def cosine_between(delta: Parameters, reference: Parameters) -> float:
+    """Cosine similarity of a delta with a reference delta over the reference's parameters (0 when either is
+    zero)."""
+    dot = sum(float(np.vdot(delta[name].astype(np.float64), value.astype(np.float64)))
+              for name, value in reference.items())
+    length = delta_norm(delta) * delta_norm(reference)
+    return dot / length if length > 0 else 0.0
 
 
 def round_median(decisions: list[Screened], spill_dir: Path | None) -> Parameters:

@@ -10,7 +10,8 @@ strategy sees them the server bounds them:
   "Can You Really Backdoor Federated Learning?") or left out, per the round's `norm_bound.action`.
   The median is robust while fewer than half of the round's updates are outliers.
 
-Each decision is recorded on the update's row (`screening`, `screening_reason`, `counted_norm`).
+The server records each decision on the update's row (`screening`, `screening_reason`, `counted_norm`);
+the in-process engine (`fedzoo.cloud.inprocess`) runs the same functions on updates held in memory.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from fedzoo.server.fl.schemas import NormBound
-from fedzoo.server.fl.strategies import ClientUpdate, Parameters
+from fedzoo.aggregation.settings import NormBound
+from fedzoo.aggregation.strategies import ClientUpdate, Parameters
 
 
 REVOKED_REASON = "the device was revoked by the operator"
@@ -31,7 +32,7 @@ class Screened:
     """One update after screening: what the strategy gets (None when rejected) and why."""
 
     original: ClientUpdate
-    outcome: str  # "counted", "clipped" or "rejected" (fedzoo.server.fl.tables.SCREENING_OUTCOMES)
+    outcome: str  # "counted", "clipped" or "rejected" (the server's SCREENING_OUTCOMES)
     reason: str | None
     update: ClientUpdate | None  # its num_examples is the weight the strategy gives it
     root_cosine: float | None = None  # FLTrust: cosine with the server's own update (fedzoo.server.fl.root_trust)

@@ -20,8 +20,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from fedzoo.server.fl.schemas import WeightBound
-from fedzoo.server.fl.screening import Screened, joined
+from fedzoo.aggregation.screening import Screened, joined
+from fedzoo.aggregation.settings import WeightBound
 
 
 def bound_weights(decisions: list[Screened], bound: WeightBound) -> tuple[list[Screened], float | None]:

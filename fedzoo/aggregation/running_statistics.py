@@ -27,33 +27,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from fedzoo.update_codec import RUNNING_PREFIX
+from fedzoo.aggregation.screening import screen_updates
+from fedzoo.aggregation.settings import NormBound
+from fedzoo.aggregation.strategies import ClientUpdate, Parameters
 from fedzoo.errors import InvalidInputError
-from fedzoo.server.fl.schemas import NormBound
-from fedzoo.server.fl.screening import screen_updates
-from fedzoo.server.fl.strategies import ClientUpdate, Parameters
-
-
-def training_graph_state(training_graph: bytes) -> tuple[list[str], list[str]]:
-    """The training graph's trainable parameters and running statistics, in input order (docs/training-graphs.md):
-    every input but `x` and `y`; a statistic is an input with a `running.<name>` output."""
-    import onnx
-
-    from fedzoo.edge.trainer import INPUT_NAME, TARGET_NAME  # imported here: it loads onnxruntime
-
-    graph = onnx.load_model_from_string(training_graph).graph
-    outputs = {value.name for value in graph.output}
-    state = [value.name for value in graph.input if value.name not in (INPUT_NAME, TARGET_NAME)]
-    statistics = [name for name in state if RUNNING_PREFIX + name in outputs]
-    return [name for name in state if name not in statistics], statistics
-
-
-def variance_names(onnx_bytes: bytes) -> set[str]:
-    """The initializers that are a BatchNormalization's running variance (its fifth input)."""
-    import onnx
-
-    graph = onnx.load_model_from_string(onnx_bytes).graph
-    return {node.input[4] for node in graph.node if node.op_type == "BatchNormalization" and len(node.input) > 4}
+from fedzoo.update_codec import RUNNING_PREFIX
 
 
 def validate_statistics(statistics: Parameters, base: Parameters) -> None:

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedzoo.aggregation.settings import MappedDelta
+from fedzoo.aggregation.strategies import Parameters, Strategy
 from fedzoo.errors import InvalidInputError
-from fedzoo.nas.subnet_mapping import MappedDelta
-from fedzoo.server.fl.strategies import Parameters, Strategy
 
 
 def require_mean_only(strategy: Strategy) -> None:
