@@ -156,7 +156,6 @@ def prepare_federation(
     own data), and spread the rest over `num_clients` devices with Dirichlet(alpha) label skew, or, with
     `alpha=None`, uniformly at random in near-equal shards (hundreds of devices with a few examples
     each, where Dirichlet draws leave some devices empty)."""
-    import hashlib
 
     if not 0 < pretrain_fraction < 1:
         raise InvalidInputError(f"pretrain_fraction must lie in (0, 1), got {pretrain_fraction}", field="pretrain_fraction")

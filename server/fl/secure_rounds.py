@@ -37,6 +37,7 @@ on a line, so two plans never compose from the same starting point.
 from __future__ import annotations
 
 import json
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone

@@ -8,7 +8,6 @@ from __future__ import annotations
 import sqlite3
 
 import numpy as np
-import pytest
 from fl_helpers import honest_delta, round_config, selected_tasks, upload
 
 from fedzoo.cloud.attacks import WeightGrabAttack
