@@ -28,6 +28,7 @@
     .venv/bin/python bench/fl_private.py [--parts 1,2,3] [--secagg-runs 100] [--dimension 60000]
         [--devices 100,500,1000]
         [--epsilons 1,2,4,8] [--rounds 30] [--executor processes] [--workers 2] [--server-momentum 0]
+        [--per-round 50]
         [--evaluate-on test]
 """
 
@@ -145,8 +146,8 @@ def _ed25519_verify_seconds(count: int = 500) -> float:
 
 
 def dp_part(device_counts: list[int], epsilons: list[float], rounds: int, executor: str, workers: int,
-            server_momentum: float, evaluate_on: str) -> None:
-    print(f"\n== DP-FedAvg: MNIST-5k, 50 expected per round, {rounds} rounds, delta 1e-5, server momentum "
+            server_momentum: float, evaluate_on: str, per_round: int = 50) -> None:
+    print(f"\n== DP-FedAvg: MNIST-5k, {per_round} expected per round, {rounds} rounds, delta 1e-5, server momentum "
           f"{server_momentum:g}, accuracy on the {evaluate_on} split ==")
     print(SEEDED_NOISE_NOTICE % 0)
     print("devices  epsilon  noise z  final acc  best acc  eps spent  rounds  vs non-private (final)")
@@ -155,21 +156,21 @@ def dp_part(device_counts: list[int], epsilons: list[float], rounds: int, execut
         common = {"executor": executor, "num_workers": workers, "server_momentum": server_momentum,
                   "evaluate_on": evaluate_on}
         started = time.perf_counter()
-        weighted = run_private_rounds(federation, rounds, 50, TRAINING, **common)
+        weighted = run_private_rounds(federation, rounds, per_round, TRAINING, **common)
         print(f"{devices:7d}  {'none':>7}  {'-':>7}  {weighted[-1].accuracy:9.3f}  "
               f"{max(r.accuracy for r in weighted):8.3f}  {'-':>9}  {len(weighted):6d}  weighted by examples "
               f"(base model {federation.card.metrics.accuracy:.3f}; {time.perf_counter() - started:.0f} s)")
         started = time.perf_counter()
         # the reference: DP's equal weights and server optimizer, without the clipping and the noise
-        baseline = run_private_rounds(federation, rounds, 50, TRAINING, equal_weights=True, **common)
+        baseline = run_private_rounds(federation, rounds, per_round, TRAINING, equal_weights=True, **common)
         base_final = baseline[-1].accuracy
         print(f"{devices:7d}  {'none':>7}  {'-':>7}  {base_final:9.3f}  {max(r.accuracy for r in baseline):8.3f}  "
               f"{'-':>9}  {len(baseline):6d}  equal weights, the reference ({time.perf_counter() - started:.0f} s)")
         for epsilon in epsilons:
             started = time.perf_counter()
             dp = DpOptions(max_epsilon=epsilon, clip_norm=0.3, adaptive=AdaptiveClipping())
-            records = run_private_rounds(federation, rounds, 50, TRAINING, dp=dp, **common)
-            z = noise_multiplier_for(epsilon, 1e-5, rounds, 50 / devices)
+            records = run_private_rounds(federation, rounds, per_round, TRAINING, dp=dp, **common)
+            z = noise_multiplier_for(epsilon, 1e-5, rounds, per_round / devices)
             final = records[-1].accuracy
             print(f"{devices:7d}  {epsilon:7g}  {z:7.3f}  {final:9.3f}  {max(r.accuracy for r in records):8.3f}  "
                   f"{records[-1].epsilon:9.3f}  {len(records):6d}  {100 * (final - base_final):+.1f} pt "
@@ -227,6 +228,8 @@ def main() -> None:
     parser.add_argument("--executor", default="processes")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--server-momentum", type=float, default=0.0)
+    parser.add_argument("--per-round", type=int, default=50,
+                        help="devices expected per round (Poisson sampling, q = per-round / devices)")
     parser.add_argument("--evaluate-on", choices=("test", "validation"), default="test",
                         help="choose settings on validation, report them on test")
     arguments = parser.parse_args()
@@ -238,10 +241,10 @@ def main() -> None:
     if 2 in parts:
         dp_part([int(d) for d in arguments.devices.split(",")], [float(e) for e in arguments.epsilons.split(",")],
                 arguments.rounds, arguments.executor, arguments.workers, arguments.server_momentum,
-                arguments.evaluate_on)
+                arguments.evaluate_on, arguments.per_round)
     if 3 in parts:
         epsilon_table([int(d) for d in arguments.devices.split(",")], [float(e) for e in arguments.epsilons.split(",")],
-                      arguments.rounds)
+                      arguments.rounds, arguments.per_round)
         sampler_part(arguments.sampler_coordinates)
 
 
