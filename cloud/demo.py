@@ -106,7 +106,8 @@ def stage_data(run: DemoRun) -> str:
     sizes = [len(shard) for shard in shards]
     classes = np.mean([len(np.unique(run.split.train.y[shard])) for shard in shards])
     return (
-        f"{DEMO_PRESETS[run.preset].description} split {len(run.split.train)}/{len(run.split.validation)}/{len(run.split.test)}; "
+        f"{DEMO_PRESETS[run.preset].description} split "
+        f"{len(run.split.train)}/{len(run.split.validation)}/{len(run.split.test)}; "
         f"Dirichlet(0.5) over 20 clients: {min(sizes)}..{max(sizes)} examples each, {classes:.1f} classes on average"
     )
 
@@ -115,8 +116,8 @@ def stage_build(run: DemoRun) -> str:
     from fedzoo.cloud.pipeline import BuildConfig, build_zoo
     from fedzoo.cloud.zoo_cli import RichReporter
 
-    config = BuildConfig(dataset=run.dataset, out=run.zoo_dir, preset=DEMO_PRESETS[run.preset].build_preset, seed=0, compress=False,
-                         training_graphs=False, zoo_min_size=4, zoo_max_size=4)
+    config = BuildConfig(dataset=run.dataset, out=run.zoo_dir, preset=DEMO_PRESETS[run.preset].build_preset, seed=0,
+                         compress=False, training_graphs=False, zoo_min_size=4, zoo_max_size=4)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         result = build_zoo(config, RichReporter(progress))
