@@ -277,8 +277,10 @@ def stage_zoo_round(run: DemoRun) -> str:
     admin = FedzooClient(run.server_url, token=run.admin_token, cache_dir=run.workdir / "zoo-round-admin")
     calibration = io.BytesIO()
     np.savez(calibration, x=run.split.validation.x)
-    # the small tier (this machine's class) may spend 1.5x the smallest model's latency, the other tier anything
-    config = {"model_id": supernet.id, "evaluation_sha256": run.evaluation_sha256, "min_clients": 4,
+    # the small tier (this machine's class) may spend 1.5x the smallest model's latency, the other tier anything;
+    # 3 of the 4 updates are enough: on mnist1d's Dirichlet(0.5) shards the direction screening left one device's
+    # update out (cosine -0.33 with the round's median) and with 4 required the round failed
+    config = {"model_id": supernet.id, "evaluation_sha256": run.evaluation_sha256, "min_clients": 3,
               "target_clients": 4, "over_selection": 0.0, "deadline_s": 300, "local_epochs": 1, "batch_size": 32,
               "learning_rate": 0.01, "max_accuracy_drop": 0.01,
               "zoo": {"latency_budget_ms": 1e5, "calibration_sha256": admin.publish_blob(calibration.getvalue(),
