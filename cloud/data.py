@@ -18,8 +18,6 @@ from fedzoo.errors import InvalidInputError
 BUILTIN_DATASETS = ("mnist", "digits", "mnist1d")
 MNIST1D_SAMPLES = 20_000  # the benchmark's size (docs/zoo-federated.md); 2,000 per digit
 MNIST1D_SEED = 42  # the package's own default
-MNIST1D_SIGNAL_LENGTH = 40  # `final_seq_length` of the package's default arguments
-MNIST1D_IMAGE_SIZE = MNIST1D_SIGNAL_LENGTH // 2 + 1  # the Hankel image: x[i + j] for i, j < 21 needs 41 samples
 
 
 @dataclass(frozen=True)
@@ -154,7 +152,7 @@ def load_mnist1d(num_samples: int = MNIST1D_SAMPLES) -> Dataset:
     scaled and noised, generated here by the `mnist1d` package's `make_dataset` (never its download).
 
     The signals enter as 21 x 21 Hankel images (`hankel_images`), scaled to [0, 1] by the generated set's range.
-    Generation is seeded (the package's seed 42), takes a few seconds for 20,000 samples and leaves the caller's
+    Generation is seeded (the package's seed 42), takes about 10 s for 20,000 samples (cached per process) and leaves the caller's
     `random` / `numpy.random` global state as it found it (the package seeds both)."""
     from mnist1d.data import get_dataset_args, make_dataset
 
