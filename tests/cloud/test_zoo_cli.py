@@ -64,6 +64,18 @@ def test_build_then_list_and_show(tmp_path, capsys):
     assert code == 0 and "metrics.accuracy" in stdout and cards[0].id in stdout
 
 
+@pytest.mark.slow
+def test_build_on_mnist1d(tmp_path, capsys):
+    """mnist1d's signals enter the 2-D search space as 21 x 21 Hankel images (cloud.data.hankel_images)."""
+    out = tmp_path / "zoo"
+    code, _, stderr = run_main(["zoo", "build", "--dataset", "mnist1d", "--out", str(out), *TINY], capsys)
+    assert code == 0, stderr
+    cards = Zoo(out).cards()
+    assert cards and all(card.input.shape[1:] == [1, 21, 21] for card in cards)
+    assert all(card.id.startswith("mnist1d-") for card in cards)
+    assert max(card.metrics.accuracy for card in cards) > 0.2  # above chance (0.1) on 10 digits
+
+
 @pytest.mark.parametrize(
     "arguments, message",
     [

@@ -7,7 +7,9 @@ import base64
 import hashlib
 import json
 import re
+import sqlite3
 import stat
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import httpx
@@ -162,3 +164,37 @@ def test_a_session_forged_with_a_guessed_key_releases_nothing(server):
     with httpx.Client(base_url=server.base_url, cookies=cookies) as forger:
         response = forger.post("/ui/quarantine/some-device/release", data={"form_token": form_token})
     assert response.status_code == 302 and response.headers["location"].startswith("/ui/login")
+
+
+def test_the_round_page_shows_the_background_publication_progress(federation, tmp_path):
+    """A zoo round's publication runs after the round closes (server/fl/background.py); its page and the polled
+    state cell show how far it got, then how long it took."""
+    from fl_helpers import ready_simulation, round_config
+
+    from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
+
+    with LoopbackServer(tmp_path / "server") as server, \
+            ready_simulation(federation, server.url, tmp_path / "devices") as simulation:
+        round_id = simulation.admin.create_rounds({"model_id": federation.card.id, **round_config(),
+                                                   "evaluation_sha256": simulation.evaluation_sha256},
+                                                  DEFAULT_ADMIN_TOKEN)["id"]
+        lease = (datetime.now(timezone.utc) + timedelta(minutes=10)).isoformat(sep=" ")
+
+        def record(state: str, publication: dict) -> None:  # as a publishing worker (not this request) writes it
+            with sqlite3.connect(server.data_dir / "registry.db") as connection:
+                connection.execute("UPDATE fl_rounds SET state = ?, aggregation_owner = 'another-worker', "
+                                   "aggregation_lease_until = ?, publication_json = ? WHERE id = ?",
+                                   (state, lease, json.dumps(publication), round_id))
+
+        with httpx.Client(base_url=server.url) as browser:
+            log_in(browser, DEFAULT_ADMIN_TOKEN)
+            assert 'id="round-publication"' not in browser.get(f"/ui/rounds/{round_id}").text  # none yet
+            record("aggregating", {"stage": "re-extracting", "zoo_models_done": 2, "zoo_models_total": 5})
+            for path in (f"/ui/rounds/{round_id}", f"/ui/rounds/{round_id}/state"):  # the page and its polled cell
+                page = " ".join(browser.get(path).text.split())
+                assert "publication: re-extracting, 2 of 5 zoo models re-extracted</span>" in page, page
+            record("closed", {"stage": "published", "zoo_models_done": 5, "zoo_models_total": 5, "seconds": 12.5,
+                              "new_versions": 3})
+            page = " ".join(browser.get(f"/ui/rounds/{round_id}").text.split())
+            assert ("publication: published, 5 of 5 zoo models re-extracted, took 12.5 s, 3 new versions</span>"
+                    in page), page

@@ -5,7 +5,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedzoo.datasets import dirichlet_partition, load_dataset, load_npz, split_dataset, validate_arrays
+import random
+import socket
+
+from fedzoo.datasets import (
+    dirichlet_partition,
+    hankel_images,
+    load_dataset,
+    load_mnist1d,
+    load_npz,
+    split_dataset,
+    validate_arrays,
+)
 from fedzoo.errors import InvalidInputError
 
 
@@ -20,6 +31,39 @@ def test_digits_shapes():
     digits = load_dataset("digits")
     assert digits.x.shape == (1797, 1, 8, 8)
     assert digits.num_classes == 10 and digits.x.max() <= 1.0
+
+
+def test_mnist1d_is_generated_offline_seeded_and_leaves_global_random_state(monkeypatch):
+    def no_network(*args, **kwargs):
+        raise AssertionError("mnist1d must be generated locally, not downloaded")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    load_mnist1d.cache_clear()
+    np.random.seed(7)
+    random.seed(7)
+    expected_numpy, expected_python = np.random.random(), random.random()
+    np.random.seed(7)
+    random.seed(7)
+    small = load_mnist1d(200)
+    assert (np.random.random(), random.random()) == (expected_numpy, expected_python)
+    assert small.x.shape == (200, 1, 21, 21) and small.x.dtype == np.float32
+    assert small.x.min() == 0.0 and small.x.max() == 1.0
+    assert np.bincount(small.y).tolist() == [20] * 10
+    load_mnist1d.cache_clear()
+    assert np.array_equal(load_mnist1d(200).x, small.x)  # seeded: the same set every time
+
+
+def test_hankel_image_pixel_is_the_signal_at_row_plus_column():
+    signals = np.arange(2 * 40, dtype=np.float64).reshape(2, 40)
+    images = hankel_images(signals)
+    assert images.shape == (2, 1, 21, 21)
+    assert images[1, 0, 3, 5] == signals[1, 8] and images[0, 0, 0, 20] == signals[0, 20]
+    assert images[0, 0, 20, 20] == signals[0, 39]  # the even length's last sample repeated
+
+
+def test_mnist1d_needs_two_samples_per_digit():
+    with pytest.raises(InvalidInputError, match="at least 20 samples"):
+        load_mnist1d(10)
 
 
 def test_split_is_seeded_stratified_and_disjoint():
