@@ -59,6 +59,9 @@ class SecureAggregationTally:
         return {item.name: getattr(self, item.name) for item in fields(self)}
 
 
+ZOO_PUBLICATION_FIELDS = ("models", "new_versions", "retired_from_lookup", "publication_s")
+
+
 @dataclass
 class ZooRound:
     """A zoo-wide round: the supernet, which zoo models its devices trained, the per-element coverage, time and
@@ -79,10 +82,7 @@ class ZooRound:
 
     def to_dict(self) -> dict[str, Any]:
         return {item.name: getattr(self, item.name) for item in fields(self)
-                if getattr(self, item.name) is not None or item.name not in PUBLICATION_FIELDS}
-
-
-PUBLICATION_FIELDS = ("models", "new_versions", "retired_from_lookup", "publication_s")
+                if getattr(self, item.name) is not None or item.name not in ZOO_PUBLICATION_FIELDS}
 
 
 @dataclass
@@ -123,7 +123,7 @@ class RoundOutcome:
                 continue
             if isinstance(value, UpdateCounts):
                 record.update(value.to_dict())
-            elif hasattr(value, "to_dict"):
+            elif isinstance(value, (ScreeningTally, SecureAggregationTally, ZooRound)):
                 record[item.name] = value.to_dict()
             else:
                 record[item.name] = value
