@@ -19,6 +19,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -29,6 +30,7 @@ from fedzoo.aggregation.strategies import Strategy
 from fedzoo.cards import ModelCard
 from fedzoo.dp.accountant import PrivacyBudgetExhausted
 from fedzoo.server import registry
+from fedzoo.server.fl.outcome import RoundOutcome
 from fedzoo.server.fl.tables import ACTIVE_STATES, FLRound
 from fedzoo.server.fl.round_context import RoundContext
 from fedzoo.server.fl.schemas import RoundConfig
@@ -150,7 +152,7 @@ class RoundLifecycle:
                 self.fail(session, round_row, reason)
 
     def close(self, session: Session, round_row: FLRound, card: ModelCard, strategy: Strategy,
-              summary: dict[str, Any]) -> None:
+              outcome: RoundOutcome) -> None:
         """Record a published round's result and the strategy's state, and open the plan's next round."""
         config = RoundConfig.model_validate_json(round_row.config_json)
         round_row.state = "closed"
@@ -160,16 +162,16 @@ class RoundLifecycle:
         state = strategy.state()
         if state:
             round_row.strategy_state_sha256 = self.context.save_npz(state)
-        round_row.outcome_json = json.dumps({"metrics": card.metrics.model_dump(), **summary})
+        round_row.outcome_json = replace(outcome, metrics=card.metrics.model_dump()).to_json()
         self.context.private.record_seat_failures(session, round_row.id, config.quarantine, self.context.clock())
         self.open_next(session, round_row, config, card)
 
-    def fail(self, session: Session, round_row: FLRound, reason: str, summary: dict[str, Any] | None = None) -> None:
+    def fail(self, session: Session, round_row: FLRound, reason: str, outcome: RoundOutcome | None = None) -> None:
         """Record why the round failed, and open the plan's next round from the base it had."""
         round_row.state = "failed"
         round_row.finished_at = self.context.clock()
         round_row.aggregation_lease_until = None
-        round_row.outcome_json = json.dumps({"failure": reason, **(summary or {})})
+        round_row.outcome_json = replace(outcome or RoundOutcome(), failure=reason).to_json()
         config = RoundConfig.model_validate_json(round_row.config_json)
         self.context.private.record_seat_failures(session, round_row.id, config.quarantine, self.context.clock())
         card = ModelCard.from_dict(registry.get_card(session, round_row.base_model_id))

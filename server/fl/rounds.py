@@ -78,6 +78,7 @@ from fedzoo.server.fl.base_models import BaseModels, RoundBase, max_upload_bytes
 from fedzoo.server.fl.eligibility import DECLINED
 from fedzoo.server.fl.faults import crash_point
 from fedzoo.server.fl.lifecycle import AGGREGATION_LEASE_S, RoundLifecycle
+from fedzoo.server.fl.outcome import RoundOutcome
 from fedzoo.server.fl.tables import ACTIVE_STATES, FLParticipant, FLRefusedUpload, FLRound, FLUpdate
 from fedzoo.server.fl.round_context import RoundContext, as_utc, count_rows, find_round, utc_now
 from fedzoo.server.fl.schemas import RoundConfig, TaskResponse, UpdateMetadata
@@ -360,34 +361,35 @@ class RoundService:
         try:
             root = root_update(self.context, base, config, round_number)
         except FedzooError as error:
-            self._refuse(round_id, rows, [], {"strategy": strategy.name}, f"the root set cannot score updates: {error}")
+            self._refuse(round_id, rows, [], RoundOutcome(strategy=strategy.name),
+                         f"the root set cannot score updates: {error}")
             return
         kept: list[ClientUpdate] = []
         if is_private(config):
             screened: list[Screened] = []
-            summary: dict[str, Any] = {"strategy": strategy.name, "upload_bytes": sum(row.upload_bytes for row in rows),
-                                       "defences": round_defences(config, None)}
+            outcome = RoundOutcome(strategy=strategy.name, upload_bytes=sum(row.upload_bytes for row in rows),
+                                   defences=round_defences(config, None))
         else:
             screening = screen_round(self.context, rows, config, revoked, root, self.aggregation.spill_dir)
-            screened, kept, summary = screening.screened, screening.kept, screening.summary
+            screened, kept, outcome = screening.screened, screening.kept, screening.outcome
             if len(kept) < config.min_clients:
-                self._refuse(round_id, rows, screened, summary,
+                self._refuse(round_id, rows, screened, outcome,
                              f"only {len(kept)} of {len(rows)} updates passed screening; "
                              f"the round needs {config.min_clients}")
                 return
-            summary["strategy"] = strategy.name
+            outcome.strategy = strategy.name
         try:
-            aggregate = self.aggregation.aggregate(round_id, config, base, rows, kept, strategy, summary, root)
+            aggregate = self.aggregation.aggregate(round_id, config, base, rows, kept, strategy, outcome, root)
             candidate = self.publication.candidate(base, aggregate, config.evaluation_sha256)
             reference = self.publication.reference(plan_id, round_id, config, base, candidate)
         except FedzooError as error:  # a bad result (or an aborted SecAgg+), not a crash: fail cleanly and go on
-            self._refuse(round_id, rows, screened, summary, f"aggregation failed: {error}")
+            self._refuse(round_id, rows, screened, outcome, f"aggregation failed: {error}")
             return
-        summary["server_seconds"] = round(time.perf_counter() - started, 4)
-        decision = self.publication.decide(candidate, reference, config.max_accuracy_drop, summary)
+        outcome.server_seconds = round(time.perf_counter() - started, 4)
+        decision = self.publication.decide(candidate, reference, config.max_accuracy_drop, outcome)
         if not decision.publish:
-            summary["refused_model_sha256"] = self.store.put(candidate.onnx_bytes)
-            self._refuse(round_id, rows, screened, summary, f"the aggregate was not published: {decision.reason}")
+            outcome.refused_model_sha256 = self.store.put(candidate.onnx_bytes)
+            self._refuse(round_id, rows, screened, outcome, f"the aggregate was not published: {decision.reason}")
             return
         sha256 = self.store.put(candidate.onnx_bytes)
         crash_point("aggregation.publishing")
@@ -395,11 +397,11 @@ class RoundService:
             round_row = self.lifecycle.finish_if_owner(session, round_id, "closed")
             if round_row is None:
                 return
-            self.private.record_release(session, round_id, summary)
+            self.private.record_release(session, round_id, outcome)
             record_screening(session, rows, screened, config.quarantine, self.clock())
             card = self.publication.publish(session, round_row, base, sha256, len(candidate.onnx_bytes),
-                                            candidate.measured, summary)
-            self.lifecycle.close(session, round_row, card, strategy, summary)
+                                            candidate.measured, outcome)
+            self.lifecycle.close(session, round_row, card, strategy, outcome)
 
     def _aggregate_zoo(self, round_id: int, config: RoundConfig, rows: list[FLUpdate], revoked: frozenset[str],
                        strategy: Strategy) -> None:
@@ -411,7 +413,6 @@ class RoundService:
             screening = self.zoo.screen(session, rows, config, revoked)
             members = self.zoo.members(session, supernet)
             variants = {member.id: self.zoo.int8_variants(session, supernet, member) for member in members}
-        summary = screening.summary
         started = self.clock()
         progress: dict[str, Any] = {"started_at": started.isoformat(), "zoo_models_total": len(members)}
 
@@ -421,19 +422,19 @@ class RoundService:
 
         if len(screening.kept) < config.min_clients:
             report("refused")
-            self._refuse(round_id, rows, screening.screened, summary,
+            self._refuse(round_id, rows, screening.screened, screening.outcome,
                          f"only {len(screening.kept)} of {len(rows)} updates passed screening; "
                          f"the round needs {config.min_clients}")
             return
         try:
             report("aggregating")
-            outcome = self.zoo.aggregate(round_id, config, supernet, rows, screening, strategy)
-            publication = self.zoo.re_extract(config, supernet, outcome.weights, members, variants,
+            aggregated = self.zoo.aggregate(round_id, config, supernet, rows, screening, strategy)
+            publication = self.zoo.re_extract(config, supernet, aggregated.weights, members, variants,
                                               lambda done: report("re-extracting", zoo_models_done=done,
                                                                   zoo_models_total=len(members)))
         except FedzooError as error:
             report("refused")
-            self._refuse(round_id, rows, screening.screened, summary, f"aggregation failed: {error}")
+            self._refuse(round_id, rows, screening.screened, screening.outcome, f"aggregation failed: {error}")
             return
         report("publishing", zoo_models_done=len(members))
         crash_point("aggregation.publishing")
@@ -441,24 +442,24 @@ class RoundService:
             round_row = self.lifecycle.finish_if_owner(session, round_id, "closed")
             if round_row is None:
                 return
-            record_screening(session, rows, outcome.screened, config.quarantine, self.clock())
-            card = self.zoo.publish(session, round_row, supernet, outcome.weights, publication, outcome.summary)
+            record_screening(session, rows, aggregated.screened, config.quarantine, self.clock())
+            card = self.zoo.publish(session, round_row, supernet, aggregated.weights, publication, aggregated.outcome)
             finished = self.clock()
             round_row.publication_json = json.dumps({
                 **progress, "stage": "published", "finished_at": finished.isoformat(),
                 "seconds": round((finished - started).total_seconds(), 3), "new_versions": len(publication.new_cards)})
-            self.lifecycle.close(session, round_row, card, strategy, outcome.summary)
+            self.lifecycle.close(session, round_row, card, strategy, aggregated.outcome)
 
-    def _refuse(self, round_id: int, rows: list[FLUpdate], screened: list[Screened], summary: dict[str, Any],
+    def _refuse(self, round_id: int, rows: list[FLUpdate], screened: list[Screened], outcome: RoundOutcome,
                 reason: str) -> None:
         """Fail the round with its outcome recorded (a bad result, not a crash) and go on with the plan."""
         with self.database.session() as session:
             round_row = self.lifecycle.finish_if_owner(session, round_id, "failed")
             if round_row is not None:
-                self.private.record_release(session, round_id, summary)
+                self.private.record_release(session, round_id, outcome)
                 record_screening(session, rows, screened,
                                  RoundConfig.model_validate_json(round_row.config_json).quarantine, self.clock())
-                self.lifecycle.fail(session, round_row, reason, summary)
+                self.lifecycle.fail(session, round_row, reason, outcome)
 
     # reading -------------------------------------------------------------------------------------
 

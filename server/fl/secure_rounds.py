@@ -65,6 +65,7 @@ from fedzoo.server.errors import Conflict, Forbidden, ValidationFailed
 from fedzoo.server.fl import quarantine
 from fedzoo.server.fl.distributed_dp import (card_noise, check_distributed_plan, is_distributed, noise_request,
                                              noise_slack, released_mean)
+from fedzoo.server.fl.outcome import RoundOutcome, ScreeningTally, SecureAggregationTally, UpdateCounts
 from fedzoo.server.fl.tables import (ACTIVE_STATES, FLParticipant, FLPrivateRound, FLRefusedUpload, FLRound,
                                     FLSecureMessage, PrivacyLine, SEAT_FAILURES)
 from fedzoo.server.fl.privacy_lineage import lineage_claim
@@ -494,13 +495,14 @@ class PrivateRounds:
     # aggregation -----------------------------------------------------------------------------------
 
     def aggregate(self, round_id: int, config: RoundConfig, base_parameters: Parameters, strategy: Strategy,
-                  clear_deltas: list[Callable[[], Parameters]]) -> tuple[Parameters, dict[str, Any]]:
-        """The next global parameters and the round's summary: from the unmasked sum (SecAgg+) or the clear
-        deltas clipped again here (DP alone), noised under DP. Raises RoundAborted or InvalidInputError."""
+                  clear_deltas: list[Callable[[], Parameters]], outcome: RoundOutcome) -> Parameters:
+        """The next global parameters, from the unmasked sum (SecAgg+) or the clear deltas clipped again here (DP
+        alone), noised under DP; the round's outcome hears the counts and the privacy only when the aggregate is
+        made. Raises RoundAborted or InvalidInputError."""
         shapes = {name: value.shape for name, value in base_parameters.items()}
         vector_length = sum(value.size for value in base_parameters.values())
         dp, settings = config.privacy.dp, config.privacy.secure_aggregation
-        summary: dict[str, Any] = {"num_examples": None, "client_reported_metrics": {}}
+        secure: SecureAggregationTally | None = None
         with self.database.session() as session:
             row = session.get(FLPrivateRound, round_id)
             ledger_json = row.ledger_json
@@ -512,28 +514,32 @@ class PrivateRounds:
         if settings is not None:
             total, total_weight = dequantise_sum(result.ring_sum, protocol)
             count = len(result.survivors)
-            summary["secure_aggregation"] = {
-                "num_clients": protocol.num_clients, "neighbour_count": protocol.neighbour_count,
-                "threshold": protocol.threshold, "levels": protocol.levels, "clip_range": protocol.clip_range,
-                "survivors": count, "dropped": len(result.dropped),
-                "misbehaving": {str(client): why for client, why in result.misbehaving.items()}}
-            summary["upload_bytes"] = int(upload_bytes)
+            secure = SecureAggregationTally(
+                protocol.num_clients, protocol.neighbour_count, protocol.threshold, protocol.levels,
+                protocol.clip_range, count, len(result.dropped),
+                {str(client): why for client, why in result.misbehaving.items()})
             slack = noise_slack(protocol, noise_request(config, protocol), count) if is_distributed(config) else 0.0
             check_secure_sum(total, total_weight, count, protocol.clip_range, equal_weights(config), slack)
         else:  # DP without SecAgg+: the server sees each delta, and clips it itself rather than trust the device
             count = len(clear_deltas)
-        summary.update(accepted_updates=count, aggregated_updates=count,
-                       screening={"norm_limit": dp.clip_norm if dp is not None else None, "counted": count,
-                                  "clipped": 0, "rejected": 0})
+
+        def record(privacy: dict[str, Any], ledger: PrivacyLedger | None) -> None:
+            outcome.counts = UpdateCounts(count, count, None)
+            outcome.client_reported_metrics = {}
+            if secure is not None:
+                outcome.secure_aggregation, outcome.upload_bytes = secure, int(upload_bytes)
+            outcome.screening = ScreeningTally(count, 0, 0, norm_limit=dp.clip_norm if dp is not None else None)
+            outcome.privacy = privacy
+            outcome.privacy_ledger = ledger.to_dict() if ledger is not None else None
+
         if dp is None:
-            summary["privacy"] = card_privacy(config, None, None)
-            return strategy.apply_mean_delta(base_parameters, unflatten(total / total_weight, shapes)), summary
+            record(card_privacy(config, None, None), None)
+            return strategy.apply_mean_delta(base_parameters, unflatten(total / total_weight, shapes))
         ledger = PrivacyLedger.from_dict(json.loads(ledger_json))
         if is_distributed(config):  # the devices noised the sum: the server adds nothing
             mean = released_mean(total, count, protocol.minimum_survivors, ledger, config.target_clients)
-            summary["privacy_ledger"] = ledger.to_dict()
-            summary["privacy"] = card_privacy(config, ledger, None, card_noise(protocol, noise_request(config, protocol)))
-            return strategy.apply_mean_delta(base_parameters, unflatten(mean, shapes)), summary
+            record(card_privacy(config, ledger, None, card_noise(protocol, noise_request(config, protocol))), ledger)
+            return strategy.apply_mean_delta(base_parameters, unflatten(mean, shapes))
         mechanism = DpFedAvg(ledger, config.target_clients, dp.clip_norm, adaptive_clipping(dp))
         private = DifferentialPrivacy(strategy, mechanism)
         if settings is not None:
@@ -544,17 +550,16 @@ class PrivateRounds:
         else:
             total, unclipped, _ = clipped_sum((load() for load in clear_deltas), dp.clip_norm, vector_length)
             parameters = private.apply_noised_sum(base_parameters, total, unclipped, count)
-        summary["privacy_ledger"] = ledger.to_dict()
-        summary["privacy"] = card_privacy(config, ledger, mechanism)
-        return parameters, summary
+        record(card_privacy(config, ledger, mechanism), ledger)
+        return parameters
 
-    def record_release(self, session: Session, round_id: int, summary: dict[str, Any]) -> None:
+    def record_release(self, session: Session, round_id: int, outcome: RoundOutcome) -> None:
         """A noised aggregate left the server (published or refused): the plan's ledger and its line's count
         the round."""
-        if "privacy_ledger" in summary:
+        if outcome.privacy_ledger is not None:
             session.execute(update(FLPrivateRound).where(FLPrivateRound.round_id == round_id)
-                            .values(ledger_after_json=json.dumps(summary["privacy_ledger"])))
-            ledger = PrivacyLedger.from_dict(summary["privacy_ledger"])
+                            .values(ledger_after_json=json.dumps(outcome.privacy_ledger)))
+            ledger = PrivacyLedger.from_dict(outcome.privacy_ledger)
             if ledger.line is not None:
                 session.execute(update(PrivacyLine).where(PrivacyLine.line_id == ledger.line).values(
                     events_json=json.dumps(ledger.events()), epsilon=ledger.epsilon_spent, updated_at=self.clock()))
@@ -613,14 +618,13 @@ def card_privacy(config: RoundConfig, ledger: PrivacyLedger | None, mechanism: D
     return record
 
 
-def published_counts(summary: dict[str, Any]) -> dict[str, Any]:
+def published_counts(outcome: RoundOutcome) -> dict[str, Any]:
     """The contributor counts a published card states: exact, or under DP none at all. Any count, even rounded,
     is a function of who took part (with 14 others a card rounded to 10 says 10 without a device and 20 with it),
     and add/remove adjacency makes membership the secret; the noised count adaptive clipping releases is charged
     to the ledger and is the only one a DP round publishes."""
-    counts = {name: summary[name] for name in ("accepted_updates", "aggregated_updates", "num_examples")}
-    screening = dict(summary["screening"])
-    if not (summary.get("privacy") or {}).get("dp"):
+    counts, screening = outcome.counts.to_dict(), outcome.screening.to_dict()
+    if not (outcome.privacy or {}).get("dp"):
         return {**counts, "screening": screening}
     return {**{name: None for name in counts}, "screening": {"norm_limit": screening.get("norm_limit")},
             "counts_withheld": DP_COUNTS_WITHHELD}

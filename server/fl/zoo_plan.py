@@ -27,7 +27,7 @@ from __future__ import annotations
 import io
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from collections.abc import Callable
 from typing import Any
 
@@ -48,10 +48,11 @@ from fedzoo.nas.subnet_mapping import Weights, map_back
 from fedzoo.server import registry
 from fedzoo.server.devices import AuthenticatedDevice
 from fedzoo.server.fl.evaluation import GateReference, client_reported_metrics, decide_publication, evaluate
+from fedzoo.server.fl.outcome import RoundOutcome, UpdateCounts, ZooRound
 from fedzoo.server.fl.tables import FLRound, FLSubnetAssignment, FLUpdate
 from fedzoo.server.fl.round_context import RoundContext
 from fedzoo.server.fl.schemas import RoundConfig
-from fedzoo.server.fl.stages.screening import ScreenedRound, screen_round
+from fedzoo.server.fl.stages.screening import ScreenedRound, screen_round, tally_screening
 from fedzoo.server.latency import LatencyEstimator
 from fedzoo.server.lookup import LookupQuery, lookup
 from fedzoo.server.tables import DeviceRecord, ModelRecord
@@ -98,11 +99,11 @@ class Supernet:
 
 @dataclass
 class ZooOutcome:
-    """What a zoo-wide round's aggregation produced: the new weights, and the operator's figures."""
+    """What a zoo-wide round's aggregation produced: the new weights, and the round's outcome so far."""
 
     weights: Weights
     screened: list[Screened]
-    summary: dict[str, Any]
+    outcome: RoundOutcome
 
 
 @dataclass
@@ -340,19 +341,16 @@ class ZooPlan:
         for training_id, group in groups.items():
             # no root-set scoring: the root set trains the single-model plan's model, not each subnet
             screened = screen_round(self.context, group, config, revoked, None)
-            limits[training_id] = screened.summary["screening"]["norm_limit"]
-            defences[training_id] = screened.summary["defences"]
+            limits[training_id] = screened.outcome.screening.norm_limit
+            defences[training_id] = screened.outcome.defences
             decisions.update({row.id: decision for row, decision in zip(group, screened.screened)})
         ordered = [decisions[row.id] for row in rows]
         kept = [decision.update for decision in ordered if decision.update is not None]
-        summary = {"accepted_updates": len(rows), "aggregated_updates": len(kept),
-                   "num_examples": sum(update.num_examples for update in kept),
-                   "upload_bytes": sum(row.upload_bytes for row in rows),
-                   "screening": {"per_subnet_norm_limit": limits,
-                                 **{outcome: sum(d.outcome == outcome for d in ordered)
-                                    for outcome in ("counted", "clipped", "rejected")}},
-                   "client_reported_metrics": client_reported_metrics(kept), "per_subnet_defences": defences}
-        return ScreenedRound(ordered, kept, summary)
+        outcome = RoundOutcome(counts=UpdateCounts(len(rows), len(kept), sum(update.num_examples for update in kept)),
+                               upload_bytes=sum(row.upload_bytes for row in rows),
+                               screening=tally_screening(ordered, per_subnet_norm_limit=limits),
+                               client_reported_metrics=client_reported_metrics(kept), per_subnet_defences=defences)
+        return ScreenedRound(ordered, kept, outcome)
 
     @staticmethod
     def _download_bytes(session: Session, training_id: str) -> int:
@@ -392,30 +390,27 @@ class ZooPlan:
             raise InvalidInputError(f"the per-element {strategy.name} aggregate holds NaN or infinite weights")
         report = coverage_report(total.counts, released)
         elements = sum(value.size for name, value in supernet.weights.items() if name in parameters)
-        summary = {
-            **screening.summary, "strategy": strategy.name,
-            "zoo": {
-                "supernet_id": supernet.card.id, "devices_per_zoo_model": subnets,
-                "min_coverage": config.zoo.min_coverage,
-                "coverage_step_exponent": config.zoo.coverage_step_exponent,
-                "devices_per_subnet": round(total.devices_per_subnet, 4),
-                "coverage": {
-                    "parameters": elements,
-                    "uncovered": sum(report[name].uncovered for name in parameters),
-                    "single_device": sum(report[name].single for name in parameters),
-                    "released": sum(report[name].released for name in parameters),
-                    "by_layer": coverage_by_layer({name: report[name] for name in parameters}),
-                },
-                "aggregation_s": round(time.perf_counter() - started, 4),
-                "bytes": {
-                    "upload": sum(row.upload_bytes for row in rows),
-                    "upload_per_device": round(sum(row.upload_bytes for row in rows) / max(len(rows), 1), 1),
-                    "download_per_device": round(sum(download_bytes[assignments[row.device_id].training_model_id]
-                                                     for row in rows) / max(len(rows), 1), 1),
-                },
+        zoo = ZooRound(
+            supernet_id=supernet.card.id, devices_per_zoo_model=subnets,
+            min_coverage=config.zoo.min_coverage,
+            coverage_step_exponent=config.zoo.coverage_step_exponent,
+            devices_per_subnet=round(total.devices_per_subnet, 4),
+            coverage={
+                "parameters": elements,
+                "uncovered": sum(report[name].uncovered for name in parameters),
+                "single_device": sum(report[name].single for name in parameters),
+                "released": sum(report[name].released for name in parameters),
+                "by_layer": coverage_by_layer({name: report[name] for name in parameters}),
             },
-        }
-        return ZooOutcome(weights, screening.screened, summary)
+            aggregation_s=round(time.perf_counter() - started, 4),
+            bytes={
+                "upload": sum(row.upload_bytes for row in rows),
+                "upload_per_device": round(sum(row.upload_bytes for row in rows) / max(len(rows), 1), 1),
+                "download_per_device": round(sum(download_bytes[assignments[row.device_id].training_model_id]
+                                                 for row in rows) / max(len(rows), 1), 1),
+            },
+        )  # a copy of the screening's outcome: a refused re-extraction records the screening alone
+        return ZooOutcome(weights, screening.screened, replace(screening.outcome, strategy=strategy.name, zoo=zoo))
 
     # publication ----------------------------------------------------------------------------------
 
@@ -482,7 +477,7 @@ class ZooPlan:
                 "fp32_of": member.id}
 
     def publish(self, session: Session, round_row: FLRound, supernet: Supernet, weights: Weights,
-                publication: ZooPublication, summary: dict[str, Any]) -> ModelCard:
+                publication: ZooPublication, outcome: RoundOutcome) -> ModelCard:
         """Publish the new supernet version and every zoo model that passed the gate, retire the compressed
         variants their lines left behind; returns the supernet card."""
         now = self.context.clock()
@@ -532,10 +527,10 @@ class ZooPlan:
             if card.precision == "fp32":
                 new_ids[member.id] = card.id
                 fp32_training_graphs[card.id] = card.training_graph
-        summary["zoo"]["models"] = [{key: value for key, value in model.items()
-                                     if key not in ("onnx", "metrics", "card", "training_graph", "fp32_of")}
-                                    for model in publication.models]
-        summary["zoo"]["new_versions"] = len(publication.new_cards)
-        summary["zoo"]["retired_from_lookup"] = self.retire_stale_variants(session, supernet, new_ids)
-        summary["zoo"]["publication_s"] = publication.seconds
+        outcome.zoo.models = [{key: value for key, value in model.items()
+                               if key not in ("onnx", "metrics", "card", "training_graph", "fp32_of")}
+                              for model in publication.models]
+        outcome.zoo.new_versions = len(publication.new_cards)
+        outcome.zoo.retired_from_lookup = self.retire_stale_variants(session, supernet, new_ids)
+        outcome.zoo.publication_s = publication.seconds
         return supernet_card

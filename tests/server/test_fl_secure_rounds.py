@@ -18,6 +18,7 @@ from fedzoo.secagg import SecAggClient, SecAggConfig, dequantise_sum, flatten, q
 from fedzoo.secagg.crypto import MASK_DTYPES
 from fedzoo.secagg.framing import decode_unmask
 from fedzoo.server.fl import secure_rounds
+from fedzoo.server.fl.outcome import RoundOutcome, ScreeningTally, UpdateCounts
 from fedzoo.server.fl.root_trust import train_root_update
 from fedzoo.server.fl.schemas import TrainingConfig
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
@@ -479,21 +480,23 @@ def test_plans_on_one_model_line_compose_into_one_ledger_and_the_card_states_the
     assert federated["screening"] == {"norm_limit": 0.1} and "counts_withheld" in federated
 
 
-def _summary(contributors, clipped=2):
-    return {"accepted_updates": contributors, "aggregated_updates": contributors, "num_examples": None,
-            "screening": {"norm_limit": 0.1, "counted": contributors, "clipped": clipped, "rejected": 0}}
+def _outcome(contributors, clipped=2, privacy=None):
+    return RoundOutcome(counts=UpdateCounts(contributors, contributors, None),
+                        screening=ScreeningTally(contributors, clipped, 0, norm_limit=0.1), privacy=privacy)
 
 
 def test_membership_attack_a_dp_card_reads_the_same_with_and_without_the_target():
     """Add/remove adjacency: whoever knows the other contributors compares the card's counts with the target and
     without. Rounded counts told them apart for 6 of 60 cohort sizes (14 others: 10 vs 20); a DP card states none."""
-    private = {"privacy": {"dp": {"epsilon": 1.0}}}
+    private = {"dp": {"epsilon": 1.0}}
     leaks = [others for others in range(1, 61)
-             if secure_rounds.published_counts({**_summary(others), **private})
-             != secure_rounds.published_counts({**_summary(others + 1, clipped=3), **private})]
+             if secure_rounds.published_counts(_outcome(others, privacy=private))
+             != secure_rounds.published_counts(_outcome(others + 1, clipped=3, privacy=private))]
     assert leaks == []
-    plain = _summary(17)
-    assert secure_rounds.published_counts(plain) == plain  # without DP the counts are exact
+    plain = _outcome(17)
+    assert secure_rounds.published_counts(plain) == {  # without DP the counts are exact
+        "accepted_updates": 17, "aggregated_updates": 17, "num_examples": None,
+        "screening": {"norm_limit": 0.1, "counted": 17, "clipped": 2, "rejected": 0}}
 
 
 def test_membership_attack_a_dp_rounds_read_states_no_counts_and_needs_an_operator_token(simulation, federation):

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
 import numpy as np
 
 from fedzoo.aggregation.running_statistics import aggregate_statistics
 from fedzoo.aggregation.strategies import ClientUpdate, Parameters, Strategy, make_strategy
 from fedzoo.errors import InvalidInputError
 from fedzoo.server.fl.base_models import RoundBase
+from fedzoo.server.fl.outcome import RoundOutcome
 from fedzoo.server.fl.root_trust import RootUpdate, check_aggregate
 from fedzoo.server.fl.tables import FLUpdate
 from fedzoo.server.fl.round_context import RoundContext
@@ -46,25 +45,25 @@ class Aggregation:
         return strategy
 
     def aggregate(self, round_id: int, config: RoundConfig, base: RoundBase, rows: list[FLUpdate],
-                  kept: list[ClientUpdate], strategy: Strategy, summary: dict[str, Any],
+                  kept: list[ClientUpdate], strategy: Strategy, outcome: RoundOutcome,
                   root: RootUpdate | None = None) -> Aggregate:
         """The aggregate of the kept updates (or of the private sum, checked against the `root` update when
-        there is one: the sum is all the server sees); fills in the summary. Raises a `FedzooError` for a bad
-        result (non-finite weights, an aborted SecAgg+, a private aggregate pointing away from the root)."""
+        there is one: the sum is all the server sees); fills in the round's outcome. Raises a `FedzooError` for a
+        bad result (non-finite weights, an aborted SecAgg+, a private aggregate pointing away from the root)."""
         if is_private(config):
-            parameters, private_summary = self.context.private.aggregate(
-                round_id, config, base.parameters, strategy, [self.context.delta_loader(row.blob_sha256) for row in rows])
-            summary.update(private_summary)
+            parameters = self.context.private.aggregate(
+                round_id, config, base.parameters, strategy, [self.context.delta_loader(row.blob_sha256) for row in rows],
+                outcome)
         else:
             parameters = strategy.aggregate_fit(base.parameters, kept)
         if not all(np.all(np.isfinite(value)) for value in parameters.values()):
             raise InvalidInputError(f"the {strategy.name} aggregate holds NaN or infinite weights")
         if root is not None and is_private(config):
-            parameters, summary["root_trust"] = check_aggregate(base.parameters, parameters, root, config.root_trust)
+            parameters, outcome.root_trust = check_aggregate(base.parameters, parameters, root, config.root_trust)
         statistics: Parameters = {}
         if base.statistics and not is_private(config):  # under SecAgg+/DP the statistics stay the parent's
             blobs = {row.device_id: row.blob_sha256 for row in rows}
-            statistics, summary["running_statistics"] = aggregate_statistics(
+            statistics, outcome.running_statistics = aggregate_statistics(
                 base.statistics, kept,
                 lambda update: self.context.delta_loader(blobs[update.device_id], statistics=True)(),
                 config.norm_bound, base.variances)

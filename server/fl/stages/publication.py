@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -19,6 +18,7 @@ from fedzoo.server.fl.base_models import RoundBase
 from fedzoo.server.fl.evaluation import (
     GateReference, PublicationDecision, best_published, decide_publication, evaluate,
 )
+from fedzoo.server.fl.outcome import RoundOutcome
 from fedzoo.server.fl.tables import FLRound
 from fedzoo.server.fl.round_context import RoundContext
 from fedzoo.server.fl.schemas import RoundConfig
@@ -75,11 +75,12 @@ class Publication:
 
     @staticmethod
     def decide(candidate: Candidate, reference: GateReference, max_accuracy_drop: float,
-               summary: dict[str, Any]) -> PublicationDecision:
-        """The accuracy gate; records the measurements, the reference and the decision in the summary."""
+               outcome: RoundOutcome) -> PublicationDecision:
+        """The accuracy gate; records the measurements, the reference and the decision in the round's outcome."""
         decision = decide_publication(candidate.measured, reference, max_accuracy_drop)
-        summary.update(evaluation=candidate.measured.model_dump(), parent_evaluation=candidate.parent.model_dump(),
-                       gate=reference.as_dict(), publication={"published": decision.publish, "reason": decision.reason})
+        outcome.evaluation, outcome.parent_evaluation = candidate.measured.model_dump(), candidate.parent.model_dump()
+        outcome.gate = reference.as_dict()
+        outcome.publication = {"published": decision.publish, "reason": decision.reason}
         return decision
 
     def _measured(self, card: ModelCard, onnx_bytes: bytes, evaluation_sha256: str, evaluation_npz: bytes) -> Metrics:
@@ -91,7 +92,7 @@ class Publication:
         return self._measurements[key]
 
     def publish(self, session: Session, round_row: FLRound, base: RoundBase, sha256: str, size_bytes: int,
-                measured: Metrics, summary: dict[str, Any]) -> ModelCard:
+                measured: Metrics, outcome: RoundOutcome) -> ModelCard:
         """Register the aggregate as the line's next version: its metrics are the server's measurement; what the
         devices said about themselves travels in `details.federated.client_reported_metrics`; under DP its
         contributor counts are rounded (`published_counts`)."""
@@ -107,14 +108,14 @@ class Publication:
             "metrics": measured,
             "created_at": clock(),
             "details": {**base.card.details, "federated": {
-                "round_id": round_row.id, "round_number": round_row.number, "strategy": summary["strategy"],
-                **published_counts(summary),
+                "round_id": round_row.id, "round_number": round_row.number, "strategy": outcome.strategy,
+                **published_counts(outcome),
                 "metrics_source": "the server's evaluation set (held out, measured on the server)",
-                "parent_evaluation": summary["parent_evaluation"],
-                "client_reported_metrics": summary["client_reported_metrics"], "base_model_id": base.card.id,
-                "gate": summary["gate"], **({"root_trust": summary["root_trust"]} if "root_trust" in summary else {}),
-                **({"privacy": summary["privacy"]} if "privacy" in summary else {}),
-                **({"defences": summary["defences"]} if "defences" in summary else {}),
+                "parent_evaluation": outcome.parent_evaluation,
+                "client_reported_metrics": outcome.client_reported_metrics, "base_model_id": base.card.id,
+                "gate": outcome.gate, **({"root_trust": outcome.root_trust} if outcome.root_trust is not None else {}),
+                **({"privacy": outcome.privacy} if outcome.privacy is not None else {}),
+                **({"defences": outcome.defences} if outcome.defences is not None else {}),
             }},
         })
         card = sign_card(ModelCard.from_dict(card.model_dump(exclude={"signature"})), self.signing_key, now=clock())

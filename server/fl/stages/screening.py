@@ -24,6 +24,7 @@ from fedzoo.aggregation.strategies import ClientUpdate, make_strategy
 from fedzoo.server.fl import quarantine, root_trust
 from fedzoo.server.fl.base_models import RoundBase
 from fedzoo.server.fl.evaluation import client_reported_metrics
+from fedzoo.server.fl.outcome import RoundOutcome, ScreeningTally, UpdateCounts
 from fedzoo.server.fl.tables import FLUpdate
 from fedzoo.server.fl.round_context import RoundContext
 from fedzoo.server.fl.schemas import QuarantinePolicy, RoundConfig, round_training
@@ -31,11 +32,11 @@ from fedzoo.server.fl.schemas import QuarantinePolicy, RoundConfig, round_traini
 
 @dataclass(frozen=True)
 class ScreenedRound:
-    """The screening decisions (in the rows' order), the updates that count, and the round's summary so far."""
+    """The screening decisions (in the rows' order), the updates that count, and the round's outcome so far."""
 
     screened: list[Screened]
     kept: list[ClientUpdate]
-    summary: dict[str, Any]
+    outcome: RoundOutcome
 
 
 def root_update(context: RoundContext, base: RoundBase, config: RoundConfig,
@@ -105,22 +106,26 @@ def screen_round(context: RoundContext, rows: list[FLUpdate], config: RoundConfi
     if root is not None:
         screened = root_trust.score_updates(screened, root, config.root_trust)
     kept = [decision.update for decision in screened if decision.update is not None]
-    summary = {
-        "accepted_updates": len(rows), "aggregated_updates": len(kept),
-        "num_examples": sum(d.original.num_examples for d in screened if d.update is not None),
-        "upload_bytes": sum(row.upload_bytes for row in rows),
-        "screening": {"norm_limit": norm_limit,
-                      **{outcome: sum(d.outcome == outcome for d in screened)
-                         for outcome in ("counted", "clipped", "rejected")}},
-        "weight_bound": {"rule": config.weight_bound.rule, "cap": weight_cap},
-        "client_reported_metrics": client_reported_metrics(kept),
-    }
-    if direction is not None:
-        summary["direction_screening"] = direction
-    if root is not None:
-        summary["root_trust"] = root_trust.summary(root, screened, config.root_trust)
-    summary["defences"] = round_defences(config, counted)
-    return ScreenedRound(screened, kept, summary)
+    outcome = RoundOutcome(
+        counts=UpdateCounts(len(rows), len(kept),
+                            sum(d.original.num_examples for d in screened if d.update is not None)),
+        upload_bytes=sum(row.upload_bytes for row in rows),
+        screening=tally_screening(screened, norm_limit=norm_limit),
+        weight_bound={"rule": config.weight_bound.rule, "cap": weight_cap},
+        client_reported_metrics=client_reported_metrics(kept),
+        direction_screening=direction,
+        root_trust=root_trust.summary(root, screened, config.root_trust) if root is not None else None,
+        defences=round_defences(config, counted),
+    )
+    return ScreenedRound(screened, kept, outcome)
+
+
+def tally_screening(screened: list[Screened], norm_limit: float | None = None,
+                    per_subnet_norm_limit: dict[str, float] | None = None) -> ScreeningTally:
+    """The round's screening decisions counted by outcome, with the norm bound (or bounds) they met."""
+    counted, clipped, rejected = (sum(d.outcome == outcome for d in screened)
+                                  for outcome in ("counted", "clipped", "rejected"))
+    return ScreeningTally(counted, clipped, rejected, norm_limit, per_subnet_norm_limit)
 
 
 def record_screening(session: Session, rows: list[FLUpdate], screened: list[Screened],
