@@ -28,7 +28,7 @@
     .venv/bin/python bench/fl_private.py [--parts 1,2,3] [--secagg-runs 100] [--dimension 60000]
         [--devices 100,500,1000]
         [--epsilons 1,2,4,8] [--rounds 30] [--executor processes] [--workers 2] [--server-momentum 0]
-        [--per-round 50]
+        [--per-round 50] [--seed 0]
         [--evaluate-on test]
 """
 
@@ -146,15 +146,15 @@ def _ed25519_verify_seconds(count: int = 500) -> float:
 
 
 def dp_part(device_counts: list[int], epsilons: list[float], rounds: int, executor: str, workers: int,
-            server_momentum: float, evaluate_on: str, per_round: int = 50) -> None:
+            server_momentum: float, evaluate_on: str, per_round: int = 50, seed: int = 0) -> None:
     print(f"\n== DP-FedAvg: MNIST-5k, {per_round} expected per round, {rounds} rounds, delta 1e-5, server momentum "
-          f"{server_momentum:g}, accuracy on the {evaluate_on} split ==")
-    print(SEEDED_NOISE_NOTICE % 0)
+          f"{server_momentum:g}, accuracy on the {evaluate_on} split, seed {seed} ==")
+    print(SEEDED_NOISE_NOTICE % seed)
     print("devices  epsilon  noise z  final acc  best acc  eps spent  rounds  vs non-private (final)")
     for devices in device_counts:
-        federation = prepare_federation("mnist", num_clients=devices, alpha=None, hidden_units=64)
+        federation = prepare_federation("mnist", num_clients=devices, alpha=None, hidden_units=64, seed=seed)
         common = {"executor": executor, "num_workers": workers, "server_momentum": server_momentum,
-                  "evaluate_on": evaluate_on}
+                  "evaluate_on": evaluate_on, "seed": seed}
         started = time.perf_counter()
         weighted = run_private_rounds(federation, rounds, per_round, TRAINING, **common)
         print(f"{devices:7d}  {'none':>7}  {'-':>7}  {weighted[-1].accuracy:9.3f}  "
@@ -228,6 +228,7 @@ def main() -> None:
     parser.add_argument("--executor", default="processes")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--server-momentum", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, default=0, help="the split, the shards, the sampling and the noise")
     parser.add_argument("--per-round", type=int, default=50,
                         help="devices expected per round (Poisson sampling, q = per-round / devices)")
     parser.add_argument("--evaluate-on", choices=("test", "validation"), default="test",
@@ -241,7 +242,7 @@ def main() -> None:
     if 2 in parts:
         dp_part([int(d) for d in arguments.devices.split(",")], [float(e) for e in arguments.epsilons.split(",")],
                 arguments.rounds, arguments.executor, arguments.workers, arguments.server_momentum,
-                arguments.evaluate_on, arguments.per_round)
+                arguments.evaluate_on, arguments.per_round, arguments.seed)
     if 3 in parts:
         epsilon_table([int(d) for d in arguments.devices.split(",")], [float(e) for e in arguments.epsilons.split(",")],
                       arguments.rounds, arguments.per_round)
