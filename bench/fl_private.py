@@ -12,7 +12,8 @@
    its load does not inflate).
    All clients run in this one process, so "round" is the sum of every client's crypto plus the server's.
 2. DP-FedAvg (fedzoo.dp) on MNIST-5k (the 3,150 examples left after the cloud's 10% pre-training share,
-   split IID over 100, 500 and 1,000 simulated devices; 50 expected per round by Poisson sampling;
+   split IID over 100, 500 and 1,000 simulated devices; 200 expected per round by Poisson sampling
+   (`--per-round`, chosen on validation: docs/privacy.md);
    30 rounds; MLP 784-64-10, 50,890 parameters; adaptive clipping from 0.3 towards the median norm):
    test accuracy at epsilon 1, 2, 4, 8 (delta 1e-5, RDP) against the same plan without DP: equal weights
    and the same server optimizer, only without clipping and noise (the example-weighted plan is printed too)
@@ -28,7 +29,7 @@
     .venv/bin/python bench/fl_private.py [--parts 1,2,3] [--secagg-runs 100] [--dimension 60000]
         [--devices 100,500,1000]
         [--epsilons 1,2,4,8] [--rounds 30] [--executor processes] [--workers 2] [--server-momentum 0]
-        [--per-round 50] [--seed 0]
+        [--per-round 200] [--seed 0]
         [--evaluate-on test]
 """
 
@@ -229,7 +230,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--server-momentum", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0, help="the split, the shards, the sampling and the noise")
-    parser.add_argument("--per-round", type=int, default=50,
+    parser.add_argument("--per-round", type=int, default=200,
                         help="devices expected per round (Poisson sampling, q = per-round / devices)")
     parser.add_argument("--evaluate-on", choices=("test", "validation"), default="test",
                         help="choose settings on validation, report them on test")
