@@ -146,32 +146,39 @@ def _ed25519_verify_seconds(count: int = 500) -> float:
     return (time.process_time() - started) / count
 
 
+def expected_cohort(per_round: int, devices: int) -> int:
+    """Devices expected a round: `per_round`, but at most half the fleet (q <= 0.5; 100 devices: 50)."""
+    return min(per_round, devices // 2)
+
+
 def dp_part(device_counts: list[int], epsilons: list[float], rounds: int, executor: str, workers: int,
             server_momentum: float, evaluate_on: str, per_round: int = 50, seed: int = 0) -> None:
-    print(f"\n== DP-FedAvg: MNIST-5k, {per_round} expected per round, {rounds} rounds, delta 1e-5, server momentum "
+    print(f"\n== DP-FedAvg: MNIST-5k, {per_round} expected per round (at most half the fleet), {rounds} rounds, "
+          f"delta 1e-5, server momentum "
           f"{server_momentum:g}, accuracy on the {evaluate_on} split, seed {seed} ==")
     print(SEEDED_NOISE_NOTICE % seed)
     print("devices  epsilon  noise z  final acc  best acc  eps spent  rounds  vs non-private (final)")
     for devices in device_counts:
+        cohort = expected_cohort(per_round, devices)
         federation = prepare_federation("mnist", num_clients=devices, alpha=None, hidden_units=64, seed=seed)
         common = {"executor": executor, "num_workers": workers, "server_momentum": server_momentum,
                   "evaluate_on": evaluate_on, "seed": seed}
         started = time.perf_counter()
-        weighted = run_private_rounds(federation, rounds, per_round, TRAINING, **common)
+        weighted = run_private_rounds(federation, rounds, cohort, TRAINING, **common)
         print(f"{devices:7d}  {'none':>7}  {'-':>7}  {weighted[-1].accuracy:9.3f}  "
               f"{max(r.accuracy for r in weighted):8.3f}  {'-':>9}  {len(weighted):6d}  weighted by examples "
               f"(base model {federation.card.metrics.accuracy:.3f}; {time.perf_counter() - started:.0f} s)")
         started = time.perf_counter()
         # the reference: DP's equal weights and server optimizer, without the clipping and the noise
-        baseline = run_private_rounds(federation, rounds, per_round, TRAINING, equal_weights=True, **common)
+        baseline = run_private_rounds(federation, rounds, cohort, TRAINING, equal_weights=True, **common)
         base_final = baseline[-1].accuracy
         print(f"{devices:7d}  {'none':>7}  {'-':>7}  {base_final:9.3f}  {max(r.accuracy for r in baseline):8.3f}  "
               f"{'-':>9}  {len(baseline):6d}  equal weights, the reference ({time.perf_counter() - started:.0f} s)")
         for epsilon in epsilons:
             started = time.perf_counter()
             dp = DpOptions(max_epsilon=epsilon, clip_norm=0.3, adaptive=AdaptiveClipping())
-            records = run_private_rounds(federation, rounds, per_round, TRAINING, dp=dp, **common)
-            z = noise_multiplier_for(epsilon, 1e-5, rounds, per_round / devices)
+            records = run_private_rounds(federation, rounds, cohort, TRAINING, dp=dp, **common)
+            z = noise_multiplier_for(epsilon, 1e-5, rounds, cohort / devices)
             final = records[-1].accuracy
             print(f"{devices:7d}  {epsilon:7g}  {z:7.3f}  {final:9.3f}  {max(r.accuracy for r in records):8.3f}  "
                   f"{records[-1].epsilon:9.3f}  {len(records):6d}  {100 * (final - base_final):+.1f} pt "
@@ -180,14 +187,16 @@ def dp_part(device_counts: list[int], epsilons: list[float], rounds: int, execut
 
 def epsilon_table(device_counts: list[int], epsilons: list[float], rounds: int, per_round: int = 50,
                   clip_norm: float = 0.3) -> None:
-    print(f"\n== The epsilon table from the code: {per_round} expected per round, {rounds} rounds, delta 1e-5, "
+    print(f"\n== The epsilon table from the code: {per_round} expected per round (at most half the fleet), "
+          f"{rounds} rounds, delta 1e-5, "
           f"RDP, adaptive clipping at its defaults ==")
     print("devices  epsilon  plan z  deltas' z  count stddev  epsilon of the released pair (dp-accounting)")
     for devices in device_counts:
-        q = per_round / devices
+        cohort = expected_cohort(per_round, devices)
+        q = cohort / devices
         for epsilon in epsilons:
             z = noise_multiplier_for(epsilon, 1e-5, rounds, q)
-            count_stddev, delta_z = adaptive_noise_split(z, per_round, None)
+            count_stddev, delta_z = adaptive_noise_split(z, cohort, None)
             # one round releases (sum + N(0, (delta_z C)^2), centred count + N(0, count_stddev^2)): the pair is one
             # Gaussian mechanism whose sensitivities (C, 1/2) over their noises add in quadrature
             effective = ((clip_norm / (delta_z * clip_norm)) ** 2 + (0.5 / count_stddev) ** 2) ** -0.5
