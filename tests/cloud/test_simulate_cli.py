@@ -52,18 +52,16 @@ def test_simulate_runs_the_rounds_and_prints_a_json_summary(zoo_dir, capsys, tra
     assert summary["transport"] == transport and ("WSGI" if transport == "wsgi" else "loopback TCP") in summary["server"]
 
 
-def test_an_unknown_transport_is_refused_with_the_option_named(zoo_dir, capsys):
+@pytest.mark.parametrize("arguments, option", [
+    (["--transport", "udp"], "--transport"),  # an unknown transport
+    (["--clients", "4", "--per-round", "5"], "--per-round"),  # more devices a round than clients
+    (["--engine", "ray", "--executor", "processes"], "--executor"),  # the ray engine trains on Ray only
+    (["--per-round", "5", "--min-clients", "6", "--engine", "inprocess"], "--min-clients"),  # a minimum above them
+])
+def test_bad_options_are_refused_with_the_option_named(zoo_dir, capsys, arguments, option):
     folder, model_id = zoo_dir
-    code, stdout, stderr = run_main(["fl", "simulate", "--zoo", str(folder), "--model", model_id, "--transport", "udp"],
-                                    capsys)
-    assert code == 2 and stdout == "" and "--transport" in stderr and "Traceback" not in stderr
-
-
-def test_more_devices_per_round_than_clients_is_refused_with_the_option_named(zoo_dir, capsys):
-    folder, model_id = zoo_dir
-    code, stdout, stderr = run_main(["fl", "simulate", "--zoo", str(folder), "--model", model_id, "--clients", "4",
-                                     "--per-round", "5"], capsys)
-    assert code == 2 and stdout == "" and "--per-round" in stderr and "Traceback" not in stderr
+    code, stdout, stderr = run_main(["fl", "simulate", "--zoo", str(folder), "--model", model_id, *arguments], capsys)
+    assert code == 2 and stdout == "" and option in stderr and "Traceback" not in stderr
 
 
 def test_an_unknown_model_is_a_message_not_a_traceback(zoo_dir, capsys):
@@ -82,17 +80,3 @@ def test_simulate_on_the_inprocess_engine_runs_the_same_plan_without_a_server(zo
     for record in summary["rounds"]:
         assert (record["state"], record["accepted_updates"], record["participants"]) == ("closed", 6, 6)
         assert 0 < record["train_seconds"] < record["wall_seconds"] and 0 < record["accuracy"] <= 1
-
-
-def test_the_ray_engine_with_another_executor_is_refused_with_the_option_named(zoo_dir, capsys):
-    folder, model_id = zoo_dir
-    code, stdout, stderr = run_main(["fl", "simulate", "--zoo", str(folder), "--model", model_id, "--engine", "ray",
-                                     "--executor", "processes"], capsys)
-    assert code == 2 and stdout == "" and "--executor" in stderr and "Traceback" not in stderr
-
-
-def test_a_minimum_above_the_devices_per_round_is_refused_with_the_option_named(zoo_dir, capsys):
-    folder, model_id = zoo_dir
-    code, stdout, stderr = run_main(["fl", "simulate", "--zoo", str(folder), "--model", model_id, "--per-round", "5",
-                                     "--min-clients", "6", "--engine", "inprocess"], capsys)
-    assert code == 2 and stdout == "" and "--min-clients" in stderr and "Traceback" not in stderr
