@@ -10,6 +10,9 @@ fails whenever direction screening leaves out one):
   aggregation core (`fedzoo.aggregation`) aggregating with the server's default robust screening (norm bound,
   weight bound, direction screening against the round's median), no HTTP or database;
 - fedzoo-ray: `--engine ray`, the same with the devices' training as Ray tasks (`--workers` CPUs);
+- fedzoo-ray-1node, fedzoo-ray-2nodes: `--engine ray` connected (`RAY_ADDRESS`) to a local Ray cluster of one or two
+  nodes of one CPU each (`ray.cluster_utils.Cluster`, what `ray start --num-cpus 1` on each machine makes): the same
+  rounds on twice the nodes, for the cluster's speed-up (goal: a round >= 1.6x faster on two nodes than on one);
 - fedzoo (the server engine): `fedzoo fl simulate --engine server --executor processes` (the devices in one
   process per core; the real server reached through WSGI without TCP, `--transport wsgi`);
 - fedzoo-tcp: the server engine with `--transport tcp` (loopback HTTP);
@@ -23,7 +26,7 @@ starts worker processes or Ray actors):
   with the strategy), and for the server engine the device processes' peaks (`workers MB`: with WSGI they hold
   server workers too, so its memory is the simulating process plus its workers).
 Goals: fedzoo-inprocess's overhead <= 2x Flower in-process at 200 and 1,000 clients; 10,000 clients per round
-within 4 GB (peak RSS of the inprocess arm).
+within 4 GB (peak RSS of the inprocess arm); fedzoo-ray-2nodes's round wall time <= fedzoo-ray-1node's / 1.6.
 
 MNIST-5k's training split holds 3,500 examples, fewer than 10,000 clients: `--shifted-copies K` adds K copies of
 every image shifted by one pixel (right, down, left, up in turn) before the split, for every arm alike.
@@ -44,6 +47,8 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from importlib.metadata import version
 from pathlib import Path
 
@@ -103,11 +108,12 @@ def prepare(folder: Path, dataset: str) -> tuple[Path, str, Path]:
     return zoo.root, federation.card.id, data
 
 
-def run_json(command: list[str], timeout_s: float) -> dict | str:
+def run_json(command: list[str], timeout_s: float, ray_address: str | None = None) -> dict | str:
     """The JSON document the command prints last on stdout, or why there is none."""
+    cluster = {"RAY_ADDRESS": ray_address} if ray_address else {}
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=REPOSITORY,
-                              env={**os.environ, **ONE_BLAS_THREAD})
+                              env={**os.environ, **ONE_BLAS_THREAD, **cluster})
     except subprocess.TimeoutExpired:
         return f"did not finish in {timeout_s:.0f} s"
     if done.returncode != 0:
@@ -130,7 +136,23 @@ def round_outcomes(rounds: list[dict]) -> str:
 
 
 ENGINES = {"fedzoo": ("server", "wsgi"), "fedzoo-tcp": ("server", "tcp"), "fedzoo-inprocess": ("inprocess", None),
-           "fedzoo-ray": ("ray", None)}
+           "fedzoo-ray": ("ray", None), "fedzoo-ray-1node": ("ray", None), "fedzoo-ray-2nodes": ("ray", None)}
+CLUSTER_NODES = {"fedzoo-ray-1node": 1, "fedzoo-ray-2nodes": 2}  # one-CPU nodes of the arm's local Ray cluster
+
+
+@contextmanager
+def ray_cluster(nodes: int) -> Iterator[str]:
+    """A local Ray cluster of `nodes` one-CPU nodes for the arm's run; yields the address the run connects to."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    try:
+        for _ in range(nodes - 1):
+            cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        yield cluster.address
+    finally:
+        cluster.shutdown()
 
 
 def fedzoo_command(framework: str, zoo_dir: Path, model_id: str, dataset: str, clients: int, rounds: int,
@@ -143,7 +165,7 @@ def fedzoo_command(framework: str, zoo_dir: Path, model_id: str, dataset: str, c
                "--learning-rate", str(TRAINING["learning_rate"]), "--dataset", dataset, "--seed", str(SEED)]
     if engine == "server":
         command += ["--executor", "processes", "--workers", str(workers), "--transport", transport]
-    if engine == "ray":
+    if engine == "ray" and framework not in CLUSTER_NODES:  # on a cluster the run takes the cluster's CPUs
         command += ["--workers", str(workers)]
     return command
 
@@ -157,8 +179,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="the server engine's device processes, the ray engine's CPUs")
     parser.add_argument("--frameworks", default="fedzoo-inprocess,flower-inprocess,fedzoo")
     parser.add_argument("--shifted-copies", type=int, default=0, help="one-pixel-shifted copies of MNIST-5k to add")
+    parser.add_argument("--local-epochs", type=int, default=TRAINING["local_epochs"],
+                        help="every arm's local epochs (more: rounds where the devices' work outweighs the framework's)")
     parser.add_argument("--timeout-s", type=float, default=1800)
     arguments = parser.parse_args()
+    TRAINING["local_epochs"] = arguments.local_epochs
     if arguments.setup_flower:
         setup_flower(arguments.flower_venv)
     flower_python = str(arguments.flower_venv / "bin" / "python")
@@ -170,6 +195,7 @@ def main() -> None:
     print(f"{'clients':>7} {'framework':<18} {'round s':>8} {'train s':>8} {'overhead s':>10} {'peak RSS MB':>11} "
           f"{'workers MB':>14}  rounds")
     results: dict[tuple[int, str], tuple[float, float, bool]] = {}  # overhead s, peak RSS MB, every round closed
+    walls: dict[tuple[int, str], float] = {}  # mean round wall s
     with tempfile.TemporaryDirectory(prefix="fedzoo-fl-scale-") as folder:
         dataset = shifted_pool(arguments.shifted_copies, Path(folder))
         zoo_dir, model_id, data = prepare(Path(folder), dataset)
@@ -182,7 +208,9 @@ def main() -> None:
                     mode = framework.removeprefix("flower-")
                     command = [flower_python, "bench/fl_scale_flower.py", str(data), "--clients", str(clients),
                                "--rounds", str(arguments.rounds), "--mode", mode]
-                outcome = run_json(command, arguments.timeout_s)
+                nodes = CLUSTER_NODES.get(framework)
+                with ray_cluster(nodes) if nodes else nullcontext() as address:
+                    outcome = run_json(command, arguments.timeout_s, address)
                 if isinstance(outcome, str):
                     print(f"{clients:>7} {framework:<18} {outcome}", flush=True)
                     continue
@@ -194,6 +222,7 @@ def main() -> None:
                 # with WSGI the device processes hold server workers: their memory counts as the server's
                 server_mb = outcome["peak_rss_mb"] + (sum(workers_mb) if outcome.get("transport") == "wsgi" else 0)
                 results[clients, framework] = (overhead, server_mb, closed)
+                walls[clients, framework] = wall
                 workers_text = "+".join(f"{value:.0f}" for value in workers_mb) or "-"
                 print(f"{clients:>7} {framework:<18} {wall:8.2f} {train:8.2f} {overhead:10.2f} {outcome['peak_rss_mb']:11.1f} "
                       f"{workers_text:>14}  {round_outcomes(outcome['rounds'])}", flush=True)
@@ -208,6 +237,10 @@ def main() -> None:
             print(f"{clients:>7} clients, {framework}: overhead {overhead:.2f} s per round{ratio}{goal}; peak RSS "
                   f"{memory_mb:.0f} MB{' (goal <= 4096)' if clients >= 10_000 else ''}; "
                   f"{'every round closed' if closed else 'NOT every round closed'}")
+        one, two = walls.get((clients, "fedzoo-ray-1node")), walls.get((clients, "fedzoo-ray-2nodes"))
+        if one and two:
+            print(f"{clients:>7} clients, Ray cluster: a round takes {one:.2f} s on one node, {two:.2f} s on two: "
+                  f"{one / two:.2f}x (goal >= 1.6x)")
 
 
 if __name__ == "__main__":
