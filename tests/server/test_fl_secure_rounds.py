@@ -142,7 +142,7 @@ def published_parameters(simulation, view):
 
 
 def test_a_device_dropping_after_key_sharing_leaves_the_exact_sum_of_the_others(simulation, federation):
-    round_id, devices, view = run_scripted_round(roomy_simulation, federation, secure_config(),
+    round_id, devices, view = run_scripted_round(simulation, federation, secure_config(),
                                                  {2: {"stop_before": "masked_input"}})
     assert view["state"] == "closed", view["outcome"]
     secure = view["outcome"]["secure_aggregation"]
@@ -572,7 +572,7 @@ def test_an_insider_that_takes_secure_seats_and_drops_out_every_round_is_quarant
     headers = {"Authorization": f"Bearer {ADMIN}"}
     rounds = []
     for _ in range(2):
-        round_id, devices, view = run_scripted_round(roomy_simulation, federation, secure_config(**policy),
+        round_id, devices, view = run_scripted_round(simulation, federation, secure_config(**policy),
                                                      {2: {"stop_before": "masked_input"}})
         assert view["state"] == "closed", view["outcome"]
         rounds.append(round_id)
