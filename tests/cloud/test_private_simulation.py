@@ -121,3 +121,18 @@ def test_settings_are_chosen_on_the_validation_split_and_the_baseline_can_weigh_
     with pytest.raises(InvalidInputError) as error:
         run_private_rounds(federation, 1, 10, TRAINING, executor="in-process", evaluate_on="train")
     assert error.value.field == "evaluate_on"
+
+
+def test_the_server_and_the_simulator_size_a_cohort_by_one_rule():
+    from fedzoo.cloud.inprocess import SecureAggregationOptions
+    from fedzoo.secagg.bounds import SecAggBounds, cohort_config
+    from fedzoo.server.fl.schemas import SecureAggregationSettings
+    from fedzoo.server.fl.secure_rounds import secagg_config
+
+    options, settings = SecureAggregationOptions(), SecureAggregationSettings()
+    for cohort in (3, 4, 10, 61, 100, 250):
+        simulated = cohort_config("r", cohort, 10, 0.05, options.levels, options.neighbour_count, options.threshold)
+        served = secagg_config(settings, 1, cohort, 10, 0.05, 0)
+        assert (simulated.neighbour_count, simulated.threshold, simulated.minimum_survivors) == (
+            served.neighbour_count, served.threshold, served.minimum_survivors)
+        SecAggBounds().check(simulated)
