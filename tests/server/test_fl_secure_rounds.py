@@ -691,9 +691,9 @@ def test_adaptive_clipping_under_secure_aggregation_moves_the_norm_as_the_clear_
                    for index in range(DEVICES))
     clip_norm = (norms[2] + norms[3]) / 2
     claims = {}
-    for secure in (False, True):
-        _, results, view = sdk_round(roomy_simulation, federation,
-                                     secure_config(privacy=_adaptive_privacy(clip_norm, secure)))
+    for secure in (False, True):  # the secure plan has a second round (last: one DP plan at a time on a line)
+        _, results, view = sdk_round(roomy_simulation, federation, secure_config(
+            privacy=_adaptive_privacy(clip_norm, secure), num_rounds=1 + secure))
         assert [result.outcome for result in results] == ["accepted"] * DEVICES
         assert view["state"] == "closed", view["outcome"]
         claims[secure] = view["outcome"]["privacy"]["dp"]
@@ -705,6 +705,11 @@ def test_adaptive_clipping_under_secure_aggregation_moves_the_norm_as_the_clear_
         assert claim["next_clip_norm"] == pytest.approx(clip_norm * np.exp(-0.5 * (0.375 - 0.5)), rel=1e-9)
         assert claim["delta_noise_multiplier"] == pytest.approx((0.1**-2 - 0.12**-2) ** -0.5)
     assert claims[True]["sensitivity"] > claims[False]["sensitivity"]  # quantised to 127 levels: more noise
+    following = roomy_simulation.admin.fl_round(view["next_round_id"])  # the next round clips at the moved norm
+    assert following["config"]["privacy"]["dp"]["clip_norm"] == pytest.approx(claims[True]["next_clip_norm"])
+    task = device_client(roomy_simulation, 0).fl_task(federation.card.task)["task"]
+    assert task["privacy"]["clip_norm"] == pytest.approx(claims[True]["next_clip_norm"])
+    assert task["privacy"]["unclipped_bit"] is True
 
 
 @pytest.mark.parametrize("bits", [40, -9, 0.5], ids=["above-one", "below-zero", "not-whole"])
