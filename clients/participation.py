@@ -70,14 +70,14 @@ def run_task(
         delta = transform(delta)
     if work.get("privacy"):  # a private round aggregates the weights only: the running statistics stay the parent's
         delta, _statistics = split_statistics(delta)
-    delta = clip_for_privacy(delta, work.get("privacy"))
+    delta, within = clip_for_privacy(delta, work.get("privacy"))
     metadata = {"base_version": work["base_version"], "num_examples": len(data), "metrics": metrics}
     if not all(np.all(np.isfinite(value)) for value in delta.values()) or not all(map(math.isfinite, metrics.values())):
         # the server would refuse it (422); a model that diverged here is no update worth the bytes
         return ParticipationResult(work["round_id"], "diverged", 0, len(data), metrics, train_seconds=train_seconds)
     if work.get("privacy") and work["privacy"]["secure_aggregation"] is not None:
         check_in = lambda: client.fl_task(card.task, card.family)  # noqa: E731
-        outcome, sent = take_part_securely(client, work, delta, len(data), check_in)
+        outcome, sent = take_part_securely(client, work, delta, len(data), check_in, within=within)
         return ParticipationResult(work["round_id"], outcome, sent, len(data), metrics, train_seconds=train_seconds)
     chosen = encoding if encoding in work["upload"]["encodings"] else "fp32"
     payload = encode_update(delta, chosen)

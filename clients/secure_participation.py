@@ -16,7 +16,9 @@ outside the device's own `SecAggBounds`: `ProtocolViolation`, reported as the ou
 told to the server (`POST /v1/fl/rounds/<id>/decline`), which records it; so is a round of a protocol version
 it does not speak. Under distributed DP the device adds its own share of the noise to its ring input, and refuses a
 request calibrated for more honest survivors than the signed config's floor guarantees, or one its `NoisePolicy` does
-not accept.
+not accept. With adaptive clipping (`task.privacy.unclipped_bit`) it appends whether its delta was within the clip
+norm before clipping (1 or 0, in clip_range units) as one more coordinate of the vector it masks: the server learns
+only how many were.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from fedzoo.clients.client import FedzooClient
+from fedzoo.aggregation.private import with_unclipped_bit
 from fedzoo.capabilities import SECURE_AGGREGATION_VERSION
 from fedzoo.clients.errors import APIError, ConflictError, ServerUnavailableError
 from fedzoo.dp.clipping import clip_delta
@@ -44,19 +47,22 @@ CheckIn = Callable[[], dict[str, Any]]
 log = logging.getLogger(__name__)
 
 
-def clip_for_privacy(delta: Parameters, privacy: dict[str, Any] | None) -> Parameters:
-    """The delta clipped to the round's DP clip norm (unchanged without DP)."""
+def clip_for_privacy(delta: Parameters, privacy: dict[str, Any] | None) -> tuple[Parameters, bool]:
+    """The delta clipped to the round's DP clip norm (unchanged without DP), and whether it was within the bound
+    already (adaptive clipping's "unclipped" bit)."""
     if privacy is None or privacy.get("clip_norm") is None:
-        return delta
-    return clip_delta(delta, privacy["clip_norm"])[0]
+        return delta, True
+    return clip_delta(delta, privacy["clip_norm"])
 
 
 def ring_input(delta: Parameters, config: SecAggConfig, privacy: dict[str, Any], num_examples: int,
-               policy: NoisePolicy = NoisePolicy(), bounds: SecAggBounds = SecAggBounds()) -> np.ndarray:
-    """The device's input to SecAgg+: the clipped, weighted, quantised delta and its weight (equal under DP); under
-    distributed DP (`privacy.distributed_noise`) rounded within the norm bound and noised by this device
-    (`fedzoo.dp.distributed`), after checking the request against the signed config (the honest survivors its floor
-    guarantees under the device's `bounds`) and the device's `policy`."""
+               policy: NoisePolicy = NoisePolicy(), bounds: SecAggBounds = SecAggBounds(),
+               within: bool = True) -> np.ndarray:
+    """The device's input to SecAgg+: the clipped, weighted, quantised delta and its weight (equal under DP), with
+    adaptive clipping (`privacy.unclipped_bit`) followed by whether the delta was `within` the clip norm before
+    clipping (`with_unclipped_bit`); under distributed DP (`privacy.distributed_noise`) rounded within the norm
+    bound and noised by this device (`fedzoo.dp.distributed`), after checking the request against the signed config
+    (the honest survivors its floor guarantees under the device's `bounds`) and the device's `policy`."""
     if privacy.get("clip_norm") is not None:
         noise = privacy.get("distributed_noise")
         request = DistributedNoise.from_dict(noise) if noise is not None else None
@@ -64,7 +70,10 @@ def ring_input(delta: Parameters, config: SecAggConfig, privacy: dict[str, Any],
         if request is not None:
             return noised_ring_input(flatten(delta), privacy["clip_norm"], config.levels, config.modulus_bits, request)
     weight = 1.0 if privacy["equal_weights"] else example_weight(num_examples, privacy["max_examples"])
-    return quantise(flatten(delta), config, weight)
+    vector = flatten(delta)
+    if privacy.get("unclipped_bit"):
+        vector = with_unclipped_bit(vector, within, config.clip_range)
+    return quantise(vector, config, weight)
 
 
 def answer_stage(protocol: SecAggClient, stage: str, request: dict[str, Any], vector: np.ndarray
@@ -79,11 +88,12 @@ def answer_stage(protocol: SecAggClient, stage: str, request: dict[str, Any], ve
 
 def take_part_securely(client: FedzooClient, work: dict[str, Any], delta: Parameters, num_examples: int,
                        check_in: CheckIn, sleep: Callable[[float], None] = time.sleep,
-                       bounds: SecAggBounds = SecAggBounds(), trusted_signing_keys: frozenset[bytes] | None = None
-                       ) -> tuple[str, int]:
+                       bounds: SecAggBounds = SecAggBounds(), trusted_signing_keys: frozenset[bytes] | None = None,
+                       within: bool = True) -> tuple[str, int]:
     """Answer every SecAgg+ stage the server asks of this device; returns (outcome, bytes sent). `bounds` are the
     device's own limits on the round's parameters; `trusted_signing_keys`, where the operator ships the enrolled
-    devices' public keys, are the only neighbour keys it accepts (docs/privacy.md, "Threat model").
+    devices' public keys, are the only neighbour keys it accepts (docs/privacy.md, "Threat model"); `within`:
+    whether the delta was within the DP clip norm before clipping (sent, masked, with adaptive clipping).
 
     Outcomes: "accepted" (this device's unmask reply is stored), "refused: <reason>" (the device refused
     the server, or the server refused a reply), "dropped out" (the round went on without it)."""
@@ -112,7 +122,8 @@ def take_part_securely(client: FedzooClient, work: dict[str, Any], delta: Parame
                     certificates = client.neighbour_trust.policy(client.served_revocation_list())
                     protocol = SecAggClient(config, secure["client"], client.signing_key, bounds, trusted_signing_keys,
                                             client.signed_rounds, certificates)
-                    vector = ring_input(delta, config, work["privacy"], num_examples, client.noise_policy, bounds)
+                    vector = ring_input(delta, config, work["privacy"], num_examples, client.noise_policy, bounds,
+                                        within)
                 reply = answer_stage(protocol, secure["stage"], secure["request"], vector)
             except ProtocolViolation as violation:
                 log.warning("round %s: this device refuses the server's %s request: %s", work["round_id"],

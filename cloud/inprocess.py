@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedzoo.aggregation.direction import delta_norm
-from fedzoo.aggregation.private import DifferentialPrivacy, ServerMomentum, split_unclipped_count, with_unclipped_bit
+from fedzoo.aggregation.private import DifferentialPrivacy, ServerMomentum, check_secure_sum, with_unclipped_bit
 from fedzoo.aggregation.robust import screen_round_updates
 from fedzoo.aggregation.running_statistics import aggregate_statistics
 from fedzoo.aggregation.strategies import (ClientUpdate, Parameters, Strategy, make_strategy,
@@ -44,14 +44,13 @@ from fedzoo.cloud.executors import Executor, make_executor
 from fedzoo.cloud.simulation import Federation, RoundRecord, accuracy_of
 from fedzoo.dp.accountant import PrivacyBudgetExhausted, PrivacyLedger, noise_multiplier_for
 from fedzoo.dp.clipping import clip_delta
-from fedzoo.dp.noise import AdaptiveClipping, DpFedAvg, quantised_sensitivity
+from fedzoo.dp.noise import AdaptiveClipping, DpFedAvg
 from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.edge.trainer import training_graph_state, variance_names, write_parameters
 from fedzoo.errors import InvalidInputError
 from fedzoo.edge.local_training import LocalData, normalise, train_locally
 from fedzoo.secagg import RoundAborted, dequantise_sum, example_weight, flatten, quantise, run_local_round, unflatten
-from fedzoo.secagg.bounds import corrupt_devices, largest_neighbour_count, survivors_floor, threshold_floor
-from fedzoo.secagg.config import SecAggConfig
+from fedzoo.secagg.bounds import cohort_config
 from fedzoo.update_codec import split_statistics
 
 if TYPE_CHECKING:
@@ -282,13 +281,14 @@ def make_engine(name: str, federation: Federation, workers: int | None = None, s
 
 @dataclass(frozen=True)
 class SecureAggregationOptions:
-    """SecAgg+ in every round. Each cohort of m gets k = min(neighbour_count, m - 1 made even) and
-    t = max(threshold, the devices' floor (k + c) // 2 + 1); `dropout_after_key_sharing` of the cohort vanish before sending their
+    """SecAgg+ in every round, each cohort's parameters by the server's rule (`fedzoo.secagg.bounds.cohort_config`):
+    k = min(neighbour_count, m - 1 made even) for a cohort of m, t as set (devices refuse one below their floor),
+    else their floor (k + c) // 2 + 1; `dropout_after_key_sharing` of the cohort vanish before sending their
     masked input (the costliest moment to drop). Without DP, each coordinate is clipped to +-clip_range and
     weights are examples capped at max_examples."""
 
     neighbour_count: int = 60
-    threshold: int = 31
+    threshold: int | None = None
     levels: int = 127
     clip_range: float = 0.05
     max_examples: int = 100
@@ -325,16 +325,6 @@ class PrivateRoundRecord:
     aggregation_seconds: float  # SecAgg+: the whole protocol; else the sum
     upload_bytes_per_client: float | None  # SecAgg+: mean JSON bytes a survivor sent over the five stages
     aborted: bool = False  # SecAgg+ could not unmask: the model stays, no privacy is spent
-
-
-def _cohort_secagg_config(options: SecureAggregationOptions, round_id: str, cohort: int, vector_length: int,
-                          clip_range: float) -> SecAggConfig:
-    """k capped below the cohort, t raised to the default devices' floor (`fedzoo.secagg.bounds`)."""
-    corrupt = corrupt_devices(cohort)
-    neighbour_count = min(options.neighbour_count, largest_neighbour_count(cohort))
-    threshold = min(neighbour_count, max(options.threshold, threshold_floor(neighbour_count, corrupt)))
-    return SecAggConfig(round_id, cohort, neighbour_count, threshold, vector_length, clip_range, options.levels,
-                        minimum_survivors=min(cohort, survivors_floor(threshold, corrupt)))
 
 
 def run_private_rounds(
@@ -406,15 +396,18 @@ def run_private_rounds(
             survivors = len(results)
             if secure_aggregation is not None:
                 clip_range = clip_norm if clip_norm is not None else secure_aggregation.clip_range
-                # under DP the last coordinate carries the device's "not clipped" bit (as +-clip_range levels)
-                extra = 1 if private is not None else 0
-                config = _cohort_secagg_config(secure_aggregation, f"sim-{seed}-{number}", len(results),
-                                               vector_length + extra, clip_range)
+                # adaptive clipping: the last coordinate carries the device's "not clipped" bit, as on the server
+                unclipped_bit = private is not None and private.mechanism.adaptive is not None
+                config = cohort_config(f"sim-{seed}-{number}", len(results), vector_length + unclipped_bit, clip_range,
+                                       secure_aggregation.levels, secure_aggregation.neighbour_count,
+                                       secure_aggregation.threshold)
                 inputs = {}
                 for index, result in enumerate(results):
                     vector = flatten(result.delta)
                     if private is not None:
-                        vector, weight = with_unclipped_bit(vector, result.within, clip_range), 1.0  # equal weights
+                        weight = 1.0  # equal weights
+                        if unclipped_bit:
+                            vector = with_unclipped_bit(vector, result.within, clip_range)
                     else:
                         weight = example_weight(result.num_examples, secure_aggregation.max_examples)
                     inputs[index] = quantise(vector, config, weight, protocol_rng)
@@ -431,12 +424,11 @@ def run_private_rounds(
                 weighted_sum, total_weight = dequantise_sum(local.result.ring_sum, config)
                 survivors = len(local.result.survivors)
                 upload_bytes = float(np.mean([sum(local.upload_bytes[c].values()) for c in local.result.survivors]))
+                check_secure_sum(weighted_sum, total_weight, survivors, clip_range, private is not None,
+                                 unclipped_bit=unclipped_bit)
                 if private is not None:
-                    total, within_count = split_unclipped_count(weighted_sum, clip_range)
-                    grid_step = clip_range / config.levels
-                    parameters = private.apply_noised_sum(parameters, total, within_count, survivors,
-                                                          quantised_sensitivity(clip_range, grid_step, vector_length),
-                                                          grid_step)
+                    parameters = private.apply_noised_secure_sum(parameters, weighted_sum, survivors, clip_range,
+                                                                 config.levels)
                 else:
                     parameters = step.apply_mean_delta(parameters, unflatten(weighted_sum / total_weight, shapes))
             elif private is not None:

@@ -8,7 +8,8 @@ reason (`POST /v1/fl/rounds/<id>/decline`), which the round records.
 
 - `secure_aggregation`: the SecAgg+ protocol version the device speaks (`SECURE_AGGREGATION_VERSION`), or None;
 - `dp_clipping`: it clips its delta to a DP round's clip norm before anything leaves it;
-- `encodings`: the update encodings it can upload (`fp32`, `int8`; None: not said, the SDKs' fp32 at least).
+- `encodings`: the update encodings it can upload (`fp32`, `int8`; None: not said, the SDKs' fp32 at least);
+- `unclipped_bit`: under SecAgg+ it appends its "not clipped" bit to the vector it masks (adaptive clipping).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Capabilities:
     secure_aggregation: int | None = None
     dp_clipping: bool = False
     encodings: tuple[str, ...] | None = None
+    unclipped_bit: bool = False
 
     def to_query(self) -> dict[str, str]:
         """The check-in's query parameters that declare these capabilities."""
@@ -44,11 +46,14 @@ class Capabilities:
             query["dp_clipping"] = "true"
         if self.encodings is not None:
             query["encodings"] = ",".join(self.encodings)
+        if self.unclipped_bit:
+            query["unclipped_bit"] = "true"
         return query
 
 
 # What this checkout's Python SDK can do (fedzoo.clients.participation and secure_participation).
-PYTHON_SDK = Capabilities(secure_aggregation=SECURE_AGGREGATION_VERSION, dp_clipping=True, encodings=UPLOAD_ENCODINGS)
+PYTHON_SDK = Capabilities(secure_aggregation=SECURE_AGGREGATION_VERSION, dp_clipping=True, encodings=UPLOAD_ENCODINGS,
+                          unclipped_bit=True)
 
 
 def parse_encodings(text: str) -> tuple[str, ...]:

@@ -25,21 +25,26 @@ import numpy as np
 
 from fedzoo.aggregation.strategies import (ClientUpdate, Parameters, Strategy, require_secure_aggregation_support,
                                            weighted_mean_delta)
-from fedzoo.dp.clipping import clip_delta
-from fedzoo.dp.noise import DpFedAvg
+from fedzoo.dp.clipping import clip_delta, l2_norm
+from fedzoo.dp.noise import DpFedAvg, quantised_sensitivity
 from fedzoo.errors import InvalidInputError
 from fedzoo.secagg.encoding import flatten, unflatten
 
 
+# A delta its device clipped arrives at the bound up to float32 rounding (a relative 1e-7): within this much of the
+# bound it counts as clipped, else rounding would count about half the clipped devices as unclipped.
+AT_THE_BOUND = 1e-5
+
+
 def clipped_sum(deltas: Iterable[Parameters], clip_norm: float, vector_length: int) -> tuple[np.ndarray, int, int]:
     """The flattened sum of the deltas, each clipped to L2 norm `clip_norm` (a device's own clipping is not
-    trusted), how many were within the bound already, and how many were summed; one delta in memory at a time."""
+    trusted), how many were within the bound (and not at it: `AT_THE_BOUND`), and how many were summed; one delta
+    in memory at a time."""
     total = np.zeros(vector_length)
     unclipped = count = 0
     for delta in deltas:
-        clipped, within = clip_delta(delta, clip_norm)
-        total += flatten(clipped)
-        unclipped += within
+        unclipped += l2_norm(delta) < clip_norm * (1 - AT_THE_BOUND)
+        total += flatten(clip_delta(delta, clip_norm)[0])
         count += 1
     return total, unclipped, count
 
@@ -77,6 +82,19 @@ class DifferentialPrivacy(Strategy):
         mean = self.mechanism.noised_mean(total, unclipped, contributors, sensitivity, grid_step)
         shapes = {name: value.shape for name, value in global_parameters.items()}
         return self.strategy.apply_mean_delta(global_parameters, unflatten(mean, shapes))
+
+    def apply_noised_secure_sum(self, global_parameters: Parameters, total: np.ndarray, survivors: int,
+                                clip_range: float, levels: int) -> Parameters:
+        """The strategy's step from an unmasked SecAgg+ sum (dequantised, weights split off) of `survivors` clipped
+        deltas quantised to `levels` steps of +-clip_range: with adaptive clipping its last coordinate is the count
+        of unclipped deltas (`with_unclipped_bit`), split off and noised on its own; the deltas' sum is noised at
+        the quantised sensitivity on its own grid. Both engines' SecAgg+ rounds under DP aggregate here."""
+        unclipped = None
+        if self.mechanism.adaptive is not None:
+            total, unclipped = split_unclipped_count(total, clip_range)
+        grid_step = clip_range / levels
+        return self.apply_noised_sum(global_parameters, total, unclipped, survivors,
+                                     quantised_sensitivity(clip_range, grid_step, total.size), grid_step)
 
     def state(self) -> Parameters:
         return self.strategy.state()
@@ -116,18 +134,26 @@ class ServerMomentum(Strategy):
 
 
 def check_secure_sum(total: np.ndarray, total_weight: float, survivors: int, clip_range: float, equal: bool,
-                     noise_slack: float = 0.0) -> None:
+                     noise_slack: float = 0.0, unclipped_bit: bool = False) -> None:
     """What the unmasked sum itself proves: every device's weight is at most 1 (exactly 1 under equal weights)
     and every coordinate it adds is within +-clip_range x its weight, so no coordinate of the sum may exceed
-    `total_weight x clip_range` (plus `noise_slack` where the devices noised their inputs). A sum outside that
-    envelope means some device sent values its SDK would have clipped: the round is refused (InvalidInputError),
-    since the server cannot tell which device did it."""
+    `total_weight x clip_range` (plus `noise_slack` where the devices noised their inputs); with `unclipped_bit`
+    the last coordinate is a count of bits in {0, 1} (`with_unclipped_bit`), so it must be a whole number in
+    [0, survivors]. A sum outside that envelope means some device sent values its SDK would not have: the round is
+    refused (InvalidInputError), since the server cannot tell which device did it."""
     if equal and not math.isclose(total_weight, survivors):
         raise InvalidInputError(f"the weights of the {survivors} survivors sum to {total_weight:.3f}: every update "
                                 "must weigh the same (1)", field="weight")
     if not 0 < total_weight <= survivors * (1 + 1e-9):
         raise InvalidInputError(f"the weights of the {survivors} survivors sum to {total_weight:.3f}, outside "
                                 f"(0, {survivors}]: some device sent a weight above 1", field="weight")
+    if unclipped_bit:
+        count = float(total[-1]) / clip_range
+        if not (-1e-6 <= count <= survivors + 1e-6 and abs(count - round(count)) <= 1e-6):
+            raise InvalidInputError(f"the unclipped bits of the {survivors} survivors sum to {count:.6g}, not a whole "
+                                    f"number in [0, {survivors}]: some device sent a bit other than 0 or 1",
+                                    field="unclipped_bit")
+        total = total[:-1]
     largest = float(np.max(np.abs(total))) if total.size else 0.0
     if largest > total_weight * clip_range * (1 + 1e-9) + noise_slack:
         raise InvalidInputError(f"a coordinate of the unmasked sum is {largest:.6g}, more than {total_weight:.3f} "

@@ -13,7 +13,8 @@ budget"):
 - k > c (so such a t <= k exists), and k at least `min_neighbour_count` where the cohort allows it.
 - minimum_survivors >= c + 2: every unmasked sum holds at least two honest inputs.
 
-The defaults are the Java SDK's; the server's defaults (`server.fl.secure_rounds.secagg_config`) satisfy them.
+The defaults are the Java SDK's; the cohort configuration both engines send (`cohort_config`: the server's
+rounds and the in-process simulator's) satisfies them with its default threshold.
 """
 
 from __future__ import annotations
@@ -54,6 +55,22 @@ def survivors_floor(threshold: int, corrupt: int) -> int:
 def neighbours_floor(num_clients: int, corrupt: int, min_neighbour_count: int) -> int:
     """The least k: above c, and `min_neighbour_count` as far as the cohort allows."""
     return max(min(min_neighbour_count, largest_neighbour_count(num_clients)), (corrupt + 2) // 2 * 2)
+
+
+def cohort_config(round_id: str, cohort: int, vector_length: int, clip_range: float, levels: int,
+                  neighbour_count: int, threshold: int | None = None, min_clients: int = 0) -> SecAggConfig:
+    """A round's SecAgg+ parameters for a cohort of `cohort` devices, the one rule of the server and the simulator:
+    k capped below the cohort; t as the operator set it, else the default devices' floor (k + c) // 2 + 1 for the c
+    corrupt devices a round of this size must withstand; devices refuse to unmask a sum of fewer than
+    max(3, t, c + 2, min_clients) inputs (all of a cohort of 3). The defaults are within every default device's
+    bounds; a t the operator set below them is sent as it is, and devices refuse it."""
+    corrupt = corrupt_devices(cohort)
+    neighbours = min(neighbour_count, largest_neighbour_count(cohort))
+    chosen = (max(neighbours // 2 + 1, min(threshold, neighbours)) if threshold
+              else min(threshold_floor(neighbours, corrupt), neighbours))
+    least = max(survivors_floor(chosen, corrupt), min_clients)
+    return SecAggConfig(round_id, cohort, neighbours, chosen, vector_length, clip_range, levels,
+                        minimum_survivors=min(cohort, least))
 
 
 @dataclass(frozen=True)

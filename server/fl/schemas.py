@@ -143,8 +143,8 @@ class SecureAggregationSettings(_Request):
 class AdaptiveClippingSettings(_Request):
     """Adaptive clipping (Andrew et al. 2021, `fedzoo.dp.noise.AdaptiveClipping`): each round moves the clip norm
     towards the `target_unclipped_quantile` of the update norms from a noised, centred count of the unclipped
-    ones; the count's noise is part of the round's noise multiplier. Not with SecAgg+ (the server would need the
-    bit inside the masked vector)."""
+    ones; the count's noise is part of the round's noise multiplier. Under SecAgg+ each device's bit is one more
+    coordinate of its masked vector (the task's `privacy.unclipped_bit`); not with distributed noise."""
 
     target_unclipped_quantile: float = Field(default=0.5, gt=0, lt=1)
     clip_learning_rate: float = Field(default=0.2, gt=0, le=10)
@@ -288,12 +288,15 @@ class TaskQuery(_Request):
     secure_aggregation: int | None = Field(default=None, ge=1, le=1000,
                                            description="the SecAgg+ protocol version the device speaks")
     dp_clipping: bool = Field(default=False, description="the device clips its delta to a DP round's clip norm")
+    unclipped_bit: bool = Field(default=False, description="under SecAgg+ the device appends its unclipped bit to its "
+                                                           "masked vector (adaptive clipping)")
     encodings: str | None = Field(default=None, pattern=ENCODINGS_PATTERN,
                                   description="the update encodings the device can upload, comma-separated: fp32,int8")
 
     def capabilities(self) -> Capabilities:
         return Capabilities(self.secure_aggregation, self.dp_clipping,
-                            parse_encodings(self.encodings) if self.encodings is not None else None)
+                            parse_encodings(self.encodings) if self.encodings is not None else None,
+                            self.unclipped_bit)
 
 
 class TrainingConfig(_Response):
@@ -345,6 +348,10 @@ class TaskPrivacy(_Response):
     distributed_noise: dict[str, Any] | None = Field(
         default=None, description="distributed DP: {mechanism, noise_multiplier, survivors}, the noise the device adds "
                                   "to its ring input (fedzoo.dp.distributed), once the round's SecAgg+ config is fixed")
+    unclipped_bit: bool = Field(
+        default=False, description="adaptive clipping under SecAgg+: append 1 if the delta was within clip_norm before "
+                                   "clipping, else 0, as one more coordinate of the vector masked (in clip_range units; "
+                                   "the round's config counts it in vector_length)")
 
 
 class Task(_Response):

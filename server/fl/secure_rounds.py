@@ -17,7 +17,9 @@ stages (cached per stage: a closed stage's rows never change). Closing a stage i
 UPDATE, so exactly one worker moves it on.
 
 DP-FedAvg (`privacy.dp`): devices clip their delta to `clip_norm` (fixed, or adapted each round from a noised,
-centred count: `privacy.dp.adaptive`, without SecAgg+); the server adds discrete Gaussian noise drawn from
+centred count: `privacy.dp.adaptive`; under SecAgg+ each device's "not clipped" bit is one more coordinate of its
+masked vector, `carries_unclipped_bit`, and the unmasked sum's last coordinate, checked to be a count, is split off
+and noised as without SecAgg+); the server adds discrete Gaussian noise drawn from
 `os.urandom` (`fedzoo.dp`) to the sum put on an integer grid, which under SecAgg+ is the unmasked sum (the server
 never needs a clear update), and divides by `target_clients`. A DP round publishes no contributor count, on its card
 or in its read (`published_counts`, `without_dp_counts`). Weights are equal: under SecAgg+ the weight coordinate of
@@ -51,10 +53,10 @@ from fedzoo.aggregation.private import DifferentialPrivacy, check_secure_sum, cl
 from fedzoo.aggregation.strategies import Parameters, Strategy
 from fedzoo.cards import ModelCard
 from fedzoo.dp.accountant import LineEvents, PrivacyLedger, epsilon_of_events, noise_multiplier_for
-from fedzoo.dp.noise import AdaptiveClipping, DpFedAvg, adaptive_noise_split, quantised_sensitivity
+from fedzoo.dp.noise import AdaptiveClipping, DpFedAvg, adaptive_noise_split
 from fedzoo.errors import InvalidInputError
 from fedzoo.secagg import SecAggConfig, SecAggServer, dequantise_sum, signatures, unflatten
-from fedzoo.secagg.bounds import corrupt_devices, largest_neighbour_count, survivors_floor, threshold_floor
+from fedzoo.secagg.bounds import cohort_config
 from fedzoo.secagg.crypto import MASK_DTYPES
 from fedzoo.secagg.errors import ProtocolViolation, RoundAborted
 from fedzoo.secagg.framing import decode_share_keys, decode_unmask
@@ -98,18 +100,10 @@ def next_stage(stage: str) -> str:
 
 def secagg_config(settings: SecureAggregationSettings, round_id: int, cohort: int, vector_length: int,
                   clip_range: float, min_clients: int) -> SecAggConfig:
-    """The round's SecAgg+ parameters for a cohort of `cohort` devices: k capped below the cohort; t as the
-    operator set it, else the default devices' floor (k + c) // 2 + 1 for the c corrupt devices a round of this
-    size must withstand (`fedzoo.secagg.bounds`); devices refuse to unmask a sum of fewer than
-    max(3, t, c + 2, min_clients) inputs (all of a cohort of 3). The defaults are within every default device's
-    bounds; parameters the operator set below them are sent as they are, and devices refuse them."""
-    corrupt = corrupt_devices(cohort)
-    neighbour_count = min(settings.neighbour_count, largest_neighbour_count(cohort))
-    threshold = (max(neighbour_count // 2 + 1, min(settings.threshold, neighbour_count)) if settings.threshold
-                 else min(threshold_floor(neighbour_count, corrupt), neighbour_count))
-    least = max(survivors_floor(threshold, corrupt), min_clients)
-    return SecAggConfig(f"fl-round-{round_id}", cohort, neighbour_count, threshold, vector_length, clip_range,
-                        settings.levels, minimum_survivors=min(cohort, least))
+    """The round's SecAgg+ parameters for a cohort of `cohort` devices (`fedzoo.secagg.bounds.cohort_config`, the
+    rule the in-process simulator uses too)."""
+    return cohort_config(f"fl-round-{round_id}", cohort, vector_length, clip_range, settings.levels,
+                         settings.neighbour_count, settings.threshold, min_clients)
 
 
 def check_planned_ring(config: RoundConfig, vector_length: int) -> None:
@@ -166,10 +160,10 @@ class PrivateRounds:
                                     "(FEDZOO_DP_MAX_DELTA): the chance the guarantee fails outright must stay far "
                                     "below one over the number of devices; use a smaller delta",
                                     field="privacy.dp.delta")
-        if dp.adaptive is not None and config.privacy.secure_aggregation is not None:
-            raise InvalidInputError("adaptive clipping needs each device's unclipped bit, which a SecAgg+ round only "
-                                    "sees summed inside the masked vector (not supported yet): use a fixed clip_norm "
-                                    "with secure aggregation", field="privacy.dp.adaptive")
+        if dp.adaptive is not None and is_distributed(config):
+            raise InvalidInputError("adaptive clipping with distributed noise would need the devices to noise the "
+                                    "count of unclipped updates too, which they do not: use central noise "
+                                    "(privacy.dp.noise \"central\") or a fixed clip_norm", field="privacy.dp.adaptive")
         privacy = config.privacy.model_copy(update={"dp": dp.model_copy(update={"delta": delta})})
         return config.model_copy(update={"privacy": privacy})
 
@@ -259,7 +253,8 @@ class PrivateRounds:
         seated = session.execute(select(FLParticipant.device_id).where(FLParticipant.round_id == round_row.id)
                                  .order_by(FLParticipant.selected_at, FLParticipant.device_id)).scalars().all()
         clip_range = config.privacy.dp.clip_norm if config.privacy.dp is not None else settings.clip_range
-        protocol = secagg_config(settings, round_row.id, len(seated), vector_length, clip_range, config.min_clients)
+        protocol = secagg_config(settings, round_row.id, len(seated), vector_length + carries_unclipped_bit(config),
+                                 clip_range, config.min_clients)
         session.execute(
             update(FLPrivateRound).where(FLPrivateRound.round_id == round_row.id, FLPrivateRound.stage == SELECTION)
             .values(stage="advertise_keys", stage_deadline_at=self._stage_deadline(round_row, settings),
@@ -282,7 +277,8 @@ class PrivateRounds:
         if is_distributed(config) and secure is not None and secure.config is not None:
             noise = noise_request(config, SecAggConfig.from_dict(secure.config)).to_dict()
         return TaskPrivacy(clip_norm=dp.clip_norm if dp is not None else None, equal_weights=equal_weights(config),
-                           max_examples=max_examples, secure_aggregation=secure, distributed_noise=noise)
+                           max_examples=max_examples, secure_aggregation=secure, distributed_noise=noise,
+                           unclipped_bit=carries_unclipped_bit(config))
 
     def _stage_view(self, session: Session, round_row: FLRound, config: RoundConfig,
                     device_id: str) -> SecureAggregationTask:
@@ -519,7 +515,8 @@ class PrivateRounds:
                 protocol.clip_range, count, len(result.dropped),
                 {str(client): why for client, why in result.misbehaving.items()})
             slack = noise_slack(protocol, noise_request(config, protocol), count) if is_distributed(config) else 0.0
-            check_secure_sum(total, total_weight, count, protocol.clip_range, equal_weights(config), slack)
+            check_secure_sum(total, total_weight, count, protocol.clip_range, equal_weights(config), slack,
+                             carries_unclipped_bit(config))
         else:  # DP without SecAgg+: the server sees each delta, and clips it itself rather than trust the device
             count = len(clear_deltas)
 
@@ -543,10 +540,8 @@ class PrivateRounds:
         mechanism = DpFedAvg(ledger, config.target_clients, dp.clip_norm, adaptive_clipping(dp))
         private = DifferentialPrivacy(strategy, mechanism)
         if settings is not None:
-            grid_step = protocol.clip_range / protocol.levels  # the unmasked sum's own integer grid
-            parameters = private.apply_noised_sum(base_parameters, total, 0, count,
-                                                  quantised_sensitivity(protocol.clip_range, grid_step, vector_length),
-                                                  grid_step)
+            parameters = private.apply_noised_secure_sum(base_parameters, total, count, protocol.clip_range,
+                                                         protocol.levels)
         else:
             total, unclipped, _ = clipped_sum((load() for load in clear_deltas), dp.clip_norm, vector_length)
             parameters = private.apply_noised_sum(base_parameters, total, unclipped, count)
@@ -563,6 +558,13 @@ class PrivateRounds:
             if ledger.line is not None:
                 session.execute(update(PrivacyLine).where(PrivacyLine.line_id == ledger.line).values(
                     events_json=json.dumps(ledger.events()), epsilon=ledger.epsilon_spent, updated_at=self.clock()))
+
+
+def carries_unclipped_bit(config: RoundConfig) -> bool:
+    """Adaptive clipping under SecAgg+: each device appends its "not clipped" bit to the vector it masks
+    (`fedzoo.aggregation.private.with_unclipped_bit`), one more coordinate, so the server learns only the count."""
+    dp = config.privacy.dp
+    return config.privacy.secure_aggregation is not None and dp is not None and dp.adaptive is not None
 
 
 def equal_weights(config: RoundConfig) -> bool:

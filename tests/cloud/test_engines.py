@@ -96,3 +96,41 @@ def test_the_ray_engine_on_a_two_node_cluster_publishes_what_inprocess_publishes
         ray_records, ray_weights = _inprocess_engine(engine, plan)
     assert [(r.state, r.accepted_updates) for r in ray_records] == [(r.state, r.accepted_updates) for r in records]
     _assert_same_weights(weights, ray_weights)
+
+
+# adaptive clipping under SecAgg+: the count noise (sigma 0.06, which z = 0.1 allows) is too small to move a whole
+# number, so both engines must state the same next clip norm; every delta clipped (count 0) or none (count 4)
+ADAPTIVE = {"target_unclipped_quantile": 0.5, "clip_learning_rate": 0.5, "clipped_count_stddev": 0.06}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("clip_norm, unclipped_fraction", [(1e-4, 0.0), (1e4, 1.0)], ids=["all-clipped", "none"])
+def test_both_engines_move_the_clip_norm_alike_under_secure_aggregation(federation, tmp_path, clip_norm,
+                                                                        unclipped_fraction):
+    from fedzoo.cloud.inprocess import DpOptions, SecureAggregationOptions, run_private_rounds
+    from fedzoo.dp.noise import AdaptiveClipping
+
+    expected = clip_norm * np.exp(-0.5 * (unclipped_fraction - 0.5))
+    privacy = {"secure_aggregation": {"neighbour_count": 6, "stage_deadline_s": 30},
+               "dp": {"max_epsilon": 500, "delta": 1e-5, "clip_norm": clip_norm, "noise_multiplier": 0.1,
+                      "adaptive": ADAPTIVE}}
+    plan = {**PLAN, "target_clients": 4, "over_selection": 0.0, "num_rounds": 1, "privacy": privacy}
+    with LoopbackServer(tmp_path / "server", transport="wsgi",
+                        environ={"FEDZOO_DP_LINE_MAX_EPSILON": "1000"}) as server:
+        with Simulation(federation, server.url, executor="in-process", cache_root=tmp_path / "devices", seed=0,
+                        in_process=server.in_process) as simulation:
+            simulation.publish_base_model()
+            simulation.register_devices()
+            (record,) = simulation.run(plan)
+    assert record.state == "closed", record.outcome
+    claim = record.outcome["privacy"]["dp"]
+    assert claim["noised_unclipped_fraction"] == pytest.approx(unclipped_fraction, abs=1e-9)
+    assert claim["next_clip_norm"] == pytest.approx(expected, rel=1e-9)
+
+    dp = DpOptions(max_epsilon=500, clip_norm=clip_norm, noise_multiplier=0.1, adaptive=AdaptiveClipping(**ADAPTIVE))
+    records = run_private_rounds(federation, 2, 4, {"optimizer": "sgd", "learning_rate": 0.05, "local_epochs": 1,
+                                                    "batch_size": 16},
+                                 secure_aggregation=SecureAggregationOptions(neighbour_count=6), dp=dp,
+                                 executor="in-process")
+    assert [r.survivors for r in records] == [4, 4]
+    assert records[1].clip_norm == pytest.approx(claim["next_clip_norm"], rel=1e-9)

@@ -21,7 +21,7 @@ def federation():
 
 
 def test_secure_aggregation_reaches_the_model_plain_fedavg_reaches(federation):
-    options = SecureAggregationOptions(neighbour_count=8, threshold=5, levels=32767, clip_range=1.0,
+    options = SecureAggregationOptions(neighbour_count=8, levels=32767, clip_range=1.0,
                                        max_examples=max(len(shard) for shard in federation.shards))
     plain = run_private_rounds(federation, 2, 10, TRAINING, executor="in-process", seed=1)
     secure = run_private_rounds(federation, 2, 10, TRAINING, secure_aggregation=options, executor="in-process", seed=1)
@@ -48,7 +48,7 @@ def test_a_dp_plan_stops_before_its_budget(federation):
 
 def test_dp_with_secure_aggregation_and_adaptive_clipping_spends_the_planned_budget(federation, caplog):
     dp = DpOptions(max_epsilon=8.0, clip_norm=0.3, adaptive=AdaptiveClipping(clip_learning_rate=0.5))
-    options = SecureAggregationOptions(neighbour_count=8, threshold=5, levels=32767)
+    options = SecureAggregationOptions(neighbour_count=8, levels=32767)
     with caplog.at_level("WARNING", logger="fedzoo.cloud.inprocess"):
         records = run_private_rounds(federation, 3, 10, TRAINING, dp=dp, secure_aggregation=options,
                                      executor="in-process")
@@ -80,7 +80,7 @@ def test_fedprox_devices_get_the_proximal_term_under_secure_aggregation(federati
 
     real = simulation.train_locally
     monkeypatch.setattr(simulation, "train_locally", recording_train_locally)
-    options = SecureAggregationOptions(neighbour_count=8, threshold=5)
+    options = SecureAggregationOptions(neighbour_count=8)
     run_private_rounds(federation, 1, 10, TRAINING, {"name": "fedprox", "proximal_mu": 0.3},
                        secure_aggregation=options, executor="in-process")
     assert len(seen) == 10 and all(training == {**TRAINING, "proximal_mu": 0.3} for training in seen)
@@ -121,3 +121,18 @@ def test_settings_are_chosen_on_the_validation_split_and_the_baseline_can_weigh_
     with pytest.raises(InvalidInputError) as error:
         run_private_rounds(federation, 1, 10, TRAINING, executor="in-process", evaluate_on="train")
     assert error.value.field == "evaluate_on"
+
+
+def test_the_server_and_the_simulator_size_a_cohort_by_one_rule():
+    from fedzoo.cloud.inprocess import SecureAggregationOptions
+    from fedzoo.secagg.bounds import SecAggBounds, cohort_config
+    from fedzoo.server.fl.schemas import SecureAggregationSettings
+    from fedzoo.server.fl.secure_rounds import secagg_config
+
+    options, settings = SecureAggregationOptions(), SecureAggregationSettings()
+    for cohort in (3, 4, 10, 61, 100, 250):
+        simulated = cohort_config("r", cohort, 10, 0.05, options.levels, options.neighbour_count, options.threshold)
+        served = secagg_config(settings, 1, cohort, 10, 0.05, 0)
+        assert (simulated.neighbour_count, simulated.threshold, simulated.minimum_survivors) == (
+            served.neighbour_count, served.threshold, served.minimum_survivors)
+        SecAggBounds().check(simulated)

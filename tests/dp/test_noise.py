@@ -111,3 +111,53 @@ def test_the_secure_noise_has_standard_deviation_z_s_in_model_units():
     assert dp.released_sensitivity == pytest.approx(0.4 * 1.001)
     assert abs(draws.std() - expected) < 5 * expected / math.sqrt(2 * 20_000)
     assert abs(draws.mean()) < 5 * expected / math.sqrt(20_000)
+
+
+def test_the_unclipped_count_under_secagg_must_be_a_whole_number_of_bits_in_zero_to_survivors():
+    from fedzoo.aggregation.private import check_secure_sum, split_unclipped_count, with_unclipped_bit
+
+    clip_range, survivors = 0.1, 3
+    vectors = [with_unclipped_bit(np.array([0.05, -0.1]), within, clip_range) for within in (True, False, True)]
+    total = np.sum(vectors, axis=0)
+    check_secure_sum(total, 3.0, survivors, clip_range, equal=True, unclipped_bit=True)
+    assert split_unclipped_count(total, clip_range)[1] == 2
+    np.testing.assert_allclose(split_unclipped_count(total, clip_range)[0], [0.15, -0.3])
+    # the third device sending a bit of 3, of -2 or of one half: the count leaves [0, 3] or is not whole
+    for lie in (3.0, -2.0, 0.5):
+        lying = total + np.array([0.0, 0.0, (lie - 1) * clip_range])
+        with pytest.raises(InvalidInputError, match="bit other than 0 or 1") as error:
+            check_secure_sum(lying, 3.0, survivors, clip_range, equal=True, unclipped_bit=True)
+        assert error.value.field == "unclipped_bit"
+    # the bit's coordinate is the count, not a clipped coordinate: 3 devices within give 3 x clip_range there
+    check_secure_sum(total + np.array([0.0, 0.0, clip_range]), 3.0, survivors, clip_range, equal=True,
+                     unclipped_bit=True)
+
+
+def test_a_delta_its_device_clipped_arrives_at_the_bound_and_counts_as_clipped():
+    from fedzoo.aggregation.private import clipped_sum
+
+    rng = np.random.default_rng(0)
+    deltas = [{"w": rng.normal(size=500).astype(np.float32)} for _ in range(40)]
+    device_clipped = [clip_delta(delta, 1.0)[0] for delta in deltas]  # every one longer than 1: clipped
+    assert sum(l2_norm(delta) <= 1.0 for delta in device_clipped) > 0  # float32 rounding lands some at or below
+    assert clipped_sum(device_clipped, 1.0, 500)[1:] == (0, 40)
+    within = [{"w": delta["w"] * np.float32(0.9)} for delta in device_clipped]
+    assert clipped_sum(within, 1.0, 500)[1:] == (40, 40)
+
+
+def test_the_secure_sum_under_adaptive_clipping_moves_the_bound_from_its_last_coordinate():
+    from fedzoo.aggregation.private import DifferentialPrivacy, with_unclipped_bit
+    from fedzoo.aggregation.strategies import make_strategy
+
+    # count noise sigma 0.06 (z = 0.1 allows it): a whole number never moves, so the noised fraction is exact
+    adaptive = AdaptiveClipping(0.5, 0.5, 0.06)
+    private = DifferentialPrivacy(make_strategy({"name": "fedavg"}),
+                                  DpFedAvg(_ledger(z=0.1), expected_clients=4, clip_norm=0.2, adaptive=adaptive, seed=0))
+    vectors = [with_unclipped_bit(np.full(3, 0.01), within, 0.2) for within in (True, False, False, False)]
+    parameters = private.apply_noised_secure_sum({"w": np.zeros(3)}, np.sum(vectors, axis=0), 4, 0.2, 127)
+    assert parameters["w"].shape == (3,)  # the count's coordinate is not a parameter
+    # one of four unclipped: centred doubled sum 2 - 4 = -2 over 2 x 4, plus 0.5
+    assert private.mechanism.released_unclipped_fraction == pytest.approx(0.25, abs=1e-12)
+    assert private.clip_norm == pytest.approx(0.2 * math.exp(-0.5 * (0.25 - 0.5)))
+    assert private.mechanism.released_sensitivity == pytest.approx(quantised_sensitivity(0.2, 0.2 / 127, 3))
+

@@ -16,6 +16,7 @@ DEVICES = 4
 NOTHING_DECLARED = Capabilities()
 SECURE = {"secure_aggregation": {"neighbour_count": 2, "threshold": 2, "clip_range": 0.05, "stage_deadline_s": 2}}
 DP = {"dp": {"max_epsilon": 1000.0, "clip_norm": 1.0, "noise_multiplier": 1.0}}
+ADAPTIVE_SECURE = {**SECURE, "dp": {**DP["dp"], "adaptive": {}}}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,8 @@ def private_round(simulation, privacy, target_clients=3):
 
 
 @pytest.mark.parametrize("privacy, needed", [(SECURE, f"secure aggregation version {SECURE_AGGREGATION_VERSION}"),
-                                             (DP, "DP clipping")])
+                                             (DP, "DP clipping"),
+                                             (ADAPTIVE_SECURE, "the unclipped bit in the masked vector")])
 def test_a_private_plan_selects_only_devices_that_declared_what_it_needs(simulation, federation, privacy, needed):
     round_id = private_round(simulation, privacy)
     task = federation.card.task
@@ -66,7 +68,8 @@ def test_a_plain_round_selects_devices_that_declare_nothing_but_not_one_without_
 @pytest.mark.parametrize("query, field", [({"encodings": "fp32,,int8"}, "encodings"),
                                           ({"encodings": "FP32"}, "encodings"),
                                           ({"secure_aggregation": "one"}, "secure_aggregation"),
-                                          ({"dp_clipping": "perhaps"}, "dp_clipping")])
+                                          ({"dp_clipping": "perhaps"}, "dp_clipping"),
+                                          ({"unclipped_bit": "perhaps"}, "unclipped_bit")])
 def test_a_malformed_capability_is_refused_naming_its_field(simulation, federation, query, field):
     answer = httpx.get(f"{simulation.server_url}/v1/fl/task", params={"task": federation.card.task, **query},
                        headers={"Authorization": f"Bearer {simulation.tokens[0]}"})

@@ -110,10 +110,11 @@ def test_delta_defaults_below_one_over_the_fleet_squared_and_is_refused_above_th
 
 def test_adaptive_clipping_on_the_server_moves_the_norm_and_charges_the_count(simulation, federation):
     adaptive = {"target_unclipped_quantile": 0.5, "clip_learning_rate": 0.5, "clipped_count_stddev": 2.0}
-    with_secagg = _plan(federation.card.id, adaptive=adaptive)
-    with_secagg["privacy"]["secure_aggregation"] = {"neighbour_count": 2, "threshold": 2}
-    refused = _post_plan(simulation, with_secagg)
+    distributed = _plan(federation.card.id, adaptive=adaptive, noise="distributed")
+    distributed["privacy"]["secure_aggregation"] = {"neighbour_count": 2, "threshold": 2}
+    refused = _post_plan(simulation, distributed)  # the devices' noise would leave the count un-noised
     assert refused.status_code == 422 and refused.json()["error"]["field"] == "privacy.dp.adaptive"
+    assert "distributed" in refused.json()["error"]["message"]
     too_little = _post_plan(simulation, _plan(federation.card.id, adaptive={**adaptive, "clipped_count_stddev": 0.5}))
     assert too_little.status_code == 422
     assert too_little.json()["error"]["field"] == "privacy.dp.adaptive.clipped_count_stddev"

@@ -10,6 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
+from fedzoo.aggregation.private import with_unclipped_bit
 from fedzoo.clients.participation import LocalData, participate_once
 from fedzoo.clients.secure_participation import answer_stage
 from fedzoo.cloud.simulation import prepare_federation
@@ -81,7 +82,10 @@ class ScriptedDevice(threading.Thread):
                     config = SecAggConfig.from_dict(secure["config"])
                     protocol = SecAggClient(config, secure["client"], self.client.signing_key)
                     self.number = secure["client"]
-                    self.ring_input = quantise(flatten(self.delta), config, 1.0, np.random.default_rng(self.seed))
+                    vector = flatten(self.delta)
+                    if work["privacy"]["unclipped_bit"]:  # adaptive clipping: "within the bound" (the delta is small)
+                        vector = with_unclipped_bit(vector, True, config.clip_range)
+                    self.ring_input = quantise(vector, config, 1.0, np.random.default_rng(self.seed))
                 reply = answer_stage(protocol, stage, secure["request"], self.ring_input)
                 if self.tamper is not None:
                     reply = self.tamper(stage, reply)
@@ -639,3 +643,96 @@ def test_the_servers_default_parameters_are_within_every_default_devices_bounds(
     for cohort in range(3, 300):
         SecAggBounds().check(secure_rounds.secagg_config(SecureAggregationSettings(), 1, cohort, 10, 0.05, 3))
     assert secure_rounds.secagg_config(SecureAggregationSettings(), 1, 100, 10, 0.05, 3).threshold == 33
+
+
+@pytest.fixture
+def roomy_server(tmp_path):
+    """A server whose model lines may spend epsilon 1,000: the adaptive tests' count noise is tiny, epsilon large."""
+    with LoopbackServer(tmp_path / "roomy", deadline_check_s=0.2,
+                        environ={"FEDZOO_DP_LINE_MAX_EPSILON": "1000"}) as running:
+        yield running
+
+
+@pytest.fixture
+def roomy_simulation(federation, roomy_server, tmp_path):
+    with ready_simulation(federation, roomy_server.url, tmp_path / "roomy-devices") as sim:
+        yield sim
+
+
+def _adaptive_privacy(clip_norm, secure):
+    """Adaptive clipping with a count noise too small to move a whole number (sigma 0.06: z = 0.1 needs more than
+    z / 2), so two rounds over the same deltas must state the same noised count."""
+    privacy = {"dp": {"max_epsilon": 500, "delta": 1e-5, "clip_norm": clip_norm, "noise_multiplier": 0.1,
+                      "adaptive": {"target_unclipped_quantile": 0.5, "clip_learning_rate": 0.5,
+                                   "clipped_count_stddev": 0.06}}}
+    if secure:
+        privacy["secure_aggregation"] = {"neighbour_count": 6, "stage_deadline_s": 5}
+    return privacy
+
+
+def test_adaptive_clipping_under_secure_aggregation_moves_the_norm_as_the_clear_path_does(roomy_simulation,
+                                                                                          federation):
+    """The SDK devices' deltas (what `fit_device`, the SDK's training, gives for seed = index) with the clip norm
+    between the third and fourth shortest: three of eight are within. The server learns that count from the
+    unmasked sum's last coordinate under SecAgg+ and from the clear deltas without it (where the devices' clipped
+    deltas arrive at the bound, up to float32 rounding, and count as clipped), and moves the norm alike."""
+    from fedzoo.aggregation.strategies import make_strategy
+    from fedzoo.cloud.inprocess import DeviceContext, FitInstructions, fit_device
+    from fedzoo.dp.clipping import l2_norm
+    from fedzoo.server.fl.schemas import RoundConfig, round_training
+    from fedzoo.update_codec import split_statistics
+
+    plan = secure_config(privacy=_adaptive_privacy(1.0, secure=False))
+    config = RoundConfig.model_validate({"model_id": federation.card.id, "evaluation_sha256": "0" * 64, **plan})
+    training = round_training(config, 1, make_strategy(config.strategy).configure_fit(1)).model_dump(mode="json")
+    context = DeviceContext.of(federation)
+    norms = sorted(l2_norm(split_statistics(fit_device(context, FitInstructions(index, index, federation.model,
+                                                                                  training)).delta)[0])
+                   for index in range(DEVICES))
+    clip_norm = (norms[2] + norms[3]) / 2
+    claims = {}
+    for secure in (False, True):  # the secure plan has a second round (last: one DP plan at a time on a line)
+        _, results, view = sdk_round(roomy_simulation, federation, secure_config(
+            privacy=_adaptive_privacy(clip_norm, secure), num_rounds=1 + secure))
+        assert [result.outcome for result in results] == ["accepted"] * DEVICES
+        assert view["state"] == "closed", view["outcome"]
+        claims[secure] = view["outcome"]["privacy"]["dp"]
+    vector_bytes = (sum(v.size for v in read_float_initializers(federation.model).values()) + 2) * 2
+    assert all(vector_bytes < result.upload_bytes < vector_bytes + 3000 for result in results)  # the bit went too
+    for claim in claims.values():
+        # the centred count 3 - 8/2, doubled: -2 over 2 x 8 devices, plus 0.5
+        assert claim["noised_unclipped_fraction"] == pytest.approx(0.5 - 2 / 16, abs=1e-9)
+        assert claim["next_clip_norm"] == pytest.approx(clip_norm * np.exp(-0.5 * (0.375 - 0.5)), rel=1e-9)
+        assert claim["delta_noise_multiplier"] == pytest.approx((0.1**-2 - 0.12**-2) ** -0.5)
+    assert claims[True]["sensitivity"] > claims[False]["sensitivity"]  # quantised to 127 levels: more noise
+    following = roomy_simulation.admin.fl_round(view["next_round_id"])  # the next round clips at the moved norm
+    assert following["config"]["privacy"]["dp"]["clip_norm"] == pytest.approx(claims[True]["next_clip_norm"])
+    task = device_client(roomy_simulation, 0).fl_task(federation.card.task)["task"]
+    assert task["privacy"]["clip_norm"] == pytest.approx(claims[True]["next_clip_norm"])
+    assert task["privacy"]["unclipped_bit"] is True
+
+
+@pytest.mark.parametrize("bits", [40, -9, 0.5], ids=["above-one", "below-zero", "not-whole"])
+def test_a_device_lying_with_its_unclipped_bit_gets_the_round_refused(roomy_simulation, roomy_server, federation,
+                                                                       bits):
+    """Device 2 adds `bits` x levels to the bit coordinate of its masked vector: the masks hide it, but the unmasked
+    count leaves [0, survivors] or is not whole, and nothing is published (nor the clip norm moved)."""
+    import sqlite3
+
+    vector_length = sum(value.size for value in read_float_initializers(federation.model).values())
+
+    def lying_bit(stage, reply):
+        if stage != "masked_input":
+            return reply
+        dtype = {2: np.uint16, 4: np.uint32}[len(reply) // (vector_length + 2)]
+        masked = np.frombuffer(reply, dtype=dtype).copy()
+        masked[vector_length:vector_length + 1] += dtype(int(bits * 127) % 2 ** (8 * masked.itemsize))  # wraps
+        return masked.tobytes()
+
+    round_id, devices, view = run_scripted_round(roomy_simulation, federation, secure_config(
+        privacy=_adaptive_privacy(0.5, secure=True)), {2: {"tamper": lying_bit}})
+    assert all("unmask" in device.answered for device in devices)  # every device took part to the end
+    assert view["state"] == "failed" and view["result_model_id"] is None
+    with sqlite3.connect(roomy_server.data_dir / "registry.db") as database:  # a DP round's read withholds the reason
+        (outcome,) = database.execute("SELECT outcome_json FROM fl_rounds WHERE id = ?", (round_id,)).fetchone()
+    assert "unclipped bits" in outcome and "some device sent a bit other than 0 or 1" in outcome, outcome

@@ -12,6 +12,9 @@ A second SDK that reproduces every case speaks the same protocol:
 - `graph`: every client's stage-1 nonce, the advertised list the server relays (`advertised`, hex of
   `graph.advertised_bytes`), the graph seed it gives and each client's neighbours;
 - `quantise`: inputs on exact levels (so rounding is deterministic) and the ring values they become;
+- `unclipped_bit`: adaptive clipping under SecAgg+, a device's delta (one value shorter than the config's vector
+  length) with its "not clipped" bit appended (`with_unclipped_bit`: clip_range if within, else 0) and the ring
+  values the whole vector becomes, for a device within the clip norm and one that was clipped;
 - `signing`: the configuration digest, and the stage 1 (advertised keys and nonce) and stage 4 (survivor set,
   with the signer's keys, nonce and the graph seed) payloads with their Ed25519 signatures under a fixed key
   (Ed25519 signatures are deterministic);
@@ -43,6 +46,7 @@ from typing import Any
 import numpy as np
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
+from fedzoo.aggregation.private import with_unclipped_bit
 from fedzoo.secagg import crypto, signatures
 from fedzoo.secagg.client import (
     MASK_KEY,
@@ -253,6 +257,9 @@ def secagg_vectors() -> dict[str, Any]:
         "graph": _graph_case(),
         "quantise": {"vector": on_levels.tolist(), "weight": 1.0,
                      "ring": quantise(on_levels, CONFIG, 1.0, np.random.default_rng(0)).tolist()},
+        "unclipped_bit": [{"vector": on_levels[:-1].tolist(), "within": within, "weight": 1.0,
+                           "ring": quantise(with_unclipped_bit(on_levels[:-1], within, CONFIG.clip_range), CONFIG, 1.0,
+                                            np.random.default_rng(0)).tolist()} for within in (True, False)],
         "signing": _signing_case(),
         "refusals": _refusal_cases(),
         "staged_refusals": _staged_refusals(),

@@ -281,7 +281,7 @@ public final class Participation {
             if (privacy != null && privacy.optJSONObject("secure_aggregation") != null) {
                 SecureParticipation.Outcome secure = new SecureParticipation(client, bounds, trustedSigningKeys).takePart(
                         work, SecureParticipation.ringInputOf(delta, data.size(), random, client.noisePolicy(),
-                                bounds),
+                                bounds, withinClipNorm(trained.delta, privacy)),
                         new SecureParticipation.CheckIn() {
                             public JSONObject checkIn() {
                                 return client.flTask(card.task(), card.family());
@@ -311,13 +311,26 @@ public final class Participation {
      * statistics stay the parent's, as the server aggregates them), clipped to the round's DP clip norm if it has one.
      */
     public static Map<String, FloatTensor> privateDelta(Map<String, FloatTensor> delta, JSONObject privacy) {
+        Map<String, FloatTensor> weights = weightsOf(delta);
+        return privacy.isNull("clip_norm") ? weights : Clipping.clip(weights, privacy.optDouble("clip_norm"));
+    }
+
+    private static Map<String, FloatTensor> weightsOf(Map<String, FloatTensor> delta) {
         Map<String, FloatTensor> weights = new LinkedHashMap<String, FloatTensor>();
         for (Map.Entry<String, FloatTensor> entry : delta.entrySet()) {
             if (!entry.getKey().startsWith(Trainer.RUNNING_PREFIX)) {
                 weights.put(entry.getKey(), entry.getValue());
             }
         }
-        return privacy.isNull("clip_norm") ? weights : Clipping.clip(weights, privacy.optDouble("clip_norm"));
+        return weights;
+    }
+
+    /**
+     * Whether a trained delta's weights were within the round's DP clip norm before clipping (adaptive clipping's
+     * "unclipped" bit, as Python's {@code clip_for_privacy}); true without DP.
+     */
+    public static boolean withinClipNorm(Map<String, FloatTensor> delta, JSONObject privacy) {
+        return privacy.isNull("clip_norm") || Clipping.l2Norm(weightsOf(delta)) <= privacy.optDouble("clip_norm");
     }
 
     /**

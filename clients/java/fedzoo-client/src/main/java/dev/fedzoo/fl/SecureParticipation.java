@@ -68,13 +68,15 @@ public final class SecureParticipation {
 
     /**
      * The ring input of a trained (clipped under DP) delta, as Python's {@code ring_input}: weighted (equal under DP,
-     * else by capped examples) and quantised; under distributed DP ({@code privacy.distributed_noise}) rounded within
-     * the norm bound and noised by this device from its CSPRNG, after checking the request against the signed config
-     * (the honest survivors its floor guarantees under {@code bounds}) and {@code policy}.
+     * else by capped examples) and quantised, with adaptive clipping ({@code privacy.unclipped_bit}) followed by
+     * whether the delta was {@code within} the clip norm before clipping ({@link #withUnclippedBit}); under
+     * distributed DP ({@code privacy.distributed_noise}) rounded within the norm bound and noised by this device from
+     * its CSPRNG, after checking the request against the signed config (the honest survivors its floor guarantees
+     * under {@code bounds}) and {@code policy}.
      */
     public static RingSource ringInputOf(final Map<String, FloatTensor> delta, final int numExamples,
                                          final Random random, final DistributedNoise.Policy policy,
-                                         final SecAggBounds bounds) {
+                                         final SecAggBounds bounds, final boolean within) {
         return new RingSource() {
             public int[] ringInput(SecAggConfig config, JSONObject privacy) {
                 if (privacy.has("clip_norm") && !privacy.isNull("clip_norm")) {
@@ -88,9 +90,29 @@ public final class SecureParticipation {
                 }
                 double weight = privacy.optBoolean("equal_weights") ? 1.0
                         : Encoding.exampleWeight(numExamples, privacy.optInt("max_examples", numExamples));
-                return Encoding.quantise(Encoding.flatten(delta), config, weight, random);
+                double[] vector = Encoding.flatten(delta);
+                if (privacy.optBoolean("unclipped_bit")) {
+                    vector = withUnclippedBit(vector, within, config.clipRange);
+                }
+                return Encoding.quantise(vector, config, weight, random);
             }
         };
+    }
+
+    /** The ring input of a delta that was within the clip norm (or of a round without adaptive clipping). */
+    public static RingSource ringInputOf(Map<String, FloatTensor> delta, int numExamples, Random random,
+                                         DistributedNoise.Policy policy, SecAggBounds bounds) {
+        return ringInputOf(delta, numExamples, random, policy, bounds, true);
+    }
+
+    /**
+     * A flattened delta with its "not clipped" bit appended in clip-range units (0 or clipRange), as Python's
+     * {@code fedzoo.aggregation.private.with_unclipped_bit}: under SecAgg+ the server learns only how many were 1.
+     */
+    public static double[] withUnclippedBit(double[] vector, boolean within, double clipRange) {
+        double[] extended = java.util.Arrays.copyOf(vector, vector.length + 1);
+        extended[vector.length] = within ? clipRange : 0.0;
+        return extended;
     }
 
     /** Answers every SecAgg+ stage the server asks of this device in the round of {@code work}. */

@@ -31,6 +31,7 @@ import dev.fedzoo.codec.UpdateCodec;
 import dev.fedzoo.edge.DeviceProfile;
 import dev.fedzoo.edge.EdgeSession;
 import dev.fedzoo.fl.Capabilities;
+import dev.fedzoo.fl.Participation;
 import dev.fedzoo.fl.SecureParticipation;
 import dev.fedzoo.secagg.DeviceCertificates;
 import dev.fedzoo.secagg.SecAggBounds;
@@ -763,5 +764,57 @@ class LiveServerTest {
         assertEquals(1.5, dp.getDouble("noise_multiplier"), 0.0);
         assertTrue(dp.getDouble("equivalent_noise_multiplier") >= 1.5, dp.toString());
         assertTrue(dp.getDouble("epsilon") > 0, dp.toString());
+    }
+
+    /**
+     * Adaptive clipping under SecAgg+ (central noise) with three Java devices: the task asks for the unclipped bit,
+     * each device appends it to the vector it masks (the round's vector length counts it) and the round closes with a
+     * card whose noised count is one of the counts three devices can give and whose next clip norm follows from it.
+     */
+    @Test
+    @Order(18)
+    void javaDevicesAppendTheirUnclippedBitUnderSecureAggregation() throws Exception {
+        long roundId = startRound(3, "{\"privacy\": {\"secure_aggregation\": {\"neighbour_count\": 2, "
+                + "\"threshold\": 2, \"stage_deadline_s\": 4}, \"dp\": {\"max_epsilon\": 50, \"clip_norm\": 0.5, "
+                + "\"noise_multiplier\": 1.5, \"adaptive\": {\"clip_learning_rate\": 0.2}}}, \"poll_interval_s\": 0.1}");
+        final String[] outcomes = new String[3];
+        final boolean[] asked = new boolean[3];
+        Thread[] devices = new Thread[outcomes.length];
+        for (int i = 0; i < devices.length; i++) {
+            final int index = i;
+            final FedzooClient device = certifiedDevice();
+            devices[i] = new Thread(() -> {
+                try {
+                    JSONObject work = device.flTask("digits", null).getJSONObject("task");
+                    outcomes[index] = new SecureParticipation(device, new SecAggBounds(), null).takePart(work,
+                            (config, privacy) -> {
+                                asked[index] = privacy.optBoolean("unclipped_bit");
+                                float[] values = new float[config.vectorLength - 1]; // the last one is the bit
+                                values[index] = index == 0 ? 0.25f : 0.75f; // device 0 within the clip norm
+                                java.util.Map<String, dev.fedzoo.edge.FloatTensor> delta =
+                                        java.util.Collections.singletonMap("delta", new dev.fedzoo.edge.FloatTensor(
+                                                new long[] {values.length}, values));
+                                return SecureParticipation.ringInputOf(Participation.privateDelta(delta, privacy), 1,
+                                        new java.util.Random(index), device.noisePolicy(), new SecAggBounds(),
+                                        Participation.withinClipNorm(delta, privacy)).ringInput(config, privacy);
+                            }, () -> device.flTask("digits", null), null).outcome;
+                } catch (Exception failure) {
+                    outcomes[index] = "error: " + failure;
+                }
+            });
+            devices[i].start();
+        }
+        for (Thread device : devices) {
+            device.join(120_000);
+        }
+        assertEquals(Arrays.asList("accepted", "accepted", "accepted"), Arrays.asList(outcomes));
+        assertTrue(asked[0] && asked[1] && asked[2], "the task asks for the unclipped bit");
+        JSONObject view = waitUntilFinished(roundId);
+        assertEquals("closed", view.getString("state"), view.toString());
+        JSONObject dp = view.getJSONObject("outcome").getJSONObject("privacy").getJSONObject("dp");
+        double fraction = dp.getDouble("noised_unclipped_fraction");
+        double doubledCentredSum = (fraction - 0.5) * 2 * 3; // 2 x (count - 3 / 2) plus whole-number noise
+        assertEquals(Math.rint(doubledCentredSum), doubledCentredSum, 1e-9, dp.toString());
+        assertEquals(0.5 * Math.exp(-0.2 * (fraction - 0.5)), dp.getDouble("next_clip_norm"), 1e-12);
     }
 }

@@ -25,6 +25,7 @@ import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
 
 import dev.fedzoo.TestSupport;
+import dev.fedzoo.fl.SecureParticipation;
 
 /**
  * The shared SecAgg+ v3 vectors ({@code tests/vectors/secagg_vectors.json}, written by Python's
@@ -162,6 +163,23 @@ class SecAggVectorsTest {
         JSONArray expected = quantise.getJSONArray("ring");
         for (int i = 0; i < ring.length; i++) {
             assertEquals(expected.getInt(i), ring[i]);
+        }
+
+        JSONArray unclipped = vectors.getJSONArray("unclipped_bit");
+        for (int c = 0; c < unclipped.length(); c++) {
+            JSONObject bitCase = unclipped.getJSONObject(c);
+            JSONArray delta = bitCase.getJSONArray("vector");
+            double[] deltaValues = new double[delta.length()];
+            for (int i = 0; i < deltaValues.length; i++) {
+                deltaValues[i] = delta.getDouble(i);
+            }
+            int[] withBit = Encoding.quantise(SecureParticipation.withUnclippedBit(deltaValues,
+                    bitCase.getBoolean("within"), config.clipRange), config, bitCase.getDouble("weight"), new Random(3));
+            JSONArray expectedWithBit = bitCase.getJSONArray("ring");
+            assertEquals(expectedWithBit.length(), withBit.length);
+            for (int i = 0; i < withBit.length; i++) {
+                assertEquals(expectedWithBit.getInt(i), withBit[i]);
+            }
         }
 
         JSONObject framing = vectors.getJSONObject("framing");
