@@ -52,6 +52,7 @@ from fedzoo.server.fl.outcome import RoundOutcome, UpdateCounts, ZooRound
 from fedzoo.server.fl.tables import FLRound, FLSubnetAssignment, FLUpdate
 from fedzoo.server.fl.round_context import RoundContext
 from fedzoo.server.fl.schemas import RoundConfig
+from fedzoo.server.fl.secure_rounds import SeatGroup
 from fedzoo.server.fl.stages.screening import ScreenedRound, screen_round, tally_screening
 from fedzoo.server.latency import LatencyEstimator
 from fedzoo.server.lookup import LookupQuery, lookup
@@ -357,6 +358,13 @@ class ZooPlan:
         """What a device downloads to train this subnet: its model and its training graph."""
         card = ModelCard.from_dict(registry.get_card(session, training_id))
         return card.size_bytes + int(card.details.get("zoo_training", {}).get("training_graph_bytes", 0))
+
+    def seat_group(self, session: Session, round_id: int, device_id: str) -> SeatGroup:
+        """The SecAgg+ cohort a seated device joins: the devices that train its subnet (`docs/privacy.md`, "Zoo-wide
+        rounds under SecAgg+"), whose update vector is that subnet's trainable parameters."""
+        training_id = session.get(FLSubnetAssignment, (round_id, device_id)).training_model_id
+        parameters = self.context.bases.get(session, training_id).parameters
+        return SeatGroup(training_id, sum(value.size for value in parameters.values()))
 
     def _assignments(self, session: Session, round_id: int) -> dict[str, FLSubnetAssignment]:
         return {row.device_id: row for row in session.scalars(
