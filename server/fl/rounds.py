@@ -78,18 +78,18 @@ from fedzoo.server.fl.base_models import BaseModels, RoundBase, max_upload_bytes
 from fedzoo.server.fl.eligibility import DECLINED
 from fedzoo.server.fl.faults import crash_point
 from fedzoo.server.fl.lifecycle import AGGREGATION_LEASE_S, RoundLifecycle
-from fedzoo.server.fl.outcome import RoundOutcome
+from fedzoo.server.fl.outcome import RoundOutcome, UpdateCounts
 from fedzoo.server.fl.tables import ACTIVE_STATES, FLParticipant, FLRefusedUpload, FLRound, FLUpdate
 from fedzoo.server.fl.round_context import RoundContext, as_utc, count_rows, find_round, utc_now
 from fedzoo.server.fl.schemas import RoundConfig, TaskResponse, UpdateMetadata
-from fedzoo.server.fl.secure_rounds import (DONE, PrivateRounds, check_planned_ring, is_private, with_calibrated_noise,
-                                            without_dp_counts)
+from fedzoo.server.fl.secure_rounds import (DONE, PrivateRounds, check_planned_ring, cohort_tally, is_private,
+                                            with_calibrated_noise, without_dp_counts)
 from fedzoo.server.fl.stages.aggregation import Aggregation
 from fedzoo.server.fl.stages.collection import Collection
 from fedzoo.server.fl.stages.publication import Publication
 from fedzoo.server.fl.stages.screening import record_screening, root_update, round_defences, screen_round
 from fedzoo.server.fl.stages.selection import Selection
-from fedzoo.server.fl.zoo_plan import ZooPlan, is_zoo
+from fedzoo.server.fl.zoo_plan import Supernet, ZooOutcome, ZooPlan, is_zoo
 from fedzoo.server.latency import LatencyEstimator
 from fedzoo.server.tables import DeviceRecord
 from fedzoo.signing import CardSigningKey
@@ -170,6 +170,7 @@ class RoundService:
         """Open the first round of a zoo-wide plan on a supernet card (`fedzoo.server.fl.zoo_plan`)."""
         if config.max_examples_per_update is None:
             config = config.model_copy(update={"max_examples_per_update": self.context.max_examples_per_update})
+        self._check_secure_cohort(config)
         with self.database.session() as session:
             supernet = self.zoo.check_plan(session, config, strategy)
             self._check_evaluation_set(config.evaluation_sha256, supernet.card)
@@ -220,8 +221,12 @@ class RoundService:
         return max_upload_bytes(base)
 
     def max_masked_vector_bytes(self, round_id: int) -> int:
-        """The most a masked vector of this round can be: 4 bytes a value (its exact size is checked later)."""
+        """The most a masked vector of this round can be: 4 bytes a value of its longest cohort's vector (its exact
+        size is checked later); before cohorts exist, what an update of the round's model can be."""
         with self.database.session() as session:
+            longest = self.private.longest_vector(session, round_id)
+            if longest is not None:
+                return 4 * (longest + 1)
             return max_upload_bytes(self.base_model(session, find_round(session, round_id).base_model_id))
 
     def submit_update(self, device_id: str, round_id: int, metadata: UpdateMetadata, data: bytes) -> dict[str, Any]:
@@ -412,6 +417,7 @@ class RoundService:
             supernet = self.zoo.supernet(session, round_row.base_model_id)
             screening = self.zoo.screen(session, rows, config, revoked)
             members = self.zoo.members(session, supernet)
+            secure = self.private.progress(session, round_id)  # SecAgg+: (masked inputs, bytes of every reply)
             variants = {member.id: self.zoo.int8_variants(session, supernet, member) for member in members}
         started = self.clock()
         progress: dict[str, Any] = {"started_at": started.isoformat(), "zoo_models_total": len(members)}
@@ -420,7 +426,7 @@ class RoundService:
             progress.update(stage=stage, **fields)
             self.lifecycle.record_publication(round_id, progress)
 
-        if len(screening.kept) < config.min_clients:
+        if secure is None and len(screening.kept) < config.min_clients:
             report("refused")
             self._refuse(round_id, rows, screening.screened, screening.outcome,
                          f"only {len(screening.kept)} of {len(rows)} updates passed screening; "
@@ -428,7 +434,10 @@ class RoundService:
             return
         try:
             report("aggregating")
-            aggregated = self.zoo.aggregate(round_id, config, supernet, rows, screening, strategy)
+            if secure is not None:
+                aggregated = self._aggregate_zoo_cohorts(round_id, config, supernet, strategy, secure[1])
+            else:
+                aggregated = self.zoo.aggregate(round_id, config, supernet, rows, screening, strategy)
             publication = self.zoo.re_extract(config, supernet, aggregated.weights, members, variants,
                                               lambda done: report("re-extracting", zoo_models_done=done,
                                                                   zoo_models_total=len(members)))
@@ -449,6 +458,19 @@ class RoundService:
                 **progress, "stage": "published", "finished_at": finished.isoformat(),
                 "seconds": round((finished - started).total_seconds(), 3), "new_versions": len(publication.new_cards)})
             self.lifecycle.close(session, round_row, card, strategy, aggregated.outcome)
+
+    def _aggregate_zoo_cohorts(self, round_id: int, config: RoundConfig, supernet: Supernet, strategy: Strategy,
+                               upload_bytes: int) -> ZooOutcome:
+        """A zoo-wide round under SecAgg+: every cohort's unmasked sum combined per element (`ZooPlan`), the
+        round's devices counted over the cohorts. Raises RoundAborted or InvalidInputError."""
+        sums = self.private.unmasked_sums(round_id, config)
+        survivors = sum(cohort.count for cohort in sums)
+        if survivors < config.min_clients:
+            raise InvalidInputError(f"the cohorts' sums hold {survivors} devices' updates; the round needs "
+                                    f"{config.min_clients}")
+        outcome = RoundOutcome(counts=UpdateCounts(survivors, survivors, None), upload_bytes=upload_bytes,
+                               secure_aggregation=cohort_tally(sums), defences=round_defences(config, None))
+        return self.zoo.aggregate_cohorts(round_id, config, supernet, sums, strategy, outcome, upload_bytes)
 
     def _refuse(self, round_id: int, rows: list[FLUpdate], screened: list[Screened], outcome: RoundOutcome,
                 reason: str) -> None:

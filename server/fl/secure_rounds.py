@@ -460,6 +460,12 @@ class PrivateRounds:
                 return cohort, participants.index(device_id)
         return None
 
+    def longest_vector(self, session: Session, round_id: int) -> int | None:
+        """The longest update vector of the round's cohorts (None before they are formed)."""
+        lengths = [json.loads(cohort.secagg_config_json)["vector_length"]
+                   for cohort in self._cohorts(session, round_id)]
+        return max(lengths, default=None)
+
     def _waiting(self, session: Session, round_id: int, stage: str) -> int:
         """How many replies `stage` waits for, over every cohort."""
         return sum(len(self._protocol(session, round_id, cohort.cohort, stage)[1])
@@ -659,6 +665,18 @@ class PrivateRounds:
             if ledger.line is not None:
                 session.execute(update(PrivacyLine).where(PrivacyLine.line_id == ledger.line).values(
                     events_json=json.dumps(ledger.events()), epsilon=ledger.epsilon_spent, updated_at=self.clock()))
+
+
+def cohort_tally(sums: list[CohortSum]) -> SecureAggregationTally:
+    """The round's SecAgg+ tally over its cohorts: devices summed, the weakest cohort's k and t (what a device's
+    update is protected by at least), misbehaving clients named `<cohort>:<client>`, and each cohort's own."""
+    tallies = [cohort.tally for cohort in sums]
+    return SecureAggregationTally(
+        sum(tally.num_clients for tally in tallies), min(tally.neighbour_count for tally in tallies),
+        min(tally.threshold for tally in tallies), tallies[0].levels, tallies[0].clip_range,
+        sum(tally.survivors for tally in tallies), sum(tally.dropped for tally in tallies),
+        {f"{index}:{client}": why for index, tally in enumerate(tallies) for client, why in tally.misbehaving.items()},
+        cohorts=[{"subnet": cohort.name, **cohort.tally.to_dict()} for cohort in sums])
 
 
 def equal_weights(config: RoundConfig) -> bool:

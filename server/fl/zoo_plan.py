@@ -43,6 +43,7 @@ from fedzoo.aggregation.screening import Screened
 from fedzoo.aggregation.strategies import Strategy
 from fedzoo.cards import SUPERNET_DETAILS, Metrics, ModelCard
 from fedzoo.errors import FedzooError, InvalidInputError
+from fedzoo.secagg import unflatten
 from fedzoo.nas.space import Arch, SearchSpace, arch_hash, arch_key
 from fedzoo.nas.subnet_mapping import Weights, map_back
 from fedzoo.server import registry
@@ -52,7 +53,7 @@ from fedzoo.server.fl.outcome import RoundOutcome, UpdateCounts, ZooRound
 from fedzoo.server.fl.tables import FLRound, FLSubnetAssignment, FLUpdate
 from fedzoo.server.fl.round_context import RoundContext
 from fedzoo.server.fl.schemas import RoundConfig
-from fedzoo.server.fl.secure_rounds import SeatGroup
+from fedzoo.server.fl.secure_rounds import CohortSum, SeatGroup
 from fedzoo.server.fl.stages.screening import ScreenedRound, screen_round, tally_screening
 from fedzoo.server.latency import LatencyEstimator
 from fedzoo.server.lookup import LookupQuery, lookup
@@ -107,6 +108,14 @@ class ZooOutcome:
     outcome: RoundOutcome
 
 
+@dataclass(frozen=True)
+class SteppedSupernet:
+    """The supernet's weights after a round's per-element step, and what the round records of it."""
+
+    weights: Weights
+    zoo: ZooRound
+
+
 @dataclass
 class ZooPublication:
     """The supernet's new card and, per zoo model, the new card (None when refused) and what was measured."""
@@ -157,11 +166,10 @@ class ZooPlan:
 
     def check_plan(self, session: Session, config: RoundConfig, strategy: Strategy) -> Supernet:
         """Refuse what a zoo-wide plan cannot run, naming the field; returns the supernet."""
-        if config.privacy.secure_aggregation is not None or config.privacy.dp is not None:
+        if config.privacy.dp is not None:
             raise InvalidInputError(
-                "zoo-wide plans run neither SecAgg+ nor DP yet: their subnets cover the supernet unevenly, so a sum "
-                "over an element one device covers reveals that device's update; run private single-model plans, or "
-                "set zoo.min_coverage to keep such elements out of every release", field="privacy")
+                "zoo-wide plans do not run DP yet (SecAgg+ they do, one cohort per subnet: docs/privacy.md); run "
+                "DP single-model plans", field="privacy.dp")
         require_mean_only(strategy)
         if config.gate.compare_with == "anchor":
             raise InvalidInputError("zoo-wide plans gate each zoo model against its own line: set gate.compare_with "
@@ -380,8 +388,7 @@ class ZooPlan:
             download_bytes = {training_id: self._download_bytes(session, training_id)
                               for training_id in {row.training_model_id for row in assignments.values()}}
         blobs = {row.device_id: row.blob_sha256 for row in rows}
-        shapes = {name: value.shape for name, value in supernet.weights.items()}
-        total = CoverageSum(shapes)
+        total = CoverageSum({name: value.shape for name, value in supernet.weights.items()})
         subnets: dict[str, int] = {}
         for update in screening.kept:
             assignment = assignments[update.device_id]
@@ -390,6 +397,40 @@ class ZooPlan:
             total.add(map_back(supernet.space, arch, supernet.weights, delta), update.num_examples,
                       assignment.arch_json)
             subnets[assignment.zoo_model_id] = subnets.get(assignment.zoo_model_id, 0) + 1
+        upload = sum(row.upload_bytes for row in rows)
+        download = sum(download_bytes[assignments[row.device_id].training_model_id] for row in rows)
+        outcome = self._stepped(config, supernet, total, subnets, strategy, started, upload, download, len(rows))
+        # a copy of the screening's outcome: a refused re-extraction records the screening alone
+        return ZooOutcome(outcome.weights, screening.screened,
+                          replace(screening.outcome, strategy=strategy.name, zoo=outcome.zoo))
+
+    def aggregate_cohorts(self, round_id: int, config: RoundConfig, supernet: Supernet, sums: list[CohortSum],
+                          strategy: Strategy, outcome: RoundOutcome, upload_bytes: int) -> ZooOutcome:
+        """A zoo-wide round under SecAgg+: each cohort's unmasked sum (the devices of one subnet, at least 3) mapped
+        onto the supernet and combined per element; no device's own update is ever seen."""
+        started = time.perf_counter()
+        with self.context.database.session() as session:
+            assignments = self._assignments(session, round_id)
+            zoo_model_of = {row.training_model_id: row.zoo_model_id for row in assignments.values()}
+            arch_of = {row.training_model_id: json.loads(row.arch_json) for row in assignments.values()}
+            shapes = {cohort.name: {name: value.shape for name, value in
+                                    self.context.bases.get(session, cohort.name).parameters.items()} for cohort in sums}
+            download = sum(self._download_bytes(session, cohort.name) * cohort.count for cohort in sums)
+        total = CoverageSum({name: value.shape for name, value in supernet.weights.items()})
+        subnets: dict[str, int] = {}
+        for cohort in sums:
+            delta = unflatten(cohort.total, shapes[cohort.name])
+            total.add_sum(map_back(supernet.space, arch_of[cohort.name], supernet.weights, delta),
+                          cohort.total_weight, cohort.count, cohort.name)
+            subnets[zoo_model_of[cohort.name]] = subnets.get(zoo_model_of[cohort.name], 0) + cohort.count
+        devices = sum(cohort.count for cohort in sums)
+        stepped = self._stepped(config, supernet, total, subnets, strategy, started, upload_bytes, download, devices)
+        return ZooOutcome(stepped.weights, [], replace(outcome, strategy=strategy.name, zoo=stepped.zoo))
+
+    def _stepped(self, config: RoundConfig, supernet: Supernet, total: CoverageSum, subnets: dict[str, int],
+                 strategy: Strategy, started: float, upload_bytes: int, download_bytes: int, devices: int
+                 ) -> SteppedSupernet:
+        """The strategy's per-element step from `total`, checked finite, with the round's coverage and bytes."""
         weights, released = step_supernet(strategy, supernet.weights, total, config.zoo.min_coverage,
                                           config.zoo.coverage_step_exponent)
         # the coverage of what devices train: every parameter but the kernel transforms, which no subnet holds
@@ -412,13 +453,12 @@ class ZooPlan:
             },
             aggregation_s=round(time.perf_counter() - started, 4),
             bytes={
-                "upload": sum(row.upload_bytes for row in rows),
-                "upload_per_device": round(sum(row.upload_bytes for row in rows) / max(len(rows), 1), 1),
-                "download_per_device": round(sum(download_bytes[assignments[row.device_id].training_model_id]
-                                                 for row in rows) / max(len(rows), 1), 1),
+                "upload": upload_bytes,
+                "upload_per_device": round(upload_bytes / max(devices, 1), 1),
+                "download_per_device": round(download_bytes / max(devices, 1), 1),
             },
-        )  # a copy of the screening's outcome: a refused re-extraction records the screening alone
-        return ZooOutcome(weights, screening.screened, replace(screening.outcome, strategy=strategy.name, zoo=zoo))
+        )
+        return SteppedSupernet(weights, zoo)
 
     # publication ----------------------------------------------------------------------------------
 
