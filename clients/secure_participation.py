@@ -69,13 +69,13 @@ def ring_input(delta: Parameters, config: SecAggConfig, privacy: dict[str, Any],
 
 
 def protocol_config(data: dict[str, Any]) -> SecAggConfig:
-    """The round's SecAggConfig as the server sent it; ProtocolViolation (`config_invalid`) for one no SecAgg+
-    instance may run, e.g. a cohort of fewer than 3 (a lying server's cohort of one device around a victim)."""
+    """The round's SecAggConfig as the server sent it; ProtocolViolation (`malformed`, as the Java SDK says) for one
+    no SecAgg+ instance may run, e.g. a cohort of fewer than 3 (a lying server's cohort of one around a victim)."""
     try:
         return SecAggConfig.from_dict(data)
     except InvalidInputError as error:
         raise ProtocolViolation(f"the round's SecAgg+ configuration is invalid: {error}",
-                                reason="config_invalid") from None
+                                reason="malformed") from None
 
 
 def answer_stage(protocol: SecAggClient, stage: str, request: dict[str, Any], vector: np.ndarray

@@ -163,7 +163,7 @@ def test_devices_refuse_a_cohort_below_the_protocols_minimum_whatever_the_server
     for num_clients in (1, 2):
         with pytest.raises(ProtocolViolation) as refused:
             protocol_config({**lying, "num_clients": num_clients})
-        assert refused.value.reason == "config_invalid"
+        assert refused.value.reason == "malformed"
 
 
 def test_a_lying_server_that_builds_a_victim_a_cohort_of_replayed_keys_never_gets_its_update(zoo, tmp_path,  # noqa: F811
