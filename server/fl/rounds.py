@@ -90,6 +90,7 @@ from fedzoo.server.fl.stages.publication import Publication
 from fedzoo.server.fl.stages.screening import record_screening, root_update, round_defences, screen_round
 from fedzoo.server.fl.stages.selection import Selection
 from fedzoo.server.fl.zoo_plan import Supernet, ZooOutcome, ZooPlan, is_zoo
+from fedzoo.server.fl.zoo_privacy import charge_zoo_line, zoo_noise
 from fedzoo.server.latency import LatencyEstimator
 from fedzoo.server.tables import DeviceRecord
 from fedzoo.signing import CardSigningKey
@@ -173,10 +174,15 @@ class RoundService:
         self._check_secure_cohort(config)
         with self.database.session() as session:
             supernet = self.zoo.check_plan(session, config, strategy)
+            if config.privacy.dp is not None:
+                config = with_calibrated_noise(self.private.with_delta(session, config, supernet.card))
             self._check_evaluation_set(config.evaluation_sha256, supernet.card)
             self.zoo.measure_task(session, supernet, config.evaluation_sha256)  # lookup ranks on this set
-            round_row = self.lifecycle.open_round(session, config, supernet.card, number=1,
-                                                  remaining=config.num_rounds, previous=None)
+            try:
+                round_row = self.lifecycle.open_round(session, config, supernet.card, number=1,
+                                                      remaining=config.num_rounds, previous=None)
+            except PrivacyBudgetExhausted as error:
+                raise InvalidInputError(str(error), field="privacy.dp.max_epsilon") from None
             return round_row.id
 
     @staticmethod
@@ -432,6 +438,7 @@ class RoundService:
                          f"only {len(screening.kept)} of {len(rows)} updates passed screening; "
                          f"the round needs {config.min_clients}")
             return
+        aggregated: ZooOutcome | None = None
         try:
             report("aggregating")
             if secure is not None:
@@ -441,9 +448,10 @@ class RoundService:
             publication = self.zoo.re_extract(config, supernet, aggregated.weights, members, variants,
                                               lambda done: report("re-extracting", zoo_models_done=done,
                                                                   zoo_models_total=len(members)))
-        except FedzooError as error:
+        except FedzooError as error:  # a noised aggregate made before the failure is charged (`record_release`)
             report("refused")
-            self._refuse(round_id, rows, screening.screened, screening.outcome, f"aggregation failed: {error}")
+            self._refuse(round_id, rows, screening.screened, aggregated.outcome if aggregated else screening.outcome,
+                         f"aggregation failed: {error}")
             return
         report("publishing", zoo_models_done=len(members))
         crash_point("aggregation.publishing")
@@ -451,8 +459,10 @@ class RoundService:
             round_row = self.lifecycle.finish_if_owner(session, round_id, "closed")
             if round_row is None:
                 return
+            self.private.record_release(session, round_id, aggregated.outcome)
             record_screening(session, rows, aggregated.screened, config.quarantine, self.clock())
-            card = self.zoo.publish(session, round_row, supernet, aggregated.weights, publication, aggregated.outcome)
+            card = self.zoo.publish(session, round_row, supernet, aggregated.weights, publication, aggregated.outcome,
+                                    lambda member: charge_zoo_line(session, member, aggregated.outcome, self.clock))
             finished = self.clock()
             round_row.publication_json = json.dumps({
                 **progress, "stage": "published", "finished_at": finished.isoformat(),
@@ -470,7 +480,10 @@ class RoundService:
                                     f"{config.min_clients}")
         outcome = RoundOutcome(counts=UpdateCounts(survivors, survivors, None), upload_bytes=upload_bytes,
                                secure_aggregation=cohort_tally(sums), defences=round_defences(config, None))
-        return self.zoo.aggregate_cohorts(round_id, config, supernet, sums, strategy, outcome, upload_bytes)
+        with self.database.session() as session:
+            archs = [member.arch for member in self.zoo.members(session, supernet)]
+        noise = zoo_noise(self.database, round_id, config, supernet.space, supernet.weights, archs, sums, outcome)
+        return self.zoo.aggregate_cohorts(round_id, config, supernet, sums, strategy, outcome, upload_bytes, noise)
 
     def _refuse(self, round_id: int, rows: list[FLUpdate], screened: list[Screened], outcome: RoundOutcome,
                 reason: str) -> None:

@@ -745,6 +745,7 @@ def published_counts(outcome: RoundOutcome) -> dict[str, Any]:
 
 
 OUTCOME_COUNTS = ("accepted_updates", "aggregated_updates", "num_examples", "upload_bytes", "declined")
+ZOO_COUNTS = ("devices_per_zoo_model", "devices_per_subnet", "coverage", "bytes")  # a zoo-wide round's, by device
 
 
 def without_dp_counts(view: dict[str, Any]) -> dict[str, Any]:
@@ -761,6 +762,8 @@ def without_dp_counts(view: dict[str, Any]) -> dict[str, Any]:
         if "secure_aggregation" in outcome:
             outcome["secure_aggregation"] = {name: value for name, value in outcome["secure_aggregation"].items()
                                              if name in ("neighbour_count", "threshold", "levels", "clip_range")}
+        if "zoo" in outcome:
+            outcome["zoo"] = {name: value for name, value in outcome["zoo"].items() if name not in ZOO_COUNTS}
         if "failure" in outcome:
             outcome["failure"] = "the round failed (its reason is withheld under DP: it counts devices)"
         view["outcome"] = outcome

@@ -44,6 +44,7 @@ from fedzoo.aggregation.strategies import Strategy
 from fedzoo.cards import SUPERNET_DETAILS, Metrics, ModelCard
 from fedzoo.errors import FedzooError, InvalidInputError
 from fedzoo.secagg import unflatten
+from fedzoo.server.fl.zoo_privacy import CohortNoise, PublicSubnet, noised_coverage_sum
 from fedzoo.nas.space import Arch, SearchSpace, arch_hash, arch_key
 from fedzoo.nas.subnet_mapping import Weights, map_back
 from fedzoo.server import registry
@@ -53,7 +54,7 @@ from fedzoo.server.fl.outcome import RoundOutcome, UpdateCounts, ZooRound
 from fedzoo.server.fl.tables import FLRound, FLSubnetAssignment, FLUpdate
 from fedzoo.server.fl.round_context import RoundContext
 from fedzoo.server.fl.schemas import RoundConfig
-from fedzoo.server.fl.secure_rounds import CohortSum, SeatGroup
+from fedzoo.server.fl.secure_rounds import CohortSum, SeatGroup, refuse_plain_plan_on_dp_weights
 from fedzoo.server.fl.stages.screening import ScreenedRound, screen_round, tally_screening
 from fedzoo.server.latency import LatencyEstimator
 from fedzoo.server.lookup import LookupQuery, lookup
@@ -166,18 +167,26 @@ class ZooPlan:
 
     def check_plan(self, session: Session, config: RoundConfig, strategy: Strategy) -> Supernet:
         """Refuse what a zoo-wide plan cannot run, naming the field; returns the supernet."""
-        if config.privacy.dp is not None:
-            raise InvalidInputError(
-                "zoo-wide plans do not run DP yet (SecAgg+ they do, one cohort per subnet: docs/privacy.md); run "
-                "DP single-model plans", field="privacy.dp")
+        dp = config.privacy.dp
+        if dp is not None and config.privacy.secure_aggregation is None:
+            raise InvalidInputError("DP in zoo-wide plans noises each subnet cohort's SecAgg+ sum: set "
+                                    "privacy.secure_aggregation too (docs/privacy.md, \"DP in zoo-wide rounds\")",
+                                    field="privacy.dp")
+        if dp is not None and dp.noise != "central":
+            raise InvalidInputError("zoo-wide plans add central noise to each cohort's sum; distributed noise is not "
+                                    "built for them yet", field="privacy.dp.noise")
         require_mean_only(strategy)
         if config.gate.compare_with == "anchor":
             raise InvalidInputError("zoo-wide plans gate each zoo model against its own line: set gate.compare_with "
                                     "to 'best' (the line's best version) or 'parent'", field="gate.compare_with")
         supernet = self.supernet(session, config.model_id)
-        if not self.members(session, supernet):
+        members = self.members(session, supernet)
+        if not members:
             raise InvalidInputError(f"no published fp32 model of task {supernet.task!r} is a subnet of supernet "
                                     f"{supernet.card.id!r}: there is no zoo to improve", field="model_id")
+        if dp is None:  # every zoo model the round republishes must keep a true epsilon
+            for member in members:
+                refuse_plain_plan_on_dp_weights(session, member)
         self._calibration_images(config.zoo.calibration_sha256, supernet)
         return supernet
 
@@ -405,24 +414,34 @@ class ZooPlan:
                           replace(screening.outcome, strategy=strategy.name, zoo=outcome.zoo))
 
     def aggregate_cohorts(self, round_id: int, config: RoundConfig, supernet: Supernet, sums: list[CohortSum],
-                          strategy: Strategy, outcome: RoundOutcome, upload_bytes: int) -> ZooOutcome:
+                          strategy: Strategy, outcome: RoundOutcome, upload_bytes: int,
+                          noise: CohortNoise | None = None) -> ZooOutcome:
         """A zoo-wide round under SecAgg+: each cohort's unmasked sum (the devices of one subnet, at least 3) mapped
-        onto the supernet and combined per element; no device's own update is ever seen."""
+        onto the supernet and combined per element; no device's own update is ever seen. Under DP (`noise`), every
+        subnet of the zoo's sum is noised and combined with public weights only (`fedzoo.server.fl.zoo_privacy`)."""
         started = time.perf_counter()
         with self.context.database.session() as session:
             assignments = self._assignments(session, round_id)
             zoo_model_of = {row.training_model_id: row.zoo_model_id for row in assignments.values()}
-            arch_of = {row.training_model_id: json.loads(row.arch_json) for row in assignments.values()}
+            arch_key_of = {row.training_model_id: row.arch_json for row in assignments.values()}
             shapes = {cohort.name: {name: value.shape for name, value in
                                     self.context.bases.get(session, cohort.name).parameters.items()} for cohort in sums}
             download = sum(self._download_bytes(session, cohort.name) * cohort.count for cohort in sums)
-        total = CoverageSum({name: value.shape for name, value in supernet.weights.items()})
+            members = self.members(session, supernet)
+        deltas = {arch_key_of[cohort.name]: unflatten(cohort.total, shapes[cohort.name]) for cohort in sums}
         subnets: dict[str, int] = {}
         for cohort in sums:
-            delta = unflatten(cohort.total, shapes[cohort.name])
-            total.add_sum(map_back(supernet.space, arch_of[cohort.name], supernet.weights, delta),
-                          cohort.total_weight, cohort.count, cohort.name)
             subnets[zoo_model_of[cohort.name]] = subnets.get(zoo_model_of[cohort.name], 0) + cohort.count
+        if noise is not None:
+            public = {arch_key(member.arch): PublicSubnet(arch_key(member.arch), member.arch) for member in members}
+            total = noised_coverage_sum(supernet.space, supernet.weights, list(public.values()), deltas,
+                                        noise.grid_step, noise.stddev, config.target_clients, noise.source)
+        else:
+            total = CoverageSum({name: value.shape for name, value in supernet.weights.items()})
+            for cohort in sums:
+                key = arch_key_of[cohort.name]
+                total.add_sum(map_back(supernet.space, json.loads(key), supernet.weights, deltas[key]),
+                              cohort.total_weight, cohort.count, key)
         devices = sum(cohort.count for cohort in sums)
         stepped = self._stepped(config, supernet, total, subnets, strategy, started, upload_bytes, download, devices)
         return ZooOutcome(stepped.weights, [], replace(outcome, strategy=strategy.name, zoo=stepped.zoo))
@@ -525,9 +544,12 @@ class ZooPlan:
                 "fp32_of": member.id}
 
     def publish(self, session: Session, round_row: FLRound, supernet: Supernet, weights: Weights,
-                publication: ZooPublication, outcome: RoundOutcome) -> ModelCard:
+                publication: ZooPublication, outcome: RoundOutcome,
+                privacy_of: Callable[[ModelCard], dict[str, Any] | None]) -> ModelCard:
         """Publish the new supernet version and every zoo model that passed the gate, retire the compressed
-        variants their lines left behind; returns the supernet card."""
+        variants their lines left behind; returns the supernet card. Under DP the supernet's card states the plan's
+        privacy (its line's epsilon), and each republished model's card the claim `privacy_of` charged its own line
+        (`zoo_privacy.charge_zoo_line`)."""
         now = self.context.clock()
         evaluation_sha256 = RoundConfig.model_validate_json(round_row.config_json).evaluation_sha256
         version = registry.next_line_version(session, supernet.card.line_id)  # unique per line, across plans
@@ -538,8 +560,9 @@ class ZooPlan:
             "sha256": self.context.store.put(publication.supernet_onnx),
             "size_bytes": len(publication.supernet_onnx), "metrics": publication.supernet_metrics, "created_at": now,
             "artifacts": {**supernet.card.artifacts, WEIGHTS_ARTIFACT: weights_sha},
-            "details": {**supernet.card.details, "federated": {"round_id": round_row.id,
-                                                               "base_model_id": supernet.card.id}},
+            "details": {**supernet.card.details, "federated": {
+                "round_id": round_row.id, "base_model_id": supernet.card.id,
+                **({"privacy": outcome.privacy} if outcome.privacy is not None else {})}},
         })
         supernet_card = sign_card(ModelCard.from_dict(supernet_card.model_dump(exclude={"signature"})),
                                   self.signing_key, now=now)
@@ -550,6 +573,7 @@ class ZooPlan:
             if not model["published"]:
                 continue
             member: ModelCard = model["card"]
+            privacy = privacy_of(member)
             fp32_id = new_ids.get(model.get("fp32_of", ""))
             new_version = registry.next_line_version(session, member.line_id)
             root = line_root(member)
@@ -565,7 +589,8 @@ class ZooPlan:
                     "metrics_source": "the server's evaluation set (held out, measured on the server)",
                     "batch_norm": "recalibrated on the plan's calibration images",
                     "accuracy_before": model["accuracy_before"],
-                    **({"fp32_id": fp32_id} if fp32_id else {})}},
+                    **({"fp32_id": fp32_id} if fp32_id else {})},
+                    **({"federated": {"round_id": round_row.id, "privacy": privacy}} if privacy is not None else {})},
             })
             card = sign_card(ModelCard.from_dict(card.model_dump(exclude={"signature"})), self.signing_key, now=now)
             registry.publish(session, self.context.store, self.estimator, card)

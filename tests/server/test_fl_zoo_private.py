@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import create_engine, select
 
 from fedzoo.clients.client import FedzooClient
+from fedzoo.clients.errors import APIError
 from fedzoo.clients.device_certification import certify_devices
 from fedzoo.clients.http import FedzooHTTP
 from fedzoo.clients.participation import participate_once
@@ -24,7 +25,7 @@ from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
 from fedzoo.edge.local_training import LocalData
 from fedzoo.secagg.errors import ProtocolViolation
 from fedzoo.server.fl import secure_rounds
-from fedzoo.server.fl.tables import FLSecureCohort, FLSecureMessage
+from fedzoo.server.fl.tables import FLSecureCohort, FLSecureMessage, PrivacyLine
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.signing import CardSigningKey, TrustedKeys
 from fl_helpers import OPEN_GATE, wait_for_round_end
@@ -209,3 +210,55 @@ def test_a_lying_server_that_builds_a_victim_a_cohort_of_replayed_keys_never_get
     assert results[0].outcome == "refused: bad_signature"
     assert {row.stage for row in messages if row.device_id == victim} == {"advertise_keys"}
     assert view["state"] == "failed" and view["result_model_id"] is None
+
+
+def test_a_dp_zoo_wide_round_charges_every_republished_line_and_states_no_counts(zoo, tmp_path):  # noqa: F811
+    with private_fleet(zoo, tmp_path, {"tier-small": 3, "tier-large": 3}) as fleet:
+        admin = fleet["admin"]
+        dp = {"max_epsilon": 8.0, "clip_norm": 0.5}
+        plan = secure_plan(fleet, privacy={"secure_aggregation": {"neighbour_count": 2, "levels": 4095,
+                                                                  "stage_deadline_s": 60}, "dp": dp})
+        without_secagg = {**plan, "privacy": {"dp": dp}}
+        refused = _refused(lambda: admin.create_zoo_rounds(without_secagg, ADMIN))
+        assert (refused.status, refused.field) == (422, "privacy.dp")
+        round_id = admin.create_zoo_rounds(plan, ADMIN)["id"]
+        results = run_devices(fleet)
+        view = wait_for_round_end(admin, round_id, timeout_s=300)
+        assert [result.outcome for result in results] == ["accepted"] * 6
+        assert view["state"] == "closed", view["outcome"]
+        supernet = admin.card(view["result_model_id"])
+        republished = [admin.card(model["new_model_id"]) for model in view["outcome"]["zoo"]["models"]
+                       if model["published"]]
+        lines = {row.line_id: row for row in stored_lines(fleet)}
+        # the round's read and outcome state no count of devices (selected, accepted, per zoo model, coverage)
+        assert view["selected_devices"] is None and view["accepted_updates"] is None
+        assert not {"devices_per_zoo_model", "coverage", "bytes"} & set(view["outcome"]["zoo"])
+        assert "cohorts" not in view["outcome"]["secure_aggregation"]
+        # a non-DP plan on the DP supernet (or on its zoo models) is refused, as on any DP line
+        plain = _refused(lambda: admin.create_zoo_rounds(
+            {**secure_plan(fleet), "model_id": supernet.id, "privacy": {}}, ADMIN))
+        assert (plain.status, plain.field) == (422, "privacy.dp")
+    claim = supernet.details["federated"]["privacy"]["dp"]
+    assert claim["line"] in lines and claim["epsilon"] == pytest.approx(lines[claim["line"]].epsilon)
+    assert 0 < claim["epsilon"] <= 8.0 and claim["cohort_floor"] == 3
+    assert republished, "at least one zoo model passes the open gate"
+    for card in republished:  # each republished zoo model: its own line, charged one round, its epsilon stated
+        stated = card.details["federated"]["privacy"]["dp"]
+        assert stated["line"] == card.line_id != claim["line"]
+        assert stated["line_events"] == [[claim["noise_multiplier"], 1.0, 1]]
+        assert stated["epsilon"] == pytest.approx(lines[card.line_id].epsilon) == pytest.approx(claim["epsilon"])
+
+
+def _refused(call):
+    with pytest.raises(APIError) as error:
+        call()
+    return error.value
+
+
+def stored_lines(fleet) -> list:
+    engine = create_engine(fleet["database_url"])
+    try:
+        with engine.connect() as connection:
+            return connection.execute(select(PrivacyLine)).all()
+    finally:
+        engine.dispose()
