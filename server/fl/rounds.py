@@ -90,7 +90,7 @@ from fedzoo.server.fl.stages.publication import Publication
 from fedzoo.server.fl.stages.screening import record_screening, root_update, round_defences, screen_round
 from fedzoo.server.fl.stages.selection import Selection
 from fedzoo.server.fl.zoo_plan import Supernet, ZooOutcome, ZooPlan, is_zoo
-from fedzoo.server.fl.zoo_privacy import charge_zoo_line, zoo_noise
+from fedzoo.server.fl.zoo_privacy import charge_zoo_lines, zoo_noise
 from fedzoo.server.latency import LatencyEstimator
 from fedzoo.server.tables import DeviceRecord
 from fedzoo.signing import CardSigningKey
@@ -461,8 +461,10 @@ class RoundService:
                 return
             self.private.record_release(session, round_id, aggregated.outcome)
             record_screening(session, rows, aggregated.screened, config.quarantine, self.clock())
+            claims = charge_zoo_lines(session, [*members, *(card for cards in variants.values() for card in cards)],
+                                      aggregated.outcome, self.clock)
             card = self.zoo.publish(session, round_row, supernet, aggregated.weights, publication, aggregated.outcome,
-                                    lambda member: charge_zoo_line(session, member, aggregated.outcome, self.clock))
+                                    claims)
             finished = self.clock()
             round_row.publication_json = json.dumps({
                 **progress, "stage": "published", "finished_at": finished.isoformat(),

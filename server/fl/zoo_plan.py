@@ -544,12 +544,11 @@ class ZooPlan:
                 "fp32_of": member.id}
 
     def publish(self, session: Session, round_row: FLRound, supernet: Supernet, weights: Weights,
-                publication: ZooPublication, outcome: RoundOutcome,
-                privacy_of: Callable[[ModelCard], dict[str, Any] | None]) -> ModelCard:
+                publication: ZooPublication, outcome: RoundOutcome, claims: dict[str, dict[str, Any]]) -> ModelCard:
         """Publish the new supernet version and every zoo model that passed the gate, retire the compressed
         variants their lines left behind; returns the supernet card. Under DP the supernet's card states the plan's
-        privacy (its line's epsilon), and each republished model's card the claim `privacy_of` charged its own line
-        (`zoo_privacy.charge_zoo_line`)."""
+        privacy (its line's epsilon), and each republished model's card the claim of its own line (`claims`, by the
+        id of the card it supersedes: `zoo_privacy.charge_zoo_lines`)."""
         now = self.context.clock()
         evaluation_sha256 = RoundConfig.model_validate_json(round_row.config_json).evaluation_sha256
         version = registry.next_line_version(session, supernet.card.line_id)  # unique per line, across plans
@@ -573,7 +572,7 @@ class ZooPlan:
             if not model["published"]:
                 continue
             member: ModelCard = model["card"]
-            privacy = privacy_of(member)
+            privacy = claims.get(member.id)
             fp32_id = new_ids.get(model.get("fp32_of", ""))
             new_version = registry.next_line_version(session, member.line_id)
             root = line_root(member)

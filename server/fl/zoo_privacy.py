@@ -122,15 +122,28 @@ def zoo_noise(database: Database, round_id: int, config: RoundConfig, space: Sea
     return CohortNoise(grid_step, ledger.noise_multiplier * sensitivity, NoiseSource())
 
 
-def charge_zoo_line(session: Session, card: ModelCard, outcome: RoundOutcome, clock: Callable[[], datetime]
-                    ) -> dict[str, Any] | None:
-    """A DP zoo-wide round republishes `card`'s model: its own line (`ledger_line`: the DP line its weights carry,
-    else the card's) is charged this round's release, and the privacy claim its new card states is returned, with
-    that line's epsilon (None without DP)."""
+def charge_zoo_lines(session: Session, cards: list[ModelCard], outcome: RoundOutcome, clock: Callable[[], datetime]
+                     ) -> dict[str, dict[str, Any]]:
+    """A DP zoo-wide round released a noised supernet: every zoo model's line (`cards`: the zoo models and their
+    INT8 variants, whether republished this round or not: whatever the plan publishes of them later derives from
+    this release) is charged it once (`ledger_line`: the DP line its weights carry, else the card's own; a line new
+    to the server starts from the signed claim its weights carry). Returns, by card id, the privacy claim a new
+    version of that card states, with its line's epsilon ({} without DP)."""
     claim = (outcome.privacy or {}).get("dp")
     if not claim:
-        return None
-    line_id = ledger_line(session, card)
+        return {}
+    charged: dict[str, dict[str, Any]] = {}  # by line: two cards of one line are charged once
+    claims = {}
+    for card in cards:
+        line_id = ledger_line(session, card)
+        if line_id not in charged:
+            charged[line_id] = _charge_line(session, card, line_id, claim, clock)
+        claims[card.id] = {**(outcome.privacy or {}), "dp": {**claim, **charged[line_id]}}
+    return claims
+
+
+def _charge_line(session: Session, card: ModelCard, line_id: str, claim: dict[str, Any],
+                 clock: Callable[[], datetime]) -> dict[str, Any]:
     line = session.get(PrivacyLine, line_id)
     if line is None:
         inherited = lineage_claim(session, card)
@@ -143,5 +156,5 @@ def charge_zoo_line(session: Session, card: ModelCard, outcome: RoundOutcome, cl
     line.events_json, line.updated_at = json.dumps(events), clock()
     line.epsilon = epsilon_of_events(events, line.delta, line.mechanism)  # type: ignore[arg-type]
     session.flush()
-    return {**(outcome.privacy or {}), "dp": {**claim, "epsilon": line.epsilon, "delta": line.delta,
-                                              "accountant": line.mechanism, "line": line_id, "line_events": events}}
+    return {"epsilon": line.epsilon, "delta": line.delta, "accountant": line.mechanism, "line": line_id,
+            "line_events": events}

@@ -242,6 +242,8 @@ def test_a_dp_zoo_wide_round_charges_every_republished_line_and_states_no_counts
     assert claim["line"] in lines and claim["epsilon"] == pytest.approx(lines[claim["line"]].epsilon)
     assert 0 < claim["epsilon"] <= 8.0 and claim["cohort_floor"] == 3
     assert republished, "at least one zoo model passes the open gate"
+    for member in _members(zoo):  # every zoo model's line is charged, republished or not (later versions derive)
+        assert json.loads(lines[member.line_id].events_json) == [[claim["noise_multiplier"], 1.0, 1]]
     for card in republished:  # each republished zoo model: its own line, charged one round, its epsilon stated
         stated = card.details["federated"]["privacy"]["dp"]
         assert stated["line"] == card.line_id != claim["line"]
