@@ -90,7 +90,7 @@ from fedzoo.server.fl.stages.publication import Publication
 from fedzoo.server.fl.stages.screening import record_screening, root_update, round_defences, screen_round
 from fedzoo.server.fl.stages.selection import Selection
 from fedzoo.server.fl.zoo_plan import Supernet, ZooOutcome, ZooPlan, is_zoo
-from fedzoo.server.fl.zoo_privacy import charge_zoo_lines, zoo_noise
+from fedzoo.server.fl.zoo_privacy import charge_zoo_lines, check_zoo_lines, zoo_noise
 from fedzoo.server.latency import LatencyEstimator
 from fedzoo.server.tables import DeviceRecord
 from fedzoo.signing import CardSigningKey
@@ -176,6 +176,11 @@ class RoundService:
             supernet = self.zoo.check_plan(session, config, strategy)
             if config.privacy.dp is not None:
                 config = with_calibrated_noise(self.private.with_delta(session, config, supernet.card))
+                try:
+                    check_zoo_lines(session, self.zoo.zoo_models(session, supernet), config,
+                                    self.private.line_max_epsilon)
+                except PrivacyBudgetExhausted as error:
+                    raise InvalidInputError(str(error), field="privacy.dp.max_epsilon") from None
             self._check_evaluation_set(config.evaluation_sha256, supernet.card)
             self.zoo.measure_task(session, supernet, config.evaluation_sha256)  # lookup ranks on this set
             try:
@@ -461,8 +466,7 @@ class RoundService:
                 return
             self.private.record_release(session, round_id, aggregated.outcome)
             record_screening(session, rows, aggregated.screened, config.quarantine, self.clock())
-            claims = charge_zoo_lines(session, [*members, *(card for cards in variants.values() for card in cards)],
-                                      aggregated.outcome, self.clock)
+            claims = charge_zoo_lines(session, self.zoo.zoo_models(session, supernet), aggregated.outcome, self.clock)
             card = self.zoo.publish(session, round_row, supernet, aggregated.weights, publication, aggregated.outcome,
                                     claims)
             finished = self.clock()

@@ -222,6 +222,11 @@ class ZooPlan:
         superseded = {card.parent_id for card in zoo if card.parent_id is not None}
         return sorted((card for card in zoo if card.id not in superseded), key=lambda card: card.id)
 
+    def zoo_models(self, session: Session, supernet: Supernet) -> list[ModelCard]:
+        """Every model a round of this zoo may republish: the zoo models and their INT8 variants."""
+        members = self.members(session, supernet)
+        return [*members, *(variant for member in members for variant in self.int8_variants(session, supernet, member))]
+
     @staticmethod
     def int8_variants(session: Session, supernet: Supernet, member: ModelCard) -> list[ModelCard]:
         """The newest version of each INT8 variant of a zoo model: quantized from it by the compression stage

@@ -35,7 +35,8 @@ from fedzoo.server.db import Database
 from fedzoo.server.fl.outcome import RoundOutcome
 from fedzoo.server.fl.privacy_lineage import lineage_claim
 from fedzoo.server.fl.schemas import RoundConfig
-from fedzoo.server.fl.secure_rounds import (MIN_COHORT, CohortSum, card_privacy, inherited_ledger, ledger_line)
+from fedzoo.server.fl.secure_rounds import (MIN_COHORT, SAMPLING_PROBABILITY, CohortSum, card_privacy,
+                                            inherited_ledger, ledger_line)
 from fedzoo.server.fl.tables import FLPrivateRound, PrivacyLine
 
 
@@ -142,17 +143,41 @@ def charge_zoo_lines(session: Session, cards: list[ModelCard], outcome: RoundOut
     return claims
 
 
+def check_zoo_lines(session: Session, cards: list[ModelCard], config: RoundConfig, line_max_epsilon: float | None
+                    ) -> None:
+    """Before a DP zoo plan opens: raises PrivacyBudgetExhausted when the rounds its own budget lets it run would take
+    any zoo model's line (`cards`, as `charge_zoo_lines` charges them) past the operator's lifetime budget."""
+    dp = config.privacy.dp
+    lines: dict[str, ModelCard] = {}
+    for card in cards:
+        lines.setdefault(ledger_line(session, card), card)
+    for line_id, card in lines.items():
+        _, events, delta, mechanism = _line_state(session, card, line_id, dp.delta, dp.mechanism)
+        ledger = PrivacyLedger(dp.noise_multiplier, SAMPLING_PROBABILITY, delta, dp.max_epsilon, mechanism,
+                               line=line_id, line_events=events, line_max_epsilon=line_max_epsilon)
+        ledger.require_line_budget(ledger.rounds_within_plan_budget(config.num_rounds))
+
+
+def _line_state(session: Session, card: ModelCard, line_id: str, delta: float, mechanism: str
+                ) -> tuple[PrivacyLine | None, LineEvents, float, str]:
+    """A line's row (None when new to the server), events, delta and accountant; a new line's from the signed claim
+    its weights carry (`inherited_ledger`), at the plan's delta and accountant otherwise."""
+    line = session.get(PrivacyLine, line_id)
+    if line is not None:
+        return line, json.loads(line.events_json), line.delta, line.mechanism
+    inherited = lineage_claim(session, card)
+    events, delta, mechanism = inherited_ledger(inherited.claim if inherited else {}, delta, mechanism)
+    return None, events, delta, mechanism
+
+
 def _charge_line(session: Session, card: ModelCard, line_id: str, claim: dict[str, Any],
                  clock: Callable[[], datetime]) -> dict[str, Any]:
-    line = session.get(PrivacyLine, line_id)
+    line, events, delta, mechanism = _line_state(session, card, line_id, claim["delta"], claim["accountant"])
     if line is None:
-        inherited = lineage_claim(session, card)
-        events, delta, mechanism = inherited_ledger(inherited.claim if inherited else {}, claim["delta"],
-                                                    claim["accountant"])
-        line = PrivacyLine(line_id=line_id, delta=delta, mechanism=mechanism, events_json=json.dumps(events),
-                           epsilon=0.0, revision=0, updated_at=clock())
+        line = PrivacyLine(line_id=line_id, delta=delta, mechanism=mechanism, events_json="[]", epsilon=0.0,
+                           revision=0, updated_at=clock())
         session.add(line)
-    events = charged_line(json.loads(line.events_json), claim["noise_multiplier"], claim["sampling_probability"])
+    events = charged_line(events, claim["noise_multiplier"], claim["sampling_probability"])
     line.events_json, line.updated_at = json.dumps(events), clock()
     line.epsilon = epsilon_of_events(events, line.delta, line.mechanism)  # type: ignore[arg-type]
     session.flush()

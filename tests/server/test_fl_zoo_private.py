@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 from contextlib import contextmanager
+from datetime import datetime, timezone
 
 import numpy as np
 import pytest
@@ -264,3 +265,21 @@ def stored_lines(fleet) -> list:
             return connection.execute(select(PrivacyLine)).all()
     finally:
         engine.dispose()
+
+
+def test_a_dp_zoo_plan_that_would_take_a_zoo_models_line_past_its_lifetime_budget_is_refused(zoo, tmp_path):  # noqa: F811
+    """The supernet's line is new, but one zoo model's line already spent most of the operator's budget (10 by
+    default): the plan charges every zoo model's line each round, so it does not open."""
+    with private_fleet(zoo, tmp_path, {"tier-large": 3}) as fleet:
+        smallest = _members(zoo)[0]
+        engine = create_engine(fleet["database_url"])
+        with engine.begin() as connection:
+            connection.execute(PrivacyLine.__table__.insert().values(
+                line_id=smallest.line_id, delta=1e-5, mechanism="rdp", events_json=json.dumps([[0.8, 1.0, 30]]),
+                epsilon=9.5, revision=0, updated_at=datetime.now(timezone.utc)))
+        engine.dispose()
+        plan = secure_plan(fleet, privacy={"secure_aggregation": {"neighbour_count": 2},
+                                           "dp": {"max_epsilon": 8.0, "clip_norm": 0.5}})
+        refused = _refused(lambda: fleet["admin"].create_zoo_rounds(plan, ADMIN))
+    assert (refused.status, refused.field) == (422, "privacy.dp.max_epsilon")
+    assert smallest.line_id in str(refused)
