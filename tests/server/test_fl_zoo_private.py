@@ -11,7 +11,6 @@ import threading
 from contextlib import contextmanager
 from datetime import datetime, timezone
 
-import numpy as np
 import pytest
 from sqlalchemy import create_engine, select
 
