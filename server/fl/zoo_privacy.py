@@ -81,8 +81,8 @@ def noised_coverage_sum(space: SearchSpace, weights: Weights, subnets: list[Publ
         shapes = trainable_shapes(space, subnet.arch, weights)
         cohort = sums.get(subnet.key, {})
         if cohort and set(cohort) != set(shapes):
-            raise InvalidInputError(f"subnet {subnet.key}'s cohort sum names tensors {sorted(set(cohort) ^ set(shapes))} "
-                                    "its arch does not, or the other way round")
+            raise InvalidInputError(f"subnet {subnet.key}'s cohort sum and its arch differ in tensors "
+                                    f"{sorted(set(cohort) ^ set(shapes))}")
         noised = {}
         for name, shape in shapes.items():
             steps = np.rint(np.asarray(cohort.get(name, np.zeros(shape)), np.float64) / grid_step).astype(np.int64)
@@ -98,7 +98,6 @@ def charged_line(events: LineEvents, noise_multiplier: float, sampling_probabili
     if events and events[-1][:2] == [noise_multiplier, sampling_probability]:
         return [*events[:-1], [noise_multiplier, sampling_probability, events[-1][2] + 1]]
     return [*events, [noise_multiplier, sampling_probability, 1]]
-
 
 
 def zoo_noise(database: Database, round_id: int, config: RoundConfig, space: SearchSpace, weights: Weights,

@@ -167,7 +167,7 @@ def test_devices_refuse_a_cohort_below_the_protocols_minimum_whatever_the_server
         assert refused.value.reason == "malformed"
 
 
-def test_a_lying_server_that_builds_a_victim_a_cohort_of_replayed_keys_never_gets_its_update(zoo, tmp_path,  # noqa: F811
+def test_a_lying_server_building_a_victim_a_cohort_of_replayed_keys_never_gets_its_update(zoo, tmp_path,  # noqa: F811
                                                                                             monkeypatch):
     """The victim (the only device of its subnet) is given a cohort of its own, padded with two devices of the other
     cohort whose signed stage-1 keys the server replays there under the same client numbers: those signatures are
@@ -266,7 +266,7 @@ def stored_lines(fleet) -> list:
         engine.dispose()
 
 
-def test_a_dp_zoo_plan_that_would_take_a_zoo_models_line_past_its_lifetime_budget_is_refused(zoo, tmp_path):  # noqa: F811
+def test_a_dp_zoo_plan_past_a_zoo_models_lines_lifetime_budget_is_refused(zoo, tmp_path):  # noqa: F811
     """The supernet's line is new, but one zoo model's line already spent most of the operator's budget (10 by
     default): the plan charges every zoo model's line each round, so it does not open."""
     with private_fleet(zoo, tmp_path, {"tier-large": 3}) as fleet:
