@@ -53,10 +53,12 @@ class ParticipationResult:
 
 def run_task(
     client: FedzooClient, work: dict[str, Any], data: LocalData, encoding: Encoding = "fp32", seed: int = 0,
-    transform: DeltaTransform | None = None,
+    transform: DeltaTransform | None = None, checked_in_for: tuple[str, str | None] | None = None,
 ) -> ParticipationResult:
     """Do the work of one task: download, train locally, upload. `transform` alters the delta before upload
-    (only for simulating faulty or malicious devices)."""
+    (only for simulating faulty or malicious devices). `checked_in_for`: the (task, family) the device asked for
+    work on, where SecAgg+ stages check in again (default: the model card's; a zoo-wide round's training card
+    names its subnet's task, not the zoo's)."""
     card = client.card(work["model_id"])
     if card.sha256 != work["model_sha256"] or card.training_graph != work["training_graph_sha256"]:
         raise IntegrityError(f"round {work['round_id']} names blobs that model {card.id!r}'s card does not")
@@ -76,7 +78,8 @@ def run_task(
         # the server would refuse it (422); a model that diverged here is no update worth the bytes
         return ParticipationResult(work["round_id"], "diverged", 0, len(data), metrics, train_seconds=train_seconds)
     if work.get("privacy") and work["privacy"]["secure_aggregation"] is not None:
-        check_in = lambda: client.fl_task(card.task, card.family)  # noqa: E731
+        task, family = checked_in_for or (card.task, card.family)
+        check_in = lambda: client.fl_task(task, family)  # noqa: E731
         outcome, sent = take_part_securely(client, work, delta, len(data), check_in, within=within)
         return ParticipationResult(work["round_id"], outcome, sent, len(data), metrics, train_seconds=train_seconds)
     chosen = encoding if encoding in work["upload"]["encodings"] else "fp32"
@@ -112,7 +115,7 @@ def participate_once(
     answer = client.fl_task(task, family)
     if answer.get("task") is None:
         return ParticipationResult(None, "no task", retry_after_s=answer.get("retry_after_s"))
-    return run_task(client, answer["task"], data, encoding, seed)
+    return run_task(client, answer["task"], data, encoding, seed, checked_in_for=(task, family))
 
 
 def participation_loop(

@@ -36,6 +36,7 @@ from fedzoo.aggregation.private import with_unclipped_bit
 from fedzoo.capabilities import SECURE_AGGREGATION_VERSION
 from fedzoo.clients.errors import APIError, ConflictError, ServerUnavailableError
 from fedzoo.dp.clipping import clip_delta
+from fedzoo.errors import InvalidInputError
 from fedzoo.dp.distributed import DistributedNoise, NoisePolicy, check_noise_request, noised_ring_input
 from fedzoo.secagg import SecAggClient, SecAggConfig, example_weight, flatten, quantise
 from fedzoo.secagg.bounds import SecAggBounds
@@ -74,6 +75,16 @@ def ring_input(delta: Parameters, config: SecAggConfig, privacy: dict[str, Any],
     if privacy.get("unclipped_bit"):
         vector = with_unclipped_bit(vector, within, config.clip_range)
     return quantise(vector, config, weight)
+
+
+def protocol_config(data: dict[str, Any]) -> SecAggConfig:
+    """The round's SecAggConfig as the server sent it; ProtocolViolation (`malformed`, as the Java SDK says) for one
+    no SecAgg+ instance may run, e.g. a cohort of fewer than 3 (a lying server's cohort of one around a victim)."""
+    try:
+        return SecAggConfig.from_dict(data)
+    except InvalidInputError as error:
+        raise ProtocolViolation(f"the round's SecAgg+ configuration is invalid: {error}",
+                                reason="malformed") from None
 
 
 def answer_stage(protocol: SecAggClient, stage: str, request: dict[str, Any], vector: np.ndarray
@@ -118,7 +129,7 @@ def take_part_securely(client: FedzooClient, work: dict[str, Any], delta: Parame
                                 "(FedzooClient(operator_keys=...), docs/privacy.md)"), sent
             try:
                 if protocol is None:
-                    config = SecAggConfig.from_dict(secure["config"])
+                    config = protocol_config(secure["config"])
                     certificates = client.neighbour_trust.policy(client.served_revocation_list())
                     protocol = SecAggClient(config, secure["client"], client.signing_key, bounds, trusted_signing_keys,
                                             client.signed_rounds, certificates)

@@ -49,12 +49,25 @@ class CoverageSum:
         (any key naming the arch; all updates share one cohort when left out)."""
         if not weight > 0:
             raise InvalidInputError(f"an update's weight must be positive, got {weight}", field="num_examples")
-        self.devices_by_subnet[subnet] = self.devices_by_subnet.get(subnet, 0) + 1
-        for name, delta in mapped.deltas.items():
-            mask = mapped.masks[name]
-            self.sums[name] += np.where(mask, delta.astype(np.float64) * weight, 0.0)
+        self._accumulate({name: delta.astype(np.float64) * weight for name, delta in mapped.deltas.items()},
+                         mapped.masks, weight, 1, subnet)
+
+    def add_sum(self, mapped: MappedDelta, total_weight: float, devices: int, subnet: str) -> None:
+        """Add a cohort's sum: the weighted deltas of `devices` devices that trained one subnet (so one coverage
+        mask), added up (SecAgg+ reveals only this), with their weights' total."""
+        if not (total_weight > 0 and devices >= 1):
+            raise InvalidInputError(f"a cohort's sum needs a positive weight and devices, got {total_weight} and "
+                                    f"{devices}", field="num_examples")
+        self._accumulate(mapped.deltas, mapped.masks, total_weight, devices, subnet)
+
+    def _accumulate(self, weighted: dict[str, np.ndarray], masks: dict[str, np.ndarray], weight: float, devices: int,
+                    subnet: str) -> None:
+        self.devices_by_subnet[subnet] = self.devices_by_subnet.get(subnet, 0) + devices
+        for name, delta in weighted.items():
+            mask = masks[name]
+            self.sums[name] += np.where(mask, delta.astype(np.float64), 0.0)
             self.weights[name] += mask * weight
-            self.counts[name] += mask
+            self.counts[name] += mask * devices
 
     @property
     def devices_per_subnet(self) -> float:

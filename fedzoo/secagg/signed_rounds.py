@@ -15,9 +15,14 @@ import hashlib
 from fedzoo.secagg.errors import ProtocolViolation
 
 
+COHORT_SEPARATOR = "/subnet-"  # a zoo-wide round's cohorts: `fl-round-<id>/subnet-<i>` (server.fl.secure_rounds)
+
+
 def round_key(round_id: str) -> str:
-    """What is remembered of a round id: 16 bytes of its SHA-256, hex (a device keeps thousands)."""
-    return hashlib.sha256(round_id.encode()).hexdigest()[:32]
+    """What is remembered of a round id: 16 bytes of its SHA-256, hex (a device keeps thousands). The cohorts of
+    one round share it (`fl-round-7/subnet-0` and `/subnet-1`): a device takes part in one cohort of a round, so a
+    lying server cannot put it into two and difference their sums."""
+    return hashlib.sha256(round_id.split(COHORT_SEPARATOR, 1)[0].encode()).hexdigest()[:32]
 
 
 def replayed(round_id: str) -> ProtocolViolation:

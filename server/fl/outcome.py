@@ -44,7 +44,8 @@ class ScreeningTally:
 
 @dataclass
 class SecureAggregationTally:
-    """A SecAgg+ round's protocol settings and who survived, dropped or misbehaved (by client index)."""
+    """A SecAgg+ round's protocol settings and who survived, dropped or misbehaved (by client index); with several
+    cohorts, their totals (the settings: the weakest cohort's) and each cohort's own tally."""
 
     num_clients: int
     neighbour_count: int
@@ -54,9 +55,11 @@ class SecureAggregationTally:
     survivors: int
     dropped: int
     misbehaving: dict[str, str]
+    cohorts: list[dict[str, Any]] | None = None  # one SecAgg+ instance per subnet (zoo-wide rounds): each one's tally
 
     def to_dict(self) -> dict[str, Any]:
-        return {item.name: getattr(self, item.name) for item in fields(self)}
+        return {item.name: getattr(self, item.name) for item in fields(self)
+                if getattr(self, item.name) is not None or item.name != "cohorts"}
 
 
 ZOO_PUBLICATION_FIELDS = ("models", "new_versions", "retired_from_lookup", "publication_s")

@@ -78,18 +78,19 @@ from fedzoo.server.fl.base_models import BaseModels, RoundBase, max_upload_bytes
 from fedzoo.server.fl.eligibility import DECLINED
 from fedzoo.server.fl.faults import crash_point
 from fedzoo.server.fl.lifecycle import AGGREGATION_LEASE_S, RoundLifecycle
-from fedzoo.server.fl.outcome import RoundOutcome
+from fedzoo.server.fl.outcome import RoundOutcome, UpdateCounts
 from fedzoo.server.fl.tables import ACTIVE_STATES, FLParticipant, FLRefusedUpload, FLRound, FLUpdate
 from fedzoo.server.fl.round_context import RoundContext, as_utc, count_rows, find_round, utc_now
 from fedzoo.server.fl.schemas import RoundConfig, TaskResponse, UpdateMetadata
-from fedzoo.server.fl.secure_rounds import (DONE, PrivateRounds, check_planned_ring, is_private, with_calibrated_noise,
-                                            without_dp_counts)
+from fedzoo.server.fl.secure_rounds import (DONE, PrivateRounds, check_planned_ring, cohort_tally, is_private,
+                                            with_calibrated_noise, without_dp_counts)
 from fedzoo.server.fl.stages.aggregation import Aggregation
 from fedzoo.server.fl.stages.collection import Collection
 from fedzoo.server.fl.stages.publication import Publication
 from fedzoo.server.fl.stages.screening import record_screening, root_update, round_defences, screen_round
 from fedzoo.server.fl.stages.selection import Selection
-from fedzoo.server.fl.zoo_plan import ZooPlan, is_zoo
+from fedzoo.server.fl.zoo_plan import Supernet, ZooOutcome, ZooPlan, is_zoo
+from fedzoo.server.fl.zoo_privacy import charge_zoo_lines, check_zoo_lines, zoo_noise
 from fedzoo.server.latency import LatencyEstimator
 from fedzoo.server.tables import DeviceRecord
 from fedzoo.signing import CardSigningKey
@@ -170,12 +171,23 @@ class RoundService:
         """Open the first round of a zoo-wide plan on a supernet card (`fedzoo.server.fl.zoo_plan`)."""
         if config.max_examples_per_update is None:
             config = config.model_copy(update={"max_examples_per_update": self.context.max_examples_per_update})
+        self._check_secure_cohort(config)
         with self.database.session() as session:
             supernet = self.zoo.check_plan(session, config, strategy)
+            if config.privacy.dp is not None:
+                config = with_calibrated_noise(self.private.with_delta(session, config, supernet.card))
+                try:
+                    check_zoo_lines(session, self.zoo.zoo_models(session, supernet), config,
+                                    self.private.line_max_epsilon)
+                except PrivacyBudgetExhausted as error:
+                    raise InvalidInputError(str(error), field="privacy.dp.max_epsilon") from None
             self._check_evaluation_set(config.evaluation_sha256, supernet.card)
             self.zoo.measure_task(session, supernet, config.evaluation_sha256)  # lookup ranks on this set
-            round_row = self.lifecycle.open_round(session, config, supernet.card, number=1,
-                                                  remaining=config.num_rounds, previous=None)
+            try:
+                round_row = self.lifecycle.open_round(session, config, supernet.card, number=1,
+                                                      remaining=config.num_rounds, previous=None)
+            except PrivacyBudgetExhausted as error:
+                raise InvalidInputError(str(error), field="privacy.dp.max_epsilon") from None
             return round_row.id
 
     @staticmethod
@@ -220,8 +232,12 @@ class RoundService:
         return max_upload_bytes(base)
 
     def max_masked_vector_bytes(self, round_id: int) -> int:
-        """The most a masked vector of this round can be: 4 bytes a value (its exact size is checked later)."""
+        """The most a masked vector of this round can be: 4 bytes a value of its longest cohort's vector (its exact
+        size is checked later); before cohorts exist, what an update of the round's model can be."""
         with self.database.session() as session:
+            longest = self.private.longest_vector(session, round_id)
+            if longest is not None:
+                return 4 * (longest + 1)
             return max_upload_bytes(self.base_model(session, find_round(session, round_id).base_model_id))
 
     def submit_update(self, device_id: str, round_id: int, metadata: UpdateMetadata, data: bytes) -> dict[str, Any]:
@@ -412,6 +428,7 @@ class RoundService:
             supernet = self.zoo.supernet(session, round_row.base_model_id)
             screening = self.zoo.screen(session, rows, config, revoked)
             members = self.zoo.members(session, supernet)
+            secure = self.private.progress(session, round_id)  # SecAgg+: (masked inputs, bytes of every reply)
             variants = {member.id: self.zoo.int8_variants(session, supernet, member) for member in members}
         started = self.clock()
         progress: dict[str, Any] = {"started_at": started.isoformat(), "zoo_models_total": len(members)}
@@ -420,21 +437,26 @@ class RoundService:
             progress.update(stage=stage, **fields)
             self.lifecycle.record_publication(round_id, progress)
 
-        if len(screening.kept) < config.min_clients:
+        if secure is None and len(screening.kept) < config.min_clients:
             report("refused")
             self._refuse(round_id, rows, screening.screened, screening.outcome,
                          f"only {len(screening.kept)} of {len(rows)} updates passed screening; "
                          f"the round needs {config.min_clients}")
             return
+        aggregated: ZooOutcome | None = None
         try:
             report("aggregating")
-            aggregated = self.zoo.aggregate(round_id, config, supernet, rows, screening, strategy)
+            if secure is not None:
+                aggregated = self._aggregate_zoo_cohorts(round_id, config, supernet, strategy, secure[1])
+            else:
+                aggregated = self.zoo.aggregate(round_id, config, supernet, rows, screening, strategy)
             publication = self.zoo.re_extract(config, supernet, aggregated.weights, members, variants,
                                               lambda done: report("re-extracting", zoo_models_done=done,
                                                                   zoo_models_total=len(members)))
-        except FedzooError as error:
+        except FedzooError as error:  # a noised aggregate made before the failure is charged (`record_release`)
             report("refused")
-            self._refuse(round_id, rows, screening.screened, screening.outcome, f"aggregation failed: {error}")
+            self._refuse(round_id, rows, screening.screened, aggregated.outcome if aggregated else screening.outcome,
+                         f"aggregation failed: {error}")
             return
         report("publishing", zoo_models_done=len(members))
         crash_point("aggregation.publishing")
@@ -442,13 +464,32 @@ class RoundService:
             round_row = self.lifecycle.finish_if_owner(session, round_id, "closed")
             if round_row is None:
                 return
+            self.private.record_release(session, round_id, aggregated.outcome)
             record_screening(session, rows, aggregated.screened, config.quarantine, self.clock())
-            card = self.zoo.publish(session, round_row, supernet, aggregated.weights, publication, aggregated.outcome)
+            claims = charge_zoo_lines(session, self.zoo.zoo_models(session, supernet), aggregated.outcome, self.clock)
+            card = self.zoo.publish(session, round_row, supernet, aggregated.weights, publication, aggregated.outcome,
+                                    claims)
             finished = self.clock()
             round_row.publication_json = json.dumps({
                 **progress, "stage": "published", "finished_at": finished.isoformat(),
                 "seconds": round((finished - started).total_seconds(), 3), "new_versions": len(publication.new_cards)})
             self.lifecycle.close(session, round_row, card, strategy, aggregated.outcome)
+
+    def _aggregate_zoo_cohorts(self, round_id: int, config: RoundConfig, supernet: Supernet, strategy: Strategy,
+                               upload_bytes: int) -> ZooOutcome:
+        """A zoo-wide round under SecAgg+: every cohort's unmasked sum combined per element (`ZooPlan`), the
+        round's devices counted over the cohorts. Raises RoundAborted or InvalidInputError."""
+        sums = self.private.unmasked_sums(round_id, config)
+        survivors = sum(cohort.count for cohort in sums)
+        if survivors < config.min_clients:
+            raise InvalidInputError(f"the cohorts' sums hold {survivors} devices' updates; the round needs "
+                                    f"{config.min_clients}")
+        outcome = RoundOutcome(counts=UpdateCounts(survivors, survivors, None), upload_bytes=upload_bytes,
+                               secure_aggregation=cohort_tally(sums), defences=round_defences(config, None))
+        with self.database.session() as session:
+            archs = [member.arch for member in self.zoo.members(session, supernet)]
+        noise = zoo_noise(self.database, round_id, config, supernet.space, supernet.weights, archs, sums, outcome)
+        return self.zoo.aggregate_cohorts(round_id, config, supernet, sums, strategy, outcome, upload_bytes, noise)
 
     def _refuse(self, round_id: int, rows: list[FLUpdate], screened: list[Screened], outcome: RoundOutcome,
                 reason: str) -> None:

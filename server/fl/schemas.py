@@ -338,6 +338,9 @@ class SecureAggregationTask(_Response):
     reply_url: str | None = Field(description="POST the reply here; masked_input as application/octet-stream")
     stage_deadline_at: datetime | None
     retry_after_s: float = Field(description="when to ask again for the next stage")
+    sit_out_reason: str | None = Field(
+        default=None, description="why this seated device is in no cohort (its subnet's group is below SecAgg+'s "
+                                  "least cohort of 3): it sits the round out")
 
 
 class TaskPrivacy(_Response):

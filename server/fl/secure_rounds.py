@@ -42,9 +42,11 @@ import json
 import math
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import numpy as np
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -69,7 +71,7 @@ from fedzoo.server.fl.distributed_dp import (card_noise, check_distributed_plan,
                                              noise_slack, released_mean)
 from fedzoo.server.fl.outcome import RoundOutcome, ScreeningTally, SecureAggregationTally, UpdateCounts
 from fedzoo.server.fl.tables import (ACTIVE_STATES, FLParticipant, FLPrivateRound, FLRefusedUpload, FLRound,
-                                    FLSecureMessage, PrivacyLine, SEAT_FAILURES)
+                                    FLSecureCohort, FLSecureMessage, PrivacyLine, SEAT_FAILURES)
 from fedzoo.server.fl.privacy_lineage import lineage_claim
 from fedzoo.server.fl.schemas import (DpSettings, QuarantinePolicy, RoundConfig, SecureAggregationSettings,
                                      SecureAggregationTask, TaskPrivacy)
@@ -87,6 +89,30 @@ READ_REPLY: dict[str, Callable[[bytes], dict[str, Any]]] = {
 DEFAULT_DELTA = 1e-5  # a new line's delta: min(this, 1 / n^2) for a fleet of n devices
 SAMPLING_PROBABILITY = 1.0  # the server seats whoever checks in: no amplification by sampling (docs/privacy.md)
 DP_COUNTS_WITHHELD = "differential privacy: how many devices took part depends on who did"
+MIN_COHORT = 3  # SecAgg+'s least cohort (fedzoo.secagg.config): of two, each reads the other's input from the sum
+SIT_OUT = ("fewer than 3 seated devices train this device's subnet, SecAgg+'s least cohort: no cohort is formed "
+           "for it, and this device sits the round out")
+
+
+@dataclass(frozen=True)
+class SeatGroup:
+    """What makes seated devices one SecAgg+ cohort: the tensors they train (`name`: '' in a round of one model, the
+    training card's id in a zoo-wide round) and the length of that update vector."""
+
+    name: str
+    vector_length: int
+
+
+@dataclass(frozen=True)
+class CohortSum:
+    """One cohort's unmasked sum, dequantised and checked: what `name`'s devices' updates add up to."""
+
+    name: str
+    total: np.ndarray
+    total_weight: float
+    count: int
+    protocol: SecAggConfig
+    tally: SecureAggregationTally
 
 
 def is_private(config: RoundConfig) -> bool:
@@ -99,10 +125,12 @@ def next_stage(stage: str) -> str:
 
 
 def secagg_config(settings: SecureAggregationSettings, round_id: int, cohort: int, vector_length: int,
-                  clip_range: float, min_clients: int) -> SecAggConfig:
+                  clip_range: float, min_clients: int, subnet: int | None = None) -> SecAggConfig:
     """The round's SecAgg+ parameters for a cohort of `cohort` devices (`fedzoo.secagg.bounds.cohort_config`, the
-    rule the in-process simulator uses too)."""
-    return cohort_config(f"fl-round-{round_id}", cohort, vector_length, clip_range, settings.levels,
+    rule the in-process simulator uses too). Its id, which every signature is bound to, is `fl-round-<round>`, or
+    `fl-round-<round>/subnet-<i>` for the i-th cohort of a round with one cohort per subnet."""
+    protocol_id = f"fl-round-{round_id}" if subnet is None else f"fl-round-{round_id}/subnet-{subnet}"
+    return cohort_config(protocol_id, cohort, vector_length, clip_range, settings.levels,
                          settings.neighbour_count, settings.threshold, min_clients)
 
 
@@ -141,7 +169,8 @@ class PrivateRounds:
     def __init__(self, database: Database, clock: Callable[[], datetime], line_max_epsilon: float | None = None,
                  max_delta: float = 1e-5) -> None:
         self.database, self.clock, self.line_max_epsilon, self.max_delta = database, clock, line_max_epsilon, max_delta
-        self._replayed: OrderedDict[tuple[int, str], tuple[SecAggServer, dict[int, dict[str, Any]]]] = OrderedDict()
+        self._replayed: OrderedDict[tuple[int, int, str], tuple[SecAggServer, dict[int, dict[str, Any]]]] = \
+            OrderedDict()
 
     # opening rounds ------------------------------------------------------------------------------
 
@@ -245,20 +274,36 @@ class PrivateRounds:
                     "register the device again with `signing_public_key` (docs/privacy.md)")
         return device_certificates.seat_refusal(session, device_id, signing_key, datetime.now(timezone.utc))
 
-    def start_stages(self, session: Session, round_row: FLRound, config: RoundConfig, vector_length: int) -> None:
-        """Selection closed: number the seated devices and open advertise_keys (once, whoever gets here first)."""
+    def start_stages(self, session: Session, round_row: FLRound, config: RoundConfig,
+                     group_of: Callable[[str], SeatGroup]) -> None:
+        """Selection closed: group the seated devices into cohorts (`group_of`: one group in a round of one model,
+        one per subnet in a zoo-wide round), number each cohort's devices and open advertise_keys for all of them
+        (once, whoever gets here first). A group below `MIN_COHORT` forms no cohort: its devices sit out."""
         settings = config.privacy.secure_aggregation
         if settings is None:
             return
+        claimed = session.execute(
+            update(FLPrivateRound).where(FLPrivateRound.round_id == round_row.id, FLPrivateRound.stage == SELECTION)
+            .values(stage="advertise_keys", stage_deadline_at=self._stage_deadline(round_row, settings))).rowcount
+        if not claimed:
+            return
         seated = session.execute(select(FLParticipant.device_id).where(FLParticipant.round_id == round_row.id)
                                  .order_by(FLParticipant.selected_at, FLParticipant.device_id)).scalars().all()
+        groups: dict[SeatGroup, list[str]] = {}
+        for device_id in seated:
+            groups.setdefault(group_of(device_id), []).append(device_id)
         clip_range = config.privacy.dp.clip_norm if config.privacy.dp is not None else settings.clip_range
-        protocol = secagg_config(settings, round_row.id, len(seated), vector_length + carries_unclipped_bit(config),
-                                 clip_range, config.min_clients)
-        session.execute(
-            update(FLPrivateRound).where(FLPrivateRound.round_id == round_row.id, FLPrivateRound.stage == SELECTION)
-            .values(stage="advertise_keys", stage_deadline_at=self._stage_deadline(round_row, settings),
-                    participants_json=json.dumps(list(seated)), secagg_config_json=json.dumps(protocol.to_dict())))
+        per_subnet = any(group.name for group in groups)
+        # in a round of one cohort, min_clients is that cohort's floor; with one per subnet it counts them all
+        cohort_floor = MIN_COHORT if per_subnet else config.min_clients
+        formed = [(group, devices) for group, devices in groups.items() if len(devices) >= MIN_COHORT]
+        for index, (group, devices) in enumerate(formed):
+            protocol = secagg_config(settings, round_row.id, len(devices),
+                                     group.vector_length + carries_unclipped_bit(config), clip_range,
+                                     cohort_floor, index if per_subnet else None)
+            session.add(FLSecureCohort(round_id=round_row.id, cohort=index, name=group.name,
+                                       participants_json=json.dumps(devices),
+                                       secagg_config_json=json.dumps(protocol.to_dict())))
 
     def _stage_deadline(self, round_row: FLRound, settings: SecureAggregationSettings) -> datetime:
         return min(self.clock() + timedelta(seconds=settings.stage_deadline_s), _aware(round_row.deadline_at))
@@ -287,16 +332,20 @@ class PrivateRounds:
         if row.stage == SELECTION:
             return SecureAggregationTask(stage=SELECTION, client=None, config=None, request=None, reply_url=None,
                                          stage_deadline_at=None, retry_after_s=retry_after_s)
-        participants = json.loads(row.participants_json)
-        client = participants.index(device_id) if device_id in participants else None
-        request = None
-        if row.stage in STAGES and client is not None and not self._replied(session, round_row.id, row.stage, client):
-            request = self._protocol(session, round_row.id, row.stage)[1].get(client)
+        seat = self._seat(session, round_row.id, device_id)
         deadline = _aware(row.stage_deadline_at) if row.stage_deadline_at is not None else None
         if deadline is not None:
             retry_after_s = max(0.05, min(retry_after_s, (deadline - self.clock()).total_seconds()))
+        if seat is None:
+            return SecureAggregationTask(stage=row.stage, client=None, config=None, request=None, reply_url=None,
+                                         stage_deadline_at=deadline, retry_after_s=round(retry_after_s, 3),
+                                         sit_out_reason=SIT_OUT)
+        cohort, client = seat
+        request = None
+        if row.stage in STAGES and not self._replied(session, round_row.id, cohort.cohort, row.stage, client):
+            request = self._protocol(session, round_row.id, cohort.cohort, row.stage)[1].get(client)
         return SecureAggregationTask(
-            stage=row.stage, client=client, config=json.loads(row.secagg_config_json), request=request,
+            stage=row.stage, client=client, config=json.loads(cohort.secagg_config_json), request=request,
             reply_url=f"/v1/fl/rounds/{round_row.id}/secagg/{row.stage}" if request is not None else None,
             stage_deadline_at=deadline, retry_after_s=round(retry_after_s, 3))
 
@@ -316,13 +365,14 @@ class PrivateRounds:
             if round_row.state not in ACTIVE_STATES or row.stage != stage:
                 raise Conflict(f"round {round_id} is {round_row.state} at stage {row.stage!r}, not {stage!r}",
                                code="wrong_stage", field="stage")
-            participants = json.loads(row.participants_json)
-            if device_id not in participants:
-                raise Forbidden(f"device {device_id!r} was seated after round {round_id}'s cohort was fixed",
-                                code="not_in_cohort")
-            client = participants.index(device_id)
-            protocol = SecAggConfig.from_dict(json.loads(row.secagg_config_json))
-            server, expected = self._protocol(session, round_id, stage)
+            seat = self._seat(session, round_id, device_id)
+            if seat is None:
+                raise Forbidden(f"device {device_id!r} is in none of round {round_id}'s cohorts (seated after they "
+                                "were fixed, or in a group too small to form one)", code="not_in_cohort")
+            cohort, client = seat[0].cohort, seat[1]
+            protocol = SecAggConfig.from_dict(json.loads(seat[0].secagg_config_json))
+            server, expected = self._protocol(session, round_id, cohort, stage)
+            waiting = self._waiting(session, round_id, stage)
         if client not in expected:
             raise Conflict(f"device {device_id!r} missed an earlier stage of round {round_id} and is out of it",
                            code="dropped_out")
@@ -338,8 +388,8 @@ class PrivateRounds:
                 .values(stage=stage)).rowcount
             if not still_open:
                 raise Conflict(f"stage {stage!r} of round {round_id} has closed", code="wrong_stage", field="stage")
-            session.add(FLSecureMessage(round_id=round_id, stage=stage, client=client, device_id=device_id, body=body,
-                                        received_at=self.clock()))
+            session.add(FLSecureMessage(round_id=round_id, cohort=cohort, stage=stage, client=client,
+                                        device_id=device_id, body=body, received_at=self.clock()))
             try:
                 session.flush()
             except IntegrityError:
@@ -348,7 +398,7 @@ class PrivateRounds:
             received = session.scalar(select(func.count()).select_from(FLSecureMessage).where(
                 FLSecureMessage.round_id == round_id, FLSecureMessage.stage == stage))
         return {"round_id": round_id, "stage": stage, "client": client, "received": received,
-                "expected": len(expected)}
+                "expected": waiting}
 
     def record_seat_failures(self, session: Session, round_id: int, policy: QuarantinePolicy | None,
                              now: datetime) -> None:
@@ -356,22 +406,27 @@ class PrivateRounds:
         is recorded as `aborted` (unless it declined), and the cohort's quarantine is reviewed: declined and
         aborted seats count like updates left out (`server.fl.quarantine`)."""
         row = session.get(FLPrivateRound, round_id)
-        if row is None or row.stage is None or row.participants_json is None:
+        cohorts = self._cohorts(session, round_id)
+        if row is None or row.stage is None or not cohorts:
             return
-        participants = json.loads(row.participants_json)
         closed = STAGES if row.stage == DONE else STAGES[: STAGES.index(row.stage)]
         failed = set(session.scalars(select(FLRefusedUpload.device_id).where(
             FLRefusedUpload.round_id == round_id, FLRefusedUpload.kind.in_(SEAT_FAILURES))))
-        replied = {(stage, client) for stage, client in session.execute(
-            select(FLSecureMessage.stage, FLSecureMessage.client).where(FLSecureMessage.round_id == round_id))}
-        for stage in closed:
-            for client in self._protocol(session, round_id, stage)[1]:
-                device_id = participants[client]
-                if (stage, client) not in replied and device_id not in failed:
-                    failed.add(device_id)
-                    session.add(FLRefusedUpload(round_id=round_id, device_id=device_id, kind="aborted", upload_bytes=0,
-                                                reason=f"took a SecAgg+ seat and did not answer stage {stage!r}",
-                                                received_at=now))
+        replied = {(cohort, stage, client) for cohort, stage, client in session.execute(
+            select(FLSecureMessage.cohort, FLSecureMessage.stage, FLSecureMessage.client)
+            .where(FLSecureMessage.round_id == round_id))}
+        participants: list[str] = []
+        for cohort in cohorts:
+            devices = json.loads(cohort.participants_json)
+            participants += devices
+            for stage in closed:
+                for client in self._protocol(session, round_id, cohort.cohort, stage)[1]:
+                    device_id = devices[client]
+                    if (cohort.cohort, stage, client) not in replied and device_id not in failed:
+                        failed.add(device_id)
+                        session.add(FLRefusedUpload(round_id=round_id, device_id=device_id, kind="aborted",
+                                                    upload_bytes=0, received_at=now,
+                                                    reason=f"took a SecAgg+ seat and did not answer stage {stage!r}"))
         session.flush()
         quarantine.review(session, round_id, participants, policy, now)
 
@@ -384,8 +439,32 @@ class PrivateRounds:
             FLSecureMessage.device_id == device_id)) > 0
 
     @staticmethod
-    def _replied(session: Session, round_id: int, stage: str, client: int) -> bool:
-        return session.get(FLSecureMessage, (round_id, stage, client)) is not None
+    def _replied(session: Session, round_id: int, cohort: int, stage: str, client: int) -> bool:
+        return session.get(FLSecureMessage, (round_id, cohort, stage, client)) is not None
+
+    @staticmethod
+    def _cohorts(session: Session, round_id: int) -> list[FLSecureCohort]:
+        return list(session.scalars(select(FLSecureCohort).where(FLSecureCohort.round_id == round_id)
+                                    .order_by(FLSecureCohort.cohort)))
+
+    def _seat(self, session: Session, round_id: int, device_id: str) -> tuple[FLSecureCohort, int] | None:
+        """(the device's cohort, its client number there), or None when it is in none."""
+        for cohort in self._cohorts(session, round_id):
+            participants = json.loads(cohort.participants_json)
+            if device_id in participants:
+                return cohort, participants.index(device_id)
+        return None
+
+    def longest_vector(self, session: Session, round_id: int) -> int | None:
+        """The longest update vector of the round's cohorts (None before they are formed)."""
+        lengths = [json.loads(cohort.secagg_config_json)["vector_length"]
+                   for cohort in self._cohorts(session, round_id)]
+        return max(lengths, default=None)
+
+    def _waiting(self, session: Session, round_id: int, stage: str) -> int:
+        """How many replies `stage` waits for, over every cohort."""
+        return sum(len(self._protocol(session, round_id, cohort.cohort, stage)[1])
+                   for cohort in self._cohorts(session, round_id))
 
     # stages ----------------------------------------------------------------------------------------
 
@@ -412,12 +491,17 @@ class PrivateRounds:
             return None
         if opened != DONE:
             with self.database.session() as session:
-                row = session.get(FLPrivateRound, round_id)
-                protocol = SecAggConfig.from_dict(json.loads(row.secagg_config_json))
-                waiting = self._protocol(session, round_id, opened)[1]
-            if len(waiting) < protocol.minimum_survivors:
-                raise RoundAborted(f"only {len(waiting)} devices completed {stage!r}; the round needs "
-                                   f"{protocol.minimum_survivors}", clients=sorted(waiting))
+                cohorts = self._cohorts(session, round_id)
+                if not cohorts:
+                    raise RoundAborted(f"no group of seated devices reached SecAgg+'s least cohort of {MIN_COHORT}",
+                                       clients=[])
+                for cohort in cohorts:  # every cohort must be able to finish: they advance together
+                    protocol = SecAggConfig.from_dict(json.loads(cohort.secagg_config_json))
+                    waiting = self._protocol(session, round_id, cohort.cohort, opened)[1]
+                    if len(waiting) < protocol.minimum_survivors:
+                        named = f" of cohort {cohort.cohort}" if len(cohorts) > 1 else ""
+                        raise RoundAborted(f"only {len(waiting)} devices{named} completed {stage!r}; the cohort needs "
+                                           f"{protocol.minimum_survivors}", clients=sorted(waiting))
         return opened
 
     def stage_complete(self, round_id: int, stage: str) -> bool:
@@ -427,7 +511,7 @@ class PrivateRounds:
                 return False
             received = session.scalar(select(func.count()).select_from(FLSecureMessage).where(
                 FLSecureMessage.round_id == round_id, FLSecureMessage.stage == stage))
-            return received >= len(self._protocol(session, round_id, stage)[1])
+            return received >= self._waiting(session, round_id, stage)
 
     @staticmethod
     def progress(session: Session, round_id: int) -> tuple[int, int] | None:
@@ -445,42 +529,45 @@ class PrivateRounds:
         row = session.get(FLPrivateRound, round_id)
         return row.stage if row is not None else None
 
-    def _protocol(self, session: Session, round_id: int, stage: str) -> tuple[SecAggServer, dict[int, dict[str, Any]]]:
-        """The server state after every stage before `stage`, and `stage`'s request for each device it waits for."""
-        key = (round_id, stage)
+    def _protocol(self, session: Session, round_id: int, cohort: int, stage: str
+                  ) -> tuple[SecAggServer, dict[int, dict[str, Any]]]:
+        """The cohort's server state after every stage before `stage`, and `stage`'s request for each device of the
+        cohort it waits for."""
+        key = (round_id, cohort, stage)
         if key not in self._replayed:
-            row = session.get(FLPrivateRound, round_id)
+            row = session.get(FLSecureCohort, (round_id, cohort))
+            participants = json.loads(row.participants_json)
             protocol = SecAggConfig.from_dict(json.loads(row.secagg_config_json))
-            server = SecAggServer(protocol, self._signing_keys(session, round_id), self._vouchers(session, round_id))
+            server = SecAggServer(protocol, self._signing_keys(session, participants),
+                                  self._vouchers(session, participants))
             requests: dict[int, dict[str, Any]] = {client: {"stage": "advertise_keys"}
                                                    for client in range(protocol.num_clients)}
             for done in STAGES[: STAGES.index(stage)]:
-                requests = getattr(server, COLLECT[done])(self._replies(session, round_id, done))
+                requests = getattr(server, COLLECT[done])(self._replies(session, round_id, cohort, done))
             self._replayed[key] = (server, requests)
             while len(self._replayed) > MAX_CACHED_STAGES:
                 self._replayed.popitem(last=False)
         return self._replayed[key]
 
     @staticmethod
-    def _signing_keys(session: Session, round_id: int) -> dict[int, bytes]:
+    def _signing_keys(session: Session, participants: list[str]) -> dict[int, bytes]:
         """Client number -> the registered signing key of the device seated under it."""
-        participants = json.loads(session.get(FLPrivateRound, round_id).participants_json)
         keys = dict(session.execute(select(DeviceRecord.id, DeviceRecord.signing_public_key)
                                     .where(DeviceRecord.id.in_(participants))).all())
         return {client: keys[device] for client, device in enumerate(participants) if keys.get(device) is not None}
 
     @staticmethod
-    def _vouchers(session: Session, round_id: int) -> dict[int, dict[str, Any]]:
+    def _vouchers(session: Session, participants: list[str]) -> dict[int, dict[str, Any]]:
         """Client number -> the seated device's id and the operator's certificate of its key, relayed to its
         neighbours with the key."""
-        participants = json.loads(session.get(FLPrivateRound, round_id).participants_json)
         certificates = device_certificates.certificates_of(session, participants)
         return {client: {"device_id": device, "certificate": certificates[device]}
                 for client, device in enumerate(participants) if device in certificates}
 
     @staticmethod
-    def _replies(session: Session, round_id: int, stage: str) -> list[dict[str, Any]]:
+    def _replies(session: Session, round_id: int, cohort: int, stage: str) -> list[dict[str, Any]]:
         rows = session.scalars(select(FLSecureMessage).where(FLSecureMessage.round_id == round_id,
+                                                             FLSecureMessage.cohort == cohort,
                                                              FLSecureMessage.stage == stage)
                                .order_by(FLSecureMessage.client))
         replies = []
@@ -500,23 +587,13 @@ class PrivateRounds:
         dp, settings = config.privacy.dp, config.privacy.secure_aggregation
         secure: SecureAggregationTally | None = None
         with self.database.session() as session:
-            row = session.get(FLPrivateRound, round_id)
-            ledger_json = row.ledger_json
+            ledger_json = session.get(FLPrivateRound, round_id).ledger_json
             if settings is not None:
-                protocol = SecAggConfig.from_dict(json.loads(row.secagg_config_json))
-                server, _ = self._protocol(session, round_id, "unmask")
-                result = server.collect_unmask_shares(self._replies(session, round_id, "unmask"))
                 upload_bytes = self.progress(session, round_id)[1]
         if settings is not None:
-            total, total_weight = dequantise_sum(result.ring_sum, protocol)
-            count = len(result.survivors)
-            secure = SecureAggregationTally(
-                protocol.num_clients, protocol.neighbour_count, protocol.threshold, protocol.levels,
-                protocol.clip_range, count, len(result.dropped),
-                {str(client): why for client, why in result.misbehaving.items()})
-            slack = noise_slack(protocol, noise_request(config, protocol), count) if is_distributed(config) else 0.0
-            check_secure_sum(total, total_weight, count, protocol.clip_range, equal_weights(config), slack,
-                             carries_unclipped_bit(config))
+            [cohort] = self.unmasked_sums(round_id, config)  # a round of one model runs one cohort
+            total, total_weight, count, protocol, secure = (cohort.total, cohort.total_weight, cohort.count,
+                                                            cohort.protocol, cohort.tally)
         else:  # DP without SecAgg+: the server sees each delta, and clips it itself rather than trust the device
             count = len(clear_deltas)
 
@@ -548,6 +625,30 @@ class PrivateRounds:
         record(card_privacy(config, ledger, mechanism), ledger)
         return parameters
 
+    def unmasked_sums(self, round_id: int, config: RoundConfig) -> list[CohortSum]:
+        """Every cohort's unmasked sum (SecAgg+), dequantised and within what clipped updates can add up to
+        (`check_secure_sum`). Raises RoundAborted or InvalidInputError."""
+        unmasked = []
+        with self.database.session() as session:
+            for cohort in self._cohorts(session, round_id):
+                protocol = SecAggConfig.from_dict(json.loads(cohort.secagg_config_json))
+                server, _ = self._protocol(session, round_id, cohort.cohort, "unmask")
+                result = server.collect_unmask_shares(self._replies(session, round_id, cohort.cohort, "unmask"))
+                unmasked.append((cohort.name, protocol, result))
+        sums = []
+        for name, protocol, result in unmasked:
+            total, total_weight = dequantise_sum(result.ring_sum, protocol)
+            count = len(result.survivors)
+            tally = SecureAggregationTally(
+                protocol.num_clients, protocol.neighbour_count, protocol.threshold, protocol.levels,
+                protocol.clip_range, count, len(result.dropped),
+                {str(client): why for client, why in result.misbehaving.items()})
+            slack = noise_slack(protocol, noise_request(config, protocol), count) if is_distributed(config) else 0.0
+            check_secure_sum(total, total_weight, count, protocol.clip_range, equal_weights(config), slack,
+                             carries_unclipped_bit(config))
+            sums.append(CohortSum(name, total, total_weight, count, protocol, tally))
+        return sums
+
     def record_release(self, session: Session, round_id: int, outcome: RoundOutcome) -> None:
         """A noised aggregate left the server (published or refused): the plan's ledger and its line's count
         the round."""
@@ -565,6 +666,18 @@ def carries_unclipped_bit(config: RoundConfig) -> bool:
     (`fedzoo.aggregation.private.with_unclipped_bit`), one more coordinate, so the server learns only the count."""
     dp = config.privacy.dp
     return config.privacy.secure_aggregation is not None and dp is not None and dp.adaptive is not None
+
+
+def cohort_tally(sums: list[CohortSum]) -> SecureAggregationTally:
+    """The round's SecAgg+ tally over its cohorts: devices summed, the weakest cohort's k and t (what a device's
+    update is protected by at least), misbehaving clients named `<cohort>:<client>`, and each cohort's own."""
+    tallies = [cohort.tally for cohort in sums]
+    return SecureAggregationTally(
+        sum(tally.num_clients for tally in tallies), min(tally.neighbour_count for tally in tallies),
+        min(tally.threshold for tally in tallies), tallies[0].levels, tallies[0].clip_range,
+        sum(tally.survivors for tally in tallies), sum(tally.dropped for tally in tallies),
+        {f"{index}:{client}": why for index, tally in enumerate(tallies) for client, why in tally.misbehaving.items()},
+        cohorts=[{"subnet": cohort.name, **cohort.tally.to_dict()} for cohort in sums])
 
 
 def equal_weights(config: RoundConfig) -> bool:
@@ -633,6 +746,7 @@ def published_counts(outcome: RoundOutcome) -> dict[str, Any]:
 
 
 OUTCOME_COUNTS = ("accepted_updates", "aggregated_updates", "num_examples", "upload_bytes", "declined")
+ZOO_COUNTS = ("devices_per_zoo_model", "devices_per_subnet", "coverage", "bytes")  # a zoo-wide round's, by device
 
 
 def without_dp_counts(view: dict[str, Any]) -> dict[str, Any]:
@@ -649,6 +763,8 @@ def without_dp_counts(view: dict[str, Any]) -> dict[str, Any]:
         if "secure_aggregation" in outcome:
             outcome["secure_aggregation"] = {name: value for name, value in outcome["secure_aggregation"].items()
                                              if name in ("neighbour_count", "threshold", "levels", "clip_range")}
+        if "zoo" in outcome:
+            outcome["zoo"] = {name: value for name, value in outcome["zoo"].items() if name not in ZOO_COUNTS}
         if "failure" in outcome:
             outcome["failure"] = "the round failed (its reason is withheld under DP: it counts devices)"
         view["outcome"] = outcome

@@ -121,8 +121,8 @@ class FLRefusedUpload(Base):
 
 
 class FLPrivateRound(Base):
-    """A round of a plan with SecAgg+ and/or DP-FedAvg: where its secure stages stand, who holds which client
-    number, and the plan's privacy ledger (as it was when the round opened, and after it released a noised
+    """A round of a plan with SecAgg+ and/or DP-FedAvg: where its secure stages stand (every cohort's together:
+    `FLSecureCohort`), and the plan's privacy ledger (as it was when the round opened, and after it released a noised
     aggregate). The next round of the plan starts from `ledger_after_json` or, without a release, `ledger_json`."""
 
     __tablename__ = "fl_private_rounds"
@@ -131,9 +131,6 @@ class FLPrivateRound(Base):
     stage: Mapped[str | None] = mapped_column(String(16), nullable=True,
                                               doc="SecAgg+: selection, advertise_keys, ..., unmask, done; else null")
     stage_deadline_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    participants_json: Mapped[str | None] = mapped_column(
-        Text, nullable=True, doc="SecAgg+: the device ids in client-number order, fixed when selection closes")
-    secagg_config_json: Mapped[str | None] = mapped_column(Text, nullable=True, doc="the round's SecAggConfig")
     ledger_json: Mapped[str | None] = mapped_column(Text, nullable=True, doc="DP: the plan's ledger at the start")
     ledger_after_json: Mapped[str | None] = mapped_column(Text, nullable=True,
                                                           doc="DP: the ledger after this round released its aggregate")
@@ -156,6 +153,19 @@ class PrivacyLine(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
 
 
+class FLSecureCohort(Base):
+    """One SecAgg+ instance of a private round: its devices in client-number order and its SecAggConfig, fixed when
+    selection closes. An ordinary round has one cohort (0); a zoo-wide round one per subnet (`name`: its arch key)."""
+
+    __tablename__ = "fl_secure_cohorts"
+
+    round_id: Mapped[int] = mapped_column(ForeignKey("fl_rounds.id", ondelete="CASCADE"), primary_key=True)
+    cohort: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), doc="what the cohort shares: '' or a subnet's arch key")
+    participants_json: Mapped[str] = mapped_column(Text, doc="the cohort's device ids in client-number order")
+    secagg_config_json: Mapped[str] = mapped_column(Text, doc="the cohort's SecAggConfig")
+
+
 class FLSecureMessage(Base):
     """One device's reply to one SecAgg+ stage, stored before the device hears "received": the server's
     protocol state is a function of these rows, so any worker, or a restarted server, rebuilds it."""
@@ -163,6 +173,7 @@ class FLSecureMessage(Base):
     __tablename__ = "fl_secure_messages"
 
     round_id: Mapped[int] = mapped_column(ForeignKey("fl_rounds.id", ondelete="CASCADE"), primary_key=True)
+    cohort: Mapped[int] = mapped_column(Integer, primary_key=True, doc="the FLSecureCohort it belongs to")
     stage: Mapped[str] = mapped_column(String(16), primary_key=True)
     client: Mapped[int] = mapped_column(Integer, primary_key=True)
     device_id: Mapped[str] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))

@@ -43,6 +43,8 @@ from fedzoo.aggregation.screening import Screened
 from fedzoo.aggregation.strategies import Strategy
 from fedzoo.cards import SUPERNET_DETAILS, Metrics, ModelCard
 from fedzoo.errors import FedzooError, InvalidInputError
+from fedzoo.secagg import unflatten
+from fedzoo.server.fl.zoo_privacy import CohortNoise, PublicSubnet, noised_coverage_sum
 from fedzoo.nas.space import Arch, SearchSpace, arch_hash, arch_key
 from fedzoo.nas.subnet_mapping import Weights, map_back
 from fedzoo.server import registry
@@ -52,6 +54,7 @@ from fedzoo.server.fl.outcome import RoundOutcome, UpdateCounts, ZooRound
 from fedzoo.server.fl.tables import FLRound, FLSubnetAssignment, FLUpdate
 from fedzoo.server.fl.round_context import RoundContext
 from fedzoo.server.fl.schemas import RoundConfig
+from fedzoo.server.fl.secure_rounds import CohortSum, SeatGroup, refuse_plain_plan_on_dp_weights
 from fedzoo.server.fl.stages.screening import ScreenedRound, screen_round, tally_screening
 from fedzoo.server.latency import LatencyEstimator
 from fedzoo.server.lookup import LookupQuery, lookup
@@ -106,6 +109,14 @@ class ZooOutcome:
     outcome: RoundOutcome
 
 
+@dataclass(frozen=True)
+class SteppedSupernet:
+    """The supernet's weights after a round's per-element step, and what the round records of it."""
+
+    weights: Weights
+    zoo: ZooRound
+
+
 @dataclass
 class ZooPublication:
     """The supernet's new card and, per zoo model, the new card (None when refused) and what was measured."""
@@ -156,19 +167,29 @@ class ZooPlan:
 
     def check_plan(self, session: Session, config: RoundConfig, strategy: Strategy) -> Supernet:
         """Refuse what a zoo-wide plan cannot run, naming the field; returns the supernet."""
-        if config.privacy.secure_aggregation is not None or config.privacy.dp is not None:
-            raise InvalidInputError(
-                "zoo-wide plans run neither SecAgg+ nor DP yet: their subnets cover the supernet unevenly, so a sum "
-                "over an element one device covers reveals that device's update; run private single-model plans, or "
-                "set zoo.min_coverage to keep such elements out of every release", field="privacy")
+        dp = config.privacy.dp
+        if dp is not None and config.privacy.secure_aggregation is None:
+            raise InvalidInputError("DP in zoo-wide plans noises each subnet cohort's SecAgg+ sum: set "
+                                    "privacy.secure_aggregation too (docs/privacy.md, \"DP in zoo-wide rounds\")",
+                                    field="privacy.dp")
+        if dp is not None and dp.noise != "central":
+            raise InvalidInputError("zoo-wide plans add central noise to each cohort's sum; distributed noise is not "
+                                    "built for them yet", field="privacy.dp.noise")
+        if dp is not None and dp.adaptive is not None:
+            raise InvalidInputError("zoo-wide plans clip at a fixed clip_norm; adaptive clipping (each cohort's "
+                                    "count of unclipped updates) is not built for them yet", field="privacy.dp.adaptive")
         require_mean_only(strategy)
         if config.gate.compare_with == "anchor":
             raise InvalidInputError("zoo-wide plans gate each zoo model against its own line: set gate.compare_with "
                                     "to 'best' (the line's best version) or 'parent'", field="gate.compare_with")
         supernet = self.supernet(session, config.model_id)
-        if not self.members(session, supernet):
+        members = self.members(session, supernet)
+        if not members:
             raise InvalidInputError(f"no published fp32 model of task {supernet.task!r} is a subnet of supernet "
                                     f"{supernet.card.id!r}: there is no zoo to improve", field="model_id")
+        if dp is None:  # every zoo model the round republishes must keep a true epsilon
+            for member in members:
+                refuse_plain_plan_on_dp_weights(session, member)
         self._calibration_images(config.zoo.calibration_sha256, supernet)
         return supernet
 
@@ -203,6 +224,11 @@ class ZooPlan:
                and supernet.space.contains(card.arch)]
         superseded = {card.parent_id for card in zoo if card.parent_id is not None}
         return sorted((card for card in zoo if card.id not in superseded), key=lambda card: card.id)
+
+    def zoo_models(self, session: Session, supernet: Supernet) -> list[ModelCard]:
+        """Every model a round of this zoo may republish: the zoo models and their INT8 variants."""
+        members = self.members(session, supernet)
+        return [*members, *(variant for member in members for variant in self.int8_variants(session, supernet, member))]
 
     @staticmethod
     def int8_variants(session: Session, supernet: Supernet, member: ModelCard) -> list[ModelCard]:
@@ -358,6 +384,13 @@ class ZooPlan:
         card = ModelCard.from_dict(registry.get_card(session, training_id))
         return card.size_bytes + int(card.details.get("zoo_training", {}).get("training_graph_bytes", 0))
 
+    def seat_group(self, session: Session, round_id: int, device_id: str) -> SeatGroup:
+        """The SecAgg+ cohort a seated device joins: the devices that train its subnet (`docs/privacy.md`, "Zoo-wide
+        rounds under SecAgg+"), whose update vector is that subnet's trainable parameters."""
+        training_id = session.get(FLSubnetAssignment, (round_id, device_id)).training_model_id
+        parameters = self.context.bases.get(session, training_id).parameters
+        return SeatGroup(training_id, sum(value.size for value in parameters.values()))
+
     def _assignments(self, session: Session, round_id: int) -> dict[str, FLSubnetAssignment]:
         return {row.device_id: row for row in session.scalars(
             select(FLSubnetAssignment).where(FLSubnetAssignment.round_id == round_id))}
@@ -372,8 +405,7 @@ class ZooPlan:
             download_bytes = {training_id: self._download_bytes(session, training_id)
                               for training_id in {row.training_model_id for row in assignments.values()}}
         blobs = {row.device_id: row.blob_sha256 for row in rows}
-        shapes = {name: value.shape for name, value in supernet.weights.items()}
-        total = CoverageSum(shapes)
+        total = CoverageSum({name: value.shape for name, value in supernet.weights.items()})
         subnets: dict[str, int] = {}
         for update in screening.kept:
             assignment = assignments[update.device_id]
@@ -382,6 +414,50 @@ class ZooPlan:
             total.add(map_back(supernet.space, arch, supernet.weights, delta), update.num_examples,
                       assignment.arch_json)
             subnets[assignment.zoo_model_id] = subnets.get(assignment.zoo_model_id, 0) + 1
+        upload = sum(row.upload_bytes for row in rows)
+        download = sum(download_bytes[assignments[row.device_id].training_model_id] for row in rows)
+        outcome = self._stepped(config, supernet, total, subnets, strategy, started, upload, download, len(rows))
+        # a copy of the screening's outcome: a refused re-extraction records the screening alone
+        return ZooOutcome(outcome.weights, screening.screened,
+                          replace(screening.outcome, strategy=strategy.name, zoo=outcome.zoo))
+
+    def aggregate_cohorts(self, round_id: int, config: RoundConfig, supernet: Supernet, sums: list[CohortSum],
+                          strategy: Strategy, outcome: RoundOutcome, upload_bytes: int,
+                          noise: CohortNoise | None = None) -> ZooOutcome:
+        """A zoo-wide round under SecAgg+: each cohort's unmasked sum (the devices of one subnet, at least 3) mapped
+        onto the supernet and combined per element; no device's own update is ever seen. Under DP (`noise`), every
+        subnet of the zoo's sum is noised and combined with public weights only (`fedzoo.server.fl.zoo_privacy`)."""
+        started = time.perf_counter()
+        with self.context.database.session() as session:
+            assignments = self._assignments(session, round_id)
+            zoo_model_of = {row.training_model_id: row.zoo_model_id for row in assignments.values()}
+            arch_key_of = {row.training_model_id: row.arch_json for row in assignments.values()}
+            shapes = {cohort.name: {name: value.shape for name, value in
+                                    self.context.bases.get(session, cohort.name).parameters.items()} for cohort in sums}
+            download = sum(self._download_bytes(session, cohort.name) * cohort.count for cohort in sums)
+            members = self.members(session, supernet)
+        deltas = {arch_key_of[cohort.name]: unflatten(cohort.total, shapes[cohort.name]) for cohort in sums}
+        subnets: dict[str, int] = {}
+        for cohort in sums:
+            subnets[zoo_model_of[cohort.name]] = subnets.get(zoo_model_of[cohort.name], 0) + cohort.count
+        if noise is not None:
+            public = {arch_key(member.arch): PublicSubnet(arch_key(member.arch), member.arch) for member in members}
+            total = noised_coverage_sum(supernet.space, supernet.weights, list(public.values()), deltas,
+                                        noise.grid_step, noise.stddev, config.target_clients, noise.source)
+        else:
+            total = CoverageSum({name: value.shape for name, value in supernet.weights.items()})
+            for cohort in sums:
+                key = arch_key_of[cohort.name]
+                total.add_sum(map_back(supernet.space, json.loads(key), supernet.weights, deltas[key]),
+                              cohort.total_weight, cohort.count, key)
+        devices = sum(cohort.count for cohort in sums)
+        stepped = self._stepped(config, supernet, total, subnets, strategy, started, upload_bytes, download, devices)
+        return ZooOutcome(stepped.weights, [], replace(outcome, strategy=strategy.name, zoo=stepped.zoo))
+
+    def _stepped(self, config: RoundConfig, supernet: Supernet, total: CoverageSum, subnets: dict[str, int],
+                 strategy: Strategy, started: float, upload_bytes: int, download_bytes: int, devices: int
+                 ) -> SteppedSupernet:
+        """The strategy's per-element step from `total`, checked finite, with the round's coverage and bytes."""
         weights, released = step_supernet(strategy, supernet.weights, total, config.zoo.min_coverage,
                                           config.zoo.coverage_step_exponent)
         # the coverage of what devices train: every parameter but the kernel transforms, which no subnet holds
@@ -404,13 +480,12 @@ class ZooPlan:
             },
             aggregation_s=round(time.perf_counter() - started, 4),
             bytes={
-                "upload": sum(row.upload_bytes for row in rows),
-                "upload_per_device": round(sum(row.upload_bytes for row in rows) / max(len(rows), 1), 1),
-                "download_per_device": round(sum(download_bytes[assignments[row.device_id].training_model_id]
-                                                 for row in rows) / max(len(rows), 1), 1),
+                "upload": upload_bytes,
+                "upload_per_device": round(upload_bytes / max(devices, 1), 1),
+                "download_per_device": round(download_bytes / max(devices, 1), 1),
             },
-        )  # a copy of the screening's outcome: a refused re-extraction records the screening alone
-        return ZooOutcome(weights, screening.screened, replace(screening.outcome, strategy=strategy.name, zoo=zoo))
+        )
+        return SteppedSupernet(weights, zoo)
 
     # publication ----------------------------------------------------------------------------------
 
@@ -477,9 +552,11 @@ class ZooPlan:
                 "fp32_of": member.id}
 
     def publish(self, session: Session, round_row: FLRound, supernet: Supernet, weights: Weights,
-                publication: ZooPublication, outcome: RoundOutcome) -> ModelCard:
+                publication: ZooPublication, outcome: RoundOutcome, claims: dict[str, dict[str, Any]]) -> ModelCard:
         """Publish the new supernet version and every zoo model that passed the gate, retire the compressed
-        variants their lines left behind; returns the supernet card."""
+        variants their lines left behind; returns the supernet card. Under DP the supernet's card states the plan's
+        privacy (its line's epsilon), and each republished model's card the claim of its own line (`claims`, by the
+        id of the card it supersedes: `zoo_privacy.charge_zoo_lines`)."""
         now = self.context.clock()
         evaluation_sha256 = RoundConfig.model_validate_json(round_row.config_json).evaluation_sha256
         version = registry.next_line_version(session, supernet.card.line_id)  # unique per line, across plans
@@ -490,8 +567,9 @@ class ZooPlan:
             "sha256": self.context.store.put(publication.supernet_onnx),
             "size_bytes": len(publication.supernet_onnx), "metrics": publication.supernet_metrics, "created_at": now,
             "artifacts": {**supernet.card.artifacts, WEIGHTS_ARTIFACT: weights_sha},
-            "details": {**supernet.card.details, "federated": {"round_id": round_row.id,
-                                                               "base_model_id": supernet.card.id}},
+            "details": {**supernet.card.details, "federated": {
+                "round_id": round_row.id, "base_model_id": supernet.card.id,
+                **({"privacy": outcome.privacy} if outcome.privacy is not None else {})}},
         })
         supernet_card = sign_card(ModelCard.from_dict(supernet_card.model_dump(exclude={"signature"})),
                                   self.signing_key, now=now)
@@ -502,6 +580,7 @@ class ZooPlan:
             if not model["published"]:
                 continue
             member: ModelCard = model["card"]
+            privacy = claims.get(member.id)
             fp32_id = new_ids.get(model.get("fp32_of", ""))
             new_version = registry.next_line_version(session, member.line_id)
             root = line_root(member)
@@ -517,7 +596,8 @@ class ZooPlan:
                     "metrics_source": "the server's evaluation set (held out, measured on the server)",
                     "batch_norm": "recalibrated on the plan's calibration images",
                     "accuracy_before": model["accuracy_before"],
-                    **({"fp32_id": fp32_id} if fp32_id else {})}},
+                    **({"fp32_id": fp32_id} if fp32_id else {})},
+                    **({"federated": {"round_id": round_row.id, "privacy": privacy}} if privacy is not None else {})},
             })
             card = sign_card(ModelCard.from_dict(card.model_dump(exclude={"signature"})), self.signing_key, now=now)
             registry.publish(session, self.context.store, self.estimator, card)

@@ -44,3 +44,15 @@ def test_the_sdk_client_keeps_its_round_memory_in_its_state_file(tmp_path):
         with pytest.raises(ProtocolViolation) as refusal:
             restarted.signed_rounds.claim("fl-round-1")
     assert refusal.value.reason == "round_replayed"
+
+
+def test_a_device_takes_part_in_one_cohort_of_a_round(tmp_path):
+    """A zoo-wide round runs one SecAgg+ cohort per subnet (`fl-round-<id>/subnet-<i>`): a lying server that seats a
+    device in two cohorts of one round (to difference their sums) is refused at the second."""
+    memory = StateFileSignedRounds(tmp_path / "client.json")
+    memory.claim("fl-round-7/subnet-0")
+    for replay in ("fl-round-7/subnet-1", "fl-round-7"):
+        with pytest.raises(ProtocolViolation) as refusal:
+            memory.claim(replay)
+        assert refusal.value.reason == "round_replayed"
+    memory.claim("fl-round-70/subnet-0")  # another round

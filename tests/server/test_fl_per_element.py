@@ -236,3 +236,28 @@ def test_an_exponent_outside_zero_to_one_is_refused(exponent):
     with pytest.raises(InvalidInputError, match="exponent") as error:
         coverage_step_scale({"w": np.ones(2)}, {"w": np.ones(2, bool)}, 1.0, exponent)
     assert error.value.field == "zoo.coverage_step_exponent"
+
+
+def test_a_cohorts_sum_counts_as_its_devices_added_one_by_one():
+    """Under SecAgg+ the server sees each subnet cohort's sum only: mapping that sum onto the supernet (a linear map)
+    and adding it with the cohort's weight and size gives the same sums, weights, counts and mean as its devices."""
+    weights = random_weights(3)
+    rng = np.random.default_rng(0)
+    archs = {"large": SPACE.max_arch(), "small": SPACE.min_arch()}
+    cohorts = {arch_name: [{name: rng.normal(size=value.shape).astype(np.float32) for name, value in
+                            extract_weights(SPACE, arch, weights).items()} for _ in range(3)]
+               for arch_name, arch in archs.items()}
+    shapes = {name: value.shape for name, value in weights.items() if "kernel_transforms" not in name}
+    one_by_one, summed = CoverageSum(shapes), CoverageSum(shapes)
+    for arch_name, deltas in cohorts.items():
+        for delta in deltas:
+            one_by_one.add(map_back(SPACE, archs[arch_name], weights, delta), 1.0, arch_name)
+        total = {name: sum(delta[name] for delta in deltas) for name in deltas[0]}
+        summed.add_sum(map_back(SPACE, archs[arch_name], weights, total), 3.0, 3, arch_name)
+    for name in shapes:
+        np.testing.assert_allclose(summed.sums[name], one_by_one.sums[name], rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(summed.weights[name], one_by_one.weights[name])
+        np.testing.assert_array_equal(summed.counts[name], one_by_one.counts[name])
+    assert summed.devices_per_subnet == one_by_one.devices_per_subnet == 3.0
+    with pytest.raises(InvalidInputError):
+        summed.add_sum(map_back(SPACE, archs["small"], weights, total), 0.0, 3, "small")

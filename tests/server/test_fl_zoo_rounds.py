@@ -328,8 +328,13 @@ def test_zoo_plans_need_the_admin_token_and_name_bad_fields(fleet):
     plan = _plan(fleet)
     assert _refused(lambda: admin.create_zoo_rounds(plan, "wrong-token")).status == 401
     cases = [
-        ("privacy", {**plan, "privacy": {"secure_aggregation": {"neighbour_count": 2}}}),
-        ("privacy", {**plan, "privacy": {"dp": {"max_epsilon": 8.0, "clip_norm": 1.0}}}),
+        # SecAgg+ needs a cohort of 3 (zoo-wide: per subnet, docs/privacy.md); DP needs SecAgg+'s cohorts, central
+        # noise and a fixed clip norm
+        ("privacy.secure_aggregation", {**plan, "target_clients": 2, "min_clients": 2,
+                                        "privacy": {"secure_aggregation": {"neighbour_count": 2}}}),
+        ("privacy.dp", {**plan, "privacy": {"dp": {"max_epsilon": 8.0, "clip_norm": 1.0}}}),
+        ("privacy.dp.adaptive", {**plan, "privacy": {"secure_aggregation": {},
+                                                     "dp": {"max_epsilon": 8.0, "clip_norm": 1.0, "adaptive": {}}}}),
         ("strategy.name", {**plan, "strategy": {"name": "median"}}),
         ("model_id", {**plan, "model_id": _members(fleet["zoo"])[0].id}),
         ("zoo.calibration_sha256", {**plan, "zoo": {**plan["zoo"], "calibration_sha256": "0" * 64}}),

@@ -6,6 +6,7 @@ quarantined device (`fedzoo.server.fl.quarantine`) is selected by no round."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from typing import Any
 
@@ -22,6 +23,7 @@ from fedzoo.server.fl.round_context import (RoundContext, as_utc, count_rows, fi
                                             lock_round_before_deadline)
 from fedzoo.aggregation.strategies import make_strategy
 from fedzoo.server.fl.schemas import RoundConfig, Task, TaskResponse, UploadSpec, round_training
+from fedzoo.server.fl.secure_rounds import SeatGroup
 from fedzoo.server.fl.zoo_plan import ZooPlan, is_zoo
 
 IDLE_RETRY_AFTER_S = 30.0
@@ -122,11 +124,19 @@ class Selection:
         session.flush()
         if count_rows(session, FLParticipant, round_row.id) >= goal:
             round_row.state = "collecting"
-            if config.privacy.secure_aggregation is not None:  # SecAgg+ numbers the seated devices now
-                base = self.context.bases.get(session, round_row.base_model_id)
-                self.context.private.start_stages(session, round_row, config,
-                                                  sum(v.size for v in base.parameters.values()))
+            if config.privacy.secure_aggregation is not None:  # SecAgg+ forms its cohorts of the seated devices now
+                self.context.private.start_stages(session, round_row, config, self._seat_groups(session, round_row,
+                                                                                                config))
         return True
+
+    def _seat_groups(self, session: Session, round_row: FLRound, config: RoundConfig) -> Callable[[str], SeatGroup]:
+        """Which SecAgg+ cohort a seated device joins: all one in a round of one model, one per subnet in a zoo-wide
+        round (`ZooPlan.seat_group`)."""
+        if is_zoo(config):
+            return lambda device_id: self.zoo.seat_group(session, round_row.id, device_id)
+        base = self.context.bases.get(session, round_row.base_model_id)
+        whole = SeatGroup("", sum(value.size for value in base.parameters.values()))
+        return lambda device_id: whole
 
     def task(self, session: Session, round_row: FLRound, device_id: str) -> Task:
         """What a selected device is to do: the model and training graph to fetch, how to train, where to upload."""

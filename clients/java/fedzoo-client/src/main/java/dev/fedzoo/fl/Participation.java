@@ -241,12 +241,22 @@ public final class Participation {
             Double retryAfterS = answer.isNull("retry_after_s") ? null : answer.optDouble("retry_after_s");
             return new ParticipationResult(null, "no task", 0, 0, Collections.<String, Double>emptyMap(), retryAfterS);
         }
-        return runTask(work, data, encoding, random.nextLong(), stop);
+        return runTask(work, data, encoding, random.nextLong(), stop, task, family);
     }
 
     /** The work of one task: download, train locally (batch order from {@code seed}), upload. */
     public ParticipationResult runTask(JSONObject work, LocalData data, UpdateCodec.Encoding encoding, long seed,
                                        StopSignal stop) {
+        return runTask(work, data, encoding, seed, stop, null, null);
+    }
+
+    /**
+     * The work of one task, where SecAgg+ stages check in again for {@code checkedInTask} and {@code checkedInFamily}
+     * (the ones this device asked for work on; null: the model card's, but a zoo-wide round's training card names
+     * its subnet's task, not the zoo's).
+     */
+    public ParticipationResult runTask(JSONObject work, LocalData data, UpdateCodec.Encoding encoding, long seed,
+                                       StopSignal stop, String checkedInTask, String checkedInFamily) {
         try {
             long roundId = work.getLong("round_id");
             ModelCard card = client.card(work.getString("model_id"));
@@ -284,7 +294,8 @@ public final class Participation {
                                 bounds, withinClipNorm(trained.delta, privacy)),
                         new SecureParticipation.CheckIn() {
                             public JSONObject checkIn() {
-                                return client.flTask(card.task(), card.family());
+                                return checkedInTask != null ? client.flTask(checkedInTask, checkedInFamily)
+                                        : client.flTask(card.task(), card.family());
                             }
                         }, stop);
                 return new ParticipationResult(roundId, secure.outcome, secure.sentBytes, data.size(), trained.metrics,

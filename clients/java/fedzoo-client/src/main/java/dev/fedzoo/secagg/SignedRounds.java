@@ -15,9 +15,17 @@ import org.bouncycastle.util.encoders.Hex;
 public class SignedRounds {
     private final Set<String> claimed = new HashSet<String>();
 
-    /** What is remembered of a round id: 16 bytes of its SHA-256, hex. */
+    /** A zoo-wide round's cohorts: {@code fl-round-<id>/subnet-<i>}. */
+    public static final String COHORT_SEPARATOR = "/subnet-";
+
+    /**
+     * What is remembered of a round id: 16 bytes of its SHA-256, hex. The cohorts of one round share it: a device
+     * takes part in one cohort of a round, so a lying server cannot put it into two and difference their sums.
+     */
     public static String roundKey(String roundId) {
-        return Hex.toHexString(Crypto.sha256(roundId.getBytes(StandardCharsets.UTF_8))).substring(0, 32);
+        int cohort = roundId.indexOf(COHORT_SEPARATOR);
+        String round = cohort >= 0 ? roundId.substring(0, cohort) : roundId;
+        return Hex.toHexString(Crypto.sha256(round.getBytes(StandardCharsets.UTF_8))).substring(0, 32);
     }
 
     /** The refusal of a round id this device took part in before. */

@@ -377,6 +377,18 @@ class SecAggVectorsTest {
         new SecAggClient(config, 1, key, new SecAggBounds(), null, signedRoundsOf(store)).advertiseKeys();
     }
 
+    @Test
+    void aDeviceTakesPartInOneCohortOfARound() {
+        // a zoo-wide round's cohorts share the round's key: a second cohort of round 7 is a replay, round 70 is not
+        SignedRounds memory = new SignedRounds();
+        memory.claim("fl-round-7/subnet-0");
+        assertEquals("round_replayed",
+                assertThrows(ProtocolViolation.class, () -> memory.claim("fl-round-7/subnet-1")).reason());
+        assertEquals("round_replayed", assertThrows(ProtocolViolation.class, () -> memory.claim("fl-round-7")).reason());
+        memory.claim("fl-round-70/subnet-0");
+        assertEquals(SignedRounds.roundKey("fl-round-7"), SignedRounds.roundKey("fl-round-7/subnet-3"));
+    }
+
     private static SignedRounds signedRoundsOf(dev.fedzoo.client.StateStore store) {
         return new dev.fedzoo.client.FedzooClient("http://127.0.0.1:9", null, TestSupport.workDirectory("cache"))
                 .keepStateIn(store).signedRounds();
