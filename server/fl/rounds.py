@@ -48,28 +48,21 @@ seats a device.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
-import math
-import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
-from fedzoo.aggregation.screening import Screened
-from fedzoo.aggregation.strategies import ClientUpdate, Strategy, make_strategy, require_secure_aggregation_support
+from fedzoo.aggregation.strategies import make_strategy
 from fedzoo.capabilities import Capabilities
-from fedzoo.cards import ModelCard
 from fedzoo.dp.accountant import PrivacyBudgetExhausted
-from fedzoo.errors import FedzooError, InvalidInputError, NotFoundError
+from fedzoo.errors import InvalidInputError
 from fedzoo.secagg.errors import RoundAborted
-from fedzoo.server import registry
 from fedzoo.server.blobstore import BlobStore
 from fedzoo.server.config import DEFAULT_DP_MAX_DELTA
 from fedzoo.server.db import Database
@@ -78,19 +71,18 @@ from fedzoo.server.fl.base_models import BaseModels, RoundBase, max_upload_bytes
 from fedzoo.server.fl.eligibility import DECLINED
 from fedzoo.server.fl.faults import crash_point
 from fedzoo.server.fl.lifecycle import AGGREGATION_LEASE_S, RoundLifecycle
-from fedzoo.server.fl.outcome import RoundOutcome, UpdateCounts
 from fedzoo.server.fl.tables import ACTIVE_STATES, FLParticipant, FLRefusedUpload, FLRound, FLUpdate
 from fedzoo.server.fl.round_context import RoundContext, as_utc, count_rows, find_round, utc_now
+from fedzoo.server.fl.round_kinds import RoundKind
 from fedzoo.server.fl.schemas import RoundConfig, TaskResponse, UpdateMetadata
-from fedzoo.server.fl.secure_rounds import (DONE, PrivateRounds, check_planned_ring, cohort_tally, is_private,
-                                            with_calibrated_noise, without_dp_counts)
+from fedzoo.server.fl.secure_rounds import DONE, PrivateRounds, without_dp_counts
+from fedzoo.server.fl.single_model_rounds import SingleModelRounds
 from fedzoo.server.fl.stages.aggregation import Aggregation
 from fedzoo.server.fl.stages.collection import Collection
 from fedzoo.server.fl.stages.publication import Publication
-from fedzoo.server.fl.stages.screening import record_screening, root_update, round_defences, screen_round
 from fedzoo.server.fl.stages.selection import Selection
-from fedzoo.server.fl.zoo_plan import Supernet, ZooOutcome, ZooPlan, is_zoo
-from fedzoo.server.fl.zoo_privacy import charge_zoo_lines, check_zoo_lines, zoo_noise
+from fedzoo.server.fl.zoo_plan import ZooPlan, is_zoo
+from fedzoo.server.fl.zoo_rounds import ZooRounds
 from fedzoo.server.latency import LatencyEstimator
 from fedzoo.server.tables import DeviceRecord
 from fedzoo.signing import CardSigningKey
@@ -123,11 +115,12 @@ class RoundService:
                                     max_examples_per_update)
         self.private = self.context.private
         self.lifecycle = RoundLifecycle(self.context, aggregation_lease_s)
-        self.zoo = ZooPlan(self.context, estimator, signing_key)
-        self.selection = Selection(self.context, self.zoo)
         self.collection = Collection(self.context)
         self.aggregation = Aggregation(self.context, spill_dir)
         self.publication = Publication(self.context, estimator, signing_key)
+        self.single_model_rounds = SingleModelRounds(self.context, self.lifecycle, self.aggregation, self.publication)
+        self.zoo_rounds = ZooRounds(self.context, self.lifecycle, ZooPlan(self.context, estimator, signing_key))
+        self.selection = Selection(self.context, self.kind_of)
         self.background = BackgroundRounds()
 
     def base_model(self, session: Session, model_id: str) -> RoundBase:
@@ -136,84 +129,21 @@ class RoundService:
 
     # admin: rounds --------------------------------------------------------------------------------
 
+    def kind_of(self, config: RoundConfig) -> RoundKind:
+        """The round kind that runs a plan (`fedzoo.server.fl.round_kinds`): zoo-wide, or of one model."""
+        return self.zoo_rounds if is_zoo(config) else self.single_model_rounds
+
     def create_round(self, config: RoundConfig) -> int:
         """Open the first round of a plan of `config.num_rounds` rounds; returns its id."""
         strategy = make_strategy(config.strategy)  # refuse a bad strategy now, not at aggregation
-        if is_zoo(config):
-            return self._create_zoo_round(config, strategy)
-        if is_private(config):
-            require_secure_aggregation_support(strategy)  # DP, too, needs only the equal-weighted sum
-            self._check_secure_cohort(config)
-        if config.max_examples_per_update is None:  # record the cap in force, so the round's config says it
-            config = config.model_copy(update={"max_examples_per_update": self.context.max_examples_per_update})
         with self.database.session() as session:
-            base = self.base_model(session, config.model_id)
-            if config.privacy.dp is not None:
-                config = with_calibrated_noise(self.private.with_delta(session, config, base.card))
-                check_planned_ring(config, sum(value.size for value in base.parameters.values()))
-            self._check_evaluation_set(config.evaluation_sha256, base.card)
-            if config.root_trust is not None:
-                self._check_evaluation_set(config.root_trust.root_sha256, base.card, "root_trust.root_sha256")
-            if config.gate.anchor_model_id is not None:
-                try:
-                    registry.model_sha256(session, config.gate.anchor_model_id)
-                except NotFoundError:
-                    raise InvalidInputError(f"the gate's anchor {config.gate.anchor_model_id!r} is not a published "
-                                            "model", field="gate.anchor_model_id") from None
+            config, card = self.kind_of(config).open_plan(session, config, strategy)
             try:
-                round_row = self.lifecycle.open_round(session, config, base.card, number=1,
-                                                      remaining=config.num_rounds, previous=None)
+                round_row = self.lifecycle.open_round(session, config, card, number=1, remaining=config.num_rounds,
+                                                      previous=None)
             except PrivacyBudgetExhausted as error:
                 raise InvalidInputError(str(error), field="privacy.dp.max_epsilon") from None
             return round_row.id
-
-    def _create_zoo_round(self, config: RoundConfig, strategy: Strategy) -> int:
-        """Open the first round of a zoo-wide plan on a supernet card (`fedzoo.server.fl.zoo_plan`)."""
-        if config.max_examples_per_update is None:
-            config = config.model_copy(update={"max_examples_per_update": self.context.max_examples_per_update})
-        self._check_secure_cohort(config)
-        with self.database.session() as session:
-            supernet = self.zoo.check_plan(session, config, strategy)
-            if config.privacy.dp is not None:
-                config = with_calibrated_noise(self.private.with_delta(session, config, supernet.card))
-                try:
-                    check_zoo_lines(session, self.zoo.zoo_models(session, supernet), config,
-                                    self.private.line_max_epsilon)
-                except PrivacyBudgetExhausted as error:
-                    raise InvalidInputError(str(error), field="privacy.dp.max_epsilon") from None
-            self._check_evaluation_set(config.evaluation_sha256, supernet.card)
-            self.zoo.measure_task(session, supernet, config.evaluation_sha256)  # lookup ranks on this set
-            try:
-                round_row = self.lifecycle.open_round(session, config, supernet.card, number=1,
-                                                      remaining=config.num_rounds, previous=None)
-            except PrivacyBudgetExhausted as error:
-                raise InvalidInputError(str(error), field="privacy.dp.max_epsilon") from None
-            return round_row.id
-
-    @staticmethod
-    def _check_secure_cohort(config: RoundConfig) -> None:
-        """SecAgg+ needs a cohort of at least 3 (2 could each subtract the other's input from the sum)."""
-        goal = math.ceil(config.target_clients * (1 + config.over_selection))
-        if config.privacy.secure_aggregation is not None and goal < 3:
-            raise InvalidInputError(f"secure aggregation needs at least 3 selected devices; target_clients x "
-                                    f"(1 + over_selection) is {goal}", field="privacy.secure_aggregation")
-
-    def _check_evaluation_set(self, sha256: str, card: ModelCard, field: str = "evaluation_sha256") -> None:
-        """The evaluation (or root) blob must be an `.npz` of images `x` shaped like the model's input and
-        labels `y`."""
-        if not self.store.exists(sha256):
-            raise InvalidInputError(f"{field} names blob {sha256}, which is not uploaded", field=field)
-        try:
-            with self.store.open(sha256) as stream, np.load(io.BytesIO(stream.read()), allow_pickle=False) as archive:
-                x_shape, y_shape = archive["x"].shape, archive["y"].shape
-        except (KeyError, ValueError, OSError) as error:
-            raise InvalidInputError(f"the {field} blob is not an .npz with arrays 'x' and 'y': {error}",
-                                    field=field) from None
-        expected = tuple(dim for dim in card.input.shape[1:])
-        if len(x_shape) != len(card.input.shape) or x_shape[1:] != expected or y_shape != x_shape[:1] or not y_shape[0]:
-            raise InvalidInputError(
-                f"the {field} set has x {x_shape} and y {y_shape}; the model needs x "
-                f"(N, {', '.join(map(str, expected))}) and y (N,) with N >= 1", field=field)
 
     # devices: selection and collection -------------------------------------------------------------
 
@@ -341,14 +271,14 @@ class RoundService:
     # screening, aggregation, publication -----------------------------------------------------------
 
     def _aggregate_if_claimed(self, round_id: int) -> None:
-        """Aggregate the round if this call claims it: a zoo-wide round as a background job
-        (`fedzoo.server.fl.background`), so no request waits for the zoo's publication."""
+        """Aggregate the round if this call claims it: as a background job (`fedzoo.server.fl.background`) where
+        its kind closes in the background, so no request waits for a zoo's publication."""
         if not self.lifecycle.claim_aggregation(round_id):
             return
         crash_point("aggregation.claimed")
         with self.database.session() as session:
-            zoo_round = is_zoo(RoundConfig.model_validate_json(session.get(FLRound, round_id).config_json))
-        if zoo_round:
+            kind = self.kind_of(RoundConfig.model_validate_json(session.get(FLRound, round_id).config_json))
+        if kind.closes_in_background:
             self.lifecycle.record_publication(round_id, {"stage": "queued"})
             self.background.start(round_id, lambda: self._aggregate_with_lease(round_id))
         else:
@@ -359,148 +289,16 @@ class RoundService:
             self._aggregate(round_id)
 
     def _aggregate(self, round_id: int) -> None:
-        started = time.perf_counter()
+        """The round's updates, its devices revoked since and its strategy, handed to its kind to close."""
         with self.database.session() as session:
             round_row = session.get(FLRound, round_id)
-            round_number, plan_id = round_row.number, round_row.plan_id
             config = RoundConfig.model_validate_json(round_row.config_json)
             rows = list(session.scalars(select(FLUpdate).where(FLUpdate.round_id == round_id).order_by(FLUpdate.id)))
             revoked = frozenset(session.scalars(select(DeviceRecord.id).where(
                 DeviceRecord.id.in_({row.device_id for row in rows}), DeviceRecord.revoked_at.is_not(None))))
-            previous_state, base_model_id = round_row.strategy_state_sha256, round_row.base_model_id
+            previous_state = round_row.strategy_state_sha256
         strategy = self.aggregation.strategy(config, previous_state)
-        if is_zoo(config):
-            self._aggregate_zoo(round_id, config, rows, revoked, strategy)
-            return
-        with self.database.session() as session:
-            base = self.base_model(session, base_model_id)
-        try:
-            root = root_update(self.context, base, config, round_number)
-        except FedzooError as error:
-            self._refuse(round_id, rows, [], RoundOutcome(strategy=strategy.name),
-                         f"the root set cannot score updates: {error}")
-            return
-        kept: list[ClientUpdate] = []
-        if is_private(config):
-            screened: list[Screened] = []
-            outcome = RoundOutcome(strategy=strategy.name, upload_bytes=sum(row.upload_bytes for row in rows),
-                                   defences=round_defences(config, None))
-        else:
-            screening = screen_round(self.context, rows, config, revoked, root, self.aggregation.spill_dir)
-            screened, kept, outcome = screening.screened, screening.kept, screening.outcome
-            if len(kept) < config.min_clients:
-                self._refuse(round_id, rows, screened, outcome,
-                             f"only {len(kept)} of {len(rows)} updates passed screening; "
-                             f"the round needs {config.min_clients}")
-                return
-            outcome.strategy = strategy.name
-        try:
-            aggregate = self.aggregation.aggregate(round_id, config, base, rows, kept, strategy, outcome, root)
-            candidate = self.publication.candidate(base, aggregate, config.evaluation_sha256)
-            reference = self.publication.reference(plan_id, round_id, config, base, candidate)
-        except FedzooError as error:  # a bad result (or an aborted SecAgg+), not a crash: fail cleanly and go on
-            self._refuse(round_id, rows, screened, outcome, f"aggregation failed: {error}")
-            return
-        outcome.server_seconds = round(time.perf_counter() - started, 4)
-        decision = self.publication.decide(candidate, reference, config.max_accuracy_drop, outcome)
-        if not decision.publish:
-            outcome.refused_model_sha256 = self.store.put(candidate.onnx_bytes)
-            self._refuse(round_id, rows, screened, outcome, f"the aggregate was not published: {decision.reason}")
-            return
-        sha256 = self.store.put(candidate.onnx_bytes)
-        crash_point("aggregation.publishing")
-        with self.database.session() as session:
-            round_row = self.lifecycle.finish_if_owner(session, round_id, "closed")
-            if round_row is None:
-                return
-            self.private.record_release(session, round_id, outcome)
-            record_screening(session, rows, screened, config.quarantine, self.clock())
-            card = self.publication.publish(session, round_row, base, sha256, len(candidate.onnx_bytes),
-                                            candidate.measured, outcome)
-            self.lifecycle.close(session, round_row, card, strategy, outcome)
-
-    def _aggregate_zoo(self, round_id: int, config: RoundConfig, rows: list[FLUpdate], revoked: frozenset[str],
-                       strategy: Strategy) -> None:
-        """A zoo-wide round: screening per subnet, per-element aggregation onto the supernet, every zoo model
-        re-extracted and measured, then the new supernet and the models that pass the gate published."""
-        with self.database.session() as session:
-            round_row = session.get(FLRound, round_id)
-            supernet = self.zoo.supernet(session, round_row.base_model_id)
-            screening = self.zoo.screen(session, rows, config, revoked)
-            members = self.zoo.members(session, supernet)
-            secure = self.private.progress(session, round_id)  # SecAgg+: (masked inputs, bytes of every reply)
-            variants = {member.id: self.zoo.int8_variants(session, supernet, member) for member in members}
-        started = self.clock()
-        progress: dict[str, Any] = {"started_at": started.isoformat(), "zoo_models_total": len(members)}
-
-        def report(stage: str, **fields: Any) -> None:
-            progress.update(stage=stage, **fields)
-            self.lifecycle.record_publication(round_id, progress)
-
-        if secure is None and len(screening.kept) < config.min_clients:
-            report("refused")
-            self._refuse(round_id, rows, screening.screened, screening.outcome,
-                         f"only {len(screening.kept)} of {len(rows)} updates passed screening; "
-                         f"the round needs {config.min_clients}")
-            return
-        aggregated: ZooOutcome | None = None
-        try:
-            report("aggregating")
-            if secure is not None:
-                aggregated = self._aggregate_zoo_cohorts(round_id, config, supernet, strategy, secure[1])
-            else:
-                aggregated = self.zoo.aggregate(round_id, config, supernet, rows, screening, strategy)
-            publication = self.zoo.re_extract(config, supernet, aggregated.weights, members, variants,
-                                              lambda done: report("re-extracting", zoo_models_done=done,
-                                                                  zoo_models_total=len(members)))
-        except FedzooError as error:  # a noised aggregate made before the failure is charged (`record_release`)
-            report("refused")
-            self._refuse(round_id, rows, screening.screened, aggregated.outcome if aggregated else screening.outcome,
-                         f"aggregation failed: {error}")
-            return
-        report("publishing", zoo_models_done=len(members))
-        crash_point("aggregation.publishing")
-        with self.database.session() as session:
-            round_row = self.lifecycle.finish_if_owner(session, round_id, "closed")
-            if round_row is None:
-                return
-            self.private.record_release(session, round_id, aggregated.outcome)
-            record_screening(session, rows, aggregated.screened, config.quarantine, self.clock())
-            claims = charge_zoo_lines(session, self.zoo.zoo_models(session, supernet), aggregated.outcome, self.clock)
-            card = self.zoo.publish(session, round_row, supernet, aggregated.weights, publication, aggregated.outcome,
-                                    claims)
-            finished = self.clock()
-            round_row.publication_json = json.dumps({
-                **progress, "stage": "published", "finished_at": finished.isoformat(),
-                "seconds": round((finished - started).total_seconds(), 3), "new_versions": len(publication.new_cards)})
-            self.lifecycle.close(session, round_row, card, strategy, aggregated.outcome)
-
-    def _aggregate_zoo_cohorts(self, round_id: int, config: RoundConfig, supernet: Supernet, strategy: Strategy,
-                               upload_bytes: int) -> ZooOutcome:
-        """A zoo-wide round under SecAgg+: every cohort's unmasked sum combined per element (`ZooPlan`), the
-        round's devices counted over the cohorts. Raises RoundAborted or InvalidInputError."""
-        sums = self.private.unmasked_sums(round_id, config)
-        survivors = sum(cohort.count for cohort in sums)
-        if survivors < config.min_clients:
-            raise InvalidInputError(f"the cohorts' sums hold {survivors} devices' updates; the round needs "
-                                    f"{config.min_clients}")
-        outcome = RoundOutcome(counts=UpdateCounts(survivors, survivors, None), upload_bytes=upload_bytes,
-                               secure_aggregation=cohort_tally(sums), defences=round_defences(config, None))
-        with self.database.session() as session:
-            archs = [member.arch for member in self.zoo.members(session, supernet)]
-        noise = zoo_noise(self.database, round_id, config, supernet.space, supernet.weights, archs, sums, outcome)
-        return self.zoo.aggregate_cohorts(round_id, config, supernet, sums, strategy, outcome, upload_bytes, noise)
-
-    def _refuse(self, round_id: int, rows: list[FLUpdate], screened: list[Screened], outcome: RoundOutcome,
-                reason: str) -> None:
-        """Fail the round with its outcome recorded (a bad result, not a crash) and go on with the plan."""
-        with self.database.session() as session:
-            round_row = self.lifecycle.finish_if_owner(session, round_id, "failed")
-            if round_row is not None:
-                self.private.record_release(session, round_id, outcome)
-                record_screening(session, rows, screened,
-                                 RoundConfig.model_validate_json(round_row.config_json).quarantine, self.clock())
-                self.lifecycle.fail(session, round_row, reason, outcome)
+        self.kind_of(config).close(round_id, config, rows, revoked, strategy)
 
     # reading -------------------------------------------------------------------------------------
 

@@ -23,8 +23,7 @@ from fedzoo.server.fl.round_context import (RoundContext, as_utc, count_rows, fi
                                             lock_round_before_deadline)
 from fedzoo.aggregation.strategies import make_strategy
 from fedzoo.server.fl.schemas import RoundConfig, Task, TaskResponse, UploadSpec, round_training
-from fedzoo.server.fl.secure_rounds import SeatGroup
-from fedzoo.server.fl.zoo_plan import ZooPlan, is_zoo
+from fedzoo.server.fl.round_kinds import RoundKind
 
 IDLE_RETRY_AFTER_S = 30.0
 
@@ -32,8 +31,8 @@ IDLE_RETRY_AFTER_S = 30.0
 class Selection:
     """Seats devices in open rounds and tells each selected device its task."""
 
-    def __init__(self, context: RoundContext, zoo: ZooPlan) -> None:
-        self.context, self.zoo = context, zoo
+    def __init__(self, context: RoundContext, kind_of: Callable[[RoundConfig], RoundKind]) -> None:
+        self.context, self.kind_of = context, kind_of
 
     def check_in(self, device_id: str, task: str, family: str | None = None,
                  capabilities: Capabilities = Capabilities()) -> TaskResponse:
@@ -114,29 +113,22 @@ class Selection:
         return lock_round_before_deadline(session, round_row.id, ("open",), self.context.clock())
 
     def _select(self, session: Session, round_row: FLRound, device_id: str) -> bool:
-        """Seat the device (in a zoo-wide round, only with a subnet that fits its budget; the round claimed by
-        `_claim`); at the selection goal the round stops selecting."""
+        """Seat the device if the round's kind can (in a zoo-wide round, only with a subnet that fits its budget;
+        the round claimed by `_claim`); at the selection goal the round stops selecting and SecAgg+ forms its
+        cohorts of the seated devices (`RoundKind.seat_group`)."""
         config = RoundConfig.model_validate_json(round_row.config_json)
-        if is_zoo(config) and self.zoo.assign(session, round_row, config, device_id) is None:
+        kind = self.kind_of(config)
+        if not kind.seat(session, round_row, config, device_id):
             return False
         goal = math.ceil(config.target_clients * (1 + config.over_selection))
         session.add(FLParticipant(round_id=round_row.id, device_id=device_id, selected_at=self.context.clock()))
         session.flush()
         if count_rows(session, FLParticipant, round_row.id) >= goal:
             round_row.state = "collecting"
-            if config.privacy.secure_aggregation is not None:  # SecAgg+ forms its cohorts of the seated devices now
-                self.context.private.start_stages(session, round_row, config, self._seat_groups(session, round_row,
-                                                                                                config))
+            if config.privacy.secure_aggregation is not None:
+                self.context.private.start_stages(session, round_row, config,
+                                                  lambda seated: kind.seat_group(session, round_row, seated))
         return True
-
-    def _seat_groups(self, session: Session, round_row: FLRound, config: RoundConfig) -> Callable[[str], SeatGroup]:
-        """Which SecAgg+ cohort a seated device joins: all one in a round of one model, one per subnet in a zoo-wide
-        round (`ZooPlan.seat_group`)."""
-        if is_zoo(config):
-            return lambda device_id: self.zoo.seat_group(session, round_row.id, device_id)
-        base = self.context.bases.get(session, round_row.base_model_id)
-        whole = SeatGroup("", sum(value.size for value in base.parameters.values()))
-        return lambda device_id: whole
 
     def task(self, session: Session, round_row: FLRound, device_id: str) -> Task:
         """What a selected device is to do: the model and training graph to fetch, how to train, where to upload."""
