@@ -42,7 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from zoo_arms import Device, MacCounter, deployed_accuracy, make_arms, run_arm, wide_spec  # noqa: E402
+from zoo_arms import Device, MacCounter, deployed_accuracy, make_arms, over_budget, run_arm  # noqa: E402
 
 import fedzoo  # noqa: E402
 from fedzoo.cards import is_supernet  # noqa: E402
@@ -131,12 +131,13 @@ def main() -> None:
     torch.set_num_threads(1)
     zoo = Zoo(cached_zoo(args.dataset, args.out))
     supernet_card = next(card for card in zoo.cards() if is_supernet(card))
-    spec = wide_spec(SupernetSpec.from_card(supernet_card))
+    spec = SupernetSpec.from_card(supernet_card)
     initial = read_weights_npz(zoo.blob_path(supernet_card.artifacts["supernet_weights"]).read_bytes())
     members = sorted((card for card in zoo.cards() if not is_supernet(card) and card.parent_id is None),
                      key=lambda card: card.macs)
     zoo_archs = [members[round(index * (len(members) - 1) / (TIERS - 1))].arch for index in range(TIERS)]
-    macs = MacCounter(spec, initial)
+    macs = MacCounter(spec)
+    budgets = [macs(arch) for arch in zoo_archs]
     arms = {name: arm for name, arm in make_arms(spec, zoo_archs, macs).items() if name in args.arms.split(",")}
 
     split = split_dataset(load_dataset(args.dataset), seed=0)
@@ -158,7 +159,11 @@ def main() -> None:
           f"{args.per_round} per round, {args.rounds} rounds x {args.local_epochs} local epoch(s)")
     for name, arm in arms.items():
         print(f"  {name:>16}: tier MACs " + ", ".join(f"{macs(arch) / 1e3:.0f}k" for arch in arm.tier_archs)
-              + f" (budgets {', '.join(f'{macs(arch) / 1e3:.0f}k' for arch in zoo_archs)})")
+              + f" (budgets {', '.join(f'{budget / 1e3:.0f}k' for budget in budgets)})"
+              + (", budgets ignored" if arm.ignores_budgets else "")
+              + f"; channels (stem, stages, head) {channels(arm.tier_archs)}")
+        if over_budget(arm, budgets, macs) and not arm.ignores_budgets:
+            sys.exit(f"refusing to report {name}: tiers {over_budget(arm, budgets, macs)} are over their budgets")
 
     # tuning: on the validation split, with the tuning seed's shards and draws
     chosen = {}
@@ -189,7 +194,13 @@ def main() -> None:
                 "seconds": time.perf_counter() - started})
             if name == "fedzoo":
                 republish.append(republish_seconds(spec, zoo, result.supernets[None], cloud_x))
-    report(results, republish, args)
+    report(results, republish, {name: [macs(arch) for arch in arm.tier_archs] for name, arm in arms.items()},
+           budgets, args)
+
+
+def channels(archs) -> str:
+    return ", ".join(f"{arch['stem_channels']}/{'-'.join(str(stage['out_channels']) for stage in arch['stages'])}"
+                     f"/{arch['head_channels']}" for arch in archs)
 
 
 def mean_sd(values: list[float], scale: float = 100.0) -> str:
@@ -197,18 +208,21 @@ def mean_sd(values: list[float], scale: float = 100.0) -> str:
     return f"{statistics.mean(values):6.2f} ± {statistics.stdev(values) if len(values) > 1 else 0.0:4.2f}"
 
 
-def report(results: dict[str, list[dict]], republish: list[float], args: argparse.Namespace) -> None:
+def report(results: dict[str, list[dict]], republish: list[float], tier_macs: dict[str, list[int]],
+           budgets: list[int], args: argparse.Namespace) -> None:
     print(f"\naccuracy, % (mean ± sd over seeds {args.seeds}); deployed = each device's tier model on its own "
           "held-out data; tiers on the test split, slowest first")
     print(f"{'arm':>16} {'deployed':>15} " + " ".join(f"{'tier ' + str(tier):>15}" for tier in range(TIERS))
-          + f" {'monotone':>9} {'kB/dev/round':>12} {'MMAC/dev/round':>14} {'s/run':>6}")
+          + f" {'monotone':>9} {'kB/dev/round':>12} {'MMAC/dev/round':>14} {'s/run':>6}  tier kMACs (budgets "
+          + "/".join(f"{budget / 1e3:.0f}" for budget in budgets) + ")")
     for name, runs in results.items():
         monotone = sum(all(run["tiers"][-1] >= value for value in run["tiers"][:-1]) for run in runs)
         print(f"{name:>16} {mean_sd([run['deployed'] for run in runs]):>15} "
               + " ".join(f"{mean_sd([run['tiers'][tier] for run in runs]):>15}" for tier in range(TIERS))
               + f" {f'{monotone}/{len(runs)}':>9} {statistics.mean(run['bytes'] for run in runs) / 1e3:>12.1f} "
               f"{statistics.mean(run['macs'] for run in runs) / 1e6:>14.2f} "
-              f"{statistics.mean(run['seconds'] for run in runs):>6.0f}")
+              f"{statistics.mean(run['seconds'] for run in runs):>6.0f}  "
+              + "/".join(f"{value / 1e3:.0f}" for value in tier_macs[name]))
     if "fedzoo" not in results:
         return
     fedzoo = results["fedzoo"]
