@@ -22,8 +22,8 @@ its tier alone, monotonicity (the largest tier's model at least as accurate as e
 everyone-on-largest, and the time to republish the zoo (re-extract with BatchNorm recalibrated, export, sign).
 
     .venv/bin/python bench/fl_zoo.py --dataset mnist1d --devices 500 --per-round 50 --alpha 0.3 --shares skewed \
-        [--rounds 30] [--local-epochs 1] [--seeds 0,1,2] [--tuning-seed 1000] [--lr-grid 1,2] \
-        [--exponent-grid 0,1] [--arms tier_alone,heterofl,...] [--out /tmp/fedzoo-bench-zoo]
+        [--rounds 30] [--local-epochs 1] [--seeds 0,1,2] [--tuning-seed 1000] [--lr-grid 1,2,4,8] \
+        [--exponent-grid 0,0.5,1] [--arms tier_alone,heterofl,...] [--out /tmp/fedzoo-bench-zoo]
     .venv/bin/python bench/fl_zoo.py --dataset mnist --devices 100 --per-round 10 --alpha 0.5 --shares uniform
 """
 
@@ -42,7 +42,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from zoo_arms import Device, MacCounter, deployed_accuracy, make_arms, over_budget, run_arm  # noqa: E402
+from zoo_arms import (  # noqa: E402
+    Device,
+    MacCounter,
+    deployed_accuracy,
+    make_arms,
+    over_budget,
+    run_arm,
+    served_models,
+)
 
 import fedzoo  # noqa: E402
 from fedzoo.cards import is_supernet  # noqa: E402
@@ -123,8 +131,8 @@ def main() -> None:
     parser.add_argument("--local-epochs", type=int, default=1)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--tuning-seed", type=int, default=1000)
-    parser.add_argument("--lr-grid", default="1,2", help="server learning rates every arm is tuned over")
-    parser.add_argument("--exponent-grid", default="0,1", help="fedzoo's coverage step exponents tuned over")
+    parser.add_argument("--lr-grid", default="1,2,4,8", help="server learning rates every arm is tuned over")
+    parser.add_argument("--exponent-grid", default="0,0.5,1", help="fedzoo's coverage step exponents tuned over")
     parser.add_argument("--arms", default="tier_alone,heterofl,fedrolex,depthwise,everyone_largest,fedzoo")
     parser.add_argument("--out", type=Path, default=Path("/tmp/fedzoo-bench-zoo"))
     args = parser.parse_args()
@@ -187,7 +195,9 @@ def main() -> None:
         for name, arm in arms.items():
             started = time.perf_counter()
             result, devices = run(arm, seed, *chosen[name])
+            initial_models = served_models(arm, spec, {key: initial for key in (None, *range(TIERS))}, cloud_x)
             results[name].append({
+                "start": deployed_accuracy(initial_models, devices),
                 "deployed": deployed_accuracy(result.models, devices),
                 "tiers": [evaluate_accuracy(result.models[tier], test_x, test_y)[0] for tier in range(TIERS)],
                 "bytes": result.bytes_per_device_round, "macs": result.forward_macs_per_device_round,
@@ -211,13 +221,14 @@ def mean_sd(values: list[float], scale: float = 100.0) -> str:
 def report(results: dict[str, list[dict]], republish: list[float], tier_macs: dict[str, list[int]],
            budgets: list[int], args: argparse.Namespace) -> None:
     print(f"\naccuracy, % (mean ± sd over seeds {args.seeds}); deployed = each device's tier model on its own "
-          "held-out data; tiers on the test split, slowest first")
-    print(f"{'arm':>16} {'deployed':>15} " + " ".join(f"{'tier ' + str(tier):>15}" for tier in range(TIERS))
+          "held-out data (start: before the first round, the mean); tiers on the test split, slowest first")
+    print(f"{'arm':>16} {'start':>6} {'deployed':>15} " + " ".join(f"{'tier ' + str(tier):>15}" for tier in range(TIERS))
           + f" {'monotone':>9} {'kB/dev/round':>12} {'MMAC/dev/round':>14} {'s/run':>6}  tier kMACs (budgets "
           + "/".join(f"{budget / 1e3:.0f}" for budget in budgets) + ")")
     for name, runs in results.items():
         monotone = sum(all(run["tiers"][-1] >= value for value in run["tiers"][:-1]) for run in runs)
-        print(f"{name:>16} {mean_sd([run['deployed'] for run in runs]):>15} "
+        print(f"{name:>16} {statistics.mean(run['start'] for run in runs) * 100:>6.2f} "
+              f"{mean_sd([run['deployed'] for run in runs]):>15} "
               + " ".join(f"{mean_sd([run['tiers'][tier] for run in runs]):>15}" for tier in range(TIERS))
               + f" {f'{monotone}/{len(runs)}':>9} {statistics.mean(run['bytes'] for run in runs) / 1e3:>12.1f} "
               f"{statistics.mean(run['macs'] for run in runs) / 1e6:>14.2f} "

@@ -248,11 +248,19 @@ def run_arm(arm: Arm, spec: SupernetSpec, initial: Weights, devices: list[Device
             stepped, _ = step_supernet(strategies[key], base, total, min_coverage=1,
                                        coverage_step_exponent=coverage_step_exponent)
             supernets[key] = roll_channels(stepped, shift) if shift else stepped
+    return ArmResult(served_models(arm, spec, supernets, cloud_x), sent_bytes / max(updates, 1),
+                     forward_macs / max(updates, 1), supernets)
+
+
+def served_models(arm: Arm, spec: SupernetSpec, supernets: dict[int | None, Weights],
+                  cloud_x: np.ndarray) -> dict[int, nn.Module]:
+    """Each tier's model of `arm` from its supernet (tier_alone: the tier's own copy), BatchNorm recalibrated on
+    the cloud's images: every arm's served models, the same way."""
     models = {}
     for tier, arch in enumerate(arm.tier_archs):
         models[tier] = tier_module(spec, arch, supernets[tier if arm.separate_models else None])
-        recalibrate_batchnorm(models[tier], cloud_x)  # every arm's served models, the same way
-    return ArmResult(models, sent_bytes / max(updates, 1), forward_macs / max(updates, 1), supernets)
+        recalibrate_batchnorm(models[tier], cloud_x)
+    return models
 
 
 def deployed_accuracy(models: dict[int, nn.Module], devices: list[Device]) -> float:
