@@ -7,7 +7,9 @@ given shares (`skewed`: 60/25/10/5% from the slowest tier up, most devices weak;
 budget is the MACs of one of 4 zoo models (spread by MACs, smallest for the slowest tier). Each round draws
 `--per-round` devices (the same draws in every arm); each trains `--local-epochs` of SGD (batch 16, BatchNorm in
 training mode) on its tier's model of the arm. Arms (bench/zoo_arms.py): tier_alone (per-model FL), heterofl,
-fedrolex, depthwise, everyone_largest (budgets ignored: the upper bound) and fedzoo (zoo-wide).
+fedrolex, depthwise, everyone_largest (budgets ignored: the upper bound) and fedzoo (zoo-wide). Every other arm's
+tier models are within the tier's budget (counted MACs, printed beside the budgets): the bench refuses to run one
+that is not.
 
 Fairness: every arm's server learning rate (FedAvg's, per element) is picked from `--lr-grid`, and fedzoo's
 coverage step exponent from `--exponent-grid`, by the population-weighted accuracy on the validation split (carved
@@ -17,7 +19,7 @@ down (the subnet's state) and up (its delta); device MACs are counted on each mo
 examples trained on. The zoo is cached under a key of the build's code and settings.
 
 Reported, mean ± sd over `--seeds` (partition, tiers, draws and training order): population-weighted deployed
-accuracy (each device's tier model on its own held-out data), each tier's test accuracy, the largest model against
+accuracy (each device's tier model on its own held-out data; also before the first round), each tier's test accuracy, the largest model against
 its tier alone, monotonicity (the largest tier's model at least as accurate as every smaller one), the gap to
 everyone-on-largest, and the time to republish the zoo (re-extract with BatchNorm recalibrated, export, sign).
 
