@@ -19,9 +19,10 @@ down (the subnet's state) and up (its delta); device MACs are counted on each mo
 examples trained on. The zoo is cached under a key of the build's code and settings.
 
 Reported, mean ± sd over `--seeds` (partition, tiers, draws and training order): population-weighted deployed
-accuracy (each device's tier model on its own held-out data; also before the first round), each tier's test accuracy, the largest model against
-its tier alone, monotonicity (the largest tier's model at least as accurate as every smaller one), the gap to
-everyone-on-largest, and the time to republish the zoo (re-extract with BatchNorm recalibrated, export, sign).
+accuracy (each device's tier model on its own held-out data; also before the first round), each tier's test
+accuracy, the largest model against its tier alone, monotonicity (the largest tier's model at least as accurate as
+every smaller one), the gap to everyone-on-largest, and the time to republish the zoo (re-extract with BatchNorm
+recalibrated, export, sign).
 
     .venv/bin/python bench/fl_zoo.py --dataset mnist1d --devices 500 --per-round 50 --alpha 0.3 --shares skewed \
         [--rounds 30] [--local-epochs 1] [--seeds 0,1,2] [--tuning-seed 1000] [--lr-grid 1,2,4,8] \
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import statistics
 import sys
 import time
@@ -172,8 +172,9 @@ def main() -> None:
               + f" (budgets {', '.join(f'{budget / 1e3:.0f}k' for budget in budgets)})"
               + (", budgets ignored" if arm.ignores_budgets else "")
               + f"; channels (stem, stages, head) {channels(arm.tier_archs)}")
-        if over_budget(arm, budgets, macs) and not arm.ignores_budgets:
-            sys.exit(f"refusing to report {name}: tiers {over_budget(arm, budgets, macs)} are over their budgets")
+        over = over_budget(arm, budgets, macs)
+        if over and not arm.ignores_budgets:
+            sys.exit(f"refusing to report {name}: tiers {over} are over their budgets")
 
     # tuning: on the validation split, with the tuning seed's shards and draws
     chosen = {}
@@ -197,20 +198,22 @@ def main() -> None:
         for name, arm in arms.items():
             started = time.perf_counter()
             result, devices = run(arm, seed, *chosen[name])
+            seconds = time.perf_counter() - started
             initial_models = served_models(arm, spec, {key: initial for key in (None, *range(TIERS))}, cloud_x)
             results[name].append({
                 "start": deployed_accuracy(initial_models, devices),
                 "deployed": deployed_accuracy(result.models, devices),
                 "tiers": [evaluate_accuracy(result.models[tier], test_x, test_y)[0] for tier in range(TIERS)],
                 "bytes": result.bytes_per_device_round, "macs": result.forward_macs_per_device_round,
-                "seconds": time.perf_counter() - started})
+                "seconds": seconds})
             if name == "fedzoo":
                 republish.append(republish_seconds(spec, zoo, result.supernets[None], cloud_x))
     report(results, republish, {name: [macs(arch) for arch in arm.tier_archs] for name, arm in arms.items()},
            budgets, args)
 
 
-def channels(archs) -> str:
+def channels(archs: tuple[dict, ...]) -> str:
+    """Each arch's stem / stage outputs / head channels, as the bench prints them."""
     return ", ".join(f"{arch['stem_channels']}/{'-'.join(str(stage['out_channels']) for stage in arch['stages'])}"
                      f"/{arch['head_channels']}" for arch in archs)
 
@@ -224,7 +227,8 @@ def report(results: dict[str, list[dict]], republish: list[float], tier_macs: di
            budgets: list[int], args: argparse.Namespace) -> None:
     print(f"\naccuracy, % (mean ± sd over seeds {args.seeds}); deployed = each device's tier model on its own "
           "held-out data (start: before the first round, the mean); tiers on the test split, slowest first")
-    print(f"{'arm':>16} {'start':>6} {'deployed':>15} " + " ".join(f"{'tier ' + str(tier):>15}" for tier in range(TIERS))
+    print(f"{'arm':>16} {'start':>6} {'deployed':>15} "
+          + " ".join(f"{'tier ' + str(tier):>15}" for tier in range(TIERS))
           + f" {'monotone':>9} {'kB/dev/round':>12} {'MMAC/dev/round':>14} {'s/run':>6}  tier kMACs (budgets "
           + "/".join(f"{budget / 1e3:.0f}" for budget in budgets) + ")")
     for name, runs in results.items():

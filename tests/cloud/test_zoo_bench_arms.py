@@ -70,7 +70,8 @@ def test_width_arms_scale_every_layer_by_the_largest_ratio_within_each_budget():
     arms = make_arms(spec, zoo, macs)
     for name in ("heterofl", "fedrolex", "depthwise", "tier_alone", "fedzoo"):
         assert over_budget(arms[name], budgets, macs) == []
-    assert over_budget(arms["everyone_largest"], budgets, macs) == [0, 1, 2] and arms["everyone_largest"].ignores_budgets
+    assert over_budget(arms["everyone_largest"], budgets, macs) == [0, 1, 2]
+    assert arms["everyone_largest"].ignores_budgets
     heterofl = arms["heterofl"].tier_archs
     assert heterofl[2] == width_scaled(largest, 0.75) and heterofl[3] == largest
     for arch, budget in zip(heterofl[:2], budgets):
