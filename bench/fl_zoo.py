@@ -7,7 +7,9 @@ given shares (`skewed`: 60/25/10/5% from the slowest tier up, most devices weak;
 budget is the MACs of one of 4 zoo models (spread by MACs, smallest for the slowest tier). Each round draws
 `--per-round` devices (the same draws in every arm); each trains `--local-epochs` of SGD (batch 16, BatchNorm in
 training mode) on its tier's model of the arm. Arms (bench/zoo_arms.py): tier_alone (per-model FL), heterofl,
-fedrolex, depthwise, everyone_largest (budgets ignored: the upper bound) and fedzoo (zoo-wide).
+fedrolex, depthwise, everyone_largest (budgets ignored: the upper bound) and fedzoo (zoo-wide). Every other arm's
+tier models are within the tier's budget (counted MACs, printed beside the budgets): the bench refuses to run one
+that is not.
 
 Fairness: every arm's server learning rate (FedAvg's, per element) is picked from `--lr-grid`, and fedzoo's
 coverage step exponent from `--exponent-grid`, by the population-weighted accuracy on the validation split (carved
@@ -17,13 +19,14 @@ down (the subnet's state) and up (its delta); device MACs are counted on each mo
 examples trained on. The zoo is cached under a key of the build's code and settings.
 
 Reported, mean ± sd over `--seeds` (partition, tiers, draws and training order): population-weighted deployed
-accuracy (each device's tier model on its own held-out data), each tier's test accuracy, the largest model against
-its tier alone, monotonicity (the largest tier's model at least as accurate as every smaller one), the gap to
-everyone-on-largest, and the time to republish the zoo (re-extract with BatchNorm recalibrated, export, sign).
+accuracy (each device's tier model on its own held-out data; also before the first round), each tier's test
+accuracy, the largest model against its tier alone, monotonicity (the largest tier's model at least as accurate as
+every smaller one), the gap to everyone-on-largest, and the time to republish the zoo (re-extract with BatchNorm
+recalibrated, export, sign).
 
     .venv/bin/python bench/fl_zoo.py --dataset mnist1d --devices 500 --per-round 50 --alpha 0.3 --shares skewed \
-        [--rounds 30] [--local-epochs 1] [--seeds 0,1,2] [--tuning-seed 1000] [--lr-grid 1,2] \
-        [--exponent-grid 0,1] [--arms tier_alone,heterofl,...] [--out /tmp/fedzoo-bench-zoo]
+        [--rounds 30] [--local-epochs 1] [--seeds 0,1,2] [--tuning-seed 1000] [--lr-grid 1,2,4,8] \
+        [--exponent-grid 0,0.5,1] [--arms tier_alone,heterofl,...] [--out /tmp/fedzoo-bench-zoo]
     .venv/bin/python bench/fl_zoo.py --dataset mnist --devices 100 --per-round 10 --alpha 0.5 --shares uniform
 """
 
@@ -31,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import statistics
 import sys
 import time
@@ -42,7 +44,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from zoo_arms import Device, MacCounter, deployed_accuracy, make_arms, run_arm, wide_spec  # noqa: E402
+from zoo_arms import (  # noqa: E402
+    Device,
+    MacCounter,
+    deployed_accuracy,
+    make_arms,
+    over_budget,
+    run_arm,
+    served_models,
+)
 
 import fedzoo  # noqa: E402
 from fedzoo.cards import is_supernet  # noqa: E402
@@ -123,20 +133,21 @@ def main() -> None:
     parser.add_argument("--local-epochs", type=int, default=1)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--tuning-seed", type=int, default=1000)
-    parser.add_argument("--lr-grid", default="1,2", help="server learning rates every arm is tuned over")
-    parser.add_argument("--exponent-grid", default="0,1", help="fedzoo's coverage step exponents tuned over")
+    parser.add_argument("--lr-grid", default="1,2,4,8", help="server learning rates every arm is tuned over")
+    parser.add_argument("--exponent-grid", default="0,0.5,1", help="fedzoo's coverage step exponents tuned over")
     parser.add_argument("--arms", default="tier_alone,heterofl,fedrolex,depthwise,everyone_largest,fedzoo")
     parser.add_argument("--out", type=Path, default=Path("/tmp/fedzoo-bench-zoo"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     zoo = Zoo(cached_zoo(args.dataset, args.out))
     supernet_card = next(card for card in zoo.cards() if is_supernet(card))
-    spec = wide_spec(SupernetSpec.from_card(supernet_card))
+    spec = SupernetSpec.from_card(supernet_card)
     initial = read_weights_npz(zoo.blob_path(supernet_card.artifacts["supernet_weights"]).read_bytes())
     members = sorted((card for card in zoo.cards() if not is_supernet(card) and card.parent_id is None),
                      key=lambda card: card.macs)
     zoo_archs = [members[round(index * (len(members) - 1) / (TIERS - 1))].arch for index in range(TIERS)]
-    macs = MacCounter(spec, initial)
+    macs = MacCounter(spec)
+    budgets = [macs(arch) for arch in zoo_archs]
     arms = {name: arm for name, arm in make_arms(spec, zoo_archs, macs).items() if name in args.arms.split(",")}
 
     split = split_dataset(load_dataset(args.dataset), seed=0)
@@ -158,7 +169,12 @@ def main() -> None:
           f"{args.per_round} per round, {args.rounds} rounds x {args.local_epochs} local epoch(s)")
     for name, arm in arms.items():
         print(f"  {name:>16}: tier MACs " + ", ".join(f"{macs(arch) / 1e3:.0f}k" for arch in arm.tier_archs)
-              + f" (budgets {', '.join(f'{macs(arch) / 1e3:.0f}k' for arch in zoo_archs)})")
+              + f" (budgets {', '.join(f'{budget / 1e3:.0f}k' for budget in budgets)})"
+              + (", budgets ignored" if arm.ignores_budgets else "")
+              + f"; channels (stem, stages, head) {channels(arm.tier_archs)}")
+        over = over_budget(arm, budgets, macs)
+        if over and not arm.ignores_budgets:
+            sys.exit(f"refusing to report {name}: tiers {over} are over their budgets")
 
     # tuning: on the validation split, with the tuning seed's shards and draws
     chosen = {}
@@ -182,14 +198,24 @@ def main() -> None:
         for name, arm in arms.items():
             started = time.perf_counter()
             result, devices = run(arm, seed, *chosen[name])
+            seconds = time.perf_counter() - started
+            initial_models = served_models(arm, spec, {key: initial for key in (None, *range(TIERS))}, cloud_x)
             results[name].append({
+                "start": deployed_accuracy(initial_models, devices),
                 "deployed": deployed_accuracy(result.models, devices),
                 "tiers": [evaluate_accuracy(result.models[tier], test_x, test_y)[0] for tier in range(TIERS)],
                 "bytes": result.bytes_per_device_round, "macs": result.forward_macs_per_device_round,
-                "seconds": time.perf_counter() - started})
+                "seconds": seconds})
             if name == "fedzoo":
                 republish.append(republish_seconds(spec, zoo, result.supernets[None], cloud_x))
-    report(results, republish, args)
+    report(results, republish, {name: [macs(arch) for arch in arm.tier_archs] for name, arm in arms.items()},
+           budgets, args)
+
+
+def channels(archs: tuple[dict, ...]) -> str:
+    """Each arch's stem / stage outputs / head channels, as the bench prints them."""
+    return ", ".join(f"{arch['stem_channels']}/{'-'.join(str(stage['out_channels']) for stage in arch['stages'])}"
+                     f"/{arch['head_channels']}" for arch in archs)
 
 
 def mean_sd(values: list[float], scale: float = 100.0) -> str:
@@ -197,18 +223,23 @@ def mean_sd(values: list[float], scale: float = 100.0) -> str:
     return f"{statistics.mean(values):6.2f} ± {statistics.stdev(values) if len(values) > 1 else 0.0:4.2f}"
 
 
-def report(results: dict[str, list[dict]], republish: list[float], args: argparse.Namespace) -> None:
+def report(results: dict[str, list[dict]], republish: list[float], tier_macs: dict[str, list[int]],
+           budgets: list[int], args: argparse.Namespace) -> None:
     print(f"\naccuracy, % (mean ± sd over seeds {args.seeds}); deployed = each device's tier model on its own "
-          "held-out data; tiers on the test split, slowest first")
-    print(f"{'arm':>16} {'deployed':>15} " + " ".join(f"{'tier ' + str(tier):>15}" for tier in range(TIERS))
-          + f" {'monotone':>9} {'kB/dev/round':>12} {'MMAC/dev/round':>14} {'s/run':>6}")
+          "held-out data (start: before the first round, the mean); tiers on the test split, slowest first")
+    print(f"{'arm':>16} {'start':>6} {'deployed':>15} "
+          + " ".join(f"{'tier ' + str(tier):>15}" for tier in range(TIERS))
+          + f" {'monotone':>9} {'kB/dev/round':>12} {'MMAC/dev/round':>14} {'s/run':>6}  tier kMACs (budgets "
+          + "/".join(f"{budget / 1e3:.0f}" for budget in budgets) + ")")
     for name, runs in results.items():
         monotone = sum(all(run["tiers"][-1] >= value for value in run["tiers"][:-1]) for run in runs)
-        print(f"{name:>16} {mean_sd([run['deployed'] for run in runs]):>15} "
+        print(f"{name:>16} {statistics.mean(run['start'] for run in runs) * 100:>6.2f} "
+              f"{mean_sd([run['deployed'] for run in runs]):>15} "
               + " ".join(f"{mean_sd([run['tiers'][tier] for run in runs]):>15}" for tier in range(TIERS))
               + f" {f'{monotone}/{len(runs)}':>9} {statistics.mean(run['bytes'] for run in runs) / 1e3:>12.1f} "
               f"{statistics.mean(run['macs'] for run in runs) / 1e6:>14.2f} "
-              f"{statistics.mean(run['seconds'] for run in runs):>6.0f}")
+              f"{statistics.mean(run['seconds'] for run in runs):>6.0f}  "
+              + "/".join(f"{value / 1e3:.0f}" for value in tier_macs[name]))
     if "fedzoo" not in results:
         return
     fedzoo = results["fedzoo"]

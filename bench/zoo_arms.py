@@ -3,13 +3,15 @@
 Every arm is a set of subnets of the zoo's supernet (smallest tier first) trained per element over the supernet
 (`fedzoo.aggregation.per_element.step_supernet`), so the arms differ only in what they say they differ in:
 - tier_alone: each tier's zoo model on its own copy of the supernet, trained by that tier only (per-model FL);
-- heterofl: static width slices of the largest zoo model (every block's hidden channels capped, the first ones
-  kept), the widest that fits each tier's budget;
-- fedrolex: the same widths, the window of hidden channels rolling by one channel a round;
-- depthwise: depth prefixes of the largest zoo model (the first blocks of each stage), the deepest that fits;
+- heterofl: static width slices of the largest zoo model: every layer's channels (stem, every block's output and
+  hidden channels, the head) times one ratio per tier, the first ones kept, the largest ratio within the tier's
+  budget (as HeteroFL scales every hidden layer by its complexity level's ratio);
+- fedrolex: the same widths, the window of every layer's channels rolling by one channel a round;
+- depthwise: depth prefixes of the largest zoo model (the first blocks of each stage), the deepest within budget,
+  and where even the shallowest is over, its width scaled as heterofl's;
 - everyone_largest: every device on the largest zoo model, budgets ignored (the upper bound);
 - fedzoo: each tier's zoo model on one shared supernet, with the zoo plan's coverage step scaling.
-Width levels are hidden-channel counts (every expand ratio 2..max): the supernet's tensors hold them all.
+Every tier's model of every arm but everyone_largest is within its tier's MACs budget (`count_macs`).
 """
 
 from __future__ import annotations
@@ -22,14 +24,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedzoo.compress.zoo_extraction import SupernetSpec, subnet_module
+from fedzoo.compress.zoo_extraction import SupernetSpec
 from fedzoo.nas.space import Arch, arch_key
-from fedzoo.nas.subnet import count_macs, evaluate_accuracy, recalibrate_batchnorm
-from fedzoo.nas.subnet_mapping import map_back
+from fedzoo.nas.subnet import Subnet, count_macs, evaluate_accuracy, recalibrate_batchnorm
+from fedzoo.nas.subnet_mapping import MappedDelta, Placement, placements
 from fedzoo.aggregation.per_element import CoverageSum, step_supernet
 from fedzoo.aggregation.strategies import make_strategy
 
 BATCH_SIZE, LOCAL_LEARNING_RATE = 16, 0.05
+WIDTH_STEPS = 32  # width ratios tried: 32/32, 31/32, ..., 1/32
 Weights = dict[str, np.ndarray]
 
 
@@ -48,6 +51,7 @@ class Arm:
     tier_archs: tuple[Arch, ...]  # what each tier trains and is served, smallest tier first
     separate_models: bool = False  # tier_alone: one supernet copy per tier
     rolling: bool = False  # fedrolex
+    ignores_budgets: bool = False  # everyone_largest
     tuned_exponent: bool = False  # fedzoo: the coverage step exponent is tuned too (0 elsewhere)
 
 
@@ -59,18 +63,15 @@ class ArmResult:
     supernets: dict[int | None, Weights]  # the trained supernet (tier_alone: one per tier)
 
 
-def wide_spec(spec: SupernetSpec) -> SupernetSpec:
-    """The supernet's space with every expand ratio 2..max allowed (the space needs 2 at least: every block has
-    an expand conv): the same tensors, finer width levels."""
-    ratios = tuple(range(2, spec.space.max_expand_ratio + 1))
-    return dataclasses.replace(spec, space=dataclasses.replace(spec.space, expand_ratio_choices=ratios))
-
-
-def width_capped(arch: Arch, ratio: int) -> Arch:
-    capped = copy.deepcopy(arch)
-    for stage in capped["stages"]:
-        stage["expand_ratios"] = [min(int(value), ratio) for value in stage["expand_ratios"]]
-    return capped
+def width_scaled(arch: Arch, ratio: float) -> Arch:
+    """`arch` with every layer's channels (stem, every stage's output, the head) times `ratio`, at least one;
+    blocks keep their expand ratios, so their hidden channels scale too (HeteroFL's slice of a model)."""
+    scaled = copy.deepcopy(arch)
+    scaled["stem_channels"] = max(1, round(arch["stem_channels"] * ratio))
+    scaled["head_channels"] = max(1, round(arch["head_channels"] * ratio))
+    for stage in scaled["stages"]:
+        stage["out_channels"] = max(1, round(stage["out_channels"] * ratio))
+    return scaled
 
 
 def depth_capped(arch: Arch, depth: int) -> Arch:
@@ -80,53 +81,112 @@ def depth_capped(arch: Arch, depth: int) -> Arch:
     return capped
 
 
+def full_width(spec: SupernetSpec, arch: Arch) -> Arch:
+    """`arch` with the supernet's channels: the subnet whose tensors a scaled `arch` slices."""
+    full = copy.deepcopy(arch)
+    full["stem_channels"], full["head_channels"] = spec.space.stem_channels, spec.space.head_channels
+    for stage, stage_spec in zip(full["stages"], spec.space.stages):
+        stage["out_channels"] = stage_spec.out_channels
+    return full
+
+
+def sliced_placements(spec: SupernetSpec, arch: Arch, weights: Weights,
+                      shapes: dict[str, tuple[int, ...]]) -> list[Placement]:
+    """Where each tensor of `arch`'s module (of the given `shapes`) lives in the supernet: its full-width arch's
+    placements, each narrowed to the leading channels of every axis (a depthwise kernel's map keeps its own)."""
+    return [dataclasses.replace(placement, index=(slice(0, shapes[placement.subnet_name][0]),)
+                                if placement.kernel_map is not None
+                                else tuple(slice(0, size) for size in shapes[placement.subnet_name]))
+            for placement in placements(spec.space, full_width(spec, arch), weights)]
+
+
+def tier_module(spec: SupernetSpec, arch: Arch, weights: Weights) -> Subnet:
+    """A standalone torch module of `arch` (full or scaled width) holding its slice of the supernet weights."""
+    module = Subnet(arch, spec.num_classes, spec.in_channels)
+    state = module.state_dict()
+    with torch.no_grad():
+        for placement in sliced_placements(spec, arch, weights, {name: tuple(value.shape) for name, value in
+                                                                 state.items()}):
+            state[placement.subnet_name].copy_(torch.from_numpy(placement.extract(weights)))
+    return module.eval()
+
+
+def sliced_map_back(spec: SupernetSpec, arch: Arch, weights: Weights, delta: Weights) -> MappedDelta:
+    """A delta of `arch`'s module (full or scaled width) on the supernet, with the mask of what it covers."""
+    deltas, masks = {}, {}
+    for placement in sliced_placements(spec, arch, weights, {name: value.shape for name, value in delta.items()}):
+        shape = weights[placement.supernet_name].shape
+        region, covered = placement.map_back(delta[placement.subnet_name], shape)
+        deltas.setdefault(placement.supernet_name, np.zeros(shape, np.float32))[placement.index] = np.where(
+            covered, region, 0.0)
+        masks.setdefault(placement.supernet_name, np.zeros(shape, bool))[placement.index] = covered
+    return MappedDelta(deltas, masks)
+
+
 class MacCounter:
     """Forward MACs of one example, counted on each arch's torch module once."""
 
-    def __init__(self, spec: SupernetSpec, weights: Weights) -> None:
-        self.spec, self.weights, self.cache = spec, weights, {}
+    def __init__(self, spec: SupernetSpec) -> None:
+        self.spec, self.cache = spec, {}
 
     def __call__(self, arch: Arch) -> int:
         key = arch_key(arch)
         if key not in self.cache:
             shape = (1, self.spec.in_channels, self.spec.space.resolution, self.spec.space.resolution)
-            self.cache[key] = count_macs(subnet_module(self.spec, arch, self.weights), shape)
+            self.cache[key] = count_macs(Subnet(arch, self.spec.num_classes, self.spec.in_channels), shape)
         return self.cache[key]
 
 
 def fit_budget(candidates: list[Arch], budget_macs: int, macs: MacCounter) -> Arch:
-    """The first of `candidates` (largest first) within the budget, else the last (the smallest; over budget)."""
-    return next((arch for arch in candidates if macs(arch) <= budget_macs), candidates[-1])
+    """The first of `candidates` (largest first) within the budget."""
+    fitting = next((arch for arch in candidates if macs(arch) <= budget_macs), None)
+    if fitting is None:
+        raise ValueError(f"no candidate within {budget_macs} MACs (the smallest has {macs(candidates[-1])})")
+    return fitting
 
 
 def make_arms(spec: SupernetSpec, zoo_archs: list[Arch], macs: MacCounter) -> dict[str, Arm]:
     largest, budgets = zoo_archs[-1], [macs(arch) for arch in zoo_archs]
-    widths = [width_capped(largest, ratio) for ratio in sorted(spec.space.expand_ratio_choices, reverse=True)]
-    depths = [depth_capped(largest, depth) for depth in sorted(spec.space.depth_choices, reverse=True)]
+    ratios = [step / WIDTH_STEPS for step in range(WIDTH_STEPS, 0, -1)]
+    shallowest = depth_capped(largest, min(spec.space.depth_choices))
+    widths = [width_scaled(largest, ratio) for ratio in ratios]
+    depths = [depth_capped(largest, depth) for depth in sorted(spec.space.depth_choices, reverse=True)[:-1]] + [
+        width_scaled(shallowest, ratio) for ratio in ratios]
     sliced = tuple(fit_budget(widths, budget, macs) for budget in budgets)
     return {
         "tier_alone": Arm("tier_alone", tuple(zoo_archs), separate_models=True),
         "heterofl": Arm("heterofl", sliced),
         "fedrolex": Arm("fedrolex", sliced, rolling=True),
         "depthwise": Arm("depthwise", tuple(fit_budget(depths, budget, macs) for budget in budgets)),
-        "everyone_largest": Arm("everyone_largest", (largest,) * len(zoo_archs)),
+        "everyone_largest": Arm("everyone_largest", (largest,) * len(zoo_archs), ignores_budgets=True),
         "fedzoo": Arm("fedzoo", tuple(zoo_archs), tuned_exponent=True),
     }
 
 
-def roll_hidden(weights: Weights, spec: SupernetSpec, shift: int) -> Weights:
-    """Every block's hidden channels rolled by `shift` (a permutation: the full model computes the same), so a
-    prefix slice of the result is a rolling window of `weights` (FedRolex)."""
-    rolled = dict(weights)
-    for stage in range(len(spec.space.stages)):
-        for block in range(spec.space.max_depth):
-            prefix = f"stages.{stage}.{block}."
-            for name in ("expand_weight", "depthwise_weight", *(f"{norm}.{tensor}" for norm in
-                         ("expand_norm", "depthwise_norm") for tensor in ("weight", "bias", "running_mean",
-                                                                          "running_var"))):
-                rolled[prefix + name] = np.roll(weights[prefix + name], shift, axis=0)
-            rolled[prefix + "project_weight"] = np.roll(weights[prefix + "project_weight"], shift, axis=1)
-    return rolled
+def over_budget(arm: Arm, budgets: list[int], macs: MacCounter) -> list[int]:
+    """The tiers whose model of `arm` exceeds the tier's MACs budget (none allowed unless it ignores budgets)."""
+    return [tier for tier, (arch, budget) in enumerate(zip(arm.tier_archs, budgets)) if macs(arch) > budget]
+
+
+# the channel axes of each supernet tensor, by the name's ending (the classifier's classes and the stem's image
+# channels are not channels of the model's width, kernel transforms have none)
+CHANNEL_AXES = {"stem.0.weight": (0,), "expand_weight": (0, 1), "project_weight": (0, 1), "head.0.weight": (0, 1),
+                "classifier.weight": (1,), "depthwise_weight": (0,), "weight": (0,), "bias": (0,),
+                "running_mean": (0,), "running_var": (0,)}
+
+
+def channel_axes(name: str) -> tuple[int, ...]:
+    if "kernel_transforms" in name or name == "classifier.bias":
+        return ()
+    return next(axes for ending, axes in CHANNEL_AXES.items() if name.endswith(ending))
+
+
+def roll_channels(weights: Weights, shift: int) -> Weights:
+    """Every layer's channels rolled by `shift` (one permutation per layer's width, the same wherever those
+    channels meet: the full model computes the same), so a leading slice of the result is a rolling window of
+    `weights` on every layer (FedRolex)."""
+    return {name: np.roll(value, shift, axis=channel_axes(name)) if channel_axes(name) else value
+            for name, value in weights.items()}
 
 
 def float_state(module: nn.Module) -> Weights:
@@ -173,26 +233,34 @@ def run_arm(arm: Arm, spec: SupernetSpec, initial: Weights, devices: list[Device
             members = [index for index in chosen if key is None or devices[index].tier == key]
             if not members:
                 continue
-            base = roll_hidden(supernets[key], spec, -shift) if shift else supernets[key]
+            base = roll_channels(supernets[key], -shift) if shift else supernets[key]
             total = CoverageSum(shapes)
             for index in members:
                 device, arch = devices[index], arm.tier_archs[devices[index].tier]
-                module = subnet_module(spec, arch, base)
+                module = tier_module(spec, arch, base)
                 down = sum(value.nbytes for value in float_state(module).values())
                 delta, examples = train_locally(module, device.x, device.y, local_epochs,
                                                 seed * 100_003 + round_number * 1009 + int(index))
                 sent_bytes += down + sum(value.nbytes for value in delta.values())
                 forward_macs += macs(arch) * examples
                 updates += 1
-                total.add(map_back(spec.space, arch, base, delta), len(device.y), arch_key(arch))
+                total.add(sliced_map_back(spec, arch, base, delta), len(device.y), arch_key(arch))
             stepped, _ = step_supernet(strategies[key], base, total, min_coverage=1,
                                        coverage_step_exponent=coverage_step_exponent)
-            supernets[key] = roll_hidden(stepped, spec, shift) if shift else stepped
+            supernets[key] = roll_channels(stepped, shift) if shift else stepped
+    return ArmResult(served_models(arm, spec, supernets, cloud_x), sent_bytes / max(updates, 1),
+                     forward_macs / max(updates, 1), supernets)
+
+
+def served_models(arm: Arm, spec: SupernetSpec, supernets: dict[int | None, Weights],
+                  cloud_x: np.ndarray) -> dict[int, nn.Module]:
+    """Each tier's model of `arm` from its supernet (tier_alone: the tier's own copy), BatchNorm recalibrated on
+    the cloud's images: every arm's served models, the same way."""
     models = {}
     for tier, arch in enumerate(arm.tier_archs):
-        models[tier] = subnet_module(spec, arch, supernets[tier if arm.separate_models else None])
-        recalibrate_batchnorm(models[tier], cloud_x)  # every arm's served models, the same way
-    return ArmResult(models, sent_bytes / max(updates, 1), forward_macs / max(updates, 1), supernets)
+        models[tier] = tier_module(spec, arch, supernets[tier if arm.separate_models else None])
+        recalibrate_batchnorm(models[tier], cloud_x)
+    return models
 
 
 def deployed_accuracy(models: dict[int, nn.Module], devices: list[Device]) -> float:

@@ -1,6 +1,7 @@
 """bench/zoo_arms.py, the arms of bench/fl_zoo.py: FedRolex's rolled supernet computes what the supernet computes,
-HeteroFL's and the depth arm's tier models are slices of the largest model within the budgets where they can be,
-and the bytes and MACs an arm reports are counted from what it ran."""
+HeteroFL's and the depth arm's tier models are slices of the largest model (every layer's channels scaled) within
+every tier's budget, the widest that fits, a scaled slice's delta lands on the channels it took, and the bytes and
+MACs an arm reports are counted from what it ran."""
 
 import sys
 from pathlib import Path
@@ -11,25 +12,29 @@ import torch
 sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
 
 from zoo_arms import (  # noqa: E402
+    WIDTH_STEPS,
     Device,
     MacCounter,
     depth_capped,
     make_arms,
-    roll_hidden,
+    over_budget,
+    roll_channels,
     run_arm,
-    wide_spec,
-    width_capped,
+    sliced_map_back,
+    tier_module,
+    width_scaled,
 )
 
 from fedzoo.compress.zoo_extraction import SupernetSpec, subnet_module, supernet_weights  # noqa: E402
 from fedzoo.nas.space import tiny_space  # noqa: E402
+from fedzoo.nas.subnet_mapping import map_back  # noqa: E402
 from fedzoo.nas.supernet import Supernet  # noqa: E402
 
 
 def _supernet():
     torch.manual_seed(0)
     space = tiny_space(8)
-    spec = wide_spec(SupernetSpec(space, 10, 1, "digits", "ofa"))
+    spec = SupernetSpec(space, 10, 1, "digits", "ofa")
     return spec, supernet_weights(Supernet(space, 10, 1).eval())
 
 
@@ -39,36 +44,76 @@ def _largest(spec):
                            * len(space.stages), [[space.max_expand_ratio] * space.max_depth] * len(space.stages))
 
 
-def test_the_rolled_supernet_computes_the_same_and_its_prefix_is_a_rolled_window():
+def test_the_rolled_supernet_computes_the_same_and_its_prefix_is_a_rolled_window_on_every_layer():
     spec, weights = _supernet()
     x = torch.from_numpy(np.random.default_rng(0).normal(size=(3, 1, 8, 8)).astype(np.float32))
     largest = _largest(spec)
-    rolled = roll_hidden(weights, spec, -3)
+    rolled = roll_channels(weights, -3)
     with torch.no_grad():
         assert torch.allclose(subnet_module(spec, largest, weights)(x), subnet_module(spec, largest, rolled)(x),
                               atol=1e-5)
-    name = "stages.0.0.expand_weight"
-    assert np.array_equal(rolled[name][:4], weights[name][3:7])  # the window starting at channel 3
-    assert np.array_equal(roll_hidden(rolled, spec, 3)[name], weights[name])
+    name = "stages.1.0.expand_weight"  # hidden channels x the stage's input (the first stage's 8) channels
+    assert np.array_equal(rolled[name][:4, :4], weights[name][3:7, 3:7])  # the window starting at channel 3
+    assert np.array_equal(rolled["stem.0.weight"][:4], weights["stem.0.weight"][3:7])
+    assert np.array_equal(rolled["classifier.weight"][:, :4], weights["classifier.weight"][:, 3:7])
+    assert np.array_equal(rolled["classifier.bias"], weights["classifier.bias"])
+    assert all(np.array_equal(roll_channels(rolled, 3)[name], weights[name]) for name in weights)
 
 
-def test_width_and_depth_arms_slice_the_largest_model_within_budget_where_one_fits():
+def test_width_arms_scale_every_layer_by_the_largest_ratio_within_each_budget():
     spec, weights = _supernet()
-    macs = MacCounter(spec, weights)
+    macs = MacCounter(spec)
     largest = _largest(spec)
-    small = width_capped(depth_capped(largest, 1), 2)
-    arms = make_arms(spec, [small, width_capped(largest, 2), width_capped(largest, 3), largest], macs)
-    assert arms["heterofl"].tier_archs[1:] == (width_capped(largest, 2), width_capped(largest, 3), largest)
-    assert arms["heterofl"].tier_archs[0] == width_capped(largest, 2)  # no width of the largest fits: the narrowest
-    assert arms["fedrolex"].tier_archs == arms["heterofl"].tier_archs and arms["fedrolex"].rolling
-    assert all(len(stage["kernels"]) in (1, 2) and stage["expand_ratios"] == [4] * len(stage["kernels"])
-               for arch in arms["depthwise"].tier_archs for stage in arch["stages"])
-    assert arms["everyone_largest"].tier_archs == (largest,) * 4
+    small = width_scaled(depth_capped(largest, 1), 0.5)  # no slice of the largest by depth or expand ratio fits it
+    zoo = [small, depth_capped(largest, 1), width_scaled(largest, 0.75), largest]
+    budgets = [macs(arch) for arch in zoo]
+    arms = make_arms(spec, zoo, macs)
+    for name in ("heterofl", "fedrolex", "depthwise", "tier_alone", "fedzoo"):
+        assert over_budget(arms[name], budgets, macs) == []
+    assert over_budget(arms["everyone_largest"], budgets, macs) == [0, 1, 2]
+    assert arms["everyone_largest"].ignores_budgets
+    heterofl = arms["heterofl"].tier_archs
+    assert heterofl[2] == width_scaled(largest, 0.75) and heterofl[3] == largest
+    for arch, budget in zip(heterofl[:2], budgets):
+        ratio = next(step / WIDTH_STEPS for step in range(WIDTH_STEPS, 0, -1)
+                     if width_scaled(largest, step / WIDTH_STEPS) == arch)
+        assert macs(width_scaled(largest, ratio + 1 / WIDTH_STEPS)) > budget  # the next wider one is over
+        assert arch["stem_channels"] < 8 and arch["head_channels"] < 32  # the stem and head scale too
+        assert all(stage["out_channels"] < full for stage, full in zip(arch["stages"], (8, 16, 24)))
+    assert arms["fedrolex"].tier_archs == heterofl and arms["fedrolex"].rolling
+    depthwise = arms["depthwise"].tier_archs
+    assert depthwise[1] == depth_capped(largest, 1)  # depth alone fits here
+    assert depthwise[0]["stem_channels"] < 8 and all(len(stage["kernels"]) == 1 for stage in depthwise[0]["stages"])
+
+
+def test_a_scaled_slice_takes_and_returns_the_leading_channels_of_every_layer():
+    spec, weights = _supernet()
+    largest = _largest(spec)
+    rng = np.random.default_rng(1)
+    full = subnet_module(spec, largest, weights).state_dict()
+    delta = {name: rng.normal(size=value.shape).astype(np.float32) for name, value in full.items()
+             if value.is_floating_point()}
+    ours, theirs = sliced_map_back(spec, largest, weights, delta), map_back(spec.space, largest, weights, delta)
+    assert all(np.allclose(ours.deltas[name], theirs.deltas[name]) and np.array_equal(ours.masks[name],
+               theirs.masks[name]) for name in theirs.deltas)  # at full width: the supernet's own mapping
+
+    arch = width_scaled(spec.space.make_arch([1, 1, 1], [[3]] * 3, [[4]] * 3), 0.5)  # 3x3: a mapped kernel
+    module = tier_module(spec, arch, weights)
+    assert module.state_dict()["stem.0.weight"].shape == (4, 1, 3, 3)
+    assert np.array_equal(module.state_dict()["stem.0.weight"].numpy(), weights["stem.0.weight"][:4])
+    delta = {name: rng.normal(size=value.shape).astype(np.float32) for name, value in module.state_dict().items()
+             if value.is_floating_point()}
+    mapped = sliced_map_back(spec, arch, weights, delta)
+    assert mapped.masks["head.0.weight"].sum() == 16 * 12 and mapped.masks["head.0.weight"][:16, :12].all()
+    moved = {name: weights[name] + mapped.deltas.get(name, 0) for name in weights}
+    after = tier_module(spec, arch, moved).state_dict()
+    before = module.state_dict()
+    assert all(np.allclose(after[name].numpy(), before[name].numpy() + delta[name], atol=1e-4) for name in delta)
 
 
 def test_an_arm_reports_the_bytes_and_macs_it_ran():
     spec, weights = _supernet()
-    macs = MacCounter(spec, weights)
+    macs = MacCounter(spec)
     rng = np.random.default_rng(0)
     devices = [Device(tier % 4, rng.normal(size=(8, 1, 8, 8)).astype(np.float32), rng.integers(0, 10, 8),
                       rng.normal(size=(2, 1, 8, 8)).astype(np.float32), rng.integers(0, 10, 2)) for tier in range(4)]
