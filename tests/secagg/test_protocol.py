@@ -407,6 +407,27 @@ def test_clients_refuse_survivor_sets_that_break_the_rules(tamper, reason):
     assert refusal.value.reason == reason
 
 
+def test_a_survivor_set_of_exactly_the_minimum_is_signed():
+    config = SecAggConfig("round-least", 10, 6, 5, 10, 1.0)
+    clients, server, requests, inputs = _through_masked_inputs(config, _inputs(config, 2))
+    honest = server.collect_masked_inputs([clients[i].masked_input(r, inputs[i]) for i, r in requests.items()])
+    least = sorted(honest[0]["survivors"])[: config.minimum_survivors]
+    assert 0 in least and len(least) == config.minimum_survivors
+    reply = clients[0].consistency_check(dict(honest[0], survivors=least))
+    assert len(from_base64(reply["signature"], "signature")) == 64
+
+
+@pytest.mark.parametrize("field", ["signing_public_key", "signature"])
+def test_a_relayed_key_entry_that_is_not_base64_is_refused_naming_the_field(field):
+    config = SecAggConfig("round-garbled-keys", 12, 6, 5, 10, 1.0)
+    clients, server = _parties(config)
+    requests = server.collect_keys([client.advertise_keys() for client in clients.values()])
+    entries = requests[0]["public_keys"]
+    with pytest.raises(ProtocolViolation, match=f"^{field} is not valid base64") as refusal:
+        clients[0].share_keys(dict(requests[0], public_keys=[dict(entries[0], **{field: "not base64!"}), *entries[1:]]))
+    assert refusal.value.reason == "malformed"
+
+
 def test_stages_out_of_order_and_too_few_neighbours_are_refused():
     config = SecAggConfig("round-order", 10, 6, 5, 10, 1.0)
     clients, server = _parties(config)
