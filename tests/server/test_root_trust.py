@@ -126,11 +126,12 @@ def test_the_aggregate_check_never_scales_an_aggregate_up_and_bounds_it_from_the
 
 
 def test_the_aggregate_bound_is_the_ratio_times_the_root_norm_also_below_unit_norms():
-    root = RootUpdate({"w": np.array([0.25, 0.0, 0.0], np.float32)}, norm=0.25, num_examples=150, seconds=0.5)
+    root = RootUpdate({"w": np.array([0.25, 0.0, 0.0], np.float32)}, norm=0.25, num_examples=150, seconds=0.123456)
     base = {"w": np.zeros(3, np.float32)}
     bounded, found = check_aggregate(base, {"w": np.array([0.375, 0.5, 0.0], np.float32)}, root,
                                      _settings(max_norm_ratio=1.2))  # norm 0.625 above 1.2 x 0.25 = 0.3
     assert found["scaled_by"] == pytest.approx(0.48) and found["root_update_norm"] == 0.25
+    assert found["seconds"] == 0.1235
     np.testing.assert_allclose(bounded["w"], [0.18, 0.24, 0.0], rtol=1e-6)
 
 

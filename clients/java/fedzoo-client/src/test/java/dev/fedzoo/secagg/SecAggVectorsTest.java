@@ -501,7 +501,8 @@ class SecAggVectorsTest {
         assertEquals("wrong_stage", assertThrows(ProtocolViolation.class, () -> device.shareKeys(shareKeys)).reason());
         device.advertiseKeys();
         assertEquals("wrong_stage", assertThrows(ProtocolViolation.class, device::advertiseKeys).reason());
-        final JSONObject masked = new JSONObject().put("stage", "masked_input").put("encrypted_shares", new JSONArray());
+        final JSONObject masked = new JSONObject().put("stage", "masked_input")
+                .put("encrypted_shares", new JSONArray());
         assertEquals("wrong_stage", assertThrows(ProtocolViolation.class,
                 () -> device.maskedInput(masked, new int[config.vectorLength + 1])).reason());
         final JSONObject unmask = new JSONObject().put("stage", "unmask").put("survivors", new JSONArray())
@@ -533,7 +534,8 @@ class SecAggVectorsTest {
         }
         JSONArray relayed = new JSONArray();
         for (int peer : Graph.neighbours(config, Graph.graphSeed(config, nonces), 0)) {
-            relayed.put(new JSONObject().put("client", peer).put("cipher_public_key", adverts[peer].get("cipher_public_key"))
+            relayed.put(new JSONObject().put("client", peer)
+                    .put("cipher_public_key", adverts[peer].get("cipher_public_key"))
                     .put("mask_public_key", adverts[peer].get("mask_public_key"))
                     .put("signing_public_key", Base64.toBase64String(Signatures.publicBytes(keys[peer])))
                     .put("signature", adverts[peer].get("signature")));
@@ -583,8 +585,8 @@ class SecAggVectorsTest {
     }
 
     /**
-     * Everyone survived: the t shares a device's neighbours reveal for it are shares of its self-mask seed (the seed
-     * its stage-2 commitment names), never of its mask key.
+     * Everyone survived: the t shares a device's neighbours reveal for it are distinct shares of its self-mask seed
+     * (the seed its stage-2 commitment names), never of its mask key, and none is the seed itself.
      */
     @Test
     void theSharesRevealedForASurvivorRebuildItsCommittedSelfMaskSeed() throws Exception {
@@ -618,7 +620,10 @@ class SecAggVectorsTest {
                 }
             }
         }
+        assertEquals(holders.length, new HashSet<BigInteger>(Arrays.asList(values)).size(),
+                "no two holders hold one share");
         byte[] seed = Shamir.combine(xs, values, config.threshold);
+        assertEquals(false, Arrays.asList(values).contains(new BigInteger(1, seed)), "no share is the seed itself");
         assertEquals(lastSeedCommitments[owner], Crypto.commitment(32, config.context(),
                 "self_mask_seed".getBytes(SecAggConfig.UTF8), SecAggConfig.u32(owner), seed));
     }
