@@ -27,8 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 AREAS = ("cloud", "edge", "nas", "compress", "server", "clients")  # pyproject.toml's package-dir, under fedzoo/
-# module (repository path) -> the tests that should notice any change to it (pytest arguments): fast ones, since a
-# survivor runs all
+# module (repository path) -> pytest arguments selecting the tests that should notice any change to it: fast ones,
+# since a survivor runs all of them
 MODULES: dict[str, list[str]] = {
     "fedzoo/secagg/signatures.py": ["tests/secagg/test_vectors.py", "tests/secagg/test_signatures.py"],
     "fedzoo/secagg/client.py": [  # the dropout sweep (100 s) only re-proves exact sums, which faster tests pin too
@@ -39,10 +39,12 @@ MODULES: dict[str, list[str]] = {
     "fedzoo/secagg/encoding.py": ["tests/secagg/test_encoding.py", "tests/secagg/test_vectors.py"],
     "fedzoo/secagg/framing.py": ["tests/secagg/test_framing.py", "tests/secagg/test_vectors.py"],
     "fedzoo/signing.py": ["tests/clients/test_signed_models.py", "tests/server/test_signed_cards.py"],
-    "fedzoo/dp": ["tests/dp"],
     "fedzoo/dp/distributed.py": ["tests/dp/test_distributed.py"],
     "fedzoo/dp/discrete_gaussian.py": ["tests/dp/test_discrete_gaussian.py", "tests/dp/test_distributed.py"],
     "fedzoo/dp/accountant.py": ["tests/dp/test_accountant.py"],
+    "fedzoo/dp/noise.py": ["tests/dp/test_noise.py"],
+    "fedzoo/dp/clipping.py": ["tests/dp/test_noise.py"],
+    "fedzoo/dp/seeded_stream.py": ["tests/dp/test_distributed.py"],
     "fedzoo/aggregation/weighting.py": [
         "tests/server/test_fl_robust.py::test_a_claimed_example_count_weighs_at_most_k_times_the_rounds_median",
         "tests/server/test_weight_bound.py"],
