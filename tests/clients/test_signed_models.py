@@ -6,6 +6,7 @@ card the operator's revocation list revokes (and a stale list a lying server ser
 The genuine path runs against the real server with keys fetched from GET /v1/keys; the attacks come from a scripted server playing a compromised one."""
 
 import json
+import re
 import shutil
 from datetime import datetime, timedelta, timezone
 
@@ -179,10 +180,32 @@ def test_accepting_is_a_compare_and_swap_against_a_newer_version_accepted_meanwh
     first.verify(older)  # passes: nothing accepted yet
     second.verify(newer)
     second.accept(newer)
-    with pytest.raises(CardSignatureError) as refused:
+    with pytest.raises(CardSignatureError, match="older than version 3, accepted meanwhile") as refused:
         first.accept(older)
     assert refused.value.reason == "rollback"
     assert first.accepted_version(federation.card.id) == 3
+
+
+def test_accepting_is_a_compare_and_swap_against_another_card_accepted_meanwhile_at_that_version(federation,
+                                                                                              tmp_path):
+    """Two processes each verify one of two cards both calling themselves version 2 of the line: the second to
+    accept is refused (version_reused); a newer version is another card and is accepted."""
+    line = federation.card.id
+    first, second, newer = (sign_card(federation.card.model_copy(update={"id": card_id, "version": version,
+                                                                         "line": line}), OPERATOR)
+                            for card_id, version in (("digits-v2-r1", 2), ("digits-v2-r2", 2), ("digits-v3", 3)))
+    one, other = (CardVerifier(PINNED, tmp_path / "state" / "client.json") for _ in range(2))
+    one.verify(second)  # passes: nothing accepted yet
+    other.verify(first)
+    other.accept(first)
+    other.accept(first)  # the same card again is fine
+    with pytest.raises(CardSignatureError, match="accepted meanwhile as card 'digits-v2-r1'") as refused:
+        one.accept(second)
+    assert refused.value.reason == "version_reused"
+    one.verify(newer)
+    one.accept(newer)
+    state = json.loads((tmp_path / "state" / "client.json").read_text())
+    assert state["accepted_line_versions"] == {line: 3} and state["accepted_line_cards"] == {line: "digits-v3"}
 
 
 def _serve_shortlist(scripted_server, card: ModelCard, blob: bytes, latency_ms: float = 0.01,
@@ -270,6 +293,19 @@ def test_pinned_keys_without_a_state_file_are_refused(tmp_path):
     with pytest.raises(InvalidInputError, match="state_file") as refused:
         FedzooClient("http://127.0.0.1:9", cache_dir=tmp_path / "cache", trusted_keys=PINNED)
     assert refused.value.field == "state_file"
+
+
+@pytest.mark.parametrize("state, what", [([], "is not a JSON object"),
+                                          ({"accepted_line_versions": [3]}, "accepted_line_versions is not"),
+                                          ({"accepted_line_cards": "digits-v2"}, "accepted_line_cards is not")])
+def test_a_state_file_that_does_not_say_what_was_accepted_is_refused_not_guessed(federation, tmp_path, state, what):
+    """Read as empty, such a file would let any older card through; the device refuses until it is repaired."""
+    path = tmp_path / "state" / "client.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(state))
+    with pytest.raises(InvalidInputError, match=f"^client state {re.escape(str(path))}:? {what}") as refused:
+        CardVerifier(PINNED, path).verify(sign_card(federation.card, OPERATOR))
+    assert refused.value.field == "state"
 
 
 def test_without_pinned_keys_the_sdk_keeps_working_as_before(federation, scripted_server, tmp_path):

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from fedzoo.dp.discrete_gaussian import (SecureRandom, discrete_gaussian_noise, sample_discrete_gaussian,
                                          sigma_squared_at_least)
+from fedzoo.dp.seeded_stream import SeededStream
 from fedzoo.errors import InvalidInputError
 
 DRAWS = 4000
@@ -55,3 +56,31 @@ def test_uniform_integers_cover_the_range_without_bias():
     draws = np.array([source.below(3) for _ in range(30_000)])
     assert set(np.unique(draws)) == {0, 1, 2}
     assert np.all(np.abs(np.bincount(draws) / len(draws) - 1 / 3) < 0.02)
+
+
+def test_sigma_squared_is_the_next_multiple_of_two_to_the_minus_20_plus_one_step_never_less():
+    """The contract both SDKs share: ceil(sigma^2 x 2^20) + 1 over 2^20, so the noise is never below the sigma asked."""
+    assert sigma_squared_at_least(3.0) == Fraction(9 * 2**20 + 1, 2**20)
+    assert sigma_squared_at_least(0.1) == Fraction(math.ceil(0.1 * 0.1 * 2**20) + 1, 2**20)
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(InvalidInputError, match="sigma must be a positive number") as refused:
+            sigma_squared_at_least(bad)
+        assert refused.value.field == "sigma"
+
+
+def test_a_sampler_asked_for_no_noise_or_a_negative_count_refuses_naming_the_field():
+    with pytest.raises(InvalidInputError, match="sigma\\^2 must be positive") as refused:
+        sample_discrete_gaussian(Fraction(0), SecureRandom())
+    assert refused.value.field == "sigma"
+    with pytest.raises(InvalidInputError, match="size must be non-negative") as refused:
+        discrete_gaussian_noise(1.0, -1)
+    assert refused.value.field == "size"
+    empty = discrete_gaussian_noise(1.0, 0)
+    assert empty.dtype == np.int64 and empty.shape == (0,)
+
+
+def test_the_noise_is_drawn_from_the_source_given():
+    """The vectors' seeded stream must drive the draws (os.urandom otherwise): the same seed, the same noise."""
+    first = discrete_gaussian_noise(2.0, 50, SeededStream(b"seed"))
+    assert np.array_equal(first, discrete_gaussian_noise(2.0, 50, SeededStream(b"seed")))
+    assert not np.array_equal(first, discrete_gaussian_noise(2.0, 50, SeededStream(b"other")))

@@ -169,3 +169,58 @@ def test_the_seeded_stream_and_sampler_reproduce_the_vectors():
     sigma_squared = Fraction(*gaussian["sigma_squared"])
     source = SeededStream(gaussian["seed"].encode())
     assert [sample_discrete_gaussian(sigma_squared, source) for _ in gaussian["values"]] == gaussian["values"]
+
+
+@pytest.mark.parametrize("fields, field", [
+    ((0.0, 3), "noise_multiplier"), ((-1.0, 3), "noise_multiplier"), ((math.nan, 3), "noise_multiplier"),
+    ((math.inf, 3), "noise_multiplier"), ((1.0, 0), "survivors"), ((1.0, True), "survivors"),
+    ((1.0, 3.0), "survivors"),
+])
+def test_a_noise_request_outside_the_mechanisms_domain_is_refused_naming_the_field(fields, field):
+    """A lying server's request for no noise, infinite noise or a survivor count that is not a count."""
+    with pytest.raises(InvalidInputError) as refused:
+        DistributedNoise(*fields)
+    assert refused.value.field == field
+
+
+def test_a_noise_request_is_read_only_for_its_own_mechanism():
+    noise = DistributedNoise(0.7, 1)
+    assert DistributedNoise.from_dict(noise.to_dict()) == noise
+    with pytest.raises(InvalidInputError) as refused:
+        DistributedNoise.from_dict(dict(noise.to_dict(), mechanism="central-gaussian"))
+    assert refused.value.field == "mechanism"
+
+
+def test_a_device_takes_noise_exactly_at_its_floor_and_calibrated_for_exactly_its_honest_survivors():
+    check_noise_request(DistributedNoise(0.5, 4), 4, NoisePolicy(require_distributed=True,
+                                                                 minimum_noise_multiplier=0.5))
+    with pytest.raises(ProtocolViolation) as refused:
+        check_noise_request(DistributedNoise(0.5, 5), 4, NoisePolicy(minimum_noise_multiplier=0.5))
+    assert refused.value.reason == "noise_survivors_above_floor"
+
+
+@pytest.mark.parametrize("vector, message", [(np.array([0.1, math.nan]), "must be a finite vector"),
+                                             (np.array([[0.1, 0.2]]), "must be a finite vector"),
+                                             (np.array([0.3, 0.4001]), "is above clip_norm 0.5")])
+def test_a_device_input_that_is_not_a_finite_clipped_vector_is_refused(vector, message):
+    with pytest.raises(InvalidInputError, match=message) as refused:
+        noised_ring_input(vector, 0.5, 127, 32, DistributedNoise(1.0, 3))
+    assert refused.value.field == "vector"
+
+
+def test_an_input_at_the_clip_norm_is_taken_and_an_unclipped_grid_vector_never_rounds_within_the_bound():
+    ring = noised_ring_input(np.array([0.3, 0.4]), 0.5, 127, 16, DistributedNoise(1.0, 3))  # norm exactly 0.5
+    assert ring.dtype == np.uint16 and ring.shape == (3,) and ring[-1] == 127
+    with pytest.raises(InvalidInputError, match="1000 attempts") as refused:
+        round_conditionally(np.full(4, 10.25), norm_bound_squared(1, 4), SecureRandom())
+    assert refused.value.field == "vector"
+
+
+def test_the_ring_holds_every_sum_of_the_cohorts_inputs():
+    """One device's coordinate lies in [-(levels + 1), levels + 1] after rounding, plus its noise's tail: at levels
+    127 that is 257 values, one more than 8 bits hold; at 126, 255 values fit in 8."""
+    tiny = Fraction(1, 10**12)  # noise far below one grid step
+    assert ring_bits_needed(127, 1, tiny) == 9 and ring_bits_needed(126, 1, tiny) == 8
+    assert ring_bits_needed(126, 2, tiny) == 9  # two devices' inputs add up
+    sigma_squared = Fraction(100)  # 20 standard deviations of the sum of 4 devices' noise: 400 more
+    assert ring_bits_needed(126, 4, sigma_squared) == math.ceil(math.log2(2 * (4 * 127 + 400) + 1))

@@ -244,6 +244,35 @@ def test_one_bad_signature_among_t_good_ones_is_refused():
     assert refusal.value.reason == "bad_signature"
 
 
+def test_a_signature_listed_for_a_neighbour_that_never_advertised_is_refused():
+    """A neighbour that dropped before advertising has no key this client could check a signature against: the
+    server listing one for it (to reach t) is refused as a bad signature, not taken on trust or crashed on."""
+    config = SecAggConfig("round-ghost", 12, 8, 6, 10, 1.0)
+    inputs = _inputs(config, 0)
+    clients, server = _parties(config)
+    ghost = 11
+    requests = server.collect_keys([client.advertise_keys() for index, client in clients.items() if index != ghost])
+    requests = server.collect_shares([clients[i].share_keys(r) for i, r in requests.items()])
+    requests = server.collect_masked_inputs([clients[i].masked_input(r, inputs[i]) for i, r in requests.items()])
+    requests = server.collect_consistency([clients[i].consistency_check(r) for i, r in requests.items()])
+    listener = next(index for index in requests if ghost in clients[index].neighbours)
+    request = requests[listener]
+    forged = sorted([*request["signatures"], {"client": ghost, "signature": to_base64(bytes(64))}],
+                    key=lambda entry: entry["client"])
+    with pytest.raises(ProtocolViolation, match=f"client {ghost}'s signature") as refusal:
+        clients[listener].unmask(dict(request, signatures=forged))
+    assert refusal.value.reason == "bad_signature"
+
+
+def test_a_survivor_set_signature_that_is_not_base64_is_refused_naming_the_field():
+    config = SecAggConfig("round-garbled", 12, 8, 6, 10, 1.0)
+    clients, _, requests = _to_unmask(config, _inputs(config, 0))
+    listed = requests[0]["signatures"]
+    with pytest.raises(ProtocolViolation, match="^signature is not valid base64") as refusal:
+        clients[0].unmask(dict(requests[0], signatures=[dict(listed[0], signature="not base64!"), *listed[1:]]))
+    assert refusal.value.reason == "malformed"
+
+
 def _substituted_keys(config, inputs, client_class, victim, forge_signing_keys=False, pin_enrolled_keys=False,
                       insider=False):
     """Issue #34's second attack: the server relays its own X25519 keys as each of the victim's neighbours'. The
@@ -376,6 +405,27 @@ def test_clients_refuse_survivor_sets_that_break_the_rules(tamper, reason):
     with pytest.raises(ProtocolViolation) as refusal:
         clients[0].consistency_check(tamper(honest[0]))
     assert refusal.value.reason == reason
+
+
+def test_a_survivor_set_of_exactly_the_minimum_is_signed():
+    config = SecAggConfig("round-least", 10, 6, 5, 10, 1.0)
+    clients, server, requests, inputs = _through_masked_inputs(config, _inputs(config, 2))
+    honest = server.collect_masked_inputs([clients[i].masked_input(r, inputs[i]) for i, r in requests.items()])
+    least = sorted(honest[0]["survivors"])[: config.minimum_survivors]
+    assert 0 in least and len(least) == config.minimum_survivors
+    reply = clients[0].consistency_check(dict(honest[0], survivors=least))
+    assert len(from_base64(reply["signature"], "signature")) == 64
+
+
+@pytest.mark.parametrize("field", ["signing_public_key", "signature"])
+def test_a_relayed_key_entry_that_is_not_base64_is_refused_naming_the_field(field):
+    config = SecAggConfig("round-garbled-keys", 12, 6, 5, 10, 1.0)
+    clients, server = _parties(config)
+    requests = server.collect_keys([client.advertise_keys() for client in clients.values()])
+    entries = requests[0]["public_keys"]
+    with pytest.raises(ProtocolViolation, match=f"^{field} is not valid base64") as refusal:
+        clients[0].share_keys(dict(requests[0], public_keys=[dict(entries[0], **{field: "not base64!"}), *entries[1:]]))
+    assert refusal.value.reason == "malformed"
 
 
 def test_stages_out_of_order_and_too_few_neighbours_are_refused():

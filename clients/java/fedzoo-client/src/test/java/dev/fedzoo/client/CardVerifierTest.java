@@ -1,12 +1,14 @@
 package dev.fedzoo.client;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.Assertions.fail;
 
 import java.io.File;
+import java.util.Collections;
 
 import org.json.JSONArray;
 import org.json.JSONObject;
@@ -142,5 +144,49 @@ class CardVerifierTest {
         }
         assertTrue(edited >= 9, "the vectors edit normalisation, labels, precision, metrics, latency, lineage, the "
                 + "privacy claim and leave a field unsigned");
+    }
+
+    /** A server that edits the signed card's creation time, to another instant or to no instant at all. */
+    @Test
+    void aCreationTimeEditedAfterSigningIsRefused() throws Exception {
+        JSONObject vectors = vectors();
+        CardVerifier verifier = CardVerifier.fromJson(vectors.getJSONObject("trusted_keys"));
+        JSONArray cases = vectors.getJSONArray("cases");
+        JSONObject valid = null;
+        for (int i = 0; i < cases.length() && valid == null; i++) {
+            valid = cases.getJSONObject(i).getString("name").equals("valid") ? cases.getJSONObject(i) : null;
+        }
+        if (valid == null) {
+            fail("no 'valid' vector");
+        }
+        final long now = Timestamps.parseMillis(valid.getString("now"));
+        String keyId = vectors.getJSONObject("trusted_keys").getJSONArray("keys").getJSONObject(0).getString("key_id");
+        assertEquals(Collections.singleton(keyId), verifier.keyIds());
+        verifier.verify(new ModelCard(valid.getJSONObject("card")), now, null);
+        for (String edited : new String[] {"2026-12-01T12:00:01Z", "not a time"}) {
+            final ModelCard card = new ModelCard(new JSONObject(valid.getJSONObject("card").toString())
+                    .put("created_at", edited));
+            CardSignatureException refused = assertThrows(CardSignatureException.class,
+                    () -> verifier.verify(card, now, null), edited);
+            assertEquals("field_mismatch", refused.reason(), edited);
+        }
+    }
+
+    /** The field comparison: numbers by value, objects by keys, arrays in order, null only equal to null. */
+    @Test
+    void signedAndReceivedValuesAreComparedAsJson() throws Exception {
+        assertTrue(CardVerifier.sameJson(360, 360.0));
+        assertFalse(CardVerifier.sameJson(360, 361));
+        assertTrue(CardVerifier.sameJson(new JSONArray("[1, [2, 3]]"), new JSONArray("[1.0, [2, 3]]")));
+        assertFalse(CardVerifier.sameJson(new JSONArray("[1, 2]"), new JSONArray("[2, 1]")));
+        assertFalse(CardVerifier.sameJson(new JSONArray("[1, 2]"), new JSONArray("[1, 2, 3]")));
+        assertFalse(CardVerifier.sameJson(new JSONArray("[1, 2]"), new JSONObject("{\"0\": 1, \"1\": 2}")));
+        assertTrue(CardVerifier.sameJson(new JSONObject("{\"a\": 1}"), new JSONObject("{\"a\": 1.0}")));
+        assertFalse(CardVerifier.sameJson(new JSONObject("{\"a\": 1}"), new JSONObject("{\"b\": 1}")));
+        assertFalse(CardVerifier.sameJson(new JSONObject("{\"a\": 1}"), new JSONObject("{\"a\": 1, \"b\": 2}")));
+        assertTrue(CardVerifier.sameJson(null, JSONObject.NULL));
+        assertFalse(CardVerifier.sameJson(JSONObject.NULL, "x"));
+        assertFalse(CardVerifier.sameJson("x", null));
+        assertFalse(CardVerifier.sameJson("360", 360));
     }
 }

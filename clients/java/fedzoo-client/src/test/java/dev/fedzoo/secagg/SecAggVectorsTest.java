@@ -2,6 +2,7 @@ package dev.fedzoo.secagg;
 
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertNotEquals;
 import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 
@@ -11,8 +12,10 @@ import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.HashSet;
 import java.util.List;
 import java.util.Random;
+import java.util.Set;
 import java.util.TreeMap;
 
 import org.bouncycastle.crypto.params.Ed25519PrivateKeyParameters;
@@ -231,6 +234,8 @@ class SecAggVectorsTest {
     }
 
     private static byte[] lastGraphSeed;
+    /** Each device's self-mask seed commitment in the last round {@link #roundThroughMaskedInput} ran. */
+    private static String[] lastSeedCommitments;
 
     /** An honest round of the vectors' configuration in this process, taken through stage 3 ({@link #lastGraphSeed}). */
     private static SecAggClient[] roundThroughMaskedInput() throws Exception {
@@ -254,6 +259,7 @@ class SecAggVectorsTest {
             nonces.put(c, Base64.decode(adverts[c].getString("nonce")));
         }
         lastGraphSeed = Graph.graphSeed(config, nonces);
+        String[] commitments = new String[n];
         String advertised = Base64.toBase64String(Graph.advertisedBytes(nonces));
         List<List<JSONObject>> inbox = new ArrayList<List<JSONObject>>();
         for (int c = 0; c < n; c++) {
@@ -267,14 +273,17 @@ class SecAggVectorsTest {
                         .put("signing_public_key", Base64.toBase64String(signingKeys[peer]))
                         .put("signature", adverts[peer].get("signature")));
             }
-            JSONArray shares = clients[c].shareKeys(new JSONObject().put("stage", "share_keys")
-                    .put("advertised", advertised).put("public_keys", keys)).getJSONArray("shares");
+            JSONObject dealt = clients[c].shareKeys(new JSONObject().put("stage", "share_keys")
+                    .put("advertised", advertised).put("public_keys", keys));
+            commitments[c] = dealt.getString("self_mask_seed_commitment");
+            JSONArray shares = dealt.getJSONArray("shares");
             for (int i = 0; i < shares.length(); i++) {
                 JSONObject share = shares.getJSONObject(i);
                 inbox.get(share.getInt("holder")).add(new JSONObject().put("owner", c).put("ciphertext",
                         share.get("ciphertext")));
             }
         }
+        lastSeedCommitments = commitments;
         for (int c = 0; c < n; c++) {
             clients[c].maskedInput(new JSONObject().put("stage", "masked_input").put("encrypted_shares",
                     new JSONArray(inbox.get(c))), new int[config.vectorLength + 1]);
@@ -501,5 +510,151 @@ class SecAggVectorsTest {
                     refusal.getString("name"));
             assertEquals(refusal.getString("reason"), violation.reason(), refusal.getString("name"));
         }
+    }
+
+    @Test
+    void aSeatOutsideTheRoundOrAConfigurationOutsideTheDevicesBoundsIsRefusedWhenTheClientIsMade() throws Exception {
+        for (final int seat : new int[] {-1, config.numClients}) {
+            assertEquals("malformed", assertThrows(ProtocolViolation.class, () -> new SecAggClient(config, seat,
+                    Signatures.newSigningKey(), new SecAggBounds(), null)).reason(), "seat " + seat);
+        }
+        new SecAggClient(config, config.numClients - 1, Signatures.newSigningKey(), new SecAggBounds(), null);
+        final SecAggConfig outside = SecAggConfig.fromJson(vectors.getJSONArray("bounds_refusals").getJSONObject(0));
+        assertEquals("config_out_of_bounds", assertThrows(ProtocolViolation.class, () -> new SecAggClient(outside, 0,
+                Signatures.newSigningKey(), new SecAggBounds(), null)).reason());
+    }
+
+    @Test
+    void aStageTheServerAsksForOutOfOrderIsRefused() throws Exception {
+        final SecAggClient device = new SecAggClient(config, 0, Signatures.newSigningKey(), new SecAggBounds(), null);
+        final JSONObject shareKeys = new JSONObject().put("stage", "share_keys");
+        assertEquals("wrong_stage", assertThrows(ProtocolViolation.class, () -> device.shareKeys(shareKeys)).reason());
+        device.advertiseKeys();
+        assertEquals("wrong_stage", assertThrows(ProtocolViolation.class, device::advertiseKeys).reason());
+        final JSONObject masked = new JSONObject().put("stage", "masked_input")
+                .put("encrypted_shares", new JSONArray());
+        assertEquals("wrong_stage", assertThrows(ProtocolViolation.class,
+                () -> device.maskedInput(masked, new int[config.vectorLength + 1])).reason());
+        final JSONObject unmask = new JSONObject().put("stage", "unmask").put("survivors", new JSONArray())
+                .put("signatures", new JSONArray());
+        assertEquals("wrong_stage", assertThrows(ProtocolViolation.class, () -> device.unmask(unmask)).reason());
+    }
+
+    /**
+     * Client 0's reply to share_keys in a fresh honest round of the vectors' configuration, pinning every other
+     * device's long-term key or ({@code pinNeighbours} false) only its own.
+     */
+    private static JSONObject clientZeroSharesKeys(boolean pinNeighbours) throws Exception {
+        int n = config.numClients;
+        Ed25519PrivateKeyParameters[] keys = new Ed25519PrivateKeyParameters[n];
+        Set<String> pinned = new HashSet<String>();
+        for (int c = 0; c < n; c++) {
+            keys[c] = Signatures.newSigningKey();
+            if (c == 0 || pinNeighbours) {
+                pinned.add(Base64.toBase64String(Signatures.publicBytes(keys[c])));
+            }
+        }
+        SecAggClient device = new SecAggClient(config, 0, keys[0], new SecAggBounds(), pinned);
+        JSONObject[] adverts = new JSONObject[n];
+        TreeMap<Integer, byte[]> nonces = new TreeMap<Integer, byte[]>();
+        for (int c = 0; c < n; c++) {
+            adverts[c] = c == 0 ? device.advertiseKeys()
+                    : new SecAggClient(config, c, keys[c], new SecAggBounds(), null).advertiseKeys();
+            nonces.put(c, Base64.decode(adverts[c].getString("nonce")));
+        }
+        JSONArray relayed = new JSONArray();
+        for (int peer : Graph.neighbours(config, Graph.graphSeed(config, nonces), 0)) {
+            relayed.put(new JSONObject().put("client", peer)
+                    .put("cipher_public_key", adverts[peer].get("cipher_public_key"))
+                    .put("mask_public_key", adverts[peer].get("mask_public_key"))
+                    .put("signing_public_key", Base64.toBase64String(Signatures.publicBytes(keys[peer])))
+                    .put("signature", adverts[peer].get("signature")));
+        }
+        return device.shareKeys(new JSONObject().put("stage", "share_keys").put("public_keys", relayed)
+                .put("advertised", Base64.toBase64String(Graph.advertisedBytes(nonces))));
+    }
+
+    /**
+     * With the enrolled keys pinned, a neighbour's key outside them is refused even under a valid signature (the
+     * server made both up); each round's self-mask seed is fresh, so no two rounds share one.
+     */
+    @Test
+    void aRelayedKeyOutsideThePinnedKeysIsRefusedAndEachRoundDrawsAFreshSelfMaskSeed() throws Exception {
+        JSONObject first = clientZeroSharesKeys(true);
+        JSONObject second = clientZeroSharesKeys(true);
+        assertEquals(config.neighbourCount, first.getJSONArray("shares").length());
+        assertNotEquals(first.getString("self_mask_seed_commitment"), second.getString("self_mask_seed_commitment"));
+        assertEquals("bad_signature", assertThrows(ProtocolViolation.class, () -> clientZeroSharesKeys(false))
+                .reason());
+    }
+
+    @Test
+    void eachAdvertisementCarriesAFreshNonce() throws Exception {
+        JSONObject first = new SecAggClient(config, 0, Signatures.newSigningKey(), new SecAggBounds(), null)
+                .advertiseKeys();
+        JSONObject second = new SecAggClient(config, 0, Signatures.newSigningKey(), new SecAggBounds(), null)
+                .advertiseKeys();
+        assertNotEquals(first.getString("nonce"), second.getString("nonce"));
+        assertEquals(Signatures.NONCE_BYTES, Base64.decode(first.getString("nonce")).length);
+    }
+
+    @Test
+    void aSurvivorSetOfExactlyTheMinimumIsSignedAndOneSmallerIsRefused() throws Exception {
+        SecAggClient[] clients = roundThroughMaskedInput();
+        JSONArray least = new JSONArray();
+        for (int c = 0; c < config.minimumSurvivors; c++) {
+            least.put(c);
+        }
+        JSONObject signed = clients[0].consistencyCheck(new JSONObject().put("stage", "consistency_check")
+                .put("survivors", least));
+        assertEquals(64, Base64.decode(signed.getString("signature")).length);
+        least.remove(least.length() - 1);
+        final JSONObject tooFew = new JSONObject().put("stage", "consistency_check").put("survivors", least);
+        assertEquals("too_few_survivors", assertThrows(ProtocolViolation.class,
+                () -> clients[1].consistencyCheck(tooFew)).reason());
+    }
+
+    /**
+     * Everyone survived: the t shares a device's neighbours reveal for it are distinct shares of its self-mask seed
+     * (the seed its stage-2 commitment names), never of its mask key, and none is the seed itself.
+     */
+    @Test
+    void theSharesRevealedForASurvivorRebuildItsCommittedSelfMaskSeed() throws Exception {
+        SecAggClient[] clients = roundThroughMaskedInput();
+        JSONArray everyone = new JSONArray();
+        for (int c = 0; c < config.numClients; c++) {
+            everyone.put(c);
+        }
+        JSONObject show = new JSONObject().put("stage", "consistency_check").put("survivors", everyone);
+        Object[] signatures = new Object[config.numClients];
+        for (int c = 0; c < config.numClients; c++) {
+            signatures[c] = clients[c].consistencyCheck(show).get("signature");
+        }
+        int owner = 0;
+        int[] holders = Graph.neighbours(config, lastGraphSeed, owner);
+        int[] xs = new int[holders.length];
+        BigInteger[] values = new BigInteger[holders.length];
+        for (int h = 0; h < holders.length; h++) {
+            JSONArray signed = new JSONArray();
+            for (int peer : Graph.neighbours(config, lastGraphSeed, holders[h])) {
+                signed.put(new JSONObject().put("client", peer).put("signature", signatures[peer]));
+            }
+            JSONArray shares = clients[holders[h]].unmask(new JSONObject().put("stage", "unmask")
+                    .put("survivors", everyone).put("signatures", signed)).getJSONArray("shares");
+            for (int i = 0; i < shares.length(); i++) {
+                JSONObject share = shares.getJSONObject(i);
+                if (share.getInt("owner") == owner) {
+                    assertEquals("self_mask", share.getString("kind"));
+                    xs[h] = holders[h] + 1;
+                    values[h] = new BigInteger(1, Base64.decode(share.getString("value")));
+                }
+            }
+        }
+        assertEquals(holders.length, new HashSet<BigInteger>(Arrays.asList(values)).size(),
+                "no two holders hold one share");
+        byte[] seed = Shamir.combine(xs, values, config.threshold);
+        assertEquals(false, Arrays.asList(values).contains(new BigInteger(1, seed)), "no share is the seed itself");
+        assertEquals(lastSeedCommitments[owner], Crypto.commitment(32, config.context(),
+                "self_mask_seed".getBytes(SecAggConfig.UTF8), SecAggConfig.u32(owner), seed));
     }
 }
