@@ -210,9 +210,8 @@ def warm_up(spec: SupernetSpec, family: tuple[Arch, ...], initial: Weights, x: n
     training (`train_supernet_epoch`): batches, pixel shifts, SGD with Nesterov momentum and weight decay, the
     cosine schedule, gradient clipping at 5, `config.epochs` over `x`; the sandwich rule's passes a step (the
     largest, the smallest, `sandwich_random_subnets` random) become one pass per member. Kernel transforms stay
-    as initialised and
-    BatchNorm statistics are left to the recalibration every served model gets. Returns the trained supernet
-    weights and the examples trained on (each seen by every member)."""
+    as initialised and BatchNorm statistics are left to the recalibration every served model gets. Returns the
+    trained supernet weights and the examples trained on (each seen by every member)."""
     params = {name: torch.tensor(value, requires_grad=True) for name, value in initial.items()
               if "kernel_transforms" not in name and not name.endswith(("running_mean", "running_var"))}
     members = []
