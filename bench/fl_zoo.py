@@ -16,7 +16,10 @@ coverage step exponent from `--exponent-grid`, by the population-weighted accura
 from the data set apart from the test split; the tuning run uses `--tuning-seed`, not a reported seed); every arm's
 served models get BatchNorm recalibrated on the cloud's 768 images; bytes are summed from the float32 arrays sent
 down (the subnet's state) and up (its delta); device MACs are counted on each model (`count_macs`) times the
-examples trained on. The zoo is cached under a key of the build's code and settings.
+examples trained on. Every arm starts from the same cloud work: tier_alone, everyone_largest and fedzoo from the
+zoo's supernet, the anchors from their own tier models trained jointly from the supernet's initialisation on the
+same 768 examples, epochs, batch size, optimiser and schedule as that supernet (`zoo_arms.warm_up`). The zoo and
+the warm-ups are cached under a key of their code and settings.
 
 Reported, mean ± sd over `--seeds` (partition, tiers, draws and training order): population-weighted deployed
 accuracy (each device's tier model on its own held-out data; also before the first round), each tier's test
@@ -45,6 +48,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from zoo_arms import (  # noqa: E402
+    Arm,
     Device,
     MacCounter,
     deployed_accuracy,
@@ -52,6 +56,7 @@ from zoo_arms import (  # noqa: E402
     over_budget,
     run_arm,
     served_models,
+    warm_up,
 )
 
 import fedzoo  # noqa: E402
@@ -59,6 +64,9 @@ from fedzoo.cards import is_supernet  # noqa: E402
 from fedzoo.datasets import dirichlet_partition, load_dataset, split_dataset  # noqa: E402
 from fedzoo.cloud.pipeline import PRESETS, BuildConfig, build_zoo  # noqa: E402
 from fedzoo.compress.zoo_extraction import SupernetSpec, deployable_blob, read_weights_npz  # noqa: E402
+from fedzoo.compress.zoo_extraction import supernet_weights  # noqa: E402
+from fedzoo.nas.space import arch_key  # noqa: E402
+from fedzoo.nas.supernet import Supernet  # noqa: E402
 from fedzoo.nas.subnet import evaluate_accuracy  # noqa: E402
 from fedzoo.signing import CardSigningKey, sign_card  # noqa: E402
 from fedzoo.zoo import Zoo  # noqa: E402
@@ -75,20 +83,48 @@ def build_settings(dataset: str, zoo_dir: Path) -> BuildConfig:
                        training_graphs=False, executor="in-process", zoo_min_size=TIERS, zoo_max_size=8)
 
 
+def cache_key(sources: tuple[Path, ...], settings: str) -> str:
+    """A hash of every .py file under (or at) `sources` and the settings: what a cached result depends on."""
+    digest = hashlib.sha256()
+    for source in sources:
+        for path in sorted(source.rglob("*.py")) if source.is_dir() else [source]:
+            digest.update(path.read_bytes())
+    digest.update(settings.encode())
+    return digest.hexdigest()[:12]
+
+
 def cached_zoo(dataset: str, out: Path) -> Path:
     """The zoo of `dataset`, built unless a build with the same code and settings is cached."""
     root = Path(fedzoo.__file__).resolve().parent.parent
-    digest = hashlib.sha256()
-    for source in BUILD_SOURCES:
-        for path in sorted((root / source).rglob("*.py")) if (root / source).is_dir() else [root / source]:
-            digest.update(path.read_bytes())
-    digest.update(repr(build_settings(dataset, Path("-"))).encode())
-    zoo_dir = out / f"zoo-{dataset}-{digest.hexdigest()[:12]}"
+    key = cache_key(tuple(root / source for source in BUILD_SOURCES), repr(build_settings(dataset, Path("-"))))
+    zoo_dir = out / f"zoo-{dataset}-{key}"
     if not (zoo_dir / "zoo.json").exists():
         started = time.perf_counter()
         build_zoo(build_settings(dataset, zoo_dir))
         print(f"zoo built in {time.perf_counter() - started:.0f} s: {zoo_dir}")
     return zoo_dir
+
+
+def cached_warm_up(arm: Arm, spec: SupernetSpec, dataset: str, zoo_dir: Path, cloud_x: np.ndarray,
+                   cloud_y: np.ndarray) -> dict:
+    """`warm_up` of the arm's tier models with the zoo build's training settings and seed, from the supernet's
+    initialisation in that build; cached under the zoo (its key covers the build) and a hash of the bench's code
+    and the family."""
+    settings = build_settings(dataset, zoo_dir)
+    training, seed = settings.training, settings.seed
+    key = cache_key((Path(__file__).resolve().parent / "zoo_arms.py", Path(__file__).resolve()),
+                    repr((training, seed, len(cloud_y), [arch_key(arch) for arch in arm.tier_archs])))
+    path = zoo_dir.parent / f"warmup-{zoo_dir.name}-{key}.npz"
+    if path.exists():
+        return read_weights_npz(path.read_bytes())
+    started = time.perf_counter()
+    torch.manual_seed(seed)  # the build's initialisation (cloud/pipeline.py seeds the same before its supernet)
+    initial = supernet_weights(Supernet(spec.space, spec.num_classes, spec.in_channels))
+    weights, examples = warm_up(spec, arm.tier_archs, initial, cloud_x, cloud_y, training, seed)
+    np.savez(path, **weights)
+    print(f"  warmed up {arm.name}'s tier models on {examples} examples ({training.epochs} epochs of "
+          f"{len(cloud_y)}, as the zoo's supernet) in {time.perf_counter() - started:.0f} s: {path}")
+    return weights
 
 
 def normalise(x: np.ndarray, mean: list[float], std: list[float]) -> np.ndarray:
@@ -139,7 +175,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/fedzoo-bench-zoo"))
     args = parser.parse_args()
     torch.set_num_threads(1)
-    zoo = Zoo(cached_zoo(args.dataset, args.out))
+    zoo_dir = cached_zoo(args.dataset, args.out)
+    zoo = Zoo(zoo_dir)
     supernet_card = next(card for card in zoo.cards() if is_supernet(card))
     spec = SupernetSpec.from_card(supernet_card)
     initial = read_weights_npz(zoo.blob_path(supernet_card.artifacts["supernet_weights"]).read_bytes())
@@ -154,16 +191,18 @@ def main() -> None:
     mean, std = supernet_card.input.normalisation.mean, supernet_card.input.normalisation.std
     held = PRESETS["tiny"].max_train_examples
     pool_x, pool_y = normalise(split.train.x[held:], mean, std), split.train.y[held:]
-    cloud_x = normalise(split.train.x[:held], mean, std)
+    cloud_x, cloud_y = normalise(split.train.x[:held], mean, std), split.train.y[:held]
     validation_x, validation_y = normalise(split.validation.x, mean, std), split.validation.y
     test_x, test_y = normalise(split.test.x, mean, std), split.test.y
     shares = SHARES[args.shares]
+    starts = {name: cached_warm_up(arm, spec, args.dataset, zoo_dir, cloud_x, cloud_y) if arm.warmed_up
+              else initial for name, arm in arms.items()}
 
     def run(arm, seed: int, learning_rate: float, exponent: float):
         devices = make_devices(pool_x, pool_y, args.devices, args.alpha, shares, seed)
         torch.manual_seed(seed)
-        return run_arm(arm, spec, initial, devices, cloud_x, args.rounds, args.per_round, args.local_epochs, seed,
-                       learning_rate, exponent, macs), devices
+        return run_arm(arm, spec, starts[arm.name], devices, cloud_x, args.rounds, args.per_round,
+                       args.local_epochs, seed, learning_rate, exponent, macs), devices
 
     print(f"{args.dataset}: {args.devices} devices, Dirichlet({args.alpha}), {args.shares} tiers {shares}, "
           f"{args.per_round} per round, {args.rounds} rounds x {args.local_epochs} local epoch(s)")
@@ -199,7 +238,7 @@ def main() -> None:
             started = time.perf_counter()
             result, devices = run(arm, seed, *chosen[name])
             seconds = time.perf_counter() - started
-            initial_models = served_models(arm, spec, {key: initial for key in (None, *range(TIERS))}, cloud_x)
+            initial_models = served_models(arm, spec, {key: starts[name] for key in (None, *range(TIERS))}, cloud_x)
             results[name].append({
                 "start": deployed_accuracy(initial_models, devices),
                 "deployed": deployed_accuracy(result.models, devices),

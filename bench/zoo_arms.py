@@ -12,6 +12,11 @@ Every arm is a set of subnets of the zoo's supernet (smallest tier first) traine
 - everyone_largest: every device on the largest zoo model, budgets ignored (the upper bound);
 - fedzoo: each tier's zoo model on one shared supernet, with the zoo plan's coverage step scaling.
 Every tier's model of every arm but everyone_largest is within its tier's MACs budget (`count_macs`).
+
+Where the arms start: tier_alone, everyone_largest and fedzoo from the cloud-built zoo's supernet; the anchors
+(heterofl, fedrolex, depthwise) from `warm_up`: their own tier models trained jointly in the cloud from the
+supernet's initialisation, on the same labelled examples with the same optimiser, schedule, batch size and
+epochs as the zoo's supernet training, so every arm's start had the same cloud data and steps.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from torch import nn
 from fedzoo.compress.zoo_extraction import SupernetSpec
 from fedzoo.nas.space import Arch, arch_key
 from fedzoo.nas.subnet import Subnet, count_macs, evaluate_accuracy, recalibrate_batchnorm
+from fedzoo.nas.training import (TrainingConfig, epoch_generators, learning_rate_at, shift_images, shift_offsets,
+                                 steps_per_epoch)
 from fedzoo.nas.subnet_mapping import MappedDelta, Placement, placements
 from fedzoo.aggregation.per_element import CoverageSum, step_supernet
 from fedzoo.aggregation.strategies import make_strategy
@@ -53,6 +60,7 @@ class Arm:
     rolling: bool = False  # fedrolex
     ignores_budgets: bool = False  # everyone_largest
     tuned_exponent: bool = False  # fedzoo: the coverage step exponent is tuned too (0 elsewhere)
+    warmed_up: bool = False  # the anchors: start from `warm_up` of their own tier models, not the zoo's supernet
 
 
 @dataclass
@@ -155,9 +163,9 @@ def make_arms(spec: SupernetSpec, zoo_archs: list[Arch], macs: MacCounter) -> di
     sliced = tuple(fit_budget(widths, budget, macs) for budget in budgets)
     return {
         "tier_alone": Arm("tier_alone", tuple(zoo_archs), separate_models=True),
-        "heterofl": Arm("heterofl", sliced),
-        "fedrolex": Arm("fedrolex", sliced, rolling=True),
-        "depthwise": Arm("depthwise", tuple(fit_budget(depths, budget, macs) for budget in budgets)),
+        "heterofl": Arm("heterofl", sliced, warmed_up=True),
+        "fedrolex": Arm("fedrolex", sliced, rolling=True, warmed_up=True),
+        "depthwise": Arm("depthwise", tuple(fit_budget(depths, budget, macs) for budget in budgets), warmed_up=True),
         "everyone_largest": Arm("everyone_largest", (largest,) * len(zoo_archs), ignores_budgets=True),
         "fedzoo": Arm("fedzoo", tuple(zoo_archs), tuned_exponent=True),
     }
@@ -192,6 +200,60 @@ def roll_channels(weights: Weights, shift: int) -> Weights:
 def float_state(module: nn.Module) -> Weights:
     return {name: value.detach().numpy().copy() for name, value in module.state_dict().items()
             if value.is_floating_point()}
+
+
+def warm_up(spec: SupernetSpec, family: tuple[Arch, ...], initial: Weights, x: np.ndarray, y: np.ndarray,
+            config: TrainingConfig, seed: int) -> tuple[Weights, int]:
+    """`family` (an anchor's tier models, full or scaled width) trained jointly in the cloud, as HeteroFL trains
+    its width levels and DepthFL its depths: each step the sum of every member's cross-entropy on the batch,
+    backpropagated through its slice of the shared supernet tensors. Everything else is the zoo's supernet
+    training (`train_supernet_epoch`): batches, pixel shifts, SGD with Nesterov momentum and weight decay, the
+    cosine schedule, gradient clipping at 5, `config.epochs` over `x`; the sandwich rule's passes a step (the
+    largest, the smallest, `sandwich_random_subnets` random) become one pass per member. Kernel transforms stay
+    as initialised and BatchNorm statistics are left to the recalibration every served model gets. Returns the
+    trained supernet weights and the examples trained on (each seen by every member)."""
+    params = {name: torch.tensor(value, requires_grad=True) for name, value in initial.items()
+              if "kernel_transforms" not in name and not name.endswith(("running_mean", "running_var"))}
+    members = []
+    for arch in family:
+        module = Subnet(arch, spec.num_classes, spec.in_channels).train()
+        shapes = {name: tuple(value.shape) for name, value in module.state_dict().items()}
+        trained = dict(module.named_parameters())
+        members.append((module, [placement for placement in sliced_placements(spec, arch, initial, shapes)
+                                 if placement.subnet_name in trained]))
+    optimizer = torch.optim.SGD(params.values(), lr=config.learning_rate, momentum=config.momentum,
+                                weight_decay=config.weight_decay, nesterov=True)
+    per_epoch = steps_per_epoch(len(y), config.batch_size)
+    images_all, labels_all = torch.from_numpy(x), torch.from_numpy(y.astype(np.int64))
+    examples = 0
+    for epoch in range(config.epochs):
+        generator, _ = epoch_generators(seed, epoch)
+        order = torch.randperm(len(y), generator=generator)
+        for step in range(per_epoch):
+            index = order[step * config.batch_size:(step + 1) * config.batch_size]
+            offsets = shift_offsets(len(index), config.max_shift_pixels, generator)
+            images = shift_images(images_all[index], offsets, config.max_shift_pixels)
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate_at(config, epoch * per_epoch + step, config.epochs * per_epoch)
+            optimizer.zero_grad(set_to_none=True)
+            loss = sum(nn.functional.cross_entropy(torch.func.functional_call(
+                module, {placement.subnet_name: sliced_tensor(placement, params) for placement in placed},
+                (images,)), labels_all[index]) for module, placed in members)
+            loss.backward()
+            nn.utils.clip_grad_norm_(params.values(), 5.0)
+            optimizer.step()
+            examples += len(index)
+    return {**initial, **{name: value.detach().numpy().copy() for name, value in params.items()}}, examples
+
+
+def sliced_tensor(placement: Placement, params: dict[str, torch.Tensor]) -> torch.Tensor:
+    """`placement.extract` on torch tensors, so gradients reach the supernet tensor."""
+    region = params[placement.supernet_name][placement.index]
+    if placement.kernel_map is None:
+        return region
+    channels, kernel = region.shape[0], int(round(np.sqrt(placement.kernel_map.shape[1])))
+    flat = region.reshape(channels, -1) @ torch.from_numpy(placement.kernel_map.astype(np.float32))
+    return flat.reshape(channels, 1, kernel, kernel)
 
 
 def train_locally(module: nn.Module, x: np.ndarray, y: np.ndarray, epochs: int, seed: int) -> tuple[Weights, int]:

@@ -1,7 +1,8 @@
 """bench/zoo_arms.py, the arms of bench/fl_zoo.py: FedRolex's rolled supernet computes what the supernet computes,
 HeteroFL's and the depth arm's tier models are slices of the largest model (every layer's channels scaled) within
 every tier's budget, the widest that fits, a scaled slice's delta lands on the channels it took, and the bytes and
-MACs an arm reports are counted from what it ran."""
+MACs an arm reports are counted from what it ran, and the anchors' cloud warm-up trains their own family within
+the zoo supernet's training budget."""
 
 import sys
 from pathlib import Path
@@ -22,10 +23,14 @@ from zoo_arms import (  # noqa: E402
     run_arm,
     sliced_map_back,
     tier_module,
+    warm_up,
     width_scaled,
 )
 
 from fedzoo.compress.zoo_extraction import SupernetSpec, subnet_module, supernet_weights  # noqa: E402
+from fedzoo.datasets import load_dataset, split_dataset  # noqa: E402
+from fedzoo.nas.subnet import evaluate_accuracy, recalibrate_batchnorm  # noqa: E402
+from fedzoo.nas.training import TrainingConfig, steps_per_epoch  # noqa: E402
 from fedzoo.nas.space import tiny_space  # noqa: E402
 from fedzoo.nas.subnet_mapping import map_back  # noqa: E402
 from fedzoo.nas.supernet import Supernet  # noqa: E402
@@ -126,3 +131,31 @@ def test_an_arm_reports_the_bytes_and_macs_it_ran():
     assert result.bytes_per_device_round == 2 * state_bytes  # the model down, its delta up
     assert result.forward_macs_per_device_round == macs(largest) * 8  # one epoch of 8 examples
     assert not np.array_equal(result.supernets[None]["classifier.weight"], weights["classifier.weight"])
+
+
+def test_the_warm_up_trains_the_anchor_family_on_the_cloud_budget_and_nothing_else():
+    spec, weights = _supernet()
+    split = split_dataset(load_dataset("digits"), seed=0)
+    mean, std = split.mean, split.std
+    x = ((split.train.x - mean) / std).astype(np.float32)[:320]
+    test_x, test_y = ((split.test.x - mean) / std).astype(np.float32), split.test.y
+    largest = _largest(spec)
+    half = width_scaled(spec.space.make_arch([1, 1, 1], [[3]] * 3, [[4]] * 3), 0.5)  # 3x3: a mapped kernel
+    family = (half, width_scaled(largest, 0.5), width_scaled(largest, 0.75))  # stems of 4, 4 and 6 of 8 channels
+    config = TrainingConfig(epochs=3, batch_size=16, learning_rate=0.2, max_shift_pixels=1)
+    trained, examples = warm_up(spec, family, weights, x, split.train.y[:320], config, seed=0)
+
+    assert examples == config.epochs * steps_per_epoch(320, 16) * 16  # the budget: epochs over the cloud's examples
+    for arch in family:
+        before, after = tier_module(spec, arch, weights), tier_module(spec, arch, trained)
+        recalibrate_batchnorm(before, x)
+        recalibrate_batchnorm(after, x)
+        accuracy_before = evaluate_accuracy(before, test_x, test_y)[0]
+        accuracy_after = evaluate_accuracy(after, test_x, test_y)[0]
+        assert accuracy_after > max(0.3, accuracy_before + 0.2), (arch, accuracy_before, accuracy_after)  # chance: 0.1
+    # kernel transforms and BatchNorm statistics keep the initialisation; channels no member uses only decay
+    assert all(np.array_equal(trained[name], weights[name]) for name in weights
+               if "kernel_transforms" in name or name.endswith(("running_mean", "running_var")))
+    stem, initial_stem = trained["stem.0.weight"], weights["stem.0.weight"]
+    assert np.abs(stem[:6] - initial_stem[:6]).max() > 0.05
+    assert np.allclose(stem[6:], initial_stem[6:], rtol=1e-2, atol=0)
