@@ -45,6 +45,9 @@ MODULES: dict[str, list[str]] = {
     "fedzoo/dp/noise.py": ["tests/dp/test_noise.py"],
     "fedzoo/dp/clipping.py": ["tests/dp/test_noise.py"],
     "fedzoo/dp/seeded_stream.py": ["tests/dp/test_distributed.py"],
+    "fedzoo/aggregation/private.py": [
+        "tests/dp/test_noise.py",
+        "tests/server/test_fl_robust.py::test_the_unmasked_sum_must_lie_within_what_clipped_updates_add_up_to"],
     "fedzoo/aggregation/weighting.py": [
         "tests/server/test_fl_robust.py::test_a_claimed_example_count_weighs_at_most_k_times_the_rounds_median",
         "tests/server/test_weight_bound.py"],

@@ -46,6 +46,28 @@ def test_clipping_bounds_the_norm_and_reports_whether_it_was_needed():
         clip_delta(delta, 0.0)
 
 
+def test_clipping_bounds_every_norm_and_refuses_what_it_cannot_measure():
+    """A device's delta of any norm leaves it within the bound, as float32 (what it uploads): below 1 too (a
+    bound of 0.1 on a delta of norm 0.5), at 0 (no division by it), and past float32's range (1e20 squared
+    overflows float32, not the float64 the norm is taken in): such a delta is clipped, not refused."""
+    small, within = clip_delta({"w": np.array([0.3, 0.4])}, 0.1)
+    assert l2_norm(small) == pytest.approx(0.1, rel=1e-6) and within is False and small["w"].dtype == np.float32
+    zero, within = clip_delta({"w": np.zeros(3, dtype=np.float32)}, 1.0)
+    assert within is True and np.array_equal(zero["w"], np.zeros(3))
+    huge, within = clip_delta({"w": np.array([1e20, 1e20], dtype=np.float32)}, 1.0)
+    assert l2_norm(huge) == pytest.approx(1.0, rel=1e-6) and within is False and huge["w"].dtype == np.float32
+    at_the_bound = clip_delta({"w": np.array([3.0, 4.0])}, 5.0)
+    assert at_the_bound[1] is True and at_the_bound[0]["w"].dtype == np.float32  # within means norm <= bound
+    for bad_norm in (0.0, -1.0, math.nan, math.inf):
+        with pytest.raises(InvalidInputError, match="^clip_norm must be a positive number") as refused:
+            clip_delta({"w": np.ones(2)}, bad_norm)
+        assert refused.value.field == "clip_norm"
+    for bad_value in (math.nan, math.inf):
+        with pytest.raises(InvalidInputError, match="^the delta holds NaN or infinite values$") as refused:
+            clip_delta({"w": np.array([1.0, bad_value])}, 1.0)
+        assert refused.value.field == "delta"
+
+
 def test_adaptive_clipping_moves_the_bound_to_the_target_quantile_of_the_norms():
     rng = np.random.default_rng(2)
     dp = DpFedAvg(_ledger(z=1.0, sampling_probability=1.0), expected_clients=1000, clip_norm=0.05,
@@ -131,6 +153,41 @@ def test_the_unclipped_count_under_secagg_must_be_a_whole_number_of_bits_in_zero
     # the bit's coordinate is the count, not a clipped coordinate: 3 devices within give 3 x clip_range there
     check_secure_sum(total + np.array([0.0, 0.0, clip_range]), 3.0, survivors, clip_range, equal=True,
                      unclipped_bit=True)
+
+
+def test_the_secure_sum_check_refuses_every_coordinate_and_weight_a_liar_can_move():
+    """A device that lies about its weight or one coordinate (the last delta coordinate too, beside the bit) is
+    caught from the sum alone, with the field to blame; an honest round where no device was within the bound
+    (count 0), one survivor, or fractional example weights passes."""
+    from fedzoo.aggregation.private import check_secure_sum, with_unclipped_bit
+
+    clip_range = 0.1
+    honest = np.sum([with_unclipped_bit(np.array([0.1, -0.1, 0.1]), False, clip_range) for _ in range(3)], axis=0)
+    check_secure_sum(honest, 3.0, 3, clip_range, equal=True, unclipped_bit=True)  # count 0: nobody within
+    check_secure_sum(np.array([0.1, 0.0]), 1.0, 1, clip_range, equal=True)  # one survivor; no bit by default
+    check_secure_sum(np.array([0.04]), 0.5, 2, clip_range, equal=False)  # two example weights of 1/4
+    check_secure_sum(np.array([clip_range]), 1.0, 1, clip_range, equal=True, unclipped_bit=True)  # a bit alone
+    for coordinate in range(3):  # each delta coordinate, up to the one just before the bit
+        lying = honest.copy()
+        lying[coordinate] += 0.01 * np.sign(lying[coordinate])  # 0.31 or -0.31: past 3 x 0.1
+        with pytest.raises(InvalidInputError, match="outside the clipping range") as refused:
+            check_secure_sum(lying, 3.0, 3, clip_range, equal=True, unclipped_bit=True)
+        assert refused.value.field == "clip_range"
+    for total_weight, survivors, equal, message in ((4.0, 3, True, "must weigh the same"),
+                                                    (3.5, 3, False, "some device sent a weight above 1"),
+                                                    (0.0, 2, False, "outside \\(0, 2\\]")):
+        with pytest.raises(InvalidInputError, match=message) as refused:
+            check_secure_sum(np.zeros(2), total_weight, survivors, clip_range, equal=equal)
+        assert refused.value.field == "weight"
+
+
+def test_the_server_sums_every_delta_it_clips():
+    from fedzoo.aggregation.private import clipped_sum
+
+    deltas = [{"w": np.array([3.0, 4.0])}, {"w": np.array([0.1, 0.0])}, {"w": np.array([0.0, -0.2])}]
+    total, unclipped, count = clipped_sum(deltas, 1.0, 2)
+    np.testing.assert_allclose(total, [0.6 + 0.1, 0.8 - 0.2], rtol=1e-6)  # the first clipped to norm 1
+    assert (unclipped, count) == (2, 3)
 
 
 def test_a_delta_its_device_clipped_arrives_at_the_bound_and_counts_as_clipped():
