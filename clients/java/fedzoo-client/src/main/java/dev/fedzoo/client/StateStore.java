@@ -15,6 +15,7 @@ import org.json.JSONException;
 import org.json.JSONObject;
 
 import dev.fedzoo.FedzooException;
+import dev.fedzoo.InvalidInputException;
 import dev.fedzoo.secagg.SignedRounds;
 
 /**
@@ -141,8 +142,7 @@ public final class StateStore {
 
     /** The newest card version accepted for model line {@code lineId}, or null. */
     public synchronized Integer acceptedVersion(String lineId) {
-        JSONObject versions = load().optJSONObject(ACCEPTED_VERSIONS);
-        return versions == null || !versions.has(lineId) ? null : versions.optInt(lineId);
+        return recordedVersion(load().optJSONObject(ACCEPTED_VERSIONS), lineId);
     }
 
     /** The id of the card accepted at the newest version of model line {@code lineId}, or null. */
@@ -166,7 +166,8 @@ public final class StateStore {
         change("record version of " + lineId, state -> {
             JSONObject versions = section(state, ACCEPTED_VERSIONS);
             JSONObject cards = section(state, ACCEPTED_CARDS);
-            int recorded = versions.optInt(lineId, 0);
+            Integer held = recordedVersion(versions, lineId);
+            int recorded = held == null ? 0 : held;
             if (version < recorded) {
                 throw new CardSignatureException("version " + version + " of line '" + lineId + "' is older than version "
                         + recorded + ", accepted meanwhile (rollback refused)", "rollback");
@@ -204,6 +205,23 @@ public final class StateStore {
             state.put(REVOCATION_LIST, verified.document());
             return verified;
         });
+    }
+
+    /**
+     * The version recorded for {@code lineId} in {@code versions}, or null when none is; a recorded value that is not a
+     * whole number of at least 1 (text, null, a fraction, true) is refused: read as "nothing accepted" (or, by
+     * {@code optInt}, "9" as 9 and other text as 0) it would turn the rollback check off for that line.
+     */
+    private Integer recordedVersion(JSONObject versions, String lineId) {
+        if (versions == null || !versions.has(lineId)) {
+            return null;
+        }
+        Object version = versions.opt(lineId);
+        if (!(version instanceof Integer) || (Integer) version < 1) {
+            throw new InvalidInputException("client state " + new File(directory, "state.json") + ": the version accepted for line '"
+                    + lineId + "' is " + (version instanceof String ? JSONObject.quote((String) version) : version) + ", not a whole number of at least 1", "state");
+        }
+        return (Integer) version;
     }
 
     private static JSONObject section(JSONObject state, String key) throws JSONException {
