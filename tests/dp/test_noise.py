@@ -7,7 +7,8 @@ import pytest
 
 from fedzoo.dp.accountant import PrivacyBudgetExhausted, PrivacyLedger
 from fedzoo.dp.clipping import clip_delta, l2_norm
-from fedzoo.dp.noise import AdaptiveClipping, DpFedAvg, SeededNoise, noised_unclipped_fraction, quantised_sensitivity
+from fedzoo.dp.noise import (AdaptiveClipping, DpFedAvg, SeededNoise, adaptive_noise_split, noised_unclipped_fraction,
+                             quantised_sensitivity)
 from fedzoo.errors import InvalidInputError
 
 
@@ -89,6 +90,78 @@ def test_adaptive_clipping_needs_the_count_and_enough_count_noise():
     dp = DpFedAvg(_ledger(), expected_clients=100, clip_norm=1.0, adaptive=AdaptiveClipping())
     with pytest.raises(InvalidInputError, match="unclipped"):
         dp.noised_mean(np.zeros(3))
+
+
+@pytest.mark.parametrize("settings, field", [
+    ({"target_unclipped_quantile": 0.0}, "target_unclipped_quantile"),
+    ({"target_unclipped_quantile": 1.0}, "target_unclipped_quantile"),
+    ({"target_unclipped_quantile": 1.5}, "target_unclipped_quantile"),
+    ({"clip_learning_rate": 0.0}, "clip_learning_rate"),
+    ({"clip_learning_rate": math.nan}, "clip_learning_rate"),
+    ({"clip_learning_rate": math.inf}, "clip_learning_rate"),
+    ({"clipped_count_stddev": 0.0}, "clipped_count_stddev")])
+def test_adaptive_clipping_refuses_settings_that_would_not_bound_or_not_move_the_norm(settings, field):
+    with pytest.raises(InvalidInputError, match=f"^{field} must") as refused:
+        AdaptiveClipping(**settings)
+    assert refused.value.field == field
+
+
+@pytest.mark.parametrize("expected_clients, clip_norm, field", [
+    (0, 1.0, "expected_clients"), (-5, 1.0, "expected_clients"),
+    (10, 0.0, "clip_norm"), (10, math.nan, "clip_norm"), (10, math.inf, "clip_norm")])
+def test_the_server_mechanism_refuses_a_plan_that_would_divide_by_zero_or_clip_nothing(expected_clients, clip_norm,
+                                                                                       field):
+    with pytest.raises(InvalidInputError, match=f"^{field} must be (a )?positive") as refused:
+        DpFedAvg(_ledger(), expected_clients=expected_clients, clip_norm=clip_norm)
+    assert refused.value.field == field
+
+
+def test_the_noised_mean_keeps_the_sum_and_noises_it_at_the_sensitivity_it_is_told():
+    """Attacks on the release itself: a mean that lost the sum (the grid's division), noise scaled by clip_norm
+    where the caller said the sensitivity is larger (rounding under SecAgg+), a one-coordinate sum's own rounding
+    left out of the sensitivity, a seed that does not reproduce, a count refused or accepted at its edges."""
+    dp = DpFedAvg(_ledger(z=1e-3, max_epsilon=1e12), expected_clients=4, clip_norm=1.0, seed=0)
+    assert (dp.released_sensitivity, dp.released_unclipped_fraction, dp.clipped_count_stddev) == (None, None, None)
+    assert dp.noise_stddev() == pytest.approx(1e-3)
+    total = np.array([[2.0, -1.2], [0.4, 0.0]])
+    np.testing.assert_allclose(dp.noised_mean(total), total / 4, atol=0.01)  # noise 1e-3: the mean is the sum's
+    dp.noised_mean(np.array([0.5]))
+    assert dp.released_sensitivity == pytest.approx(1.0 * (1 + 1 / 1000))  # one coordinate: step x sqrt(1)
+    wide = DpFedAvg(_ledger(z=1.0), expected_clients=1, clip_norm=0.1, seed=1)
+    draws = wide.noised_mean(np.zeros(20_000), sensitivity=0.4, grid_step=0.001)
+    assert abs(draws.std() - 0.4) < 5 * 0.4 / math.sqrt(2 * 20_000)  # z x 0.4, not z x clip_norm 0.1
+    replay = [DpFedAvg(_ledger(), expected_clients=4, clip_norm=1.0, seed=7).noised_mean(np.zeros(50)) for _ in "ab"]
+    np.testing.assert_array_equal(*replay)
+    with pytest.raises(InvalidInputError, match="^sensitivity 0.5 is below clip_norm") as refused:
+        dp.noised_mean(np.zeros(3), sensitivity=0.5)
+    assert refused.value.field == "sensitivity"
+    adaptive = DpFedAvg(_ledger(), expected_clients=4, clip_norm=1.0, adaptive=AdaptiveClipping(), seed=0)
+    for counts in ({"unclipped_count": 2}, {"contributors": 4}):
+        with pytest.raises(InvalidInputError, match="^adaptive clipping needs the count") as refused:
+            adaptive.noised_mean(np.zeros(3), **counts)
+        assert refused.value.field == "unclipped_count"
+    adaptive.noised_mean(np.zeros(3), unclipped_count=4, contributors=4)  # all within the bound is a count too
+
+
+def test_the_noised_unclipped_fraction_has_the_count_noise_it_is_told_and_refuses_impossible_counts():
+    """The count's noise is what `adaptive_noise_split` charged: stddev 2 x count_stddev on the doubled sum, so
+    count_stddev on the count; a count below 0 or above the contributors is refused, naming it."""
+    noise = SeededNoise(3)
+    draws = np.array([noised_unclipped_fraction(5, 10, 10, 4.0, noise) for _ in range(20_000)])
+    # (doubled sum + noise) / (2 x 10) + 0.5: the noise on the fraction has stddev 2 x 4 / 20
+    assert abs(draws.std() - 0.4) < 5 * 0.4 / math.sqrt(2 * 20_000)
+    assert abs(draws.mean() - 0.5) < 5 * 0.4 / math.sqrt(20_000)
+    assert noised_unclipped_fraction(10, 10, 10, 1e-9, noise) == pytest.approx(1.0)  # all within: allowed
+    for count in (-1, 11):
+        with pytest.raises(InvalidInputError, match="^unclipped_count must lie in \\[0, 10\\]") as refused:
+            noised_unclipped_fraction(count, 10, 10, 4.0, noise)
+        assert refused.value.field == "unclipped_count"
+
+
+def test_a_count_noise_of_exactly_half_the_multiplier_leaves_no_noise_for_the_deltas_and_is_refused():
+    with pytest.raises(InvalidInputError, match="needs more than z / 2") as refused:
+        adaptive_noise_split(1.0, 10, 0.5)  # 1 - (2 x 0.5)^-2 = 0 exactly
+    assert refused.value.field == "clipped_count_stddev"
 
 
 def test_no_noised_mean_past_the_budget():
