@@ -240,6 +240,10 @@ def test_the_secure_sum_check_refuses_every_coordinate_and_weight_a_liar_can_mov
     check_secure_sum(np.array([0.1, 0.0]), 1.0, 1, clip_range, equal=True)  # one survivor; no bit by default
     check_secure_sum(np.array([0.04]), 0.5, 2, clip_range, equal=False)  # two example weights of 1/4
     check_secure_sum(np.array([clip_range]), 1.0, 1, clip_range, equal=True, unclipped_bit=True)  # a bit alone
+    # devices that noised their inputs: the envelope widens by the noise's slack, and by no more
+    check_secure_sum(np.array([0.35]), 3.0, 3, clip_range, equal=True, noise_slack=0.1)
+    with pytest.raises(InvalidInputError, match="outside the clipping range"):
+        check_secure_sum(np.array([0.41]), 3.0, 3, clip_range, equal=True, noise_slack=0.1)
     for coordinate in range(3):  # each delta coordinate, up to the one just before the bit
         lying = honest.copy()
         lying[coordinate] += 0.01 * np.sign(lying[coordinate])  # 0.31 or -0.31: past 3 x 0.1
