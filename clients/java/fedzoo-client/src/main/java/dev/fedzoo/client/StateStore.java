@@ -142,13 +142,12 @@ public final class StateStore {
 
     /** The newest card version accepted for model line {@code lineId}, or null. */
     public synchronized Integer acceptedVersion(String lineId) {
-        return recordedVersion(load().optJSONObject(ACCEPTED_VERSIONS), lineId);
+        return recordedVersion(section(load(), ACCEPTED_VERSIONS), lineId);
     }
 
     /** The id of the card accepted at the newest version of model line {@code lineId}, or null. */
     public synchronized String acceptedCardId(String lineId) {
-        JSONObject cards = load().optJSONObject(ACCEPTED_CARDS);
-        return cards == null ? null : cards.optString(lineId, null);
+        return section(load(), ACCEPTED_CARDS).optString(lineId, null);
     }
 
     /** As {@link #acceptCard} for a card whose id is not recorded (only the version is kept). */
@@ -181,6 +180,8 @@ public final class StateStore {
             if (cardId != null) {
                 cards.put(lineId, cardId);
             }
+            state.put(ACCEPTED_VERSIONS, versions);
+            state.put(ACCEPTED_CARDS, cards);
             return null;
         });
     }
@@ -213,7 +214,7 @@ public final class StateStore {
      * {@code optInt}, "9" as 9 and other text as 0) it would turn the rollback check off for that line.
      */
     private Integer recordedVersion(JSONObject versions, String lineId) {
-        if (versions == null || !versions.has(lineId)) {
+        if (!versions.has(lineId)) {
             return null;
         }
         Object version = versions.opt(lineId);
@@ -224,11 +225,18 @@ public final class StateStore {
         return (Integer) version;
     }
 
-    private static JSONObject section(JSONObject state, String key) throws JSONException {
+    /**
+     * The object under {@code key} (empty when missing); a value there that is not an object is refused, as Python's
+     * {@code card_trust._section}: read as empty it would forget every version accepted.
+     */
+    private JSONObject section(JSONObject state, String key) {
+        if (!state.has(key)) {
+            return new JSONObject();
+        }
         JSONObject section = state.optJSONObject(key);
         if (section == null) {
-            section = new JSONObject();
-            state.put(key, section);
+            throw new InvalidInputException("client state " + new File(directory, "state.json") + ": " + key
+                    + " is not a JSON object", "state");
         }
         return section;
     }

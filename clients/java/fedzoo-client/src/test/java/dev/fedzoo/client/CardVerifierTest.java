@@ -108,6 +108,14 @@ class CardVerifierTest {
             assertThrows(InvalidInputException.class, () -> state.acceptCard("digits-mlp-v1", 1, "digits-v1"), recorded);
             assertEquals(new JSONObject(written).toString(), state.load().toString(), "nothing is rewritten: " + recorded);
         }
+        for (String section : new String[] {"accepted_line_versions", "accepted_line_cards"}) {
+            StateStore state = new StateStore(TestSupport.workDirectory("recorded-section"));
+            state.save(new JSONObject("{\"" + section + "\": [3]}"));
+            InvalidInputException read = assertThrows(InvalidInputException.class,
+                    () -> state.acceptCard("digits-mlp-v1", 1, "digits-v1"), section);
+            assertTrue(read.getMessage().endsWith(section + " is not a JSON object"), read.getMessage());
+            assertEquals("[3]", state.load().get(section).toString(), "nothing is rewritten: " + section);
+        }
     }
 
     @Test
