@@ -15,6 +15,7 @@ from fedzoo.clients.participation import LocalData, participate_once
 from fedzoo.clients.secure_participation import answer_stage
 from fedzoo.cloud.simulation import prepare_federation
 from fedzoo.edge.onnx_initializers import read_float_initializers
+from fedzoo.errors import InvalidInputError
 from fedzoo.secagg import SecAggClient, SecAggConfig, dequantise_sum, flatten, quantise, signatures, unflatten
 from fedzoo.secagg.crypto import MASK_DTYPES
 from fedzoo.secagg.framing import decode_unmask
@@ -736,3 +737,39 @@ def test_a_device_lying_with_its_unclipped_bit_gets_the_round_refused(roomy_simu
     with sqlite3.connect(roomy_server.data_dir / "registry.db") as database:  # a DP round's read withholds the reason
         (outcome,) = database.execute("SELECT outcome_json FROM fl_rounds WHERE id = ?", (round_id,)).fetchone()
     assert "unclipped bits" in outcome and "some device sent a bit other than 0 or 1" in outcome, outcome
+
+
+PLAN_MODEL = {"model_id": "digits-v1", "evaluation_sha256": "0" * 64}  # a config unit-tested without a server
+
+
+def test_a_plan_without_a_noise_multiplier_gets_the_smallest_that_spends_its_budget():
+    """What a DP plan's rounds are noised with: calibrated from the plan's own budget, delta, rounds and accountant
+    (no sampling amplification), the operator's own z kept, and a count noise that leaves the deltas none refused
+    under the plan's field name."""
+    from fedzoo.dp.accountant import noise_multiplier_for
+    from fedzoo.server.fl.schemas import RoundConfig
+
+    def plan(**dp):
+        settings = {"max_epsilon": 8.0, "delta": 1e-5, "clip_norm": 1.0, **dp}
+        return RoundConfig(**round_config(num_rounds=5, privacy={"dp": settings}, **PLAN_MODEL))
+
+    calibrated = secure_rounds.with_calibrated_noise(plan()).privacy.dp.noise_multiplier
+    assert calibrated == pytest.approx(noise_multiplier_for(8.0, 1e-5, 5, 1.0, "rdp"))
+    assert secure_rounds.with_calibrated_noise(plan(noise_multiplier=2.5)).privacy.dp.noise_multiplier == 2.5
+    plain = RoundConfig(**round_config(**PLAN_MODEL))
+    assert secure_rounds.with_calibrated_noise(plain) == plain
+    adaptive = plan(noise_multiplier=2.0, adaptive={"clipped_count_stddev": 3.0})  # target 3 clients: m / 20 < z
+    assert secure_rounds.with_calibrated_noise(adaptive).privacy.dp.noise_multiplier == 2.0
+    with pytest.raises(InvalidInputError, match="^clipped_count_stddev=1.0 is too small for noise multiplier 2.0") \
+            as refused:
+        secure_rounds.with_calibrated_noise(plan(noise_multiplier=2.0, adaptive={"clipped_count_stddev": 1.0}))
+    assert refused.value.field == "privacy.dp.adaptive.clipped_count_stddev"
+
+
+def test_a_cohorts_parameters_carry_the_operators_threshold_the_plans_minimum_and_the_subnet_in_the_id():
+    from fedzoo.server.fl.schemas import SecureAggregationSettings
+
+    chosen = secure_rounds.secagg_config(SecureAggregationSettings(threshold=40), 7, 100, 10, 0.05, 60, subnet=2)
+    assert chosen.threshold == 40 and chosen.minimum_survivors >= 60
+    assert chosen.round_id == "fl-round-7/subnet-2"
+    assert secure_rounds.secagg_config(SecureAggregationSettings(), 7, 100, 10, 0.05, 3).round_id == "fl-round-7"
