@@ -502,6 +502,32 @@ def test_membership_attack_a_dp_card_reads_the_same_with_and_without_the_target(
     assert secure_rounds.published_counts(plain) == {  # without DP the counts are exact
         "accepted_updates": 17, "aggregated_updates": 17, "num_examples": None,
         "screening": {"norm_limit": 0.1, "counted": 17, "clipped": 2, "rejected": 0}}
+    assert secure_rounds.published_counts(_outcome(17, privacy=private)) == {  # under DP: none, and says why
+        "accepted_updates": None, "aggregated_updates": None, "num_examples": None,
+        "screening": {"norm_limit": 0.1}, "counts_withheld": secure_rounds.DP_COUNTS_WITHHELD}
+
+
+def test_a_dp_rounds_view_keeps_no_figure_that_counts_devices():
+    """Every membership-dependent figure a round's view can hold, as the server writes them: none survives
+    `without_dp_counts`, and what does not count devices (the SecAgg+ parameters, the zoo's models) is kept."""
+    view = {"state": "failed", "selected_devices": 9, "accepted_updates": 8, "upload_bytes": 1000,
+            "declined_devices": 1,
+            "outcome": {"version": 2, "accepted_updates": 8, "aggregated_updates": 8, "num_examples": 80,
+                        "upload_bytes": 1000, "declined": 1, "screening": {"norm_limit": 2.0, "rejected": 1},
+                        "secure_aggregation": {"neighbour_count": 6, "threshold": 5, "levels": 127, "clip_range": 0.1,
+                                               "survivors": 8, "dropped": 1},
+                        "zoo": {"models": 3, "devices_per_zoo_model": {"a": 3}, "devices_per_subnet": {"a": [3]},
+                                "coverage": 0.5, "bytes": 10},
+                        "failure": "only 1 of the 2 devices needed replied"}}
+    assert secure_rounds.without_dp_counts(view) == {
+        "state": "failed", "selected_devices": None, "accepted_updates": None, "upload_bytes": None,
+        "declined_devices": None, "counts_withheld": secure_rounds.DP_COUNTS_WITHHELD,
+        "outcome": {"version": 2, "screening": {"norm_limit": 2.0},
+                    "secure_aggregation": {"neighbour_count": 6, "threshold": 5, "levels": 127, "clip_range": 0.1},
+                    "zoo": {"models": 3},
+                    "failure": "the round failed (its reason is withheld under DP: it counts devices)"}}
+    assert secure_rounds.without_dp_counts({**view, "outcome": None})["outcome"] is None
+    assert secure_rounds.without_dp_counts({**view, "outcome": {"version": 2}})["outcome"] == {"version": 2}
 
 
 def test_membership_attack_a_dp_rounds_read_states_no_counts_and_needs_an_operator_token(simulation, federation):
@@ -564,6 +590,8 @@ def test_a_new_line_from_a_dp_model_starts_from_the_ledger_its_signed_card_carri
     claim = {"line_events": [[1.5, 1.0, 2]], "delta": 1e-6, "accountant": "pld"}
     assert secure_rounds.inherited_ledger(claim, 1e-5, "rdp") == ([[1.5, 1.0, 2]], 1e-6, "pld")
     assert secure_rounds.inherited_ledger({}, 1e-5, "rdp") == ([], 1e-5, "rdp")
+    assert secure_rounds.inherited_ledger({"line_events": [[1.5, 1.0, 2]]}, 1e-5, "rdp") == ([[1.5, 1.0, 2]], 1e-5, "rdp")
+    assert secure_rounds.inherited_ledger({"line_events": "[[1.5, 1.0, 2]]"}, 1e-5, "rdp") == ([], 1e-5, "rdp")
 
 
 def test_an_insider_that_takes_secure_seats_and_drops_out_every_round_is_quarantined(simulation, federation):
