@@ -801,3 +801,25 @@ def test_a_cohorts_parameters_carry_the_operators_threshold_the_plans_minimum_an
     assert chosen.threshold == 40 and chosen.minimum_survivors >= 60
     assert chosen.round_id == "fl-round-7/subnet-2"
     assert secure_rounds.secagg_config(SecureAggregationSettings(), 7, 100, 10, 0.05, 3).round_id == "fl-round-7"
+
+
+def test_secure_rounds_weigh_devices_equally_unless_the_plan_keeps_example_weights_and_never_under_dp():
+    """The server sees only the sum, so under SecAgg+ it bounds each device's weight by making them equal, unless
+    the operator keeps FedAvg's example weights; DP always weighs equally (its sensitivity assumes it). The
+    unclipped bit rides along only where adaptive clipping meets SecAgg+."""
+    from fedzoo.server.fl.schemas import RoundConfig
+
+    dp = {"max_epsilon": 8.0, "delta": 1e-5, "clip_norm": 1.0}
+    adaptive_dp = {**dp, "adaptive": {}}
+
+    def plan(privacy, rule="median_multiple"):
+        return RoundConfig(**round_config(privacy=privacy, weight_bound={"rule": rule}, **PLAN_MODEL))
+
+    assert secure_rounds.equal_weights(plan({"secure_aggregation": {}}))
+    assert not secure_rounds.equal_weights(plan({"secure_aggregation": {}}, rule="examples"))
+    assert secure_rounds.equal_weights(plan({"secure_aggregation": {}, "dp": dp}, rule="examples"))
+    assert secure_rounds.equal_weights(plan({"dp": dp}, rule="examples"))
+    assert secure_rounds.carries_unclipped_bit(plan({"secure_aggregation": {}, "dp": adaptive_dp}))
+    assert not secure_rounds.carries_unclipped_bit(plan({"secure_aggregation": {}, "dp": dp}))
+    assert not secure_rounds.carries_unclipped_bit(plan({"dp": adaptive_dp}))
+    assert not secure_rounds.carries_unclipped_bit(plan({"secure_aggregation": {}}))
