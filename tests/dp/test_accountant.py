@@ -189,3 +189,14 @@ def test_a_budget_is_spent_up_to_and_including_its_last_round():
         line.require_budget_for_next_round()
     assert line.events() == [[1.0, 1.0, 1], [1.0, 1.0, 1]] and line.events(2) == [[1.0, 1.0, 1], [1.0, 1.0, 3]]
     assert PrivacyLedger(1.0, 1.0, 1e-5, 8.0, line_events=[[2.0, 1.0, 4]]).events() == [[2.0, 1.0, 4]]
+
+
+def test_a_pld_ledger_checks_its_budgets_with_its_own_accountant():
+    """The plan's accountant, not the default one, decides every budget check (RDP's epsilon is larger here)."""
+    exactly_two = epsilon_after(2, 1.0, 1.0, 1e-5, "pld")
+    assert exactly_two < epsilon_after(2, 1.0, 1.0, 1e-5, "rdp")
+    ledger = PrivacyLedger(1.0, 1.0, 1e-5, max_epsilon=exactly_two, mechanism="pld", line="digits-v1",
+                           line_max_epsilon=exactly_two)
+    assert ledger.rounds_within_plan_budget(5) == 2
+    assert ledger.require_budget_for_next_round() == pytest.approx(epsilon_after(1, 1.0, 1.0, 1e-5, "pld"))
+    assert ledger.require_line_budget(2) == pytest.approx(exactly_two)
