@@ -154,7 +154,7 @@ def test_a_ledger_that_would_not_bound_epsilon_is_refused_naming_the_field(chang
         PrivacyLedger(**{"noise_multiplier": 1.0, "sampling_probability": 0.1, "delta": 1e-5, "max_epsilon": 8.0,
                          **changes})
     assert error.value.field == field
-    PrivacyLedger(1.0, 1.0, 1e-5, max_epsilon=8.0)  # every device sampled: allowed
+    PrivacyLedger(1.0, 1.0, 1e-5, max_epsilon=0.5, line_max_epsilon=0.5)  # all sampled, budgets below 1: allowed
 
 
 def test_round_counts_that_are_not_whole_and_non_negative_are_refused():
