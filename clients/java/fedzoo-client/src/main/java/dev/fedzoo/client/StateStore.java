@@ -219,8 +219,10 @@ public final class StateStore {
         }
         Object version = versions.opt(lineId);
         if (!(version instanceof Integer) || (Integer) version < 1) {
-            throw new InvalidInputException("client state " + new File(directory, "state.json") + ": the version accepted for line '"
-                    + lineId + "' is " + (version instanceof String ? JSONObject.quote((String) version) : version) + ", not a whole number of at least 1", "state");
+            Object shown = version instanceof String ? JSONObject.quote((String) version) : version;
+            throw new InvalidInputException("client state " + new File(directory, "state.json")
+                    + ": the version accepted for line '" + lineId + "' is " + shown + ", not a whole number of at least 1",
+                    "state");
         }
         return (Integer) version;
     }
