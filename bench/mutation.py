@@ -5,6 +5,7 @@ Run by hand or nightly, never in the test suite (one module takes minutes; the w
     python bench/mutation.py fedzoo/secagg/signatures.py      # one module
     python bench/mutation.py                                  # every module in MODULES
     python bench/mutation.py fedzoo/secagg/client.py --functions _consistency_signers unmask   # some functions
+    python bench/mutation.py server/fl/secure_rounds.py --functions equal_weights --tests "tests/x.py::test_y"
 
 mutmut imports the mutated copy through `sys.path`, but the repository's areas are installed under one namespace
 by `package-dir` (`server/` is `fedzoo.server`), which the editable install maps to the original files. So each
@@ -45,6 +46,9 @@ MODULES: dict[str, list[str]] = {
     "fedzoo/dp/noise.py": ["tests/dp/test_noise.py"],
     "fedzoo/dp/clipping.py": ["tests/dp/test_noise.py"],
     "fedzoo/dp/seeded_stream.py": ["tests/dp/test_distributed.py"],
+    "fedzoo/aggregation/private.py": [
+        "tests/dp/test_noise.py",
+        "tests/server/test_fl_robust.py::test_the_unmasked_sum_must_lie_within_what_clipped_updates_add_up_to"],
     "fedzoo/aggregation/weighting.py": [
         "tests/server/test_fl_robust.py::test_a_claimed_example_count_weighs_at_most_k_times_the_rounds_median",
         "tests/server/test_weight_bound.py"],
@@ -102,10 +106,10 @@ def mutant_patterns(functions: list[str]) -> list[str]:
     return [pattern for name in functions for pattern in (f"*.x_{name}__mutmut_*", f"*ǁ{name}__mutmut_*")]
 
 
-def run(module: str, max_children: int, functions: list[str]) -> int:
-    """Mutates one module (only `functions` when given), prints its counts and the mutants no test killed;
-    returns their number."""
-    tests = MODULES[module]
+def run(module: str, max_children: int, functions: list[str], tests: list[str]) -> int:
+    """Mutates one module (only `functions` when given) against `tests` (default: its MODULES selection), prints
+    its counts and the mutants no test killed; returns their number."""
+    tests = tests or MODULES[module]
     with tempfile.TemporaryDirectory(prefix="fedzoo-mutation-") as folder:
         scratch = Path(folder)
         build_layout(scratch, module, tests)
@@ -132,11 +136,14 @@ def main() -> None:
     parser.add_argument("--functions", nargs="+", default=[], metavar="name",
                         help="mutate only these functions or methods (a method by its name alone), e.g. where a "
                              "module is too large for one sitting; the others count as 'not checked'")
+    parser.add_argument("--tests", nargs="+", default=[], metavar="selection",
+                        help="pytest selections replacing MODULES' for the module, e.g. the fast unit tests of the "
+                             "functions named by --functions where the module's round tests take minutes a mutant")
     arguments = parser.parse_args()
     unknown = sorted(set(arguments.modules) - set(MODULES))
     if unknown:
         parser.error(f"no tests are named for {', '.join(unknown)}: add the module to MODULES in bench/mutation.py")
-    results = {module: run(module, arguments.max_children, arguments.functions)
+    results = {module: run(module, arguments.max_children, arguments.functions, arguments.tests)
                for module in arguments.modules or MODULES}
     print("not killed per module: " + ", ".join(f"{module} {count}" for module, count in results.items()))
 

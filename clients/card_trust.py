@@ -40,8 +40,8 @@ class CardVerifier:
 
     def accepted_version(self, line_id: str) -> int | None:
         """The newest version of model line `line_id` this device accepted, or None."""
-        version = _section(self._state(), ACCEPTED_VERSIONS_KEY, self.state_path).get(line_id)
-        return version if isinstance(version, int) else None
+        return _recorded_version(_section(self._state(), ACCEPTED_VERSIONS_KEY, self.state_path), line_id,
+                                 self.state_path)
 
     def verify(self, card: ModelCard) -> None:
         """Raise `CardSignatureError` (with its `reason`) unless the card may be used on this device."""
@@ -59,7 +59,7 @@ class CardVerifier:
         def raised(state: dict[str, Any]) -> dict[str, Any]:
             versions = dict(_section(state, ACCEPTED_VERSIONS_KEY, self.state_path))
             cards = dict(_section(state, ACCEPTED_CARDS_KEY, self.state_path))
-            recorded = versions.get(card.line_id, 0)
+            recorded = _recorded_version(versions, card.line_id, self.state_path) or 0  # None: nothing accepted
             _refuse_out_of_order(card, recorded, cards.get(card.line_id) if recorded == card.version else None)
             versions[card.line_id], cards[card.line_id] = card.version, card.id
             return {ACCEPTED_VERSIONS_KEY: versions, ACCEPTED_CARDS_KEY: cards}
@@ -91,3 +91,16 @@ def _section(state: dict[str, Any], key: str, path: Path) -> dict[str, Any]:
     if not isinstance(section, dict):
         raise InvalidInputError(f"client state {path}: {key} is not a JSON object", field="state")
     return section
+
+
+def _recorded_version(versions: dict[str, Any], line_id: str, path: Path) -> int | None:
+    """The version recorded for `line_id`, or None when none is; a recorded value that is not a whole number of at
+    least 1 (text, null, a fraction, true) is refused: read as "nothing accepted" it would turn the rollback check
+    off for that line."""
+    if line_id not in versions:
+        return None
+    version = versions[line_id]
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise InvalidInputError(f"client state {path}: the version accepted for line {line_id!r} is {version!r}, "
+                                "not a whole number of at least 1", field="state")
+    return version

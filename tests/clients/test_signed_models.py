@@ -308,6 +308,24 @@ def test_a_state_file_that_does_not_say_what_was_accepted_is_refused_not_guessed
     assert refused.value.field == "state"
 
 
+@pytest.mark.parametrize("recorded", ["9", None, 9.5, True, 0, -3])
+def test_a_recorded_version_that_is_not_a_whole_number_is_refused_not_read_as_nothing_accepted(federation, tmp_path,
+                                                                                                recorded):
+    """A device whose state file says `{"line": "9"}` has accepted something: reading it as "nothing accepted" would
+    let any older card of that line through, so both checking and accepting refuse until the file is repaired."""
+    card = sign_card(federation.card, OPERATOR)
+    path = tmp_path / "state" / "client.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"accepted_line_versions": {card.line_id: recorded}}))
+    verifier = CardVerifier(PINNED, path)
+    for step in (verifier.verify, verifier.accept):
+        with pytest.raises(InvalidInputError, match=f"line {re.escape(repr(card.line_id))} is .*not a whole number") \
+                as refused:
+            step(card)
+        assert refused.value.field == "state"
+    assert json.loads(path.read_text())["accepted_line_versions"] == {card.line_id: recorded}, "nothing is rewritten"
+
+
 def test_without_pinned_keys_the_sdk_keeps_working_as_before(federation, scripted_server, tmp_path):
     _serve(scripted_server, federation.card, federation.model)
     with FedzooClient(scripted_server.url, cache_dir=tmp_path / "cache") as device:

@@ -139,3 +139,64 @@ def test_an_adaptive_round_spends_what_its_ledger_says(noise_multiplier, rounds,
         separate.compose(dp_accounting.GaussianDpEvent(2 * count_stddev), rounds)
         assert separate.get_epsilon(1e-5) == pytest.approx(direct, rel=1e-6)
     assert epsilon_after(rounds, noise_multiplier, sampling_probability, 1e-5) == pytest.approx(direct, rel=1e-6)
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"noise_multiplier": math.nan}, "noise_multiplier"), ({"noise_multiplier": math.inf}, "noise_multiplier"),
+    ({"noise_multiplier": -1.0}, "noise_multiplier"), ({"sampling_probability": 0.0}, "sampling_probability"),
+    ({"delta": 1.0}, "delta"), ({"max_epsilon": 0.0}, "max_epsilon"), ({"max_epsilon": math.nan}, "max_epsilon"),
+    ({"max_epsilon": math.inf}, "max_epsilon"), ({"line_max_epsilon": 0.0}, "line_max_epsilon"),
+    ({"line_max_epsilon": math.inf}, "line_max_epsilon")])
+def test_a_ledger_that_would_not_bound_epsilon_is_refused_naming_the_field(changes, field):
+    """Each refusal an operator's plan (or a ledger read back) can reach, at its edge: no noise, no sampling, a
+    certain failure (delta 1), a budget of 0 or without bound."""
+    with pytest.raises(InvalidInputError, match=f"^{field} must") as error:
+        PrivacyLedger(**{"noise_multiplier": 1.0, "sampling_probability": 0.1, "delta": 1e-5, "max_epsilon": 8.0,
+                         **changes})
+    assert error.value.field == field
+    PrivacyLedger(1.0, 1.0, 1e-5, max_epsilon=0.5, line_max_epsilon=0.5)  # all sampled, budgets below 1: allowed
+
+
+def test_round_counts_that_are_not_whole_and_non_negative_are_refused():
+    with pytest.raises(InvalidInputError, match="^rounds must be non-negative") as error:
+        epsilon_after(-1, 1.0, 1.0, 1e-5)
+    assert error.value.field == "rounds"
+    assert epsilon_after(0, 1.0, 1.0, 1e-5) == 0.0
+    for rounds in (-1, 1.5):
+        with pytest.raises(InvalidInputError, match="^a ledger's round count must be a whole number") as error:
+            epsilon_of_events([[1.0, 1.0, 2], [1.0, 1.0, rounds]], 1e-5)
+        assert error.value.field == "rounds"
+    assert epsilon_of_events([[1.0, 1.0, 0]], 1e-5) == 0.0
+    assert epsilon_of_events([[1.0, 1.0, 0], [1.0, 1.0, 2]], 1e-5) == pytest.approx(epsilon_after(2, 1.0, 1.0, 1e-5))
+
+
+def test_a_budget_is_spent_up_to_and_including_its_last_round():
+    """A round that lands exactly on the plan's or the line's budget runs; the next one is refused."""
+    exactly_two = epsilon_after(2, 1.0, 1.0, 1e-5)
+    ledger = PrivacyLedger(1.0, 1.0, 1e-5, max_epsilon=exactly_two)
+    assert ledger.rounds_within_plan_budget(5) == 2
+    for _ in range(2):
+        assert ledger.require_budget_for_next_round() == pytest.approx(
+            epsilon_after(ledger.rounds_done + 1, 1.0, 1.0, 1e-5))
+        ledger.record_round()
+    with pytest.raises(PrivacyBudgetExhausted, match="^round 3 would bring epsilon"):
+        ledger.require_budget_for_next_round()
+    line = PrivacyLedger(1.0, 1.0, 1e-5, max_epsilon=50.0, line="digits-v1", line_events=[[1.0, 1.0, 1]],
+                         line_max_epsilon=exactly_two)
+    assert line.require_budget_for_next_round() == pytest.approx(exactly_two)
+    line.record_round()
+    with pytest.raises(PrivacyBudgetExhausted, match="^1 more round\\(s\\) would bring model line 'digits-v1'"):
+        line.require_budget_for_next_round()
+    assert line.events() == [[1.0, 1.0, 1], [1.0, 1.0, 1]] and line.events(2) == [[1.0, 1.0, 1], [1.0, 1.0, 3]]
+    assert PrivacyLedger(1.0, 1.0, 1e-5, 8.0, line_events=[[2.0, 1.0, 4]]).events() == [[2.0, 1.0, 4]]
+
+
+def test_a_pld_ledger_checks_its_budgets_with_its_own_accountant():
+    """The plan's accountant, not the default one, decides every budget check (RDP's epsilon is larger here)."""
+    exactly_two = epsilon_after(2, 1.0, 1.0, 1e-5, "pld")
+    assert exactly_two < epsilon_after(2, 1.0, 1.0, 1e-5, "rdp")
+    ledger = PrivacyLedger(1.0, 1.0, 1e-5, max_epsilon=exactly_two, mechanism="pld", line="digits-v1",
+                           line_max_epsilon=exactly_two)
+    assert ledger.rounds_within_plan_budget(5) == 2
+    assert ledger.require_budget_for_next_round() == pytest.approx(epsilon_after(1, 1.0, 1.0, 1e-5, "pld"))
+    assert ledger.require_line_budget(2) == pytest.approx(exactly_two)

@@ -7,7 +7,8 @@ import pytest
 
 from fedzoo.dp.accountant import PrivacyBudgetExhausted, PrivacyLedger
 from fedzoo.dp.clipping import clip_delta, l2_norm
-from fedzoo.dp.noise import AdaptiveClipping, DpFedAvg, SeededNoise, noised_unclipped_fraction, quantised_sensitivity
+from fedzoo.dp.noise import (AdaptiveClipping, DpFedAvg, SeededNoise, adaptive_noise_split, noised_unclipped_fraction,
+                             quantised_sensitivity)
 from fedzoo.errors import InvalidInputError
 
 
@@ -46,6 +47,28 @@ def test_clipping_bounds_the_norm_and_reports_whether_it_was_needed():
         clip_delta(delta, 0.0)
 
 
+def test_clipping_bounds_every_norm_and_refuses_what_it_cannot_measure():
+    """A device's delta of any norm leaves it within the bound, as float32 (what it uploads): below 1 too (a
+    bound of 0.1 on a delta of norm 0.5), at 0 (no division by it), and past float32's range (1e20 squared
+    overflows float32, not the float64 the norm is taken in): such a delta is clipped, not refused."""
+    small, within = clip_delta({"w": np.array([0.3, 0.4])}, 0.1)
+    assert l2_norm(small) == pytest.approx(0.1, rel=1e-6) and within is False and small["w"].dtype == np.float32
+    zero, within = clip_delta({"w": np.zeros(3, dtype=np.float32)}, 1.0)
+    assert within is True and np.array_equal(zero["w"], np.zeros(3))
+    huge, within = clip_delta({"w": np.array([1e20, 1e20], dtype=np.float32)}, 1.0)
+    assert l2_norm(huge) == pytest.approx(1.0, rel=1e-6) and within is False and huge["w"].dtype == np.float32
+    at_the_bound = clip_delta({"w": np.array([3.0, 4.0])}, 5.0)
+    assert at_the_bound[1] is True and at_the_bound[0]["w"].dtype == np.float32  # within means norm <= bound
+    for bad_norm in (0.0, -1.0, math.nan, math.inf):
+        with pytest.raises(InvalidInputError, match="^clip_norm must be a positive number") as refused:
+            clip_delta({"w": np.ones(2)}, bad_norm)
+        assert refused.value.field == "clip_norm"
+    for bad_value in (math.nan, math.inf):
+        with pytest.raises(InvalidInputError, match="^the delta holds NaN or infinite values$") as refused:
+            clip_delta({"w": np.array([1.0, bad_value])}, 1.0)
+        assert refused.value.field == "delta"
+
+
 def test_adaptive_clipping_moves_the_bound_to_the_target_quantile_of_the_norms():
     rng = np.random.default_rng(2)
     dp = DpFedAvg(_ledger(z=1.0, sampling_probability=1.0), expected_clients=1000, clip_norm=0.05,
@@ -67,6 +90,78 @@ def test_adaptive_clipping_needs_the_count_and_enough_count_noise():
     dp = DpFedAvg(_ledger(), expected_clients=100, clip_norm=1.0, adaptive=AdaptiveClipping())
     with pytest.raises(InvalidInputError, match="unclipped"):
         dp.noised_mean(np.zeros(3))
+
+
+@pytest.mark.parametrize("settings, field", [
+    ({"target_unclipped_quantile": 0.0}, "target_unclipped_quantile"),
+    ({"target_unclipped_quantile": 1.0}, "target_unclipped_quantile"),
+    ({"target_unclipped_quantile": 1.5}, "target_unclipped_quantile"),
+    ({"clip_learning_rate": 0.0}, "clip_learning_rate"),
+    ({"clip_learning_rate": math.nan}, "clip_learning_rate"),
+    ({"clip_learning_rate": math.inf}, "clip_learning_rate"),
+    ({"clipped_count_stddev": 0.0}, "clipped_count_stddev")])
+def test_adaptive_clipping_refuses_settings_that_would_not_bound_or_not_move_the_norm(settings, field):
+    with pytest.raises(InvalidInputError, match=f"^{field} must") as refused:
+        AdaptiveClipping(**settings)
+    assert refused.value.field == field
+
+
+@pytest.mark.parametrize("expected_clients, clip_norm, field", [
+    (0, 1.0, "expected_clients"), (-5, 1.0, "expected_clients"),
+    (10, 0.0, "clip_norm"), (10, math.nan, "clip_norm"), (10, math.inf, "clip_norm")])
+def test_the_server_mechanism_refuses_a_plan_that_would_divide_by_zero_or_clip_nothing(expected_clients, clip_norm,
+                                                                                       field):
+    with pytest.raises(InvalidInputError, match=f"^{field} must be (a )?positive") as refused:
+        DpFedAvg(_ledger(), expected_clients=expected_clients, clip_norm=clip_norm)
+    assert refused.value.field == field
+
+
+def test_the_noised_mean_keeps_the_sum_and_noises_it_at_the_sensitivity_it_is_told():
+    """Attacks on the release itself: a mean that lost the sum (the grid's division), noise scaled by clip_norm
+    where the caller said the sensitivity is larger (rounding under SecAgg+), a one-coordinate sum's own rounding
+    left out of the sensitivity, a seed that does not reproduce, a count refused or accepted at its edges."""
+    dp = DpFedAvg(_ledger(z=1e-3, max_epsilon=1e12), expected_clients=4, clip_norm=1.0, seed=0)
+    assert (dp.released_sensitivity, dp.released_unclipped_fraction, dp.clipped_count_stddev) == (None, None, None)
+    assert dp.noise_stddev() == pytest.approx(1e-3)
+    total = np.array([[2.0, -1.2], [0.4, 0.0]])
+    np.testing.assert_allclose(dp.noised_mean(total), total / 4, atol=0.01)  # noise 1e-3: the mean is the sum's
+    dp.noised_mean(np.array([0.5]))
+    assert dp.released_sensitivity == pytest.approx(1.0 * (1 + 1 / 1000))  # one coordinate: step x sqrt(1)
+    wide = DpFedAvg(_ledger(z=1.0), expected_clients=1, clip_norm=0.1, seed=1)
+    draws = wide.noised_mean(np.zeros(20_000), sensitivity=0.4, grid_step=0.001)
+    assert abs(draws.std() - 0.4) < 5 * 0.4 / math.sqrt(2 * 20_000)  # z x 0.4, not z x clip_norm 0.1
+    replay = [DpFedAvg(_ledger(), expected_clients=4, clip_norm=1.0, seed=7).noised_mean(np.zeros(50)) for _ in "ab"]
+    np.testing.assert_array_equal(*replay)
+    with pytest.raises(InvalidInputError, match="^sensitivity 0.5 is below clip_norm") as refused:
+        dp.noised_mean(np.zeros(3), sensitivity=0.5)
+    assert refused.value.field == "sensitivity"
+    adaptive = DpFedAvg(_ledger(), expected_clients=4, clip_norm=1.0, adaptive=AdaptiveClipping(), seed=0)
+    for counts in ({"unclipped_count": 2}, {"contributors": 4}):
+        with pytest.raises(InvalidInputError, match="^adaptive clipping needs the count") as refused:
+            adaptive.noised_mean(np.zeros(3), **counts)
+        assert refused.value.field == "unclipped_count"
+    adaptive.noised_mean(np.zeros(3), unclipped_count=4, contributors=4)  # all within the bound is a count too
+
+
+def test_the_noised_unclipped_fraction_has_the_count_noise_it_is_told_and_refuses_impossible_counts():
+    """The count's noise is what `adaptive_noise_split` charged: stddev 2 x count_stddev on the doubled sum, so
+    count_stddev on the count; a count below 0 or above the contributors is refused, naming it."""
+    noise = SeededNoise(3)
+    draws = np.array([noised_unclipped_fraction(5, 10, 10, 4.0, noise) for _ in range(20_000)])
+    # (doubled sum + noise) / (2 x 10) + 0.5: the noise on the fraction has stddev 2 x 4 / 20
+    assert abs(draws.std() - 0.4) < 5 * 0.4 / math.sqrt(2 * 20_000)
+    assert abs(draws.mean() - 0.5) < 5 * 0.4 / math.sqrt(20_000)
+    assert noised_unclipped_fraction(10, 10, 10, 1e-9, noise) == pytest.approx(1.0)  # all within: allowed
+    for count in (-1, 11):
+        with pytest.raises(InvalidInputError, match="^unclipped_count must lie in \\[0, 10\\]") as refused:
+            noised_unclipped_fraction(count, 10, 10, 4.0, noise)
+        assert refused.value.field == "unclipped_count"
+
+
+def test_a_count_noise_of_exactly_half_the_multiplier_leaves_no_noise_for_the_deltas_and_is_refused():
+    with pytest.raises(InvalidInputError, match="needs more than z / 2") as refused:
+        adaptive_noise_split(1.0, 10, 0.5)  # 1 - (2 x 0.5)^-2 = 0 exactly
+    assert refused.value.field == "clipped_count_stddev"
 
 
 def test_no_noised_mean_past_the_budget():
@@ -131,6 +226,45 @@ def test_the_unclipped_count_under_secagg_must_be_a_whole_number_of_bits_in_zero
     # the bit's coordinate is the count, not a clipped coordinate: 3 devices within give 3 x clip_range there
     check_secure_sum(total + np.array([0.0, 0.0, clip_range]), 3.0, survivors, clip_range, equal=True,
                      unclipped_bit=True)
+
+
+def test_the_secure_sum_check_refuses_every_coordinate_and_weight_a_liar_can_move():
+    """A device that lies about its weight or one coordinate (the last delta coordinate too, beside the bit) is
+    caught from the sum alone, with the field to blame; an honest round where no device was within the bound
+    (count 0), one survivor, or fractional example weights passes."""
+    from fedzoo.aggregation.private import check_secure_sum, with_unclipped_bit
+
+    clip_range = 0.1
+    honest = np.sum([with_unclipped_bit(np.array([0.1, -0.1, 0.1]), False, clip_range) for _ in range(3)], axis=0)
+    check_secure_sum(honest, 3.0, 3, clip_range, equal=True, unclipped_bit=True)  # count 0: nobody within
+    check_secure_sum(np.array([0.1, 0.0]), 1.0, 1, clip_range, equal=True)  # one survivor; no bit by default
+    check_secure_sum(np.array([0.04]), 0.5, 2, clip_range, equal=False)  # two example weights of 1/4
+    check_secure_sum(np.array([clip_range]), 1.0, 1, clip_range, equal=True, unclipped_bit=True)  # a bit alone
+    # devices that noised their inputs: the envelope widens by the noise's slack, and by no more
+    check_secure_sum(np.array([0.35]), 3.0, 3, clip_range, equal=True, noise_slack=0.1)
+    with pytest.raises(InvalidInputError, match="outside the clipping range"):
+        check_secure_sum(np.array([0.41]), 3.0, 3, clip_range, equal=True, noise_slack=0.1)
+    for coordinate in range(3):  # each delta coordinate, up to the one just before the bit
+        lying = honest.copy()
+        lying[coordinate] += 0.01 * np.sign(lying[coordinate])  # 0.31 or -0.31: past 3 x 0.1
+        with pytest.raises(InvalidInputError, match="outside the clipping range") as refused:
+            check_secure_sum(lying, 3.0, 3, clip_range, equal=True, unclipped_bit=True)
+        assert refused.value.field == "clip_range"
+    for total_weight, survivors, equal, message in ((4.0, 3, True, "must weigh the same"),
+                                                    (3.5, 3, False, "some device sent a weight above 1"),
+                                                    (0.0, 2, False, "outside \\(0, 2\\]")):
+        with pytest.raises(InvalidInputError, match=message) as refused:
+            check_secure_sum(np.zeros(2), total_weight, survivors, clip_range, equal=equal)
+        assert refused.value.field == "weight"
+
+
+def test_the_server_sums_every_delta_it_clips():
+    from fedzoo.aggregation.private import clipped_sum
+
+    deltas = [{"w": np.array([3.0, 4.0])}, {"w": np.array([0.1, 0.0])}, {"w": np.array([0.0, -0.2])}]
+    total, unclipped, count = clipped_sum(deltas, 1.0, 2)
+    np.testing.assert_allclose(total, [0.6 + 0.1, 0.8 - 0.2], rtol=1e-6)  # the first clipped to norm 1
+    assert (unclipped, count) == (2, 3)
 
 
 def test_a_delta_its_device_clipped_arrives_at_the_bound_and_counts_as_clipped():

@@ -15,6 +15,7 @@ from fedzoo.clients.participation import LocalData, participate_once
 from fedzoo.clients.secure_participation import answer_stage
 from fedzoo.cloud.simulation import prepare_federation
 from fedzoo.edge.onnx_initializers import read_float_initializers
+from fedzoo.errors import InvalidInputError
 from fedzoo.secagg import SecAggClient, SecAggConfig, dequantise_sum, flatten, quantise, signatures, unflatten
 from fedzoo.secagg.crypto import MASK_DTYPES
 from fedzoo.secagg.framing import decode_unmask
@@ -501,6 +502,32 @@ def test_membership_attack_a_dp_card_reads_the_same_with_and_without_the_target(
     assert secure_rounds.published_counts(plain) == {  # without DP the counts are exact
         "accepted_updates": 17, "aggregated_updates": 17, "num_examples": None,
         "screening": {"norm_limit": 0.1, "counted": 17, "clipped": 2, "rejected": 0}}
+    assert secure_rounds.published_counts(_outcome(17, privacy=private)) == {  # under DP: none, and says why
+        "accepted_updates": None, "aggregated_updates": None, "num_examples": None,
+        "screening": {"norm_limit": 0.1}, "counts_withheld": secure_rounds.DP_COUNTS_WITHHELD}
+
+
+def test_a_dp_rounds_view_keeps_no_figure_that_counts_devices():
+    """Every membership-dependent figure a round's view can hold, as the server writes them: none survives
+    `without_dp_counts`, and what does not count devices (the SecAgg+ parameters, the zoo's models) is kept."""
+    view = {"state": "failed", "selected_devices": 9, "accepted_updates": 8, "upload_bytes": 1000,
+            "declined_devices": 1,
+            "outcome": {"version": 2, "accepted_updates": 8, "aggregated_updates": 8, "num_examples": 80,
+                        "upload_bytes": 1000, "declined": 1, "screening": {"norm_limit": 2.0, "rejected": 1},
+                        "secure_aggregation": {"neighbour_count": 6, "threshold": 5, "levels": 127, "clip_range": 0.1,
+                                               "survivors": 8, "dropped": 1},
+                        "zoo": {"models": 3, "devices_per_zoo_model": {"a": 3}, "devices_per_subnet": {"a": [3]},
+                                "coverage": 0.5, "bytes": 10},
+                        "failure": "only 1 of the 2 devices needed replied"}}
+    assert secure_rounds.without_dp_counts(view) == {
+        "state": "failed", "selected_devices": None, "accepted_updates": None, "upload_bytes": None,
+        "declined_devices": None, "counts_withheld": secure_rounds.DP_COUNTS_WITHHELD,
+        "outcome": {"version": 2, "screening": {"norm_limit": 2.0},
+                    "secure_aggregation": {"neighbour_count": 6, "threshold": 5, "levels": 127, "clip_range": 0.1},
+                    "zoo": {"models": 3},
+                    "failure": "the round failed (its reason is withheld under DP: it counts devices)"}}
+    assert secure_rounds.without_dp_counts({**view, "outcome": None})["outcome"] is None
+    assert secure_rounds.without_dp_counts({**view, "outcome": {"version": 2}})["outcome"] == {"version": 2}
 
 
 def test_membership_attack_a_dp_rounds_read_states_no_counts_and_needs_an_operator_token(simulation, federation):
@@ -563,6 +590,8 @@ def test_a_new_line_from_a_dp_model_starts_from_the_ledger_its_signed_card_carri
     claim = {"line_events": [[1.5, 1.0, 2]], "delta": 1e-6, "accountant": "pld"}
     assert secure_rounds.inherited_ledger(claim, 1e-5, "rdp") == ([[1.5, 1.0, 2]], 1e-6, "pld")
     assert secure_rounds.inherited_ledger({}, 1e-5, "rdp") == ([], 1e-5, "rdp")
+    assert secure_rounds.inherited_ledger({"line_events": [[1.5, 1.0, 2]]}, 1e-5, "rdp") == ([[1.5, 1.0, 2]], 1e-5, "rdp")
+    assert secure_rounds.inherited_ledger({"line_events": "[[1.5, 1.0, 2]]"}, 1e-5, "rdp") == ([], 1e-5, "rdp")
 
 
 def test_an_insider_that_takes_secure_seats_and_drops_out_every_round_is_quarantined(simulation, federation):
@@ -736,3 +765,61 @@ def test_a_device_lying_with_its_unclipped_bit_gets_the_round_refused(roomy_simu
     with sqlite3.connect(roomy_server.data_dir / "registry.db") as database:  # a DP round's read withholds the reason
         (outcome,) = database.execute("SELECT outcome_json FROM fl_rounds WHERE id = ?", (round_id,)).fetchone()
     assert "unclipped bits" in outcome and "some device sent a bit other than 0 or 1" in outcome, outcome
+
+
+PLAN_MODEL = {"model_id": "digits-v1", "evaluation_sha256": "0" * 64}  # a config unit-tested without a server
+
+
+def test_a_plan_without_a_noise_multiplier_gets_the_smallest_that_spends_its_budget():
+    """What a DP plan's rounds are noised with: calibrated from the plan's own budget, delta, rounds and accountant
+    (no sampling amplification), the operator's own z kept, and a count noise that leaves the deltas none refused
+    under the plan's field name."""
+    from fedzoo.dp.accountant import noise_multiplier_for
+    from fedzoo.server.fl.schemas import RoundConfig
+
+    def plan(**dp):
+        settings = {"max_epsilon": 8.0, "delta": 1e-5, "clip_norm": 1.0, **dp}
+        return RoundConfig(**round_config(num_rounds=5, privacy={"dp": settings}, **PLAN_MODEL))
+
+    calibrated = secure_rounds.with_calibrated_noise(plan()).privacy.dp.noise_multiplier
+    assert calibrated == pytest.approx(noise_multiplier_for(8.0, 1e-5, 5, 1.0, "rdp"))
+    assert secure_rounds.with_calibrated_noise(plan(noise_multiplier=2.5)).privacy.dp.noise_multiplier == 2.5
+    plain = RoundConfig(**round_config(**PLAN_MODEL))
+    assert secure_rounds.with_calibrated_noise(plain) == plain
+    adaptive = plan(noise_multiplier=2.0, adaptive={"clipped_count_stddev": 3.0})  # target 3 clients: m / 20 < z
+    assert secure_rounds.with_calibrated_noise(adaptive).privacy.dp.noise_multiplier == 2.0
+    with pytest.raises(InvalidInputError, match="^clipped_count_stddev=1.0 is too small for noise multiplier 2.0") \
+            as refused:
+        secure_rounds.with_calibrated_noise(plan(noise_multiplier=2.0, adaptive={"clipped_count_stddev": 1.0}))
+    assert refused.value.field == "privacy.dp.adaptive.clipped_count_stddev"
+
+
+def test_a_cohorts_parameters_carry_the_operators_threshold_the_plans_minimum_and_the_subnet_in_the_id():
+    from fedzoo.server.fl.schemas import SecureAggregationSettings
+
+    chosen = secure_rounds.secagg_config(SecureAggregationSettings(threshold=40), 7, 100, 10, 0.05, 60, subnet=2)
+    assert chosen.threshold == 40 and chosen.minimum_survivors >= 60
+    assert chosen.round_id == "fl-round-7/subnet-2"
+    assert secure_rounds.secagg_config(SecureAggregationSettings(), 7, 100, 10, 0.05, 3).round_id == "fl-round-7"
+
+
+def test_secure_rounds_weigh_devices_equally_unless_the_plan_keeps_example_weights_and_never_under_dp():
+    """The server sees only the sum, so under SecAgg+ it bounds each device's weight by making them equal, unless
+    the operator keeps FedAvg's example weights; DP always weighs equally (its sensitivity assumes it). The
+    unclipped bit rides along only where adaptive clipping meets SecAgg+."""
+    from fedzoo.server.fl.schemas import RoundConfig
+
+    dp = {"max_epsilon": 8.0, "delta": 1e-5, "clip_norm": 1.0}
+    adaptive_dp = {**dp, "adaptive": {}}
+
+    def plan(privacy, rule="median_multiple"):
+        return RoundConfig(**round_config(privacy=privacy, weight_bound={"rule": rule}, **PLAN_MODEL))
+
+    assert secure_rounds.equal_weights(plan({"secure_aggregation": {}}))
+    assert not secure_rounds.equal_weights(plan({"secure_aggregation": {}}, rule="examples"))
+    assert secure_rounds.equal_weights(plan({"secure_aggregation": {}, "dp": dp}, rule="examples"))
+    assert secure_rounds.equal_weights(plan({"dp": dp}, rule="examples"))
+    assert secure_rounds.carries_unclipped_bit(plan({"secure_aggregation": {}, "dp": adaptive_dp}))
+    assert not secure_rounds.carries_unclipped_bit(plan({"secure_aggregation": {}, "dp": dp}))
+    assert not secure_rounds.carries_unclipped_bit(plan({"dp": adaptive_dp}))
+    assert not secure_rounds.carries_unclipped_bit(plan({"secure_aggregation": {}}))

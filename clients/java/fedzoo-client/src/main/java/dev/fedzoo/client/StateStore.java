@@ -15,6 +15,7 @@ import org.json.JSONException;
 import org.json.JSONObject;
 
 import dev.fedzoo.FedzooException;
+import dev.fedzoo.InvalidInputException;
 import dev.fedzoo.secagg.SignedRounds;
 
 /**
@@ -141,14 +142,12 @@ public final class StateStore {
 
     /** The newest card version accepted for model line {@code lineId}, or null. */
     public synchronized Integer acceptedVersion(String lineId) {
-        JSONObject versions = load().optJSONObject(ACCEPTED_VERSIONS);
-        return versions == null || !versions.has(lineId) ? null : versions.optInt(lineId);
+        return recordedVersion(section(load(), ACCEPTED_VERSIONS), lineId);
     }
 
     /** The id of the card accepted at the newest version of model line {@code lineId}, or null. */
     public synchronized String acceptedCardId(String lineId) {
-        JSONObject cards = load().optJSONObject(ACCEPTED_CARDS);
-        return cards == null ? null : cards.optString(lineId, null);
+        return section(load(), ACCEPTED_CARDS).optString(lineId, null);
     }
 
     /** As {@link #acceptCard} for a card whose id is not recorded (only the version is kept). */
@@ -166,7 +165,8 @@ public final class StateStore {
         change("record version of " + lineId, state -> {
             JSONObject versions = section(state, ACCEPTED_VERSIONS);
             JSONObject cards = section(state, ACCEPTED_CARDS);
-            int recorded = versions.optInt(lineId, 0);
+            Integer held = recordedVersion(versions, lineId);
+            int recorded = held == null ? 0 : held;
             if (version < recorded) {
                 throw new CardSignatureException("version " + version + " of line '" + lineId + "' is older than version "
                         + recorded + ", accepted meanwhile (rollback refused)", "rollback");
@@ -180,6 +180,8 @@ public final class StateStore {
             if (cardId != null) {
                 cards.put(lineId, cardId);
             }
+            state.put(ACCEPTED_VERSIONS, versions);
+            state.put(ACCEPTED_CARDS, cards);
             return null;
         });
     }
@@ -206,11 +208,37 @@ public final class StateStore {
         });
     }
 
-    private static JSONObject section(JSONObject state, String key) throws JSONException {
+    /**
+     * The version recorded for {@code lineId} in {@code versions}, or null when none is; a recorded value that is not a
+     * whole number of at least 1 (text, null, a fraction, true) is refused: read as "nothing accepted" (or, by
+     * {@code optInt}, "9" as 9 and other text as 0) it would turn the rollback check off for that line.
+     */
+    private Integer recordedVersion(JSONObject versions, String lineId) {
+        if (!versions.has(lineId)) {
+            return null;
+        }
+        Object version = versions.opt(lineId);
+        if (!(version instanceof Integer) || (Integer) version < 1) {
+            Object shown = version instanceof String ? JSONObject.quote((String) version) : version;
+            throw new InvalidInputException("client state " + new File(directory, "state.json")
+                    + ": the version accepted for line '" + lineId + "' is " + shown + ", not a whole number of at least 1",
+                    "state");
+        }
+        return (Integer) version;
+    }
+
+    /**
+     * The object under {@code key} (empty when missing); a value there that is not an object is refused, as Python's
+     * {@code card_trust._section}: read as empty it would forget every version accepted.
+     */
+    private JSONObject section(JSONObject state, String key) {
+        if (!state.has(key)) {
+            return new JSONObject();
+        }
         JSONObject section = state.optJSONObject(key);
         if (section == null) {
-            section = new JSONObject();
-            state.put(key, section);
+            throw new InvalidInputException("client state " + new File(directory, "state.json") + ": " + key
+                    + " is not a JSON object", "state");
         }
         return section;
     }

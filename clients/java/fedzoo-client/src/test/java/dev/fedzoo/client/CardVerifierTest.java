@@ -94,6 +94,31 @@ class CardVerifierTest {
     }
 
     @Test
+    void aRecordedVersionThatIsNotAWholeNumberIsRefusedNotReadAsNothingAccepted() throws Exception {
+        // as Python's test of the same name: {"line": "9"} would read as 9 (optInt) and other text as 0
+        for (String recorded : new String[] {"\"9\"", "\"nine\"", "null", "9.5", "true", "0", "-3"}) {
+            StateStore state = new StateStore(TestSupport.workDirectory("recorded-version"));
+            String written = "{\"accepted_line_versions\": {\"digits-mlp-v1\": " + recorded + "}}";
+            state.save(new JSONObject(written));
+            InvalidInputException read = assertThrows(InvalidInputException.class, () -> state.acceptedVersion("digits-mlp-v1"),
+                    recorded);
+            assertEquals("state", read.field());
+            assertTrue(read.getMessage().contains("line 'digits-mlp-v1' is ") && read.getMessage().contains("not a whole number"),
+                    read.getMessage());
+            assertThrows(InvalidInputException.class, () -> state.acceptCard("digits-mlp-v1", 1, "digits-v1"), recorded);
+            assertEquals(new JSONObject(written).toString(), state.load().toString(), "nothing is rewritten: " + recorded);
+        }
+        for (String section : new String[] {"accepted_line_versions", "accepted_line_cards"}) {
+            StateStore state = new StateStore(TestSupport.workDirectory("recorded-section"));
+            state.save(new JSONObject("{\"" + section + "\": [3]}"));
+            InvalidInputException read = assertThrows(InvalidInputException.class,
+                    () -> state.acceptCard("digits-mlp-v1", 1, "digits-v1"), section);
+            assertTrue(read.getMessage().endsWith(section + " is not a JSON object"), read.getMessage());
+            assertEquals("[3]", state.load().get(section).toString(), "nothing is rewritten: " + section);
+        }
+    }
+
+    @Test
     void aKeySetWhoseIdDoesNotMatchItsKeyIsRefused() throws Exception {
         JSONObject keys = vectors().getJSONObject("trusted_keys");
         keys.getJSONArray("keys").getJSONObject(0).put("key_id", "0000000000000000");
