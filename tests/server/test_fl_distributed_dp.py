@@ -12,7 +12,10 @@ from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN as ADMIN
 from fedzoo.clients.participation import LocalData, participate_once
 from fedzoo.dp.accountant import epsilon_after
 from fedzoo.dp.distributed import MECHANISM, DistributedNoise, NoisePolicy
+from fedzoo.errors import InvalidInputError
 from fedzoo.server.fl import secure_rounds
+from fedzoo.server.fl.distributed_dp import bits_needed, noise_request
+from fedzoo.server.fl.schemas import RoundConfig
 from fl_helpers import device_client, round_config, wait_for_round_end
 
 DEVICES = 8  # k = 6, t = 5 as in test_fl_secure_rounds.py
@@ -135,3 +138,24 @@ def test_a_server_claiming_fewer_survivors_than_the_noise_is_calibrated_for_gets
     _, results, view = sdk_round(simulation, federation, distributed_config(deadline_s=15))
     assert [result.outcome for result in results] == ["refused: too_few_survivors"] * DEVICES
     assert view["state"] == "failed" and view["result_model_id"] is None
+
+
+def test_the_planned_ring_holds_the_whole_selection_goal_over_selection_included():
+    """`check_planned_ring` sizes the ring for the selection goal, ceil(target x (1 + over_selection)) devices: at
+    levels where the target's noised sums fit the 16-bit ring but the goal's could wrap, the plan is refused."""
+    vector_length = 1000
+    plan = {**distributed_config(target_clients=20, over_selection=0.5, noise_multiplier=0.05), "model_id": "m",
+            "evaluation_sha256": "0" * 64}
+    plan["privacy"]["secure_aggregation"]["levels"] = 1040
+    config = RoundConfig.model_validate(plan)
+
+    def fits(cohort: int) -> bool:
+        protocol = secure_rounds.secagg_config(config.privacy.secure_aggregation, 0, cohort, vector_length,
+                                               config.privacy.dp.clip_norm, config.min_clients)
+        return bits_needed(protocol, noise_request(config, protocol)) <= protocol.modulus_bits
+
+    assert fits(10) and fits(20) and not fits(30)  # the plan sits on the boundary this test is about
+    with pytest.raises(InvalidInputError) as refused:
+        secure_rounds.check_planned_ring(config, vector_length)
+    assert refused.value.field == "privacy.secure_aggregation.levels"
+    secure_rounds.check_planned_ring(config.model_copy(update={"over_selection": 0.0}), vector_length)
