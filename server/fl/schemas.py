@@ -226,9 +226,11 @@ class RoundConfig(_Request):
 
     model_id: str = Field(pattern=IDENTIFIER_PATTERN, description="the published model the round starts from")
     min_clients: int = Field(ge=1, le=100_000, description="fewer accepted updates by the deadline fail the round")
-    target_clients: int = Field(ge=1, le=100_000, description="the round aggregates as soon as this many arrive; in a sampled DP plan "
-                                "(privacy.dp.sampling_probability < 1) the expected cohort, q x eligible devices, "
-                                "and DP-FedAvg's denominator")
+    target_clients: int = Field(
+        ge=1, le=100_000,
+        description="the round aggregates as soon as this many arrive; in a sampled DP plan "
+                    "(privacy.dp.sampling_probability < 1) the expected cohort, q x eligible devices, and "
+                    "DP-FedAvg's denominator")
     over_selection: float = Field(default=0.3, ge=0.0, le=4.0,
                                   description="select target x (1 + this) devices, as stragglers drop out")
     deadline_s: float = Field(gt=0, le=7 * 24 * 3600, description="seconds from the round's start to its deadline")

@@ -2,6 +2,7 @@
 device by a secret coin drawn once a round, the noise is calibrated for q, and a sampled round closes selection
 with its window (or once everyone drew) and publishes; real SDK devices over a loopback server."""
 
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 import httpx
@@ -68,6 +69,10 @@ def test_a_device_cannot_reroll_its_coin_and_selection_closes_once_everyone_drew
     round_id = simulation.start_plan(_plan(federation.card.id, dp={"sampling_probability": 0.5},
                                            selection_window_s=60, deadline_s=120))
     outcomes = {index: set() for index in range(3)}
+    with ThreadPoolExecutor(max_workers=6) as pool:  # first check-ins at once: one coin each all the same
+        for index in range(3):
+            answers = pool.map(lambda _: device_client(simulation, index).fl_task(federation.card.task), range(6))
+            outcomes[index].update(answer["task"] is not None for answer in answers)
     for _ in range(25):  # with a fresh coin each time, a device would see both outcomes (1 - 2^-24)
         for index in range(3):
             answer = device_client(simulation, index).fl_task(federation.card.task)
