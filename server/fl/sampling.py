@@ -6,9 +6,9 @@ The coin is drawn once per device and round, at its first check-in, from `secret
 tails is stored as a refusal of kind `not_sampled`, so checking in again cannot re-roll. The number seated is
 random, so a sampled round never stops seating at a count (a cap would change the mechanism): selection stays open
 for `selection_window_s` (or until every registered device drew), then the round collects and aggregates once every
-seated device uploaded, or at its deadline with at least `min_clients`. `target_clients` stays DP-FedAvg's
-denominator: the expected cohort. What this rests on, and what leaks: docs/privacy.md, "Sampling on the server".
-"""
+seated device uploaded (or declined), or at its deadline with at least `min_clients`. `target_clients` stays
+DP-FedAvg's denominator: the expected cohort. What this rests on, and what leaks: docs/privacy.md, "Sampling on the
+server"."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from fedzoo.errors import InvalidInputError
+from fedzoo.server.fl.eligibility import DECLINED
 from fedzoo.server.fl.round_context import as_utc, count_rows
 from fedzoo.server.fl.schemas import RoundConfig
 from fedzoo.server.fl.tables import FLParticipant, FLRefusedUpload, FLRound, FLUpdate
@@ -90,8 +91,11 @@ def everyone_drew(session: Session, round_id: int) -> bool:
 
 
 def cohort_complete(session: Session, round_row: FLRound, min_clients: int) -> bool:
-    """A sampled round's aggregation trigger: selection closed and every seated device uploaded (at least
-    `min_clients`; fewer wait for the deadline, which fails the round as in any other)."""
-    seated = count_rows(session, FLParticipant, round_row.id)
-    return (round_row.state == "collecting" and seated >= min_clients
-            and count_rows(session, FLUpdate, round_row.id) >= seated)
+    """A sampled round's aggregation trigger: selection closed and every seated device uploaded or declined, at
+    least `min_clients` of them uploading (fewer wait for the deadline, which fails the round as in any other)."""
+    if round_row.state != "collecting":
+        return False
+    seated, uploaded = count_rows(session, FLParticipant, round_row.id), count_rows(session, FLUpdate, round_row.id)
+    declined = session.scalar(select(func.count()).select_from(FLRefusedUpload).where(
+        FLRefusedUpload.round_id == round_row.id, FLRefusedUpload.kind == DECLINED))
+    return uploaded >= min_clients and uploaded + declined >= seated

@@ -31,7 +31,7 @@ def simulation(federation, tmp_path):
 
 def _post_plan(simulation, plan):
     with httpx.Client(base_url=simulation.admin.http.base_url,
-                      headers={"Authorization": f"Bearer {DEFAULT_ADMIN_TOKEN}"}) as http:
+                      headers={"Authorization": f"Bearer {DEFAULT_ADMIN_TOKEN}"}, timeout=60) as http:
         return http.post("/v1/fl/rounds", json={**plan, "evaluation_sha256": simulation.evaluation_sha256})
 
 
@@ -103,3 +103,18 @@ def test_a_sampled_round_closes_its_window_aggregates_and_states_q(simulation, f
     assert claim["sampling_probability"] == ALMOST_ALWAYS
     expected = epsilon_after(1, claim["noise_multiplier"], ALMOST_ALWAYS, 1e-5)
     assert claim["plan_epsilon"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_sampled_round_aggregates_once_every_seated_device_uploaded_or_declined(simulation, federation):
+    round_id = simulation.start_plan(_plan(federation.card.id, dp={"sampling_probability": ALMOST_ALWAYS},
+                                           selection_window_s=50, deadline_s=100))
+    clients = [device_client(simulation, index) for index in range(3)]
+    tasks = [client.fl_task(federation.card.task)["task"] for client in clients]
+    assert all(task is not None for task in tasks)
+    assert simulation.admin.fl_round(round_id)["state"] == "collecting"  # the whole fleet drew: no need to wait
+    clients[2].decline_task(round_id, "unsupported_dp_clipping", "cannot clip")
+    for client, task in zip(clients[:2], tasks):
+        model = client.download(task["model_url"], task["model_sha256"]).read_bytes()
+        upload(client, task, honest_delta(model, 0.05))
+    view = wait_for_round_end(simulation.admin, round_id, timeout_s=30)  # long before the 50 s window's end
+    assert view["state"] == "closed", view["outcome"]
