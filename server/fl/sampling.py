@@ -22,7 +22,7 @@ from fedzoo.errors import InvalidInputError
 from fedzoo.server.fl.eligibility import DECLINED
 from fedzoo.server.fl.round_context import as_utc, count_rows
 from fedzoo.server.fl.schemas import RoundConfig
-from fedzoo.server.fl.tables import FLParticipant, FLRefusedUpload, FLRound, FLUpdate
+from fedzoo.server.fl.tables import FLParticipant, FLQuarantine, FLRefusedUpload, FLRound, FLUpdate
 from fedzoo.server.tables import DeviceRecord
 
 NOT_SAMPLED = "not_sampled"
@@ -81,12 +81,15 @@ def record_tails(session: Session, round_row: FLRound, device_id: str, now: date
 
 
 def everyone_drew(session: Session, round_id: int) -> bool:
-    """Whether every registered, unrevoked device has its coin for the round (seated or tails): no one is left to
-    sample, so selection may close before its window ends (when it closes does not depend on any coin)."""
+    """Whether every device that can be seated (registered, unrevoked, not quarantined) has its coin for the round
+    (seated or tails): no one is left to sample, so selection may close before its window ends (when it closes
+    does not depend on any coin)."""
     drawn = count_rows(session, FLParticipant, round_id) + session.scalar(
         select(func.count()).select_from(FLRefusedUpload).where(FLRefusedUpload.round_id == round_id,
                                                                 FLRefusedUpload.kind == NOT_SAMPLED))
-    fleet = session.scalar(select(func.count()).select_from(DeviceRecord).where(DeviceRecord.revoked_at.is_(None)))
+    quarantined = select(FLQuarantine.device_id).where(FLQuarantine.released_at.is_(None))
+    fleet = session.scalar(select(func.count()).select_from(DeviceRecord).where(
+        DeviceRecord.revoked_at.is_(None), DeviceRecord.id.not_in(quarantined)))
     return drawn >= fleet
 
 

@@ -278,7 +278,7 @@ class RoundConfig(_Request):
         default=None, gt=0, le=7 * 24 * 3600,
         description="sampled DP plans (privacy.dp.sampling_probability < 1): seconds from the round's start in which "
                     "devices check in and draw their coin; default: half of deadline_s. Selection closes earlier "
-                    "once every registered device drew")
+                    "once every registered, unrevoked, unquarantined device drew")
     poll_interval_s: float = Field(default=5.0, gt=0, le=3600, description="pace steering: how soon devices ask again")
     privacy: PrivacySettings = Field(default_factory=lambda: PrivacySettings(),
                                      description="SecAgg+ and DP-FedAvg (docs/privacy.md); only FedAvg, FedProx and "
