@@ -118,3 +118,19 @@ def test_a_sampled_round_aggregates_once_every_seated_device_uploaded_or_decline
         upload(client, task, honest_delta(model, 0.05))
     view = wait_for_round_end(simulation.admin, round_id, timeout_s=30)  # long before the 50 s window's end
     assert view["state"] == "closed", view["outcome"]
+
+
+def test_a_quarantined_device_does_not_hold_selection_open(simulation, federation):
+    """Found by the 1,000-device bench: 32 quarantined devices never drew, so every round waited out its window."""
+    plain = simulation.start_plan(round_config(model_id=federation.card.id, min_clients=2, target_clients=3,
+                                               num_rounds=1, norm_bound={"action": "reject"},
+                                               quarantine={"max_exclusions": 1, "window_updates": 1}))
+    for index, scale in ((0, 0.001), (1, 0.002), (2, 50.0)):  # device 2's outlier is left out: quarantined
+        client = device_client(simulation, index)
+        upload(client, client.fl_task(federation.card.task)["task"], honest_delta(federation.model, scale))
+    assert wait_for_round_end(simulation.admin, plain)["state"] == "closed"
+    round_id = simulation.start_plan(_plan(federation.card.id, dp={"sampling_probability": ALMOST_ALWAYS},
+                                           selection_window_s=50, deadline_s=100))
+    for index in range(2):
+        assert device_client(simulation, index).fl_task(federation.card.task)["task"] is not None
+    assert simulation.admin.fl_round(round_id)["state"] == "collecting"  # no one else can be seated
