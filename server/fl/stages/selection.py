@@ -69,12 +69,14 @@ class Selection:
                     if missing:
                         incapable.append(f"round {round_row.id} needs {' and '.join(missing)}")
                         continue
-                    if not self._claim(session, round_row, config):
+                    claimed = self._claim(session, round_row, config)
+                    # read again once the row lock is ours (or the round moved on): a concurrent check-in of this
+                    # device may have taken its seat, or drawn its coin, meanwhile
+                    if session.get(FLParticipant, (round_row.id, device_id)) is not None:
+                        return TaskResponse(task=self.task(session, round_row, device_id), retry_after_s=None)
+                    if not claimed:
                         continue  # another check-in just filled it, or its selection window ended
-                    if sampling.is_sampled(config):
-                        # the coin, drawn under the round's row lock: a second check-in waits and finds it
-                        if session.get(FLParticipant, (round_row.id, device_id)) is not None:
-                            return TaskResponse(task=self.task(session, round_row, device_id), retry_after_s=None)
+                    if sampling.is_sampled(config):  # the coin, drawn under the round's row lock
                         if sampling.drew_tails(session, round_row.id, device_id) or not sampling.heads(
                                 sampling.sampling_probability(config)):
                             self._tails(session, round_row, device_id)
