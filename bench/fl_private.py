@@ -22,9 +22,10 @@
    The simulator's noise is seeded (reproducible): its figures describe the mechanism, nothing it trains is private.
    `--engine server` runs the same plans through the REST server instead (`fedzoo.server.testing.LoopbackServer`,
    every device over the SDK, `fedzoo fl simulate --engine server`'s machinery): same shards, seed and training, the
-   server's secure noise and adaptive clipping. The server seats whoever checks in (no sampling amplification:
-   q = 1, docs/privacy.md), so its plans of `--per-round` devices per round need a larger z for the same epsilon; its
-   reference is its own non-private plan (weighted by examples, the server's FedAvg).
+   server's secure noise and adaptive clipping. Its DP plans sample as the simulator does, q = per-round / devices,
+   by random check-ins (`privacy.dp.sampling_probability`: each device's coin drawn on the server, docs/privacy.md),
+   so both engines run the same mechanism and z; its reference is its own non-private plan (weighted by examples,
+   the server's FedAvg, seating the first `--per-round` devices to check in).
 3. The epsilon table from the code (no training): for each device count and epsilon, the plan's z, how adaptive
    clipping splits it between the deltas and the centred unclipped count (`fedzoo.dp.noise.adaptive_noise_split`),
    and dp-accounting's epsilon for that released pair, computed directly from the two noises; and the discrete
@@ -198,9 +199,9 @@ def server_dp_part(device_counts: list[int], epsilons: list[float], rounds: int,
     from fedzoo.cloud.simulation import Simulation
     from fedzoo.server.testing import LoopbackServer
 
-    print(f"\n== DP-FedAvg on the server engine (REST): MNIST-5k, {per_round} devices a round (at most half the "
-          f"fleet; the server seats whoever checks in: q = 1), {rounds} rounds, delta 1e-5, accuracy on the test "
-          f"split, seed {seed}; noise from os.urandom ==")
+    print(f"\n== DP-FedAvg on the server engine (REST): MNIST-5k, {per_round} expected a round (at most half the "
+          f"fleet; random check-ins on the server, q = expected / devices), {rounds} rounds, delta 1e-5, accuracy on "
+          f"the test split, seed {seed}; coins and noise from os.urandom ==")
     print("devices  epsilon  noise z  final acc  best acc  eps spent  rounds  vs non-private (final)")
     for devices in device_counts:
         cohort = expected_cohort(per_round, devices)
@@ -227,8 +228,10 @@ def server_dp_part(device_counts: list[int], epsilons: list[float], rounds: int,
                           f"{time.perf_counter() - started:.0f} s)")
                     for epsilon in epsilons:
                         started = time.perf_counter()
-                        privacy = {"dp": {"max_epsilon": epsilon, "delta": 1e-5, "clip_norm": 0.3, "adaptive": {}}}
-                        records = simulation.run({**plan, "privacy": privacy})
+                        privacy = {"dp": {"max_epsilon": epsilon, "delta": 1e-5, "clip_norm": 0.3, "adaptive": {},
+                                          "sampling_probability": cohort / devices}}
+                        # selection closes once every device drew its coin, well within the window
+                        records = simulation.run({**plan, "privacy": privacy, "selection_window_s": 600})
                         claim = (records[-1].outcome or {}).get("privacy", {}).get("dp") or {}
                         final = _final_accuracy(records)
                         print(f"{devices:7d}  {epsilon:7g}  {claim.get('noise_multiplier', float('nan')):7.3f}  "

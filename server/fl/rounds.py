@@ -7,13 +7,15 @@ A round moves `open → collecting → aggregating → closed | failed`:
 - **open** (selection): devices check in with `GET /v1/fl/task`; an eligible device (its task and,
   if it says so, model family match the round) is selected until `target x (1 + over_selection)`
   devices are, then the round is **collecting**. Devices not selected are told when to come back
-  (pace steering: `retry_after_s`).
+  (pace steering: `retry_after_s`). A sampled DP plan seats each device by a secret coin until its
+  selection window ends (`fedzoo.server.fl.sampling`), then collects.
 - **reporting** (open or collecting): each selected device uploads one delta against the round's
   base version. Duplicates and stale deltas are refused with 409; deltas are validated (names,
   shapes, dtypes, finite values, size) before they count. An accepted update's bytes go to the
   blob store and its row to the database before the device hears "accepted", so a restart loses
   none.
-- **aggregating**: when `target_clients` updates are in, or at the deadline with at least
+- **aggregating**: when `target_clients` updates are in (a sampled round: when selection closed and every
+  seated device uploaded), or at the deadline with at least
   `min_clients`, one worker claims the round (a conditional UPDATE naming it the lease owner, so two
   workers never aggregate the same round). The owner renews its short lease every second while it
   works, so a crashed owner's round is taken over within `AGGREGATION_LEASE_S` seconds, not minutes.
@@ -74,6 +76,7 @@ from fedzoo.server.fl.lifecycle import AGGREGATION_LEASE_S, RoundLifecycle
 from fedzoo.server.fl.tables import ACTIVE_STATES, FLParticipant, FLRefusedUpload, FLRound, FLUpdate
 from fedzoo.server.fl.round_context import RoundContext, as_utc, count_rows, find_round, utc_now
 from fedzoo.server.fl.round_kinds import RoundKind
+from fedzoo.server.fl.sampling import check_sampling
 from fedzoo.server.fl.schemas import RoundConfig, TaskResponse, UpdateMetadata
 from fedzoo.server.fl.secure_rounds import DONE, PrivateRounds, without_dp_counts
 from fedzoo.server.fl.single_model_rounds import SingleModelRounds
@@ -136,6 +139,7 @@ class RoundService:
     def create_round(self, config: RoundConfig) -> int:
         """Open the first round of a plan of `config.num_rounds` rounds; returns its id."""
         strategy = make_strategy(config.strategy)  # refuse a bad strategy now, not at aggregation
+        check_sampling(config)
         with self.database.session() as session:
             config, card = self.kind_of(config).open_plan(session, config, strategy)
             try:
@@ -190,6 +194,8 @@ class RoundService:
         """Move every round whose deadline or aggregation lease has passed to its next state."""
         for round_id, stage in self.private.overdue_stages():
             self._close_secure_stage(round_id, stage)
+        for round_id in self.selection.sampled_rounds_ready():
+            self._aggregate_if_claimed(round_id)
         now = self.clock()
         with self.database.session() as session:
             due = list(session.scalars(

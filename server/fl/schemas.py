@@ -168,7 +168,13 @@ class DpSettings(_Request):
     adaptive: AdaptiveClippingSettings | None = None
     noise_multiplier: float | None = Field(
         default=None, gt=0, le=1000,
-        description="z; default: the smallest whose num_rounds rounds spend max_epsilon (no sampling amplification)")
+        description="z; default: the smallest whose num_rounds rounds spend max_epsilon at sampling_probability")
+    sampling_probability: float = Field(
+        default=1.0, gt=0, le=1,
+        description="q: each device's first check-in for a round is seated with this probability, a secret coin "
+                    "(random check-ins; 1: whoever checks in is seated, no amplification by sampling). Below 1 the "
+                    "round seats every heads until its selection window ends, target_clients is the expected "
+                    "cohort (q x eligible devices), and the accountant amplifies by q; not with secure_aggregation")
     mechanism: Literal["rdp", "pld"] = Field(default="rdp", description="the accountant (dp-accounting)")
     noise: Literal["central", "distributed"] = Field(
         default="central",
@@ -220,7 +226,11 @@ class RoundConfig(_Request):
 
     model_id: str = Field(pattern=IDENTIFIER_PATTERN, description="the published model the round starts from")
     min_clients: int = Field(ge=1, le=100_000, description="fewer accepted updates by the deadline fail the round")
-    target_clients: int = Field(ge=1, le=100_000, description="the round aggregates as soon as this many arrive")
+    target_clients: int = Field(
+        ge=1, le=100_000,
+        description="the round aggregates as soon as this many arrive; in a sampled DP plan "
+                    "(privacy.dp.sampling_probability < 1) the expected cohort, q x eligible devices, and "
+                    "DP-FedAvg's denominator")
     over_selection: float = Field(default=0.3, ge=0.0, le=4.0,
                                   description="select target x (1 + this) devices, as stragglers drop out")
     deadline_s: float = Field(gt=0, le=7 * 24 * 3600, description="seconds from the round's start to its deadline")
@@ -264,6 +274,11 @@ class RoundConfig(_Request):
     quarantine: QuarantinePolicy | None = Field(default_factory=lambda: QuarantinePolicy(),
                                                 description="stop selecting devices whose updates keep being left "
                                                             "out (null: never quarantine)")
+    selection_window_s: float | None = Field(
+        default=None, gt=0, le=7 * 24 * 3600,
+        description="sampled DP plans (privacy.dp.sampling_probability < 1): seconds from the round's start in which "
+                    "devices check in and draw their coin; default: half of deadline_s. Selection closes earlier "
+                    "once every registered, unrevoked, unquarantined device drew")
     poll_interval_s: float = Field(default=5.0, gt=0, le=3600, description="pace steering: how soon devices ask again")
     privacy: PrivacySettings = Field(default_factory=lambda: PrivacySettings(),
                                      description="SecAgg+ and DP-FedAvg (docs/privacy.md); only FedAvg, FedProx and "

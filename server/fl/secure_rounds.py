@@ -87,7 +87,6 @@ READ_REPLY: dict[str, Callable[[bytes], dict[str, Any]]] = {
     "masked_input": lambda body: {"masked_vector": to_base64(body)}, "consistency_check": json.loads,
     "unmask": decode_unmask}
 DEFAULT_DELTA = 1e-5  # a new line's delta: min(this, 1 / n^2) for a fleet of n devices
-SAMPLING_PROBABILITY = 1.0  # the server seats whoever checks in: no amplification by sampling (docs/privacy.md)
 DP_COUNTS_WITHHELD = "differential privacy: how many devices took part depends on who did"
 MIN_COHORT = 3  # SecAgg+'s least cohort (fedzoo.secagg.config): of two, each reads the other's input from the sum
 SIT_OUT = ("fewer than 3 seated devices train this device's subnet, SecAgg+'s least cohort: no cohort is formed "
@@ -148,12 +147,13 @@ def check_planned_ring(config: RoundConfig, vector_length: int) -> None:
 
 
 def with_calibrated_noise(config: RoundConfig) -> RoundConfig:
-    """The config with DP's noise multiplier filled in (the smallest that spends max_epsilon over the plan)."""
+    """The config with DP's noise multiplier filled in (the smallest that spends max_epsilon over the plan at its
+    sampling probability: `fedzoo.server.fl.sampling`)."""
     dp = config.privacy.dp
     if dp is None:
         return config
     noise = dp.noise_multiplier or noise_multiplier_for(dp.max_epsilon, dp.delta, config.num_rounds,
-                                                        SAMPLING_PROBABILITY, dp.mechanism)
+                                                        dp.sampling_probability, dp.mechanism)
     if dp.adaptive is not None:
         try:
             adaptive_noise_split(noise, config.target_clients, dp.adaptive.clipped_count_stddev)
@@ -250,7 +250,7 @@ class PrivateRounds:
             raise InvalidInputError(f"model line {line_id!r} accounts epsilon at delta={line.delta} with "
                                     f"{line.mechanism}; a plan on it must use the same delta and mechanism",
                                     field="privacy.dp.delta")
-        return PrivacyLedger(dp.noise_multiplier, SAMPLING_PROBABILITY, dp.delta, dp.max_epsilon, dp.mechanism,
+        return PrivacyLedger(dp.noise_multiplier, dp.sampling_probability, dp.delta, dp.max_epsilon, dp.mechanism,
                              line=line_id, line_events=json.loads(line.events_json),
                              line_max_epsilon=self.line_max_epsilon)
 

@@ -104,8 +104,9 @@ class FLRefusedUpload(Base):
     """An upload a selected device sent but the round refused: `late` (the round no longer took updates) or
     `rejected` (stale base version, too large, malformed delta); or a task the device `declined` (one it cannot do,
     or a server that broke the protocol: `fedzoo.server.fl.eligibility`); or a SecAgg+ seat the device `aborted`
-    (it did not answer a stage it was asked for before the stage closed). Kept so operators see more than the
-    counted."""
+    (it did not answer a stage it was asked for before the stage closed); or a coin of a sampled DP round that came
+    up tails, `not_sampled` (`fedzoo.server.fl.sampling`: stored so the device cannot re-roll). Kept so operators
+    see more than the counted."""
 
     __tablename__ = "fl_refused_uploads"
 

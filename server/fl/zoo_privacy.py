@@ -35,7 +35,7 @@ from fedzoo.server.db import Database
 from fedzoo.server.fl.outcome import RoundOutcome
 from fedzoo.server.fl.privacy_lineage import lineage_claim
 from fedzoo.server.fl.schemas import RoundConfig
-from fedzoo.server.fl.secure_rounds import (MIN_COHORT, SAMPLING_PROBABILITY, CohortSum, card_privacy,
+from fedzoo.server.fl.secure_rounds import (MIN_COHORT, CohortSum, card_privacy,
                                             inherited_ledger, ledger_line)
 from fedzoo.server.fl.tables import FLPrivateRound, PrivacyLine
 
@@ -152,7 +152,7 @@ def check_zoo_lines(session: Session, cards: list[ModelCard], config: RoundConfi
         lines.setdefault(ledger_line(session, card), card)
     for line_id, card in lines.items():
         _, events, delta, mechanism = _line_state(session, card, line_id, dp.delta, dp.mechanism)
-        ledger = PrivacyLedger(dp.noise_multiplier, SAMPLING_PROBABILITY, delta, dp.max_epsilon, mechanism,
+        ledger = PrivacyLedger(dp.noise_multiplier, dp.sampling_probability, delta, dp.max_epsilon, mechanism,
                                line=line_id, line_events=events, line_max_epsilon=line_max_epsilon)
         ledger.require_line_budget(ledger.rounds_within_plan_budget(config.num_rounds))
 

@@ -19,6 +19,7 @@ from fedzoo.aggregation.running_statistics import validate_statistics
 from fedzoo.aggregation.strategies import Parameters
 from fedzoo.errors import FedzooError, InvalidInputError, NotFoundError
 from fedzoo.server.errors import Conflict, Forbidden, PayloadTooLarge
+from fedzoo.server.fl import sampling
 from fedzoo.server.fl.base_models import max_upload_bytes
 from fedzoo.server.fl.faults import crash_point
 from fedzoo.server.fl.tables import ACTIVE_STATES, FLParticipant, FLRefusedUpload, FLRound, FLUpdate
@@ -159,7 +160,11 @@ class Collection:
             except IntegrityError:
                 raise duplicate_update(device_id, round_id) from None
             accepted = count_rows(session, FLUpdate, round_id)
+            if sampling.is_sampled(config):  # a random cohort: complete when selection closed and all uploaded
+                target_reached = sampling.cohort_complete(session, session.get(FLRound, round_id), config.min_clients)
+            else:
+                target_reached = accepted >= target
         crash_point("upload.stored")
         return Admitted({"round_id": round_id, "device_id": device_id, "accepted_updates": accepted,
                          "counted_examples": counted_examples, "upload_bytes": len(data), "encoding": encoding},
-                        accepted >= target)
+                        target_reached)

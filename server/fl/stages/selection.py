@@ -1,7 +1,8 @@
 """Selection: devices check in with `GET /v1/fl/task`; an eligible device (its task and, if it says so, model
 family match the round) is seated until `target x (1 + over_selection)` devices are, then the round is
 **collecting**. Devices not selected are told when to come back (pace steering: `retry_after_s`); a
-quarantined device (`fedzoo.server.fl.quarantine`) is selected by no round."""
+quarantined device (`fedzoo.server.fl.quarantine`) is selected by no round. A sampled DP plan seats by a secret
+coin per device instead, until its selection window ends (`fedzoo.server.fl.sampling`)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ from collections.abc import Callable
 
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from fedzoo.capabilities import UPLOAD_ENCODINGS, Capabilities
 from fedzoo.server.errors import Forbidden
-from fedzoo.server.fl import quarantine
+from fedzoo.server.fl import quarantine, sampling
 from fedzoo.server.fl.base_models import max_upload_bytes
 from fedzoo.server.fl.eligibility import DECLINED, missing_capabilities
 from fedzoo.server.fl.tables import ACTIVE_STATES, FLParticipant, FLRefusedUpload, FLRound
@@ -49,12 +50,16 @@ class Selection:
             rounds = list(session.scalars(query))
             incapable, refusal = [], None
             unfit = False  # an open zoo-wide round had no zoo model within this device's budget
+            not_sampled: int | None = None  # a sampled round whose coin told this device to wait for the next
             for round_row in rounds:
                 if has_update(session, round_row.id, device_id) or private.has_finished(
                         session, round_row.id, device_id) or self._declined(session, round_row.id, device_id):
                     continue
                 if session.get(FLParticipant, (round_row.id, device_id)) is not None:
                     return TaskResponse(task=self.task(session, round_row, device_id), retry_after_s=None)
+                if sampling.drew_tails(session, round_row.id, device_id):
+                    not_sampled = round_row.id
+                    continue
                 if round_row.state == "open":
                     config = RoundConfig.model_validate_json(round_row.config_json)
                     refusal = private.seat_refusal(session, config, device_id)
@@ -64,8 +69,19 @@ class Selection:
                     if missing:
                         incapable.append(f"round {round_row.id} needs {' and '.join(missing)}")
                         continue
-                    if not self._claim(session, round_row):
-                        continue  # another check-in just filled it
+                    claimed = self._claim(session, round_row, config)
+                    # read again once the row lock is ours (or the round moved on): a concurrent check-in of this
+                    # device may have taken its seat, or drawn its coin, meanwhile
+                    if session.get(FLParticipant, (round_row.id, device_id)) is not None:
+                        return TaskResponse(task=self.task(session, round_row, device_id), retry_after_s=None)
+                    if not claimed:
+                        continue  # another check-in just filled it, or its selection window ended
+                    if sampling.is_sampled(config):  # the coin, drawn under the round's row lock
+                        if sampling.drew_tails(session, round_row.id, device_id) or not sampling.heads(
+                                sampling.sampling_probability(config)):
+                            self._tails(session, round_row, device_id)
+                            not_sampled = round_row.id
+                            continue
                     if self._select(session, round_row, device_id):
                         return TaskResponse(task=self.task(session, round_row, device_id), retry_after_s=None)
                     unfit = True
@@ -79,7 +95,10 @@ class Selection:
                 return TaskResponse(
                     task=None,
                     retry_after_s=round(max(0.1, min(config.poll_interval_s, remaining_s)), 3),
-                    reason=refusal or ("no zoo model fits this device's latency budget in the current zoo-wide round; "
+                    reason=refusal or (f"not sampled for round {not_sampled}: this DP plan seats each device with "
+                                       "a secret coin (privacy.dp.sampling_probability), drawn once a round; ask "
+                                       "again for the next one" if not_sampled is not None else
+                                       "no zoo model fits this device's latency budget in the current zoo-wide round; "
                                        "ask again for the next one" if unfit else
                                        "the current round has selected its devices; ask again for the next one"),
                 )
@@ -105,12 +124,46 @@ class Selection:
                                             received_at=self.context.clock()))
         return {"round_id": round_id, "reason": reason}
 
-    def _claim(self, session: Session, round_row: FLRound) -> bool:
-        """Whether the round is still open and before its deadline, asked by locking its row before seating
-        (`lock_round_before_deadline`): concurrent check-ins seat one at a time, each counting the seats taken
-        before its own, and the round seats exactly its goal (an extra seat would train and upload only to be
-        refused)."""
-        return lock_round_before_deadline(session, round_row.id, ("open",), self.context.clock())
+    def _claim(self, session: Session, round_row: FLRound, config: RoundConfig) -> bool:
+        """Whether the round is still open and before its deadline (a sampled round: before its selection window
+        ends), asked by locking its row before seating (`lock_round_before_deadline`): concurrent check-ins seat one
+        at a time, each counting the seats taken before its own, and the round seats exactly its goal (an extra
+        seat would train and upload only to be refused)."""
+        now = self.context.clock()
+        if sampling.is_sampled(config) and now >= sampling.selection_closes_at(round_row, config):
+            self._close_selection(session, round_row.id)
+            return False
+        return lock_round_before_deadline(session, round_row.id, ("open",), now)
+
+    @staticmethod
+    def _close_selection(session: Session, round_id: int) -> None:
+        session.execute(update(FLRound).where(FLRound.id == round_id, FLRound.state == "open")
+                        .values(state="collecting").execution_options(synchronize_session=False))
+
+    def _tails(self, session: Session, round_row: FLRound, device_id: str) -> None:
+        """The device's coin came up tails: stored, so it cannot re-roll; selection closes once everyone drew."""
+        if not sampling.drew_tails(session, round_row.id, device_id):
+            sampling.record_tails(session, round_row, device_id, self.context.clock())
+            session.flush()
+        if sampling.everyone_drew(session, round_row.id):
+            self._close_selection(session, round_row.id)
+
+    def sampled_rounds_ready(self) -> list[int]:
+        """Sampled rounds to aggregate now: selection closed (its window ended: closed here) and every seated device
+        uploaded, at least `min_clients` of them. Rounds past their deadline are the deadline check's."""
+        now, ready = self.context.clock(), []
+        with self.context.database.session() as session:
+            for round_row in session.scalars(select(FLRound).where(FLRound.state.in_(ACTIVE_STATES),
+                                                                   FLRound.deadline_at > now)):
+                config = RoundConfig.model_validate_json(round_row.config_json)
+                if not sampling.is_sampled(config):
+                    continue
+                if round_row.state == "open" and now >= sampling.selection_closes_at(round_row, config):
+                    self._close_selection(session, round_row.id)
+                    session.refresh(round_row)
+                if sampling.cohort_complete(session, round_row, config.min_clients):
+                    ready.append(round_row.id)
+        return ready
 
     def _select(self, session: Session, round_row: FLRound, device_id: str) -> bool:
         """Seat the device if the round's kind can (in a zoo-wide round, only with a subnet that fits its budget;
@@ -123,7 +176,10 @@ class Selection:
         goal = math.ceil(config.target_clients * (1 + config.over_selection))
         session.add(FLParticipant(round_id=round_row.id, device_id=device_id, selected_at=self.context.clock()))
         session.flush()
-        if count_rows(session, FLParticipant, round_row.id) >= goal:
+        if sampling.is_sampled(config):  # no cap on a sampled cohort: it closes with its window (or the fleet)
+            if sampling.everyone_drew(session, round_row.id):
+                self._close_selection(session, round_row.id)
+        elif count_rows(session, FLParticipant, round_row.id) >= goal:
             round_row.state = "collecting"
             if config.privacy.secure_aggregation is not None:
                 self.context.private.start_stages(session, round_row, config,
