@@ -169,10 +169,11 @@ class RoundService:
         """The most a masked vector of this round can be: 4 bytes a value of its longest cohort's vector (its exact
         size is checked later); before cohorts exist, what an update of the round's model can be."""
         with self.database.session() as session:
+            round_row = find_round(session, round_id)  # 404 for a round id that is no round's, before any query
             longest = self.private.longest_vector(session, round_id)
             if longest is not None:
                 return 4 * (longest + 1)
-            return max_upload_bytes(self.base_model(session, find_round(session, round_id).base_model_id))
+            return max_upload_bytes(self.base_model(session, round_row.base_model_id))
 
     def submit_update(self, device_id: str, round_id: int, metadata: UpdateMetadata, data: bytes) -> dict[str, Any]:
         """Admit one device's delta, or refuse it naming why (a selected device's refusal is recorded for the
