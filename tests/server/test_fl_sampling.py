@@ -10,23 +10,18 @@ import pytest
 
 from fedzoo.cloud.simulation import prepare_federation
 from fedzoo.dp.accountant import epsilon_after, noise_multiplier_for
-from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
-from fl_helpers import device_client, honest_delta, ready_simulation, round_config, upload, wait_for_round_end
+from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN
+from fl_helpers import device_client, honest_delta, round_config, upload, wait_for_round_end
 
 DP = {"max_epsilon": 8, "delta": 1e-5, "clip_norm": 0.1}
 ALMOST_ALWAYS = 0.999999  # sampled (q < 1), yet a device's tails is a one-in-a-million event
+
+LOOPBACK_SERVER_OPTIONS = {"deadline_check_s": 0.2}  # conftest's `server` (under its `simulation`)
 
 
 @pytest.fixture(scope="module")
 def federation():
     return prepare_federation("digits", num_clients=3, alpha=None, hidden_units=8, pretrain_epochs=1, seed=0)
-
-
-@pytest.fixture
-def simulation(federation, tmp_path):
-    with LoopbackServer(tmp_path / "server", deadline_check_s=0.2) as server:
-        with ready_simulation(federation, server.url, tmp_path / "devices") as sim:
-            yield sim
 
 
 def _post_plan(simulation, plan):

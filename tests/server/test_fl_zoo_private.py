@@ -29,7 +29,7 @@ from fedzoo.server.fl.tables import FLSecureCohort, FLSecureMessage, PrivacyLine
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.signing import CardSigningKey, TrustedKeys
 from fl_helpers import OPEN_GATE, wait_for_round_end
-from test_fl_zoo_rounds import _members, _npz, _supernet, zoo  # noqa: F401  (the module's tiny zoo fixture)
+from test_fl_zoo_rounds import _members, _supernet, publish_zoo, zoo  # noqa: F401  (the module's tiny zoo fixture)
 
 pytestmark = pytest.mark.slow
 ADMIN = DEFAULT_ADMIN_TOKEN
@@ -43,11 +43,7 @@ def private_fleet(zoo, tmp_path, tiers: dict[str, int]):  # noqa: F811
     operator = CardSigningKey.generate()
     with LoopbackServer(tmp_path / "server", deadline_check_s=0.2) as server, \
             FedzooClient(server.url, token=ADMIN, cache_dir=tmp_path / "admin") as admin:
-        for card in zoo.cards():
-            digests = [card.sha256, *card.artifacts.values(), *([card.training_graph] if card.training_graph else [])]
-            admin.publish_model(card, {digest: zoo.blob_path(digest).read_bytes() for digest in digests}, ADMIN)
-        evaluation = admin.publish_blob(_npz(x=split.test.x, y=split.test.y), ADMIN)
-        calibration = admin.publish_blob(_npz(x=split.validation.x), ADMIN)
+        evaluation, calibration = publish_zoo(admin, zoo, split)
         enrollment = admin.create_enrollment_token(ADMIN, max_uses=sum(tiers.values()))["token"]
         devices = []
         for tier, count in tiers.items():

@@ -116,6 +116,17 @@ def _database(tmp_path):
         yield url
 
 
+def publish_zoo(admin: FedzooClient, zoo, split) -> tuple[str, str]:
+    """Every card of the zoo published with its blobs, then the evaluation (test split) and calibration (validation
+    images) sets uploaded; returns their sha256s."""
+    for card in zoo.cards():
+        digests = [card.sha256, *card.artifacts.values(), *([card.training_graph] if card.training_graph else [])]
+        admin.publish_model(card, {digest: zoo.blob_path(digest).read_bytes() for digest in digests},
+                            DEFAULT_ADMIN_TOKEN)
+    return (admin.publish_blob(_npz(x=split.test.x, y=split.test.y), DEFAULT_ADMIN_TOKEN),
+            admin.publish_blob(_npz(x=split.validation.x), DEFAULT_ADMIN_TOKEN))
+
+
 @contextmanager
 def _fleet(zoo, tmp_path):
     """A server with the zoo published, the evaluation and calibration sets uploaded and a device per shard."""
@@ -123,12 +134,7 @@ def _fleet(zoo, tmp_path):
     with _database(tmp_path) as database_url, LoopbackServer(tmp_path / "server", environ={
             "FEDZOO_DATABASE_URL": database_url}) as server, \
             FedzooClient(server.url, token=DEFAULT_ADMIN_TOKEN, cache_dir=tmp_path / "admin") as admin:
-        for card in zoo.cards():
-            digests = [card.sha256, *card.artifacts.values(), *([card.training_graph] if card.training_graph else [])]
-            admin.publish_model(card, {digest: zoo.blob_path(digest).read_bytes() for digest in digests},
-                                DEFAULT_ADMIN_TOKEN)
-        evaluation = admin.publish_blob(_npz(x=split.test.x, y=split.test.y), DEFAULT_ADMIN_TOKEN)
-        calibration = admin.publish_blob(_npz(x=split.validation.x), DEFAULT_ADMIN_TOKEN)
+        evaluation, calibration = publish_zoo(admin, zoo, split)
         enrollment = admin.create_enrollment_token(DEFAULT_ADMIN_TOKEN, max_uses=sum(TIERS.values()))["token"]
         devices = []
         for tier, count in TIERS.items():
