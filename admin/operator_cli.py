@@ -475,12 +475,6 @@ def revoke_device(api: FedzooHTTP, device_id: str) -> None:
     click.echo(f"revoked {answer['device_id']} at {_when(answer['revoked_at'])} UTC")
 
 
-# `fedzoo fl simulate` runs the server and the devices here: the cloud side, imported when it runs
-from fedzoo.cloud.simulate_cli import simulate  # noqa: E402
-
-fl.add_command(simulate)
-
-
 @fl.group()
 def zoo() -> None:
     """Zoo-wide plans: every device trains its tier's subnet, every zoo model improves (docs/zoo-federated.md)."""

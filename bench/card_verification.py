@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from fedzoo.admin.operator_client import OperatorClient
 from fedzoo.cards import ModelCard
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.download import sha256_of_file
@@ -104,7 +105,7 @@ def main() -> None:
             for size_kb in args.sizes_kb:
                 model = mlp_onnx(size_kb, seed=size_kb)
                 card = sign_card(card_for(model, size_kb), operator)
-                with FedzooClient(server.url, cache_dir=Path(root) / "admin") as admin:
+                with OperatorClient(server.url, cache_dir=Path(root) / "admin") as admin:
                     admin.publish_model(card, {card.sha256: model}, DEFAULT_ADMIN_TOKEN)
                 blob = Path(root) / "blob.onnx"
                 blob.write_bytes(model)

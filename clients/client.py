@@ -23,7 +23,6 @@ restarted app does the same. A token the server refuses as expired or revoked ra
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -43,7 +42,7 @@ from fedzoo.clients.download import BlobCache, download_blob, sha256_of_file
 from fedzoo.clients.errors import IntegrityError, NotFoundAPIError
 from fedzoo.clients.http import FedzooHTTP, RetryPolicy
 from fedzoo.clients.neighbour_trust import NeighbourTrust
-from fedzoo.clients.metered import MeteredBytes, MeteredFile, ProgressCallback
+from fedzoo.clients.metered import MeteredFile, ProgressCallback
 from fedzoo.device import DeviceProfile
 from fedzoo.dp.distributed import NoisePolicy
 from fedzoo.errors import InvalidInputError
@@ -373,40 +372,3 @@ class FedzooClient:
                                          headers={"Content-Type": "application/json"})
             self.uploaded_bytes += len(body)
         return response.json()
-
-    def create_rounds(self, config: dict[str, Any], admin_token: str) -> dict[str, Any]:
-        """Admin: start a plan of rounds (POST /v1/fl/rounds)."""
-        return self.http.request(
-            "POST", "/v1/fl/rounds", json=config, expected=(201,), headers={"Authorization": f"Bearer {admin_token}"}
-        ).json()
-
-    def create_zoo_rounds(self, config: dict[str, Any], admin_token: str) -> dict[str, Any]:
-        """Admin: start a zoo-wide plan on the zoo's supernet card (POST /v1/fl/zoo-rounds)."""
-        return self.http.request(
-            "POST", "/v1/fl/zoo-rounds", json=config, expected=(201,), headers={"Authorization": f"Bearer {admin_token}"}
-        ).json()
-
-    def create_enrollment_token(self, admin_token: str, max_uses: int = 1, expires_in_s: int | None = None,
-                                label: str | None = None, device_class: str | None = None) -> dict[str, Any]:
-        """Admin: a new enrollment token (POST /v1/enrollment-tokens); its `token` is in this answer only."""
-        body = {key: value for key, value in {"max_uses": max_uses, "expires_in_s": expires_in_s, "label": label,
-                                              "device_class": device_class}.items() if value is not None}
-        return self.http.request("POST", "/v1/enrollment-tokens", json=body, expected=(201,),
-                                 headers={"Authorization": f"Bearer {admin_token}"}).json()
-
-    def publish_blob(self, data: bytes, admin_token: str) -> str:
-        """Admin: upload one blob (PUT /v1/blobs/<sha256>); returns its sha256."""
-        sha256 = hashlib.sha256(data).hexdigest()
-        body = data if self.progress is None else MeteredBytes(data, f"upload {sha256[:12]}", self.progress)
-        self.http.request("PUT", f"/v1/blobs/{sha256}", content=body, expected=(200, 201),
-                          headers={"Authorization": f"Bearer {admin_token}", "Content-Type": "application/octet-stream",
-                                   "Content-Length": str(len(data))})
-        return sha256
-
-    def publish_model(self, card: ModelCard, blobs: dict[str, bytes], admin_token: str) -> dict[str, Any]:
-        """Admin: upload a card's blobs and publish the card (POST /v1/models)."""
-        for data in blobs.values():
-            self.publish_blob(data, admin_token)
-        return self.http.request("POST", "/v1/models", content=card.to_json(), expected=(200, 201),
-                                 headers={"Authorization": f"Bearer {admin_token}",
-                                          "Content-Type": "application/json"}).json()

@@ -195,6 +195,7 @@ def stage_serve(run: DemoRun) -> str:
 
 
 def stage_client(run: DemoRun) -> str:
+    from fedzoo.admin.operator_client import OperatorClient
     from fedzoo.clients.client import FedzooClient
     from fedzoo.edge.benchmark import benchmark_model
     from fedzoo.edge.device_profile import collect_device_profile
@@ -204,11 +205,13 @@ def stage_client(run: DemoRun) -> str:
     budget_ms = 2 * min(card.latency_ms[DEVICE_CLASS].median_ms for card in cards)
     # a real device ships with this key set; the demo fetches it once, before the device starts
     pinned = TrustedKeys.from_json(httpx.get(f"{run.server_url}/v1/keys").json())
+    # enrolled as an operator would enroll a device: an enrollment token made with the admin token
+    with OperatorClient(run.server_url) as operator:
+        enrollment_token = operator.create_enrollment_token(run.admin_token, label="demo device")["token"]
     with FedzooClient(run.server_url, cache_dir=run.workdir / "device-cache", trusted_keys=pinned,
                       state_file=run.workdir / "device-state" / "client.json") as client:
         profile = collect_device_profile(f"demo-device-{os.getpid()}", threads=1)
-        # enrolled as an operator would enroll a device: an enrollment token made with the admin token
-        client.register(profile, client.create_enrollment_token(run.admin_token, label="demo device")["token"])
+        client.register(profile, enrollment_token)
         answer = client.lookup(run.dataset, latency_budget_ms=budget_ms)
         card = ModelCard.from_dict(answer["model"])
         session = client.session(card)
@@ -270,6 +273,7 @@ def stage_federated(run: DemoRun) -> str:
 def stage_zoo_round(run: DemoRun) -> str:
     """One zoo-wide round (docs/zoo-federated.md): two tiers of devices train the subnets their lookups pick, and
     every zoo model is re-extracted from the improved supernet and re-published behind the accuracy gate."""
+    from fedzoo.admin.operator_client import OperatorClient
     from fedzoo.cards import is_supernet
     from fedzoo.clients.client import FedzooClient
     from fedzoo.clients.participation import participate_once
@@ -279,7 +283,7 @@ def stage_zoo_round(run: DemoRun) -> str:
     supernet = next(card for card in zoo.cards() if is_supernet(card))
     smallest = min((card for card in zoo.cards() if DEVICE_CLASS in card.latency_ms and card.precision == "fp32"
                     and card.pruning is None and not is_supernet(card)), key=lambda card: card.macs)
-    admin = FedzooClient(run.server_url, token=run.admin_token, cache_dir=run.workdir / "zoo-round-admin")
+    admin = OperatorClient(run.server_url, token=run.admin_token, cache_dir=run.workdir / "zoo-round-admin")
     calibration = io.BytesIO()
     np.savez(calibration, x=run.split.validation.x)
     # the small tier (this machine's class) may spend 1.5x the smallest model's latency, the other tier anything;
@@ -371,6 +375,7 @@ def stage_java_device(run: DemoRun) -> str:
     three take part in one private round (SecAgg+, the smallest cohort: k = 2, t = 2, all three must survive)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from fedzoo.admin.operator_client import OperatorClient
     from fedzoo.clients.client import FedzooClient
     from fedzoo.clients.device_certification import certify_devices
     from fedzoo.clients.http import FedzooHTTP
@@ -390,7 +395,7 @@ def stage_java_device(run: DemoRun) -> str:
     log = run.workdir / "java-device.log"
     cli = lambda *args: json.loads(_run_quietly([*java, *args, "--state", str(state)], log,  # noqa: E731
                                                 f"the Java device's '{args[0]}'", timeout_s=300).splitlines()[-1])
-    admin = FedzooClient(run.server_url, token=run.admin_token, cache_dir=run.workdir / "java-round-admin")
+    admin = OperatorClient(run.server_url, token=run.admin_token, cache_dir=run.workdir / "java-round-admin")
     enrollment_token = admin.create_enrollment_token(run.admin_token, max_uses=3, label="demo java + python")["token"]
     cli("register", "--server", run.server_url, "--device-id", f"demo-java-{os.getpid()}",
         "--enrollment-token", enrollment_token)

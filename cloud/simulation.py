@@ -42,6 +42,7 @@ from fedzoo.cloud.attacks import DeviceAttack, ScaledUpdateAttack
 from fedzoo.graphs.autodiff import build_training_graph
 from fedzoo.datasets import DatasetSplit, dirichlet_partition, load_dataset, split_dataset
 from fedzoo.cloud.executors import make_executor
+from fedzoo.admin.operator_client import OperatorClient
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.device_certification import certify_devices
 from fedzoo.clients.http import FedzooHTTP
@@ -350,8 +351,8 @@ class Simulation:
         self.cache_root = Path(cache_root) if cache_root is not None else Path(tempfile.mkdtemp(prefix="fedzoo-sim-"))
         self.attackers, self.attack, self.encoding = attackers, attack, encoding
         self.rng = random.Random(seed)
-        self.admin = FedzooClient(server_url, token=admin_token, cache_dir=self.cache_root / "admin",
-                                  transport=_transport(in_process))
+        self.admin = OperatorClient(server_url, token=admin_token, cache_dir=self.cache_root / "admin",
+                                    transport=_transport(in_process))
         self.tokens: list[str] = []
         self.signing_keys: list[bytes] = []  # each device's raw Ed25519 private key, beside its token
         # the operator's key (a fresh one unless given), which certifies every device's signing key after

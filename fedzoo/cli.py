@@ -26,6 +26,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "keys": ("fedzoo.keys_cli:keys", "Card-signing keys: generate, list, export the public key set, retire."),
     "completion": ("fedzoo.cli:completion", "Print the shell completion script for bash, zsh or fish."),
 }
+# group name -> its subcommands that live in a higher area, imported only when used as above: `fl` is the operator
+# tools' group (fedzoo.admin), and `fl simulate` runs the cloud's simulator, which admin must not import
+NESTED_SUBCOMMANDS: dict[str, dict[str, tuple[str, str]]] = {
+    "fl": {"simulate": ("fedzoo.cloud.simulate_cli:simulate",
+                        "Simulate a federation: virtual devices fine-tune a zoo model.")},
+}
 PROG_NAME = "fedzoo"
 COMPLETE_VAR = "_FEDZOO_COMPLETE"  # click's variable for `fedzoo`; the printed scripts set it
 
@@ -40,16 +46,40 @@ class LazyGroup(click.Group):
         if name not in SUBCOMMANDS:
             return None
         target, short_help = SUBCOMMANDS[name]
-        module_name, attribute = target.split(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as error:
-            if error.name and error.name.split(".")[0] == "fedzoo":
-                raise
-            return _missing_command(name, short_help, error)
-        command = getattr(module, attribute)
-        command.short_help = command.short_help or short_help
+        command = _import_command(name, target, short_help)
+        if isinstance(command, click.Group):  # not the stand-in of an area whose packages are absent
+            for nested_name, (nested_target, nested_help) in NESTED_SUBCOMMANDS.get(name, {}).items():
+                command.add_command(LazyCommand(nested_name, nested_target, nested_help))
         return command
+
+
+class LazyCommand(click.Command):
+    """Stands in for a nested subcommand: the group lists it with the table's help line, and the command is
+    imported when it runs (or shows its own help)."""
+
+    def __init__(self, name: str, target: str, short_help: str) -> None:
+        super().__init__(name, short_help=short_help)
+        self.target = target
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: object) -> click.Context:
+        # the context belongs to the imported command, so click invokes that one
+        command = _import_command(self.name or "", self.target, self.short_help or "")
+        return command.make_context(info_name, args, parent, **extra)
+
+
+def _import_command(name: str, target: str, short_help: str) -> click.Command:
+    """The click command `target` ("module:attribute") names, or a stand-in when its area's packages are absent."""
+    module_name, attribute = target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name and error.name.split(".")[0] == "fedzoo":
+            raise
+        return _missing_command(name, short_help, error)
+    command = getattr(module, attribute)
+    command.short_help = command.short_help or short_help
+    return command
 
 
 def _missing_command(name: str, short_help: str, error: ModuleNotFoundError) -> click.Command:

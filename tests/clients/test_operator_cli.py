@@ -281,15 +281,15 @@ def test_completion_answers_subcommands_and_choices():
 
 
 def test_the_sdk_reports_download_and_upload_bytes_as_they_move(fleet, tmp_path):
-    from fedzoo.clients.client import FedzooClient
+    from fedzoo.admin.operator_client import OperatorClient
 
     server, sim, _ = fleet
     heard: list[tuple[str, int, int | None]] = []
     payload = os.urandom(300_000)
-    with FedzooClient(server.url, cache_dir=tmp_path / "cache",
-                      progress=lambda *event: heard.append(event)) as device:
-        path = device.download_model(sim.federation.card)
-        sha256 = device.publish_blob(payload, server.admin_token)
+    with OperatorClient(server.url, cache_dir=tmp_path / "cache",
+                        progress=lambda *event: heard.append(event)) as client:
+        path = client.download_model(sim.federation.card)
+        sha256 = client.publish_blob(payload, server.admin_token)
     downloads = [event for event in heard if event[0].startswith("download")]
     uploads = [event for event in heard if event[0] == f"upload {sha256[:12]}"]
     size = path.stat().st_size

@@ -16,6 +16,7 @@ import onnxruntime
 import pytest
 from click.testing import CliRunner
 
+from fedzoo.admin.operator_client import OperatorClient
 from fedzoo.cards import ModelCard
 from fedzoo.clients.card_trust import CardVerifier
 from fedzoo.clients.cli import client as client_cli
@@ -74,7 +75,7 @@ def test_a_card_signed_by_a_key_fetched_from_the_server_downloads_verifies_and_r
     key_set = tmp_path / "operator-keys.json"
     key_set.write_text(json.dumps(PINNED.to_json()))
     with LoopbackServer(tmp_path / "server", trusted_keys=key_set) as server:
-        with FedzooClient(server.url, cache_dir=tmp_path / "admin") as admin:
+        with OperatorClient(server.url, cache_dir=tmp_path / "admin") as admin:
             admin.publish_model(sign_card(federation.card, OPERATOR), federation.blobs, DEFAULT_ADMIN_TOKEN)
         pinned = TrustedKeys.from_json(httpx.get(f"{server.url}/v1/keys").json())  # out of band, once
         assert OPERATOR.key_id in pinned.key_ids
@@ -395,7 +396,7 @@ def test_a_revoked_card_is_refused_after_the_device_fetched_the_list_even_after_
     key_set.write_text(json.dumps(PINNED.to_json()))
     card = sign_card(federation.card, OPERATOR)
     with LoopbackServer(tmp_path / "server", trusted_keys=key_set) as server:
-        with FedzooClient(server.url, cache_dir=tmp_path / "admin") as admin:
+        with OperatorClient(server.url, cache_dir=tmp_path / "admin") as admin:
             admin.publish_model(card, federation.blobs, DEFAULT_ADMIN_TOKEN)
         with _device(server.url, tmp_path) as device:
             assert device.refresh_revocations() is None  # no list published yet

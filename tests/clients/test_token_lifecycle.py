@@ -11,6 +11,7 @@ import time
 import httpx
 import pytest
 
+from fedzoo.admin.operator_client import OperatorClient
 from fedzoo.clients.client import REFRESH_AT_LIFETIME_FRACTION, FedzooClient
 from fedzoo.clients.errors import AuthenticationError, ReregistrationRequiredError
 from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
@@ -33,7 +34,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture
 def enrollment_token(server, tmp_path):
-    with FedzooClient(server.url, cache_dir=tmp_path / "admin") as admin:
+    with OperatorClient(server.url, cache_dir=tmp_path / "admin") as admin:
         return admin.create_enrollment_token(DEFAULT_ADMIN_TOKEN, max_uses=5)["token"]
 
 

@@ -6,7 +6,7 @@ import sys
 import click
 import pytest
 
-from fedzoo.cli import SUBCOMMANDS, cli
+from fedzoo.cli import NESTED_SUBCOMMANDS, SUBCOMMANDS, cli
 
 
 def all_command_paths(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -29,6 +29,16 @@ def run_fedzoo(*args: str) -> subprocess.CompletedProcess:
 
 def test_every_table_entry_is_listed():
     assert set(SUBCOMMANDS) <= {path[0] for path in all_command_paths(cli)}
+
+
+def test_every_nested_entry_is_listed_and_imported_only_when_it_runs():
+    nested = {(group, name) for group, commands in NESTED_SUBCOMMANDS.items() for name in commands}
+    assert nested <= set(all_command_paths(cli))
+    listing = subprocess.run(
+        [sys.executable, "-c", "import sys; from fedzoo.cli import main\ntry: main(['fl', '--help'])\n"
+                               "except SystemExit: pass\nprint('fedzoo.cloud' in sys.modules)"],
+        capture_output=True, text=True, timeout=300)
+    assert "simulate" in listing.stdout and listing.stdout.split()[-1] == "False", listing.stderr
 
 
 @pytest.mark.parametrize("path", all_command_paths(cli), ids=" ".join)

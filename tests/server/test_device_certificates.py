@@ -282,7 +282,7 @@ def test_a_server_given_the_operator_keys_refuses_certificates_they_did_not_sign
     with LoopbackServer(tmp_path / "server", trusted_keys=keys_file) as running, \
             FedzooClient(running.url, cache_dir=tmp_path / "device") as device, \
             httpx.Client(base_url=running.url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30) as http:
-        enrollment = device.create_enrollment_token(ADMIN)["token"]
+        enrollment = http.post("/v1/enrollment-tokens", json={"max_uses": 1}).json()["token"]
         device.register(DeviceProfile(device_id="phone", platform="linux-x86_64", cpu=CpuInfo(model="v", cores=1),
                                       memory_mb=2048, runtime=RuntimeInfo(onnxruntime="simulated", threads=1)),
                         enrollment)

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 import pytest
 from sqlalchemy import create_engine, select
 
+from fedzoo.admin.operator_client import OperatorClient
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.errors import APIError
 from fedzoo.clients.device_certification import certify_devices
@@ -42,7 +43,7 @@ def private_fleet(zoo, tmp_path, tiers: dict[str, int]):  # noqa: F811
     split = split_dataset(load_dataset("digits"), seed=0)
     operator = CardSigningKey.generate()
     with LoopbackServer(tmp_path / "server", deadline_check_s=0.2) as server, \
-            FedzooClient(server.url, token=ADMIN, cache_dir=tmp_path / "admin") as admin:
+            OperatorClient(server.url, token=ADMIN, cache_dir=tmp_path / "admin") as admin:
         evaluation, calibration = publish_zoo(admin, zoo, split)
         enrollment = admin.create_enrollment_token(ADMIN, max_uses=sum(tiers.values()))["token"]
         devices = []

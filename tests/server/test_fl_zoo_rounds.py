@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import create_engine, update
 
+from fedzoo.admin.operator_client import OperatorClient
 from fedzoo.cards import Latency, ModelCard, is_supernet
 from fedzoo.cli import cli
 from fl_helpers import OPEN_GATE, wait_for_round_end
@@ -116,7 +117,7 @@ def _database(tmp_path):
         yield url
 
 
-def publish_zoo(admin: FedzooClient, zoo, split) -> tuple[str, str]:
+def publish_zoo(admin: OperatorClient, zoo, split) -> tuple[str, str]:
     """Every card of the zoo published with its blobs, then the evaluation (test split) and calibration (validation
     images) sets uploaded; returns their sha256s."""
     for card in zoo.cards():
@@ -133,7 +134,7 @@ def _fleet(zoo, tmp_path):
     split = split_dataset(load_dataset("digits"), seed=0)
     with _database(tmp_path) as database_url, LoopbackServer(tmp_path / "server", environ={
             "FEDZOO_DATABASE_URL": database_url}) as server, \
-            FedzooClient(server.url, token=DEFAULT_ADMIN_TOKEN, cache_dir=tmp_path / "admin") as admin:
+            OperatorClient(server.url, token=DEFAULT_ADMIN_TOKEN, cache_dir=tmp_path / "admin") as admin:
         evaluation, calibration = publish_zoo(admin, zoo, split)
         enrollment = admin.create_enrollment_token(DEFAULT_ADMIN_TOKEN, max_uses=sum(TIERS.values()))["token"]
         devices = []

@@ -40,7 +40,7 @@ import dev.fedzoo.secagg.SignedRounds;
  * int[] classes = session.predict(images);
  * }</pre>
  */
-public final class FedzooClient {
+public class FedzooClient {
     /** The SDK's version, sent in the User-Agent. */
     public static final String VERSION = "0.1.0";
     private static final int DOWNLOAD_ATTEMPTS = 5;
@@ -542,12 +542,6 @@ public final class FedzooClient {
                 null, FedzooHttp.Resend.SAFE, 201).json();
         uploadedBytes += deltaNpz.length;
         return receipt;
-    }
-
-    /** Admin: starts a plan of rounds ({@code POST /v1/fl/rounds}). */
-    public JSONObject createRounds(JSONObject config, String adminToken) {
-        return http.request("POST", "/v1/fl/rounds", config.toString().getBytes(FedzooHttp.UTF8), "application/json",
-                Collections.singletonMap("Authorization", "Bearer " + adminToken), FedzooHttp.Resend.UNSAFE, 201).json();
     }
 
     private static void writeText(ByteArrayOutputStream out, String text) {

@@ -92,7 +92,7 @@ class LiveServerTest {
     }
 
     private static long startRound(int targetClients, String extra) throws Exception {
-        FedzooClient admin = new FedzooClient(server.url, null, TestSupport.workDirectory("admin"));
+        OperatorClient admin = new OperatorClient(server.url, null, TestSupport.workDirectory("admin"));
         JSONObject config = new JSONObject().put("model_id", server.ready.getString("model_id")).put("min_clients", targetClients)
                 .put("target_clients", targetClients).put("over_selection", 0.0).put("deadline_s", 120)
                 .put("local_epochs", 1).put("batch_size", 16).put("learning_rate", 0.05).put("optimizer", "sgd")
