@@ -2,7 +2,6 @@
 DP on them is refused, delta is bounded, and adaptive clipping runs on the server through fedzoo.dp."""
 
 import hashlib
-import time
 
 import httpx
 import numpy as np
@@ -14,7 +13,7 @@ from fedzoo.dp.accountant import epsilon_of_events
 from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.edge.trainer import write_parameters
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN
-from fl_helpers import device_client, honest_delta, round_config, upload
+from fl_helpers import device_client, honest_delta, round_config, upload, wait_for_round_end
 
 ADMIN = DEFAULT_ADMIN_TOKEN
 DP = {"max_epsilon": 8, "delta": 1e-5, "clip_norm": 0.1, "noise_multiplier": 2.0}
@@ -38,19 +37,9 @@ def _run_round(simulation, federation, round_id, scale=0.05):
         task = client.fl_task(federation.card.task)["task"]
         model = client.download(task["model_url"], task["model_sha256"]).read_bytes()
         upload(client, task, honest_delta(model, scale))
-    view = _wait(simulation, round_id)
+    view = wait_for_round_end(simulation.admin, round_id)
     assert view["state"] == "closed", view["outcome"]
     return view
-
-
-def _wait(simulation, round_id):
-    give_up = time.monotonic() + 60
-    while time.monotonic() < give_up:
-        view = simulation.admin.fl_round(round_id)
-        if view["state"] in ("closed", "failed"):
-            return view
-        time.sleep(0.05)
-    raise AssertionError(f"round {round_id} did not end")
 
 
 def _publish(simulation, card: ModelCard, onnx_bytes: bytes) -> None:
