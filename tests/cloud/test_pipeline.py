@@ -129,10 +129,10 @@ def test_the_zoo_finetune_spends_the_supernets_steps_per_epoch_on_the_zoos_subne
 
 @pytest.mark.slow
 def test_the_zoo_finetune_raises_the_zoos_accuracy(built, tmp_path):
-    unturned = build_zoo(tiny_config(tmp_path / "zoo", finetune_epochs=0))
-    assert [card.arch for card in unturned.cards] == [card.arch for card in built.cards]  # the same search
-    assert "finetune" not in json.loads((unturned.zoo.root / pipeline.BUILD_REPORT).read_text())["stage_seconds"]
-    before = np.mean([card.metrics.accuracy for card in unturned.cards])
+    untuned = build_zoo(tiny_config(tmp_path / "zoo", finetune_epochs=0))
+    assert [card.arch for card in untuned.cards] == [card.arch for card in built.cards]  # the same search
+    assert "finetune" not in json.loads((untuned.zoo.root / pipeline.BUILD_REPORT).read_text())["stage_seconds"]
+    before = np.mean([card.metrics.accuracy for card in untuned.cards])
     after = np.mean([card.metrics.accuracy for card in built.cards])
     assert after > before + 0.05, (before, after)
 
