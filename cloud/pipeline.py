@@ -83,7 +83,8 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     # ~10 minutes on 2 cores for MNIST-5k. Two largest-subnet epochs, then the sandwich with the smallest and one
     # random student; no zoo fine-tune (not measured at this size). The search ranks by the kernel predictor, so
-    # the same seed gives the same zoo, and a candidate needs no timing run: 160 of them (118 CPU s at load ~3) fill the seed-0 front to the zoo's 16 (96 left it at 12).
+    # the same seed gives the same zoo, and a candidate needs no timing run: 160 of them (118 CPU s at load ~3) fill
+    # the seed-0 front to the zoo's 16 (96 left it at 12).
     "default": Preset(
         default_space,
         TrainingConfig(epochs=10, sandwich_random_subnets=1, largest_only_epochs=2),
