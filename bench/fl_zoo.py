@@ -17,9 +17,10 @@ from the data set apart from the test split; the tuning run uses `--tuning-seed`
 served models get BatchNorm recalibrated on the cloud's 768 images; bytes are summed from the float32 arrays sent
 down (the subnet's state) and up (its delta); device MACs are counted on each model (`count_macs`) times the
 examples trained on. Every arm starts from the same cloud work: tier_alone, everyone_largest and fedzoo from the
-zoo's supernet, the anchors from their own tier models trained jointly from the supernet's initialisation on the
-same 768 examples, epochs, batch size, optimiser and schedule as that supernet (`zoo_arms.warm_up`). The zoo and
-the warm-ups are cached under a key of their code and settings.
+zoo's supernet (the sandwich epochs, then the zoo's chosen subnets' joint fine-tune), the anchors from their own tier
+models trained jointly from the supernet's initialisation on the same 768 examples, batch size, optimiser and
+schedule for as many epochs as the zoo's supernet and fine-tune together (`zoo_arms.warm_up`). The zoo and the
+warm-ups are cached under a key of their code and settings.
 
 Reported, mean ± sd over `--seeds` (partition, tiers, draws and training order): population-weighted deployed
 accuracy (each device's tier model on its own held-out data; also before the first round), each tier's test
@@ -40,6 +41,7 @@ import hashlib
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -111,7 +113,9 @@ def cached_warm_up(arm: Arm, spec: SupernetSpec, dataset: str, zoo_dir: Path, cl
     initialisation in that build; cached under the zoo (its key covers the build) and a hash of the bench's code
     and the family."""
     settings = build_settings(dataset, zoo_dir)
-    training, seed = settings.training, settings.seed
+    # the zoo's cloud budget: the supernet's epochs and the chosen subnets' fine-tune, over the same examples
+    training = replace(settings.training, epochs=settings.training.epochs + settings.training.zoo_finetune_epochs)
+    seed = settings.seed
     key = cache_key((Path(__file__).resolve().parent / "zoo_arms.py", Path(__file__).resolve()),
                     repr((training, seed, len(cloud_y), [arch_key(arch) for arch in arm.tier_archs])))
     path = zoo_dir.parent / f"warmup-{zoo_dir.name}-{key}.npz"
@@ -123,7 +127,8 @@ def cached_warm_up(arm: Arm, spec: SupernetSpec, dataset: str, zoo_dir: Path, cl
     weights, examples = warm_up(spec, arm.tier_archs, initial, cloud_x, cloud_y, training, seed)
     np.savez(path, **weights)
     print(f"  warmed up {arm.name}'s tier models on {examples} examples ({training.epochs} epochs of "
-          f"{len(cloud_y)}, as the zoo's supernet) in {time.perf_counter() - started:.0f} s: {path}")
+          f"{len(cloud_y)}, as the zoo's supernet and fine-tune: {settings.training.epochs} + "
+          f"{settings.training.zoo_finetune_epochs}) in {time.perf_counter() - started:.0f} s: {path}")
     return weights
 
 

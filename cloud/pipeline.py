@@ -9,6 +9,9 @@ Stages, in order::
               on `training_workers` (fedzoo.nas.distributed); checkpoint after every epoch
     search    evolutionary search on validation loss and latency (the preset's estimator), candidates evaluated in
               one process per core (or on Ray); checkpoint after every generation
+    finetune  the chosen subnets trained jointly inside the supernet (`zoo_finetune_epochs`, fedzoo.nas.training),
+              so the zoo's models start from the cloud's data spent on them, still slices of one supernet;
+              no checkpoint: seeded, a resumed build repeats it   (none when the preset's epochs are 0)
     cards     extract, recalibrate BN, test accuracy, export ONNX, measure latency, write cards
     compress  pruned and INT8 variants behind the accuracy gate, fine-tuned on every core (fedzoo.compress.pipeline)   (skippable)
     graphs    a standard-op training graph for every model (fedzoo.graphs.training_graphs)   (skippable)
@@ -52,7 +55,8 @@ from fedzoo.nas.devices import DeviceData, describe_device, resolve_device
 from fedzoo.nas.distributed import join_workers, leave_workers, local_rank, newest_state, run_local_workers, \
     synchronise_batchnorm
 from fedzoo.nas.supernet import Supernet
-from fedzoo.nas.training import ONE_WORKER, Replica, TrainingConfig, make_optimizer, steps_per_epoch, train_supernet_epoch
+from fedzoo.nas.training import ONE_WORKER, Replica, TrainingConfig, finetune_zoo_epoch, make_optimizer, steps_per_epoch, \
+    train_supernet_epoch
 from fedzoo.zoo import Zoo, atomic_write_bytes
 
 CHECKPOINT_FOLDER = ".checkpoint"
@@ -78,8 +82,9 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {
     # ~10 minutes on 2 cores for MNIST-5k. Two largest-subnet epochs, then the sandwich with the smallest and one
-    # random student. The search ranks by the kernel predictor, so the same seed gives the same zoo, and a candidate
-    # needs no timing run: 160 of them (118 CPU s at load ~3) fill the seed-0 front to the zoo's 16 (96 left it at 12).
+    # random student; no zoo fine-tune (not measured at this size). The search ranks by the kernel predictor, so
+    # the same seed gives the same zoo, and a candidate needs no timing run: 160 of them (118 CPU s at load ~3) fill
+    # the seed-0 front to the zoo's 16 (96 left it at 12).
     "default": Preset(
         default_space,
         TrainingConfig(epochs=10, sandwich_random_subnets=1, largest_only_epochs=2),
@@ -88,10 +93,11 @@ PRESETS: dict[str, Preset] = {
         calibration_examples=500,
         latency_source="predicted",
     ),
-    # seconds: for tests and smoke runs
+    # seconds: for tests and smoke runs. Two sandwich epochs leave the searched subnets at 60-70% on MNIST-5k;
+    # two epochs of the chosen subnets' joint fine-tune take them to 80-90% (docs/zoo-federated.md).
     "tiny": Preset(
         tiny_space,
-        TrainingConfig(epochs=2, batch_size=16, learning_rate=0.2, max_shift_pixels=1),
+        TrainingConfig(epochs=2, batch_size=16, learning_rate=0.2, max_shift_pixels=1, zoo_finetune_epochs=2),
         evaluations=16,
         population_size=8,
         calibration_examples=128,
@@ -109,6 +115,7 @@ class BuildConfig:
     preset: str = "default"
     seed: int = 0
     epochs: int | None = None
+    finetune_epochs: int | None = None  # the zoo's joint fine-tune after the search (the preset's when None)
     evaluations: int | None = None
     population_size: int | None = None
     strategy: str = "evolution"
@@ -142,7 +149,11 @@ class BuildConfig:
     @property
     def training(self) -> TrainingConfig:
         training = self.resolved_preset().training
-        return replace(training, epochs=self.epochs) if self.epochs is not None else training
+        if self.epochs is not None:
+            training = replace(training, epochs=self.epochs)
+        if self.finetune_epochs is not None:
+            training = replace(training, zoo_finetune_epochs=self.finetune_epochs)
+        return training
 
     @property
     def search_evaluations(self) -> int:
@@ -366,6 +377,27 @@ def _train_on_local_workers(config: BuildConfig, reporter: BuildReporter) -> Non
         raise BuildInterrupted(f"stopped after epoch {epochs_done} as asked; run the same build again to resume")
 
 
+def finetune_zoo(
+    config: BuildConfig, supernet: Supernet, members: list[Arch], train: Subset, reporter: BuildReporter,
+    device: torch.device = torch.device("cpu"),
+) -> Supernet:
+    """A copy of `supernet` after `zoo_finetune_epochs` of its `members`' joint fine-tune (smallest first), on
+    the build's training examples with its optimiser settings and a fresh schedule (on the CPU, in eval mode)."""
+    training = config.training
+    tuned = Supernet(supernet.space, supernet.num_classes, supernet.in_channels).to(memory_format=torch.channels_last)
+    tuned.load_state_dict(supernet.state_dict())
+    tuned.to(device)
+    optimizer = make_optimizer(tuned, training)
+    data = DeviceData.place(train.x, train.y, device)
+    for epoch in range(training.zoo_finetune_epochs):
+        reporter.start_stage(f"fine-tune the zoo's {len(members)} subnets, epoch {epoch + 1}/{training.zoo_finetune_epochs}",
+                             steps_per_epoch(len(data), training.batch_size))
+        loss = finetune_zoo_epoch(tuned, optimizer, data, None, members, training, config.seed, epoch,
+                                  on_step=lambda done, total: reporter.advance(done), mixed_precision=config.mixed_precision)
+        reporter.note(f"zoo fine-tune epoch {epoch + 1}/{training.zoo_finetune_epochs}: largest chosen subnet's train loss {loss:.4f}")
+    return tuned.cpu().eval()
+
+
 def search_architectures(
     config: BuildConfig,
     strategy_name: str,
@@ -533,11 +565,17 @@ def build_zoo(
                     field="latency_budget_ms",
                 )
 
+        if config.training.zoo_finetune_epochs:
+            with _timed("finetune", seconds, cpu_seconds):
+                members = [candidate.arch for candidate in sorted(chosen, key=lambda candidate: candidate.macs)]
+                supernet = finetune_zoo(config, supernet, members, parts["train"], reporter, device)
+
         with _timed("cards", seconds, cpu_seconds):
             zoo = Zoo.create(config.out)
             details = {
                 "build": {"seed": config.seed, "preset": config.preset, "strategy": config.strategy, "epochs": config.training.epochs,
-                          "evaluations": len(state.evaluated), "search_latency_source": estimator.source,
+                          "zoo_finetune_epochs": config.training.zoo_finetune_epochs, "evaluations": len(state.evaluated),
+                          "search_latency_source": estimator.source,
                           "train_examples": len(parts["train"].y), **_training_setup(config, device)},
             }
             reporter.start_stage("write cards", len(chosen))

@@ -55,6 +55,8 @@ def zoo() -> None:
               help="Size of the build: default (~10 min on 2 cores) or tiny (seconds, for smoke tests).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the split, initialisation, sampling and search.")
 @click.option("--epochs", type=click.IntRange(min=1), default=None, help="Supernet training epochs (default: the preset's).")
+@click.option("--finetune-epochs", type=click.IntRange(min=0), default=None,
+              help="Epochs of the zoo's chosen subnets' joint fine-tune after the search, 0 for none (default: the preset's).")
 @click.option("--evaluations", type=click.IntRange(min=1), default=None, help="Search budget: subnets evaluated (default: the preset's).")
 @click.option("--population", "population_size", type=click.IntRange(min=2), default=None, help="Evolution population / batch per generation.")
 @click.option("--strategy", type=click.Choice(["evolution", "random"]), default="evolution", show_default=True, help="Search strategy.")

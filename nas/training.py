@@ -7,6 +7,13 @@ Once-for-All's progressive shrinking, the first `largest_only_epochs` may train 
 its soft predictions are worth distilling only once it has learnt something, and those epochs cost about
 half a sandwich epoch.
 
+After the search, `finetune_zoo_epoch` trains the zoo's chosen subnets jointly inside the supernet for
+`zoo_finetune_epochs`: the sandwich rule over the chosen subnets only (the largest chosen on the labels, the
+smallest chosen and `sandwich_random_subnets` other chosen ones distilled from it). The sandwich spreads its
+steps over the whole space, and a short schedule leaves the chosen subnets far below what the same steps
+give a few fixed models; the fine-tune spends its steps on the subnets the zoo serves, and since they keep
+sharing the supernet's tensors, every zoo model is still the slice of the one supernet the zoo carries.
+
 Every epoch draws its shuffling, augmentation and subnet samples from generators seeded by
 (seed, epoch), so a run resumed from an epoch checkpoint repeats the uninterrupted run exactly, and
 data-parallel workers (`Replica`), which all draw from the same generators, run the same subnets on their
@@ -16,7 +23,7 @@ slices of the same global batch: the sandwich rule and the distillation hold acr
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -42,6 +49,7 @@ class TrainingConfig:
     largest_only_epochs: int = 0  # warm-up epochs training only the largest subnet, before the sandwich rule
     distillation_temperature: float = 1.0
     max_shift_pixels: int = 2
+    zoo_finetune_epochs: int = 0  # after the search: the chosen subnets' joint fine-tune (finetune_zoo_epoch)
 
 
 def epoch_generators(seed: int, epoch: int) -> tuple[torch.Generator, np.random.Generator]:
@@ -155,9 +163,66 @@ def train_supernet_epoch(
     `batchnorm_groups` splits each batch into that many equal slices, each normalised by BatchNorm on its own
     ("ghost batches"), with one optimiser step over all of them: one process computing what that many workers
     with worker-local BatchNorm compute together."""
-    data = x if isinstance(x, DeviceData) else DeviceData.place(x, y, torch.device("cpu"))
-    torch_generator, numpy_generator = epoch_generators(seed, epoch)
     space = supernet.space
+
+    def students(rng: np.random.Generator) -> list[Arch]:
+        if epoch < config.largest_only_epochs:
+            return []
+        return [space.min_arch()] + [space.sample_arch(rng) for _ in range(config.sandwich_random_subnets)]
+
+    return _sandwich_epoch(supernet, optimizer, x, y, config, epoch_generators(seed, epoch), epoch,
+                           space.max_arch(), students, on_step, replica, mixed_precision, batchnorm_groups)
+
+
+def finetune_zoo_epoch(
+    supernet: Supernet,
+    optimizer: torch.optim.Optimizer,
+    x: np.ndarray | DeviceData,
+    y: np.ndarray | None,
+    members: list[Arch],
+    config: TrainingConfig,
+    seed: int,
+    epoch: int,
+    on_step: Callable[[int, int], None] | None = None,
+    mixed_precision: bool = False,
+) -> float:
+    """Epoch `epoch` (from 0) of the zoo's joint fine-tune: the sandwich rule over `members` only (smallest
+    first; the last, the largest, learns from the labels, the first and `sandwich_random_subnets` others drawn
+    from the rest are distilled from it), a cosine schedule from the base rate over `zoo_finetune_epochs`,
+    draws of their own (after the supernet's epochs). Returns the largest member's mean loss."""
+    if not members:
+        raise InvalidInputError("the zoo's fine-tune needs at least one chosen subnet", field="members")
+    middle = members[1:-1]
+
+    def students(rng: np.random.Generator) -> list[Arch]:
+        count = min(config.sandwich_random_subnets, len(middle))
+        drawn = [middle[index] for index in sorted(rng.choice(len(middle), count, replace=False))] if count else []
+        return members[:1] + drawn if len(members) > 1 else []
+
+    schedule = replace(config, epochs=config.zoo_finetune_epochs)
+    return _sandwich_epoch(supernet, optimizer, x, y, schedule, epoch_generators(seed, config.epochs + epoch), epoch,
+                           members[-1], students, on_step, ONE_WORKER, mixed_precision, 1)
+
+
+def _sandwich_epoch(
+    supernet: Supernet,
+    optimizer: torch.optim.Optimizer,
+    x: np.ndarray | DeviceData,
+    y: np.ndarray | None,
+    config: TrainingConfig,
+    generators: tuple[torch.Generator, np.random.Generator],
+    epoch: int,
+    teacher: Arch,
+    students: Callable[[np.random.Generator], list[Arch]],
+    on_step: Callable[[int, int], None] | None,
+    replica: Replica,
+    mixed_precision: bool,
+    batchnorm_groups: int,
+) -> float:
+    """One epoch of sandwich steps: `teacher` on the labels, each of `students(rng)` (drawn anew every step)
+    distilled from it, at the cosine rate of step `epoch * steps + step` of `config.epochs`."""
+    data = x if isinstance(x, DeviceData) else DeviceData.place(x, y, torch.device("cpu"))
+    torch_generator, numpy_generator = generators
     per_epoch = steps_per_epoch(len(data), config.batch_size)
     total_steps = config.epochs * per_epoch
     if replica.local_batch_size(config.batch_size) % batchnorm_groups:
@@ -170,19 +235,17 @@ def train_supernet_epoch(
         for group in optimizer.param_groups:
             group["lr"] = learning_rate_at(config, epoch * per_epoch + step, total_steps)
         optimizer.zero_grad(set_to_none=True)
-        if epoch < config.largest_only_epochs:
-            students = []
-        else:
-            students = [space.min_arch()] + [space.sample_arch(numpy_generator) for _ in range(config.sandwich_random_subnets)]
+        step_students = students(numpy_generator)
         for group_images, group_labels in zip(images.chunk(batchnorm_groups), labels.chunk(batchnorm_groups)):
-            loss_sum += _sandwich_backward(supernet, group_images, group_labels, students, config, mixed_precision, 1 / batchnorm_groups)
+            loss_sum += _sandwich_backward(supernet, group_images, group_labels, teacher, step_students, config,
+                                           mixed_precision, 1 / batchnorm_groups)
         if replica.average_gradients is not None:
             replica.average_gradients(supernet)
         nn.utils.clip_grad_norm_(supernet.parameters(), 5.0)
         optimizer.step()
         if on_step is not None:
             on_step(step + 1, per_epoch)
-    supernet.set_active(space.max_arch())
+    supernet.set_active(supernet.space.max_arch())
     if replica.sum_over_workers is not None:
         loss_sum = replica.sum_over_workers(loss_sum) / replica.world_size
         _average_batchnorm_statistics(supernet, replica)
@@ -190,13 +253,13 @@ def train_supernet_epoch(
 
 
 def _sandwich_backward(
-    supernet: Supernet, images: torch.Tensor, labels: torch.Tensor, students: list[Arch], config: TrainingConfig,
-    mixed_precision: bool, loss_scale: float,
+    supernet: Supernet, images: torch.Tensor, labels: torch.Tensor, teacher: Arch, students: list[Arch],
+    config: TrainingConfig, mixed_precision: bool, loss_scale: float,
 ) -> torch.Tensor:
-    """Accumulate one sandwich step's gradients on one batch, times `loss_scale`: the largest subnet on the
-    labels, then each student distilled from its logits (in-place distillation). Returns the largest subnet's
-    scaled loss, detached."""
-    supernet.set_active(supernet.space.max_arch())
+    """Accumulate one sandwich step's gradients on one batch, times `loss_scale`: the teacher (the largest
+    subnet) on the labels, then each student distilled from its logits (in-place distillation). Returns the
+    teacher's scaled loss, detached."""
+    supernet.set_active(teacher)
     with autocast(images.device, mixed_precision):
         teacher_logits = supernet(images)
         loss = F.cross_entropy(teacher_logits, labels) * loss_scale

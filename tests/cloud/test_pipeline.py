@@ -20,6 +20,7 @@ from fedzoo.nas.latency import MacsLatencyModel
 from fedzoo.nas.pareto import dominates
 from fedzoo.nas.subnet import build_subnet, count_macs, count_params
 from fedzoo.nas.subnet_mapping import extract_weights
+from fedzoo.nas.training import steps_per_epoch
 from fedzoo.zoo import Zoo, sha256_of_file
 
 torch.set_num_threads(1)
@@ -31,9 +32,27 @@ def tiny_config(out, **overrides):
     return BuildConfig(**{**settings, **overrides})
 
 
+class StageRecorder(pipeline.BuildReporter):
+    """Each stage the build started, with its total steps and the steps it reported done."""
+
+    def __init__(self) -> None:
+        self.stages: list[list] = []
+
+    def start_stage(self, name: str, total: int | None = None) -> None:
+        self.stages.append([name, total, 0])
+
+    def advance(self, completed: int) -> None:
+        self.stages[-1][2] = completed
+
+
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    return build_zoo(tiny_config(tmp_path_factory.mktemp("zoo") / "zoo"))
+def stages():
+    return StageRecorder()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, stages):
+    return build_zoo(tiny_config(tmp_path_factory.mktemp("zoo") / "zoo"), reporter=stages)
 
 
 @pytest.mark.slow
@@ -68,22 +87,23 @@ def test_the_build_report_and_the_cards_say_where_the_supernet_trained(built):
     device = str(resolve_device("auto"))
     assert report["training"]["device"] == device and report["training"]["training_workers"] == 1
     assert report["training"]["mixed_precision"] is False and report["settings"]["device"] == "auto"
-    assert set(report["stage_seconds"]) == {"data", "train", "search", "cards"}
+    assert set(report["stage_seconds"]) == {"data", "train", "search", "finetune", "cards"}
     assert report["train_examples"] == len(built.normalised["train"].y)
     assert all(card.details["build"]["device"] == device for card in built.cards)
+    assert all(card.details["build"]["zoo_finetune_epochs"] == 2 for card in built.cards)  # the tiny preset's
     # what `fedzoo fl simulate` keeps out of the devices' data: the capped preset's first training examples
     assert all(card.details["build"]["train_examples"] == pipeline.PRESETS["tiny"].max_train_examples for card in built.cards)
 
 
 @pytest.mark.slow
 def test_a_build_on_two_training_workers_trains_there_and_writes_the_zoo_here(tmp_path):
-    result = build_zoo(tiny_config(tmp_path / "zoo", training_workers=2, epochs=1, evaluations=4, population_size=2,
-                                   device="cpu"))
+    result = build_zoo(tiny_config(tmp_path / "zoo", training_workers=2, epochs=1, finetune_epochs=0, evaluations=4,
+                                   population_size=2, device="cpu"))
     report = json.loads((tmp_path / "zoo" / pipeline.BUILD_REPORT).read_text())
     assert report["training"] == {"device": "cpu", "training_workers": 2, "mixed_precision": False, "sync_batchnorm": False}
     checkpoint = torch.load(tmp_path / "zoo" / pipeline.CHECKPOINT_FOLDER / "supernet.pt", weights_only=False)
     assert checkpoint["epoch"] == 1
-    # the zoo's cards come from the weights the workers trained
+    # the zoo's cards come from the weights the workers trained (no fine-tune after the search here)
     trained = result.supernet.state_dict()
     assert all(torch.equal(trained[name], checkpoint["model"][name]) for name in trained)
     assert len(result.cards) >= 1 and all(card.details["build"]["training_workers"] == 2 for card in result.cards)
@@ -96,6 +116,27 @@ def test_workers_that_do_not_split_the_batch_evenly_are_refused_before_any_work(
     assert not (tmp_path / "zoo").exists()
 
 
+def test_the_zoo_finetune_spends_the_supernets_steps_per_epoch_on_the_zoos_subnets(built, stages):
+    training = tiny_config("-").training
+    steps = steps_per_epoch(len(built.normalised["train"].y), training.batch_size)
+    supernet = [stage for stage in stages.stages if stage[0].startswith("train supernet")]
+    finetune = [stage for stage in stages.stages if stage[0].startswith("fine-tune the zoo")]
+    assert [stage[1:] for stage in supernet] == [[steps, steps]] * training.epochs
+    assert [stage[1:] for stage in finetune] == [[steps, steps]] * training.zoo_finetune_epochs  # the same examples
+    assert all(f"the zoo's {len(built.cards)} subnets" in stage[0] for stage in finetune)
+    assert training.zoo_finetune_epochs == 2
+
+
+@pytest.mark.slow
+def test_the_zoo_finetune_raises_the_zoos_accuracy(built, tmp_path):
+    untuned = build_zoo(tiny_config(tmp_path / "zoo", finetune_epochs=0))
+    assert [card.arch for card in untuned.cards] == [card.arch for card in built.cards]  # the same search
+    assert "finetune" not in json.loads((untuned.zoo.root / pipeline.BUILD_REPORT).read_text())["stage_seconds"]
+    before = np.mean([card.metrics.accuracy for card in untuned.cards])
+    after = np.mean([card.metrics.accuracy for card in built.cards])
+    assert after > before + 0.05, (before, after)
+
+
 def test_the_zoo_carries_its_supernet_and_every_model_is_a_subnet_of_it(built):
     zoo = Zoo(built.zoo.root)
     (supernet,) = [card for card in zoo.cards() if is_supernet(card)]
@@ -104,7 +145,9 @@ def test_the_zoo_carries_its_supernet_and_every_model_is_a_subnet_of_it(built):
     assert spec.space == built.supernet.space and (spec.task, spec.zoo_family) == ("digits", "ofa-mbv2")
     weights = read_weights_npz(zoo.blob_path(supernet.artifacts[WEIGHTS_ARTIFACT]).read_bytes())
     assert sha256_of_file(zoo.model_path(supernet)) == supernet.sha256
-    for card in built.cards:  # each model's weights are its arch's slice of the supernet (BN statistics recalibrated)
+    # each model's weights are its arch's slice of the supernet the zoo carries, the fine-tuned one (BN statistics
+    # recalibrated)
+    for card in built.cards:
         state = torch.load(zoo.blob_path(card.artifacts["torch_state"]))
         for name, value in extract_weights(spec.space, card.arch, weights).items():
             if not name.endswith(("running_mean", "running_var")):

@@ -134,8 +134,11 @@ def test_a_zoo_subnet_fine_tunes_on_data_the_build_never_saw(tmp_path):
     # (one that never imported the zoo) accepts the card
     assert set(base.artifacts.values()) <= set(federation.blobs)
     # the tiny preset's subnet may lose accuracy on these shards; this test is about the plumbing, so the
-    # publication gate is opened wide (test_a_poisoning_device_... covers the gate)
-    records = _run(federation, tmp_path / "run", "in-process", {"name": "fedavg"}, max_accuracy_drop=1.0)
+    # publication gate is opened wide (test_a_poisoning_device_... covers the gate). At the plans' default rate
+    # (0.05) one device's SGD on the fine-tuned zoo's folded network diverged (loss 4e13) and the open gate
+    # published it; 0.02 keeps the devices' training finite.
+    records = _run(federation, tmp_path / "run", "in-process", {"name": "fedavg"}, max_accuracy_drop=1.0,
+                   learning_rate=0.02)
     assert [r.state for r in records] == ["closed", "closed"] and all(0 < r.accuracy <= 1 for r in records)
     assert records[-1].outcome["num_examples"] > 0
 

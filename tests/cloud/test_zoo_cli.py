@@ -33,7 +33,8 @@ def test_every_zoo_command_has_help(command):
 
 def test_build_help_names_the_options():
     output = CliRunner().invoke(cli, ["zoo", "build", "--help"]).output
-    for option in ("--dataset", "--out", "--latency-budget-ms", "--max-params", "--executor", "--no-compress", "--seed"):
+    for option in ("--dataset", "--out", "--latency-budget-ms", "--max-params", "--executor", "--no-compress", "--seed",
+                   "--finetune-epochs"):
         assert option in output
     assert "--stop-after-epoch" not in output  # testing hook, hidden
 
@@ -88,6 +89,13 @@ def test_bad_build_input_gives_one_line_errors(tmp_path, capsys, arguments, mess
     code, _, stderr = run_main(["zoo", "build", "--out", str(tmp_path / "zoo"), *TINY, *arguments], capsys)
     assert code == 1
     assert message in stderr and "Traceback" not in stderr
+
+
+def test_a_negative_finetune_is_refused_before_any_work(tmp_path, capsys):
+    code, _, stderr = run_main(["zoo", "build", "--out", str(tmp_path / "zoo"), "--dataset", "digits", *TINY,
+                                "--finetune-epochs", "-1"], capsys)
+    assert code == 2 and "--finetune-epochs" in stderr and "Traceback" not in stderr
+    assert not (tmp_path / "zoo").exists()
 
 
 def test_out_pointing_to_a_file_is_refused(tmp_path, capsys):

@@ -1,4 +1,5 @@
-"""Sandwich-rule supernet training: seeded epochs repeat exactly, and training teaches every subnet."""
+"""Sandwich-rule supernet training: seeded epochs repeat exactly, and training teaches every subnet; the zoo's
+fine-tune trains only the chosen subnets, one epoch of steps at a time."""
 
 from dataclasses import replace
 
@@ -7,11 +8,13 @@ import pytest
 import torch
 
 from fedzoo.datasets import load_dataset, split_dataset
+from fedzoo.errors import InvalidInputError
 from fedzoo.nas.evaluation import prepare_subnet
 from fedzoo.nas.space import tiny_space
 from fedzoo.nas.subnet import build_subnet, evaluate_accuracy
 from fedzoo.nas.supernet import Supernet
-from fedzoo.nas.training import TrainingConfig, make_optimizer, random_shift, train_from_scratch, train_supernet_epoch
+from fedzoo.nas.training import (TrainingConfig, finetune_zoo_epoch, make_optimizer, random_shift, steps_per_epoch,
+                                 train_from_scratch, train_supernet_epoch)
 
 torch.set_num_threads(1)
 CONFIG = TrainingConfig(epochs=2, batch_size=16, learning_rate=0.2, max_shift_pixels=1)
@@ -54,6 +57,38 @@ def test_largest_only_epochs_train_no_smaller_subnet(digits):
     assert transforms_are_identity()
     train_supernet_epoch(supernet, optimizer, train_x[:128], train_y[:128], config, seed=0, epoch=1)
     assert not transforms_are_identity()
+
+
+def test_the_zoo_finetune_trains_only_the_chosen_subnets_one_epoch_of_steps_at_a_time(digits):
+    train_x, train_y, _, _ = digits
+    space = tiny_space(8)
+    # one block a stage, 5x5 kernels only: no member runs a stage's second block or a 5x5 -> 3x3 transform
+    members = [space.make_arch([1, 1, 1], [[5]] * 3, [[ratio]] * 3) for ratio in (2, 4)]
+    members.insert(1, space.make_arch([1, 1, 1], [[5]] * 3, [[2], [4], [2]]))
+    config = replace(CONFIG, zoo_finetune_epochs=1)
+    torch.manual_seed(0)
+    supernet = Supernet(space, 10, 1)
+    before = {name: value.clone() for name, value in supernet.state_dict().items()}
+    steps = []
+    finetune_zoo_epoch(supernet, make_optimizer(supernet, config), train_x[:128], train_y[:128], members, config,
+                       seed=0, epoch=0, on_step=lambda done, total: steps.append((done, total)))
+
+    per_epoch = steps_per_epoch(128, config.batch_size)
+    assert steps == [(step, per_epoch) for step in range(1, per_epoch + 1)]  # one pass over the examples
+    after = supernet.state_dict()
+    unused = [name for name in before if name.startswith("stages.") and name.split(".")[2] == "1"
+              or "kernel_transforms" in name]
+    assert unused and all(torch.equal(before[name], after[name]) for name in unused)
+    assert not torch.equal(before["stages.2.0.expand_weight"], after["stages.2.0.expand_weight"])
+    assert not torch.equal(before["classifier.weight"], after["classifier.weight"])
+
+
+def test_the_zoo_finetune_needs_a_chosen_subnet(digits):
+    train_x, train_y, _, _ = digits
+    supernet = Supernet(tiny_space(8), 10, 1)
+    with pytest.raises(InvalidInputError) as error:
+        finetune_zoo_epoch(supernet, make_optimizer(supernet, CONFIG), train_x[:32], train_y[:32], [], CONFIG, 0, 0)
+    assert error.value.field == "members"
 
 
 @pytest.mark.slow
