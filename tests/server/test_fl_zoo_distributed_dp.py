@@ -42,8 +42,8 @@ def with_policy(fleet, policy: NoisePolicy) -> None:
 
 
 @pytest.mark.slow
-def test_a_distributed_dp_zoo_round_noises_every_cohort_on_its_devices_and_charges_every_line(zoo, tmp_path,  # noqa: F811
-                                                                                             monkeypatch):
+def test_a_distributed_dp_zoo_round_noises_every_cohort_on_its_devices_and_charges_every_line(
+        zoo, tmp_path, monkeypatch):  # noqa: F811
     """One device of the small tier (its subnet forms no cohort: it sits out) and three of the large: the large
     cohort's devices each noise their input for 3Z at their honest survivor floor, the server adds no noise to that
     cohort's sum (central noise would fail the round) and adds 3 shares to the small subnet's zeros; the ledger

@@ -144,6 +144,8 @@ def test_a_subnet_with_fewer_than_three_devices_forms_no_cohort_and_its_device_s
         cohorts = stored(fleet, FLSecureCohort, round_id)
         messages = stored(fleet, FLSecureMessage, round_id)
         sat_out_card = fleet["admin"].card(next(iter(view["sat_out_devices"])))
+        participants = fleet["admin"].http.get_json(f"/v1/fl/rounds/{round_id}/participants",
+                                                    headers={"Authorization": f"Bearer {ADMIN}"})["participants"]
     victim = "tier-small-0"
     assert results[0].outcome == "refused: not_in_cohort"
     assert [result.outcome for result in results[1:]] == ["accepted"] * 3
@@ -155,6 +157,7 @@ def test_a_subnet_with_fewer_than_three_devices_forms_no_cohort_and_its_device_s
     # the operator sees who was told to sit out: one device, on the smallest model's subnet
     [(training_id, sat_out)] = view["sat_out_devices"].items()
     assert sat_out == 1 and training_id != cohorts[0].name
+    assert {entry["device_id"]: entry["status"] for entry in participants}[victim] == "sat_out"
     assert sat_out_card.arch == _members(zoo)[0].arch
 
 
