@@ -28,7 +28,8 @@ from fedzoo.aggregation.strategies import make_strategy
 from fedzoo.compress.zoo_extraction import SupernetSpec
 from fedzoo.dp.clipping import clip_delta
 from fedzoo.dp.discrete_gaussian import SecureRandom
-from fedzoo.dp.distributed import device_sigma_squared, norm_bound_squared, ring_bits_needed, round_conditionally
+from fedzoo.dp.distributed import (DistributedNoise, device_sigma_squared, norm_bound_squared, ring_bits_needed,
+                                   round_conditionally)
 from fedzoo.dp.noise import SeededNoise
 from fedzoo.nas.space import Arch, arch_key
 from fedzoo.nas.subnet_mapping import map_back
@@ -36,8 +37,8 @@ from fedzoo.secagg import SecAggConfig, dequantise_sum, flatten, quantise, unfla
 from fedzoo.server.fl.distributed_dp import noise_request
 from fedzoo.server.fl.schemas import RoundConfig
 from fedzoo.server.fl.secure_rounds import MIN_COHORT, secagg_config
-from fedzoo.server.fl.zoo_privacy import (AbsentCohortNoise, CentralNoise, PublicSubnet, cohort_sensitivity,
-                                          longest_subnet, noised_coverage_sum, trainable_shapes)
+from fedzoo.server.fl.zoo_privacy import (CentralNoise, PublicSubnet, cohort_sensitivity, longest_subnet,
+                                          noised_coverage_sum, trainable_shapes)
 from zoo_arms import Arm, Device, served_models, tier_module, train_locally
 
 MODES = ("central", "distributed")  # who adds the noise
@@ -55,12 +56,14 @@ class PrivateRounds:
     sat_out: int = 0  # devices drawn whose subnet had fewer than 3
 
 
-class SeededAbsentCohortNoise(AbsentCohortNoise):
-    """`AbsentCohortNoise` with seeded numpy draws (the bench's noise, above)."""
+@dataclass(frozen=True)
+class SeededAbsentCohortNoise:
+    """`zoo_privacy.AbsentCohortNoise` with seeded numpy draws (the bench's noise, above)."""
 
-    def __init__(self, grid_step: float, levels: int, request, rng: np.random.Generator) -> None:
-        super().__init__(grid_step, levels, request)
-        object.__setattr__(self, "rng", rng)
+    grid_step: float
+    levels: int
+    request: DistributedNoise
+    rng: np.random.Generator
 
     def steps(self, formed: bool, dimension: int) -> np.ndarray:
         if formed:
@@ -175,7 +178,7 @@ def run_private(mode: str, arm: Arm, spec: SupernetSpec, initial: dict, devices:
     return result
 
 
-def ring_input(vector: np.ndarray, protocol: SecAggConfig, request, rounding: SecureRandom,
+def ring_input(vector: np.ndarray, protocol: SecAggConfig, request: DistributedNoise, rounding: SecureRandom,
                rng: np.random.Generator) -> np.ndarray:
     """A device's distributed-DP ring input (`fedzoo.dp.distributed.noised_ring_input`, whose exact sampler is
     swapped for seeded rounded normals of the same variance), as signed integers before the ring."""

@@ -51,7 +51,8 @@ class SecAggConfig:
         if not self.round_id:
             raise InvalidInputError("round_id must be a non-empty string", field="round_id")
         if self.num_clients < MIN_CLIENTS:
-            raise InvalidInputError(f"num_clients must be at least {MIN_CLIENTS}, got {self.num_clients}", field="num_clients")
+            raise InvalidInputError(f"num_clients must be at least {MIN_CLIENTS}, got {self.num_clients}",
+                                    field="num_clients")
         if not 2 <= self.neighbour_count < self.num_clients or self.neighbour_count % 2:
             raise InvalidInputError(f"neighbour_count must be even and lie in [2, {self.num_clients - 1}], got "
                                     f"{self.neighbour_count}", field="neighbour_count")

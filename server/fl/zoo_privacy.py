@@ -37,10 +37,10 @@ from fedzoo.dp.noise import NoiseSource, quantised_sensitivity
 from fedzoo.nas.space import Arch, SearchSpace
 from fedzoo.nas.subnet_mapping import Weights, extract_weights, map_back
 from fedzoo.server.db import Database
+from fedzoo.server.fl.distributed_dp import is_distributed, noise_request, require_calibrated_survivors
 from fedzoo.server.fl.outcome import RoundOutcome
 from fedzoo.server.fl.privacy_lineage import lineage_claim
 from fedzoo.server.fl.schemas import RoundConfig
-from fedzoo.server.fl.distributed_dp import is_distributed, noise_request, require_calibrated_survivors
 from fedzoo.server.fl.secure_rounds import (MIN_COHORT, CohortSum, card_privacy, inherited_ledger, ledger_line,
                                             secagg_config)
 from fedzoo.server.fl.tables import FLPrivateRound, PrivacyLine
