@@ -36,7 +36,7 @@ from fedzoo.nas.subnet_mapping import map_back
 from fedzoo.secagg import SecAggConfig, dequantise_sum, flatten, quantise, unflatten
 from fedzoo.server.fl.distributed_dp import noise_request
 from fedzoo.server.fl.schemas import RoundConfig
-from fedzoo.server.fl.secure_rounds import MIN_COHORT, secagg_config
+from fedzoo.server.fl.secure_rounds import MIN_COHORT, check_planned_ring, secagg_config
 from fedzoo.server.fl.zoo_privacy import (CentralNoise, PublicSubnet, cohort_sensitivity, longest_subnet,
                                           noised_coverage_sum, trainable_shapes)
 from zoo_arms import Arm, Device, served_models, tier_module, train_locally
@@ -118,6 +118,7 @@ def run_private(mode: str, arm: Arm, spec: SupernetSpec, initial: dict, devices:
     public = {arch_key(arch): PublicSubnet(arch_key(arch), arch) for arch in arm.tier_archs}
     archs = [subnet.arch for subnet in public.values()]
     longest = longest_subnet(spec.space, initial, archs)
+    check_planned_ring(config, longest)  # the server refuses a plan whose noised sums could wrap the ring
     step = clip_norm / levels
     noise_rng = np.random.default_rng(seed + 7_919)
     if mode == "central":
