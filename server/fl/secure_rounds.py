@@ -136,16 +136,20 @@ def secagg_config(settings: SecureAggregationSettings, round_id: int, cohort: in
 
 
 def check_planned_ring(config: RoundConfig, vector_length: int) -> None:
-    """A distributed-noise plan: 422 without SecAgg+, or when the ring of a cohort at the selection goal cannot
-    hold its noised sums (`distributed_dp.check_distributed_plan`)."""
+    """A distributed-noise plan: 422 without SecAgg+, or when the ring of a cohort of any size the round may form (up
+    to the selection goal; in a zoo-wide round from `MIN_COHORT`, one cohort per subnet) cannot hold its noised sums
+    (`distributed_dp.check_distributed_plan`). Every size: a smaller cohort may get a 16-bit ring where the goal's
+    gets 32 bits, and its sums carry more noise per input (its honest floor is a smaller share of it)."""
     settings, dp = config.privacy.secure_aggregation, config.privacy.dp
     if not is_distributed(config):
         return
-    protocol = None
-    if settings is not None:
-        goal = math.ceil(config.target_clients * (1 + config.over_selection))
-        protocol = secagg_config(settings, 0, goal, vector_length, dp.clip_norm, config.min_clients)
-    check_distributed_plan(config, protocol)
+    if settings is None:
+        check_distributed_plan(config, None)
+        return
+    goal = math.ceil(config.target_clients * (1 + config.over_selection))
+    floor = MIN_COHORT if config.zoo is not None else config.min_clients  # as `start_stages` sizes the cohorts
+    for cohort in range(min(max(MIN_COHORT, floor), goal), goal + 1):
+        check_distributed_plan(config, secagg_config(settings, 0, cohort, vector_length, dp.clip_norm, floor))
 
 
 def with_calibrated_noise(config: RoundConfig) -> RoundConfig:

@@ -19,7 +19,8 @@ from fedzoo.dp.distributed import (MECHANISM, DistributedNoise, NoisePolicy, dev
 from fedzoo.secagg import SecAggConfig
 from fedzoo.secagg.bounds import SecAggBounds
 from fedzoo.server.fl import secure_rounds, zoo_privacy
-from fedzoo.server.fl.distributed_dp import noise_request
+from fedzoo.errors import InvalidInputError
+from fedzoo.server.fl.distributed_dp import bits_needed, noise_request
 from fedzoo.server.fl.schemas import RoundConfig
 from fedzoo.server.fl.tables import FLSecureCohort
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN as ADMIN
@@ -198,3 +199,21 @@ def test_a_subnet_without_a_cohort_gets_a_cohort_of_threes_noise_and_a_cohorts_s
     # against 3 devices' bound that noise is worth at least Z (3 shares at the floor of 1 honest survivor)
     worth = noise_multiplier_of_sum(expected_variance / 3, 3, 9 * norm_bound_squared(127, dimension), dimension)
     assert worth >= Z
+
+
+def test_a_zoo_plan_is_refused_when_a_cohort_smaller_than_the_goal_would_wrap_its_ring():
+    """A goal of 300 devices gets a 32-bit ring (300 x 127 x 2 > 2^16) that holds their noised sums; a subnet's cohort
+    of 120 gets a 16-bit ring, which its sums (3Z per device at its honest floor of a sixth or so of the cohort) would
+    wrap. The plan is refused, naming the field: every cohort size up to the goal must fit."""
+    config = zoo_config(levels=127).model_copy(update={"target_clients": 300})
+    dimension, settings = 8000, config.privacy.secure_aggregation
+
+    def fits(cohort: int) -> bool:
+        protocol = secure_rounds.secagg_config(settings, 0, cohort, dimension, 0.5, 3)
+        return bits_needed(protocol, noise_request(config, protocol)) <= protocol.modulus_bits
+
+    assert fits(300) and fits(3) and not fits(120)
+    with pytest.raises(InvalidInputError) as refused:
+        secure_rounds.check_planned_ring(config, dimension)
+    assert refused.value.field == "privacy.secure_aggregation.levels"
+    secure_rounds.check_planned_ring(zoo_config(), dimension)  # levels 32767: every cohort's ring is 32 bits
