@@ -41,8 +41,6 @@ from fedzoo.server.fl.zoo_privacy import (CentralNoise, PublicSubnet, cohort_sen
                                           noised_coverage_sum, trainable_shapes)
 from zoo_arms import Arm, Device, served_models, tier_module, train_locally
 
-MODES = ("central", "distributed")  # who adds the noise
-
 
 @dataclass
 class PrivateRounds:
