@@ -32,6 +32,17 @@ recalibrated, export, sign).
         [--rounds 30] [--local-epochs 1] [--seeds 0,1,2] [--tuning-seed 1000] [--lr-grid 1,2,4,8] \
         [--exponent-grid 0,0.5,1] [--arms tier_alone,heterofl,...] [--out /tmp/fedzoo-bench-zoo]
     .venv/bin/python bench/fl_zoo.py --dataset mnist --devices 100 --per-round 10 --alpha 0.5 --shares uniform
+
+`--private` runs the fedzoo arm three ways on the same shards, draws and seeds (bench/zoo_private.py): in the clear,
+under SecAgg+ with central DP, and with distributed DP (`--private-arms`, mode:levels), both DP arms at the same
+noise multiplier z (the smallest spending `--epsilon` at `--delta` over the rounds, q = 1), each arm's server
+learning rate, exponent and (DP) clip norm (`--clip-grid`) tuned on the validation split. Reported per arm: the
+accuracies as above, the fewest devices behind any released element (per round: min and mean over rounds), the
+ring's bits and the bits its sums need, the masked upload against raw int8 (one byte a coordinate), devices that sat
+out (their subnet drew fewer than 3) and the epsilon charged.
+
+    .venv/bin/python bench/fl_zoo.py --private --dataset mnist1d --devices 500 --per-round 50 --rounds 15 \
+        --seeds 0,1 --lr-grid 2,4 --exponent-grid 0.5 --clip-grid 0.5,1
 """
 
 from __future__ import annotations
@@ -49,6 +60,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from zoo_private import PrivateRounds, clear_coverage, run_private  # noqa: E402
 from zoo_arms import (  # noqa: E402
     Arm,
     Device,
@@ -64,6 +76,7 @@ from zoo_arms import (  # noqa: E402
 import fedzoo  # noqa: E402
 from fedzoo.cards import is_supernet  # noqa: E402
 from fedzoo.datasets import dirichlet_partition, load_dataset, split_dataset  # noqa: E402
+from fedzoo.dp.accountant import epsilon_after, noise_multiplier_for  # noqa: E402
 from fedzoo.cloud.pipeline import PRESETS, BuildConfig, build_zoo  # noqa: E402
 from fedzoo.compress.zoo_extraction import SupernetSpec, deployable_blob, read_weights_npz  # noqa: E402
 from fedzoo.compress.zoo_extraction import supernet_weights  # noqa: E402
@@ -178,7 +191,14 @@ def main() -> None:
     parser.add_argument("--exponent-grid", default="0,0.5,1", help="fedzoo's coverage step exponents tuned over")
     parser.add_argument("--arms", default="tier_alone,heterofl,fedrolex,depthwise,everyone_largest,fedzoo")
     parser.add_argument("--out", type=Path, default=Path("/tmp/fedzoo-bench-zoo"))
+    parser.add_argument("--private", action="store_true", help="fedzoo in the clear, with central and distributed DP")
+    parser.add_argument("--private-arms", default="central:32767,distributed:127", help="DP arms, mode:levels")
+    parser.add_argument("--epsilon", type=float, default=8.0)
+    parser.add_argument("--delta", type=float, default=1e-5)
+    parser.add_argument("--clip-grid", default="0.5,1", help="clip norms the DP arms are tuned over")
     args = parser.parse_args()
+    if args.private:
+        args.arms = "fedzoo"
     torch.set_num_threads(1)
     zoo_dir = cached_zoo(args.dataset, args.out)
     zoo = Zoo(zoo_dir)
@@ -220,6 +240,12 @@ def main() -> None:
         if over and not arm.ignores_budgets:
             sys.exit(f"refusing to report {name}: tiers {over} are over their budgets")
 
+    if args.private:
+        compare_private(args, arms["fedzoo"], spec, starts["fedzoo"], cloud_x, (validation_x, validation_y),
+                        (test_x, test_y), shares, macs,
+                        lambda seed: make_devices(pool_x, pool_y, args.devices, args.alpha, shares, seed))
+        return
+
     # tuning: on the validation split, with the tuning seed's shards and draws
     chosen = {}
     for name, arm in arms.items():
@@ -254,6 +280,71 @@ def main() -> None:
                 republish.append(republish_seconds(spec, zoo, result.supernets[None], cloud_x))
     report(results, republish, {name: [macs(arch) for arch in arm.tier_archs] for name, arm in arms.items()},
            budgets, args)
+
+
+def compare_private(args: argparse.Namespace, arm: Arm, spec: SupernetSpec, start: dict, cloud_x: np.ndarray,
+                    validation: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray],
+                    shares: tuple[float, ...], macs: MacCounter, devices_for) -> None:
+    """The fedzoo arm in the clear and under SecAgg+ with each DP mode (`--private`), tuned and reported alike."""
+    z = noise_multiplier_for(args.epsilon, args.delta, args.rounds, 1.0)
+    variants = {"clear": None, **{f"{mode}-{levels}": (mode, int(levels)) for mode, levels in
+                                  (item.split(":") for item in args.private_arms.split(","))}}
+    print(f"private: z = {z:.4f} for epsilon {args.epsilon} at delta {args.delta} over {args.rounds} rounds (q = 1), "
+          f"charged {epsilon_after(args.rounds, z, 1.0, args.delta, 'rdp'):.3f}")
+
+    def run(name: str, seed: int, learning_rate: float, exponent: float, clip_norm: float | None):
+        devices = devices_for(seed)
+        torch.manual_seed(seed)
+        if variants[name] is None:
+            clear = run_arm(arm, spec, start, devices, cloud_x, args.rounds, args.per_round, args.local_epochs, seed,
+                            learning_rate, exponent, macs)
+            released = PrivateRounds(clear.models, clear_coverage(arm, spec, start, devices, args.rounds,
+                                                                  args.per_round, seed), [32], [32], [4.0])
+        else:
+            mode, levels = variants[name]
+            released = run_private(mode, arm, spec, start, devices, cloud_x, args.rounds, args.per_round,
+                                   args.local_epochs, seed, learning_rate, exponent, z, clip_norm, levels)
+        return released, devices
+
+    chosen = {}
+    for name, variant in variants.items():
+        scores = {}
+        for learning_rate in (float(value) for value in args.lr_grid.split(",")):
+            for exponent in (float(value) for value in args.exponent_grid.split(",")):
+                for clip_norm in ([None] if variant is None else [float(value) for value in args.clip_grid.split(",")]):
+                    released, _ = run(name, args.tuning_seed, learning_rate, exponent, clip_norm)
+                    scores[(learning_rate, exponent, clip_norm)] = sum(
+                        share * evaluate_accuracy(released.models[tier], *validation)[0]
+                        for tier, share in enumerate(shares))
+        chosen[name] = max(scores, key=scores.get)
+        print(f"  tuned {name}: server lr, exponent, clip norm {chosen[name]} (validation: "
+              + ", ".join(f"{key}: {100 * value:.2f}" for key, value in scores.items()) + ")", flush=True)
+    rows: dict[str, list[dict]] = {name: [] for name in variants}
+    for seed in (int(value) for value in args.seeds.split(",")):
+        for name in variants:
+            started = time.perf_counter()
+            released, devices = run(name, seed, *chosen[name])
+            rows[name].append({
+                "deployed": deployed_accuracy(released.models, devices),
+                "tiers": [evaluate_accuracy(released.models[tier], *test)[0] for tier in range(TIERS)],
+                "min_coverage": min(released.min_device_coverage),
+                "mean_min_coverage": statistics.mean(released.min_device_coverage),
+                "ring_bits": max(released.ring_bits), "bits_needed": max(released.bits_needed),
+                "upload_vs_int8": statistics.mean(released.upload_vs_int8),
+                "sat_out": released.sat_out / args.rounds, "seconds": time.perf_counter() - started})
+    print(f"\naccuracy, % (mean ± sd over seeds {args.seeds}); coverage: the fewest devices behind any released "
+          "element of a round (min over rounds / mean over rounds)")
+    print(f"{'arm':>18} {'deployed':>15} " + " ".join(f"{'tier ' + str(tier):>15}" for tier in range(TIERS))
+          + f" {'coverage':>12} {'ring bits':>9} {'needed':>6} {'up/int8':>7} {'sat out/rnd':>11} {'s/run':>6}")
+    for name, runs in rows.items():
+        print(f"{name:>18} {mean_sd([run['deployed'] for run in runs]):>15} "
+              + " ".join(f"{mean_sd([run['tiers'][tier] for run in runs]):>15}" for tier in range(TIERS))
+              + f" {min(run['min_coverage'] for run in runs):>5} / "
+              f"{statistics.mean(run['mean_min_coverage'] for run in runs):>4.1f}"
+              f" {max(run['ring_bits'] for run in runs):>9} {max(run['bits_needed'] for run in runs):>6}"
+              f" {statistics.mean(run['upload_vs_int8'] for run in runs):>7.2f}"
+              f" {statistics.mean(run['sat_out'] for run in runs):>11.1f}"
+              f" {statistics.mean(run['seconds'] for run in runs):>6.0f}")
 
 
 def channels(archs: tuple[dict, ...]) -> str:

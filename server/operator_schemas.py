@@ -16,7 +16,7 @@ from fedzoo.server.fl.round_context import MAX_ROUND_ID
 from fedzoo.server.schemas import Response, StrictRequest
 
 RoundState = Literal["open", "collecting", "aggregating", "closed", "failed"]
-ParticipantStatus = Literal["accepted", "clipped", "rejected", "late", "declined", "aborted", "no_update"]
+ParticipantStatus = Literal["accepted", "clipped", "rejected", "late", "declined", "aborted", "sat_out", "no_update"]
 ModelStage = Literal["base", "pruned", "int8", "federated"]
 
 
@@ -72,7 +72,9 @@ class Participant(Response):
     device_class: str | None
     selected_at: datetime
     status: ParticipantStatus = Field(description="no_update: selected, nothing received (yet); aborted: took a "
-                                                    "SecAgg+ seat and missed a stage it was asked for")
+                                                    "SecAgg+ seat and missed a stage it was asked for; sat_out: "
+                                                    "seated in a zoo-wide SecAgg+ round whose subnet had fewer than "
+                                                    "3 devices, so no cohort")
     reason: str | None = Field(description="why an update was clipped, rejected or late, how its weight was bounded "
                                            "and scored, or why the device declined the task")
     num_examples: int | None = Field(description="the examples the server counted (the device's claim, capped)")

@@ -126,6 +126,17 @@ def round_conditionally(scaled: np.ndarray, bound_squared: int, source: SecureRa
                             "not clipped to the round's clip norm", field="vector")
 
 
+def noise_shares(sigma_squared: Fraction, dimension: int, source: SecureRandom, shares: int = 1) -> np.ndarray:
+    """The sum of `shares` devices' noise, each N_Z(0, sigma^2) on every one of `dimension` coordinates (int64, drawn
+    share by share, coordinate by coordinate): a device's own share, or the shares of a cohort that did not form,
+    which the server adds in a zoo-wide round (`fedzoo.server.fl.zoo_privacy`)."""
+    total = np.zeros(dimension, dtype=np.int64)
+    for _ in range(shares):
+        total += np.fromiter((sample_discrete_gaussian(sigma_squared, source) for _ in range(dimension)),
+                             dtype=np.int64, count=dimension)
+    return total
+
+
 def noised_ring_input(clipped: np.ndarray, clip_norm: float, levels: int, modulus_bits: int, noise: DistributedNoise,
                       source: SecureRandom | None = None) -> np.ndarray:
     """The device's SecAgg+ input under distributed DP: its clipped delta (float64, L2 norm <= clip_norm) on the
@@ -140,9 +151,7 @@ def noised_ring_input(clipped: np.ndarray, clip_norm: float, levels: int, modulu
     source = source if source is not None else SecureRandom()
     dimension = clipped.size
     rounded = round_conditionally(clipped * (levels / clip_norm), norm_bound_squared(levels, dimension), source)
-    sigma_squared = device_sigma_squared(noise, levels, dimension)
-    noised = rounded + np.fromiter((sample_discrete_gaussian(sigma_squared, source) for _ in range(dimension)),
-                                   dtype=np.int64, count=dimension)
+    noised = rounded + noise_shares(device_sigma_squared(noise, levels, dimension), dimension, source)
     values = np.append(noised, levels) % 2**modulus_bits
     return values.astype(np.uint16 if modulus_bits == 16 else np.uint32)
 

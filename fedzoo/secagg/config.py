@@ -13,12 +13,13 @@ from typing import Any
 from fedzoo.errors import InvalidInputError
 
 INT8_LEVELS = 127  # the int8 update encoding's range: values are integers in [-127, 127]
+MIN_CLIENTS = 3  # the least cohort: of two, each reads the other's input from the sum
 
 
 def least_survivors(threshold: int) -> int:
     """The fewest inputs a sum may hold: 3 (with 2, each reads the other's input), and t (fewer survivors than t
     cannot give t shares of a neighbour's secret anyway)."""
-    return max(3, threshold)
+    return max(MIN_CLIENTS, threshold)
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,9 @@ class SecAggConfig:
     def __post_init__(self) -> None:
         if not self.round_id:
             raise InvalidInputError("round_id must be a non-empty string", field="round_id")
-        if self.num_clients < 3:
-            raise InvalidInputError(f"num_clients must be at least 3, got {self.num_clients}", field="num_clients")
+        if self.num_clients < MIN_CLIENTS:
+            raise InvalidInputError(f"num_clients must be at least {MIN_CLIENTS}, got {self.num_clients}",
+                                    field="num_clients")
         if not 2 <= self.neighbour_count < self.num_clients or self.neighbour_count % 2:
             raise InvalidInputError(f"neighbour_count must be even and lie in [2, {self.num_clients - 1}], got "
                                     f"{self.neighbour_count}", field="neighbour_count")

@@ -22,6 +22,7 @@ from fedzoo.dp.distributed import (MECHANISM, TAIL_STDDEVS, DistributedNoise, de
 from fedzoo.errors import InvalidInputError
 from fedzoo.secagg import SecAggConfig
 from fedzoo.secagg.bounds import SecAggBounds
+from fedzoo.secagg.config import MIN_CLIENTS
 from fedzoo.server.fl.schemas import RoundConfig
 
 
@@ -43,10 +44,20 @@ def check_distributed_plan(config: RoundConfig, protocol: SecAggConfig | None) -
                                 "levels or the noise multiplier", field="privacy.secure_aggregation.levels")
 
 
+def sensitivity_scale(config: RoundConfig) -> int:
+    """How many devices' inputs one device can put into a released sum or take out of it: `MIN_CLIENTS` in a zoo-wide
+    round (a device that brings its subnet's group to 3 makes that cohort's sum exist: docs/privacy.md, "Distributed
+    DP in zoo-wide rounds"), else 1."""
+    return MIN_CLIENTS if config.zoo is not None else 1
+
+
 def noise_request(config: RoundConfig, protocol: SecAggConfig) -> DistributedNoise:
-    """What each device is asked to add: the plan's z, calibrated for the fewest honest survivors a sum the round
-    unmasks holds (its survivor floor less the corrupt devices the default devices withstand)."""
-    return DistributedNoise(config.privacy.dp.noise_multiplier, SecAggBounds().honest_survivors(protocol))
+    """What each device is asked to add: the plan's z times `sensitivity_scale` (the devices calibrate against their
+    own bound, so a zoo-wide cohort's sum carries z for three devices' bound), calibrated for the fewest honest
+    survivors a sum the round unmasks holds (its survivor floor less the corrupt devices the default devices
+    withstand)."""
+    return DistributedNoise(config.privacy.dp.noise_multiplier * sensitivity_scale(config),
+                            SecAggBounds().honest_survivors(protocol))
 
 
 def bits_needed(protocol: SecAggConfig, noise: DistributedNoise) -> int:
@@ -62,14 +73,20 @@ def noise_slack(protocol: SecAggConfig, noise: DistributedNoise, survivors: int)
     return TAIL_STDDEVS * math.sqrt(survivors * sigma_squared) * protocol.clip_range / protocol.levels
 
 
-def released_mean(noised_sum: np.ndarray, survivors: int, minimum_survivors: int, ledger: PrivacyLedger,
-                  expected_clients: int) -> np.ndarray:
-    """The round's mean delta from the devices' noised sum, charged to the ledger: the sum must hold at least the
-    survivors the noise was calibrated for (the devices enforce it; a server that let fewer through would release
-    less noise than it charges), and it is divided by the expected cohort (fixed denominator, as central DP)."""
+def require_calibrated_survivors(survivors: int, minimum_survivors: int) -> None:
+    """A sum must hold at least the survivors its noise was calibrated under (the devices enforce it; a server that
+    let fewer through would release less noise than it charges)."""
     if survivors < minimum_survivors:
         raise InvalidInputError(f"the sum holds {survivors} inputs, fewer than the round's floor {minimum_survivors} "
                                 "the noise is calibrated under", field="survivors")
+
+
+def released_mean(noised_sum: np.ndarray, survivors: int, minimum_survivors: int, ledger: PrivacyLedger,
+                  expected_clients: int) -> np.ndarray:
+    """The round's mean delta from the devices' noised sum, charged to the ledger: the sum must hold at least the
+    survivors the noise was calibrated for (`require_calibrated_survivors`), and it is divided by the expected
+    cohort (fixed denominator, as central DP)."""
+    require_calibrated_survivors(survivors, minimum_survivors)
     ledger.require_budget_for_next_round()
     ledger.record_round()
     return np.asarray(noised_sum, dtype=np.float64) / expected_clients

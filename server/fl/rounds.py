@@ -78,7 +78,7 @@ from fedzoo.server.fl.round_context import RoundContext, as_utc, count_rows, fin
 from fedzoo.server.fl.round_kinds import RoundKind
 from fedzoo.server.fl.sampling import check_sampling
 from fedzoo.server.fl.schemas import RoundConfig, TaskResponse, UpdateMetadata
-from fedzoo.server.fl.secure_rounds import DONE, PrivateRounds, without_dp_counts
+from fedzoo.server.fl.secure_rounds import DONE, PrivateRounds, sat_out_devices, without_dp_counts
 from fedzoo.server.fl.single_model_rounds import SingleModelRounds
 from fedzoo.server.fl.stages.aggregation import Aggregation
 from fedzoo.server.fl.stages.collection import Collection
@@ -337,5 +337,6 @@ class RoundService:
                 "publication": json.loads(round_row.publication_json) if round_row.publication_json else None,
                 "declined_devices": session.scalar(select(func.count()).select_from(FLRefusedUpload).where(
                     FLRefusedUpload.round_id == round_id, FLRefusedUpload.kind == DECLINED)) or 0,
+                "sat_out_devices": sat_out_devices(session, round_id),
             }
         return without_dp_counts(view) if view["config"]["privacy"]["dp"] else view

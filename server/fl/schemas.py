@@ -442,6 +442,10 @@ class RoundView(_Response):
                                   "re-extracting, publishing, published or refused), zoo models done of the total, "
                                   "started_at, and at the end finished_at and seconds; null for other rounds")
     declined_devices: int | None = Field(description="selected devices that declined the task (POST .../decline)")
+    sat_out_devices: dict[str, int] | None = Field(
+        default=None, description="a zoo-wide SecAgg+ round: seated devices told to sit out because fewer than 3 "
+                                  "trained their subnet, by the subnet's training card ({} for other rounds); null "
+                                  "under DP")
     counts_withheld: str | None = Field(default=None, description="under DP: why the counts are null")
 
 

@@ -47,7 +47,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import numpy as np
-from sqlalchemy import func, select, update
+from sqlalchemy import and_, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -59,6 +59,7 @@ from fedzoo.dp.noise import AdaptiveClipping, DpFedAvg, adaptive_noise_split
 from fedzoo.errors import InvalidInputError
 from fedzoo.secagg import SecAggConfig, SecAggServer, dequantise_sum, signatures, unflatten
 from fedzoo.secagg.bounds import cohort_config
+from fedzoo.secagg.config import MIN_CLIENTS
 from fedzoo.secagg.crypto import MASK_DTYPES
 from fedzoo.secagg.errors import ProtocolViolation, RoundAborted
 from fedzoo.secagg.framing import decode_share_keys, decode_unmask
@@ -71,7 +72,7 @@ from fedzoo.server.fl.distributed_dp import (card_noise, check_distributed_plan,
                                              noise_slack, released_mean)
 from fedzoo.server.fl.outcome import RoundOutcome, ScreeningTally, SecureAggregationTally, UpdateCounts
 from fedzoo.server.fl.tables import (ACTIVE_STATES, FLParticipant, FLPrivateRound, FLRefusedUpload, FLRound,
-                                    FLSecureCohort, FLSecureMessage, PrivacyLine, SEAT_FAILURES)
+                                    FLSecureCohort, FLSecureMessage, FLSubnetAssignment, PrivacyLine, SEAT_FAILURES)
 from fedzoo.server.fl.privacy_lineage import lineage_claim
 from fedzoo.server.fl.schemas import (DpSettings, QuarantinePolicy, RoundConfig, SecureAggregationSettings,
                                      SecureAggregationTask, TaskPrivacy)
@@ -88,7 +89,8 @@ READ_REPLY: dict[str, Callable[[bytes], dict[str, Any]]] = {
     "unmask": decode_unmask}
 DEFAULT_DELTA = 1e-5  # a new line's delta: min(this, 1 / n^2) for a fleet of n devices
 DP_COUNTS_WITHHELD = "differential privacy: how many devices took part depends on who did"
-MIN_COHORT = 3  # SecAgg+'s least cohort (fedzoo.secagg.config): of two, each reads the other's input from the sum
+MIN_COHORT = MIN_CLIENTS  # SecAgg+'s least cohort: of two, each reads the other's input from the sum
+SAT_OUT = "sat_out"  # a seated device whose subnet's group was below MIN_COHORT (an `FLRefusedUpload` kind)
 SIT_OUT = ("fewer than 3 seated devices train this device's subnet, SecAgg+'s least cohort: no cohort is formed "
            "for it, and this device sits the round out")
 
@@ -134,16 +136,20 @@ def secagg_config(settings: SecureAggregationSettings, round_id: int, cohort: in
 
 
 def check_planned_ring(config: RoundConfig, vector_length: int) -> None:
-    """A distributed-noise plan: 422 without SecAgg+, or when the ring of a cohort at the selection goal cannot
-    hold its noised sums (`distributed_dp.check_distributed_plan`)."""
+    """A distributed-noise plan: 422 without SecAgg+, or when the ring of a cohort of any size the round may form (up
+    to the selection goal; in a zoo-wide round from `MIN_COHORT`, one cohort per subnet) cannot hold its noised sums
+    (`distributed_dp.check_distributed_plan`). Every size: a smaller cohort may get a 16-bit ring where the goal's
+    gets 32 bits, and its sums carry more noise per input (its honest floor is a smaller share of it)."""
     settings, dp = config.privacy.secure_aggregation, config.privacy.dp
     if not is_distributed(config):
         return
-    protocol = None
-    if settings is not None:
-        goal = math.ceil(config.target_clients * (1 + config.over_selection))
-        protocol = secagg_config(settings, 0, goal, vector_length, dp.clip_norm, config.min_clients)
-    check_distributed_plan(config, protocol)
+    if settings is None:
+        check_distributed_plan(config, None)
+        return
+    goal = math.ceil(config.target_clients * (1 + config.over_selection))
+    floor = MIN_COHORT if config.zoo is not None else config.min_clients  # as `start_stages` sizes the cohorts
+    for cohort in range(min(max(MIN_COHORT, floor), goal), goal + 1):
+        check_distributed_plan(config, secagg_config(settings, 0, cohort, vector_length, dp.clip_norm, floor))
 
 
 def with_calibrated_noise(config: RoundConfig) -> RoundConfig:
@@ -278,7 +284,8 @@ class PrivateRounds:
                      group_of: Callable[[str], SeatGroup]) -> None:
         """Selection closed: group the seated devices into cohorts (`group_of`: one group in a round of one model,
         one per subnet in a zoo-wide round), number each cohort's devices and open advertise_keys for all of them
-        (once, whoever gets here first). A group below `MIN_COHORT` forms no cohort: its devices sit out."""
+        (once, whoever gets here first). A group below `MIN_COHORT` forms no cohort: its devices sit out, each
+        recorded as a refusal of kind `sat_out` (`sat_out_devices`)."""
         settings = config.privacy.secure_aggregation
         if settings is None:
             return
@@ -297,6 +304,9 @@ class PrivateRounds:
         # in a round of one cohort, min_clients is that cohort's floor; with one per subnet it counts them all
         cohort_floor = MIN_COHORT if per_subnet else config.min_clients
         formed = [(group, devices) for group, devices in groups.items() if len(devices) >= MIN_COHORT]
+        session.add_all(FLRefusedUpload(round_id=round_row.id, device_id=device_id, kind=SAT_OUT, reason=SIT_OUT,
+                                        upload_bytes=0, received_at=self.clock())
+                        for devices in groups.values() if len(devices) < MIN_COHORT for device_id in devices)
         for index, (group, devices) in enumerate(formed):
             protocol = secagg_config(settings, round_row.id, len(devices),
                                      group.vector_length + carries_unclipped_bit(config), clip_range,
@@ -661,6 +671,17 @@ class PrivateRounds:
                     events_json=json.dumps(ledger.events()), epsilon=ledger.epsilon_spent, updated_at=self.clock()))
 
 
+def sat_out_devices(session: Session, round_id: int) -> dict[str, int]:
+    """How many seated devices sat a zoo-wide SecAgg+ round out because fewer than `MIN_COHORT` trained their subnet,
+    by the training card of that subnet (the operator's record; a DP round's read withholds it: `without_dp_counts`)."""
+    return dict(session.execute(
+        select(FLSubnetAssignment.training_model_id, func.count()).join(
+            FLRefusedUpload, and_(FLRefusedUpload.round_id == FLSubnetAssignment.round_id,
+                                  FLRefusedUpload.device_id == FLSubnetAssignment.device_id))
+        .where(FLSubnetAssignment.round_id == round_id, FLRefusedUpload.kind == SAT_OUT)
+        .group_by(FLSubnetAssignment.training_model_id)).all())
+
+
 def carries_unclipped_bit(config: RoundConfig) -> bool:
     """Adaptive clipping under SecAgg+: each device appends its "not clipped" bit to the vector it masks
     (`fedzoo.aggregation.private.with_unclipped_bit`), one more coordinate, so the server learns only the count."""
@@ -753,7 +774,8 @@ def without_dp_counts(view: dict[str, Any]) -> dict[str, Any]:
     """A DP round's view with every membership-dependent figure removed (`published_counts`): the device counts,
     bytes, the screening and SecAgg+ tallies, and a failure's own words (they state how many devices did what)."""
     view = {**view, **{name: None for name in ("selected_devices", "accepted_updates", "upload_bytes",
-                                               "declined_devices")}, "counts_withheld": DP_COUNTS_WITHHELD}
+                                               "declined_devices", "sat_out_devices")},
+            "counts_withheld": DP_COUNTS_WITHHELD}
     outcome = dict(view["outcome"] or {})
     if outcome:
         for name in OUTCOME_COUNTS:

@@ -96,7 +96,7 @@ class FLUpdate(Base):
     __table_args__ = (UniqueConstraint("round_id", "device_id", name="uq_fl_updates_round_device"),)
 
 
-REFUSAL_KINDS = ("late", "rejected", "declined", "aborted")
+REFUSAL_KINDS = ("late", "rejected", "declined", "aborted", "not_sampled", "sat_out")
 SEAT_FAILURES = ("declined", "aborted")  # in a SecAgg+ round, these count towards quarantine (server.fl.quarantine)
 
 
@@ -105,8 +105,9 @@ class FLRefusedUpload(Base):
     `rejected` (stale base version, too large, malformed delta); or a task the device `declined` (one it cannot do,
     or a server that broke the protocol: `fedzoo.server.fl.eligibility`); or a SecAgg+ seat the device `aborted`
     (it did not answer a stage it was asked for before the stage closed); or a coin of a sampled DP round that came
-    up tails, `not_sampled` (`fedzoo.server.fl.sampling`: stored so the device cannot re-roll). Kept so operators
-    see more than the counted."""
+    up tails, `not_sampled` (`fedzoo.server.fl.sampling`: stored so the device cannot re-roll); or a device seated in
+    a zoo-wide SecAgg+ round whose subnet had too few devices for a cohort, `sat_out`. Kept so operators see more than
+    the counted."""
 
     __tablename__ = "fl_refused_uploads"
 

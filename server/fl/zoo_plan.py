@@ -172,9 +172,6 @@ class ZooPlan:
             raise InvalidInputError("DP in zoo-wide plans noises each subnet cohort's SecAgg+ sum: set "
                                     "privacy.secure_aggregation too (docs/privacy.md, \"DP in zoo-wide rounds\")",
                                     field="privacy.dp")
-        if dp is not None and dp.noise != "central":
-            raise InvalidInputError("zoo-wide plans add central noise to each cohort's sum; distributed noise is not "
-                                    "built for them yet", field="privacy.dp.noise")
         if dp is not None and dp.adaptive is not None:
             raise InvalidInputError("zoo-wide plans clip at a fixed clip_norm; adaptive clipping (each cohort's "
                                     "count of unclipped updates) is not built for them yet", field="privacy.dp.adaptive")
@@ -443,7 +440,7 @@ class ZooPlan:
         if noise is not None:
             public = {arch_key(member.arch): PublicSubnet(arch_key(member.arch), member.arch) for member in members}
             total = noised_coverage_sum(supernet.space, supernet.weights, list(public.values()), deltas,
-                                        noise.grid_step, noise.stddev, config.target_clients, noise.source)
+                                        config.target_clients, noise)
         else:
             total = CoverageSum({name: value.shape for name, value in supernet.weights.items()})
             for cohort in sums:

@@ -1,15 +1,18 @@
-"""DP-FedAvg in zoo-wide rounds (docs/privacy.md, "DP in zoo-wide rounds"): central discrete Gaussian noise on every
-subnet's cohort sum, and per-element combining with public denominators only.
+"""DP-FedAvg in zoo-wide rounds (docs/privacy.md, "DP in zoo-wide rounds" and "Distributed DP in zoo-wide rounds"):
+noise on every subnet's cohort sum, and per-element combining with public denominators only.
 
 Each device clips its subnet delta to `clip_norm` and belongs to exactly one cohort (its subnet's), so one device
 moves one subnet's sum. The server releases, for every subnet of the zoo (a public list: the zoo models' archs),
 that subnet's noised sum: its cohort's sum on the SecAgg+ grid, or zeros where no cohort formed, plus integer
-discrete Gaussian noise from `os.urandom`. The cohort floor makes one device able to move a sum by more than C: a
-device that brings its subnet's group to 3 makes a cohort exist, whose sum holds 3 devices. The released vector's
-L2 sensitivity is therefore `MIN_COHORT` x the quantised per-device bound (`cohort_sensitivity`), and the noise
-is z times that. Everything after it is post-processing with public numbers: each subnet weighs
-`target_clients / subnets` (a fixed denominator as DP-FedAvg's `target_clients`), an element's denominator is
-that weight times the subnets covering it, and the coverage-scaled step counts subnets, not devices.
+discrete Gaussian noise. The cohort floor makes one device able to move a sum by more than C: a device that brings
+its subnet's group to 3 makes a cohort exist, whose sum holds 3 devices. The released vector's L2 sensitivity is
+therefore `MIN_COHORT` x the per-device bound, and the noise is z times that: with central noise the server adds it
+to every sum (`CentralNoise`, from `os.urandom`); with distributed noise each cohort's devices add it in the ring
+before masking (asked for z x `MIN_COHORT` against their own bound: `distributed_dp.noise_request`), and the server
+adds to a subnet without a cohort the shares an honest cohort of `MIN_COHORT` would have (`AbsentCohortNoise`).
+Everything after it is post-processing with public numbers: each subnet weighs `target_clients / subnets` (a fixed
+denominator as DP-FedAvg's `target_clients`), an element's denominator is that weight times the subnets covering
+it, and the coverage-scaled step counts subnets, not devices.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from sqlalchemy.orm import Session
@@ -28,25 +31,58 @@ from fedzoo.aggregation.per_element import CoverageSum, is_statistic
 from fedzoo.cards import ModelCard
 from fedzoo.dp.accountant import LineEvents, PrivacyLedger, epsilon_of_events
 from fedzoo.errors import InvalidInputError
+from fedzoo.dp.discrete_gaussian import SecureRandom
+from fedzoo.dp.distributed import MECHANISM, DistributedNoise, device_sigma_squared, noise_shares, norm_bound_squared
 from fedzoo.dp.noise import NoiseSource, quantised_sensitivity
 from fedzoo.nas.space import Arch, SearchSpace
 from fedzoo.nas.subnet_mapping import Weights, extract_weights, map_back
 from fedzoo.server.db import Database
+from fedzoo.server.fl.distributed_dp import is_distributed, noise_request, require_calibrated_survivors
 from fedzoo.server.fl.outcome import RoundOutcome
 from fedzoo.server.fl.privacy_lineage import lineage_claim
 from fedzoo.server.fl.schemas import RoundConfig
-from fedzoo.server.fl.secure_rounds import (MIN_COHORT, CohortSum, card_privacy,
-                                            inherited_ledger, ledger_line)
+from fedzoo.server.fl.secure_rounds import (MIN_COHORT, CohortSum, card_privacy, inherited_ledger, ledger_line,
+                                            secagg_config)
 from fedzoo.server.fl.tables import FLPrivateRound, PrivacyLine
 
 
+class CohortNoise(Protocol):
+    """DP in a zoo-wide round: the integer noise (steps of the SecAgg+ grid) the server adds to each public subnet's
+    sum."""
+
+    grid_step: float
+
+    def steps(self, formed: bool, dimension: int) -> np.ndarray:
+        """The noise on one subnet's sum of `dimension` coordinates (`formed`: whether a cohort summed it)."""
+
+
 @dataclass(frozen=True)
-class CohortNoise:
-    """DP in a zoo-wide round: the noise on each subnet's sum (model units) on the SecAgg+ grid, and its source."""
+class CentralNoise:
+    """Central DP: discrete Gaussian noise of `stddev` (model units) on every subnet's sum, from `source`."""
 
     grid_step: float
     stddev: float
     source: NoiseSource
+
+    def steps(self, formed: bool, dimension: int) -> np.ndarray:
+        return self.source.integer_noise(self.stddev / self.grid_step, dimension)
+
+
+@dataclass(frozen=True)
+class AbsentCohortNoise:
+    """Distributed DP: a cohort's devices noised its sum, so the server adds nothing to it; a subnet without a cohort
+    gets what an honest cohort of `MIN_COHORT` devices training it would have added (`request`: what such a cohort
+    is asked, at `levels`), so whether the cohort exists does not change the noise's distribution."""
+
+    grid_step: float
+    levels: int
+    request: DistributedNoise
+
+    def steps(self, formed: bool, dimension: int) -> np.ndarray:
+        if formed:
+            return np.zeros(dimension, np.int64)
+        return noise_shares(device_sigma_squared(self.request, self.levels, dimension), dimension, SecureRandom(),
+                            MIN_COHORT)
 
 
 @dataclass(frozen=True)
@@ -63,6 +99,11 @@ def trainable_shapes(space: SearchSpace, arch: Arch, weights: Weights) -> dict[s
             if not is_statistic(name)}
 
 
+def longest_subnet(space: SearchSpace, weights: Weights, archs: list[Arch]) -> int:
+    """The most trainable parameters any of the zoo's subnets has (the longest update vector a cohort masks)."""
+    return max(sum(math.prod(shape) for shape in trainable_shapes(space, arch, weights).values()) for arch in archs)
+
+
 def cohort_sensitivity(clip_norm: float, grid_step: float, longest_vector: int) -> float:
     """The L2 sensitivity of the vector of all subnets' sums: `MIN_COHORT` devices' quantised clipped deltas (one
     device can make a cohort of 3 exist or not), on the longest subnet vector."""
@@ -70,11 +111,10 @@ def cohort_sensitivity(clip_norm: float, grid_step: float, longest_vector: int) 
 
 
 def noised_coverage_sum(space: SearchSpace, weights: Weights, subnets: list[PublicSubnet],
-                        sums: dict[str, dict[str, np.ndarray]], grid_step: float, noise_stddev: float,
-                        target_clients: int, noise: NoiseSource) -> CoverageSum:
-    """Every public subnet's sum (`sums` by subnet key; zeros where no cohort formed) on the grid, plus integer
-    noise of `noise_stddev` (model units), mapped onto the supernet with the public weight
-    `target_clients / len(subnets)` and one "device" per subnet (coverage counts subnets)."""
+                        sums: dict[str, dict[str, np.ndarray]], target_clients: int, noise: CohortNoise) -> CoverageSum:
+    """Every public subnet's sum (`sums` by subnet key; zeros where no cohort formed) on the grid, plus `noise`'s
+    integer noise, mapped onto the supernet with the public weight `target_clients / len(subnets)` and one "device"
+    per subnet (coverage counts subnets)."""
     total = CoverageSum({name: value.shape for name, value in weights.items()})
     weight = target_clients / len(subnets)
     for subnet in subnets:
@@ -83,11 +123,13 @@ def noised_coverage_sum(space: SearchSpace, weights: Weights, subnets: list[Publ
         if cohort and set(cohort) != set(shapes):
             raise InvalidInputError(f"subnet {subnet.key}'s cohort sum and its arch differ in tensors "
                                     f"{sorted(set(cohort) ^ set(shapes))}")
-        noised = {}
+        added = noise.steps(bool(cohort), sum(math.prod(shape) for shape in shapes.values()))
+        noised, start = {}, 0
         for name, shape in shapes.items():
-            steps = np.rint(np.asarray(cohort.get(name, np.zeros(shape)), np.float64) / grid_step).astype(np.int64)
-            steps += noise.integer_noise(noise_stddev / grid_step, steps.size).reshape(shape)
-            noised[name] = (steps * grid_step).astype(np.float32)
+            size = math.prod(shape)
+            steps = np.rint(np.asarray(cohort.get(name, np.zeros(shape)), np.float64) / noise.grid_step)
+            steps = steps.astype(np.int64) + added[start:start + size].reshape(shape)
+            noised[name], start = (steps * noise.grid_step).astype(np.float32), start + size
         total.add_sum(map_back(space, subnet.arch, weights, noised), weight, 1, subnet.key)
     return total
 
@@ -102,9 +144,11 @@ def charged_line(events: LineEvents, noise_multiplier: float, sampling_probabili
 
 def zoo_noise(database: Database, round_id: int, config: RoundConfig, space: SearchSpace, weights: Weights,
               archs: list[Arch], sums: list[CohortSum], outcome: RoundOutcome) -> CohortNoise | None:
-    """The noise a DP zoo-wide round adds to every subnet's sum (None without DP): z x `cohort_sensitivity` on the
-    longest of the zoo's subnet vectors; the plan's ledger records the round and the outcome states the privacy
-    (`card_privacy`). Raises PrivacyBudgetExhausted over the budget."""
+    """The noise a DP zoo-wide round adds to the subnets' sums (None without DP): central, z x `cohort_sensitivity`
+    on the longest of the zoo's subnet vectors, on every sum; distributed, none on the cohorts' sums (their devices
+    noised them for z x `MIN_COHORT` x their own bound; each must hold the survivors that noise is calibrated under)
+    and an absent cohort's shares on every other subnet. The plan's ledger records the round at z either way and the
+    outcome states the privacy (`card_privacy`). Raises PrivacyBudgetExhausted over the budget."""
     dp = config.privacy.dp
     if dp is None:
         return None
@@ -112,14 +156,32 @@ def zoo_noise(database: Database, round_id: int, config: RoundConfig, space: Sea
         ledger = PrivacyLedger.from_dict(json.loads(session.get(FLPrivateRound, round_id).ledger_json))
     ledger.require_budget_for_next_round()
     grid_step = sums[0].protocol.clip_range / sums[0].protocol.levels  # every cohort's grid: clip_norm / levels
-    longest = max(sum(math.prod(shape) for shape in trainable_shapes(space, arch, weights).values()) for arch in archs)
-    sensitivity = cohort_sensitivity(dp.clip_norm, grid_step, longest)
+    longest = longest_subnet(space, weights, archs)
+    noise: CohortNoise
+    if is_distributed(config):
+        for cohort in sums:
+            require_calibrated_survivors(cohort.count, cohort.protocol.minimum_survivors)
+        levels = sums[0].protocol.levels
+        # the request a cohort of MIN_COHORT gets (its honest survivors do not depend on the vector's length)
+        least = secagg_config(config.privacy.secure_aggregation, round_id, MIN_COHORT, longest, dp.clip_norm,
+                              MIN_COHORT, 0)
+        noise = AbsentCohortNoise(grid_step, levels, noise_request(config, least))
+        mechanism = {
+            "mechanism": MECHANISM, "noise": f"{MECHANISM}: each cohort's devices add N_Z(0, sigma^2) in the SecAgg+ "
+            f"ring, calibrated at its honest survivor floor; the server adds {MIN_COHORT} devices' shares to every "
+            "subnet without a cohort", "device_noise_multiplier": noise.request.noise_multiplier,
+            "sensitivity": MIN_COHORT * math.sqrt(norm_bound_squared(levels, longest)) * grid_step,
+            "grid_step": grid_step}
+    else:
+        sensitivity = cohort_sensitivity(dp.clip_norm, grid_step, longest)
+        noise = CentralNoise(grid_step, ledger.noise_multiplier * sensitivity, NoiseSource())
+        mechanism = {"mechanism": "central-discrete-gaussian",
+                     "noise": "discrete Gaussian from os.urandom, on every subnet's sum", "sensitivity": sensitivity}
     ledger.record_round()
-    outcome.privacy = card_privacy(config, ledger, None, {
-        "mechanism": "central-discrete-gaussian", "noise": "discrete Gaussian from os.urandom, on every subnet's sum",
-        "sensitivity": sensitivity, "cohort_floor": MIN_COHORT, "subnets": len(archs)})
+    outcome.privacy = card_privacy(config, ledger, None, {**mechanism, "cohort_floor": MIN_COHORT,
+                                                         "subnets": len(archs)})
     outcome.privacy_ledger = ledger.to_dict()
-    return CohortNoise(grid_step, ledger.noise_multiplier * sensitivity, NoiseSource())
+    return noise
 
 
 def charge_zoo_lines(session: Session, cards: list[ModelCard], outcome: RoundOutcome, clock: Callable[[], datetime]

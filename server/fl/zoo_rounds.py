@@ -26,11 +26,11 @@ from fedzoo.server.fl.outcome import RoundOutcome, UpdateCounts
 from fedzoo.server.fl.round_context import RoundContext
 from fedzoo.server.fl.round_kinds import RoundEnd, check_evaluation_set, check_secure_cohort, with_example_cap
 from fedzoo.server.fl.schemas import RoundConfig
-from fedzoo.server.fl.secure_rounds import SeatGroup, cohort_tally, with_calibrated_noise
+from fedzoo.server.fl.secure_rounds import SeatGroup, check_planned_ring, cohort_tally, with_calibrated_noise
 from fedzoo.server.fl.stages.screening import record_screening, round_defences
 from fedzoo.server.fl.tables import FLRound, FLUpdate
 from fedzoo.server.fl.zoo_plan import Supernet, ZooOutcome, ZooPlan
-from fedzoo.server.fl.zoo_privacy import charge_zoo_lines, check_zoo_lines, zoo_noise
+from fedzoo.server.fl.zoo_privacy import charge_zoo_lines, check_zoo_lines, longest_subnet, zoo_noise
 
 
 class ZooRounds:
@@ -49,6 +49,8 @@ class ZooRounds:
         private = self.context.private
         if config.privacy.dp is not None:
             config = with_calibrated_noise(private.with_delta(session, config, supernet.card))
+            archs = [member.arch for member in self.zoo.members(session, supernet)]
+            check_planned_ring(config, longest_subnet(supernet.space, supernet.weights, archs))
             try:
                 check_zoo_lines(session, self.zoo.zoo_models(session, supernet), config, private.line_max_epsilon)
             except PrivacyBudgetExhausted as error:

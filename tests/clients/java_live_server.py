@@ -41,21 +41,32 @@ After that it answers one JSON line per command line on stdin:
                                                            thread, takes a seat in the next SecAgg+ round and advertises
                                                            keys: answers their device ids
     {"cmd": "stop_sybils"}                               the Sybils stop polling
+    {"cmd": "zoo_server", "shards"}                      a second server on loopback holding a tiny zoo of digits
+                                                           (built now: seconds), its models timed for device class
+                                                           "tier-large"; writes DIR/zoo-shard-<i>.npz (images): answers
+                                                           {url, enrollment_token, task, supernet_id}
+    {"cmd": "certify_zoo"}                               the operator certifies every device key the zoo server holds
+    {"cmd": "zoo_round", "devices", "noise"}             the zoo server opens a zoo-wide round of `devices` under
+                                                           SecAgg+ and DP (`noise`: central or distributed, z = 1.5):
+                                                           answers {round_id, noise_multiplier}
     {"cmd": "quit"}
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sqlite3
 import sys
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
 
+from fedzoo.cards import Latency, is_supernet
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.device_certification import certify_devices
 from fedzoo.clients.http import FedzooHTTP
@@ -68,10 +79,12 @@ from fedzoo.secagg.messages import to_base64
 from fedzoo.server.card_keys import SERVER_KEY_FILE
 from fedzoo.server.fl import secure_rounds
 from fedzoo.cloud.simulation import Simulation, prepare_federation
+from fedzoo.datasets import dirichlet_partition, load_dataset, split_dataset
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
 from fedzoo.edge.runtime import EdgeSession
 from fedzoo.signing import CardSigningKey, TrustedKeys
+from fedzoo.zoo import Zoo
 
 NUM_SHARDS = 4
 
@@ -245,6 +258,72 @@ class Sybils:
                 time.sleep(0.05)
 
 
+ZOO_TIER = "tier-large"
+
+
+class ZooServer:
+    """A second server on loopback with a tiny zoo (built on first use, so only the zoo test pays for it): zoo-wide
+    rounds re-publish every zoo model, and a zoo of the federation's task beside its MLP would mix their inputs."""
+
+    def __init__(self, stack: ExitStack, data_dir: Path, operator: CardSigningKey) -> None:
+        self.stack, self.data_dir, self.operator = stack, data_dir, operator
+        self.server: LoopbackServer | None = None
+        self.plan: dict = {}
+
+    def start(self, command: dict) -> dict:
+        from fedzoo.cloud.pipeline import BuildConfig, build_zoo
+
+        out = self.data_dir / "zoo"
+        build_zoo(BuildConfig(dataset="digits", out=out, preset="tiny", latency_source="macs", compress=False,
+                              executor="in-process", zoo_min_size=2, zoo_max_size=3))
+        zoo = Zoo(out)
+        for card in zoo.cards():  # timed on the tier the Java devices say they are, so lookup can choose for them
+            zoo.add_card(card.model_copy(update={"latency_ms": {
+                **card.latency_ms, ZOO_TIER: Latency(median_ms=card.macs / 1e4, source="measured")}}))
+        split = split_dataset(load_dataset("digits"), seed=0)
+        for index, shard in enumerate(dirichlet_partition(split.train.y, num_clients=command["shards"], alpha=0.5,
+                                                          seed=0)):
+            np.savez(self.data_dir / f"zoo-shard-{index}.npz", x=split.train.x[shard].astype(np.float32),
+                     y=split.train.y[shard].astype(np.int64))
+        self.server = self.stack.enter_context(LoopbackServer(self.data_dir / "zoo-server",
+                                                              admin_token=DEFAULT_ADMIN_TOKEN, deadline_check_s=0.2))
+        with FedzooClient(self.server.url, token=DEFAULT_ADMIN_TOKEN, cache_dir=self.data_dir / "zoo-admin") as admin:
+            for card in zoo.cards():
+                digests = [card.sha256, *card.artifacts.values(), *([card.training_graph] if card.training_graph
+                                                                     else [])]
+                admin.publish_model(card, {digest: zoo.blob_path(digest).read_bytes() for digest in digests},
+                                    DEFAULT_ADMIN_TOKEN)
+            supernet = next(card for card in zoo.cards() if is_supernet(card))
+            self.plan = {"model_id": supernet.id, "evaluation_sha256": admin.publish_blob(
+                _npz_bytes(x=split.test.x, y=split.test.y), DEFAULT_ADMIN_TOKEN),
+                "zoo": {"latency_budget_ms": 1e5, "calibration_sha256": admin.publish_blob(
+                    _npz_bytes(x=split.validation.x), DEFAULT_ADMIN_TOKEN)}}
+            enrollment = admin.create_enrollment_token(DEFAULT_ADMIN_TOKEN, max_uses=100)["token"]
+        return {"url": self.server.url, "enrollment_token": enrollment, "task": supernet.details["supernet"]["task"],
+                "supernet_id": supernet.id}
+
+    def certify(self) -> dict:
+        return _certify(self.server, self.operator)
+
+    def open_round(self, command: dict) -> dict:
+        noise_multiplier = 1.5
+        plan = {**self.plan, "min_clients": command["devices"], "target_clients": command["devices"],
+                "over_selection": 0.0, "deadline_s": 240, "local_epochs": 1, "batch_size": 16, "learning_rate": 0.05,
+                "max_accuracy_drop": 1.0, "poll_interval_s": 0.1,
+                "privacy": {"secure_aggregation": {"neighbour_count": 2, "levels": 32767, "stage_deadline_s": 60},
+                            "dp": {"max_epsilon": 50.0, "clip_norm": 0.5, "noise_multiplier": noise_multiplier,
+                                   "noise": command["noise"]}}}
+        with FedzooClient(self.server.url, token=DEFAULT_ADMIN_TOKEN, cache_dir=self.data_dir / "zoo-admin") as admin:
+            return {"round_id": admin.create_zoo_rounds(plan, DEFAULT_ADMIN_TOKEN)["id"],
+                    "noise_multiplier": noise_multiplier}
+
+
+def _npz_bytes(**arrays) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
 def _profile(device_id: str) -> DeviceProfile:
     return DeviceProfile(device_id=device_id, platform="linux-x86_64", cpu=CpuInfo(model="python", cores=1),
                          memory_mb=1024, runtime=RuntimeInfo(onnxruntime="python", threads=1))
@@ -268,7 +347,8 @@ def main() -> None:
     operator_keys = data_dir / "operator-keys.json"
     operator_keys.write_text(json.dumps(TrustedKeys([operator.public_key_raw]).to_json()))
 
-    with LoopbackServer(data_dir / "server", admin_token=DEFAULT_ADMIN_TOKEN, trusted_keys=operator_keys) as server:
+    with LoopbackServer(data_dir / "server", admin_token=DEFAULT_ADMIN_TOKEN, trusted_keys=operator_keys) as server, \
+            ExitStack() as stack:
         with Simulation(federation, server.url, cache_root=data_dir / "admin") as simulation:
             simulation.publish_base_model(signing_key=operator)
             enrollment_token = simulation.admin.create_enrollment_token(DEFAULT_ADMIN_TOKEN, max_uses=1000,
@@ -279,7 +359,7 @@ def main() -> None:
                     "evaluation_sha256": simulation.evaluation_sha256, "shards": NUM_SHARDS,
                     "python_accuracy": python_accuracy, "operator_key_id": operator.key_id,
                     "operator_keys": TrustedKeys([operator.public_key_raw]).to_json()})
-            secure_devices, sybils = SecureDevices(), Sybils()
+            secure_devices, sybils, zoo = SecureDevices(), Sybils(), ZooServer(stack, data_dir, operator)
             for line in sys.stdin:
                 command = json.loads(line)
                 if command["cmd"] == "quit":
@@ -308,6 +388,12 @@ def main() -> None:
                 elif command["cmd"] == "stop_sybils":
                     sybils.stop.set()
                     _reply({"ok": True})
+                elif command["cmd"] == "zoo_server":
+                    _reply(zoo.start(command))
+                elif command["cmd"] == "certify_zoo":
+                    _reply(zoo.certify())
+                elif command["cmd"] == "zoo_round":
+                    _reply(zoo.open_round(command))
                 elif command["cmd"] == "python_device":
                     _reply(_python_device(server, federation, data_dir, enrollment_token, command))
                 else:

@@ -511,7 +511,7 @@ def test_a_dp_rounds_view_keeps_no_figure_that_counts_devices():
     """Every membership-dependent figure a round's view can hold, as the server writes them: none survives
     `without_dp_counts`, and what does not count devices (the SecAgg+ parameters, the zoo's models) is kept."""
     view = {"state": "failed", "selected_devices": 9, "accepted_updates": 8, "upload_bytes": 1000,
-            "declined_devices": 1,
+            "declined_devices": 1, "sat_out_devices": {"subnet-a": 2},
             "outcome": {"version": 2, "accepted_updates": 8, "aggregated_updates": 8, "num_examples": 80,
                         "upload_bytes": 1000, "declined": 1, "screening": {"norm_limit": 2.0, "rejected": 1},
                         "secure_aggregation": {"neighbour_count": 6, "threshold": 5, "levels": 127, "clip_range": 0.1,
@@ -521,7 +521,7 @@ def test_a_dp_rounds_view_keeps_no_figure_that_counts_devices():
                         "failure": "only 1 of the 2 devices needed replied"}}
     assert secure_rounds.without_dp_counts(view) == {
         "state": "failed", "selected_devices": None, "accepted_updates": None, "upload_bytes": None,
-        "declined_devices": None, "counts_withheld": secure_rounds.DP_COUNTS_WITHHELD,
+        "declined_devices": None, "sat_out_devices": None, "counts_withheld": secure_rounds.DP_COUNTS_WITHHELD,
         "outcome": {"version": 2, "screening": {"norm_limit": 2.0},
                     "secure_aggregation": {"neighbour_count": 6, "threshold": 5, "levels": 127, "clip_range": 0.1},
                     "zoo": {"models": 3},

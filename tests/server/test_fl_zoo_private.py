@@ -144,6 +144,9 @@ def test_a_subnet_with_fewer_than_three_devices_forms_no_cohort_and_its_device_s
         view = wait_for_round_end(fleet["admin"], round_id, timeout_s=300)
         cohorts = stored(fleet, FLSecureCohort, round_id)
         messages = stored(fleet, FLSecureMessage, round_id)
+        sat_out_card = fleet["admin"].card(next(iter(view["sat_out_devices"])))
+        participants = fleet["admin"].http.get_json(f"/v1/fl/rounds/{round_id}/participants",
+                                                    headers={"Authorization": f"Bearer {ADMIN}"})["participants"]
     victim = "tier-small-0"
     assert results[0].outcome == "refused: not_in_cohort"
     assert [result.outcome for result in results[1:]] == ["accepted"] * 3
@@ -152,6 +155,11 @@ def test_a_subnet_with_fewer_than_three_devices_forms_no_cohort_and_its_device_s
     assert not [row for row in messages if row.device_id == victim]  # nothing of the victim ever reached the server
     assert view["state"] == "closed", view["outcome"]
     assert list(view["outcome"]["zoo"]["devices_per_zoo_model"].values()) == [3]
+    # the operator sees who was told to sit out: one device, on the smallest model's subnet
+    [(training_id, sat_out)] = view["sat_out_devices"].items()
+    assert sat_out == 1 and training_id != cohorts[0].name
+    assert {entry["device_id"]: entry["status"] for entry in participants}[victim] == "sat_out"
+    assert sat_out_card.arch == _members(zoo)[0].arch
 
 
 def test_devices_refuse_a_cohort_below_the_protocols_minimum_whatever_the_server_sends():

@@ -64,6 +64,11 @@ public final class LiveServer implements AutoCloseable {
         return data("shard-" + index + ".npz");
     }
 
+    /** Device {@code index}'s images for the zoo server (after the {@code zoo_server} command wrote them). */
+    public LocalData zooShard(int index) {
+        return data("zoo-shard-" + index + ".npz");
+    }
+
     public LocalData testSplit() {
         return data("test.npz");
     }

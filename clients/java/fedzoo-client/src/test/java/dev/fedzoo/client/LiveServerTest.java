@@ -111,10 +111,14 @@ class LiveServerTest {
     }
 
     private static JSONObject waitUntilFinished(long roundId) throws Exception {
+        return waitUntilFinished(server.url, roundId, 60_000);
+    }
+
+    private static JSONObject waitUntilFinished(String url, long roundId, long timeoutMs) throws Exception {
         // a round's read needs the viewer or admin token (a DP round's carries no counts: docs/privacy.md)
-        FedzooClient observer = new FedzooClient(server.url, server.ready.getString("admin_token"),
+        FedzooClient observer = new FedzooClient(url, server.ready.getString("admin_token"),
                 TestSupport.workDirectory("observer"));
-        long giveUp = System.currentTimeMillis() + 60_000;
+        long giveUp = System.currentTimeMillis() + timeoutMs;
         JSONObject view = observer.flRound(roundId);
         while (Arrays.asList("open", "collecting", "aggregating").contains(view.getString("state"))
                 && System.currentTimeMillis() < giveUp) {
@@ -816,5 +820,73 @@ class LiveServerTest {
         double doubledCentredSum = (fraction - 0.5) * 2 * 3; // 2 x (count - 3 / 2) plus whole-number noise
         assertEquals(Math.rint(doubledCentredSum), doubledCentredSum, 1e-9, dp.toString());
         assertEquals(0.5 * Math.exp(-0.2 * (fraction - 0.5)), dp.getDouble("next_clip_norm"), 1e-12);
+    }
+
+    /**
+     * A zoo-wide round under SecAgg+ with distributed DP on the live harness's zoo server: three certified Java
+     * devices of one tier train the subnet lookup chooses for them (one cohort), each noises its own masked input as
+     * the task asks (three times the plan's z: one device can make a cohort of 3 exist), and the round closes with
+     * new zoo versions whose cards state their line's epsilon; the supernet's card states the mechanism.
+     */
+    @Test
+    @Order(19)
+    void javaDevicesTakePartInADistributedDpZooWideRoundAndItRepublishesTheZoo() throws Exception {
+        JSONObject zoo = server.command(new JSONObject().put("cmd", "zoo_server").put("shards", 3));
+        String url = zoo.getString("url");
+        final String task = zoo.getString("task");
+        List<FedzooClient> clients = new java.util.ArrayList<FedzooClient>();
+        for (int i = 0; i < 3; i++) {
+            String name = "java-zoo-device-" + i;
+            FedzooClient client = new FedzooClient(url, null, TestSupport.workDirectory("device-cache"), QUICK, 30_000)
+                    .keepStateIn(new StateStore(TestSupport.workDirectory("state-" + name)));
+            client.register(DeviceProfile.collect(name, 1, "tier-large", null), zoo.getString("enrollment_token"));
+            clients.add(client);
+        }
+        server.command(new JSONObject().put("cmd", "certify_zoo"));
+        JSONObject opened = server.command(new JSONObject().put("cmd", "zoo_round").put("devices", 3)
+                .put("noise", "distributed"));
+        long roundId = opened.getLong("round_id");
+        final List<ParticipationResult> results = java.util.Collections.synchronizedList(
+                new java.util.ArrayList<ParticipationResult>());
+        List<Thread> devices = new java.util.ArrayList<Thread>();
+        for (int i = 0; i < clients.size(); i++) {
+            final FedzooClient device = clients.get(i).requireCertifiedNeighbours(
+                    DeviceCertificates.fromJson(server.ready.getJSONObject("operator_keys")));
+            final LocalData shard = server.zooShard(i);
+            devices.add(new Thread(() -> results.add(new Participation(device, null).participateOnce(task, shard,
+                    UpdateCodec.Encoding.FP32, null, null))));
+        }
+        for (Thread device : devices) {
+            device.start();
+        }
+        for (Thread device : devices) {
+            device.join(240_000);
+        }
+        assertEquals(3, results.size());
+        for (ParticipationResult result : results) {
+            assertEquals("accepted", result.outcome, result.toString());
+            assertEquals(Long.valueOf(roundId), result.roundId);
+        }
+        JSONObject view = waitUntilFinished(url, roundId, 300_000);
+        assertEquals("closed", view.getString("state"), view.toString());
+        FedzooClient reader = new FedzooClient(url, null, TestSupport.workDirectory("reader"));
+        JSONObject dp = reader.card(view.getString("result_model_id")).json().getJSONObject("details")
+                .getJSONObject("federated").getJSONObject("privacy").getJSONObject("dp");
+        double z = opened.getDouble("noise_multiplier");
+        assertEquals(dev.fedzoo.dp.DistributedNoise.MECHANISM, dp.getString("mechanism"));
+        assertEquals(z, dp.getDouble("noise_multiplier"), 0.0);
+        assertEquals(3 * z, dp.getDouble("device_noise_multiplier"), 1e-12, dp.toString());
+        JSONArray models = view.getJSONObject("outcome").getJSONObject("zoo").getJSONArray("models");
+        int republished = 0;
+        for (int i = 0; i < models.length(); i++) {
+            if (models.getJSONObject(i).getBoolean("published")) {
+                JSONObject line = reader.card(models.getJSONObject(i).getString("new_model_id")).json()
+                        .getJSONObject("details").getJSONObject("federated").getJSONObject("privacy")
+                        .getJSONObject("dp");
+                assertEquals(dp.getDouble("epsilon"), line.getDouble("epsilon"), 1e-9, line.toString());
+                republished++;
+            }
+        }
+        assertTrue(republished >= 1, view.toString());
     }
 }

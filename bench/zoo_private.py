@@ -1,0 +1,189 @@
+"""The private arms of `bench/fl_zoo.py --private`: the zoo-wide plan under SecAgg+ with central DP or with distributed
+DP, as the server runs it (docs/privacy.md, "DP in zoo-wide rounds" and "Distributed DP in zoo-wide rounds"), on the
+draws, local training and seeds of the fedzoo arm in the clear (`zoo_arms.run_arm`).
+
+Each round the drawn devices are grouped by subnet (their tier's zoo model); a group below 3 forms no cohort and
+sits out. A cohort's devices clip their trainable delta to C and make their SecAgg+ ring input: central, the SecAgg+
+quantiser (`fedzoo.secagg.quantise`); distributed, conditional rounding within the norm bound plus their noise share
+for 3z at the cohort's honest floor (`fedzoo.server.fl.distributed_dp.noise_request`). Their ring sum is what SecAgg+
+unmasks (masking cancels, so it is left out, as in bench/fl_distributed_dp.py). The server then releases every
+public subnet's noised sum and combines them with public denominators (`zoo_privacy.noised_coverage_sum`, the
+server's own code), and the plan's strategy steps per element. BatchNorm statistics are not released under DP: every
+arm's served models are recalibrated on the cloud's images anyway.
+
+The noise is seeded numpy (each draw a rounded normal of the calibrated variance, the simulator's `SeededNoise`), not
+the exact sampler from os.urandom the server and devices use (tens of microseconds a coordinate): at the hundreds
+to thousands of grid steps here the two have the same accuracy effect, and nothing here is published.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedzoo.aggregation.per_element import step_supernet
+from fedzoo.aggregation.strategies import make_strategy
+from fedzoo.compress.zoo_extraction import SupernetSpec
+from fedzoo.dp.clipping import clip_delta
+from fedzoo.dp.discrete_gaussian import SecureRandom
+from fedzoo.dp.distributed import (DistributedNoise, device_sigma_squared, norm_bound_squared, ring_bits_needed,
+                                   round_conditionally)
+from fedzoo.dp.noise import SeededNoise
+from fedzoo.nas.space import Arch, arch_key
+from fedzoo.nas.subnet_mapping import map_back
+from fedzoo.secagg import SecAggConfig, dequantise_sum, flatten, quantise, unflatten
+from fedzoo.server.fl.distributed_dp import noise_request
+from fedzoo.server.fl.schemas import RoundConfig
+from fedzoo.server.fl.secure_rounds import MIN_COHORT, check_planned_ring, secagg_config
+from fedzoo.server.fl.zoo_privacy import (CentralNoise, PublicSubnet, cohort_sensitivity, longest_subnet,
+                                          noised_coverage_sum, trainable_shapes)
+from zoo_arms import Arm, Device, served_models, tier_module, train_locally
+
+
+@dataclass
+class PrivateRounds:
+    """What a run of a zoo-wide plan released, round by round (besides the served models)."""
+
+    models: dict = field(default_factory=dict)
+    min_device_coverage: list[int] = field(default_factory=list)  # per round: the fewest devices behind an element
+    ring_bits: list[int] = field(default_factory=list)  # per cohort: the SecAgg+ ring (clear arm: 32, float32)
+    bits_needed: list[int] = field(default_factory=list)  # per cohort: what no sum of its inputs can wrap
+    upload_vs_int8: list[float] = field(default_factory=list)  # per device: bytes masked / one byte a coordinate
+    sat_out: int = 0  # devices drawn whose subnet had fewer than 3
+
+
+@dataclass(frozen=True)
+class SeededAbsentCohortNoise:
+    """`zoo_privacy.AbsentCohortNoise` with seeded numpy draws (the bench's noise, above)."""
+
+    grid_step: float
+    levels: int
+    request: DistributedNoise
+    rng: np.random.Generator
+
+    def steps(self, formed: bool, dimension: int) -> np.ndarray:
+        if formed:
+            return np.zeros(dimension, np.int64)
+        sigma = math.sqrt(float(device_sigma_squared(self.request, self.levels, dimension)))
+        return np.rint(self.rng.normal(0.0, sigma, size=(MIN_COHORT, dimension))).astype(np.int64).sum(axis=0)
+
+
+def plan_config(mode: str, noise_multiplier: float, clip_norm: float, levels: int, per_round: int) -> RoundConfig:
+    """The zoo-wide plan the private arm runs, as the server would hold it."""
+    return RoundConfig.model_validate({
+        "model_id": "supernet", "evaluation_sha256": "0" * 64, "deadline_s": 60, "target_clients": per_round,
+        "min_clients": MIN_COHORT,
+        "privacy": {"secure_aggregation": {"levels": levels},
+                    "dp": {"max_epsilon": 1000, "delta": 1e-5, "clip_norm": clip_norm,
+                           "noise_multiplier": noise_multiplier, "noise": mode}},
+        "zoo": {"latency_budget_ms": 1.0, "calibration_sha256": "0" * 64}})
+
+
+def covered_devices(spec: SupernetSpec, weights: dict, groups: dict[str, tuple[Arch, int]]) -> int:
+    """The fewest devices behind any element that some group's update covers (`groups`: arch and devices)."""
+    counts: dict[str, np.ndarray] = {}
+    for arch, devices in groups.values():
+        zeros = {name: np.zeros(shape, np.float32) for name, shape in trainable_shapes(spec.space, arch,
+                                                                                      weights).items()}
+        for name, mask in map_back(spec.space, arch, weights, zeros).masks.items():
+            counts[name] = counts.get(name, np.zeros(mask.shape, np.int64)) + devices * mask
+    return int(min(value[value > 0].min() for value in counts.values() if (value > 0).any()))
+
+
+def clear_coverage(arm: Arm, spec: SupernetSpec, initial: dict, devices: list[Device], rounds: int, per_round: int,
+                   seed: int) -> list[int]:
+    """Per round of `zoo_arms.run_arm` (the same draws): the fewest devices behind any element it released."""
+    rng, minimum = np.random.default_rng(seed), []
+    for _ in range(rounds):
+        chosen = rng.choice(len(devices), size=min(per_round, len(devices)), replace=False)
+        groups: dict[str, tuple[Arch, int]] = {}
+        for index in chosen:
+            arch = arm.tier_archs[devices[index].tier]
+            groups[arch_key(arch)] = (arch, groups.get(arch_key(arch), (arch, 0))[1] + 1)
+        minimum.append(covered_devices(spec, initial, groups))
+    return minimum
+
+
+def run_private(mode: str, arm: Arm, spec: SupernetSpec, initial: dict, devices: list[Device], cloud_x: np.ndarray,
+                rounds: int, per_round: int, local_epochs: int, seed: int, server_learning_rate: float,
+                coverage_step_exponent: float, noise_multiplier: float, clip_norm: float, levels: int
+                ) -> PrivateRounds:
+    """`rounds` rounds of the zoo-wide plan under SecAgg+ with `mode` DP (the draws and training seeds of
+    `zoo_arms.run_arm`); returns the served models and what each round released."""
+    config = plan_config(mode, noise_multiplier, clip_norm, levels, per_round)
+    public = {arch_key(arch): PublicSubnet(arch_key(arch), arch) for arch in arm.tier_archs}
+    archs = [subnet.arch for subnet in public.values()]
+    longest = longest_subnet(spec.space, initial, archs)
+    check_planned_ring(config, longest)  # the server refuses a plan whose noised sums could wrap the ring
+    step = clip_norm / levels
+    noise_rng = np.random.default_rng(seed + 7_919)
+    if mode == "central":
+        noise = CentralNoise(step, noise_multiplier * cohort_sensitivity(clip_norm, step, longest),
+                             SeededNoise(seed + 7_919))
+    else:
+        least = secagg_config(config.privacy.secure_aggregation, 0, MIN_COHORT, longest, clip_norm, MIN_COHORT, 0)
+        noise = SeededAbsentCohortNoise(step, levels, noise_request(config, least), noise_rng)
+    supernet = dict(initial)
+    strategy = make_strategy({"name": "fedavg", "server_learning_rate": server_learning_rate})
+    rng, result = np.random.default_rng(seed), PrivateRounds()
+    rounding = SecureRandom()
+    for round_number in range(rounds):
+        chosen = rng.choice(len(devices), size=min(per_round, len(devices)), replace=False)
+        groups: dict[str, list[int]] = {}
+        for index in chosen:
+            groups.setdefault(arch_key(arm.tier_archs[devices[index].tier]), []).append(int(index))
+        sums, formed = {}, {}
+        for key, members in groups.items():
+            if len(members) < MIN_COHORT:
+                result.sat_out += len(members)
+                continue
+            arch = public[key].arch
+            shapes = trainable_shapes(spec.space, arch, supernet)
+            protocol = secagg_config(config.privacy.secure_aggregation, round_number, len(members),
+                                     sum(math.prod(shape) for shape in shapes.values()), clip_norm, MIN_COHORT, 0)
+            request = noise_request(config, protocol) if mode == "distributed" else None
+            ring = np.zeros(protocol.vector_length + 1, np.int64)
+            for index in members:
+                device = devices[index]
+                module = tier_module(spec, arch, supernet)
+                delta, _ = train_locally(module, device.x, device.y, local_epochs,
+                                         seed * 100_003 + round_number * 1009 + index)
+                clipped, _ = clip_delta({name: delta[name] for name in shapes}, clip_norm)
+                vector = flatten(clipped)
+                if request is None:
+                    ring += quantise(vector, protocol, 1.0, noise_rng).astype(np.int64)
+                else:
+                    ring += ring_input(vector, protocol, request, rounding, noise_rng)
+                result.upload_vs_int8.append((protocol.vector_length + 1) * protocol.modulus_bits / 8
+                                             / protocol.vector_length)
+            ring %= 2 ** protocol.modulus_bits
+            total, _ = dequantise_sum(ring, protocol)
+            sums[key] = unflatten(total, shapes)
+            formed[key] = (arch, len(members))
+            result.ring_bits.append(protocol.modulus_bits)
+            result.bits_needed.append(
+                ring_bits_needed(levels, len(members), device_sigma_squared(request, levels, protocol.vector_length))
+                if request is not None else math.ceil(math.log2(2 * levels * len(members) + 1)))
+        if not formed:
+            result.min_device_coverage.append(0)
+            continue
+        result.min_device_coverage.append(covered_devices(spec, supernet, formed))
+        total = noised_coverage_sum(spec.space, supernet, list(public.values()), sums, per_round, noise)
+        supernet, _ = step_supernet(strategy, supernet, total, min_coverage=1,
+                                    coverage_step_exponent=coverage_step_exponent)
+    result.models = served_models(arm, spec, {None: supernet}, cloud_x)
+    return result
+
+
+def ring_input(vector: np.ndarray, protocol: SecAggConfig, request: DistributedNoise, rounding: SecureRandom,
+               rng: np.random.Generator) -> np.ndarray:
+    """A device's distributed-DP ring input (`fedzoo.dp.distributed.noised_ring_input`, whose exact sampler is
+    swapped for seeded rounded normals of the same variance), as signed integers before the ring."""
+    levels, dimension = protocol.levels, protocol.vector_length
+    rounded = round_conditionally(vector * (levels / protocol.clip_range), norm_bound_squared(levels, dimension),
+                                  rounding)
+    sigma = math.sqrt(float(device_sigma_squared(request, levels, dimension)))
+    return np.append(rounded + np.rint(rng.normal(0.0, sigma, dimension)).astype(np.int64), levels)
+
