@@ -66,6 +66,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedzoo.admin.operator_client import OperatorClient
 from fedzoo.cards import Latency, is_supernet
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.device_certification import certify_devices
@@ -287,7 +288,7 @@ class ZooServer:
                      y=split.train.y[shard].astype(np.int64))
         self.server = self.stack.enter_context(LoopbackServer(self.data_dir / "zoo-server",
                                                               admin_token=DEFAULT_ADMIN_TOKEN, deadline_check_s=0.2))
-        with FedzooClient(self.server.url, token=DEFAULT_ADMIN_TOKEN, cache_dir=self.data_dir / "zoo-admin") as admin:
+        with OperatorClient(self.server.url, token=DEFAULT_ADMIN_TOKEN, cache_dir=self.data_dir / "zoo-admin") as admin:
             for card in zoo.cards():
                 digests = [card.sha256, *card.artifacts.values(), *([card.training_graph] if card.training_graph
                                                                      else [])]
@@ -313,7 +314,7 @@ class ZooServer:
                 "privacy": {"secure_aggregation": {"neighbour_count": 2, "levels": 32767, "stage_deadline_s": 60},
                             "dp": {"max_epsilon": 50.0, "clip_norm": 0.5, "noise_multiplier": noise_multiplier,
                                    "noise": command["noise"]}}}
-        with FedzooClient(self.server.url, token=DEFAULT_ADMIN_TOKEN, cache_dir=self.data_dir / "zoo-admin") as admin:
+        with OperatorClient(self.server.url, token=DEFAULT_ADMIN_TOKEN, cache_dir=self.data_dir / "zoo-admin") as admin:
             return {"round_id": admin.create_zoo_rounds(plan, DEFAULT_ADMIN_TOKEN)["id"],
                     "noise_multiplier": noise_multiplier}
 
