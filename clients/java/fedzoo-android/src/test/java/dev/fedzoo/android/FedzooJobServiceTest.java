@@ -139,6 +139,7 @@ public class FedzooJobServiceTest {
         private void answer(HttpExchange exchange) throws IOException {
             String route = exchange.getRequestMethod() + " " + exchange.getRequestURI().getPath();
             exchange.getRequestBody().close();
+            requests.add(route); // before answering: the client may act on the answer before this thread goes on
             String[] answer;
             synchronized (this) {
                 Deque<String[]> answers = script.get(route);
@@ -154,7 +155,6 @@ public class FedzooJobServiceTest {
             OutputStream out = exchange.getResponseBody();
             out.write(body);
             out.close();
-            requests.add(route);
         }
 
         @Override
