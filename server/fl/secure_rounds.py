@@ -244,14 +244,8 @@ class PrivateRounds:
         else:
             session.execute(update(PrivacyLine).where(PrivacyLine.line_id == line_id)
                             .values(revision=PrivacyLine.revision + 1))
-        running = session.scalar(select(FLRound.id).join(FLPrivateRound, FLPrivateRound.round_id == FLRound.id)
-                                 .where(FLPrivateRound.line_id == line_id,
-                                        FLRound.state.in_((*ACTIVE_STATES, "aggregating")))
-                                 .limit(1))
-        if running is not None:
-            raise Conflict(f"model line {line_id!r} has a DP plan running (round {running}); a line's privacy "
-                           "ledger takes one plan at a time: start this one when that plan ends",
-                           field="model_id", code="line_busy")
+        refuse_busy_lines(session, [line_id])
+        refuse_while_a_dp_zoo_plan_runs(session, card.task)
         if (line.delta, line.mechanism) != (dp.delta, dp.mechanism):
             raise InvalidInputError(f"model line {line_id!r} accounts epsilon at delta={line.delta} with "
                                     f"{line.mechanism}; a plan on it must use the same delta and mechanism",
@@ -800,6 +794,33 @@ def inherited_ledger(claim: dict[str, Any], delta: float, mechanism: str) -> tup
     if not isinstance(events, list) or not events:
         return [], delta, mechanism
     return events, float(claim.get("delta", delta)), str(claim.get("accountant", mechanism))
+
+
+def _running_dp_rounds():
+    """The DP rounds still running (open to their last release): their plans hold their lines' ledgers."""
+    return (select(FLRound).join(FLPrivateRound, FLPrivateRound.round_id == FLRound.id)
+            .where(FLPrivateRound.ledger_json.is_not(None), FLRound.state.in_((*ACTIVE_STATES, "aggregating"))))
+
+
+def refuse_busy_lines(session: Session, line_ids: list[str]) -> None:
+    """409 `line_busy` when a DP plan runs on any of `line_ids`: a line's privacy ledger takes one plan at a time
+    (each plan checks the line's lifetime budget when it opens, against the line as it stands)."""
+    running = session.scalars(_running_dp_rounds().where(FLPrivateRound.line_id.in_(line_ids)).limit(1)).first()
+    if running is not None:
+        line_id = session.get(FLPrivateRound, running.id).line_id
+        raise Conflict(f"model line {line_id!r} has a DP plan running (round {running.id}); a line's privacy "
+                       "ledger takes one plan at a time: start this one when that plan ends",
+                       field="model_id", code="line_busy")
+
+
+def refuse_while_a_dp_zoo_plan_runs(session: Session, task: str) -> None:
+    """409 `line_busy` while a DP zoo-wide plan runs on `task`: it charges every zoo model's line of the task, not only
+    the supernet's line its plan row names."""
+    for round_row in session.scalars(_running_dp_rounds().where(FLRound.task == task)):
+        if RoundConfig.model_validate_json(round_row.config_json).zoo is not None:
+            raise Conflict(f"a DP zoo-wide plan runs on task {task!r} (round {round_row.id}) and charges every zoo "
+                           "model's line; a line's privacy ledger takes one plan at a time: start this one when that "
+                           "plan ends", field="model_id", code="line_busy")
 
 
 def ledger_line(session: Session, card: ModelCard) -> str:

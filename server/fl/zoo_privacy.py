@@ -42,7 +42,7 @@ from fedzoo.server.fl.outcome import RoundOutcome
 from fedzoo.server.fl.privacy_lineage import lineage_claim
 from fedzoo.server.fl.schemas import RoundConfig
 from fedzoo.server.fl.secure_rounds import (MIN_COHORT, CohortSum, card_privacy, inherited_ledger, ledger_line,
-                                            secagg_config)
+                                            refuse_busy_lines, secagg_config)
 from fedzoo.server.fl.tables import FLPrivateRound, PrivacyLine
 
 
@@ -206,12 +206,14 @@ def charge_zoo_lines(session: Session, cards: list[ModelCard], outcome: RoundOut
 
 def check_zoo_lines(session: Session, cards: list[ModelCard], config: RoundConfig, line_max_epsilon: float | None
                     ) -> None:
-    """Before a DP zoo plan opens: raises PrivacyBudgetExhausted when the rounds its own budget lets it run would take
-    any zoo model's line (`cards`, as `charge_zoo_lines` charges them) past the operator's lifetime budget."""
+    """Before a DP zoo plan opens: raises Conflict (`line_busy`) while a DP plan runs on any zoo model's line (`cards`,
+    as `charge_zoo_lines` charges them), and PrivacyBudgetExhausted when the rounds its own budget lets it run would
+    take any of those lines past the operator's lifetime budget."""
     dp = config.privacy.dp
     lines: dict[str, ModelCard] = {}
     for card in cards:
         lines.setdefault(ledger_line(session, card), card)
+    refuse_busy_lines(session, list(lines))
     for line_id, card in lines.items():
         _, events, delta, mechanism = _line_state(session, card, line_id, dp.delta, dp.mechanism)
         ledger = PrivacyLedger(dp.noise_multiplier, dp.sampling_probability, delta, dp.max_epsilon, mechanism,

@@ -287,3 +287,25 @@ def test_a_dp_zoo_plan_past_a_zoo_models_lines_lifetime_budget_is_refused(zoo, t
         refused = _refused(lambda: fleet["admin"].create_zoo_rounds(plan, ADMIN))
     assert (refused.status, refused.field) == (422, "privacy.dp.max_epsilon")
     assert smallest.line_id in str(refused)
+
+
+def test_a_zoo_models_line_takes_one_dp_plan_at_a_time_whether_zoo_wide_or_its_own(zoo, tmp_path):  # noqa: F811
+    """A DP zoo plan charges every zoo model's line, not only the supernet's line its plan row names: while it runs, a
+    DP plan on one zoo model does not open; while that plan runs, a DP zoo plan does not open (each checks the lines'
+    lifetime budget when it opens, so two at once could pass it together)."""
+    dp = {"max_epsilon": 8.0, "clip_norm": 0.5}
+    with private_fleet(zoo, tmp_path, {"tier-large": 3}) as fleet:
+        smallest = _members(zoo)[0]
+        own_plan = {"model_id": smallest.id, "evaluation_sha256": fleet["evaluation"], "min_clients": 3,
+                    "target_clients": 3, "deadline_s": 240, "max_accuracy_drop": OPEN_GATE, "privacy": {"dp": dp}}
+        zoo_plan = secure_plan(fleet, deadline_s=1, privacy={"secure_aggregation": {"neighbour_count": 2}, "dp": dp})
+        zoo_round = fleet["admin"].create_zoo_rounds(zoo_plan, ADMIN)["id"]
+        refused = _refused(lambda: fleet["admin"].create_rounds(own_plan, ADMIN))
+        assert (refused.status, refused.field, refused.code) == (409, "model_id", "line_busy")
+        assert f"round {zoo_round}" in str(refused)
+        assert wait_for_round_end(fleet["admin"], zoo_round)["state"] == "failed"  # no device came
+
+        own_round = fleet["admin"].create_rounds(own_plan, ADMIN)["id"]
+        refused = _refused(lambda: fleet["admin"].create_zoo_rounds({**zoo_plan, "deadline_s": 240}, ADMIN))
+        assert (refused.status, refused.field, refused.code) == (409, "model_id", "line_busy")
+        assert f"round {own_round}" in str(refused)
