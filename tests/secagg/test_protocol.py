@@ -491,18 +491,91 @@ def test_a_dealer_sharing_garbage_aborts_the_round_with_no_sum(dealer_drops):
 
 
 def test_a_tampered_ciphertext_is_reported_and_others_suffice():
+    """The holder names the owner whose ciphertext does not decrypt and still reveals every other owner's share (the
+    tampered one is the first it opens, so a holder stopping there would reveal nothing)."""
     config = SecAggConfig("round-tamper", 20, 12, 8, 20, 1.0)
     inputs = _inputs(config, 5)
     clients, server, requests, _ = _through_masked_inputs(config, inputs)
     victim_holder = 2
-    entry = requests[victim_holder]["encrypted_shares"][0]
+    entry = min(requests[victim_holder]["encrypted_shares"], key=lambda shared: shared["owner"])
+    owners = {shared["owner"] for shared in requests[victim_holder]["encrypted_shares"]}
     entry["ciphertext"] = entry["ciphertext"][:-4] + ("AAAA" if entry["ciphertext"][-4:] != "AAAA" else "BBBB")
     requests = server.collect_masked_inputs([clients[i].masked_input(r, inputs[i]) for i, r in requests.items()])
     requests = server.collect_consistency([clients[i].consistency_check(r) for i, r in requests.items()])
     replies = [clients[i].unmask(r) for i, r in requests.items()]
-    assert next(r for r in replies if r["client"] == victim_holder)["undecryptable"] == [entry["owner"]]
+    reply = next(r for r in replies if r["client"] == victim_holder)
+    assert reply["undecryptable"] == [entry["owner"]]
+    assert {share["owner"] for share in reply["shares"]} == owners - {entry["owner"]}
     result = server.collect_unmask_shares(replies)
     assert np.array_equal(result.ring_sum, _plain_sum(config, inputs, result.survivors))
+
+
+class _MislabellingDealer(SecAggClient):
+    """Encrypts to each holder, under the right key and associated data, the plaintext `mislabel` makes of the honest
+    one: another owner -> holder in its header, or a share value cut short."""
+
+    def __init__(self, *args, mislabel, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._mislabel = mislabel
+
+    def share_keys(self, request):
+        real = client_module.share_plaintext
+        client_module.share_plaintext = lambda *values: self._mislabel(real(*values))
+        try:
+            return super().share_keys(request)
+        finally:
+            client_module.share_plaintext = real
+
+
+@pytest.mark.parametrize("mislabel", [lambda plaintext: plaintext[4:8] + plaintext[:4] + plaintext[8:],
+                                      lambda plaintext: plaintext[:-1]], ids=["holder_to_owner", "one_byte_short"])
+def test_a_share_that_decrypts_but_is_not_owner_to_holder_with_two_values_is_reported_and_the_others_revealed(
+        mislabel):
+    """An insider dealer (client 0, so the first share each of its holders opens) encrypts properly a share whose
+    header names holder -> owner, or that is one byte short: the holder names it undecryptable, reveals no value of
+    it, and reveals every other owner's share."""
+    config = SecAggConfig("round-mislabel", 12, 8, 6, 10, 1.0)
+    inputs = _inputs(config, 6)
+    clients, server = _parties(config)
+    key = signatures.new_signing_key()
+    server.signing_keys[0] = signatures.public_bytes(key)
+    clients[0] = _MislabellingDealer(config, 0, key, mislabel=mislabel)
+    requests = server.collect_keys([c.advertise_keys() for c in clients.values()])
+    requests = server.collect_shares([clients[i].share_keys(r) for i, r in requests.items()])
+    holder = server.graph[0][0]
+    owners = {shared["owner"] for shared in requests[holder]["encrypted_shares"]}
+    assert 0 in owners and len(owners) > 1
+    requests = server.collect_masked_inputs([clients[i].masked_input(r, inputs[i]) for i, r in requests.items()])
+    requests = server.collect_consistency([clients[i].consistency_check(r) for i, r in requests.items()])
+    reply = clients[holder].unmask(requests[holder])
+    assert reply["undecryptable"] == [0]
+    assert {share["owner"] for share in reply["shares"]} == owners - {0}
+
+
+def test_exactly_t_neighbours_signatures_unmask_and_one_fewer_is_refused():
+    config = SecAggConfig("round-exactly-t", 12, 8, 6, 10, 1.0)
+    clients, _, requests = _to_unmask(config, _inputs(config, 7))
+    request = requests[0]
+    listed = request["signatures"]
+    assert len(listed) > config.threshold
+    with pytest.raises(ProtocolViolation) as refusal:
+        clients[0].unmask(dict(request, signatures=listed[: config.threshold - 1]))
+    assert refusal.value.reason == "too_few_signatures"
+    reply = clients[0].unmask(dict(request, signatures=listed[: config.threshold]))
+    assert reply["undecryptable"] == [] and len(reply["shares"]) == len(clients[0].neighbours)
+
+
+def test_shares_forwarded_from_a_client_whose_keys_this_client_never_got_are_refused():
+    """The server adds to client 0's ciphertexts one from a client that is not its neighbour."""
+    config = SecAggConfig("round-stranger-share", 12, 6, 5, 10, 1.0)
+    inputs = _inputs(config, 8)
+    clients, server, requests, _ = _through_masked_inputs(config, inputs)
+    shared = requests[0]["encrypted_shares"]
+    stranger = next(c for c in range(config.num_clients) if c not in server.graph[0] and c != 0)
+    with pytest.raises(ProtocolViolation, match="whose keys this client never got") as refusal:
+        clients[0].masked_input(dict(requests[0], encrypted_shares=[*shared, dict(shared[0], owner=stranger)]),
+                                inputs[0])
+    assert refusal.value.reason == "malformed"
 
 
 def test_too_few_masked_inputs_abort_before_anyone_unmasks():
