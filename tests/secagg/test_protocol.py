@@ -578,6 +578,38 @@ def test_shares_forwarded_from_a_client_whose_keys_this_client_never_got_are_ref
     assert refusal.value.reason == "malformed"
 
 
+@pytest.mark.parametrize("tamper, reason, message", [
+    (lambda request, vector: (dict(request, encrypted_shares=request["encrypted_shares"][:4]), vector),
+     "too_few_neighbours", "only 4 neighbours shared their keys; masking needs 5"),
+    (lambda request, vector: (dict(request, encrypted_shares=[dict(request["encrypted_shares"][0], ciphertext="%"),
+                                                              *request["encrypted_shares"][1:]]), vector),
+     "malformed", "ciphertext is not valid base64"),
+    (lambda request, vector: (request, vector[:-1]), "malformed", "the input must have 11 ring values"),
+], ids=["fewer_than_t_ciphertexts", "ciphertext_not_base64", "input_one_value_short"])
+def test_masked_input_requests_that_break_the_rules_are_refused(tamper, reason, message):
+    config = SecAggConfig("round-masked-rules", 12, 6, 5, 10, 1.0)
+    inputs = _inputs(config, 9)
+    clients, _, requests, _ = _through_masked_inputs(config, inputs)
+    request, vector = tamper(requests[0], inputs[0])
+    with pytest.raises(ProtocolViolation, match=f"^{message}") as refusal:
+        clients[0].masked_input(request, vector)
+    assert refusal.value.reason == reason
+
+
+@pytest.mark.parametrize("key", [bytes(32), bytes(range(31))], ids=["low_order_point", "31_bytes"])
+@pytest.mark.parametrize("field", ["cipher_public_key", "mask_public_key"])
+def test_a_relayed_neighbour_key_that_gives_no_agreement_is_refused_as_malformed(key, field):
+    """The server relays, for an advertised neighbour, the all-zero point (every agreement with it is zero) or a
+    short key: refused as malformed before any signature is checked."""
+    config = SecAggConfig("round-unusable-key", 12, 6, 5, 10, 1.0)
+    clients, server = _parties(config)
+    requests = server.collect_keys([client.advertise_keys() for client in clients.values()])
+    keys = requests[0]["public_keys"]
+    with pytest.raises(ProtocolViolation, match=f"^{field} must be a usable 32-byte X25519 public key") as refusal:
+        clients[0].share_keys(dict(requests[0], public_keys=[dict(keys[0], **{field: to_base64(key)}), *keys[1:]]))
+    assert refusal.value.reason == "malformed"
+
+
 def test_too_few_masked_inputs_abort_before_anyone_unmasks():
     config = SecAggConfig("round-few", 10, 6, 5, 10, 1.0, minimum_survivors=5)
     with pytest.raises(RoundAborted, match="only 4 masked inputs"):
