@@ -428,6 +428,15 @@ def test_a_relayed_key_entry_that_is_not_base64_is_refused_naming_the_field(fiel
     assert refusal.value.reason == "malformed"
 
 
+def test_an_advertised_list_that_is_not_base64_is_refused_naming_the_field():
+    config = SecAggConfig("round-garbled-advertised", 12, 6, 5, 10, 1.0)
+    clients, server = _parties(config)
+    requests = server.collect_keys([client.advertise_keys() for client in clients.values()])
+    with pytest.raises(ProtocolViolation, match="^advertised is not valid base64") as refusal:
+        clients[0].share_keys(dict(requests[0], advertised="not base64!"))
+    assert refusal.value.reason == "malformed"
+
+
 def test_stages_out_of_order_and_too_few_neighbours_are_refused():
     config = SecAggConfig("round-order", 10, 6, 5, 10, 1.0)
     clients, server = _parties(config)
