@@ -6,6 +6,7 @@ Run by hand or nightly, never in the test suite (one module takes minutes; the w
     python bench/mutation.py                                  # every module in MODULES
     python bench/mutation.py fedzoo/secagg/client.py --functions _consistency_signers unmask   # some functions
     python bench/mutation.py server/fl/secure_rounds.py --functions equal_weights --tests "tests/x.py::test_y"
+    python bench/mutation.py fedzoo/secagg/client.py --mutants "fedzoo.secagg.client.x_f__mutmut_3"   # re-test some
 
 mutmut imports the mutated copy through `sys.path`, but the repository's areas are installed under one namespace
 by `package-dir` (`server/` is `fedzoo.server`), which the editable install maps to the original files. So each
@@ -106,15 +107,15 @@ def mutant_patterns(functions: list[str]) -> list[str]:
     return [pattern for name in functions for pattern in (f"*.x_{name}__mutmut_*", f"*ǁ{name}__mutmut_*")]
 
 
-def run(module: str, max_children: int, functions: list[str], tests: list[str]) -> int:
-    """Mutates one module (only `functions` when given) against `tests` (default: its MODULES selection), prints
-    its counts and the mutants no test killed; returns their number."""
+def run(module: str, max_children: int, functions: list[str], tests: list[str], mutants: list[str]) -> int:
+    """Mutates one module (only `functions`, or only `mutants`, when given) against `tests` (default: its MODULES
+    selection), prints its counts and the mutants no test killed; returns their number."""
     tests = tests or MODULES[module]
     with tempfile.TemporaryDirectory(prefix="fedzoo-mutation-") as folder:
         scratch = Path(folder)
         build_layout(scratch, module, tests)
         done = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children),
-                               *mutant_patterns(functions)], cwd=scratch, capture_output=True, text=True)
+                               *mutants, *mutant_patterns(functions)], cwd=scratch, capture_output=True, text=True)
         if done.returncode != 0:
             print(f"{module}: mutmut failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
             return -1
@@ -139,11 +140,15 @@ def main() -> None:
     parser.add_argument("--tests", nargs="+", default=[], metavar="selection",
                         help="pytest selections replacing MODULES' for the module, e.g. the fast unit tests of the "
                              "functions named by --functions where the module's round tests take minutes a mutant")
+    parser.add_argument("--mutants", nargs="+", default=[], metavar="name",
+                        help="test only these mutants, by the names an earlier run printed (e.g. its survivors, "
+                             "once tests were added); the others count as 'not checked'")
     arguments = parser.parse_args()
     unknown = sorted(set(arguments.modules) - set(MODULES))
     if unknown:
         parser.error(f"no tests are named for {', '.join(unknown)}: add the module to MODULES in bench/mutation.py")
-    results = {module: run(module, arguments.max_children, arguments.functions, arguments.tests)
+    results = {module: run(module, arguments.max_children, arguments.functions, arguments.tests,
+                          arguments.mutants)
                for module in arguments.modules or MODULES}
     print("not killed per module: " + ", ".join(f"{module} {count}" for module, count in results.items()))
 

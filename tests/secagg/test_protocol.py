@@ -437,6 +437,15 @@ def test_an_advertised_list_that_is_not_base64_is_refused_naming_the_field():
     assert refusal.value.reason == "malformed"
 
 
+@pytest.mark.parametrize("seat", [-1, 12])
+def test_a_seat_outside_the_round_is_refused_when_the_client_is_made(seat):
+    config = SecAggConfig("round-seat", 12, 6, 5, 10, 1.0)
+    with pytest.raises(ProtocolViolation, match=r"^client number -?\d+ is outside \[0, 12\)") as refusal:
+        SecAggClient(config, seat, signatures.new_signing_key())
+    assert refusal.value.reason == "malformed"
+    SecAggClient(config, seat % 12, signatures.new_signing_key())  # the seats at either edge are taken
+
+
 def test_stages_out_of_order_and_too_few_neighbours_are_refused():
     config = SecAggConfig("round-order", 10, 6, 5, 10, 1.0)
     clients, server = _parties(config)
