@@ -24,7 +24,7 @@ from fedzoo.secagg import (
 )
 from fedzoo.secagg.bounds import SecAggBounds, corrupt_devices, threshold_floor
 from fedzoo.secagg.client import pairwise_mask, self_mask
-from fedzoo.secagg.graph import neighbours, ring_order
+from fedzoo.secagg.graph import advertised_bytes, neighbours, read_advertised, ring_order
 from fedzoo.secagg.messages import STAGES, from_base64, to_base64
 from fedzoo.secagg.shamir import SHARE_BYTES, ShareError, combine_shares
 from fedzoo.secagg.signed_rounds import SignedRounds
@@ -444,6 +444,23 @@ def test_a_seat_outside_the_round_is_refused_when_the_client_is_made(seat):
         SecAggClient(config, seat, signatures.new_signing_key())
     assert refusal.value.reason == "malformed"
     SecAggClient(config, seat % 12, signatures.new_signing_key())  # the seats at either edge are taken
+
+
+@pytest.mark.parametrize("story", ["another_nonce", "left_out"])
+def test_an_advertised_list_without_this_clients_own_nonce_is_refused(story):
+    """A server drawing the graph from a list where client 0's nonce is another (one the server picked, to choose the
+    graph) or missing: client 0 knows the nonce it drew, and refuses."""
+    config = SecAggConfig("round-own-nonce", 12, 6, 5, 10, 1.0)
+    clients, server = _parties(config)
+    requests = server.collect_keys([client.advertise_keys() for client in clients.values()])
+    nonces = read_advertised(from_base64(requests[0]["advertised"], "advertised"), config.num_clients)
+    if story == "another_nonce":
+        nonces[0] = os.urandom(len(nonces[0]))
+    else:
+        del nonces[0]
+    with pytest.raises(ProtocolViolation, match="does not hold this client's nonce") as refusal:
+        clients[0].share_keys(dict(requests[0], advertised=to_base64(advertised_bytes(nonces))))
+    assert refusal.value.reason == "malformed"
 
 
 def test_stages_out_of_order_and_too_few_neighbours_are_refused():
