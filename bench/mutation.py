@@ -67,7 +67,7 @@ def installed_path(module: str) -> str:
     return f"fedzoo/{module}" if area in AREAS else module
 
 
-def build_layout(scratch: Path, module: str, tests: list[str]) -> None:
+def build_layout(scratch: Path, module: str, tests: list[str], timeout_multiplier: float) -> None:
     shutil.copytree(ROOT / "fedzoo", scratch / "fedzoo", ignore=IGNORED)
     for area in AREAS:
         shutil.copytree(ROOT / area, scratch / "fedzoo" / area, ignore=shutil.ignore_patterns(
@@ -86,6 +86,7 @@ source_paths = ["fedzoo"]
 only_mutate = ["{only}"]
 pytest_add_cli_args = ["-m", "not slow"]
 pytest_add_cli_args_test_selection = [{selection}]
+timeout_multiplier = {timeout_multiplier}
 """)
 
 
@@ -107,13 +108,14 @@ def mutant_patterns(functions: list[str]) -> list[str]:
     return [pattern for name in functions for pattern in (f"*.x_{name}__mutmut_*", f"*ǁ{name}__mutmut_*")]
 
 
-def run(module: str, max_children: int, functions: list[str], tests: list[str], mutants: list[str]) -> int:
+def run(module: str, max_children: int, functions: list[str], tests: list[str], mutants: list[str],
+        timeout_multiplier: float) -> int:
     """Mutates one module (only `functions`, or only `mutants`, when given) against `tests` (default: its MODULES
     selection), prints its counts and the mutants no test killed; returns their number."""
     tests = tests or MODULES[module]
     with tempfile.TemporaryDirectory(prefix="fedzoo-mutation-") as folder:
         scratch = Path(folder)
-        build_layout(scratch, module, tests)
+        build_layout(scratch, module, tests, timeout_multiplier)
         done = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children),
                                *mutants, *mutant_patterns(functions)], cwd=scratch, capture_output=True, text=True)
         if done.returncode != 0:
@@ -143,12 +145,16 @@ def main() -> None:
     parser.add_argument("--mutants", nargs="+", default=[], metavar="name",
                         help="test only these mutants, by the names an earlier run printed (e.g. its survivors, "
                              "once tests were added); the others count as 'not checked'")
+    parser.add_argument("--timeout-multiplier", type=float, default=15.0,
+                        help="a mutant is stopped (and counted 'timeout') after this many times its tests' CPU time "
+                             "(x 2, plus a constant; mutmut's default 15): lower it where mutants of a sampling loop "
+                             "make it never end")
     arguments = parser.parse_args()
     unknown = sorted(set(arguments.modules) - set(MODULES))
     if unknown:
         parser.error(f"no tests are named for {', '.join(unknown)}: add the module to MODULES in bench/mutation.py")
     results = {module: run(module, arguments.max_children, arguments.functions, arguments.tests,
-                          arguments.mutants)
+                          arguments.mutants, arguments.timeout_multiplier)
                for module in arguments.modules or MODULES}
     print("not killed per module: " + ", ".join(f"{module} {count}" for module, count in results.items()))
 
