@@ -58,6 +58,15 @@ def test_uniform_integers_cover_the_range_without_bias():
     assert np.all(np.abs(np.bincount(draws) / len(draws) - 1 / 3) < 0.02)
 
 
+def test_a_bound_below_one_is_refused_naming_it():
+    """`below(0)` has no integer to return: refused, not an endless rejection loop."""
+    for bound in (0, -1):
+        with pytest.raises(InvalidInputError, match=f"^bound must be positive, got {bound}$") as refused:
+            SecureRandom().below(bound)
+        assert refused.value.field == "bound"
+    assert SecureRandom().below(1) == 0
+
+
 def test_reads_return_the_bytes_asked_for_within_across_and_beyond_a_block():
     """A read larger than a block, one ending exactly at a block's end, and one crossing into the next block each
     return exactly `count` bytes (a short read would shorten a seed or a draw)."""
