@@ -58,6 +58,12 @@ def test_uniform_integers_cover_the_range_without_bias():
     assert np.all(np.abs(np.bincount(draws) / len(draws) - 1 / 3) < 0.02)
 
 
+def test_a_fresh_source_starts_on_the_operating_systems_bytes():
+    """The first byte of each of 64 fresh sources: uniform bytes, so not all the same (a fixed starting buffer, read
+    before the first refill, would make every first draw the same; an honest run fails with chance 256^-63)."""
+    assert len({SecureRandom().read(1) for _ in range(64)}) > 1
+
+
 def test_a_bound_below_one_is_refused_naming_it():
     """`below(0)` has no integer to return: refused, not an endless rejection loop."""
     for bound in (0, -1):
