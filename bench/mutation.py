@@ -6,6 +6,7 @@ Run by hand or nightly, never in the test suite (one module takes minutes; the w
     python bench/mutation.py                                  # every module in MODULES
     python bench/mutation.py fedzoo/secagg/client.py --functions _consistency_signers unmask   # some functions
     python bench/mutation.py server/fl/secure_rounds.py --functions equal_weights --tests "tests/x.py::test_y"
+    python bench/mutation.py fedzoo/secagg/client.py --mutants "fedzoo.secagg.client.x_f__mutmut_3"   # re-test some
 
 mutmut imports the mutated copy through `sys.path`, but the repository's areas are installed under one namespace
 by `package-dir` (`server/` is `fedzoo.server`), which the editable install maps to the original files. So each
@@ -66,7 +67,7 @@ def installed_path(module: str) -> str:
     return f"fedzoo/{module}" if area in AREAS else module
 
 
-def build_layout(scratch: Path, module: str, tests: list[str]) -> None:
+def build_layout(scratch: Path, module: str, tests: list[str], timeout_multiplier: float) -> None:
     shutil.copytree(ROOT / "fedzoo", scratch / "fedzoo", ignore=IGNORED)
     for area in AREAS:
         shutil.copytree(ROOT / area, scratch / "fedzoo" / area, ignore=shutil.ignore_patterns(
@@ -85,6 +86,7 @@ source_paths = ["fedzoo"]
 only_mutate = ["{only}"]
 pytest_add_cli_args = ["-m", "not slow"]
 pytest_add_cli_args_test_selection = [{selection}]
+timeout_multiplier = {timeout_multiplier}
 """)
 
 
@@ -106,15 +108,16 @@ def mutant_patterns(functions: list[str]) -> list[str]:
     return [pattern for name in functions for pattern in (f"*.x_{name}__mutmut_*", f"*ǁ{name}__mutmut_*")]
 
 
-def run(module: str, max_children: int, functions: list[str], tests: list[str]) -> int:
-    """Mutates one module (only `functions` when given) against `tests` (default: its MODULES selection), prints
-    its counts and the mutants no test killed; returns their number."""
+def run(module: str, max_children: int, functions: list[str], tests: list[str], mutants: list[str],
+        timeout_multiplier: float) -> int:
+    """Mutates one module (only `functions`, or only `mutants`, when given) against `tests` (default: its MODULES
+    selection), prints its counts and the mutants no test killed; returns their number."""
     tests = tests or MODULES[module]
     with tempfile.TemporaryDirectory(prefix="fedzoo-mutation-") as folder:
         scratch = Path(folder)
-        build_layout(scratch, module, tests)
+        build_layout(scratch, module, tests, timeout_multiplier)
         done = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children),
-                               *mutant_patterns(functions)], cwd=scratch, capture_output=True, text=True)
+                               *mutants, *mutant_patterns(functions)], cwd=scratch, capture_output=True, text=True)
         if done.returncode != 0:
             print(f"{module}: mutmut failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
             return -1
@@ -139,11 +142,19 @@ def main() -> None:
     parser.add_argument("--tests", nargs="+", default=[], metavar="selection",
                         help="pytest selections replacing MODULES' for the module, e.g. the fast unit tests of the "
                              "functions named by --functions where the module's round tests take minutes a mutant")
+    parser.add_argument("--mutants", nargs="+", default=[], metavar="name",
+                        help="test only these mutants, by the names an earlier run printed (e.g. its survivors, "
+                             "once tests were added); the others count as 'not checked'")
+    parser.add_argument("--timeout-multiplier", type=float, default=15.0,
+                        help="a mutant is stopped (and counted 'timeout') after this many times its tests' CPU time "
+                             "(x 2, plus a constant; mutmut's default 15): lower it where mutants of a sampling loop "
+                             "make it never end")
     arguments = parser.parse_args()
     unknown = sorted(set(arguments.modules) - set(MODULES))
     if unknown:
         parser.error(f"no tests are named for {', '.join(unknown)}: add the module to MODULES in bench/mutation.py")
-    results = {module: run(module, arguments.max_children, arguments.functions, arguments.tests)
+    results = {module: run(module, arguments.max_children, arguments.functions, arguments.tests,
+                          arguments.mutants, arguments.timeout_multiplier)
                for module in arguments.modules or MODULES}
     print("not killed per module: " + ", ".join(f"{module} {count}" for module, count in results.items()))
 

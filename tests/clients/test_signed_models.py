@@ -320,7 +320,8 @@ def test_a_recorded_version_that_is_not_a_whole_number_is_refused_not_read_as_no
     path.write_text(json.dumps({"accepted_line_versions": {card.line_id: recorded}}))
     verifier = CardVerifier(PINNED, path)
     for step in (verifier.verify, verifier.accept):
-        with pytest.raises(InvalidInputError, match=f"line {re.escape(repr(card.line_id))} is .*not a whole number") \
+        with pytest.raises(InvalidInputError, match=f"^client state {re.escape(str(path))}: the version accepted for "
+                                                    f"line {re.escape(repr(card.line_id))} is .*not a whole number") \
                 as refused:
             step(card)
         assert refused.value.field == "state"

@@ -96,6 +96,19 @@ def test_server_momentum_steps_along_the_running_sum_of_mean_deltas():
     np.testing.assert_allclose(second["w"], first["w"] + 0.5 * 1.9 * mean_delta["w"], rtol=1e-6)
 
 
+def test_server_momentum_takes_a_momentum_in_0_to_1_over_fedavg_or_fedprox_only():
+    """The edges: 0 (plain FedAvg) and just under 1 are taken; 1 (a velocity that never decays), above it and below 0
+    are refused, as is a strategy with its own server state (FedAdam), each naming `server_momentum`."""
+    for name, momentum in (("fedavg", 0.0), ("fedprox", 0.999)):
+        assert ServerMomentum(make_strategy({"name": name}), momentum).name == f"{name}+momentum"
+    for name, momentum, words in (("fedavg", 1.0, r"must lie in \[0, 1\), got 1.0"),
+                                  ("fedavg", -0.01, r"must lie in \[0, 1\), got -0.01"),
+                                  ("fedadam", 0.5, "applies to fedavg and fedprox, not 'fedadam'")):
+        with pytest.raises(InvalidInputError, match=f"^server_momentum {words}$") as refused:
+            ServerMomentum(make_strategy({"name": name}), momentum)
+        assert refused.value.field == "server_momentum"
+
+
 def test_momentum_changes_dp_rounds_from_the_second_on_and_is_refused_where_it_has_no_meaning(federation):
     dp = DpOptions(max_epsilon=50.0, clip_norm=0.3)
     plain = run_private_rounds(federation, 2, 10, TRAINING, dp=dp, executor="in-process", seed=2)

@@ -60,6 +60,15 @@ def test_calibrated_noise_spends_the_budget_and_no_less_noise_would_do():
     assert epsilon_after(30, z * 0.99, 0.1, 1e-5) > 8.0
 
 
+def test_calibration_refuses_an_epsilon_that_is_not_a_positive_number_and_takes_one_below_1():
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(InvalidInputError, match=f"^epsilon must be a positive number, got {bad}$") as refused:
+            noise_multiplier_for(bad, 1e-5, 10, 1.0)
+        assert refused.value.field == "epsilon"
+    z = noise_multiplier_for(0.5, 1e-5, 10, 1.0)  # a strict budget: much noise, and still within it
+    assert epsilon_after(10, z, 1.0, 1e-5) <= 0.5 < epsilon_after(10, z * 0.99, 1.0, 1e-5)
+
+
 def test_a_plan_stops_before_its_budget_is_exceeded():
     ledger = PrivacyLedger(noise_multiplier=1.0, sampling_probability=0.1, delta=1e-5, max_epsilon=3.0)
     with pytest.raises(PrivacyBudgetExhausted, match="over the plan's max_epsilon=3.0"):

@@ -58,6 +58,30 @@ def test_uniform_integers_cover_the_range_without_bias():
     assert np.all(np.abs(np.bincount(draws) / len(draws) - 1 / 3) < 0.02)
 
 
+def test_a_fresh_source_starts_on_the_operating_systems_bytes():
+    """The first byte of each of 64 fresh sources: uniform bytes, so not all the same (a fixed starting buffer, read
+    before the first refill, would make every first draw the same; an honest run fails with chance 256^-63)."""
+    assert len({SecureRandom().read(1) for _ in range(64)}) > 1
+
+
+def test_a_bound_below_one_is_refused_naming_it():
+    """`below(0)` has no integer to return: refused, not an endless rejection loop."""
+    for bound in (0, -1):
+        with pytest.raises(InvalidInputError, match=f"^bound must be positive, got {bound}$") as refused:
+            SecureRandom().below(bound)
+        assert refused.value.field == "bound"
+    assert SecureRandom().below(1) == 0
+
+
+def test_reads_return_the_bytes_asked_for_within_across_and_beyond_a_block():
+    """A read larger than a block, one ending exactly at a block's end, and one crossing into the next block each
+    return exactly `count` bytes (a short read would shorten a seed or a draw)."""
+    source = SecureRandom(block_bytes=16)
+    for count in (40, 16, 10, 10, 6, 1, 17):
+        assert len(source.read(count)) == count
+    assert source.read(0) == b""
+
+
 def test_sigma_squared_is_the_next_multiple_of_two_to_the_minus_20_plus_one_step_never_less():
     """The contract both SDKs share: ceil(sigma^2 x 2^20) + 1 over 2^20, so the noise is never below the sigma asked."""
     assert sigma_squared_at_least(3.0) == Fraction(9 * 2**20 + 1, 2**20)

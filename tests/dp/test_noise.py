@@ -295,3 +295,24 @@ def test_the_secure_sum_under_adaptive_clipping_moves_the_bound_from_its_last_co
     assert private.clip_norm == pytest.approx(0.2 * math.exp(-0.5 * (0.25 - 0.5)))
     assert private.mechanism.released_sensitivity == pytest.approx(quantised_sensitivity(0.2, 0.2 / 127, 3))
 
+
+
+def test_the_plain_engines_dp_step_clips_each_delta_to_the_bound_before_noising():
+    """`DifferentialPrivacy.aggregate_fit` on deltas of norm 10 with a bound of 0.2 takes the step a twin (same seed,
+    so the same noise) takes from the sum of those deltas clipped to 0.2, and not the one from the unclipped sum."""
+    from fedzoo.aggregation.private import DifferentialPrivacy
+    from fedzoo.aggregation.strategies import ClientUpdate, make_strategy
+
+    def twin():
+        return DifferentialPrivacy(make_strategy({"name": "fedavg"}),
+                                   DpFedAvg(_ledger(), expected_clients=3, clip_norm=0.2, seed=7))
+
+    start = {"w": np.zeros(4)}
+    deltas = [{"w": np.array([6.0, -8.0, 0.0, 0.0]) * sign} for sign in (1.0, 1.0, -0.5)]
+    updates = [ClientUpdate(f"device-{i}", 1.0, lambda delta=delta: delta, l2_norm(delta)) for i, delta in enumerate(deltas)]
+    stepped = twin().aggregate_fit(start, updates)
+    clipped_total = sum(clip_delta(delta, 0.2)[0]["w"] for delta in deltas)
+    expected = twin().apply_noised_sum(start, clipped_total, 0, 3)
+    np.testing.assert_allclose(stepped["w"], expected["w"], rtol=0, atol=1e-12)
+    unclipped = twin().apply_noised_sum(start, sum(delta["w"] for delta in deltas), 0, 3)
+    assert np.abs(unclipped["w"] - stepped["w"]).max() > 1.0

@@ -24,7 +24,7 @@ from fedzoo.secagg import (
 )
 from fedzoo.secagg.bounds import SecAggBounds, corrupt_devices, threshold_floor
 from fedzoo.secagg.client import pairwise_mask, self_mask
-from fedzoo.secagg.graph import neighbours, ring_order
+from fedzoo.secagg.graph import advertised_bytes, neighbours, read_advertised, ring_order
 from fedzoo.secagg.messages import STAGES, from_base64, to_base64
 from fedzoo.secagg.shamir import SHARE_BYTES, ShareError, combine_shares
 from fedzoo.secagg.signed_rounds import SignedRounds
@@ -428,6 +428,41 @@ def test_a_relayed_key_entry_that_is_not_base64_is_refused_naming_the_field(fiel
     assert refusal.value.reason == "malformed"
 
 
+def test_an_advertised_list_that_is_not_base64_is_refused_naming_the_field():
+    config = SecAggConfig("round-garbled-advertised", 12, 6, 5, 10, 1.0)
+    clients, server = _parties(config)
+    requests = server.collect_keys([client.advertise_keys() for client in clients.values()])
+    with pytest.raises(ProtocolViolation, match="^advertised is not valid base64") as refusal:
+        clients[0].share_keys(dict(requests[0], advertised="not base64!"))
+    assert refusal.value.reason == "malformed"
+
+
+@pytest.mark.parametrize("seat", [-1, 12])
+def test_a_seat_outside_the_round_is_refused_when_the_client_is_made(seat):
+    config = SecAggConfig("round-seat", 12, 6, 5, 10, 1.0)
+    with pytest.raises(ProtocolViolation, match=r"^client number -?\d+ is outside \[0, 12\)") as refusal:
+        SecAggClient(config, seat, signatures.new_signing_key())
+    assert refusal.value.reason == "malformed"
+    SecAggClient(config, seat % 12, signatures.new_signing_key())  # the seats at either edge are taken
+
+
+@pytest.mark.parametrize("story", ["another_nonce", "left_out"])
+def test_an_advertised_list_without_this_clients_own_nonce_is_refused(story):
+    """A server drawing the graph from a list where client 0's nonce is another (one the server picked, to choose the
+    graph) or missing: client 0 knows the nonce it drew, and refuses."""
+    config = SecAggConfig("round-own-nonce", 12, 6, 5, 10, 1.0)
+    clients, server = _parties(config)
+    requests = server.collect_keys([client.advertise_keys() for client in clients.values()])
+    nonces = read_advertised(from_base64(requests[0]["advertised"], "advertised"), config.num_clients)
+    if story == "another_nonce":
+        nonces[0] = os.urandom(len(nonces[0]))
+    else:
+        del nonces[0]
+    with pytest.raises(ProtocolViolation, match="does not hold this client's nonce") as refusal:
+        clients[0].share_keys(dict(requests[0], advertised=to_base64(advertised_bytes(nonces))))
+    assert refusal.value.reason == "malformed"
+
+
 def test_stages_out_of_order_and_too_few_neighbours_are_refused():
     config = SecAggConfig("round-order", 10, 6, 5, 10, 1.0)
     clients, server = _parties(config)
@@ -491,18 +526,123 @@ def test_a_dealer_sharing_garbage_aborts_the_round_with_no_sum(dealer_drops):
 
 
 def test_a_tampered_ciphertext_is_reported_and_others_suffice():
+    """The holder names the owner whose ciphertext does not decrypt and still reveals every other owner's share (the
+    tampered one is the first it opens, so a holder stopping there would reveal nothing)."""
     config = SecAggConfig("round-tamper", 20, 12, 8, 20, 1.0)
     inputs = _inputs(config, 5)
     clients, server, requests, _ = _through_masked_inputs(config, inputs)
     victim_holder = 2
-    entry = requests[victim_holder]["encrypted_shares"][0]
+    entry = min(requests[victim_holder]["encrypted_shares"], key=lambda shared: shared["owner"])
+    owners = {shared["owner"] for shared in requests[victim_holder]["encrypted_shares"]}
     entry["ciphertext"] = entry["ciphertext"][:-4] + ("AAAA" if entry["ciphertext"][-4:] != "AAAA" else "BBBB")
     requests = server.collect_masked_inputs([clients[i].masked_input(r, inputs[i]) for i, r in requests.items()])
     requests = server.collect_consistency([clients[i].consistency_check(r) for i, r in requests.items()])
     replies = [clients[i].unmask(r) for i, r in requests.items()]
-    assert next(r for r in replies if r["client"] == victim_holder)["undecryptable"] == [entry["owner"]]
+    reply = next(r for r in replies if r["client"] == victim_holder)
+    assert reply["undecryptable"] == [entry["owner"]]
+    assert {share["owner"] for share in reply["shares"]} == owners - {entry["owner"]}
     result = server.collect_unmask_shares(replies)
     assert np.array_equal(result.ring_sum, _plain_sum(config, inputs, result.survivors))
+
+
+class _MislabellingDealer(SecAggClient):
+    """Encrypts to each holder, under the right key and associated data, the plaintext `mislabel` makes of the honest
+    one: another owner -> holder in its header, or a share value cut short."""
+
+    def __init__(self, *args, mislabel, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._mislabel = mislabel
+
+    def share_keys(self, request):
+        real = client_module.share_plaintext
+        client_module.share_plaintext = lambda *values: self._mislabel(real(*values))
+        try:
+            return super().share_keys(request)
+        finally:
+            client_module.share_plaintext = real
+
+
+@pytest.mark.parametrize("mislabel", [lambda plaintext: plaintext[4:8] + plaintext[:4] + plaintext[8:],
+                                      lambda plaintext: plaintext[:-1]], ids=["holder_to_owner", "one_byte_short"])
+def test_a_share_that_decrypts_but_is_not_owner_to_holder_with_two_values_is_reported_and_the_others_revealed(
+        mislabel):
+    """An insider dealer (client 0, so the first share each of its holders opens) encrypts properly a share whose
+    header names holder -> owner, or that is one byte short: the holder names it undecryptable, reveals no value of
+    it, and reveals every other owner's share."""
+    config = SecAggConfig("round-mislabel", 12, 8, 6, 10, 1.0)
+    inputs = _inputs(config, 6)
+    clients, server = _parties(config)
+    key = signatures.new_signing_key()
+    server.signing_keys[0] = signatures.public_bytes(key)
+    clients[0] = _MislabellingDealer(config, 0, key, mislabel=mislabel)
+    requests = server.collect_keys([c.advertise_keys() for c in clients.values()])
+    requests = server.collect_shares([clients[i].share_keys(r) for i, r in requests.items()])
+    holder = server.graph[0][0]
+    owners = {shared["owner"] for shared in requests[holder]["encrypted_shares"]}
+    assert 0 in owners and len(owners) > 1
+    requests = server.collect_masked_inputs([clients[i].masked_input(r, inputs[i]) for i, r in requests.items()])
+    requests = server.collect_consistency([clients[i].consistency_check(r) for i, r in requests.items()])
+    reply = clients[holder].unmask(requests[holder])
+    assert reply["undecryptable"] == [0]
+    assert {share["owner"] for share in reply["shares"]} == owners - {0}
+
+
+def test_exactly_t_neighbours_signatures_unmask_and_one_fewer_is_refused():
+    config = SecAggConfig("round-exactly-t", 12, 8, 6, 10, 1.0)
+    clients, _, requests = _to_unmask(config, _inputs(config, 7))
+    request = requests[0]
+    listed = request["signatures"]
+    assert len(listed) > config.threshold
+    with pytest.raises(ProtocolViolation) as refusal:
+        clients[0].unmask(dict(request, signatures=listed[: config.threshold - 1]))
+    assert refusal.value.reason == "too_few_signatures"
+    reply = clients[0].unmask(dict(request, signatures=listed[: config.threshold]))
+    assert reply["undecryptable"] == [] and len(reply["shares"]) == len(clients[0].neighbours)
+
+
+def test_shares_forwarded_from_a_client_whose_keys_this_client_never_got_are_refused():
+    """The server adds to client 0's ciphertexts one from a client that is not its neighbour."""
+    config = SecAggConfig("round-stranger-share", 12, 6, 5, 10, 1.0)
+    inputs = _inputs(config, 8)
+    clients, server, requests, _ = _through_masked_inputs(config, inputs)
+    shared = requests[0]["encrypted_shares"]
+    stranger = next(c for c in range(config.num_clients) if c not in server.graph[0] and c != 0)
+    with pytest.raises(ProtocolViolation, match="whose keys this client never got") as refusal:
+        clients[0].masked_input(dict(requests[0], encrypted_shares=[*shared, dict(shared[0], owner=stranger)]),
+                                inputs[0])
+    assert refusal.value.reason == "malformed"
+
+
+@pytest.mark.parametrize("tamper, reason, message", [
+    (lambda request, vector: (dict(request, encrypted_shares=request["encrypted_shares"][:4]), vector),
+     "too_few_neighbours", "only 4 neighbours shared their keys; masking needs 5"),
+    (lambda request, vector: (dict(request, encrypted_shares=[dict(request["encrypted_shares"][0], ciphertext="%"),
+                                                              *request["encrypted_shares"][1:]]), vector),
+     "malformed", "ciphertext is not valid base64"),
+    (lambda request, vector: (request, vector[:-1]), "malformed", "the input must have 11 ring values"),
+], ids=["fewer_than_t_ciphertexts", "ciphertext_not_base64", "input_one_value_short"])
+def test_masked_input_requests_that_break_the_rules_are_refused(tamper, reason, message):
+    config = SecAggConfig("round-masked-rules", 12, 6, 5, 10, 1.0)
+    inputs = _inputs(config, 9)
+    clients, _, requests, _ = _through_masked_inputs(config, inputs)
+    request, vector = tamper(requests[0], inputs[0])
+    with pytest.raises(ProtocolViolation, match=f"^{message}") as refusal:
+        clients[0].masked_input(request, vector)
+    assert refusal.value.reason == reason
+
+
+@pytest.mark.parametrize("key", [bytes(32), bytes(range(31))], ids=["low_order_point", "31_bytes"])
+@pytest.mark.parametrize("field", ["cipher_public_key", "mask_public_key"])
+def test_a_relayed_neighbour_key_that_gives_no_agreement_is_refused_as_malformed(key, field):
+    """The server relays, for an advertised neighbour, the all-zero point (every agreement with it is zero) or a
+    short key: refused as malformed before any signature is checked."""
+    config = SecAggConfig("round-unusable-key", 12, 6, 5, 10, 1.0)
+    clients, server = _parties(config)
+    requests = server.collect_keys([client.advertise_keys() for client in clients.values()])
+    keys = requests[0]["public_keys"]
+    with pytest.raises(ProtocolViolation, match=f"^{field} must be a usable 32-byte X25519 public key") as refusal:
+        clients[0].share_keys(dict(requests[0], public_keys=[dict(keys[0], **{field: to_base64(key)}), *keys[1:]]))
+    assert refusal.value.reason == "malformed"
 
 
 def test_too_few_masked_inputs_abort_before_anyone_unmasks():
