@@ -116,3 +116,30 @@ def test_adaptive_clipping_on_the_server_moves_the_norm_and_charges_the_count(si
     assert following["config"]["privacy"]["dp"]["clip_norm"] == pytest.approx(claim["next_clip_norm"])
     task = device_client(simulation, 0).fl_task(federation.card.task)["task"]
     assert task["privacy"]["clip_norm"] == pytest.approx(claim["next_clip_norm"])
+
+
+def test_a_dp_model_imported_from_another_server_continues_its_lines_spent_epsilon(simulation, federation):
+    """The attack: carry a DP model to a server that never saw its line, hoping for a fresh budget there. The
+    card's claim (14 rounds at z=2 spent elsewhere, epsilon 9.89 of the line's lifetime 10) seeds the new line, so
+    one more round is refused; and the claim's delta and accountant bind a plan on it."""
+    onnx_bytes = simulation.admin.download(f"/v1/models/{federation.card.id}/blob",
+                                           federation.card.sha256).read_bytes()
+    parameters = {name: value * np.float32(0.99) for name, value in read_float_initializers(onnx_bytes).items()}
+    imported_bytes = write_parameters(onnx_bytes, parameters)
+    events = [[2.0, 1.0, 14]]
+    claim = {"line": "line-of-another-server", "line_events": events, "delta": 1e-5, "accountant": "rdp",
+             "epsilon": epsilon_of_events(events, 1e-5)}
+    assert 9.8 < claim["epsilon"] < 10.0
+    imported = federation.card.model_copy(update={
+        "id": "imported-dp-model", "version": 1, "parent_id": None, "line": None, "signature": None,
+        "details": {"federated": {"privacy": {"dp": claim}}}, "size_bytes": len(imported_bytes),
+        "sha256": hashlib.sha256(imported_bytes).hexdigest()})
+    _publish(simulation, imported, imported_bytes)
+
+    refused = _post_plan(simulation, _plan(imported.id))
+    assert refused.status_code == 422 and refused.json()["error"]["field"] == "privacy.dp.max_epsilon", refused.text
+    assert "lifetime budget" in refused.json()["error"]["message"]
+    other_delta = _post_plan(simulation, _plan(imported.id, delta=1e-6))
+    assert other_delta.status_code == 422 and other_delta.json()["error"]["field"] == "privacy.dp.delta", other_delta.text
+    with httpx.Client(base_url=simulation.admin.http.base_url, headers={"Authorization": f"Bearer {ADMIN}"}) as http:
+        assert http.get("/v1/fl/rounds").json()["rounds"] == []  # nothing opened
