@@ -586,6 +586,21 @@ def test_a_second_dp_plan_on_a_line_waits_for_the_running_one(simulation, federa
     assert str(running) in busy.json()["error"]["message"]
 
 
+def test_a_secure_stage_reply_to_a_round_without_secure_aggregation_is_refused_naming_the_round(simulation,
+                                                                                                 federation):
+    """A DP round without SecAgg+ keeps a private-round row with no stage: a device posting a stage reply to it (to
+    slip a masked vector past the clear path's clipping) is refused, and nothing is stored."""
+    dp = {"max_epsilon": 8, "delta": 1e-5, "clip_norm": 0.1, "noise_multiplier": 1.5}
+    round_id = simulation.start_plan(round_config(min_clients=3, target_clients=3, num_rounds=1,
+                                                  max_accuracy_drop=1.0, privacy={"dp": dp}))
+    with httpx.Client(timeout=30) as http:
+        refused = http.post(f"{simulation.server_url}/v1/fl/rounds/{round_id}/secagg/masked_input", content=b"\0" * 10,
+                            headers={"Authorization": f"Bearer {simulation.tokens[0]}",
+                                     "Content-Type": "application/octet-stream"})
+    assert refused.status_code == 409, refused.text
+    assert (refused.json()["error"]["code"], refused.json()["error"]["field"]) == ("not_a_secure_round", "round_id")
+
+
 def test_a_new_line_from_a_dp_model_starts_from_the_ledger_its_signed_card_carries(federation):
     claim = {"line_events": [[1.5, 1.0, 2]], "delta": 1e-6, "accountant": "pld"}
     assert secure_rounds.inherited_ledger(claim, 1e-5, "rdp") == ([[1.5, 1.0, 2]], 1e-6, "pld")
