@@ -121,7 +121,7 @@ def test_adaptive_clipping_on_the_server_moves_the_norm_and_charges_the_count(si
 def test_a_dp_model_imported_from_another_server_continues_its_lines_spent_epsilon(simulation, federation):
     """The attack: carry a DP model to a server that never saw its line, hoping for a fresh budget there. The
     card's claim (14 rounds at z=2 spent elsewhere, epsilon 9.89 of the line's lifetime 10) seeds the new line, so
-    one more round is refused; and the claim's delta and accountant bind a plan on it."""
+    one more round is refused; and the claim's delta binds a plan on it."""
     onnx_bytes = simulation.admin.download(f"/v1/models/{federation.card.id}/blob",
                                            federation.card.sha256).read_bytes()
     parameters = {name: value * np.float32(0.99) for name, value in read_float_initializers(onnx_bytes).items()}

@@ -589,7 +589,7 @@ def test_a_second_dp_plan_on_a_line_waits_for_the_running_one(simulation, federa
 def test_a_secure_stage_reply_to_a_round_without_secure_aggregation_is_refused_naming_the_round(simulation,
                                                                                                  federation):
     """A DP round without SecAgg+ keeps a private-round row with no stage: a device posting a stage reply to it (to
-    slip a masked vector past the clear path's clipping) is refused, and nothing is stored."""
+    slip a masked vector past the clear path's clipping) is refused naming the round."""
     dp = {"max_epsilon": 8, "delta": 1e-5, "clip_norm": 0.1, "noise_multiplier": 1.5}
     round_id = simulation.start_plan(round_config(min_clients=3, target_clients=3, num_rounds=1,
                                                   max_accuracy_drop=1.0, privacy={"dp": dp}))
