@@ -140,6 +140,7 @@ def test_a_dp_model_imported_from_another_server_continues_its_lines_spent_epsil
     assert refused.status_code == 422 and refused.json()["error"]["field"] == "privacy.dp.max_epsilon", refused.text
     assert "lifetime budget" in refused.json()["error"]["message"]
     other_delta = _post_plan(simulation, _plan(imported.id, delta=1e-6))
-    assert other_delta.status_code == 422 and other_delta.json()["error"]["field"] == "privacy.dp.delta", other_delta.text
+    assert other_delta.status_code == 422, other_delta.text
+    assert other_delta.json()["error"]["field"] == "privacy.dp.delta"
     with httpx.Client(base_url=simulation.admin.http.base_url, headers={"Authorization": f"Bearer {ADMIN}"}) as http:
         assert http.get("/v1/fl/rounds").json()["rounds"] == []  # nothing opened
