@@ -205,6 +205,7 @@ def test_sdk_devices_run_a_secure_round_that_publishes(simulation, federation):
     assert [result.outcome for result in results] == ["accepted"] * DEVICES
     assert view["state"] == "closed", view["outcome"]
     assert view["outcome"]["secure_aggregation"]["survivors"] == DEVICES
+    assert view["outcome"]["aggregated_updates"] == DEVICES  # the count the unmasked sum holds
     # what each device sent: the masked vector at 2 bytes a value, plus keys and shares
     vector_bytes = (sum(v.size for v in read_float_initializers(federation.model).values()) + 1) * 2
     assert all(vector_bytes < result.upload_bytes < vector_bytes + 3000 for result in results)
