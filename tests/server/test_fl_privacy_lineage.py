@@ -144,3 +144,19 @@ def test_a_dp_model_imported_from_another_server_continues_its_lines_spent_epsil
     assert other_delta.json()["error"]["field"] == "privacy.dp.delta"
     with httpx.Client(base_url=simulation.admin.http.base_url, headers={"Authorization": f"Bearer {ADMIN}"}) as http:
         assert http.get("/v1/fl/rounds").json()["rounds"] == []  # nothing opened
+
+
+def test_a_large_fleets_default_delta_is_below_one_over_its_size_squared(simulation, federation):
+    """Above 316 devices 1/n^2 is below 1e-5: the default follows the fleet, so delta stays far below one over n."""
+    enrollment = simulation.admin.create_enrollment_token(ADMIN, max_uses=400)["token"]
+    with httpx.Client(base_url=simulation.admin.http.base_url) as http:
+        for index in range(400):
+            profile = {"device_id": f"fleet-{index}", "platform": "linux-x86_64", "memory_mb": 2048,
+                       "cpu": {"model": "virtual", "cores": 1}, "runtime": {"onnxruntime": "simulated", "threads": 1}}
+            assert http.post("/v1/devices", json=profile, headers={"Authorization": f"Bearer {enrollment}"}
+                             ).status_code == 201
+    plan = _plan(federation.card.id)
+    del plan["privacy"]["dp"]["delta"]
+    opened = _post_plan(simulation, plan)
+    assert opened.status_code == 201, opened.text
+    assert opened.json()["config"]["privacy"]["dp"]["delta"] == pytest.approx(403 ** -2.0)
