@@ -75,36 +75,15 @@ class SecAggRoundTest {
         SecAggClient[] devices = new SecAggClient[n];
         JSONObject[] adverts = new JSONObject[n];
         byte[][] signingKeys = new byte[n][];
-        TreeMap<Integer, byte[]> nonces = new TreeMap<Integer, byte[]>();
         for (int c = 0; c < n; c++) {
             Ed25519PrivateKeyParameters key = Signatures.newSigningKey();
             signingKeys[c] = Signatures.publicBytes(key);
             devices[c] = new SecAggClient(config, c, key, ONE_CORRUPT, null);
             adverts[c] = devices[c].advertiseKeys();
-            nonces.put(c, Base64.decode(adverts[c].getString("nonce")));
         }
-        byte[] graphSeed = Graph.graphSeed(config, nonces);
-        String advertised = Base64.toBase64String(Graph.advertisedBytes(nonces));
-        List<List<JSONObject>> inbox = new ArrayList<List<JSONObject>>();
-        for (int c = 0; c < n; c++) {
-            inbox.add(new ArrayList<JSONObject>());
-        }
-        for (int c = 0; c < n; c++) {
-            JSONArray keys = new JSONArray();
-            for (int peer : Graph.neighbours(config, graphSeed, c)) {
-                keys.put(new JSONObject().put("client", peer).put("cipher_public_key", adverts[peer].get("cipher_public_key"))
-                        .put("mask_public_key", adverts[peer].get("mask_public_key"))
-                        .put("signing_public_key", Base64.toBase64String(signingKeys[peer]))
-                        .put("signature", adverts[peer].get("signature")));
-            }
-            JSONArray shares = devices[c].shareKeys(new JSONObject().put("stage", "share_keys")
-                    .put("advertised", advertised).put("public_keys", keys)).getJSONArray("shares");
-            for (int i = 0; i < shares.length(); i++) {
-                JSONObject share = shares.getJSONObject(i);
-                inbox.get(share.getInt("holder")).add(new JSONObject().put("owner", c)
-                        .put("ciphertext", share.get("ciphertext")));
-            }
-        }
+        KeySharingRelay relay = new KeySharingRelay(config, devices, adverts, signingKeys);
+        byte[] graphSeed = relay.graphSeed;
+        List<List<JSONObject>> inbox = relay.inbox;
         Set<Integer> survivors = new TreeSet<Integer>();
         int[] total = new int[length]; // the ring's sum, wrapping at 2^32 (and so modulo 2^16 too)
         for (int c = 0; c < n; c++) {

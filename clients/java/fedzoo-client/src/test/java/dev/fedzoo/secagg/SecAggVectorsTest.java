@@ -10,7 +10,6 @@ import java.io.File;
 import java.math.BigInteger;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
-import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashSet;
 import java.util.List;
@@ -254,35 +253,13 @@ class SecAggVectorsTest {
             clients[c] = new SecAggClient(config, c, key, new SecAggBounds(), null);
             adverts[c] = clients[c].advertiseKeys();
         }
-        TreeMap<Integer, byte[]> nonces = new TreeMap<Integer, byte[]>();
-        for (int c = 0; c < n; c++) {
-            nonces.put(c, Base64.decode(adverts[c].getString("nonce")));
-        }
-        lastGraphSeed = Graph.graphSeed(config, nonces);
+        KeySharingRelay relay = new KeySharingRelay(config, clients, adverts, signingKeys);
+        lastGraphSeed = relay.graphSeed;
         String[] commitments = new String[n];
-        String advertised = Base64.toBase64String(Graph.advertisedBytes(nonces));
-        List<List<JSONObject>> inbox = new ArrayList<List<JSONObject>>();
         for (int c = 0; c < n; c++) {
-            inbox.add(new ArrayList<JSONObject>());
+            commitments[c] = relay.replies[c].getString("self_mask_seed_commitment");
         }
-        for (int c = 0; c < n; c++) {
-            JSONArray keys = new JSONArray();
-            for (int peer : Graph.neighbours(config, lastGraphSeed, c)) {
-                keys.put(new JSONObject().put("client", peer).put("cipher_public_key", adverts[peer].get("cipher_public_key"))
-                        .put("mask_public_key", adverts[peer].get("mask_public_key"))
-                        .put("signing_public_key", Base64.toBase64String(signingKeys[peer]))
-                        .put("signature", adverts[peer].get("signature")));
-            }
-            JSONObject dealt = clients[c].shareKeys(new JSONObject().put("stage", "share_keys")
-                    .put("advertised", advertised).put("public_keys", keys));
-            commitments[c] = dealt.getString("self_mask_seed_commitment");
-            JSONArray shares = dealt.getJSONArray("shares");
-            for (int i = 0; i < shares.length(); i++) {
-                JSONObject share = shares.getJSONObject(i);
-                inbox.get(share.getInt("holder")).add(new JSONObject().put("owner", c).put("ciphertext",
-                        share.get("ciphertext")));
-            }
-        }
+        List<List<JSONObject>> inbox = relay.inbox;
         lastSeedCommitments = commitments;
         for (int c = 0; c < n; c++) {
             clients[c].maskedInput(new JSONObject().put("stage", "masked_input").put("encrypted_shares",
