@@ -103,6 +103,17 @@ def test_a_distributed_dp_zoo_round_noises_every_cohort_on_its_devices_and_charg
         assert stated["epsilon"] == pytest.approx(lines[card.line_id].epsilon) == pytest.approx(claim["epsilon"])
 
 
+def assert_every_device_refuses(fleet, reason: str) -> None:
+    """A distributed-DP zoo round on `fleet`'s 3 devices: every device refuses for `reason`, and the round fails with
+    no output."""
+    round_id = fleet["admin"].create_zoo_rounds(distributed_plan(fleet, deadline_s=30, stage_deadline_s=10),
+                                                ADMIN)["id"]
+    results = run_devices(fleet)
+    view = wait_for_round_end(fleet["admin"], round_id, timeout_s=120)
+    assert [result.outcome for result in results] == [f"refused: {reason}"] * 3
+    assert view["state"] == "failed" and view["result_model_id"] is None
+
+
 @pytest.mark.slow
 def test_a_server_asking_a_zoo_cohort_for_the_single_model_share_is_refused_by_devices_with_the_zoos_floor(
         zoo, tmp_path, monkeypatch):  # noqa: F811
@@ -115,12 +126,7 @@ def test_a_server_asking_a_zoo_cohort_for_the_single_model_share_is_refused_by_d
     monkeypatch.setattr(secure_rounds, "noise_request", lying)
     with private_fleet(zoo, tmp_path, {"tier-large": 3}) as fleet:
         with_policy(fleet, NoisePolicy(minimum_noise_multiplier=3 * Z))
-        round_id = fleet["admin"].create_zoo_rounds(distributed_plan(fleet, deadline_s=30, stage_deadline_s=10),
-                                                    ADMIN)["id"]
-        results = run_devices(fleet)
-        view = wait_for_round_end(fleet["admin"], round_id, timeout_s=120)
-    assert [result.outcome for result in results] == ["refused: noise_below_floor"] * 3
-    assert view["state"] == "failed" and view["result_model_id"] is None
+        assert_every_device_refuses(fleet, "noise_below_floor")
 
 
 @pytest.mark.slow
@@ -138,12 +144,7 @@ def test_a_server_claiming_a_cohort_smaller_than_its_calibrated_floor_gets_no_sh
 
     monkeypatch.setattr(secure_rounds, "SecAggServer", FewerSurvivors)
     with private_fleet(zoo, tmp_path, {"tier-large": 3}) as fleet:
-        round_id = fleet["admin"].create_zoo_rounds(distributed_plan(fleet, deadline_s=30, stage_deadline_s=10),
-                                                    ADMIN)["id"]
-        results = run_devices(fleet)
-        view = wait_for_round_end(fleet["admin"], round_id, timeout_s=120)
-    assert [result.outcome for result in results] == ["refused: too_few_survivors"] * 3
-    assert view["state"] == "failed" and view["result_model_id"] is None
+        assert_every_device_refuses(fleet, "too_few_survivors")
 
 
 @pytest.mark.slow
