@@ -4,8 +4,9 @@ It builds a zoo (supernet training and search), compresses it behind the accurac
 training graphs, signs its cards with an operator key, serves it with the production server (`fedzoo serve`, gunicorn on loopback), then
 acts as a device (register with calibration timings, look up the best model under a budget,
 verify the card against the pinned keys, download, run, report latency), runs federated rounds that fine-tune a zoo model from virtual devices'
-Dirichlet shards and publish new versions, and finally lets a device of the Java (Android) SDK run a model and
-take part in a round beside a Python device (that stage needs a JDK and Maven; `--skip-java` skips it). A stage
+Dirichlet shards and publish new versions, runs a zoo-wide round, lets a device of the Java (Android) SDK run a
+model and take part in a round beside Python devices (that stage needs a JDK and Maven; `--skip-java` skips it),
+and ends with a private zoo-wide round (SecAgg+ per subnet, distributed DP) of the Java and Python devices. A stage
 that cannot run ends the demo with a one-line reason and a non-zero exit status. Every stage's line says what
 happened (how many models improved, which fell), not what was meant to.
 
@@ -29,6 +30,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import httpx
@@ -41,6 +43,11 @@ from fedzoo.datasets import DatasetSplit, Subset, dirichlet_partition, load_data
 from fedzoo.errors import FedzooError
 from fedzoo.signing import CardSigningKey
 from fedzoo.zoo import Zoo
+
+if TYPE_CHECKING:  # imported where used: `fedzoo demo --help` stays quick
+    from fedzoo.admin.operator_client import OperatorClient
+    from fedzoo.clients.client import FedzooClient
+    from fedzoo.signing import TrustedKeys
 
 console = Console()
 DEVICE_CLASS = "cloud-x86-1t"
@@ -78,6 +85,8 @@ class DemoRun:
     federation: object = None  # the federated stage's Federation, which the Java device's round reuses
     latest_model_id: str = ""
     evaluation_sha256: str = ""  # the federated stage's evaluation set, which judges the Java device's round too
+    supernet_id: str = ""  # the supernet version the last zoo-wide round published (the private round starts there)
+    java_command: list[str] | None = None  # built once by the Java stage, reused by the private zoo-wide round
 
     @property
     def dataset(self) -> str:
@@ -270,49 +279,72 @@ def stage_federated(run: DemoRun) -> str:
             f"costs 20-30 accuracy points (docs/privacy.md), so the demo runs none rather than report a hollow one")
 
 
+def _zoo_plan(run: DemoRun, admin: OperatorClient, supernet_id: str, devices: int) -> dict:
+    """A zoo-wide plan over `devices` devices: the small tier (this machine's class) may spend 1.5x the smallest
+    model's latency, the other tier anything; each new version must keep its parent's accuracy within a point."""
+    from fedzoo.cards import is_supernet
+
+    zoo = Zoo(run.zoo_dir)
+    smallest = min((card for card in zoo.cards() if DEVICE_CLASS in card.latency_ms and card.precision == "fp32"
+                    and card.pruning is None and not is_supernet(card)), key=lambda card: card.macs)
+    calibration = io.BytesIO()
+    np.savez(calibration, x=run.split.validation.x)
+    return {"model_id": supernet_id, "evaluation_sha256": run.evaluation_sha256, "target_clients": devices,
+            "over_selection": 0.0, "deadline_s": 300, "local_epochs": 1, "batch_size": 32, "learning_rate": 0.01,
+            "max_accuracy_drop": 0.01,
+            "zoo": {"latency_budget_ms": 1e5, "calibration_sha256": admin.publish_blob(calibration.getvalue(),
+                                                                                        run.admin_token),
+                    "latency_budget_ms_by_class": {DEVICE_CLASS: 1.5 * smallest.latency_ms[DEVICE_CLASS].median_ms}}}
+
+
+def _python_zoo_device(run: DemoRun, name: str, device_class: str | None, enrollment_token: str,
+                       operator_keys: TrustedKeys | None = None) -> FedzooClient:
+    """A registered Python SDK device of the given class (None: no class, so no latency budget)."""
+    from fedzoo.clients.client import FedzooClient
+    from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
+
+    profile = DeviceProfile(device_id=f"{name}-{os.getpid()}", platform="linux-x86_64", device_class=device_class,
+                            cpu=CpuInfo(model="virtual", cores=1), memory_mb=2048,
+                            runtime=RuntimeInfo(onnxruntime="simulated", threads=1))
+    device = FedzooClient(run.server_url, cache_dir=run.workdir / name, operator_keys=operator_keys,
+                          state_file=run.workdir / name / "state.json")
+    device.register(profile, enrollment_token)
+    return device
+
+
+def _wait_for_round(admin: OperatorClient, round_id: int) -> dict:
+    """The round's view once it has closed or failed."""
+    view = admin.fl_round(round_id)
+    while view["state"] in ("open", "collecting", "aggregating"):
+        time.sleep(0.2)
+        view = admin.fl_round(round_id)
+    return view
+
+
 def stage_zoo_round(run: DemoRun) -> str:
     """One zoo-wide round (docs/zoo-federated.md): two tiers of devices train the subnets their lookups pick, and
     every zoo model is re-extracted from the improved supernet and re-published behind the accuracy gate."""
     from fedzoo.admin.operator_client import OperatorClient
     from fedzoo.cards import is_supernet
-    from fedzoo.clients.client import FedzooClient
     from fedzoo.clients.participation import participate_once
-    from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
 
-    zoo = Zoo(run.zoo_dir)
-    supernet = next(card for card in zoo.cards() if is_supernet(card))
-    smallest = min((card for card in zoo.cards() if DEVICE_CLASS in card.latency_ms and card.precision == "fp32"
-                    and card.pruning is None and not is_supernet(card)), key=lambda card: card.macs)
+    supernet = next(card for card in Zoo(run.zoo_dir).cards() if is_supernet(card))
     admin = OperatorClient(run.server_url, token=run.admin_token, cache_dir=run.workdir / "zoo-round-admin")
-    calibration = io.BytesIO()
-    np.savez(calibration, x=run.split.validation.x)
-    # the small tier (this machine's class) may spend 1.5x the smallest model's latency, the other tier anything;
     # 3 of the 4 updates are enough: on mnist1d's Dirichlet(0.5) shards the direction screening left one device's
     # update out (cosine -0.33 with the round's median) and with 4 required the round failed
-    config = {"model_id": supernet.id, "evaluation_sha256": run.evaluation_sha256, "min_clients": 3,
-              "target_clients": 4, "over_selection": 0.0, "deadline_s": 300, "local_epochs": 1, "batch_size": 32,
-              "learning_rate": 0.01, "max_accuracy_drop": 0.01,
-              "zoo": {"latency_budget_ms": 1e5, "calibration_sha256": admin.publish_blob(calibration.getvalue(),
-                                                                                          run.admin_token),
-                      "latency_budget_ms_by_class": {DEVICE_CLASS: 1.5 * smallest.latency_ms[DEVICE_CLASS].median_ms}}}
-    round_id = admin.create_zoo_rounds(config, run.admin_token)["id"]
+    round_id = admin.create_zoo_rounds({**_zoo_plan(run, admin, supernet.id, 4), "min_clients": 3},
+                                       run.admin_token)["id"]
     enrollment_token = admin.create_enrollment_token(run.admin_token, max_uses=4, label="demo zoo-wide round")["token"]
     for index in range(4):
-        profile = DeviceProfile(device_id=f"demo-zoo-{os.getpid()}-{index}", platform="linux-x86_64",
-                                device_class=DEVICE_CLASS if index % 2 == 0 else None,
-                                cpu=CpuInfo(model="virtual", cores=1), memory_mb=2048,
-                                runtime=RuntimeInfo(onnxruntime="simulated", threads=1))
-        with FedzooClient(run.server_url, cache_dir=run.workdir / f"zoo-device-{index}") as device:
-            device.register(profile, enrollment_token)
+        with _python_zoo_device(run, f"zoo-device-{index}", DEVICE_CLASS if index % 2 == 0 else None,
+                                enrollment_token) as device:
             participate_once(device, run.dataset, run.federation.client_data(index), "fp32")
-    view = admin.fl_round(round_id)
-    while view["state"] in ("open", "collecting", "aggregating"):
-        time.sleep(0.2)
-        view = admin.fl_round(round_id)
+    view = _wait_for_round(admin, round_id)
     admin.close()
     outcome = (view.get("outcome") or {}).get("zoo")
     if outcome is None:
         return f"zoo-wide round {round_id} {view['state']}: {(view.get('outcome') or {}).get('failure')}"
+    run.supernet_id = view["result_model_id"]
     return f"zoo-wide round {round_id} {view['state']}: " + zoo_round_summary(outcome)
 
 
@@ -330,6 +362,8 @@ def zoo_round_summary(outcome: dict) -> str:
                         f"({100 * (model['accuracy_after'] - model['accuracy_before']):+.2f} points"
                         f"{', new version ' + model['new_model_id'] if model['published'] else ', not published'})"
                         for model in models)
+    if "devices_per_zoo_model" not in outcome:  # a DP round's view withholds what counts devices
+        return f"{headline}; {outcome['new_versions']} of {len(models)} zoo models got a new version: {changes}"
     return (f"{headline}; {outcome['new_versions']} of {len(models)} zoo models got a new version; devices trained "
             f"{len(outcome['devices_per_zoo_model'])} subnets, {outcome['coverage']['released']} of "
             f"{outcome['coverage']['parameters']} supernet parameters moved: {changes}")
@@ -370,6 +404,23 @@ def _java_sdk_command(run: DemoRun) -> list[str]:
     return ["java", "-cp", f"{jar}{os.pathsep}{classpath_file.read_text().strip()}", "dev.fedzoo.Cli"]
 
 
+def _java_participation(run: DemoRun, task: str, shard: Path, encoding: str) -> subprocess.Popen:
+    """The Java device (registered and certified by `stage_java_device`) checking in for one task and doing it."""
+    return subprocess.Popen([*run.java_command, "participate", "--task", task, "--data", str(shard), "--encoding",
+                             encoding, "--max-idle-s", "60", "--state", str(run.workdir / "java-device"),
+                             "--operator-keys", str(run.operator_keys_file)],
+                            stdout=subprocess.PIPE, text=True)
+
+
+def _java_participation_result(java_device: subprocess.Popen) -> dict:
+    """The Java device's result line (JSON), or a StageError with its exit status and last line."""
+    java_output = java_device.communicate(timeout=300)[0].strip()
+    if java_device.returncode != 0:
+        raise StageError(f"the Java device's 'participate' failed with exit status {java_device.returncode}: "
+                         f"{java_output.splitlines()[-1] if java_output else 'no output'}")
+    return json.loads(java_output.splitlines()[-1])
+
+
 def stage_java_device(run: DemoRun) -> str:
     """A Java SDK device (the Android SDK on the JVM) beside two Python ones: it looks up and runs a model, then the
     three take part in one private round (SecAgg+, the smallest cohort: k = 2, t = 2, all three must survive)."""
@@ -386,7 +437,7 @@ def stage_java_device(run: DemoRun) -> str:
     if run.skip_java:
         return "skipped (--skip-java)"
     task = run.federation.card.task
-    java = _java_sdk_command(run)
+    java = run.java_command = _java_sdk_command(run)
     state, data = run.workdir / "java-device", run.workdir / "java-data"
     data.mkdir(parents=True, exist_ok=True)
     np.savez(data / "test.npz", x=run.split.test.x, y=run.split.test.y)
@@ -408,10 +459,7 @@ def stage_java_device(run: DemoRun) -> str:
                                     "privacy": {"secure_aggregation": {"neighbour_count": 2, "threshold": 2,
                                                                        "stage_deadline_s": 60}}},
                                    run.admin_token)["id"]
-    java_device = subprocess.Popen([*java, "participate", "--task", task, "--data", str(data / "shard.npz"),
-                                    "--encoding", "int8", "--max-idle-s", "60", "--state", str(state),
-                                    "--operator-keys", str(run.operator_keys_file)],
-                                   stdout=subprocess.PIPE, text=True)
+    java_device = _java_participation(run, task, data / "shard.npz", "int8")
 
     def python_device(index: int) -> str:
         folder = run.workdir / f"python-device-{index}"
@@ -425,20 +473,86 @@ def stage_java_device(run: DemoRun) -> str:
 
     with ThreadPoolExecutor(max_workers=2) as pool:  # SecAgg+ devices answer each stage together
         python_outcomes = list(pool.map(python_device, (1, 2)))
-    java_output = java_device.communicate(timeout=300)[0].strip()
-    if java_device.returncode != 0:
-        raise StageError(f"the Java device's 'participate' failed with exit status {java_device.returncode}: "
-                         f"{java_output.splitlines()[-1] if java_output else 'no output'}")
-    java_result = json.loads(java_output.splitlines()[-1])
-    view = admin.fl_round(round_id)
-    while view["state"] in ("open", "collecting", "aggregating"):
-        time.sleep(0.2)
-        view = admin.fl_round(round_id)
+    java_result = _java_participation_result(java_device)
+    view = _wait_for_round(admin, round_id)
     admin.close()
     return (f"Java device ran {ran['model_id']} at test accuracy {ran['accuracy']:.4f}; with it "
             f"({java_result['outcome']}) and two Python devices ({', '.join(python_outcomes)}), SecAgg+ round "
             f"{round_id}: "
             f"{_round_summary(view['state'], view['accepted_updates'], view['result_model_id'], view['outcome'])}")
+
+
+PRIVATE_ZOO_NOISE_MULTIPLIER = 0.7  # the plan's z: one round at delta 1e-5 costs each zoo line epsilon 7.2
+PRIVATE_ZOO_DEVICES = 6  # two tiers of three: every subnet's cohort holds the 3 devices SecAgg+ needs
+
+
+def stage_private_zoo_round(run: DemoRun) -> str:
+    """One private zoo-wide round (docs/privacy.md, "Distributed DP in zoo-wide rounds"): the devices training one
+    subnet form one SecAgg+ cohort, each adds its share of the Gaussian noise in the ring before masking, so the
+    server sees only noised cohort sums; every zoo model's line is charged the round's epsilon, whether or not the
+    gate lets its new version out. Three Python devices of this machine's class train the small tier's subnet;
+    the Java device and two Python ones (three Python ones with --skip-java) the largest."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fedzoo.admin.operator_client import OperatorClient
+    from fedzoo.clients.device_certification import certify_devices
+    from fedzoo.clients.http import FedzooHTTP
+    from fedzoo.clients.participation import participate_once
+    from fedzoo.cloud.simulation import make_shards
+    from fedzoo.edge.local_training import LocalData
+    from fedzoo.signing import TrustedKeys
+
+    if not run.supernet_id:
+        raise StageError("the zoo-wide round published no supernet version to start the private round from")
+    pool = run.federation.pool
+    shards = [LocalData(pool.x[shard], pool.y[shard])
+              for shard in make_shards(pool, PRIVATE_ZOO_DEVICES, alpha=None, seed=1)]
+    admin = OperatorClient(run.server_url, token=run.admin_token, cache_dir=run.workdir / "private-zoo-admin")
+    privacy = {"secure_aggregation": {"neighbour_count": 2, "levels": 32767, "stage_deadline_s": 60},
+               "dp": {"noise": "distributed", "noise_multiplier": PRIVATE_ZOO_NOISE_MULTIPLIER, "clip_norm": 0.5,
+                      "delta": 1e-5, "max_epsilon": 8.0}}
+    plan = {**_zoo_plan(run, admin, run.supernet_id, PRIVATE_ZOO_DEVICES), "min_clients": PRIVATE_ZOO_DEVICES,
+            "poll_interval_s": 0.2, "privacy": privacy}
+    round_id = admin.create_zoo_rounds(plan, run.admin_token)["id"]
+    python_devices = PRIVATE_ZOO_DEVICES - (0 if run.skip_java else 1)
+    enrollment_token = admin.create_enrollment_token(run.admin_token, max_uses=python_devices,
+                                                     label="demo private zoo-wide round")["token"]
+    keys = TrustedKeys.load(run.operator_keys_file)
+    devices = [_python_zoo_device(run, f"private-zoo-device-{index}", DEVICE_CLASS if index < 3 else None,
+                                  enrollment_token, keys) for index in range(python_devices)]
+    with FedzooHTTP(run.server_url, token=run.admin_token) as operator:  # SecAgg+ neighbours' keys are certified
+        certify_devices(operator, run.operator_key)
+    java_device = None
+    if not run.skip_java:
+        np.savez(run.workdir / "java-data" / "private-zoo-shard.npz", x=shards[-1].x, y=shards[-1].y)
+        java_device = _java_participation(run, run.dataset, run.workdir / "java-data" / "private-zoo-shard.npz",
+                                          "fp32")
+    with ThreadPoolExecutor(max_workers=python_devices) as pool_of_devices:  # SecAgg+ devices answer together
+        outcomes = list(pool_of_devices.map(
+            lambda index: participate_once(devices[index], run.dataset, shards[index], "fp32").outcome,
+            range(python_devices)))
+    for device in devices:
+        device.close()
+    java = f", the Java device ({_java_participation_result(java_device)['outcome']})" if java_device else ""
+    view = _wait_for_round(admin, round_id)
+    outcome = view.get("outcome") or {}
+    if outcome.get("zoo") is None:
+        admin.close()
+        return f"private zoo-wide round {round_id} {view['state']}: {outcome.get('failure')}"
+    claim = admin.card(view["result_model_id"]).details["federated"]["privacy"]["dp"]
+    lines = "; ".join(f"{model['new_model_id']} states epsilon "
+                      f"{admin.card(model['new_model_id']).details['federated']['privacy']['dp']['epsilon']:.2f}"
+                      for model in outcome["zoo"]["models"] if model["published"])
+    admin.close()
+    return (f"private zoo-wide round {round_id} {view['state']} with {python_devices} Python devices "
+            f"({', '.join(outcomes)}){java}: each added its share of the noise (device z {claim['device_noise_multiplier']:.2f}) "
+            f"before masking, so the server saw only noised sums of cohorts of at least 3 (k = "
+            f"{outcome['secure_aggregation']['neighbour_count']}, t = {outcome['secure_aggregation']['threshold']}); "
+            f"every zoo model's line was charged epsilon {claim['epsilon']:.2f} at delta {claim['delta']:g}; "
+            + zoo_round_summary(outcome["zoo"]) + (f"; {lines}" if lines else
+                                                  "; the gate kept every parent: at this epsilon the noise over "
+                                                  "three devices a subnet outweighs their updates (fleets of 500 and "
+                                                  "1,000 devices: docs/zoo-federated.md)"))
 
 
 # (title, function) in data-flow order
@@ -453,6 +567,8 @@ STAGES: list[tuple[str, Callable[[DemoRun], str]]] = [
     ("federated rounds driven by the server", stage_federated),
     ("a zoo-wide round: every tier trains its subnet, every zoo model is re-extracted and gated", stage_zoo_round),
     ("a Java SDK device beside two Python ones in a SecAgg+ round", stage_java_device),
+    ("a private zoo-wide round: SecAgg+ per subnet, the noise added by the devices (distributed DP)",
+     stage_private_zoo_round),
 ]
 
 

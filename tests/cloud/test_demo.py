@@ -56,7 +56,7 @@ def test_the_demo_from_a_relative_default_workdir_runs_every_stage_and_publishes
     rounds = rounds_in(federated)
     assert len(rounds) == 3 and "under SecAgg+" in federated
     assert ("closed", 5) in rounds  # at least one round of the plan publishes
-    java = output[output.index("▶ a Java SDK device"):]
+    java = output[output.index("▶ a Java SDK device"):output.index("▶ a private zoo-wide round")]
     if has_java:  # a private round of the Java device and two Python ones: closed, or failed with its reason
         assert "with it (accepted) and two Python devices (accepted, accepted), SecAgg+ round" in java
         assert rounds_in(java)[0][1] == 3
@@ -66,6 +66,17 @@ def test_the_demo_from_a_relative_default_workdir_runs_every_stage_and_publishes
     zoo_round = output[output.index("▶ a zoo-wide round"):output.index("▶ a Java SDK device")]
     changes = [float(after) - float(before) for before, after in re.findall(r"([\d.]+) -> ([\d.]+) \(", zoo_round)]
     assert changes and ("every zoo model improved" in zoo_round) == all(change > 0 for change in changes)
+    private = output[output.index("▶ a private zoo-wide round"):]
+    assert re.search(r"private zoo-wide round \d+ closed with (5|6) Python devices", private), private
+    assert ("the Java device (accepted)" in private) == has_java
+    epsilon = float(re.search(r"every zoo model's line was charged epsilon ([\d.]+) at delta 1e-05", private)[1])
+    assert 0 < epsilon <= 8  # the plan's budget
+    private_changes = [float(after) - float(before)
+                       for before, after in re.findall(r"([\d.]+) -> ([\d.]+) \(", private)]
+    assert private_changes and ("every zoo model improved" in private) == all(c > 0 for c in private_changes)
+    stated = [float(value) for value in re.findall(r"states epsilon ([\d.]+)", private)]
+    assert all(value == pytest.approx(epsilon, abs=0.01) for value in stated)  # a fresh line: this round's epsilon
+    assert (len(stated) == 0) == ("the gate kept every parent" in private)
     cards = [card for card in Zoo(tmp_path / ".fedzoo" / "demo" / "zoo").cards() if not is_supernet(card)]
     assert len([card for card in cards if card.parent_id is None]) == 4
     assert any(card.precision == "int8" for card in cards)
@@ -91,6 +102,11 @@ def test_the_zoo_round_headline_says_every_model_improved_only_when_every_one_di
     assert rose.startswith("every zoo model improved (2 of 2)")
     unchanged = demo_module.zoo_round_summary(_zoo_outcome([(0.90, 0.93), (0.80, 0.80)]))
     assert unchanged.startswith("1 of 2 zoo models improved, 0 fell")
+    withheld = {name: value for name, value in _zoo_outcome([(0.90, 0.93)]).items()  # a DP round's view
+                if name not in ("devices_per_zoo_model", "coverage")}
+    assert demo_module.zoo_round_summary(withheld) == (
+        "every zoo model improved (1 of 1); 1 of 1 zoo models got a new version: m0 0.9000 -> 0.9300 "
+        "(+3.00 points, new version m0-v2)")
 
 
 def test_every_demo_preset_names_a_built_in_data_set_and_a_build_preset():

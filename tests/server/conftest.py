@@ -13,8 +13,10 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests/ has no packages; make s
 
 from fl_helpers import ready_simulation  # noqa: E402
 from server_helpers import LiveServer, running_live_server, config_for_tests  # noqa: E402
+from zoo_helpers import build_tiny_zoo  # noqa: E402
 
 from fedzoo.server.config import ServerConfig  # noqa: E402
+from fedzoo.zoo import Zoo  # noqa: E402
 
 
 @pytest.fixture
@@ -44,3 +46,10 @@ def simulation(federation, server, tmp_path: Path):
     """The federation's base model published on `server` and its devices registered."""
     with ready_simulation(federation, server.url, tmp_path / "devices") as sim:
         yield sim
+
+
+@pytest.fixture(scope="session")
+def zoo(tmp_path_factory: pytest.TempPathFactory) -> Zoo:
+    """The zoo-wide round tests' tiny zoo (zoo_helpers.build_tiny_zoo), built once per test process: no test
+    changes it (the compressed one is a copy)."""
+    return build_tiny_zoo(tmp_path_factory.mktemp("zoo") / "zoo")

@@ -26,7 +26,7 @@ from fedzoo.server.fl.tables import FLSecureCohort
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN as ADMIN
 from fl_helpers import wait_for_round_end
 from test_fl_zoo_private import _refused, private_fleet, run_devices, secure_plan, stored, stored_lines
-from test_fl_zoo_rounds import _members, zoo  # noqa: F401  (the module's tiny zoo fixture)
+from zoo_helpers import zoo_members
 
 Z = 1.5  # the plan's noise multiplier (what the ledger charges); each device is asked for 3 x Z
 
@@ -87,14 +87,14 @@ def test_a_distributed_dp_zoo_round_noises_every_cohort_on_its_devices_and_charg
     assert [(noise.noise_multiplier, noise.survivors, size) for noise, size in requested] == [
         (3 * Z, honest, protocol["vector_length"])] * 3
     # the server noised only the subnets without a cohort (every zoo model's subnet but the cohort's)
-    assert sorted(formed for formed, _ in server_noise) == [False] * (len(_members(zoo)) - 1) + [True]
+    assert sorted(formed for formed, _ in server_noise) == [False] * (len(zoo_members(zoo)) - 1) + [True]
     assert protocol["vector_length"] in {dimension for formed, dimension in server_noise if formed}
     claim = supernet.details["federated"]["privacy"]["dp"]
     assert (claim["mechanism"], claim["noise_multiplier"], claim["device_noise_multiplier"]) == (MECHANISM, Z, 3 * Z)
     assert claim["cohort_floor"] == 3 and claim["rounds"] == 1
     assert claim["epsilon"] == pytest.approx(epsilon_after(1, Z, 1.0, claim["delta"], "rdp"))
     assert view["sat_out_devices"] is None and view["selected_devices"] is None  # DP: no membership-dependent count
-    for member in _members(zoo):  # every zoo model's line charged once at Z, republished or not
+    for member in zoo_members(zoo):  # every zoo model's line charged once at Z, republished or not
         assert json.loads(lines[member.line_id].events_json) == [[Z, 1.0, 1]]
     assert republished, "at least one zoo model passes the open gate"
     for card in republished:

@@ -30,7 +30,7 @@ from fedzoo.server.fl.tables import FLSecureCohort, FLSecureMessage, PrivacyLine
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.signing import CardSigningKey, TrustedKeys
 from fl_helpers import OPEN_GATE, wait_for_round_end
-from test_fl_zoo_rounds import _members, _supernet, publish_zoo, zoo  # noqa: F401  (the module's tiny zoo fixture)
+from zoo_helpers import publish_zoo, supernet_card, zoo_members
 
 pytestmark = pytest.mark.slow
 ADMIN = DEFAULT_ADMIN_TOKEN
@@ -70,9 +70,9 @@ def private_fleet(zoo, tmp_path, tiers: dict[str, int]):  # noqa: F811
 
 
 def secure_plan(fleet, stage_deadline_s: float = 60.0, **overrides) -> dict:
-    smallest = _members(fleet["zoo"])[0]
+    smallest = zoo_members(fleet["zoo"])[0]
     devices = len(fleet["devices"])
-    config = {"model_id": _supernet(fleet["zoo"]).id, "evaluation_sha256": fleet["evaluation"], "min_clients": 3,
+    config = {"model_id": supernet_card(fleet["zoo"]).id, "evaluation_sha256": fleet["evaluation"], "min_clients": 3,
               "target_clients": devices, "over_selection": 0.0, "deadline_s": 240, "local_epochs": 1,
               "batch_size": 16, "learning_rate": 0.05, "max_accuracy_drop": OPEN_GATE, "poll_interval_s": 0.05,
               "privacy": {"secure_aggregation": {"neighbour_count": 2, "clip_range": 0.5,
@@ -85,7 +85,7 @@ def secure_plan(fleet, stage_deadline_s: float = 60.0, **overrides) -> dict:
 
 def run_devices(fleet) -> list:
     """Every device checks in and does its part (train, quantise, the SecAgg+ stages), concurrently."""
-    task, split = _supernet(fleet["zoo"]).details["supernet"]["task"], fleet["split"]
+    task, split = supernet_card(fleet["zoo"]).details["supernet"]["task"], fleet["split"]
     results = [None] * len(fleet["devices"])
 
     def device(index):
@@ -159,7 +159,7 @@ def test_a_subnet_with_fewer_than_three_devices_forms_no_cohort_and_its_device_s
     [(training_id, sat_out)] = view["sat_out_devices"].items()
     assert sat_out == 1 and training_id != cohorts[0].name
     assert {entry["device_id"]: entry["status"] for entry in participants}[victim] == "sat_out"
-    assert sat_out_card.arch == _members(zoo)[0].arch
+    assert sat_out_card.arch == zoo_members(zoo)[0].arch
 
 
 def test_devices_refuse_a_cohort_below_the_protocols_minimum_whatever_the_server_sends():
@@ -247,7 +247,7 @@ def test_a_dp_zoo_wide_round_charges_every_republished_line_and_states_no_counts
     assert claim["line"] in lines and claim["epsilon"] == pytest.approx(lines[claim["line"]].epsilon)
     assert 0 < claim["epsilon"] <= 8.0 and claim["cohort_floor"] == 3
     assert republished, "at least one zoo model passes the open gate"
-    for member in _members(zoo):  # every zoo model's line is charged, republished or not (later versions derive)
+    for member in zoo_members(zoo):  # every zoo model's line is charged, republished or not (later versions derive)
         assert json.loads(lines[member.line_id].events_json) == [[claim["noise_multiplier"], 1.0, 1]]
     for card in republished:  # each republished zoo model: its own line, charged one round, its epsilon stated
         stated = card.details["federated"]["privacy"]["dp"]
@@ -275,7 +275,7 @@ def test_a_dp_zoo_plan_past_a_zoo_models_lines_lifetime_budget_is_refused(zoo, t
     """The supernet's line is new, but one zoo model's line already spent most of the operator's budget (10 by
     default): the plan charges every zoo model's line each round, so it does not open."""
     with private_fleet(zoo, tmp_path, {"tier-large": 3}) as fleet:
-        smallest = _members(zoo)[0]
+        smallest = zoo_members(zoo)[0]
         engine = create_engine(fleet["database_url"])
         with engine.begin() as connection:
             connection.execute(PrivacyLine.__table__.insert().values(
@@ -295,7 +295,7 @@ def test_a_zoo_models_line_takes_one_dp_plan_at_a_time_whether_zoo_wide_or_its_o
     lifetime budget when it opens, so two at once could pass it together)."""
     dp = {"max_epsilon": 8.0, "clip_norm": 0.5}
     with private_fleet(zoo, tmp_path, {"tier-large": 3}) as fleet:
-        smallest = _members(zoo)[0]
+        smallest = zoo_members(zoo)[0]
         own_plan = {"model_id": smallest.id, "evaluation_sha256": fleet["evaluation"], "min_clients": 3,
                     "target_clients": 3, "deadline_s": 240, "max_accuracy_drop": OPEN_GATE, "privacy": {"dp": dp}}
         zoo_plan = secure_plan(fleet, deadline_s=1, privacy={"secure_aggregation": {"neighbour_count": 2}, "dp": dp})

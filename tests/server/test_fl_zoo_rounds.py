@@ -5,7 +5,6 @@ database per test when FEDZOO_TEST_POSTGRES_URL is set."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
@@ -23,11 +22,11 @@ from fedzoo.admin.operator_client import OperatorClient
 from fedzoo.cards import Latency, ModelCard, is_supernet
 from fedzoo.cli import cli
 from fl_helpers import OPEN_GATE, wait_for_round_end
+from zoo_helpers import TIERS, publish_zoo, supernet_card, zoo_members
 from server_helpers import fresh_postgres_database, log_in
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.errors import APIError
 from fedzoo.clients.participation import run_task
-from fedzoo.compress.zoo_extraction import requantized_blob
 from fedzoo.datasets import dirichlet_partition, load_dataset, split_dataset
 from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
 from fedzoo.edge.local_training import LocalData, normalise
@@ -38,42 +37,6 @@ from fedzoo.zoo import Zoo
 
 pytestmark = pytest.mark.slow
 POSTGRES_URL = os.environ.get("FEDZOO_TEST_POSTGRES_URL")
-TIERS = {"tier-small": 2, "tier-large": 2}  # device class -> devices
-
-
-def _npz(**arrays) -> bytes:
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    return buffer.getvalue()
-
-
-@pytest.fixture(scope="module")
-def zoo(tmp_path_factory):
-    """A tiny zoo built from digits, its supernet card included; every card's latency is given for the two
-    tiers (proportional to MACs), so the small tier's budget admits only the smallest model."""
-    from fedzoo.cloud.pipeline import BuildConfig, build_zoo
-
-    out = tmp_path_factory.mktemp("zoo") / "zoo"
-    build_zoo(BuildConfig(dataset="digits", out=out, preset="tiny", latency_source="macs", compress=False,
-                          executor="in-process", zoo_min_size=2, zoo_max_size=3))
-    zoo = Zoo(out)
-    for card in zoo.cards():
-        latency = {tier: Latency(median_ms=card.macs / 1e4, source="measured") for tier in TIERS}
-        zoo.add_card(card.model_copy(update={"latency_ms": {**card.latency_ms, **latency}}))
-    # the smallest model's INT8 variant, as the compression stage makes it (its recipe in details.quantization)
-    smallest = _members(zoo)[0]
-    recipe = {"format": "qdq", "calibration": "minmax", "per_channel": True, "reduce_range": True,
-              "activation_type": "uint8", "weight_scales": "per-channel"}
-    calibration = normalise(split_dataset(load_dataset("digits"), seed=0).validation.x, smallest.input.normalisation)
-    int8 = requantized_blob(zoo.model_path(smallest).read_bytes(), recipe, calibration)
-    zoo.add_card(smallest.model_copy(update={
-        "id": f"{smallest.id}-int8", "parent_id": smallest.id, "precision": "int8", "sha256": zoo.add_blob_bytes(int8),
-        "size_bytes": len(int8), "artifacts": {}, "details": {"quantization": recipe},
-        # measured slower than its parent on both tiers (as INT8 often is): lookup serves the fp32 models here
-        "latency_ms": {tier: Latency(median_ms=2 * smallest.macs / 1e4, source="measured") for tier in TIERS}}))
-    return zoo
-
-
 @pytest.fixture(scope="module")
 def compressed_zoo(zoo, tmp_path_factory):
     """The zoo with the compression stage run on it (as `fedzoo zoo build` does by default): a pruned variant of
@@ -117,17 +80,6 @@ def _database(tmp_path):
         yield url
 
 
-def publish_zoo(admin: OperatorClient, zoo, split) -> tuple[str, str]:
-    """Every card of the zoo published with its blobs, then the evaluation (test split) and calibration (validation
-    images) sets uploaded; returns their sha256s."""
-    for card in zoo.cards():
-        digests = [card.sha256, *card.artifacts.values(), *([card.training_graph] if card.training_graph else [])]
-        admin.publish_model(card, {digest: zoo.blob_path(digest).read_bytes() for digest in digests},
-                            DEFAULT_ADMIN_TOKEN)
-    return (admin.publish_blob(_npz(x=split.test.x, y=split.test.y), DEFAULT_ADMIN_TOKEN),
-            admin.publish_blob(_npz(x=split.validation.x), DEFAULT_ADMIN_TOKEN))
-
-
 @contextmanager
 def _fleet(zoo, tmp_path):
     """A server with the zoo published, the evaluation and calibration sets uploaded and a device per shard."""
@@ -153,21 +105,10 @@ def _fleet(zoo, tmp_path):
             device.close()
 
 
-def _supernet(zoo) -> ModelCard:
-    return next(card for card in zoo.cards() if is_supernet(card))
-
-
-def _members(zoo) -> list[ModelCard]:
-    """The zoo's models (fp32, unpruned), smallest first."""
-    return sorted((card for card in zoo.cards()
-                   if not is_supernet(card) and card.precision == "fp32" and card.pruning is None),
-                  key=lambda card: card.macs)
-
-
 def _plan(fleet, **overrides) -> dict:
     zoo = fleet["zoo"]
-    smallest = _members(zoo)[0]
-    config = {"model_id": _supernet(zoo).id, "evaluation_sha256": fleet["evaluation"], "min_clients": 4,
+    smallest = zoo_members(zoo)[0]
+    config = {"model_id": supernet_card(zoo).id, "evaluation_sha256": fleet["evaluation"], "min_clients": 4,
               "target_clients": 4, "over_selection": 0.0, "deadline_s": 120, "local_epochs": 1, "batch_size": 16,
               "learning_rate": 0.05, "max_accuracy_drop": OPEN_GATE,
               "zoo": {"latency_budget_ms": 1e5, "calibration_sha256": fleet["calibration"],
@@ -178,14 +119,14 @@ def _plan(fleet, **overrides) -> dict:
 
 def test_a_zoo_wide_round_improves_the_supernet_and_republishes_every_zoo_model(fleet):
     zoo, admin, split = fleet["zoo"], fleet["admin"], fleet["split"]
-    members = _members(zoo)
+    members = zoo_members(zoo)
     round_id = admin.create_zoo_rounds(_plan(fleet), DEFAULT_ADMIN_TOKEN)["id"]
     for device, shard in zip(fleet["devices"], fleet["shards"]):
-        work = device.fl_task(_supernet(zoo).details["supernet"]["task"])["task"]
+        work = device.fl_task(supernet_card(zoo).details["supernet"]["task"])["task"]
         assert work is not None and work["round_id"] == round_id
         training_card = device.card(work["model_id"])
         # the device trains its tier's subnet: a training card never served by lookup
-        assert training_card.task.endswith(".subnet") and training_card.parent_id == _supernet(zoo).id
+        assert training_card.task.endswith(".subnet") and training_card.parent_id == supernet_card(zoo).id
         result = run_task(device, work, LocalData(split.train.x[shard], split.train.y[shard]))
         assert result.outcome == "accepted"
     view = wait_for_round_end(admin, round_id, timeout_s=300)
@@ -221,7 +162,7 @@ def test_a_zoo_wide_round_improves_the_supernet_and_republishes_every_zoo_model(
     else:
         assert "against the new fp32 model" in int8["reason"]
     supernet = admin.card(view["result_model_id"])
-    assert is_supernet(supernet) and supernet.version == 2 and supernet.parent_id == _supernet(zoo).id
+    assert is_supernet(supernet) and supernet.version == 2 and supernet.parent_id == supernet_card(zoo).id
     # lookup serves the new versions at once: for the small tier, the more accurate of the smallest model's two
     # versions (the new one inherits the card's latencies, so it fits the same budget)
     small = fleet["devices"][0]
@@ -263,7 +204,7 @@ def test_zoo_wide_rounds_lower_every_zoo_models_loss_on_the_fleets_data(fleet):
     model (the tier that never trained it included) fits the devices' pooled data better than its version 1.
     Held-out accuracy is the benchmark's claim (bench/fl_zoo.py), not this test's."""
     zoo, admin, split = fleet["zoo"], fleet["admin"], fleet["split"]
-    members = _members(zoo)
+    members = zoo_members(zoo)
     pooled = np.concatenate(fleet["shards"])
     x, y = split.train.x[pooled], split.train.y[pooled]
     plan = _plan(fleet, num_rounds=2, local_epochs=2)
@@ -271,7 +212,7 @@ def test_zoo_wide_rounds_lower_every_zoo_models_loss_on_the_fleets_data(fleet):
     next_version: dict[str, str] = {}  # each round's model id -> the version it published
     for _ in range(plan["num_rounds"]):
         for device, shard in zip(fleet["devices"], fleet["shards"]):
-            work = device.fl_task(_supernet(zoo).details["supernet"]["task"])["task"]
+            work = device.fl_task(supernet_card(zoo).details["supernet"]["task"])["task"]
             assert work is not None and work["round_id"] == round_id
             assert run_task(device, work, LocalData(split.train.x[shard], split.train.y[shard])).outcome == "accepted"
         view = wait_for_round_end(admin, round_id, timeout_s=300)
@@ -301,7 +242,7 @@ def test_min_coverage_keeps_single_device_elements_out_of_the_release(fleet):
                    DEFAULT_ADMIN_TOKEN, "--format", "json")
     round_id = json.loads(started.stdout)["id"]
     for device, shard in zip(fleet["devices"], fleet["shards"]):
-        work = device.fl_task(_supernet(zoo).details["supernet"]["task"])["task"]
+        work = device.fl_task(supernet_card(zoo).details["supernet"]["task"])["task"]
         run_task(device, work, LocalData(split.train.x[shard], split.train.y[shard]))
     view = wait_for_round_end(admin, round_id, timeout_s=300)
     assert view["state"] == "closed", view["outcome"]
@@ -313,14 +254,14 @@ def test_min_coverage_keeps_single_device_elements_out_of_the_release(fleet):
 
 def test_a_device_whose_budget_fits_no_zoo_model_sits_the_round_out_and_hears_why(fleet):
     admin, zoo = fleet["admin"], fleet["zoo"]
-    smallest = _members(zoo)[0]
+    smallest = zoo_members(zoo)[0]
     plan = _plan(fleet, min_clients=2, target_clients=2)
     plan["zoo"]["latency_budget_ms_by_class"] = {"tier-small": smallest.macs / 1e4 / 2}  # below every model
     round_id = admin.create_zoo_rounds(plan, DEFAULT_ADMIN_TOKEN)["id"]
     small, large = fleet["devices"][0], fleet["devices"][-1]
-    answer = small.fl_task(_supernet(zoo).details["supernet"]["task"])
+    answer = small.fl_task(supernet_card(zoo).details["supernet"]["task"])
     assert answer["task"] is None and "no zoo model fits" in answer["reason"]
-    assert large.fl_task(_supernet(zoo).details["supernet"]["task"])["task"]["round_id"] == round_id
+    assert large.fl_task(supernet_card(zoo).details["supernet"]["task"])["task"]["round_id"] == round_id
     assert admin.fl_round(round_id)["selected_devices"] == 1
 
 
@@ -343,7 +284,7 @@ def test_zoo_plans_need_the_admin_token_and_name_bad_fields(fleet):
         ("privacy.dp.adaptive", {**plan, "privacy": {"secure_aggregation": {},
                                                      "dp": {"max_epsilon": 8.0, "clip_norm": 1.0, "adaptive": {}}}}),
         ("strategy.name", {**plan, "strategy": {"name": "median"}}),
-        ("model_id", {**plan, "model_id": _members(fleet["zoo"])[0].id}),
+        ("model_id", {**plan, "model_id": zoo_members(fleet["zoo"])[0].id}),
         ("zoo.calibration_sha256", {**plan, "zoo": {**plan["zoo"], "calibration_sha256": "0" * 64}}),
         ("zoo.calibration_sha256", {**plan, "zoo": {**plan["zoo"], "calibration_sha256": fleet["evaluation"][:63]}}),
         ("zoo.latency_budget_ms_by_class", {**plan, "zoo": {**plan["zoo"], "latency_budget_ms_by_class":
@@ -353,7 +294,7 @@ def test_zoo_plans_need_the_admin_token_and_name_bad_fields(fleet):
         ("zoo.coverage_step_exponent", {**plan, "zoo": {**plan["zoo"], "coverage_step_exponent": -0.5}}),
         # each zoo model is gated against its own line: one anchor model cannot be every line's reference
         ("gate.compare_with", {**plan, "gate": {"compare_with": "anchor",
-                                                "anchor_model_id": _members(fleet["zoo"])[0].id}}),
+                                                "anchor_model_id": zoo_members(fleet["zoo"])[0].id}}),
     ]
     for field, config in cases:
         error = _refused(lambda: admin.create_zoo_rounds(config, DEFAULT_ADMIN_TOKEN))
@@ -364,7 +305,7 @@ def test_zoo_plans_need_the_admin_token_and_name_bad_fields(fleet):
 
 def _train_every_device(fleet, round_id: int, labels=None) -> None:
     """Every device trains the task the round gives it on its shard (with `labels` instead of its own, if given)."""
-    split, task = fleet["split"], _supernet(fleet["zoo"]).details["supernet"]["task"]
+    split, task = fleet["split"], supernet_card(fleet["zoo"]).details["supernet"]["task"]
     for device, shard in zip(fleet["devices"], fleet["shards"]):
         work = device.fl_task(task)["task"]
         assert work is not None and work["round_id"] == round_id
@@ -390,7 +331,7 @@ def test_a_zoo_wide_round_retires_stale_compressed_variants_and_publishes_in_the
     served = {card.id: admin.card(card.id).unsigned["server_evaluation"] for card in zoo.cards() if not is_supernet(card)}
     assert {evaluation["evaluation_sha256"] for evaluation in served.values()} == {fleet["evaluation"]}
     # the budgets (the small tier's latencies, from the smallest zoo model's up) at which lookup serves a variant
-    task, smallest_ms = fleet["split"].dataset.name, _members(zoo)[0].latency_ms["tier-small"].median_ms
+    task, smallest_ms = fleet["split"].dataset.name, zoo_members(zoo)[0].latency_ms["tier-small"].median_ms
     budgets = sorted({card.latency_ms["tier-small"].median_ms for card in zoo.cards() if not is_supernet(card)
                       and card.latency_ms["tier-small"].median_ms >= smallest_ms})
     before = {budget: devices[0].lookup(task, budget)["model"]["id"] for budget in budgets}
@@ -465,7 +406,7 @@ def test_a_zoo_plan_gating_on_the_best_version_refuses_one_worse_than_its_lines_
 def test_a_publication_whose_worker_died_is_re_run_by_the_next_advance_and_published_once(fleet):
     admin, zoo = fleet["admin"], fleet["zoo"]
     round_id = admin.create_zoo_rounds(_plan(fleet, min_clients=3, target_clients=4), DEFAULT_ADMIN_TOKEN)["id"]
-    split, task = fleet["split"], _supernet(zoo).details["supernet"]["task"]
+    split, task = fleet["split"], supernet_card(zoo).details["supernet"]["task"]
     for device, shard in list(zip(fleet["devices"], fleet["shards"]))[:3]:  # below the target: nobody claims it
         run_task(device, device.fl_task(task)["task"], LocalData(split.train.x[shard], split.train.y[shard]))
     # what a worker killed mid-publication leaves: the round claimed by it, its lease lapsed, its progress half-way
@@ -480,8 +421,8 @@ def test_a_publication_whose_worker_died_is_re_run_by_the_next_advance_and_publi
     view = wait_for_round_end(admin, round_id, timeout_s=300)
     assert view["state"] == "closed", view["outcome"]
     assert view["publication"]["stage"] == "published" and view["outcome"]["aggregated_updates"] == 3
-    supernets = [card for card in admin.list_models(task=_supernet(zoo).task)["models"]
-                 if card["parent_id"] == _supernet(zoo).id]
+    supernets = [card for card in admin.list_models(task=supernet_card(zoo).task)["models"]
+                 if card["parent_id"] == supernet_card(zoo).id]
     assert [card["id"] for card in supernets] == [view["result_model_id"]]  # published exactly once
     for model in view["outcome"]["zoo"]["models"]:
         if model["published"]:
