@@ -30,10 +30,10 @@ def _randomise_batchnorm(model: torch.nn.Module, seed: int) -> None:
             module.weight.data.copy_(torch.randn(module.num_features, generator=generator))
 
 
+@pytest.mark.parametrize("space", [default_space(28), tiny_space(8)], ids=["default", "tiny-elastic-width"])
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))
-def test_sampled_mutated_and_crossed_archs_stay_in_the_space(seed):
-    space = default_space(28)
+def test_sampled_mutated_and_crossed_archs_stay_in_the_space(space, seed):
     rng = np.random.default_rng(seed)
     first, second = space.sample_arch(rng), space.sample_arch(rng)
     for arch in (first, space.mutate(first, rng, 0.5), space.crossover(first, second, rng)):
@@ -55,11 +55,33 @@ def test_space_rejects_even_kernels_and_ratio_one():
         type(space)(**{**space.__dict__, "kernel_choices": (3, 4)})
     with pytest.raises(InvalidInputError, match="at least 2"):
         type(space)(**{**space.__dict__, "expand_ratio_choices": (1, 2)})
+    for widths in ((0.5, 0.75), (0.0, 1.0), (0.5, 1.5)):  # the supernet's own width must be a choice, none wider
+        with pytest.raises(InvalidInputError, match="width choices"):
+            type(space)(**{**space.__dict__, "width_choices": widths})
+
+
+def test_stage_widths_are_the_width_choices_of_each_stage_and_archs_record_them():
+    space = tiny_space(8)  # stages of 8, 16 and 24 channels, widths 0.5, 0.75 and 1
+    assert [space.stage_widths(index) for index in range(3)] == [(4, 6, 8), (8, 12, 16), (12, 18, 24)]
+    assert [stage["out_channels"] for stage in space.min_arch()["stages"]] == [4, 8, 12]
+    assert [stage["out_channels"] for stage in space.max_arch()["stages"]] == [8, 16, 24]
+    arch = space.max_arch()
+    arch["stages"][1]["out_channels"] = 10  # not a width choice of the 16-channel stage
+    assert not space.contains(arch)
+
+
+def test_a_space_and_archs_saved_before_widths_were_elastic_still_load():
+    saved = default_space(28).to_dict()
+    del saved["width_choices"]
+    space = type(default_space(28)).from_dict(json.loads(json.dumps(saved)))
+    assert space.width_choices == (1.0,) and space == default_space(28)
+    assert space.contains(space.max_arch()) and space.contains(space.min_arch())
+    assert [stage["out_channels"] for stage in space.min_arch()["stages"]] == [16, 24, 40, 64]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_extracted_subnet_computes_exactly_what_the_supernet_computes(seed):
-    space = default_space(28)
+@pytest.mark.parametrize("space", [default_space(28), tiny_space(28)], ids=["default", "tiny-elastic-width"])
+def test_extracted_subnet_computes_exactly_what_the_supernet_computes(space, seed):
     torch.manual_seed(seed)
     supernet = Supernet(space, 10, 1)
     _randomise_batchnorm(supernet, seed)
