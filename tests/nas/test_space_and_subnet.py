@@ -142,13 +142,14 @@ def test_subnet_exports_to_standard_onnx_ops_and_matches_torch(tmp_path):
 
 def test_macs_and_params_of_a_hand_counted_net():
     space = tiny_space(8)
-    arch = space.min_arch()  # stem 8ch stride 1 on 8x8; stages (8,s1),(16,s2),(24,s2), 1 block each, ratio 2, kernel 3
+    # stem 8ch stride 1 on 8x8; stages (8,s1),(16,s2),(24,s2) at half width (4, 8, 12), 1 block each, ratio 2, kernel 3
+    arch = space.min_arch()
     model = build_subnet(arch, 10, 1)
     stem = 8 * 8 * 8 * 1 * 9
-    block1 = 64 * 16 * 8 + 64 * 16 * 9 + 64 * 8 * 16  # expand 8->16, dw 3x3 16, project 16->8 at 8x8
-    block2 = 64 * 16 * 8 + 16 * 16 * 9 + 16 * 16 * 16  # expand at 8x8, dw stride 2 -> 4x4, project 16->16
-    block3 = 16 * 32 * 16 + 4 * 32 * 9 + 4 * 24 * 32  # expand 16->32 at 4x4, dw -> 2x2, project 32->24
-    head = 4 * 32 * 24
+    block1 = 64 * 16 * 8 + 64 * 16 * 9 + 64 * 4 * 16  # expand 8->16, dw 3x3 16, project 16->4 at 8x8
+    block2 = 64 * 8 * 4 + 16 * 8 * 9 + 16 * 8 * 8  # expand 4->8 at 8x8, dw stride 2 -> 4x4, project 8->8
+    block3 = 16 * 16 * 8 + 4 * 16 * 9 + 4 * 12 * 16  # expand 8->16 at 4x4, dw -> 2x2, project 16->12
+    head = 4 * 32 * 12
     classifier = 32 * 10
     assert count_macs(model, (1, 1, 8, 8)) == stem + block1 + block2 + block3 + head + classifier
     assert count_params(model) == sum(p.numel() for p in model.parameters())

