@@ -4,8 +4,10 @@ deltas without torch).
 A subnet of `fedzoo.nas.supernet.Supernet` takes, per tensor (names as `fedzoo.nas.subnet.Subnet`'s state
 dict, which are also its ONNX initializer names):
 
-- **width / expand ratio**: leading slices: a block's expand conv and its BatchNorm the first
-  `mid = in_channels x ratio` channels, the project conv the first `mid` input channels;
+- **width**: leading slices: a block's project conv and its BatchNorm the first `out_channels` of its stage
+  (the arch's), the next block's expand conv (or the head conv) the first input channels;
+- **expand ratio**: leading slices: a block's expand conv and its BatchNorm the first
+  `mid = in_channels x ratio` channels (`in_channels` the subnet's), the project conv the first `mid` input channels;
 - **depth**: a stage's first `d` blocks (subnet block `i` is the supernet's block `(stage, b)` in order);
 - **elastic kernel**: a `k x k` depthwise kernel is `crop(W) @ M_s` applied from the largest kernel down
   (one learned matrix `M_s` per smaller size, shared by all channels). Per channel this is one linear map
@@ -99,21 +101,23 @@ def placements(space: SearchSpace, arch: Arch, weights: Weights) -> list[Placeme
     result = [Placement("stem.0.weight", "stem.0.weight", everything), *_norm("stem.1", "stem.1", None)]
     block_index, in_channels = 0, space.stem_channels
     for stage_index, stage in enumerate(arch["stages"]):
+        out_channels = int(stage["out_channels"])
         for block, (kernel, ratio) in enumerate(zip(stage["kernels"], stage["expand_ratios"])):
             mid = in_channels * int(ratio)
             source, target = f"stages.{stage_index}.{block}", f"blocks.{block_index}.layers"
             result += [
-                Placement(f"{target}.0.weight", f"{source}.expand_weight", (slice(0, mid),)),
+                Placement(f"{target}.0.weight", f"{source}.expand_weight", (slice(0, mid), slice(0, in_channels))),
                 *_norm(f"{target}.1", f"{source}.expand_norm", mid),
                 Placement(f"{target}.3.weight", f"{source}.depthwise_weight", (slice(0, mid),),
                           kernel_map(weights, f"{source}.", space, int(kernel))),
                 *_norm(f"{target}.4", f"{source}.depthwise_norm", mid),
-                Placement(f"{target}.6.weight", f"{source}.project_weight", (slice(None), slice(0, mid))),
-                *_norm(f"{target}.7", f"{source}.project_norm", None),
+                Placement(f"{target}.6.weight", f"{source}.project_weight", (slice(0, out_channels), slice(0, mid))),
+                *_norm(f"{target}.7", f"{source}.project_norm", out_channels),
             ]
             block_index += 1
-            in_channels = int(stage["out_channels"])
-    result += [Placement("head.0.weight", "head.0.weight", everything), *_norm("head.1", "head.1", None),
+            in_channels = out_channels
+    result += [Placement("head.0.weight", "head.0.weight", (slice(None), slice(0, in_channels))),
+               *_norm("head.1", "head.1", None),
                Placement("classifier.weight", "classifier.weight", everything),
                Placement("classifier.bias", "classifier.bias", everything)]
     return result

@@ -2,12 +2,19 @@
 
 Weight sharing as in Once-for-All (Cai et al., ICLR 2020):
 - elastic depth: a stage runs only its first `d` blocks;
-- elastic width: a block's expand conv keeps only its first `in * ratio` output channels, and the
-  depthwise and project convs the matching slices;
+- elastic width: a stage's blocks keep only the first `out_channels` output channels of their project conv
+  (and BatchNorm), and the next layer (the next block's expand conv, or the head) the first input channels;
+- elastic expand ratio: a block's expand conv keeps only its first `in * ratio` output channels (`in` being
+  the active input width), and the depthwise and project convs the matching slices;
 - elastic kernel: a 3x3 kernel is the centre of the 5x5 one passed through a small learned linear
   transform (one matrix per layer and kernel size, shared by all channels).
 `set_active(arch)` picks the subnet the next forward pass runs; `extract_subnet` copies its weights into a
-standalone `Subnet`.
+standalone `Subnet`. A block adds its residual when its stride is 1 and its active input and output widths
+match, as the standalone `Subnet` of the arch does.
+
+Once-for-All sorts channels by importance before it shrinks a pretrained full network; here every width is
+trained from the first step (the sandwich rule, as slimmable networks and BigNAS do), so the leading channels
+are the ones every subnet trains and no reordering is needed.
 """
 
 from __future__ import annotations
@@ -39,7 +46,8 @@ class DynamicBatchNorm(nn.BatchNorm2d):
 
 
 class DynamicInvertedResidual(nn.Module):
-    """An inverted-residual block whose expand ratio and kernel size are chosen per forward pass."""
+    """An inverted-residual block whose output width, expand ratio and kernel size are chosen per forward
+    pass; its input width is that of the input it is given."""
 
     def __init__(self, in_channels: int, out_channels: int, stride: int, activation: str, space: SearchSpace) -> None:
         super().__init__()
@@ -52,7 +60,7 @@ class DynamicInvertedResidual(nn.Module):
         self.depthwise_weight = nn.Parameter(torch.empty(max_mid, 1, self.max_kernel, self.max_kernel))
         self.depthwise_norm = DynamicBatchNorm(max_mid)
         self.project_weight = nn.Parameter(torch.empty(out_channels, max_mid, 1, 1))
-        self.project_norm = nn.BatchNorm2d(out_channels)
+        self.project_norm = DynamicBatchNorm(out_channels)
         self.activation = make_activation(activation)
         # one transform per smaller kernel, identity at the start, as OFA's kernel transformation matrices
         self.kernel_transforms = nn.ParameterDict(
@@ -62,6 +70,7 @@ class DynamicInvertedResidual(nn.Module):
             nn.init.kaiming_normal_(weight, mode="fan_out")
         self.active_kernel = self.max_kernel
         self.active_expand_ratio = space.max_expand_ratio
+        self.active_out_channels = out_channels
 
     def depthwise_kernel(self, kernel: int, mid_channels: int) -> torch.Tensor:
         """The depthwise weight of size `kernel`: centre crops of the larger kernel, transformed step by step."""
@@ -77,14 +86,15 @@ class DynamicInvertedResidual(nn.Module):
         return weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        mid = self.in_channels * self.active_expand_ratio
+        in_channels, out_channels = x.shape[1], self.active_out_channels
+        mid = in_channels * self.active_expand_ratio
         kernel = self.active_kernel
-        out = self.activation(self.expand_norm(F.conv2d(x, self.expand_weight[:mid])))
+        out = self.activation(self.expand_norm(F.conv2d(x, self.expand_weight[:mid, :in_channels])))
         depthwise = self.depthwise_kernel(kernel, mid)
         out = F.conv2d(out, depthwise, stride=self.stride, padding=kernel // 2, groups=mid)
         out = self.activation(self.depthwise_norm(out))
-        out = self.project_norm(F.conv2d(out, self.project_weight[:, :mid]))
-        if self.stride == 1 and self.in_channels == self.out_channels:
+        out = self.project_norm(F.conv2d(out, self.project_weight[:out_channels, :mid]))
+        if self.stride == 1 and in_channels == out_channels:
             return x + out
         return out
 
@@ -120,13 +130,15 @@ class Supernet(nn.Module):
         for blocks, stage in zip(self.stages, arch["stages"]):
             for block, kernel, ratio in zip(blocks, stage["kernels"], stage["expand_ratios"]):
                 block.active_kernel, block.active_expand_ratio = int(kernel), int(ratio)
+                block.active_out_channels = int(stage["out_channels"])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stem(x)
         for blocks, depth in zip(self.stages, self.active_depths):
             for block in blocks[:depth]:
                 x = block(x)
-        x = self.head(x)
+        head_conv, head_norm, head_activation = self.head
+        x = head_activation(head_norm(F.conv2d(x, head_conv.weight[:, : x.shape[1]])))  # the last stage's width
         return self.classifier(torch.flatten(self.pool(x), 1))
 
 
@@ -147,18 +159,21 @@ def extract_subnet(supernet: Supernet, arch: Arch) -> Subnet:
     supernet.set_active(arch)
     subnet = Subnet(arch, supernet.num_classes, supernet.in_channels)
     subnet.stem.load_state_dict(supernet.stem.state_dict())
-    subnet.head.load_state_dict(supernet.head.state_dict())
     subnet.classifier.load_state_dict(supernet.classifier.state_dict())
     targets = iter(subnet.blocks)
+    channels = supernet.space.stem_channels
     for blocks, depth in zip(supernet.stages, supernet.active_depths):
         for block in blocks[:depth]:
             target: InvertedResidual = next(targets)
-            mid = block.in_channels * block.active_expand_ratio
+            mid, out = channels * block.active_expand_ratio, block.active_out_channels
             expand_conv, expand_norm, _, depthwise_conv, depthwise_norm, _, project_conv, project_norm = target.layers
-            expand_conv.weight.copy_(block.expand_weight[:mid])
+            expand_conv.weight.copy_(block.expand_weight[:mid, :channels])
             _copy_norm(expand_norm, block.expand_norm, mid)
             depthwise_conv.weight.copy_(block.depthwise_kernel(block.active_kernel, mid))
             _copy_norm(depthwise_norm, block.depthwise_norm, mid)
-            project_conv.weight.copy_(block.project_weight[:, :mid])
-            _copy_norm(project_norm, block.project_norm, block.out_channels)
+            project_conv.weight.copy_(block.project_weight[:out, :mid])
+            _copy_norm(project_norm, block.project_norm, out)
+            channels = out
+    subnet.head[0].weight.copy_(supernet.head[0].weight[:, :channels])
+    _copy_norm(subnet.head[1], supernet.head[1], supernet.space.head_channels)
     return subnet

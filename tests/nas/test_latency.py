@@ -62,13 +62,19 @@ def _predicted_on_export(estimator, model):
 def test_predicted_latency_from_the_part_table_equals_the_prediction_on_the_export():
     estimator = KernelPredictedLatency()
     depth = SPACE.max_depth
-    for kernel, ratio in itertools.product(SPACE.kernel_choices, SPACE.expand_ratio_choices):  # every part once
-        uniform = SPACE.make_arch([depth] * 3, [[kernel] * depth] * 3, [[ratio] * depth] * 3)
+    width_sets = [[SPACE.stage_widths(stage)[choice] for stage in range(3)] for choice in range(len(SPACE.width_choices))]
+    # every part of the archs whose stages all take the same width choice, once
+    for kernel, ratio, widths in itertools.product(SPACE.kernel_choices, SPACE.expand_ratio_choices, width_sets):
+        uniform = SPACE.make_arch([depth] * 3, [[kernel] * depth] * 3, [[ratio] * depth] * 3, widths)
         estimator.latency_ms(build_subnet(uniform, 10, 1), (1, 1, 8, 8))
     filled = estimator.exports
-    assert filled == len(SPACE.kernel_choices) * len(SPACE.expand_ratio_choices)
+    assert filled == len(SPACE.kernel_choices) * len(SPACE.expand_ratio_choices) * len(width_sets)
     rng = np.random.default_rng(3)
-    for arch in [SPACE.min_arch()] + [SPACE.sample_arch(rng) for _ in range(4)]:
+    sampled = [SPACE.sample_arch(rng) for _ in range(4)]
+    for arch, widths in zip(sampled, rng.permutation(width_sets + width_sets)):  # one width choice per arch
+        for stage, width in zip(arch["stages"], widths):
+            stage["out_channels"] = int(width)
+    for arch in [SPACE.min_arch()] + sampled:
         model = build_subnet(arch, 10, 1).eval()
         assert estimator.latency_ms(model, (1, 1, 8, 8)) == pytest.approx(_predicted_on_export(estimator, model), rel=1e-9)
     assert estimator.exports == filled  # none of them was exported to be estimated

@@ -30,10 +30,10 @@ def _randomise_batchnorm(model: torch.nn.Module, seed: int) -> None:
             module.weight.data.copy_(torch.randn(module.num_features, generator=generator))
 
 
+@pytest.mark.parametrize("space", [default_space(28), tiny_space(8)], ids=["default", "tiny-elastic-width"])
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1))
-def test_sampled_mutated_and_crossed_archs_stay_in_the_space(seed):
-    space = default_space(28)
+def test_sampled_mutated_and_crossed_archs_stay_in_the_space(space, seed):
     rng = np.random.default_rng(seed)
     first, second = space.sample_arch(rng), space.sample_arch(rng)
     for arch in (first, space.mutate(first, rng, 0.5), space.crossover(first, second, rng)):
@@ -55,11 +55,33 @@ def test_space_rejects_even_kernels_and_ratio_one():
         type(space)(**{**space.__dict__, "kernel_choices": (3, 4)})
     with pytest.raises(InvalidInputError, match="at least 2"):
         type(space)(**{**space.__dict__, "expand_ratio_choices": (1, 2)})
+    for widths in ((0.5, 0.75), (0.0, 1.0), (0.5, 1.5)):  # the supernet's own width must be a choice, none wider
+        with pytest.raises(InvalidInputError, match="width choices"):
+            type(space)(**{**space.__dict__, "width_choices": widths})
+
+
+def test_stage_widths_are_the_width_choices_of_each_stage_and_archs_record_them():
+    space = tiny_space(8)  # stages of 8, 16 and 24 channels, widths 0.5, 0.75 and 1
+    assert [space.stage_widths(index) for index in range(3)] == [(4, 6, 8), (8, 12, 16), (12, 18, 24)]
+    assert [stage["out_channels"] for stage in space.min_arch()["stages"]] == [4, 8, 12]
+    assert [stage["out_channels"] for stage in space.max_arch()["stages"]] == [8, 16, 24]
+    arch = space.max_arch()
+    arch["stages"][1]["out_channels"] = 10  # not a width choice of the 16-channel stage
+    assert not space.contains(arch)
+
+
+def test_a_space_and_archs_saved_before_widths_were_elastic_still_load():
+    saved = default_space(28).to_dict()
+    del saved["width_choices"]
+    space = type(default_space(28)).from_dict(json.loads(json.dumps(saved)))
+    assert space.width_choices == (1.0,) and space == default_space(28)
+    assert space.contains(space.max_arch()) and space.contains(space.min_arch())
+    assert [stage["out_channels"] for stage in space.min_arch()["stages"]] == [16, 24, 40, 64]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_extracted_subnet_computes_exactly_what_the_supernet_computes(seed):
-    space = default_space(28)
+@pytest.mark.parametrize("space", [default_space(28), tiny_space(28)], ids=["default", "tiny-elastic-width"])
+def test_extracted_subnet_computes_exactly_what_the_supernet_computes(space, seed):
     torch.manual_seed(seed)
     supernet = Supernet(space, 10, 1)
     _randomise_batchnorm(supernet, seed)
@@ -120,13 +142,14 @@ def test_subnet_exports_to_standard_onnx_ops_and_matches_torch(tmp_path):
 
 def test_macs_and_params_of_a_hand_counted_net():
     space = tiny_space(8)
-    arch = space.min_arch()  # stem 8ch stride 1 on 8x8; stages (8,s1),(16,s2),(24,s2), 1 block each, ratio 2, kernel 3
+    # stem 8ch stride 1 on 8x8; stages (8,s1),(16,s2),(24,s2) at half width (4, 8, 12), 1 block each, ratio 2, kernel 3
+    arch = space.min_arch()
     model = build_subnet(arch, 10, 1)
     stem = 8 * 8 * 8 * 1 * 9
-    block1 = 64 * 16 * 8 + 64 * 16 * 9 + 64 * 8 * 16  # expand 8->16, dw 3x3 16, project 16->8 at 8x8
-    block2 = 64 * 16 * 8 + 16 * 16 * 9 + 16 * 16 * 16  # expand at 8x8, dw stride 2 -> 4x4, project 16->16
-    block3 = 16 * 32 * 16 + 4 * 32 * 9 + 4 * 24 * 32  # expand 16->32 at 4x4, dw -> 2x2, project 32->24
-    head = 4 * 32 * 24
+    block1 = 64 * 16 * 8 + 64 * 16 * 9 + 64 * 4 * 16  # expand 8->16, dw 3x3 16, project 16->4 at 8x8
+    block2 = 64 * 8 * 4 + 16 * 8 * 9 + 16 * 8 * 8  # expand 4->8 at 8x8, dw stride 2 -> 4x4, project 8->8
+    block3 = 16 * 16 * 8 + 4 * 16 * 9 + 4 * 12 * 16  # expand 8->16 at 4x4, dw -> 2x2, project 16->12
+    head = 4 * 32 * 12
     classifier = 32 * 10
     assert count_macs(model, (1, 1, 8, 8)) == stem + block1 + block2 + block3 + head + classifier
     assert count_params(model) == sum(p.numel() for p in model.parameters())

@@ -1,5 +1,5 @@
 """The supernet ↔ subnet mapping in numpy: it extracts what the torch supernet extracts, and mapping a delta
-back then re-extracting gives the delta (width and expand slices, depth prefixes, elastic kernels)."""
+back then re-extracting gives the delta (stage width and expand slices, depth prefixes, elastic kernels)."""
 
 import numpy as np
 import pytest
@@ -12,10 +12,11 @@ from fedzoo.nas.space import SearchSpace, StageSpec, tiny_space
 from fedzoo.nas.subnet_mapping import extract_weights, map_back, placements
 from fedzoo.nas.supernet import Supernet, extract_subnet
 
-# three kernel sizes, so a 3x3 kernel goes through two learned transforms (7 -> 5 -> 3)
+# three kernel sizes, so a 3x3 kernel goes through two learned transforms (7 -> 5 -> 3); two widths, so the first
+# stage's residual from the stem comes and goes with its width
 SPACE = SearchSpace(resolution=8, stem_channels=4, stem_stride=1, head_channels=8,
                     stages=(StageSpec(4, 1), StageSpec(6, 2, "hswish")), depth_choices=(1, 2),
-                    expand_ratio_choices=(2, 3), kernel_choices=(3, 5, 7))
+                    expand_ratio_choices=(2, 3), kernel_choices=(3, 5, 7), width_choices=(0.5, 1.0))
 
 
 def supernet_weights(space: SearchSpace, seed: int) -> dict[str, np.ndarray]:
@@ -111,6 +112,21 @@ def test_a_smaller_kernel_covers_the_centre_it_is_cut_from():
     mask = map_back(space, arch, weights, delta).masks["stages.0.0.depthwise_weight"]
     mid = space.stem_channels * min(space.expand_ratio_choices)
     assert mask[:mid, 0, 1:4, 1:4].all() and mask[:mid].sum() == mid * 9 and not mask[mid:].any()
+
+
+def test_a_narrower_stage_covers_only_its_leading_channels_and_the_next_layers_matching_inputs():
+    _, weights = supernet_weights(SPACE, 0)
+    arch = SPACE.max_arch()
+    arch["stages"][1]["out_channels"] = SPACE.stage_widths(1)[0]  # 3 of the last stage's 6 channels
+    delta = {name: np.ones_like(value) for name, value in extract_weights(SPACE, arch, weights).items()}
+    masks = map_back(SPACE, arch, weights, delta).masks
+    for block in range(SPACE.max_depth):
+        project, norm = masks[f"stages.1.{block}.project_weight"], masks[f"stages.1.{block}.project_norm.weight"]
+        assert project[:3, 0].all() and not project[3:].any() and norm[:3].all() and not norm[3:].any()
+    second_expand = masks["stages.1.1.expand_weight"]  # its input is the first block's 3 channels
+    assert second_expand[0, :3].all() and not second_expand[:, 3:].any()
+    assert masks["head.0.weight"][:, :3].all() and not masks["head.0.weight"][:, 3:].any()
+    assert masks["head.1.weight"].all()  # the head keeps its own width
 
 
 def test_an_arch_outside_the_space_is_refused():
