@@ -3,6 +3,7 @@
 import base64
 import io
 import json
+import os
 import threading
 import time
 
@@ -25,11 +26,14 @@ from fedzoo.server.fl.root_trust import train_root_update
 from fedzoo.server.fl.schemas import TrainingConfig
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fl_helpers import device_client, ready_simulation, round_config, wait_for_round_end
+from server_helpers import fresh_postgres_database
+from sqlalchemy import create_engine, text
 
 ADMIN = DEFAULT_ADMIN_TOKEN
 VIEWER = "secure-rounds-viewer-token-0123456789"
 DEVICES = 8  # k = 6, t = 5: the devices' floor against 2 corrupt devices leaves room for one dropout
 POLL_S = 0.05
+POSTGRES_URL = os.environ.get("FEDZOO_TEST_POSTGRES_URL")
 
 
 @pytest.fixture(scope="module")
@@ -585,6 +589,83 @@ def test_a_second_dp_plan_on_a_line_waits_for_the_running_one(simulation, federa
                                                  "evaluation_sha256": simulation.evaluation_sha256})
     assert busy.status_code == 409 and busy.json()["error"]["code"] == "line_busy"
     assert str(running) in busy.json()["error"]["message"]
+
+
+def _open_at_once(server_url, body, operators=2):
+    """The answers to `operators` admins posting the same plan in the same instant, one thread each."""
+    together, answers = threading.Barrier(operators), []
+
+    def open_plan():
+        with httpx.Client(base_url=server_url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30) as http:
+            together.wait()
+            answers.append(http.post("/v1/fl/rounds", json=body))
+
+    threads = [threading.Thread(target=open_plan) for _ in range(operators)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return answers
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not POSTGRES_URL, reason="set FEDZOO_TEST_POSTGRES_URL to run against PostgreSQL")
+def test_two_dp_plans_opening_at_once_on_one_line_on_postgres_open_one_and_the_other_is_told_line_busy(federation,
+                                                                                                       tmp_path):
+    """Two operators open a DP plan on one line in the same instant: one opens, the other is told `line_busy`, and
+    the plan that opened holds the line's ledger. On a new line both insert its row and the primary key refuses the
+    second. On a line that exists each reads it free before the other commits; on PostgreSQL only the row lock of
+    `_start_on_line`'s `revision` raise makes the second wait for the first and then see its plan (SQLite's one
+    write lock serialises them anyway). Two plans on one line would each check the line's lifetime budget against
+    the line without the other's rounds. Each opened plan fails at its 1 s deadline, freeing the line for the next
+    race; without the row lock two plans opened in about two races of three."""
+    dp = {"max_epsilon": 8, "delta": 1e-5, "clip_norm": 0.1, "noise_multiplier": 1.5}
+    plan = round_config(min_clients=3, target_clients=3, num_rounds=1, privacy={"dp": dp})
+    with (fresh_postgres_database(POSTGRES_URL, "fedzoo_lines") as url,
+          LoopbackServer(tmp_path / "server", deadline_check_s=0.1, environ={"FEDZOO_DATABASE_URL": url}) as server,
+          ready_simulation(federation, server.url, tmp_path / "devices") as simulation):
+        body = {**plan, "deadline_s": 1, "model_id": federation.card.id,
+                "evaluation_sha256": simulation.evaluation_sha256}
+        database = create_engine(url)
+        try:
+            _race_for_the_line(simulation, database, body, line_events=[])  # the line is new
+            _run_dp_round(simulation, federation, simulation.start_plan(plan))  # the line: one round released
+            for _ in range(3):
+                _race_for_the_line(simulation, database, body, line_events=[[1.5, 1.0, 1]])
+        finally:
+            database.dispose()
+
+
+def _race_for_the_line(simulation, database, body, line_events):
+    """Two admins post the DP plan `body` in the same instant (a thread each): exactly one opens, and the other is
+    refused `line_busy`; the one that opened holds the line's ledger, as the line stands. Returns when that plan
+    failed at its deadline (no device checks in) and the line is free."""
+    together, answers = threading.Barrier(2), []
+
+    def open_plan():
+        with httpx.Client(base_url=simulation.server_url, headers={"Authorization": f"Bearer {ADMIN}"},
+                          timeout=30) as http:
+            together.wait()
+            answers.append(http.post("/v1/fl/rounds", json=body))
+
+    operators = [threading.Thread(target=open_plan) for _ in range(2)]
+    for operator in operators:
+        operator.start()
+    for operator in operators:
+        operator.join(timeout=60)
+    assert sorted(answer.status_code for answer in answers) == [201, 409], [answer.text for answer in answers]
+    [opened] = [answer.json()["id"] for answer in answers if answer.status_code == 201]
+    [refused] = [answer.json()["error"] for answer in answers if answer.status_code == 409]
+    assert (refused["code"], refused["field"]) == ("line_busy", "model_id")
+    with database.connect() as connection:
+        holders = connection.execute(text(
+            "SELECT r.id, p.line_id, p.ledger_json FROM fl_rounds r JOIN fl_private_rounds p ON p.round_id = r.id "
+            "WHERE r.state NOT IN ('closed', 'failed')")).all()
+        [(line_id, events_json)] = connection.execute(text("SELECT line_id, events_json FROM privacy_lines"))
+    [(holder, holder_line, ledger_json)] = holders  # one plan holds the line's ledger: the one that opened
+    assert (holder, holder_line) == (opened, line_id) and repr(line_id) in refused["message"]
+    assert json.loads(ledger_json)["line_events"] == json.loads(events_json) == line_events
+    assert wait_for_end(simulation, opened)["state"] == "failed"
 
 
 def test_a_secure_stage_reply_to_a_round_without_secure_aggregation_is_refused_naming_the_round(simulation,
