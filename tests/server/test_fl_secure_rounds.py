@@ -284,6 +284,9 @@ def test_secure_stage_endpoints_check_the_token_the_stage_and_the_body(simulatio
         assert http.post(f"{url}/advertise_keys", json=keys, headers={"Authorization": "Bearer nope"}).status_code == 401
         refused = http.post(f"{url}/advertise_keys", json=keys, headers=auth(0))
         assert (refused.status_code, refused.json()["error"]["code"]) == (403, "not_selected")
+        before_cohorts = http.post(f"{url}/masked_input", content=b"\0" * 10,  # read within the model's upload bound
+                                   headers={**auth(0), "Content-Type": "application/octet-stream"})
+        assert (before_cohorts.status_code, before_cohorts.json()["error"]["code"]) == (403, "not_selected")
         enrollment = simulation.admin.create_enrollment_token(ADMIN, max_uses=1)["token"]
         profile = {"device_id": "keyless", "platform": "linux-x86_64", "cpu": {"model": "virtual", "cores": 1},
                    "memory_mb": 2048, "runtime": {"onnxruntime": "simulated", "threads": 1}}
@@ -342,11 +345,16 @@ def test_a_masked_vector_of_the_wrong_length_is_refused_naming_it(simulation, fe
         device.join(timeout=60)
     task = device_client(simulation, 0).fl_task(federation.card.task)["task"]
     assert task["privacy"]["secure_aggregation"]["stage"] == "masked_input"
+    vector_length = task["privacy"]["secure_aggregation"]["config"]["vector_length"]
     with httpx.Client(timeout=30) as http:
-        answer = http.post(f"{simulation.server_url}/v1/fl/rounds/{round_id}/secagg/masked_input", content=b"\0" * 10,
-                           headers={"Authorization": f"Bearer {simulation.tokens[0]}",
-                                    "Content-Type": "application/octet-stream"})
+        post = lambda body: http.post(  # noqa: E731
+            f"{simulation.server_url}/v1/fl/rounds/{round_id}/secagg/masked_input", content=body,
+            headers={"Authorization": f"Bearer {simulation.tokens[0]}", "Content-Type": "application/octet-stream"})
+        answer = post(b"\0" * 10)
+        # the server reads at most 4 bytes a value of the cohort's masked vector, far less than a whole update
+        too_long = post(b"\0" * (4 * (vector_length + 1) + 1))
     assert (answer.status_code, answer.json()["error"]["field"]) == (422, "masked_vector")
+    assert (too_long.status_code, too_long.json()["error"]["code"]) == (413, "payload_too_large"), too_long.text
 
 
 def test_a_server_restart_between_stages_loses_nothing_and_the_sum_is_exact(simulation, federation, server):
