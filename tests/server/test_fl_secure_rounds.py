@@ -6,6 +6,7 @@ import json
 import os
 import threading
 import time
+from datetime import datetime, timezone
 
 import httpx
 import numpy as np
@@ -20,6 +21,7 @@ from fedzoo.errors import InvalidInputError
 from fedzoo.secagg import SecAggClient, SecAggConfig, dequantise_sum, flatten, quantise, signatures, unflatten
 from fedzoo.secagg.crypto import MASK_DTYPES
 from fedzoo.secagg.framing import decode_unmask
+from fedzoo.server.db import Database
 from fedzoo.server.fl import secure_rounds
 from fedzoo.server.fl.outcome import RoundOutcome, ScreeningTally, UpdateCounts
 from fedzoo.server.fl.root_trust import train_root_update
@@ -335,7 +337,7 @@ def test_secure_stage_endpoints_check_the_token_the_stage_and_the_body(simulatio
         assert (upload.status_code, upload.json()["error"]["code"]) == (409, "secure_round")
 
 
-def test_a_masked_vector_of_the_wrong_length_is_refused_naming_it(simulation, federation):
+def test_a_masked_vector_of_the_wrong_length_is_refused_naming_it(simulation, federation, server):
     round_id = simulation.start_plan(secure_config())
     devices = scripted_devices(simulation, federation, {index: {"stop_before": "masked_input"}
                                                         for index in range(DEVICES)})
@@ -355,6 +357,13 @@ def test_a_masked_vector_of_the_wrong_length_is_refused_naming_it(simulation, fe
         too_long = post(b"\0" * (4 * (vector_length + 1) + 1))
     assert (answer.status_code, answer.json()["error"]["field"]) == (422, "masked_vector")
     assert (too_long.status_code, too_long.json()["error"]["code"]) == (413, "payload_too_large"), too_long.text
+    # another worker closing a stage it saw overdue a moment ago: the round has moved on, so its close claims nothing
+    # (a stage closes once; a late close must not move the round back and drop the devices that replied since)
+    late_worker = secure_rounds.PrivateRounds(Database(f"sqlite:///{server.data_dir / 'registry.db'}"),
+                                              lambda: datetime.now(timezone.utc))
+    assert [late_worker.close_stage(round_id, stage) for stage in ("advertise_keys", "share_keys")] == [None, None]
+    assert device_client(simulation, 0).fl_task(federation.card.task)["task"]["privacy"]["secure_aggregation"][
+        "stage"] == "masked_input"
 
 
 def test_a_server_restart_between_stages_loses_nothing_and_the_sum_is_exact(simulation, federation, server):
