@@ -610,23 +610,6 @@ def test_a_second_dp_plan_on_a_line_waits_for_the_running_one(simulation, federa
     assert str(running) in busy.json()["error"]["message"]
 
 
-def _open_at_once(server_url, body, operators=2):
-    """The answers to `operators` admins posting the same plan in the same instant, one thread each."""
-    together, answers = threading.Barrier(operators), []
-
-    def open_plan():
-        with httpx.Client(base_url=server_url, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30) as http:
-            together.wait()
-            answers.append(http.post("/v1/fl/rounds", json=body))
-
-    threads = [threading.Thread(target=open_plan) for _ in range(operators)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    return answers
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not POSTGRES_URL, reason="set FEDZOO_TEST_POSTGRES_URL to run against PostgreSQL")
 def test_two_dp_plans_opening_at_once_on_one_line_on_postgres_open_one_and_the_other_is_told_line_busy(federation,
