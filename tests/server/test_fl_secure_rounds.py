@@ -66,7 +66,7 @@ class ScriptedDevice(threading.Thread):
         super().__init__(daemon=True)
         self.client, self.task, self.delta, self.seed = client, task, delta, seed
         self.stop_before, self.tamper = stop_before, tamper
-        self.answered, self.ring_input, self.error, self.number = [], None, None, None
+        self.answered, self.ring_input, self.error, self.number, self.config = [], None, None, None, None
 
     def run(self):
         try:
@@ -89,7 +89,7 @@ class ScriptedDevice(threading.Thread):
                 if protocol is None:
                     config = SecAggConfig.from_dict(secure["config"])
                     protocol = SecAggClient(config, secure["client"], self.client.signing_key)
-                    self.number = secure["client"]
+                    self.number, self.config = secure["client"], config
                     vector = flatten(self.delta)
                     if work["privacy"]["unclipped_bit"]:  # adaptive clipping: "within the bound" (the delta is small)
                         vector = with_unclipped_bit(vector, True, config.clip_range)
@@ -154,6 +154,7 @@ def test_a_device_dropping_after_key_sharing_leaves_the_exact_sum_of_the_others(
     round_id, devices, view = run_scripted_round(simulation, federation, secure_config(min_clients=DEVICES - 1),
                                                  {2: {"stop_before": "masked_input"}})
     assert view["state"] == "closed", view["outcome"]
+    assert {device.config.minimum_survivors for device in devices} == {DEVICES - 1}  # the devices' floor: min_clients
     secure = view["outcome"]["secure_aggregation"]
     assert (secure["survivors"], secure["dropped"], secure["misbehaving"]) == (DEVICES - 1, 1, {})
     assert devices[2].answered == ["advertise_keys", "share_keys"]
