@@ -351,6 +351,8 @@ def test_a_masked_vector_of_the_wrong_length_is_refused_naming_it(simulation, fe
     task = device_client(simulation, 0).fl_task(federation.card.task)["task"]
     assert task["privacy"]["secure_aggregation"]["stage"] == "masked_input"
     vector_length = task["privacy"]["secure_aggregation"]["config"]["vector_length"]
+    # every signature binds this id: another round's replies (a replay) are signed for another one
+    assert task["privacy"]["secure_aggregation"]["config"]["round_id"] == f"fl-round-{round_id}"
     with httpx.Client(timeout=30) as http:
         post = lambda body: http.post(  # noqa: E731
             f"{simulation.server_url}/v1/fl/rounds/{round_id}/secagg/masked_input", content=body,
