@@ -508,15 +508,6 @@ class PrivateRounds:
                                            f"{protocol.minimum_survivors}", clients=sorted(waiting))
         return opened
 
-    def stage_complete(self, round_id: int, stage: str) -> bool:
-        with self.database.session() as session:
-            row = session.get(FLPrivateRound, round_id)
-            if row is None or row.stage != stage:
-                return False
-            received = session.scalar(select(func.count()).select_from(FLSecureMessage).where(
-                FLSecureMessage.round_id == round_id, FLSecureMessage.stage == stage))
-            return received >= self._waiting(session, round_id, stage)
-
     @staticmethod
     def progress(session: Session, round_id: int) -> tuple[int, int] | None:
         """SecAgg+: (masked inputs stored, bytes of every reply stored); None for other rounds."""

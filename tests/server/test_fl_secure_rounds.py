@@ -3,8 +3,10 @@
 import base64
 import io
 import json
+import os
 import threading
 import time
+from datetime import datetime, timezone
 
 import httpx
 import numpy as np
@@ -19,17 +21,22 @@ from fedzoo.errors import InvalidInputError
 from fedzoo.secagg import SecAggClient, SecAggConfig, dequantise_sum, flatten, quantise, signatures, unflatten
 from fedzoo.secagg.crypto import MASK_DTYPES
 from fedzoo.secagg.framing import decode_unmask
+from fedzoo.server.db import Database
 from fedzoo.server.fl import secure_rounds
 from fedzoo.server.fl.outcome import RoundOutcome, ScreeningTally, UpdateCounts
 from fedzoo.server.fl.root_trust import train_root_update
-from fedzoo.server.fl.schemas import TrainingConfig
+from fedzoo.server.fl.schemas import RoundConfig, TrainingConfig
+from fedzoo.server.fl.tables import FLRound
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fl_helpers import device_client, ready_simulation, round_config, wait_for_round_end
+from server_helpers import fresh_postgres_database
+from sqlalchemy import create_engine, text
 
 ADMIN = DEFAULT_ADMIN_TOKEN
 VIEWER = "secure-rounds-viewer-token-0123456789"
 DEVICES = 8  # k = 6, t = 5: the devices' floor against 2 corrupt devices leaves room for one dropout
 POLL_S = 0.05
+POSTGRES_URL = os.environ.get("FEDZOO_TEST_POSTGRES_URL")
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +66,7 @@ class ScriptedDevice(threading.Thread):
         super().__init__(daemon=True)
         self.client, self.task, self.delta, self.seed = client, task, delta, seed
         self.stop_before, self.tamper = stop_before, tamper
-        self.answered, self.ring_input, self.error, self.number = [], None, None, None
+        self.answered, self.ring_input, self.error, self.number, self.config = [], None, None, None, None
 
     def run(self):
         try:
@@ -82,7 +89,7 @@ class ScriptedDevice(threading.Thread):
                 if protocol is None:
                     config = SecAggConfig.from_dict(secure["config"])
                     protocol = SecAggClient(config, secure["client"], self.client.signing_key)
-                    self.number = secure["client"]
+                    self.number, self.config = secure["client"], config
                     vector = flatten(self.delta)
                     if work["privacy"]["unclipped_bit"]:  # adaptive clipping: "within the bound" (the delta is small)
                         vector = with_unclipped_bit(vector, True, config.clip_range)
@@ -143,9 +150,11 @@ def published_parameters(simulation, view):
 
 
 def test_a_device_dropping_after_key_sharing_leaves_the_exact_sum_of_the_others(simulation, federation):
-    round_id, devices, view = run_scripted_round(simulation, federation, secure_config(),
+    # min_clients 7: the 7 left are exactly the cohort's least number of survivors, and a stage closes at it
+    round_id, devices, view = run_scripted_round(simulation, federation, secure_config(min_clients=DEVICES - 1),
                                                  {2: {"stop_before": "masked_input"}})
     assert view["state"] == "closed", view["outcome"]
+    assert {device.config.minimum_survivors for device in devices} == {DEVICES - 1}  # the devices' floor: min_clients
     secure = view["outcome"]["secure_aggregation"]
     assert (secure["survivors"], secure["dropped"], secure["misbehaving"]) == (DEVICES - 1, 1, {})
     assert devices[2].answered == ["advertise_keys", "share_keys"]
@@ -280,6 +289,9 @@ def test_secure_stage_endpoints_check_the_token_the_stage_and_the_body(simulatio
         assert http.post(f"{url}/advertise_keys", json=keys, headers={"Authorization": "Bearer nope"}).status_code == 401
         refused = http.post(f"{url}/advertise_keys", json=keys, headers=auth(0))
         assert (refused.status_code, refused.json()["error"]["code"]) == (403, "not_selected")
+        before_cohorts = http.post(f"{url}/masked_input", content=b"\0" * 10,  # read within the model's upload bound
+                                   headers={**auth(0), "Content-Type": "application/octet-stream"})
+        assert (before_cohorts.status_code, before_cohorts.json()["error"]["code"]) == (403, "not_selected")
         enrollment = simulation.admin.create_enrollment_token(ADMIN, max_uses=1)["token"]
         profile = {"device_id": "keyless", "platform": "linux-x86_64", "cpu": {"model": "virtual", "cores": 1},
                    "memory_mb": 2048, "runtime": {"onnxruntime": "simulated", "threads": 1}}
@@ -328,7 +340,7 @@ def test_secure_stage_endpoints_check_the_token_the_stage_and_the_body(simulatio
         assert (upload.status_code, upload.json()["error"]["code"]) == (409, "secure_round")
 
 
-def test_a_masked_vector_of_the_wrong_length_is_refused_naming_it(simulation, federation):
+def test_a_masked_vector_of_the_wrong_length_is_refused_naming_it(simulation, federation, server):
     round_id = simulation.start_plan(secure_config())
     devices = scripted_devices(simulation, federation, {index: {"stop_before": "masked_input"}
                                                         for index in range(DEVICES)})
@@ -338,11 +350,30 @@ def test_a_masked_vector_of_the_wrong_length_is_refused_naming_it(simulation, fe
         device.join(timeout=60)
     task = device_client(simulation, 0).fl_task(federation.card.task)["task"]
     assert task["privacy"]["secure_aggregation"]["stage"] == "masked_input"
+    vector_length = task["privacy"]["secure_aggregation"]["config"]["vector_length"]
+    # every signature binds this id: another round's replies (a replay) are signed for another one
+    assert task["privacy"]["secure_aggregation"]["config"]["round_id"] == f"fl-round-{round_id}"
     with httpx.Client(timeout=30) as http:
-        answer = http.post(f"{simulation.server_url}/v1/fl/rounds/{round_id}/secagg/masked_input", content=b"\0" * 10,
-                           headers={"Authorization": f"Bearer {simulation.tokens[0]}",
-                                    "Content-Type": "application/octet-stream"})
+        post = lambda body: http.post(  # noqa: E731
+            f"{simulation.server_url}/v1/fl/rounds/{round_id}/secagg/masked_input", content=body,
+            headers={"Authorization": f"Bearer {simulation.tokens[0]}", "Content-Type": "application/octet-stream"})
+        answer = post(b"\0" * 10)
+        # the server reads at most 4 bytes a value of the cohort's masked vector, far less than a whole update
+        too_long = post(b"\0" * (4 * (vector_length + 1) + 1))
     assert (answer.status_code, answer.json()["error"]["field"]) == (422, "masked_vector")
+    assert (too_long.status_code, too_long.json()["error"]["code"]) == (413, "payload_too_large"), too_long.text
+    # another worker closing a stage it saw overdue a moment ago: the round has moved on, so its close claims nothing
+    # (a stage closes once; a late close must not move the round back and drop the devices that replied since)
+    late_worker = secure_rounds.PrivateRounds(Database(f"sqlite:///{server.data_dir / 'registry.db'}"),
+                                              lambda: datetime.now(timezone.utc))
+    assert [late_worker.close_stage(round_id, stage) for stage in ("advertise_keys", "share_keys")] == [None, None]
+    with late_worker.database.session() as session:  # nor does forming the cohorts again, once they are fixed
+        round_row = session.get(FLRound, round_id)
+        late_worker.start_stages(session, round_row, RoundConfig.model_validate_json(round_row.config_json),
+                                 lambda _device: secure_rounds.SeatGroup("", vector_length))
+    view = wait_for_end(simulation, round_id)  # no masked vector came: at the stage's deadline the round is aborted
+    assert (view["state"], view["outcome"]["failure"]) == (
+        "failed", "secure aggregation aborted after 'masked_input': only 0 masked inputs arrived; the round needs 5")
 
 
 def test_a_server_restart_between_stages_loses_nothing_and_the_sum_is_exact(simulation, federation, server):
@@ -585,6 +616,66 @@ def test_a_second_dp_plan_on_a_line_waits_for_the_running_one(simulation, federa
                                                  "evaluation_sha256": simulation.evaluation_sha256})
     assert busy.status_code == 409 and busy.json()["error"]["code"] == "line_busy"
     assert str(running) in busy.json()["error"]["message"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not POSTGRES_URL, reason="set FEDZOO_TEST_POSTGRES_URL to run against PostgreSQL")
+def test_two_dp_plans_opening_at_once_on_one_line_on_postgres_open_one_and_the_other_is_told_line_busy(federation,
+                                                                                                       tmp_path):
+    """Two operators open a DP plan on one line in the same instant: one opens, the other is told `line_busy`, and
+    the plan that opened holds the line's ledger. On a new line both insert its row and the primary key refuses the
+    second. On a line that exists each reads it free before the other commits; on PostgreSQL only the row lock of
+    `_start_on_line`'s `revision` raise makes the second wait for the first and then see its plan (SQLite's one
+    write lock serialises them anyway). Two plans on one line would each check the line's lifetime budget against
+    the line without the other's rounds. Each opened plan fails at its 1 s deadline, freeing the line for the next
+    race; without the row lock two plans opened in about two races of three."""
+    dp = {"max_epsilon": 8, "delta": 1e-5, "clip_norm": 0.1, "noise_multiplier": 1.5}
+    plan = round_config(min_clients=3, target_clients=3, num_rounds=1, privacy={"dp": dp})
+    with (fresh_postgres_database(POSTGRES_URL, "fedzoo_lines") as url,
+          LoopbackServer(tmp_path / "server", deadline_check_s=0.1, environ={"FEDZOO_DATABASE_URL": url}) as server,
+          ready_simulation(federation, server.url, tmp_path / "devices") as simulation):
+        body = {**plan, "deadline_s": 1, "model_id": federation.card.id,
+                "evaluation_sha256": simulation.evaluation_sha256}
+        database = create_engine(url)
+        try:
+            _race_for_the_line(simulation, database, body, line_events=[])  # the line is new
+            _run_dp_round(simulation, federation, simulation.start_plan(plan))  # the line: one round released
+            for _ in range(3):
+                _race_for_the_line(simulation, database, body, line_events=[[1.5, 1.0, 1]])
+        finally:
+            database.dispose()
+
+
+def _race_for_the_line(simulation, database, body, line_events):
+    """Two admins post the DP plan `body` in the same instant (a thread each): exactly one opens, and the other is
+    refused `line_busy`; the one that opened holds the line's ledger, as the line stands. Returns when that plan
+    failed at its deadline (no device checks in) and the line is free."""
+    together, answers = threading.Barrier(2), []
+
+    def open_plan():
+        with httpx.Client(base_url=simulation.server_url, headers={"Authorization": f"Bearer {ADMIN}"},
+                          timeout=30) as http:
+            together.wait()
+            answers.append(http.post("/v1/fl/rounds", json=body))
+
+    operators = [threading.Thread(target=open_plan) for _ in range(2)]
+    for operator in operators:
+        operator.start()
+    for operator in operators:
+        operator.join(timeout=60)
+    assert sorted(answer.status_code for answer in answers) == [201, 409], [answer.text for answer in answers]
+    [opened] = [answer.json()["id"] for answer in answers if answer.status_code == 201]
+    [refused] = [answer.json()["error"] for answer in answers if answer.status_code == 409]
+    assert (refused["code"], refused["field"]) == ("line_busy", "model_id")
+    with database.connect() as connection:
+        holders = connection.execute(text(
+            "SELECT r.id, p.line_id, p.ledger_json FROM fl_rounds r JOIN fl_private_rounds p ON p.round_id = r.id "
+            "WHERE r.state NOT IN ('closed', 'failed')")).all()
+        [(line_id, events_json)] = connection.execute(text("SELECT line_id, events_json FROM privacy_lines"))
+    [(holder, holder_line, ledger_json)] = holders  # one plan holds the line's ledger: the one that opened
+    assert (holder, holder_line) == (opened, line_id) and repr(line_id) in refused["message"]
+    assert json.loads(ledger_json)["line_events"] == json.loads(events_json) == line_events
+    assert wait_for_end(simulation, opened)["state"] == "failed"
 
 
 def test_a_secure_stage_reply_to_a_round_without_secure_aggregation_is_refused_naming_the_round(simulation,
