@@ -291,8 +291,10 @@ def compare_private(args: argparse.Namespace, arm: Arm, spec: SupernetSpec, star
                     shares: tuple[float, ...], macs: MacCounter, devices_for) -> None:
     """The fedzoo arm in the clear and under SecAgg+ with each DP mode (`--private`), tuned and reported alike."""
     z = noise_multiplier_for(args.epsilon, args.delta, args.rounds, 1.0)
-    variants = {**({} if args.skip_clear else {"clear": None}), **{"-".join(fields): (fields[0], int(fields[1]), float(fields[2]) if fields[2:] else None)
-                                  for fields in (item.split(":") for item in args.private_arms.split(","))}}
+    dp_arms = (item.split(":") for item in args.private_arms.split(","))  # mode:levels[:survivor fraction]
+    variants = {**({} if args.skip_clear else {"clear": None}),
+                **{"-".join(fields): (fields[0], int(fields[1]), float(fields[2]) if fields[2:] else None)
+                   for fields in dp_arms}}
     print(f"private: z = {z:.4f} for epsilon {args.epsilon} at delta {args.delta} over {args.rounds} rounds (q = 1), "
           f"charged {epsilon_after(args.rounds, z, 1.0, args.delta, 'rdp'):.3f}")
 
