@@ -35,7 +35,8 @@ recalibrated, export, sign).
 
 `--private` runs the fedzoo arm three ways on the same shards, draws and seeds (bench/zoo_private.py): in the clear,
 under SecAgg+ with central DP, and with distributed DP (`--private-arms`, mode:levels[:survivor fraction], the
-fraction raising each cohort's survivor floor: `secure_aggregation.survivor_fraction`), both DP arms at the same
+fraction raising each cohort's survivor floor: `secure_aggregation.survivor_fraction`; `--skip-clear` leaves the
+clear arm to another run on the same seeds), both DP arms at the same
 noise multiplier z (the smallest spending `--epsilon` at `--delta` over the rounds, q = 1), each arm's server
 learning rate, exponent and (DP) clip norm (`--clip-grid`) tuned on the validation split. Reported per arm: the
 accuracies as above, the fewest devices behind any released element (per round: min and mean over rounds), the
