@@ -34,7 +34,9 @@ recalibrated, export, sign).
     .venv/bin/python bench/fl_zoo.py --dataset mnist --devices 100 --per-round 10 --alpha 0.5 --shares uniform
 
 `--private` runs the fedzoo arm three ways on the same shards, draws and seeds (bench/zoo_private.py): in the clear,
-under SecAgg+ with central DP, and with distributed DP (`--private-arms`, mode:levels), both DP arms at the same
+under SecAgg+ with central DP, and with distributed DP (`--private-arms`, mode:levels[:survivor fraction], the
+fraction raising each cohort's survivor floor: `secure_aggregation.survivor_fraction`; `--skip-clear` leaves the
+clear arm to another run on the same seeds), both DP arms at the same
 noise multiplier z (the smallest spending `--epsilon` at `--delta` over the rounds, q = 1), each arm's server
 learning rate, exponent and (DP) clip norm (`--clip-grid`) tuned on the validation split. Reported per arm: the
 accuracies as above, the fewest devices behind any released element (per round: min and mean over rounds), the
@@ -192,7 +194,10 @@ def main() -> None:
     parser.add_argument("--arms", default="tier_alone,heterofl,fedrolex,depthwise,everyone_largest,fedzoo")
     parser.add_argument("--out", type=Path, default=Path("/tmp/fedzoo-bench-zoo"))
     parser.add_argument("--private", action="store_true", help="fedzoo in the clear, with central and distributed DP")
-    parser.add_argument("--private-arms", default="central:32767,distributed:127", help="DP arms, mode:levels")
+    parser.add_argument("--private-arms", default="central:32767,distributed:127",
+                        help="DP arms, mode:levels[:survivor fraction]")
+    parser.add_argument("--skip-clear", action="store_true",
+                        help="--private without the clear arm (another run on the same seeds measures it)")
     parser.add_argument("--epsilon", type=float, default=8.0)
     parser.add_argument("--delta", type=float, default=1e-5)
     parser.add_argument("--clip-grid", default="0.5,1", help="clip norms the DP arms are tuned over")
@@ -287,8 +292,10 @@ def compare_private(args: argparse.Namespace, arm: Arm, spec: SupernetSpec, star
                     shares: tuple[float, ...], macs: MacCounter, devices_for) -> None:
     """The fedzoo arm in the clear and under SecAgg+ with each DP mode (`--private`), tuned and reported alike."""
     z = noise_multiplier_for(args.epsilon, args.delta, args.rounds, 1.0)
-    variants = {"clear": None, **{f"{mode}-{levels}": (mode, int(levels)) for mode, levels in
-                                  (item.split(":") for item in args.private_arms.split(","))}}
+    dp_arms = (item.split(":") for item in args.private_arms.split(","))  # mode:levels[:survivor fraction]
+    variants = {**({} if args.skip_clear else {"clear": None}),
+                **{"-".join(fields): (fields[0], int(fields[1]), float(fields[2]) if fields[2:] else None)
+                   for fields in dp_arms}}
     print(f"private: z = {z:.4f} for epsilon {args.epsilon} at delta {args.delta} over {args.rounds} rounds (q = 1), "
           f"charged {epsilon_after(args.rounds, z, 1.0, args.delta, 'rdp'):.3f}")
 
@@ -301,9 +308,10 @@ def compare_private(args: argparse.Namespace, arm: Arm, spec: SupernetSpec, star
             released = PrivateRounds(clear.models, clear_coverage(arm, spec, start, devices, args.rounds,
                                                                   args.per_round, seed), [32], [32], [4.0])
         else:
-            mode, levels = variants[name]
+            mode, levels, survivor_fraction = variants[name]
             released = run_private(mode, arm, spec, start, devices, cloud_x, args.rounds, args.per_round,
-                                   args.local_epochs, seed, learning_rate, exponent, z, clip_norm, levels)
+                                   args.local_epochs, seed, learning_rate, exponent, z, clip_norm, levels,
+                                   survivor_fraction)
         return released, devices
 
     chosen = {}

@@ -70,12 +70,13 @@ class SeededAbsentCohortNoise:
         return np.rint(self.rng.normal(0.0, sigma, size=(MIN_COHORT, dimension))).astype(np.int64).sum(axis=0)
 
 
-def plan_config(mode: str, noise_multiplier: float, clip_norm: float, levels: int, per_round: int) -> RoundConfig:
+def plan_config(mode: str, noise_multiplier: float, clip_norm: float, levels: int, per_round: int,
+                survivor_fraction: float | None = None) -> RoundConfig:
     """The zoo-wide plan the private arm runs, as the server would hold it."""
     return RoundConfig.model_validate({
         "model_id": "supernet", "evaluation_sha256": "0" * 64, "deadline_s": 60, "target_clients": per_round,
         "min_clients": MIN_COHORT,
-        "privacy": {"secure_aggregation": {"levels": levels},
+        "privacy": {"secure_aggregation": {"levels": levels, "survivor_fraction": survivor_fraction},
                     "dp": {"max_epsilon": 1000, "delta": 1e-5, "clip_norm": clip_norm,
                            "noise_multiplier": noise_multiplier, "noise": mode}},
         "zoo": {"latency_budget_ms": 1.0, "calibration_sha256": "0" * 64}})
@@ -108,11 +109,11 @@ def clear_coverage(arm: Arm, spec: SupernetSpec, initial: dict, devices: list[De
 
 def run_private(mode: str, arm: Arm, spec: SupernetSpec, initial: dict, devices: list[Device], cloud_x: np.ndarray,
                 rounds: int, per_round: int, local_epochs: int, seed: int, server_learning_rate: float,
-                coverage_step_exponent: float, noise_multiplier: float, clip_norm: float, levels: int
-                ) -> PrivateRounds:
+                coverage_step_exponent: float, noise_multiplier: float, clip_norm: float, levels: int,
+                survivor_fraction: float | None = None) -> PrivateRounds:
     """`rounds` rounds of the zoo-wide plan under SecAgg+ with `mode` DP (the draws and training seeds of
     `zoo_arms.run_arm`); returns the served models and what each round released."""
-    config = plan_config(mode, noise_multiplier, clip_norm, levels, per_round)
+    config = plan_config(mode, noise_multiplier, clip_norm, levels, per_round, survivor_fraction)
     public = {arch_key(arch): PublicSubnet(arch_key(arch), arch) for arch in arm.tier_archs}
     archs = [subnet.arch for subnet in public.values()]
     longest = longest_subnet(spec.space, initial, archs)

@@ -58,17 +58,20 @@ def neighbours_floor(num_clients: int, corrupt: int, min_neighbour_count: int) -
 
 
 def cohort_config(round_id: str, cohort: int, vector_length: int, clip_range: float, levels: int,
-                  neighbour_count: int, threshold: int | None = None, min_clients: int = 0) -> SecAggConfig:
+                  neighbour_count: int, threshold: int | None = None, min_clients: int = 0,
+                  survivor_fraction: float | None = None) -> SecAggConfig:
     """A round's SecAgg+ parameters for a cohort of `cohort` devices, the one rule of the server and the simulator:
     k capped below the cohort; t as the operator set it, else the default devices' floor (k + c) // 2 + 1 for the c
     corrupt devices a round of this size must withstand; devices refuse to unmask a sum of fewer than
-    max(3, t, c + 2, min_clients) inputs (all of a cohort of 3). The defaults are within every default device's
-    bounds; a t the operator set below them is sent as it is, and devices refuse it."""
+    max(3, t, c + 2, min_clients, ceil(survivor_fraction x cohort)) inputs (all of a cohort of 3). The defaults are
+    within every default device's bounds; a t the operator set below them is sent as it is, and devices refuse it.
+    A survivor fraction trades dropout tolerance for noise: distributed DP calibrates each device's share at the
+    floor, so a floor near the cohort wastes less noise when every device survives."""
     corrupt = corrupt_devices(cohort)
     neighbours = min(neighbour_count, largest_neighbour_count(cohort))
     chosen = (max(neighbours // 2 + 1, min(threshold, neighbours)) if threshold
               else min(threshold_floor(neighbours, corrupt), neighbours))
-    least = max(survivors_floor(chosen, corrupt), min_clients)
+    least = max(survivors_floor(chosen, corrupt), min_clients, math.ceil((survivor_fraction or 0) * cohort - 1e-9))
     return SecAggConfig(round_id, cohort, neighbours, chosen, vector_length, clip_range, levels,
                         minimum_survivors=min(cohort, least))
 

@@ -125,6 +125,11 @@ class SecureAggregationSettings(_Request):
                                               "floor (k + c) // 2 + 1 for c corrupt devices, docs/privacy.md)")
     levels: int = Field(default=127, ge=1, le=32_767,
                         description="quantised values lie in [-levels, levels]; 127 is the int8 encoding")
+    survivor_fraction: float | None = Field(
+        default=None, gt=0, le=1,
+        description="raise each cohort's survivor floor to ceil(fraction x cohort): distributed DP calibrates each "
+                    "device's noise at that floor, so a floor near the cohort adds less noise than a low one when "
+                    "every device survives; a cohort that loses more than (1 - fraction) of its devices fails")
     clip_range: float = Field(default=0.05, gt=0, le=1e6,
                               description="each coordinate is clipped to +-clip_range (under DP: the clip norm)")
     stage_deadline_s: float = Field(default=30.0, gt=0, le=24 * 3600,

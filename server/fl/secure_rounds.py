@@ -132,7 +132,7 @@ def secagg_config(settings: SecureAggregationSettings, round_id: int, cohort: in
     `fl-round-<round>/subnet-<i>` for the i-th cohort of a round with one cohort per subnet."""
     protocol_id = f"fl-round-{round_id}" if subnet is None else f"fl-round-{round_id}/subnet-{subnet}"
     return cohort_config(protocol_id, cohort, vector_length, clip_range, settings.levels,
-                         settings.neighbour_count, settings.threshold, min_clients)
+                         settings.neighbour_count, settings.threshold, min_clients, settings.survivor_fraction)
 
 
 def check_planned_ring(config: RoundConfig, vector_length: int) -> None:

@@ -4,8 +4,10 @@ The two attacks of issue #34 are reproduced in full: each is first run against c
 out, to show the attack really reads the victim's input, then against the real clients, which refuse it."""
 
 import base64
+import math
 import os
 import random
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -22,7 +24,7 @@ from fedzoo.secagg import (
     run_local_round,
     signatures,
 )
-from fedzoo.secagg.bounds import SecAggBounds, corrupt_devices, threshold_floor
+from fedzoo.secagg.bounds import SecAggBounds, cohort_config, corrupt_devices, threshold_floor
 from fedzoo.secagg.client import pairwise_mask, self_mask
 from fedzoo.secagg.graph import advertised_bytes, neighbours, read_advertised, ring_order
 from fedzoo.secagg.messages import STAGES, from_base64, to_base64
@@ -882,3 +884,17 @@ def test_two_sybils_next_to_the_victim_read_it_at_t_k_over_2_plus_1_and_devices_
     floor = SecAggConfig("round-sybils", num_clients, neighbour_count, threshold, 6, 1.0)
     read, refusals = _two_sybils_next_to_the_victim(floor, _inputs(floor, 9), SecAggBounds())
     assert read is None
+
+
+@pytest.mark.parametrize("cohort", [3, 5, 20, 120])
+def test_a_survivor_fraction_raises_the_signed_floor_and_leaves_k_and_t_alone(cohort):
+    """`survivor_fraction` lifts minimum_survivors to ceil(fraction x cohort), never above the cohort nor below the
+    default floor; k and t stay what they were, and every default device accepts the config."""
+    default = cohort_config("r", cohort, 10, 0.05, 127, 60)
+    for fraction in (0.5, 0.9, 1.0):
+        raised = cohort_config("r", cohort, 10, 0.05, 127, 60, survivor_fraction=fraction)
+        assert (raised.neighbour_count, raised.threshold) == (default.neighbour_count, default.threshold)
+        exact = math.ceil(Fraction(str(fraction)) * cohort)  # 0.9 x 120 is 108 devices, not 108.00000000000001
+        assert raised.minimum_survivors == min(cohort, max(default.minimum_survivors, exact))
+        SecAggBounds().check(raised)
+    assert cohort_config("r", cohort, 10, 0.05, 127, 60, survivor_fraction=1.0).minimum_survivors == cohort

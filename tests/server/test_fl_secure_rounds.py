@@ -265,6 +265,8 @@ def test_plans_with_rules_that_need_every_update_are_refused_under_privacy(simul
         bad = [({"secure_aggregation": {"neighbour_count": 5}}, "privacy.secure_aggregation"),
                ({"secure_aggregation": {"neighbour_count": 4, "threshold": 2}}, "privacy.secure_aggregation"),
                ({"secure_aggregation": {"levels": 0}}, "privacy.secure_aggregation.levels"),
+               ({"secure_aggregation": {"survivor_fraction": 1.5}}, "privacy.secure_aggregation.survivor_fraction"),
+               ({"secure_aggregation": {"survivor_fraction": 0}}, "privacy.secure_aggregation.survivor_fraction"),
                ({"dp": {"max_epsilon": -1, "clip_norm": 0.5}}, "privacy.dp.max_epsilon"),
                ({"dp": {"max_epsilon": 8}}, "privacy.dp.clip_norm"),
                ({"dp": {"max_epsilon": 0.01, "clip_norm": 0.5, "noise_multiplier": 0.1}}, "privacy.dp.max_epsilon"),

@@ -3,7 +3,8 @@ by the operator, real training in onnxruntime on sklearn digits): each subnet co
 inputs for z x 3 x their bound (one device can make a cohort of 3 exist), the server adds no noise to any cohort's
 sum and adds a cohort of 3's shares to every subnet without one, and every zoo line is charged at z. Lying servers:
 one that asks a cohort for the single-model share (z instead of 3z) is refused by devices whose noise floor is the
-zoo's, and one that claims fewer survivors than a cohort's noise is calibrated under gets no share."""
+zoo's, one that claims fewer survivors than a cohort's noise is calibrated under gets no share, and so does one that
+drops a device below a survivor floor the plan raised (`survivor_fraction`) after the devices calibrated at it."""
 
 from __future__ import annotations
 
@@ -31,8 +32,10 @@ from zoo_helpers import zoo_members
 Z = 1.5  # the plan's noise multiplier (what the ledger charges); each device is asked for 3 x Z
 
 
-def distributed_plan(fleet, stage_deadline_s: float = 60, **overrides) -> dict:
-    privacy = {"secure_aggregation": {"neighbour_count": 2, "levels": 32767, "stage_deadline_s": stage_deadline_s},
+def distributed_plan(fleet, stage_deadline_s: float = 60, neighbour_count: int = 2,
+                     survivor_fraction: float | None = None, **overrides) -> dict:
+    privacy = {"secure_aggregation": {"neighbour_count": neighbour_count, "levels": 32767,
+                                      "stage_deadline_s": stage_deadline_s, "survivor_fraction": survivor_fraction},
                "dp": {"max_epsilon": 50.0, "clip_norm": 0.5, "noise_multiplier": Z, "noise": "distributed"}}
     return secure_plan(fleet, privacy=privacy, **overrides)
 
@@ -145,6 +148,60 @@ def test_a_server_claiming_a_cohort_smaller_than_its_calibrated_floor_gets_no_sh
     monkeypatch.setattr(secure_rounds, "SecAggServer", FewerSurvivors)
     with private_fleet(zoo, tmp_path, {"tier-large": 3}) as fleet:
         assert_every_device_refuses(fleet, "too_few_survivors")
+
+
+@pytest.mark.slow
+def test_a_server_unmasking_below_a_raised_survivor_floor_gets_no_share(zoo, tmp_path, monkeypatch):  # noqa: F811
+    """A cohort of 5 whose plan raises the survivor floor to all 5 (`survivor_fraction` 1): each device is asked for
+    noise calibrated at 5 less its 2 tolerated corrupt devices (3 honest survivors, where the default floor of 4
+    gives 2), so the lying server drops one device's input and tells the other 4 they are the survivors, a sum the
+    default floor would unmask with less noise than charged: each of the 4 checks its signed floor of 5 and
+    refuses, the dropped one is not a survivor, and the round fails with no output."""
+    requested: list[DistributedNoise] = []
+    device_input = secure_participation.noised_ring_input
+
+    def noised_ring_input(clipped, clip_norm, levels, modulus_bits, noise, source=None):
+        requested.append(noise)
+        return device_input(clipped, clip_norm, levels, modulus_bits, noise, source)
+
+    class OneDropped(secure_rounds.SecAggServer):
+        def collect_masked_inputs(self, replies):
+            requests = super().collect_masked_inputs(replies)
+            survivors = sorted(requests)[:-1]
+            return {client: dict(request, survivors=survivors) for client, request in requests.items()}
+
+    monkeypatch.setattr(secure_participation, "noised_ring_input", noised_ring_input)
+    monkeypatch.setattr(secure_rounds, "SecAggServer", OneDropped)
+    with private_fleet(zoo, tmp_path, {"tier-large": 5}) as fleet:
+        round_id = fleet["admin"].create_zoo_rounds(
+            distributed_plan(fleet, deadline_s=120, stage_deadline_s=60, neighbour_count=4, survivor_fraction=1.0),
+            ADMIN)["id"]
+        results = run_devices(fleet)
+        view = wait_for_round_end(fleet["admin"], round_id, timeout_s=120)
+        [cohort] = stored(fleet, FLSecureCohort, round_id)
+    protocol = SecAggConfig.from_dict(json.loads(cohort.secagg_config_json))
+    assert (protocol.num_clients, protocol.minimum_survivors, SecAggBounds().honest_survivors(protocol)) == (5, 5, 3)
+    assert [(noise.noise_multiplier, noise.survivors) for noise in requested] == [(3 * Z, 3)] * 5
+    assert sorted(result.outcome for result in results) == (["refused: not_a_survivor"]
+                                                            + ["refused: too_few_survivors"] * 4)
+    assert view["state"] == "failed" and view["result_model_id"] is None
+
+
+@pytest.mark.parametrize("cohort", [20, 50, 120])
+def test_a_raised_survivor_floor_brings_a_full_cohorts_noise_near_the_charged_noise(cohort):
+    """With every device surviving, a cohort's summed noise is (cohort / honest floor) times the charged variance: the
+    default floor (t from k = 60) leaves 2.2 to 4.3 times it at cohorts of 20 to 120; `survivor_fraction` 1 leaves
+    only the tolerated corrupt devices' share (c = 5% of the cohort, at least 2): at most 1.12 times."""
+    config, dimension = zoo_config(), 2000
+    default = config.privacy.secure_aggregation.model_copy(update={"neighbour_count": 60})
+    raised = default.model_copy(update={"survivor_fraction": 1.0})
+
+    def excess(settings) -> float:
+        protocol = secure_rounds.secagg_config(settings, 1, cohort, dimension, 0.5, 3, 0)
+        return cohort / noise_request(config, protocol).survivors
+
+    assert excess(default) > 2.0 and excess(raised) <= 1.12
+    assert excess(raised) == pytest.approx(cohort / (cohort - max(2, math.ceil(0.05 * cohort))))
 
 
 @pytest.mark.slow
