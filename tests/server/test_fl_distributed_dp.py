@@ -80,7 +80,7 @@ def test_a_distributed_dp_round_publishes_a_card_with_the_accountants_epsilon(si
     assert dp["bits_needed"] <= dp["ring_bits"] == 32
     assert dp["sensitivity"] == pytest.approx(0.5, rel=0.01)  # levels 32767: rounding adds almost nothing
     # the devices did add the noise the card claims: a mean of deltas clipped to 0.5 moves the weights at most 0.5
-    # (and a hair of rounding); the noise summed over 8 devices (sigma about 1.5 x 0.5 per coordinate on the sum, of
+    # (and a hair of rounding); the noise summed over 8 devices (sigma at least 1.5 x 0.5 per coordinate on the sum, of
     # 610 weights) moves them several times that. A server that left the noise request out of the task (the devices
     # then add none) published noiseless weights under this card
     base = read_float_initializers(federation.model)
