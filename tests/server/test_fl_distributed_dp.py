@@ -5,6 +5,7 @@ devices refuse a server that lies about the survivors the noise is calibrated fo
 import threading
 
 import httpx
+import numpy as np
 import pytest
 
 from fedzoo.cloud.simulation import prepare_federation
@@ -12,6 +13,7 @@ from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN as ADMIN
 from fedzoo.clients.participation import LocalData, participate_once
 from fedzoo.dp.accountant import epsilon_after
 from fedzoo.dp.distributed import MECHANISM, DistributedNoise, NoisePolicy
+from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.errors import InvalidInputError
 from fedzoo.server.fl import secure_rounds
 from fedzoo.server.fl.distributed_dp import bits_needed, noise_request
@@ -77,6 +79,14 @@ def test_a_distributed_dp_round_publishes_a_card_with_the_accountants_epsilon(si
     assert dp["calibrated_survivors"] == 3  # the floor of 5 survivors (t) less the 2 corrupt devices withstood
     assert dp["bits_needed"] <= dp["ring_bits"] == 32
     assert dp["sensitivity"] == pytest.approx(0.5, rel=0.01)  # levels 32767: rounding adds almost nothing
+    # the devices did add the noise the card claims: a mean of deltas clipped to 0.5 moves the weights at most 0.5
+    # (and a hair of rounding); the noise summed over 8 devices (sigma at least 1.5 x 0.5 per coordinate on the sum, of
+    # 610 weights) moves them several times that. A server that left the noise request out of the task (the devices
+    # then add none) published noiseless weights under this card
+    base = read_float_initializers(federation.model)
+    published = read_float_initializers(simulation.admin.download_model(card).read_bytes())
+    step = np.sqrt(sum(float(np.sum((published[name] - base[name]) ** 2)) for name in base))
+    assert step > 2 * 0.5, step
 
 
 def test_distributed_noise_without_secure_aggregation_or_in_too_small_a_ring_is_refused_naming_the_field(simulation):

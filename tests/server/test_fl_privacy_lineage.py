@@ -112,6 +112,7 @@ def test_adaptive_clipping_on_the_server_moves_the_norm_and_charges_the_count(si
     assert (fraction - 0.5) * 2 * 3 + 3 == pytest.approx(round((fraction - 0.5) * 2 * 3 + 3), abs=1e-9)
     assert claim["next_clip_norm"] == pytest.approx(0.1 * np.exp(-0.5 * (fraction - 0.5)))
     assert claim["delta_noise_multiplier"] == pytest.approx((2.0**-2 - 4.0**-2) ** -0.5)
+    assert claim["clipped_count_stddev"] == 2.0  # the count's noise the card says was charged: the plan's
     following = simulation.admin.fl_round(view["next_round_id"])
     assert following["config"]["privacy"]["dp"]["clip_norm"] == pytest.approx(claim["next_clip_norm"])
     task = device_client(simulation, 0).fl_task(federation.card.task)["task"]

@@ -215,6 +215,9 @@ def test_sdk_devices_run_a_secure_round_that_publishes(simulation, federation):
     assert view["state"] == "closed", view["outcome"]
     assert view["outcome"]["secure_aggregation"]["survivors"] == DEVICES
     assert view["outcome"]["aggregated_updates"] == DEVICES  # the count the unmasked sum holds
+    # the card's privacy claim: SecAgg+ and no DP, stated under the key a verifier reads
+    card = simulation.admin.card(view["result_model_id"])
+    assert card.details["federated"]["privacy"] == {"secure_aggregation": True, "dp": None}
     # what each device sent: the masked vector at 2 bytes a value, plus keys and shares
     vector_bytes = (sum(v.size for v in read_float_initializers(federation.model).values()) + 1) * 2
     assert all(vector_bytes < result.upload_bytes < vector_bytes + 3000 for result in results)
@@ -514,6 +517,15 @@ def test_plans_on_one_model_line_compose_into_one_ledger_and_the_card_states_the
     assert claims[1]["epsilon"] > claims[1]["plan_epsilon"]
     assert claims[1]["plan_epsilon"] == pytest.approx(claims[0]["epsilon"]) and claims[1]["rounds"] == 1
     assert claims[1]["line_events"] == [[1.5, 1.0, 1], [1.5, 1.0, 1]]
+    # the whole claim, each figure read from where it comes from: a card that drops or misstates one (the delta,
+    # the mechanism, the budgets, the bound the noise was sized for) states a privacy it does not have
+    assert claims[1] == {
+        "epsilon": pytest.approx(epsilon_after(2, 1.5, 1.0, 1e-5)), "delta": 1e-5, "accountant": "rdp", "rounds": 1,
+        "max_epsilon": 8, "plan_epsilon": pytest.approx(epsilon_after(1, 1.5, 1.0, 1e-5)),
+        "line": federation.card.id, "line_events": [[1.5, 1.0, 1], [1.5, 1.0, 1]], "line_max_epsilon": 10.0,
+        "noise_multiplier": 1.5, "clip_norm": 0.1, "sampling_probability": 1.0,
+        "sensitivity": pytest.approx(0.1 * 1.001),  # the clip bound and the noise grid's rounding (clip_norm / 1000)
+        "mechanism": "central-discrete-gaussian", "noise": "discrete Gaussian from os.urandom"}
     federated = second.details["federated"]  # a DP card states no contributor count at all
     assert (federated["accepted_updates"], federated["aggregated_updates"], federated["num_examples"]) == (None,) * 3
     assert federated["screening"] == {"norm_limit": 0.1} and "counts_withheld" in federated
@@ -616,8 +628,11 @@ def test_a_second_dp_plan_on_a_line_waits_for_the_running_one(simulation, federa
     with httpx.Client(base_url=simulation.admin.http.base_url, headers={"Authorization": f"Bearer {ADMIN}"}) as http:
         busy = http.post("/v1/fl/rounds", json={**plan, "model_id": federation.card.id,
                                                  "evaluation_sha256": simulation.evaluation_sha256})
-    assert busy.status_code == 409 and busy.json()["error"]["code"] == "line_busy"
-    assert str(running) in busy.json()["error"]["message"]
+    assert busy.status_code == 409
+    assert (busy.json()["error"]["code"], busy.json()["error"]["field"]) == ("line_busy", "model_id")
+    # the message names the line and the round holding it: what the operator waits for
+    assert f"model line {federation.card.line_id!r}" in busy.json()["error"]["message"]
+    assert f"(round {running})" in busy.json()["error"]["message"]
 
 
 @pytest.mark.slow
