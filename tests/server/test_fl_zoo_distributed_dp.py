@@ -174,7 +174,7 @@ def test_a_server_unmasking_below_a_raised_survivor_floor_gets_no_share(zoo, tmp
     monkeypatch.setattr(secure_rounds, "SecAggServer", OneDropped)
     with private_fleet(zoo, tmp_path, {"tier-large": 5}) as fleet:
         round_id = fleet["admin"].create_zoo_rounds(
-            distributed_plan(fleet, deadline_s=120, stage_deadline_s=60, neighbour_count=4, survivor_fraction=1.0),
+            distributed_plan(fleet, deadline_s=120, stage_deadline_s=20, neighbour_count=4, survivor_fraction=1.0),
             ADMIN)["id"]
         results = run_devices(fleet)
         view = wait_for_round_end(fleet["admin"], round_id, timeout_s=120)
