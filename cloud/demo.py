@@ -490,8 +490,8 @@ def stage_private_zoo_round(run: DemoRun) -> str:
     """One private zoo-wide round (docs/privacy.md, "Distributed DP in zoo-wide rounds"): the devices training one
     subnet form one SecAgg+ cohort, each adds its share of the Gaussian noise in the ring before masking, so the
     server sees only noised cohort sums; every zoo model's line is charged the round's epsilon, whether or not the
-    gate lets its new version out. Three Python devices of this machine's class train the small tier's subnet;
-    the Java device and two Python ones (three Python ones with --skip-java) the largest."""
+    gate lets its new version out. Three Python devices of this machine's class train the small tier's subnet,
+    the Java device and two Python ones (three Python ones with --skip-java) the one their budget allows."""
     from concurrent.futures import ThreadPoolExecutor
 
     from fedzoo.admin.operator_client import OperatorClient
@@ -508,7 +508,9 @@ def stage_private_zoo_round(run: DemoRun) -> str:
     shards = [LocalData(pool.x[shard], pool.y[shard])
               for shard in make_shards(pool, PRIVATE_ZOO_DEVICES, alpha=None, seed=1)]
     admin = OperatorClient(run.server_url, token=run.admin_token, cache_dir=run.workdir / "private-zoo-admin")
-    privacy = {"secure_aggregation": {"neighbour_count": 2, "levels": 32767, "stage_deadline_s": 60},
+    # k and t are the server's defaults for each cohort's size (k = 2, t = 2 for three devices): a k the operator
+    # fixes is below the devices' floor wherever one tier's budget seats both tiers on one subnet (a cohort of six)
+    privacy = {"secure_aggregation": {"levels": 32767, "stage_deadline_s": 60},
                "dp": {"noise": "distributed", "noise_multiplier": PRIVATE_ZOO_NOISE_MULTIPLIER, "clip_norm": 0.5,
                       "delta": 1e-5, "max_epsilon": 8.0}}
     plan = {**_zoo_plan(run, admin, run.supernet_id, PRIVATE_ZOO_DEVICES), "min_clients": PRIVATE_ZOO_DEVICES,
@@ -538,7 +540,8 @@ def stage_private_zoo_round(run: DemoRun) -> str:
     outcome = view.get("outcome") or {}
     if outcome.get("zoo") is None:
         admin.close()
-        return f"private zoo-wide round {round_id} {view['state']}: {outcome.get('failure')}"
+        return (f"private zoo-wide round {round_id} {view['state']}: {outcome.get('failure')} (the Python devices: "
+                f"{', '.join(outcomes)}{java})")
     claim = admin.card(view["result_model_id"]).details["federated"]["privacy"]["dp"]
     lines = "; ".join(f"{model['new_model_id']} states epsilon "
                       f"{admin.card(model['new_model_id']).details['federated']['privacy']['dp']['epsilon']:.2f}"
@@ -550,8 +553,8 @@ def stage_private_zoo_round(run: DemoRun) -> str:
             f"{outcome['secure_aggregation']['neighbour_count']}, t = {outcome['secure_aggregation']['threshold']}); "
             f"every zoo model's line was charged epsilon {claim['epsilon']:.2f} at delta {claim['delta']:g}; "
             + zoo_round_summary(outcome["zoo"]) + (f"; {lines}" if lines else
-                                                  "; the gate kept every parent: at this epsilon the noise over "
-                                                  "three devices a subnet outweighs their updates (fleets of 500 and "
+                                                  "; the gate kept every parent: at this epsilon the noise on the sums of "
+                                                  "a cohort of a few devices outweighs their updates (fleets of 500 and "
                                                   "1,000 devices: docs/zoo-federated.md)"))
 
 
