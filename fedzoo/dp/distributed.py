@@ -165,6 +165,12 @@ class NoisePolicy:
     require_distributed: bool = False
     minimum_noise_multiplier: float | None = None
 
+    def stricter(self, other: NoisePolicy) -> NoisePolicy:
+        """What both policies require (the owner's and the operator's terms, `fedzoo.dp.privacy_terms`)."""
+        floors = [floor for floor in (self.minimum_noise_multiplier, other.minimum_noise_multiplier)
+                  if floor is not None]
+        return NoisePolicy(self.require_distributed or other.require_distributed, max(floors) if floors else None)
+
 
 def check_noise_request(noise: DistributedNoise | None, honest_survivors: int, policy: NoisePolicy) -> None:
     """Refuse (ProtocolViolation) a request the device must not follow: central noise where the policy requires
