@@ -59,6 +59,14 @@ public final class DistributedNoise {
             this.minimumNoiseMultiplier = minimumNoiseMultiplier;
         }
 
+        /** What both policies require (the owner's and the operator's privacy terms), as Python's {@code stricter}. */
+        public Policy stricter(Policy other) {
+            Double floor = minimumNoiseMultiplier == null ? other.minimumNoiseMultiplier
+                    : other.minimumNoiseMultiplier == null ? minimumNoiseMultiplier
+                    : Double.valueOf(Math.max(minimumNoiseMultiplier, other.minimumNoiseMultiplier));
+            return new Policy(requireDistributed || other.requireDistributed, floor);
+        }
+
         /** Central noise allowed, no floor (Python's default). */
         public static Policy permissive() {
             return new Policy(false, null);
