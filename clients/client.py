@@ -44,8 +44,8 @@ from fedzoo.clients.http import FedzooHTTP, RetryPolicy
 from fedzoo.clients.neighbour_trust import NeighbourTrust
 from fedzoo.clients.metered import MeteredFile, ProgressCallback
 from fedzoo.device import DeviceProfile
-from fedzoo.dp.distributed import NoisePolicy
-from fedzoo.dp.privacy_terms import PrivacyTerms, policy_for
+from fedzoo.dp.distributed import NoisePolicy, policy_for
+from fedzoo.privacy_terms import PrivacyTerms
 from fedzoo.errors import InvalidInputError
 from fedzoo.revocation import RevocationList
 from fedzoo.secagg import signatures
@@ -293,7 +293,7 @@ class FedzooClient:
 
     def noise_policy_for(self, line_id: str) -> NoisePolicy:
         """This device's `NoisePolicy` for a round on `line_id`: the owner's `noise_policy`, made at least as
-        strict as the operator's privacy terms this device holds for the line (`fedzoo.dp.privacy_terms`)."""
+        strict as the operator's privacy terms this device holds for the line (`fedzoo.privacy_terms`)."""
         terms = held_privacy_terms.held(self.state_file) if self.neighbour_trust is not None else None
         return policy_for(terms, line_id, self.noise_policy)
 

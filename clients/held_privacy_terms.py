@@ -1,4 +1,4 @@
-"""The operator's privacy terms a device holds (`fedzoo.dp.privacy_terms`): the newest version it verified, in
+"""The operator's privacy terms a device holds (`fedzoo.privacy_terms`): the newest version it verified, in
 its state file (key `privacy_terms`, the signed document; Java: `StateStore`), kept only through `hold`, a
 compare-and-swap under the state file's lock, so no older terms replace newer ones."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from fedzoo.clients.device_state import change_state, load_state
-from fedzoo.dp.privacy_terms import PrivacyTerms, held_privacy_terms, verify_privacy_terms
+from fedzoo.privacy_terms import PrivacyTerms, held_privacy_terms, verify_privacy_terms
 from fedzoo.signing import TrustedKeys
 
 PRIVACY_TERMS_KEY = "privacy_terms"

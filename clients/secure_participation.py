@@ -17,7 +17,7 @@ told to the server (`POST /v1/fl/rounds/<id>/decline`), which records it; so is 
 it does not speak. Under distributed DP the device adds its own share of the noise to its ring input, and refuses a
 request calibrated for more honest survivors than the signed config's floor guarantees, or one its `NoisePolicy` does
 not accept: its owner's, made stricter by the operator's signed privacy terms for the round's line
-(`round_noise_policy`, `fedzoo.dp.privacy_terms`), which a default device holding operator keys fetches and
+(`round_noise_policy`, `fedzoo.privacy_terms`), which a default device holding operator keys fetches and
 applies before every task. With adaptive clipping (`task.privacy.unclipped_bit`) it appends whether its delta was within the clip
 norm before clipping (1 or 0, in clip_range units) as one more coordinate of the vector it masks: the server learns
 only how many were.
@@ -39,8 +39,8 @@ from fedzoo.capabilities import SECURE_AGGREGATION_VERSION
 from fedzoo.clients.errors import APIError, ConflictError, ServerUnavailableError
 from fedzoo.dp.clipping import clip_delta
 from fedzoo.errors import CardSignatureError, InvalidInputError
-from fedzoo.dp.distributed import DistributedNoise, NoisePolicy, check_noise_request, noised_ring_input
-from fedzoo.dp.privacy_terms import check_task_privacy
+from fedzoo.dp.distributed import (DistributedNoise, NoisePolicy, check_noise_request, check_task_privacy,
+                                   noised_ring_input)
 from fedzoo.secagg import SecAggClient, SecAggConfig, example_weight, flatten, quantise
 from fedzoo.secagg.bounds import SecAggBounds
 from fedzoo.secagg.errors import ProtocolViolation

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from fedzoo.dp.privacy_terms import sign_privacy_terms
+from fedzoo.privacy_terms import sign_privacy_terms
 from fedzoo.errors import InvalidInputError
 from fedzoo.keyring import KeyDirectory, default_keys_dir
 from fedzoo.revocation import sign_revocation_list

@@ -1,5 +1,5 @@
 """The envelope of a document the operator signs offline and devices verify against the operator keys they pin
-(the revocation list, `fedzoo.revocation`; the privacy terms, `fedzoo.dp.privacy_terms`):
+(the revocation list, `fedzoo.revocation`; the privacy terms, `fedzoo.privacy_terms`):
 
     {"key_id": "<16 hex>", "algorithm": "ed25519", "payload": "<base64>", "signature": "<base64>"}
 

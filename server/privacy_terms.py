@@ -1,4 +1,4 @@
-"""The operator's signed privacy terms (`fedzoo.dp.privacy_terms`), stored and served.
+"""The operator's signed privacy terms (`fedzoo.privacy_terms`), stored and served.
 
 As with the revocation list (`fedzoo.server.revocations`), the server signs nothing: it checks that an operator
 key signed the terms (`FEDZOO_TRUSTED_KEYS`; never its own key, which would let it relax what the operator
@@ -14,7 +14,7 @@ import json
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from fedzoo.dp.privacy_terms import PrivacyTerms, verify_privacy_terms
+from fedzoo.privacy_terms import PrivacyTerms, verify_privacy_terms
 from fedzoo.errors import CardSignatureError
 from fedzoo.server.errors import Conflict, ValidationFailed
 from fedzoo.server.tables import PrivacyTermsRecord

@@ -206,7 +206,7 @@ class RevocationListStored(Response):
 
 
 class SignedPrivacyTerms(StrictRequest):
-    """The operator's signed privacy terms (`fedzoo.dp.privacy_terms`): the signed bytes travel in `payload`."""
+    """The operator's signed privacy terms (`fedzoo.privacy_terms`): the signed bytes travel in `payload`."""
 
     key_id: str = Field(pattern=r"^[0-9a-f]{16}$", description="the operator key that signed them")
     algorithm: Literal["ed25519"] = "ed25519"

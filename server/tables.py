@@ -92,7 +92,7 @@ class RevocationListRecord(Base):
 
 
 class PrivacyTermsRecord(Base):
-    """One version of the privacy terms the operator signed (`fedzoo.dp.privacy_terms`); the newest is served."""
+    """One version of the privacy terms the operator signed (`fedzoo.privacy_terms`); the newest is served."""
 
     __tablename__ = "privacy_terms"
 

@@ -78,7 +78,7 @@ from fedzoo.clients.participation import participate_once
 from fedzoo.clients.secure_participation import take_part_securely
 from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.device_certificates import issue_certificate
-from fedzoo.dp.privacy_terms import sign_privacy_terms
+from fedzoo.privacy_terms import sign_privacy_terms
 from fedzoo.secagg import SecAggClient, SecAggConfig, crypto, flatten, signatures, unflatten
 from fedzoo.secagg.messages import to_base64
 from fedzoo.server.card_keys import SERVER_KEY_FILE
@@ -128,7 +128,7 @@ def _certify(server: LoopbackServer, operator: CardSigningKey) -> dict:
 
 
 def _publish_privacy_terms(server: LoopbackServer, operator: CardSigningKey, command: dict) -> dict:
-    """The operator signs privacy terms (`fedzoo.dp.privacy_terms`) and the admin uploads them."""
+    """The operator signs privacy terms (`fedzoo.privacy_terms`) and the admin uploads them."""
     with FedzooHTTP(server.url, token=DEFAULT_ADMIN_TOKEN) as admin:
         return admin.post_json("/v1/privacy-terms", sign_privacy_terms(operator, command["version"], command["lines"]),
                                expected=(201,))

@@ -1,5 +1,6 @@
-"""The operator's signed privacy terms (`fedzoo.dp.privacy_terms`): the shared vectors' verdicts (the Java SDK's
-`PrivacyTermsTest` reads the same file), the policy a device applies per line, and the task check before training."""
+"""The operator's signed privacy terms (`fedzoo.privacy_terms`): the shared vectors' verdicts (the Java SDK's
+`PrivacyTermsTest` reads the same file), the policy a device applies per line and the task check before training
+(`fedzoo.dp.distributed.policy_for`, `check_task_privacy`)."""
 
 import sys
 from pathlib import Path
@@ -9,8 +10,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vectors"))
 import privacy_terms_vectors  # noqa: E402
 
-from fedzoo.dp.distributed import NoisePolicy  # noqa: E402
-from fedzoo.dp.privacy_terms import check_task_privacy, policy_for, verify_privacy_terms  # noqa: E402
+from fedzoo.dp.distributed import NoisePolicy, check_task_privacy, policy_for  # noqa: E402
+from fedzoo.privacy_terms import verify_privacy_terms  # noqa: E402
 from fedzoo.errors import CardSignatureError  # noqa: E402
 from fedzoo.secagg.errors import ProtocolViolation  # noqa: E402
 from fedzoo.signing import TrustedKeys  # noqa: E402

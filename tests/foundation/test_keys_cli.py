@@ -8,7 +8,7 @@ import pytest
 
 from fedzoo.cards import ModelCard
 from fedzoo.cli import main
-from fedzoo.dp.privacy_terms import verify_privacy_terms
+from fedzoo.privacy_terms import verify_privacy_terms
 from fedzoo.revocation import verify_revocation_list
 from fedzoo.signing import CardSigningKey, TrustedKeys, verify_card
 from fedzoo.zoo import Zoo

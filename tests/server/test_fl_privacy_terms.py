@@ -8,7 +8,7 @@ import pytest
 
 from fedzoo.cloud.simulation import prepare_federation
 from fedzoo.dp.distributed import DistributedNoise
-from fedzoo.dp.privacy_terms import sign_privacy_terms
+from fedzoo.privacy_terms import sign_privacy_terms
 from fedzoo.server.fl import secure_rounds
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN as ADMIN
 from fedzoo.signing import CardSigningKey

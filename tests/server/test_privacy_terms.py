@@ -7,7 +7,7 @@ import json
 import pytest
 from server_helpers import ADMIN_TOKEN, VIEWER_TOKEN, device_profile, running_live_server
 
-from fedzoo.dp.privacy_terms import sign_privacy_terms
+from fedzoo.privacy_terms import sign_privacy_terms
 from fedzoo.revocation import sign_revocation_list
 from fedzoo.server.card_keys import SERVER_KEY_FILE
 from fedzoo.server.config import ServerConfig

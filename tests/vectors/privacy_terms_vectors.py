@@ -1,4 +1,4 @@
-"""Test vectors for the operator's signed privacy terms (`fedzoo.dp.privacy_terms`), shared by both SDKs.
+"""Test vectors for the operator's signed privacy terms (`fedzoo.privacy_terms`), shared by both SDKs.
 
 Ed25519 is deterministic, so fixed key seeds and a fixed time give the same file on every run:
 `python tests/vectors/privacy_terms_vectors.py` rewrites `privacy_terms.json`, and a test checks that the
@@ -16,8 +16,8 @@ from typing import Any
 
 from card_signature_vectors import SIGNED_AT, fleet_key, stranger_key
 
-from fedzoo.dp.distributed import NoisePolicy
-from fedzoo.dp.privacy_terms import TERMS_DOMAIN, policy_for, sign_privacy_terms, verify_privacy_terms
+from fedzoo.dp.distributed import NoisePolicy, policy_for
+from fedzoo.privacy_terms import TERMS_DOMAIN, sign_privacy_terms, verify_privacy_terms
 from fedzoo.revocation import sign_revocation_list
 from fedzoo.signing import CardSigningKey, TrustedKeys
 

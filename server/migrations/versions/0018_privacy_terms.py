@@ -1,4 +1,4 @@
-"""The operator's signed privacy terms (`fedzoo.dp.privacy_terms`): every version uploaded, the newest served.
+"""The operator's signed privacy terms (`fedzoo.privacy_terms`): every version uploaded, the newest served.
 
 Revision ID: 0018_privacy_terms
 Revises: 0017_secure_cohorts

@@ -454,7 +454,7 @@ public class FedzooClient {
      * strict as the operator's privacy terms held for the line.
      */
     public DistributedNoise.Policy noisePolicyFor(String lineId) {
-        return PrivacyTerms.policyFor(neighbourTrust != null ? state.privacyTerms() : null, lineId, noisePolicy);
+        return DistributedNoise.policyFor(neighbourTrust != null ? state.privacyTerms() : null, lineId, noisePolicy);
     }
 
     private NeighbourTrust operatorTrust() {

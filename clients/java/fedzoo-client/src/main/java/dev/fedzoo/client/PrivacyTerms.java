@@ -10,16 +10,15 @@ import org.bouncycastle.crypto.params.Ed25519PublicKeyParameters;
 import org.json.JSONException;
 import org.json.JSONObject;
 
-import dev.fedzoo.dp.DistributedNoise;
-import dev.fedzoo.secagg.ProtocolViolation;
 
 /**
- * The operator's signed privacy terms, as {@code fedzoo.dp.privacy_terms}: the model lines a device trains on only
+ * The operator's signed privacy terms, as {@code fedzoo.privacy_terms}: the model lines a device trains on only
  * under distributed DP, and the least noise multiplier it accepts there ({@code "*"}: every line the terms do not
  * name). The operator signs them offline ({@code fedzoo keys sign-privacy-terms}), the server relays them
  * ({@code GET /v1/privacy-terms}), and the device verifies them against its pinned operator keys, keeps the newest
  * in its {@link StateStore} (refusing an older version or another document under the held one) and applies them as
- * its {@link DistributedNoise.Policy} on every covered line ({@link #policyFor}), whatever the server says. The
+ * its {@code DistributedNoise.Policy} on every covered line ({@code DistributedNoise.policyFor}), whatever the
+ * server says. The
  * signature covers {@code "fedzoo-privacy-terms-v1\n" + payload}. Decided exactly as Python decides the shared
  * vectors ({@code tests/vectors/privacy_terms.json}).
  */
@@ -58,32 +57,12 @@ public final class PrivacyTerms {
     }
 
     /**
-     * The policy for a round on {@code lineId}: {@code own} (the owner's), made at least as strict as the terms of
-     * the line, else of every line; {@code own} where the terms are null or do not cover the line.
+     * The floor on z the terms set for {@code lineId}: its own, else every line's ({@link #EVERY_LINE}), else null
+     * (the line is not covered), as Python's {@code for_line}.
      */
-    public static DistributedNoise.Policy policyFor(PrivacyTerms terms, String lineId, DistributedNoise.Policy own) {
-        if (terms == null) {
-            return own;
-        }
-        Double floor = terms.minimumNoiseMultipliers.containsKey(lineId) ? terms.minimumNoiseMultipliers.get(lineId)
-                : terms.minimumNoiseMultipliers.get(EVERY_LINE);
-        return floor == null ? own : own.stricter(new DistributedNoise.Policy(true, floor));
-    }
-
-    /**
-     * Before training, as Python's {@code check_task_privacy}: {@link ProtocolViolation}
-     * {@code noise_not_distributed} for a task that cannot carry the device's own noise where the policy requires it
-     * (no DP clipping or no SecAgg+). The noise request is checked once the SecAgg+ config is fixed.
-     */
-    public static void checkTaskPrivacy(JSONObject privacy, DistributedNoise.Policy policy) {
-        if (!policy.requireDistributed) {
-            return;
-        }
-        if (privacy == null || privacy.isNull("clip_norm") || privacy.optJSONObject("secure_aggregation") == null) {
-            throw new ProtocolViolation("the operator's privacy terms require distributed DP under SecAgg+ on this "
-                    + "line, and the round asks for no DP or no SecAgg+ (the update would leave without this device's "
-                    + "noise)", "noise_not_distributed");
-        }
+    public Double minimumNoiseMultiplierFor(String lineId) {
+        return minimumNoiseMultipliers.containsKey(lineId) ? minimumNoiseMultipliers.get(lineId)
+                : minimumNoiseMultipliers.get(EVERY_LINE);
     }
 
     /**

@@ -10,7 +10,6 @@ import dev.fedzoo.FedzooException;
 import dev.fedzoo.client.ApiException;
 import dev.fedzoo.client.CardSignatureException;
 import dev.fedzoo.client.FedzooClient;
-import dev.fedzoo.client.PrivacyTerms;
 import dev.fedzoo.client.StopSignal;
 import dev.fedzoo.dp.DistributedNoise;
 import dev.fedzoo.dp.SecureRandomSource;
@@ -120,7 +119,7 @@ public final class SecureParticipation {
     /**
      * Before training on {@code lineId}, as Python's {@code round_noise_policy}: the policy this round must meet (the
      * owner's, made stricter by the operator's privacy terms, fetched first where the device pins operator keys), with
-     * the task checked against it ({@link PrivacyTerms#checkTaskPrivacy}); {@link ProtocolViolation}
+     * the task checked against it ({@link DistributedNoise#checkTaskPrivacy}); {@link ProtocolViolation}
      * {@code bad_privacy_terms} for served terms no operator key signed, older than or different under the version of
      * the terms held, and the task's refusal otherwise.
      */
@@ -134,7 +133,7 @@ public final class SecureParticipation {
             }
         }
         DistributedNoise.Policy policy = client.noisePolicyFor(lineId);
-        PrivacyTerms.checkTaskPrivacy(privacy, policy);
+        DistributedNoise.checkTaskPrivacy(privacy, policy);
         return policy;
     }
 

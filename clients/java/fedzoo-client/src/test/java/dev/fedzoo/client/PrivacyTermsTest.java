@@ -52,7 +52,7 @@ class PrivacyTermsTest {
                 assertEquals(vector.getInt("version"), terms.version(), name);
                 for (int j = 0; j < lines.length(); j++) {
                     String line = lines.getString(j);
-                    DistributedNoise.Policy policy = PrivacyTerms.policyFor(terms, line,
+                    DistributedNoise.Policy policy = DistributedNoise.policyFor(terms, line,
                             DistributedNoise.Policy.permissive());
                     JSONObject expected = vector.getJSONObject("policies").optJSONObject(line);
                     if (expected == null) {
@@ -100,9 +100,9 @@ class PrivacyTermsTest {
             new JSONObject().put("clip_norm", 0.5).put("secure_aggregation", JSONObject.NULL)};
         for (JSONObject privacy : refused) {
             assertEquals("noise_not_distributed", assertThrows(ProtocolViolation.class,
-                    () -> PrivacyTerms.checkTaskPrivacy(privacy, required)).reason(), String.valueOf(privacy));
-            PrivacyTerms.checkTaskPrivacy(privacy, DistributedNoise.Policy.permissive());
+                    () -> DistributedNoise.checkTaskPrivacy(privacy, required)).reason(), String.valueOf(privacy));
+            DistributedNoise.checkTaskPrivacy(privacy, DistributedNoise.Policy.permissive());
         }
-        PrivacyTerms.checkTaskPrivacy(new JSONObject().put("clip_norm", 0.5).put("secure_aggregation", secure), required);
+        DistributedNoise.checkTaskPrivacy(new JSONObject().put("clip_norm", 0.5).put("secure_aggregation", secure), required);
     }
 }

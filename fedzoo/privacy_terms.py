@@ -7,7 +7,8 @@ accountant's epsilon, and only a device whose owner opted in to a `NoisePolicy` 
 word to the operator, whose keys devices already pin: the operator signs them offline (`fedzoo keys
 sign-privacy-terms`), the server only checks, stores and serves them (`POST`/`GET /v1/privacy-terms`), and each
 device verifies them against its operator keys, keeps the newest version (`fedzoo.clients.held_privacy_terms`;
-Java `StateStore`) and applies them as its `NoisePolicy` on every covered line (`policy_for`).
+Java `StateStore`) and applies them as its `NoisePolicy` on every covered line
+(`fedzoo.dp.distributed.policy_for`).
 
 The document is the operator's signed envelope (`fedzoo.signed_documents`) under its own purpose label
 (`TERMS_DOMAIN`); the payload is JSON:
@@ -28,9 +29,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from fedzoo.cards import IDENTIFIER_PATTERN
-from fedzoo.dp.distributed import NoisePolicy
 from fedzoo.errors import CardSignatureError, InvalidInputError
-from fedzoo.secagg.errors import ProtocolViolation
 from fedzoo.signed_documents import envelope, open_document, read_held, refuse_older, sign_document
 from fedzoo.signing import TIMESTAMP_FORMAT, CardSigningKey, TrustedKeys
 
@@ -51,9 +50,6 @@ class LineTerms:
     mode: str
     minimum_noise_multiplier: float
 
-    def noise_policy(self) -> NoisePolicy:
-        return NoisePolicy(require_distributed=True, minimum_noise_multiplier=self.minimum_noise_multiplier)
-
 
 @dataclass(frozen=True)
 class PrivacyTerms:
@@ -67,24 +63,6 @@ class PrivacyTerms:
     def for_line(self, line_id: str) -> LineTerms | None:
         """The terms of `line_id`: its own, else the fleet's (`EVERY_LINE`), else None (the line is not covered)."""
         return self.lines.get(line_id, self.lines.get(EVERY_LINE))
-
-
-def policy_for(terms: PrivacyTerms | None, line_id: str, own: NoisePolicy) -> NoisePolicy:
-    """The device's `NoisePolicy` for a round on `line_id`: its owner's, made at least as strict as the terms."""
-    line = terms.for_line(line_id) if terms is not None else None
-    return own if line is None else own.stricter(line.noise_policy())
-
-
-def check_task_privacy(privacy: dict[str, Any] | None, policy: NoisePolicy) -> None:
-    """Before training: `ProtocolViolation` `noise_not_distributed` for a task that cannot carry the device's own
-    noise where the policy requires it (no DP clipping, or no SecAgg+: the update would leave unnoised). The noise
-    request itself is checked once the round's SecAgg+ config is fixed (`check_noise_request`)."""
-    if not policy.require_distributed:
-        return
-    if not privacy or privacy.get("clip_norm") is None or privacy.get("secure_aggregation") is None:
-        raise ProtocolViolation("the operator's privacy terms require distributed DP under SecAgg+ on this line, and "
-                                "the round asks for no DP or no SecAgg+ (the update would leave without this device's "
-                                "noise)", "noise_not_distributed")
 
 
 def sign_privacy_terms(key: CardSigningKey, version: int, lines: dict[str, dict[str, Any]],
