@@ -17,10 +17,10 @@ told to the server (`POST /v1/fl/rounds/<id>/decline`), which records it; so is 
 it does not speak. Under distributed DP the device adds its own share of the noise to its ring input, and refuses a
 request calibrated for more honest survivors than the signed config's floor guarantees, or one its `NoisePolicy` does
 not accept: its owner's, made stricter by the operator's signed privacy terms for the round's line
-(`round_noise_policy`, `fedzoo.privacy_terms`), which a default device holding operator keys fetches and
-applies before every task. With adaptive clipping (`task.privacy.unclipped_bit`) it appends whether its delta was within the clip
-norm before clipping (1 or 0, in clip_range units) as one more coordinate of the vector it masks: the server learns
-only how many were.
+(`round_noise_policy`, `fedzoo.privacy_terms`), which a default device holding operator keys fetches and applies
+before every task. With adaptive clipping (`task.privacy.unclipped_bit`) it appends whether its delta was within the
+clip norm before clipping (1 or 0, in clip_range units) as one more coordinate of the vector it masks: the server
+learns only how many were.
 """
 
 from __future__ import annotations
@@ -134,8 +134,8 @@ def take_part_securely(client: FedzooClient, work: dict[str, Any], delta: Parame
     version = work["privacy"]["secure_aggregation"].get("version")
     if version != SECURE_AGGREGATION_VERSION:
         return decline(client, work["round_id"], "unsupported_secure_aggregation",
-                        f"the round speaks SecAgg+ version {version}; this device speaks {SECURE_AGGREGATION_VERSION}"
-                        ), sent
+                       f"the round speaks SecAgg+ version {version}; this device speaks {SECURE_AGGREGATION_VERSION}"
+                       ), sent
     while True:
         secure = work["privacy"]["secure_aggregation"]
         if secure["stage"] not in ("selection", "done") and secure["client"] is None:
@@ -145,8 +145,8 @@ def take_part_securely(client: FedzooClient, work: dict[str, Any], delta: Parame
                 return "refused: signing_key_required", sent
             if client.neighbour_trust is None:
                 return decline(client, work["round_id"], "operator_keys_required",
-                                "this device has no operator key set to check its neighbours' certificates against "
-                                "(FedzooClient(operator_keys=...), docs/privacy.md)"), sent
+                               "this device has no operator key set to check its neighbours' certificates against "
+                               "(FedzooClient(operator_keys=...), docs/privacy.md)"), sent
             try:
                 if protocol is None:
                     config = protocol_config(secure["config"])

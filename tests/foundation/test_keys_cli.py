@@ -135,7 +135,8 @@ def test_keys_sign_privacy_terms_signs_terms_the_pinned_keys_verify_and_refuses_
     code, stdout, _ = run_main(["keys", "sign-privacy-terms", "--signing-key", str(key_path), "--version", "2",
                                 "--line", "*=1.0", "--line", "digits-mlp=1.5", "--out", str(out)], capsys)
     assert code == 0 and "version 2 (2 lines: *, digits-mlp)" in stdout
-    terms = verify_privacy_terms(json.loads(out.read_text()), TrustedKeys([CardSigningKey.load(key_path).public_key_raw]))
+    operator = TrustedKeys([CardSigningKey.load(key_path).public_key_raw])
+    terms = verify_privacy_terms(json.loads(out.read_text()), operator)
     assert terms.version == 2
     assert (terms.for_line("digits-mlp").minimum_noise_multiplier, terms.for_line("other").minimum_noise_multiplier) \
         == (1.5, 1.0)
