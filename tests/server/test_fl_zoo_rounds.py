@@ -21,7 +21,7 @@ from sqlalchemy import create_engine, update
 from fedzoo.admin.operator_client import OperatorClient
 from fedzoo.cards import Latency, ModelCard, is_supernet
 from fedzoo.cli import cli
-from fl_helpers import OPEN_GATE, wait_for_round_end
+from fl_helpers import OPEN_GATE, TEST_POLL_S, wait_for_round_end
 from zoo_helpers import TIERS, publish_zoo, supernet_card, zoo_members
 from server_helpers import fresh_postgres_database, log_in
 from fedzoo.clients.client import FedzooClient
@@ -112,7 +112,7 @@ def _plan(fleet, **overrides) -> dict:
     smallest = zoo_members(zoo)[0]
     config = {"model_id": supernet_card(zoo).id, "evaluation_sha256": fleet["evaluation"], "min_clients": 4,
               "target_clients": 4, "over_selection": 0.0, "deadline_s": 120, "local_epochs": 1, "batch_size": 16,
-              "learning_rate": 0.05, "max_accuracy_drop": OPEN_GATE,
+              "learning_rate": 0.05, "max_accuracy_drop": OPEN_GATE, "poll_interval_s": TEST_POLL_S,
               "zoo": {"latency_budget_ms": 1e5, "calibration_sha256": fleet["calibration"],
                       "latency_budget_ms_by_class": {"tier-small": smallest.macs / 1e4 * 1.01}}}
     config.update(overrides)
