@@ -22,7 +22,7 @@ from fedzoo.admin.operator_client import OperatorClient
 from fedzoo.cards import Latency, ModelCard, is_supernet
 from fedzoo.cli import cli
 from fl_helpers import OPEN_GATE, TEST_POLL_S, wait_for_round_end
-from zoo_helpers import TIERS, publish_zoo, supernet_card, zoo_members
+from zoo_helpers import TIERS, TINY_ZOO_GROUP, publish_zoo, supernet_card, zoo_members
 from server_helpers import fresh_postgres_database, log_in
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.errors import APIError
@@ -35,7 +35,8 @@ from fedzoo.server.fl.tables import FLRound
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.zoo import Zoo
 
-pytestmark = pytest.mark.slow
+# one test process runs every module on the session's tiny zoo (`--dist loadgroup`): built once, not once per worker
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(TINY_ZOO_GROUP)]
 POSTGRES_URL = os.environ.get("FEDZOO_TEST_POSTGRES_URL")
 @pytest.fixture(scope="module")
 def compressed_zoo(zoo, tmp_path_factory):
