@@ -50,6 +50,10 @@ class StageRecorder(pipeline.BuildReporter):
         self.stages[-1][2] = completed
 
 
+# the tests of the module's one full build run in one test process (`--dist loadgroup`): built once, not per worker
+ON_THE_BUILD = pytest.mark.xdist_group("pipeline-build")
+
+
 @pytest.fixture(scope="module")
 def stages():
     return StageRecorder()
@@ -61,6 +65,7 @@ def built(tmp_path_factory, stages):
 
 
 @pytest.mark.slow
+@ON_THE_BUILD
 def test_build_writes_at_least_eight_cards_that_rebuild_and_run(built):
     zoo = Zoo(built.zoo.root)
     cards = [card for card in zoo.cards() if not is_supernet(card)]
@@ -87,6 +92,7 @@ def test_build_writes_at_least_eight_cards_that_rebuild_and_run(built):
 
 
 @pytest.mark.slow
+@ON_THE_BUILD
 def test_the_build_report_and_the_cards_say_where_the_supernet_trained(built):
     report = json.loads((built.zoo.root / pipeline.BUILD_REPORT).read_text())
     device = str(resolve_device("auto"))
@@ -121,6 +127,7 @@ def test_workers_that_do_not_split_the_batch_evenly_are_refused_before_any_work(
     assert not (tmp_path / "zoo").exists()
 
 
+@ON_THE_BUILD
 def test_the_zoo_finetune_spends_the_supernets_steps_per_epoch_on_the_zoos_subnets(built, stages):
     training = tiny_config("-").training
     steps = steps_per_epoch(len(built.normalised["train"].y), training.batch_size)
@@ -133,6 +140,7 @@ def test_the_zoo_finetune_spends_the_supernets_steps_per_epoch_on_the_zoos_subne
 
 
 @pytest.mark.slow
+@ON_THE_BUILD
 def test_the_zoo_finetune_raises_the_zoos_accuracy(built, tmp_path):
     untuned = build_zoo(tiny_config(tmp_path / "zoo", finetune_epochs=0))
     assert [card.arch for card in untuned.cards] == [card.arch for card in built.cards]  # the same search
@@ -142,6 +150,7 @@ def test_the_zoo_finetune_raises_the_zoos_accuracy(built, tmp_path):
     assert after > before + 0.05, (before, after)
 
 
+@ON_THE_BUILD
 def test_the_zoo_carries_its_supernet_and_every_model_is_a_subnet_of_it(built):
     zoo = Zoo(built.zoo.root)
     (supernet,) = [card for card in zoo.cards() if is_supernet(card)]
@@ -160,6 +169,7 @@ def test_the_zoo_carries_its_supernet_and_every_model_is_a_subnet_of_it(built):
 
 
 @pytest.mark.slow
+@ON_THE_BUILD
 def test_zoo_learned_something_and_is_a_spread_of_the_tradeoff(built):
     accuracies = [card.metrics.accuracy for card in built.cards]
     assert max(accuracies) > 0.3  # chance is 0.1 on ten digits, after two tiny epochs
@@ -170,6 +180,7 @@ def test_zoo_learned_something_and_is_a_spread_of_the_tradeoff(built):
 
 
 @pytest.mark.slow
+@ON_THE_BUILD
 def test_same_seed_builds_the_same_zoo_and_an_interrupted_build_resumes_to_it(built, tmp_path):
     out = tmp_path / "resumed"
     with pytest.raises(BuildInterrupted, match="after epoch 1"):
