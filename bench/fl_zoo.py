@@ -3,8 +3,11 @@
 Scenario (device-cloud): the cloud built the zoo with the tiny preset (its supernet and search saw only the first
 768 training examples, the small labelled set); the devices hold the rest of the training split in Dirichlet(alpha)
 shards, each split 80/20 into the device's training and held-out data. Devices fall into 4 latency tiers with the
-given shares (`skewed`: 60/25/10/5% from the slowest tier up, most devices weak; `uniform`: 25% each); each tier's
-budget is the MACs of one of 4 zoo models (spread by MACs, smallest for the slowest tier). Each round draws
+given shares (`skewed`: 60/25/10/5% from the slowest tier up, most devices weak; `uniform`: 25% each); the tiers'
+budgets are fixed fractions of the largest subnet's MACs (`BUDGET_FRACTIONS`: 1/4, 1/2, 3/4, 1, DepthFL's
+quarter-depth tiers), the same for every arm and set before the zoo is looked at. tier_alone and fedzoo serve each
+tier the zoo model within its budget that is most accurate on the validation split at the start (the zoo's lookup,
+on the validation split, never the test split). Each round draws
 `--per-round` devices (the same draws in every arm); each trains `--local-epochs` of SGD (batch 16, BatchNorm in
 training mode) on its tier's model of the arm. Arms (bench/zoo_arms.py): tier_alone (per-model FL), heterofl,
 fedrolex, depthwise, everyone_largest (budgets ignored: the upper bound) and fedzoo (zoo-wide). Every other arm's
@@ -67,11 +70,13 @@ from zoo_arms import (  # noqa: E402
     Arm,
     Device,
     MacCounter,
+    best_within,
     deployed_accuracy,
     make_arms,
     over_budget,
     run_arm,
     served_models,
+    tier_module,
     warm_up,
 )
 
@@ -84,20 +89,25 @@ from fedzoo.compress.zoo_extraction import SupernetSpec, deployable_blob, read_w
 from fedzoo.compress.zoo_extraction import supernet_weights  # noqa: E402
 from fedzoo.nas.space import arch_key  # noqa: E402
 from fedzoo.nas.supernet import Supernet  # noqa: E402
-from fedzoo.nas.subnet import evaluate_accuracy  # noqa: E402
+from fedzoo.nas.subnet import evaluate_accuracy, recalibrate_batchnorm  # noqa: E402
 from fedzoo.signing import CardSigningKey, sign_card  # noqa: E402
 from fedzoo.zoo import Zoo  # noqa: E402
 
 TIERS = 4
 SHARES = {"skewed": (0.60, 0.25, 0.10, 0.05), "uniform": (0.25, 0.25, 0.25, 0.25)}  # slowest tier first
+BUDGET_FRACTIONS = (0.25, 0.5, 0.75, 1.0)  # each tier's MACs budget over the largest subnet's, slowest tier first
 HELD_OUT_FRACTION = 0.2
 # the sources a zoo build depends on: the cache key hashes them with the build settings
 BUILD_SOURCES = ("cloud/pipeline.py", "fedzoo/datasets.py", "compress/zoo_extraction.py", "nas")
 
 
 def build_settings(dataset: str, zoo_dir: Path) -> BuildConfig:
+    """The tiny preset's build with the default preset's search budget (160 candidates, not 16, so the zoo holds
+    a model near every tier's budget: 16 left nothing between the space's smallest subnet and 3/8 of the largest)
+    and a zoo of up to 16 models."""
     return BuildConfig(dataset=dataset, out=zoo_dir, preset="tiny", latency_source="macs", compress=False,
-                       training_graphs=False, executor="in-process", zoo_min_size=TIERS, zoo_max_size=8)
+                       training_graphs=False, executor="in-process", evaluations=PRESETS["default"].evaluations,
+                       zoo_min_size=TIERS, zoo_max_size=16)
 
 
 def cache_key(sources: tuple[Path, ...], settings: str) -> str:
@@ -145,6 +155,14 @@ def cached_warm_up(arm: Arm, spec: SupernetSpec, dataset: str, zoo_dir: Path, cl
           f"{len(cloud_y)}, as the zoo's supernet and fine-tune: {settings.training.epochs} + "
           f"{settings.training.zoo_finetune_epochs}) in {time.perf_counter() - started:.0f} s: {path}")
     return weights
+
+
+def start_accuracy(spec: SupernetSpec, arch: dict, weights: dict, cloud_x: np.ndarray, x: np.ndarray,
+                   y: np.ndarray) -> float:
+    """The zoo model `arch` as served before any round (BatchNorm recalibrated on the cloud's images) on (x, y)."""
+    model = tier_module(spec, arch, weights)
+    recalibrate_batchnorm(model, cloud_x)
+    return evaluate_accuracy(model, x, y)[0]
 
 
 def normalise(x: np.ndarray, mean: list[float], std: list[float]) -> np.ndarray:
@@ -210,13 +228,6 @@ def main() -> None:
     supernet_card = next(card for card in zoo.cards() if is_supernet(card))
     spec = SupernetSpec.from_card(supernet_card)
     initial = read_weights_npz(zoo.blob_path(supernet_card.artifacts["supernet_weights"]).read_bytes())
-    members = sorted((card for card in zoo.cards() if not is_supernet(card) and card.parent_id is None),
-                     key=lambda card: card.macs)
-    zoo_archs = [members[round(index * (len(members) - 1) / (TIERS - 1))].arch for index in range(TIERS)]
-    macs = MacCounter(spec)
-    budgets = [macs(arch) for arch in zoo_archs]
-    arms = {name: arm for name, arm in make_arms(spec, zoo_archs, macs).items() if name in args.arms.split(",")}
-
     split = split_dataset(load_dataset(args.dataset), seed=0)
     mean, std = supernet_card.input.normalisation.mean, supernet_card.input.normalisation.std
     held = PRESETS["tiny"].max_train_examples
@@ -224,6 +235,18 @@ def main() -> None:
     cloud_x, cloud_y = normalise(split.train.x[:held], mean, std), split.train.y[:held]
     validation_x, validation_y = normalise(split.validation.x, mean, std), split.validation.y
     test_x, test_y = normalise(split.test.x, mean, std), split.test.y
+
+    macs = MacCounter(spec)
+    budgets = [round(fraction * macs(spec.space.max_arch())) for fraction in BUDGET_FRACTIONS]
+    members = [card.arch for card in zoo.cards() if not is_supernet(card) and card.parent_id is None]
+    validation = {arch_key(arch): start_accuracy(spec, arch, initial, cloud_x, validation_x, validation_y)
+                  for arch in members}
+    zoo_archs = best_within(members, budgets, macs, lambda arch: validation[arch_key(arch)])
+    print(f"zoo: {len(members)} models, kMACs (validation % at the start) "
+          + ", ".join(f"{macs(arch) / 1e3:.0f}k ({100 * validation[arch_key(arch)]:.1f})"
+                      for arch in sorted(members, key=macs)))
+    arms = {name: arm for name, arm in make_arms(spec, zoo_archs, budgets, macs).items()
+            if name in args.arms.split(",")}
     shares = SHARES[args.shares]
     starts = {name: cached_warm_up(arm, spec, args.dataset, zoo_dir, cloud_x, cloud_y) if arm.warmed_up
               else initial for name, arm in arms.items()}
