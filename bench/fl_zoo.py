@@ -82,14 +82,14 @@ from zoo_arms import (  # noqa: E402
 
 import fedzoo  # noqa: E402
 from fedzoo.cards import is_supernet  # noqa: E402
-from fedzoo.datasets import dirichlet_partition, load_dataset, split_dataset  # noqa: E402
+from fedzoo.datasets import Dataset, dirichlet_partition, load_dataset, split_dataset  # noqa: E402
 from fedzoo.dp.accountant import epsilon_after, noise_multiplier_for  # noqa: E402
 from fedzoo.cloud.pipeline import PRESETS, BuildConfig, build_zoo  # noqa: E402
 from fedzoo.compress.zoo_extraction import SupernetSpec, deployable_blob, read_weights_npz  # noqa: E402
 from fedzoo.compress.zoo_extraction import supernet_weights  # noqa: E402
-from fedzoo.nas.space import arch_key  # noqa: E402
+from fedzoo.nas.space import arch_key, tiny_space  # noqa: E402
 from fedzoo.nas.supernet import Supernet  # noqa: E402
-from fedzoo.nas.subnet import evaluate_accuracy, recalibrate_batchnorm  # noqa: E402
+from fedzoo.nas.subnet import Subnet, count_macs, evaluate_accuracy, recalibrate_batchnorm  # noqa: E402
 from fedzoo.signing import CardSigningKey, sign_card  # noqa: E402
 from fedzoo.zoo import Zoo  # noqa: E402
 
@@ -101,13 +101,22 @@ HELD_OUT_FRACTION = 0.2
 BUILD_SOURCES = ("cloud/pipeline.py", "fedzoo/datasets.py", "compress/zoo_extraction.py", "nas")
 
 
-def build_settings(dataset: str, zoo_dir: Path) -> BuildConfig:
-    """The tiny preset's build with the default preset's search budget (160 candidates, not 16, so the zoo holds
-    a model near every tier's budget: 16 left nothing between the space's smallest subnet and 3/8 of the largest)
-    and a zoo of up to 16 models."""
+def build_settings(dataset: str, zoo_dir: Path, budgets_macs: tuple[int, ...]) -> BuildConfig:
+    """The tiny preset's build with the default preset's search budget (160 candidates, not 16: 16 left nothing
+    between the space's smallest subnet and 3/8 of the largest) and a zoo for the fleet's budgets: the best
+    searched subnet within each tier's budget, so the zoo's fine-tune trains what the tiers run, as each anchor's
+    warm-up trains its tier models."""
     return BuildConfig(dataset=dataset, out=zoo_dir, preset="tiny", latency_source="macs", compress=False,
                        training_graphs=False, executor="in-process", evaluations=PRESETS["default"].evaluations,
-                       zoo_min_size=TIERS, zoo_max_size=16)
+                       zoo_budgets_macs=budgets_macs)
+
+
+def tier_budgets(dataset: Dataset) -> tuple[int, ...]:
+    """Each tier's MACs budget, slowest first: `BUDGET_FRACTIONS` of the tiny space's largest subnet on `dataset`'s
+    images, fixed before any zoo is built and the same for every arm."""
+    channels, height, _ = dataset.image_shape
+    largest = Subnet(tiny_space(height).max_arch(), dataset.num_classes, channels)
+    return tuple(round(fraction * count_macs(largest, (1, channels, height, height))) for fraction in BUDGET_FRACTIONS)
 
 
 def cache_key(sources: tuple[Path, ...], settings: str) -> str:
@@ -120,24 +129,25 @@ def cache_key(sources: tuple[Path, ...], settings: str) -> str:
     return digest.hexdigest()[:12]
 
 
-def cached_zoo(dataset: str, out: Path) -> Path:
-    """The zoo of `dataset`, built unless a build with the same code and settings is cached."""
+def cached_zoo(dataset: str, budgets: tuple[int, ...], out: Path) -> Path:
+    """The zoo of `dataset` for the tiers' `budgets`, built unless a build with the same code and settings is
+    cached."""
     root = Path(fedzoo.__file__).resolve().parent.parent
-    key = cache_key(tuple(root / source for source in BUILD_SOURCES), repr(build_settings(dataset, Path("-"))))
+    key = cache_key(tuple(root / source for source in BUILD_SOURCES),
+                    repr(build_settings(dataset, Path("-"), budgets)))
     zoo_dir = out / f"zoo-{dataset}-{key}"
     if not (zoo_dir / "zoo.json").exists():
         started = time.perf_counter()
-        build_zoo(build_settings(dataset, zoo_dir))
+        build_zoo(build_settings(dataset, zoo_dir, budgets))
         print(f"zoo built in {time.perf_counter() - started:.0f} s: {zoo_dir}")
     return zoo_dir
 
 
-def cached_warm_up(arm: Arm, spec: SupernetSpec, dataset: str, zoo_dir: Path, cloud_x: np.ndarray,
+def cached_warm_up(arm: Arm, spec: SupernetSpec, settings: BuildConfig, zoo_dir: Path, cloud_x: np.ndarray,
                    cloud_y: np.ndarray) -> dict:
-    """`warm_up` of the arm's tier models with the zoo build's training settings and seed, from the supernet's
+    """`warm_up` of the arm's tier models with the zoo build's training `settings` and seed, from the supernet's
     initialisation in that build; cached under the zoo (its key covers the build) and a hash of the bench's code
     and the family."""
-    settings = build_settings(dataset, zoo_dir)
     # the zoo's cloud budget: the supernet's epochs and the chosen subnets' fine-tune, over the same examples
     training = replace(settings.training, epochs=settings.training.epochs + settings.training.zoo_finetune_epochs)
     seed = settings.seed
@@ -223,12 +233,14 @@ def main() -> None:
     if args.private:
         args.arms = "fedzoo"
     torch.set_num_threads(1)
-    zoo_dir = cached_zoo(args.dataset, args.out)
+    dataset = load_dataset(args.dataset)
+    budgets = tier_budgets(dataset)
+    zoo_dir = cached_zoo(args.dataset, budgets, args.out)
     zoo = Zoo(zoo_dir)
     supernet_card = next(card for card in zoo.cards() if is_supernet(card))
     spec = SupernetSpec.from_card(supernet_card)
     initial = read_weights_npz(zoo.blob_path(supernet_card.artifacts["supernet_weights"]).read_bytes())
-    split = split_dataset(load_dataset(args.dataset), seed=0)
+    split = split_dataset(dataset, seed=0)
     mean, std = supernet_card.input.normalisation.mean, supernet_card.input.normalisation.std
     held = PRESETS["tiny"].max_train_examples
     pool_x, pool_y = normalise(split.train.x[held:], mean, std), split.train.y[held:]
@@ -237,7 +249,6 @@ def main() -> None:
     test_x, test_y = normalise(split.test.x, mean, std), split.test.y
 
     macs = MacCounter(spec)
-    budgets = [round(fraction * macs(spec.space.max_arch())) for fraction in BUDGET_FRACTIONS]
     members = [card.arch for card in zoo.cards() if not is_supernet(card) and card.parent_id is None]
     validation = {arch_key(arch): start_accuracy(spec, arch, initial, cloud_x, validation_x, validation_y)
                   for arch in members}
@@ -245,10 +256,11 @@ def main() -> None:
     print(f"zoo: {len(members)} models, kMACs (validation % at the start) "
           + ", ".join(f"{macs(arch) / 1e3:.0f}k ({100 * validation[arch_key(arch)]:.1f})"
                       for arch in sorted(members, key=macs)))
-    arms = {name: arm for name, arm in make_arms(spec, zoo_archs, budgets, macs).items()
+    arms = {name: arm for name, arm in make_arms(spec, zoo_archs, list(budgets), macs).items()
             if name in args.arms.split(",")}
     shares = SHARES[args.shares]
-    starts = {name: cached_warm_up(arm, spec, args.dataset, zoo_dir, cloud_x, cloud_y) if arm.warmed_up
+    settings = build_settings(args.dataset, zoo_dir, budgets)
+    starts = {name: cached_warm_up(arm, spec, settings, zoo_dir, cloud_x, cloud_y) if arm.warmed_up
               else initial for name, arm in arms.items()}
 
     def run(arm, seed: int, learning_rate: float, exponent: float):
@@ -264,7 +276,7 @@ def main() -> None:
               + f" (budgets {', '.join(f'{budget / 1e3:.0f}k' for budget in budgets)})"
               + (", budgets ignored" if arm.ignores_budgets else "")
               + f"; channels (stem, stages, head) {channels(arm.tier_archs)}")
-        over = over_budget(arm, budgets, macs)
+        over = over_budget(arm, list(budgets), macs)
         if over and not arm.ignores_budgets:
             sys.exit(f"refusing to report {name}: tiers {over} are over their budgets")
 
@@ -307,7 +319,7 @@ def main() -> None:
             if name == "fedzoo":
                 republish.append(republish_seconds(spec, zoo, result.supernets[None], cloud_x))
     report(results, republish, {name: [macs(arch) for arch in arm.tier_archs] for name, arm in arms.items()},
-           budgets, args)
+           list(budgets), args)
 
 
 def compare_private(args: argparse.Namespace, arm: Arm, spec: SupernetSpec, start: dict, cloud_x: np.ndarray,
