@@ -3,8 +3,11 @@
 Scenario (device-cloud): the cloud built the zoo with the tiny preset (its supernet and search saw only the first
 768 training examples, the small labelled set); the devices hold the rest of the training split in Dirichlet(alpha)
 shards, each split 80/20 into the device's training and held-out data. Devices fall into 4 latency tiers with the
-given shares (`skewed`: 60/25/10/5% from the slowest tier up, most devices weak; `uniform`: 25% each); each tier's
-budget is the MACs of one of 4 zoo models (spread by MACs, smallest for the slowest tier). Each round draws
+given shares (`skewed`: 60/25/10/5% from the slowest tier up, most devices weak; `uniform`: 25% each); the tiers'
+budgets are fixed fractions of the largest subnet's MACs (`BUDGET_FRACTIONS`: 1/4, 1/2, 3/4, 1, DepthFL's
+quarter-depth tiers), the same for every arm and set before the zoo is looked at. tier_alone and fedzoo serve each
+tier the zoo model within its budget that is most accurate on the validation split at the start (the zoo's lookup,
+on the validation split, never the test split). Each round draws
 `--per-round` devices (the same draws in every arm); each trains `--local-epochs` of SGD (batch 16, BatchNorm in
 training mode) on its tier's model of the arm. Arms (bench/zoo_arms.py): tier_alone (per-model FL), heterofl,
 fedrolex, depthwise, everyone_largest (budgets ignored: the upper bound) and fedzoo (zoo-wide). Every other arm's
@@ -67,37 +70,53 @@ from zoo_arms import (  # noqa: E402
     Arm,
     Device,
     MacCounter,
+    best_within,
     deployed_accuracy,
     make_arms,
     over_budget,
     run_arm,
     served_models,
+    tier_module,
     warm_up,
 )
 
 import fedzoo  # noqa: E402
 from fedzoo.cards import is_supernet  # noqa: E402
-from fedzoo.datasets import dirichlet_partition, load_dataset, split_dataset  # noqa: E402
+from fedzoo.datasets import Dataset, dirichlet_partition, load_dataset, split_dataset  # noqa: E402
 from fedzoo.dp.accountant import epsilon_after, noise_multiplier_for  # noqa: E402
 from fedzoo.cloud.pipeline import PRESETS, BuildConfig, build_zoo  # noqa: E402
 from fedzoo.compress.zoo_extraction import SupernetSpec, deployable_blob, read_weights_npz  # noqa: E402
 from fedzoo.compress.zoo_extraction import supernet_weights  # noqa: E402
-from fedzoo.nas.space import arch_key  # noqa: E402
+from fedzoo.nas.space import arch_key, tiny_space  # noqa: E402
 from fedzoo.nas.supernet import Supernet  # noqa: E402
-from fedzoo.nas.subnet import evaluate_accuracy  # noqa: E402
+from fedzoo.nas.subnet import Subnet, count_macs, evaluate_accuracy, recalibrate_batchnorm  # noqa: E402
 from fedzoo.signing import CardSigningKey, sign_card  # noqa: E402
 from fedzoo.zoo import Zoo  # noqa: E402
 
 TIERS = 4
 SHARES = {"skewed": (0.60, 0.25, 0.10, 0.05), "uniform": (0.25, 0.25, 0.25, 0.25)}  # slowest tier first
+BUDGET_FRACTIONS = (0.25, 0.5, 0.75, 1.0)  # each tier's MACs budget over the largest subnet's, slowest tier first
 HELD_OUT_FRACTION = 0.2
 # the sources a zoo build depends on: the cache key hashes them with the build settings
 BUILD_SOURCES = ("cloud/pipeline.py", "fedzoo/datasets.py", "compress/zoo_extraction.py", "nas")
 
 
-def build_settings(dataset: str, zoo_dir: Path) -> BuildConfig:
+def build_settings(dataset: str, zoo_dir: Path, budgets_macs: tuple[int, ...]) -> BuildConfig:
+    """The tiny preset's build with the default preset's search budget (160 candidates, not 16: 16 left nothing
+    between the space's smallest subnet and 3/8 of the largest) and a zoo for the fleet's budgets: the best
+    searched subnet within each tier's budget, so the zoo's fine-tune trains what the tiers run, as each anchor's
+    warm-up trains its tier models."""
     return BuildConfig(dataset=dataset, out=zoo_dir, preset="tiny", latency_source="macs", compress=False,
-                       training_graphs=False, executor="in-process", zoo_min_size=TIERS, zoo_max_size=8)
+                       training_graphs=False, executor="in-process", evaluations=PRESETS["default"].evaluations,
+                       zoo_budgets_macs=budgets_macs)
+
+
+def tier_budgets(dataset: Dataset) -> tuple[int, ...]:
+    """Each tier's MACs budget, slowest first: `BUDGET_FRACTIONS` of the tiny space's largest subnet on `dataset`'s
+    images, fixed before any zoo is built and the same for every arm."""
+    channels, height, _ = dataset.image_shape
+    largest = Subnet(tiny_space(height).max_arch(), dataset.num_classes, channels)
+    return tuple(round(fraction * count_macs(largest, (1, channels, height, height))) for fraction in BUDGET_FRACTIONS)
 
 
 def cache_key(sources: tuple[Path, ...], settings: str) -> str:
@@ -110,24 +129,25 @@ def cache_key(sources: tuple[Path, ...], settings: str) -> str:
     return digest.hexdigest()[:12]
 
 
-def cached_zoo(dataset: str, out: Path) -> Path:
-    """The zoo of `dataset`, built unless a build with the same code and settings is cached."""
+def cached_zoo(dataset: str, budgets: tuple[int, ...], out: Path) -> Path:
+    """The zoo of `dataset` for the tiers' `budgets`, built unless a build with the same code and settings is
+    cached."""
     root = Path(fedzoo.__file__).resolve().parent.parent
-    key = cache_key(tuple(root / source for source in BUILD_SOURCES), repr(build_settings(dataset, Path("-"))))
+    key = cache_key(tuple(root / source for source in BUILD_SOURCES),
+                    repr(build_settings(dataset, Path("-"), budgets)))
     zoo_dir = out / f"zoo-{dataset}-{key}"
     if not (zoo_dir / "zoo.json").exists():
         started = time.perf_counter()
-        build_zoo(build_settings(dataset, zoo_dir))
+        build_zoo(build_settings(dataset, zoo_dir, budgets))
         print(f"zoo built in {time.perf_counter() - started:.0f} s: {zoo_dir}")
     return zoo_dir
 
 
-def cached_warm_up(arm: Arm, spec: SupernetSpec, dataset: str, zoo_dir: Path, cloud_x: np.ndarray,
+def cached_warm_up(arm: Arm, spec: SupernetSpec, settings: BuildConfig, zoo_dir: Path, cloud_x: np.ndarray,
                    cloud_y: np.ndarray) -> dict:
-    """`warm_up` of the arm's tier models with the zoo build's training settings and seed, from the supernet's
+    """`warm_up` of the arm's tier models with the zoo build's training `settings` and seed, from the supernet's
     initialisation in that build; cached under the zoo (its key covers the build) and a hash of the bench's code
     and the family."""
-    settings = build_settings(dataset, zoo_dir)
     # the zoo's cloud budget: the supernet's epochs and the chosen subnets' fine-tune, over the same examples
     training = replace(settings.training, epochs=settings.training.epochs + settings.training.zoo_finetune_epochs)
     seed = settings.seed
@@ -145,6 +165,14 @@ def cached_warm_up(arm: Arm, spec: SupernetSpec, dataset: str, zoo_dir: Path, cl
           f"{len(cloud_y)}, as the zoo's supernet and fine-tune: {settings.training.epochs} + "
           f"{settings.training.zoo_finetune_epochs}) in {time.perf_counter() - started:.0f} s: {path}")
     return weights
+
+
+def start_accuracy(spec: SupernetSpec, arch: dict, weights: dict, cloud_x: np.ndarray, x: np.ndarray,
+                   y: np.ndarray) -> float:
+    """The zoo model `arch` as served before any round (BatchNorm recalibrated on the cloud's images) on (x, y)."""
+    model = tier_module(spec, arch, weights)
+    recalibrate_batchnorm(model, cloud_x)
+    return evaluate_accuracy(model, x, y)[0]
 
 
 def normalise(x: np.ndarray, mean: list[float], std: list[float]) -> np.ndarray:
@@ -205,27 +233,34 @@ def main() -> None:
     if args.private:
         args.arms = "fedzoo"
     torch.set_num_threads(1)
-    zoo_dir = cached_zoo(args.dataset, args.out)
+    dataset = load_dataset(args.dataset)
+    budgets = tier_budgets(dataset)
+    zoo_dir = cached_zoo(args.dataset, budgets, args.out)
     zoo = Zoo(zoo_dir)
     supernet_card = next(card for card in zoo.cards() if is_supernet(card))
     spec = SupernetSpec.from_card(supernet_card)
     initial = read_weights_npz(zoo.blob_path(supernet_card.artifacts["supernet_weights"]).read_bytes())
-    members = sorted((card for card in zoo.cards() if not is_supernet(card) and card.parent_id is None),
-                     key=lambda card: card.macs)
-    zoo_archs = [members[round(index * (len(members) - 1) / (TIERS - 1))].arch for index in range(TIERS)]
-    macs = MacCounter(spec)
-    budgets = [macs(arch) for arch in zoo_archs]
-    arms = {name: arm for name, arm in make_arms(spec, zoo_archs, macs).items() if name in args.arms.split(",")}
-
-    split = split_dataset(load_dataset(args.dataset), seed=0)
+    split = split_dataset(dataset, seed=0)
     mean, std = supernet_card.input.normalisation.mean, supernet_card.input.normalisation.std
     held = PRESETS["tiny"].max_train_examples
     pool_x, pool_y = normalise(split.train.x[held:], mean, std), split.train.y[held:]
     cloud_x, cloud_y = normalise(split.train.x[:held], mean, std), split.train.y[:held]
     validation_x, validation_y = normalise(split.validation.x, mean, std), split.validation.y
     test_x, test_y = normalise(split.test.x, mean, std), split.test.y
+
+    macs = MacCounter(spec)
+    members = [card.arch for card in zoo.cards() if not is_supernet(card) and card.parent_id is None]
+    validation = {arch_key(arch): start_accuracy(spec, arch, initial, cloud_x, validation_x, validation_y)
+                  for arch in members}
+    zoo_archs = best_within(members, budgets, macs, lambda arch: validation[arch_key(arch)])
+    print(f"zoo: {len(members)} models, kMACs (validation % at the start) "
+          + ", ".join(f"{macs(arch) / 1e3:.0f}k ({100 * validation[arch_key(arch)]:.1f})"
+                      for arch in sorted(members, key=macs)))
+    arms = {name: arm for name, arm in make_arms(spec, zoo_archs, list(budgets), macs).items()
+            if name in args.arms.split(",")}
     shares = SHARES[args.shares]
-    starts = {name: cached_warm_up(arm, spec, args.dataset, zoo_dir, cloud_x, cloud_y) if arm.warmed_up
+    settings = build_settings(args.dataset, zoo_dir, budgets)
+    starts = {name: cached_warm_up(arm, spec, settings, zoo_dir, cloud_x, cloud_y) if arm.warmed_up
               else initial for name, arm in arms.items()}
 
     def run(arm, seed: int, learning_rate: float, exponent: float):
@@ -241,7 +276,7 @@ def main() -> None:
               + f" (budgets {', '.join(f'{budget / 1e3:.0f}k' for budget in budgets)})"
               + (", budgets ignored" if arm.ignores_budgets else "")
               + f"; channels (stem, stages, head) {channels(arm.tier_archs)}")
-        over = over_budget(arm, budgets, macs)
+        over = over_budget(arm, list(budgets), macs)
         if over and not arm.ignores_budgets:
             sys.exit(f"refusing to report {name}: tiers {over} are over their budgets")
 
@@ -284,7 +319,7 @@ def main() -> None:
             if name == "fedzoo":
                 republish.append(republish_seconds(spec, zoo, result.supernets[None], cloud_x))
     report(results, republish, {name: [macs(arch) for arch in arm.tier_archs] for name, arm in arms.items()},
-           budgets, args)
+           list(budgets), args)
 
 
 def compare_private(args: argparse.Namespace, arm: Arm, spec: SupernetSpec, start: dict, cloud_x: np.ndarray,

@@ -3,13 +3,13 @@
 Every arm is a set of subnets of the zoo's supernet (smallest tier first) trained per element over the supernet
 (`fedzoo.aggregation.per_element.step_supernet`), so the arms differ only in what they say they differ in:
 - tier_alone: each tier's zoo model on its own copy of the supernet, trained by that tier only (per-model FL);
-- heterofl: static width slices of the largest zoo model: every layer's channels (stem, every block's output and
-  hidden channels, the head) times one ratio per tier, the first ones kept, the largest ratio within the tier's
-  budget (as HeteroFL scales every hidden layer by its complexity level's ratio);
+- heterofl: static width slices of the largest subnet (the supernet): every layer's channels (stem, every
+  block's output and hidden channels, the head) times one ratio per tier, the first ones kept, the largest ratio
+  within the tier's budget (as HeteroFL scales every hidden layer by its complexity level's ratio);
 - fedrolex: the same widths, the window of every layer's channels rolling by one channel a round;
-- depthwise: depth prefixes of the largest zoo model (the first blocks of each stage), the deepest within budget,
+- depthwise: depth prefixes of the largest subnet (the first blocks of each stage), the deepest within budget,
   and where even the shallowest is over, its width scaled as heterofl's;
-- everyone_largest: every device on the largest zoo model, budgets ignored (the upper bound);
+- everyone_largest: every device on the largest subnet, budgets ignored (the upper bound);
 - fedzoo: each tier's zoo model on one shared supernet, with the zoo plan's coverage step scaling.
 Every tier's model of every arm but everyone_largest is within its tier's MACs budget (`count_macs`).
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -153,8 +154,21 @@ def fit_budget(candidates: list[Arch], budget_macs: int, macs: MacCounter) -> Ar
     return fitting
 
 
-def make_arms(spec: SupernetSpec, zoo_archs: list[Arch], macs: MacCounter) -> dict[str, Arm]:
-    largest, budgets = zoo_archs[-1], [macs(arch) for arch in zoo_archs]
+def best_within(archs: list[Arch], budgets: list[int], macs: MacCounter, score: Callable[[Arch], float]) -> list[Arch]:
+    """For each MACs budget, the arch of `archs` within it that scores best (a zoo's lookup at that budget)."""
+    chosen = []
+    for budget in budgets:
+        fitting = [arch for arch in archs if macs(arch) <= budget]
+        if not fitting:
+            raise ValueError(f"no arch within {budget} MACs (the smallest has {min(map(macs, archs))})")
+        chosen.append(max(fitting, key=score))
+    return chosen
+
+
+def make_arms(spec: SupernetSpec, zoo_archs: list[Arch], budgets: list[int], macs: MacCounter) -> dict[str, Arm]:
+    """Every arm at the tiers' MACs `budgets` (slowest first): the zoo's models `zoo_archs` for tier_alone and
+    fedzoo, slices of the space's largest subnet for the others."""
+    largest = spec.space.max_arch()
     ratios = [step / WIDTH_STEPS for step in range(WIDTH_STEPS, 0, -1)]
     shallowest = depth_capped(largest, min(spec.space.depth_choices))
     widths = [width_scaled(largest, ratio) for ratio in ratios]
@@ -166,7 +180,7 @@ def make_arms(spec: SupernetSpec, zoo_archs: list[Arch], macs: MacCounter) -> di
         "heterofl": Arm("heterofl", sliced, warmed_up=True),
         "fedrolex": Arm("fedrolex", sliced, rolling=True, warmed_up=True),
         "depthwise": Arm("depthwise", tuple(fit_budget(depths, budget, macs) for budget in budgets), warmed_up=True),
-        "everyone_largest": Arm("everyone_largest", (largest,) * len(zoo_archs), ignores_budgets=True),
+        "everyone_largest": Arm("everyone_largest", (largest,) * len(budgets), ignores_budgets=True),
         "fedzoo": Arm("fedzoo", tuple(zoo_archs), tuned_exponent=True),
     }
 

@@ -48,7 +48,8 @@ from fedzoo.edge.device_profile import usable_cores
 from fedzoo.errors import FedzooError, InvalidInputError
 from fedzoo.nas.evaluation import Candidate, EvaluationContext, evaluate_candidate, prepare_subnet
 from fedzoo.nas.latency import LatencyEstimator, make_latency_estimator
-from fedzoo.nas.search import SEARCH_STRATEGIES, Constraints, SearchState, run_search, select_zoo
+from fedzoo.nas.search import (SEARCH_STRATEGIES, Constraints, SearchState, run_search, select_zoo,
+                               select_zoo_for_budgets)
 from fedzoo.nas.space import FAMILY, Arch, SearchSpace, arch_hash, default_space, tiny_space
 from fedzoo.nas.subnet import build_subnet, count_macs, count_params, evaluate_accuracy
 from fedzoo.nas.devices import DeviceData, describe_device, resolve_device
@@ -126,6 +127,9 @@ class BuildConfig:
     num_workers: int | None = None  # CPUs for parallel work: the search's executor's and the compress stage's; None = all
     zoo_min_size: int = 8
     zoo_max_size: int = 16
+    # the fleet's MACs budgets, when known: the zoo is then the best searched subnet within each (min and max
+    # size unused), not the Pareto front (`select_zoo_for_budgets`)
+    zoo_budgets_macs: tuple[int, ...] = ()
     compress: bool = True
     training_graphs: bool = True
     # Supernet training threads. 2 on 2 cores trained MNIST 1.3x faster, but summing in another order gave another
@@ -558,7 +562,10 @@ def build_zoo(
                 state = search_architectures(config, config.strategy, context, executor, reporter)
             finally:
                 executor.close()
-            chosen = select_zoo(state.evaluated, config.constraints, config.zoo_min_size, config.zoo_max_size)
+            if config.zoo_budgets_macs:
+                chosen = select_zoo_for_budgets(state.evaluated, config.constraints, config.zoo_budgets_macs)
+            else:
+                chosen = select_zoo(state.evaluated, config.constraints, config.zoo_min_size, config.zoo_max_size)
             if not chosen:
                 raise InvalidInputError(
                     f"no evaluated subnet met the constraints ({asdict(config.constraints)}); relax --latency-budget-ms or --max-params",

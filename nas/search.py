@@ -188,3 +188,22 @@ def select_zoo(candidates: list[Candidate], constraints: Constraints, min_size: 
         positions = np.linspace(0, len(chosen) - 1, max_size).round().astype(int)
         chosen = [chosen[p] for p in sorted(set(positions.tolist()))]
     return [feasible[i] for i in chosen]
+
+
+def select_zoo_for_budgets(candidates: list[Candidate], constraints: Constraints,
+                           budgets_macs: tuple[int, ...]) -> list[Candidate]:
+    """A zoo for a fleet whose budgets are known: for each MACs budget, the feasible candidate within it with the
+    best score (`Candidate.point`), each once, fastest first. A Pareto front spread along latency can leave a
+    budget with nothing near it; this holds the best the search found under every budget, and a joint fine-tune
+    over it trains only what the fleet will run."""
+    feasible = [candidate for candidate in candidates if constraints.fits(candidate)]
+    chosen: dict[str, Candidate] = {}
+    for budget in budgets_macs:
+        fitting = [candidate for candidate in feasible if candidate.macs <= budget]
+        if not fitting:
+            smallest = min((candidate.macs for candidate in feasible), default=None)
+            raise InvalidInputError(f"no evaluated subnet within the budget of {budget} MACs (the smallest feasible "
+                                    f"has {smallest})", field="zoo_budgets_macs")
+        best = max(fitting, key=lambda candidate: candidate.point[0])
+        chosen[arch_key(best.arch)] = best
+    return sorted(chosen.values(), key=lambda candidate: candidate.point[1])

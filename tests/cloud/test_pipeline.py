@@ -215,6 +215,16 @@ def test_constraints_are_met_by_every_card(tmp_path):
         assert card.details["search"]["latency_ms"] <= budget_ms
 
 
+@pytest.mark.slow
+def test_a_zoo_for_the_fleets_budgets_holds_the_best_searched_subnet_within_each(tmp_path):
+    budgets = (150_000, 250_000)  # the tiny space's subnets span about 0.09 to 0.35 MMACs on 8x8 digits
+    result = build_zoo(tiny_config(tmp_path / "zoo", zoo_budgets_macs=budgets))
+    assert 1 <= len(result.cards) <= len(budgets)
+    for budget in budgets:
+        best = max((c for c in result.search.evaluated if c.macs <= budget), key=lambda c: c.point[0])
+        assert any(card.arch == best.arch and card.macs <= budget for card in result.cards)
+
+
 def test_unreachable_budget_fails_before_training(tmp_path):
     with pytest.raises(InvalidInputError, match="no subnet fits --latency-budget-ms"):
         build_zoo(tiny_config(tmp_path / "zoo", latency_budget_ms=0.01))

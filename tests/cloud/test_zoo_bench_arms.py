@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
@@ -16,6 +17,7 @@ from zoo_arms import (  # noqa: E402
     WIDTH_STEPS,
     Device,
     MacCounter,
+    best_within,
     depth_capped,
     make_arms,
     over_budget,
@@ -31,7 +33,7 @@ from fedzoo.compress.zoo_extraction import SupernetSpec, subnet_module, supernet
 from fedzoo.datasets import load_dataset, split_dataset  # noqa: E402
 from fedzoo.nas.subnet import evaluate_accuracy, recalibrate_batchnorm  # noqa: E402
 from fedzoo.nas.training import TrainingConfig, steps_per_epoch  # noqa: E402
-from fedzoo.nas.space import tiny_space  # noqa: E402
+from fedzoo.nas.space import arch_key, tiny_space  # noqa: E402
 from fedzoo.nas.subnet_mapping import map_back  # noqa: E402
 from fedzoo.nas.supernet import Supernet  # noqa: E402
 
@@ -72,7 +74,7 @@ def test_width_arms_scale_every_layer_by_the_largest_ratio_within_each_budget():
     small = width_scaled(depth_capped(largest, 1), 0.5)  # no slice of the largest by depth or expand ratio fits it
     zoo = [small, depth_capped(largest, 1), width_scaled(largest, 0.75), largest]
     budgets = [macs(arch) for arch in zoo]
-    arms = make_arms(spec, zoo, macs)
+    arms = make_arms(spec, zoo, budgets, macs)
     for name in ("heterofl", "fedrolex", "depthwise", "tier_alone", "fedzoo"):
         assert over_budget(arms[name], budgets, macs) == []
     assert over_budget(arms["everyone_largest"], budgets, macs) == [0, 1, 2]
@@ -89,6 +91,21 @@ def test_width_arms_scale_every_layer_by_the_largest_ratio_within_each_budget():
     depthwise = arms["depthwise"].tier_archs
     assert depthwise[1] == depth_capped(largest, 1)  # depth alone fits here
     assert depthwise[0]["stem_channels"] < 8 and all(len(stage["kernels"]) == 1 for stage in depthwise[0]["stages"])
+
+
+def test_each_budget_gets_the_best_scoring_arch_within_it_not_the_largest():
+    spec, _ = _supernet()
+    macs = MacCounter(spec)
+    largest = _largest(spec)
+    small, middle = width_scaled(depth_capped(largest, 1), 0.5), depth_capped(largest, 1)
+    scores = {arch_key(small): 0.9, arch_key(middle): 0.5, arch_key(largest): 0.8}
+    budgets = [macs(small), macs(middle), macs(largest)]
+    chosen = best_within([largest, middle, small], budgets, macs, lambda arch: scores[arch_key(arch)])
+    assert chosen == [small, small, small]  # the best within every budget, though larger ones fit
+    scores[arch_key(largest)] = 0.95
+    assert best_within([largest, middle, small], budgets, macs, lambda arch: scores[arch_key(arch)])[2] == largest
+    with pytest.raises(ValueError, match="no arch within"):
+        best_within([largest, middle], [macs(small)], macs, lambda arch: scores[arch_key(arch)])
 
 
 def test_a_scaled_slice_takes_and_returns_the_leading_channels_of_every_layer():
@@ -123,7 +140,7 @@ def test_an_arm_reports_the_bytes_and_macs_it_ran():
     devices = [Device(tier % 4, rng.normal(size=(8, 1, 8, 8)).astype(np.float32), rng.integers(0, 10, 8),
                       rng.normal(size=(2, 1, 8, 8)).astype(np.float32), rng.integers(0, 10, 2)) for tier in range(4)]
     largest = _largest(spec)
-    arm = make_arms(spec, [largest] * 4, macs)["everyone_largest"]
+    arm = make_arms(spec, [largest] * 4, [macs(largest)] * 4, macs)["everyone_largest"]
     result = run_arm(arm, spec, weights, devices, devices[0].x, rounds=1, per_round=4, local_epochs=1, seed=0,
                      server_learning_rate=1.0, coverage_step_exponent=0.0, macs=macs)
     state_bytes = sum(value.nbytes for name, value in subnet_module(spec, largest, weights).state_dict().items()

@@ -16,6 +16,7 @@ from fedzoo.nas.search import (
     rank_candidates,
     run_search,
     select_zoo,
+    select_zoo_for_budgets,
 )
 from fedzoo.nas.space import arch_key, tiny_space
 
@@ -147,3 +148,18 @@ def test_zoo_front_is_drawn_on_validation_loss_not_on_tied_accuracy():
     fast = Candidate(arch, accuracy=0.99, loss=0.05, latency_ms=1.0, macs=1, params=1)
     slow = Candidate(SPACE.max_arch(), accuracy=0.99, loss=0.03, latency_ms=2.0, macs=2, params=2)
     assert select_zoo([slow, fast], Constraints(), min_size=1) == [fast, slow]
+
+
+def test_a_zoo_for_budgets_holds_the_best_candidate_within_each_budget_once_fastest_first():
+    state = run_search(RandomSearch(), SPACE, synthetic_evaluate, 60, 20, Constraints(), seed=0)
+    by_macs = sorted(state.evaluated, key=lambda candidate: candidate.macs)
+    budgets = (by_macs[5].macs, by_macs[30].macs, by_macs[-1].macs)
+    zoo = select_zoo_for_budgets(state.evaluated, Constraints(), budgets)
+    for budget in budgets:
+        fitting = [candidate for candidate in state.evaluated if candidate.macs <= budget]
+        best = max(candidate.point[0] for candidate in fitting)
+        assert any(candidate.macs <= budget and candidate.point[0] == best for candidate in zoo)
+    assert len(zoo) <= len(budgets) and len({arch_key(candidate.arch) for candidate in zoo}) == len(zoo)
+    assert [candidate.latency_ms for candidate in zoo] == sorted(candidate.latency_ms for candidate in zoo)
+    with pytest.raises(InvalidInputError, match="no evaluated subnet within the budget of 0 MACs"):
+        select_zoo_for_budgets(state.evaluated, Constraints(), (0,))
