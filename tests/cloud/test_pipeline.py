@@ -218,7 +218,7 @@ def test_constraints_are_met_by_every_card(tmp_path):
 @pytest.mark.slow
 def test_a_zoo_for_the_fleets_budgets_holds_the_best_searched_subnet_within_each(tmp_path):
     budgets = (150_000, 250_000)  # the tiny space's subnets span about 0.09 to 0.35 MMACs on 8x8 digits
-    result = build_zoo(tiny_config(tmp_path / "zoo", zoo_budgets_macs=budgets))
+    result = build_zoo(tiny_config(tmp_path / "zoo", zoo_budgets_macs=budgets, **BRIEF_TRAINING))
     assert 1 <= len(result.cards) <= len(budgets)
     for budget in budgets:
         best = max((c for c in result.search.evaluated if c.macs <= budget), key=lambda c: c.point[0])
