@@ -45,6 +45,11 @@ out (their subnet drew fewer than 3) and the epsilon charged.
 
     .venv/bin/python bench/fl_zoo.py --private --dataset mnist1d --devices 500 --per-round 50 --rounds 15 \
         --seeds 0,1 --lr-grid 2,4 --exponent-grid 0.5 --clip-grid 0.5,1
+
+`--private --noise-rounds N` trains nothing: for the first N rounds' cohorts of each seed it measures the noise each
+DP arm's release puts on every supernet element (released minus clear mean delta, by the subnets covering the
+element) beside what the arm's calibration predicts (bench/zoo_private.py, `released_noise`; docs/privacy.md,
+"Where distributed DP's extra noise comes from").
 """
 
 from __future__ import annotations

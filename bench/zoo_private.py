@@ -201,7 +201,6 @@ def ring_input(vector: np.ndarray, protocol: SecAggConfig, request: DistributedN
     return np.append(rounded + np.rint(rng.normal(0.0, sigma, dimension)).astype(np.int64), levels)
 
 
-
 @dataclass(frozen=True)
 class NoNoise:
     """No noise on any subnet's sum: the clear aggregate `released_noise` compares each arm's release with."""
@@ -254,7 +253,7 @@ def released_noise(arm: Arm, spec: SupernetSpec, initial: dict, devices: list[De
             config = plan_config(mode, noise_multiplier, clip_norm, levels, per_round, survivor_fraction)
             noise_rng = np.random.default_rng(seed + 7_919 + round_number)
             noise = server_noise(config, longest, seed + 7_919 + round_number, noise_rng)
-            released, clear, variance = {}, {}, {}  # variance: the noise's per coordinate, per subnet's sum
+            released, clear, variance = {}, {}, {}  # variance: per coordinate of each subnet's sum, model units
             for key, subnet in public.items():
                 shapes = trainable_shapes(spec.space, subnet.arch, initial)
                 length = sum(math.prod(shape) for shape in shapes.values())
@@ -282,8 +281,8 @@ def released_noise(arm: Arm, spec: SupernetSpec, initial: dict, devices: list[De
                 predicted = predicted[covered] / weights[covered] ** 2 / clip_norm ** 2
                 for value in np.unique(pattern[tensor][covered]):
                     label = "".join("1" if value >> bit & 1 else "0" for bit in range(len(archs)))
-                    chosen = pattern[tensor][covered] == value
-                    squares[name].setdefault(label, []).append(np.stack([error[chosen] ** 2, predicted[chosen]]))
+                    group = pattern[tensor][covered] == value
+                    squares[name].setdefault(label, []).append(np.stack([error[group] ** 2, predicted[group]]))
     return {name: {label: tuple(np.sqrt(np.concatenate(values, axis=1).mean(axis=1)))
                    for label, values in [*sorted(by_pattern.items()), ("all", sum(by_pattern.values(), []))]}
             for name, by_pattern in squares.items()}
