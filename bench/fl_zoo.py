@@ -48,6 +48,11 @@ out (their subnet drew fewer than 3) and the epsilon charged.
 
     .venv/bin/python bench/fl_zoo.py --private --dataset mnist1d --devices 500 --per-round 50 --rounds 15 \
         --seeds 0,1 --lr-grid 2,4 --exponent-grid 0.5 --clip-grid 0.5,1
+
+`--private --noise-rounds N` trains nothing: for the first N rounds' cohorts of each seed it measures the noise each
+DP arm's release puts on every supernet element (released minus clear mean delta, by the subnets covering the
+element) beside what the arm's calibration predicts (bench/zoo_private.py, `released_noise`; docs/privacy.md,
+"Where distributed DP's extra noise comes from").
 """
 
 from __future__ import annotations
@@ -65,7 +70,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from zoo_private import PrivateRounds, clear_coverage, run_private  # noqa: E402
+from zoo_private import PrivateRounds, clear_coverage, released_noise, run_private  # noqa: E402
 from zoo_arms import (  # noqa: E402
     Arm,
     Device,
@@ -229,6 +234,9 @@ def main() -> None:
     parser.add_argument("--epsilon", type=float, default=8.0)
     parser.add_argument("--delta", type=float, default=1e-5)
     parser.add_argument("--clip-grid", default="0.5,1", help="clip norms the DP arms are tuned over")
+    parser.add_argument("--noise-rounds", type=int, default=0,
+                        help="--private: only measure the noise each DP arm releases over this many rounds' cohorts "
+                             "(no training; at the first clip norm), per seed")
     args = parser.parse_args()
     if args.private:
         args.arms = "fedzoo"
@@ -333,6 +341,10 @@ def compare_private(args: argparse.Namespace, arm: Arm, spec: SupernetSpec, star
                    for fields in dp_arms}}
     print(f"private: z = {z:.4f} for epsilon {args.epsilon} at delta {args.delta} over {args.rounds} rounds (q = 1), "
           f"charged {epsilon_after(args.rounds, z, 1.0, args.delta, 'rdp'):.3f}")
+    if args.noise_rounds:
+        print_released_noise(args, arm, spec, start, devices_for, z,
+                             {name: variant for name, variant in variants.items() if variant is not None})
+        return
 
     def run(name: str, seed: int, learning_rate: float, exponent: float, clip_norm: float | None):
         devices = devices_for(seed)
@@ -388,6 +400,26 @@ def compare_private(args: argparse.Namespace, arm: Arm, spec: SupernetSpec, star
               f" {statistics.mean(run['upload_vs_int8'] for run in runs):>7.2f}"
               f" {statistics.mean(run['sat_out'] for run in runs):>11.1f}"
               f" {statistics.mean(run['seconds'] for run in runs):>6.0f}")
+
+
+def print_released_noise(args: argparse.Namespace, arm: Arm, spec: SupernetSpec, start: dict, devices_for, z: float,
+                         variants: dict[str, tuple[str, int, float | None]]) -> None:
+    """`--noise-rounds`: the standard deviation of released - clear mean delta per element, in clip norms, by
+    coverage pattern (which subnets cover the element, slowest tier first), per DP arm, and each arm's against the
+    first arm's."""
+    clip_norm = float(args.clip_grid.split(",")[0])
+    for seed in (int(value) for value in args.seeds.split(",")):
+        measured = released_noise(arm, spec, start, devices_for(seed), args.noise_rounds, args.per_round, seed, z,
+                                  clip_norm, variants)
+        first = next(iter(measured.values()))
+        print(f"\nseed {seed}, {args.noise_rounds} rounds' cohorts, clip {clip_norm}: noise on the mean delta per "
+              "element (sd, clip norms; x the first arm's), by the subnets covering it")
+        print(f"{'pattern':>8} " + " ".join(f"{name + ' (predicted)':>40}" for name in measured))
+        for label in first:
+            print(f"{label:>8} " + " ".join(f"{values[label][0]:>10.3e} ({values[label][1]:.3e}) "
+                                             f"x{values[label][0] / first[label][0]:.3f} "
+                                             f"({values[label][1] / first[label][1]:.3f})"
+                                             for values in measured.values()))
 
 
 def channels(archs: tuple[dict, ...]) -> str:

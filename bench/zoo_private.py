@@ -37,7 +37,7 @@ from fedzoo.secagg import SecAggConfig, dequantise_sum, flatten, quantise, unfla
 from fedzoo.server.fl.distributed_dp import noise_request
 from fedzoo.server.fl.schemas import RoundConfig
 from fedzoo.server.fl.secure_rounds import MIN_COHORT, check_planned_ring, secagg_config
-from fedzoo.server.fl.zoo_privacy import (CentralNoise, PublicSubnet, cohort_sensitivity, longest_subnet,
+from fedzoo.server.fl.zoo_privacy import (CentralNoise, CohortNoise, PublicSubnet, cohort_sensitivity, longest_subnet,
                                           noised_coverage_sum, trainable_shapes)
 from zoo_arms import Arm, Device, served_models, tier_module, train_locally
 
@@ -118,14 +118,8 @@ def run_private(mode: str, arm: Arm, spec: SupernetSpec, initial: dict, devices:
     archs = [subnet.arch for subnet in public.values()]
     longest = longest_subnet(spec.space, initial, archs)
     check_planned_ring(config, longest)  # the server refuses a plan whose noised sums could wrap the ring
-    step = clip_norm / levels
     noise_rng = np.random.default_rng(seed + 7_919)
-    if mode == "central":
-        noise = CentralNoise(step, noise_multiplier * cohort_sensitivity(clip_norm, step, longest),
-                             SeededNoise(seed + 7_919))
-    else:
-        least = secagg_config(config.privacy.secure_aggregation, 0, MIN_COHORT, longest, clip_norm, MIN_COHORT, 0)
-        noise = SeededAbsentCohortNoise(step, levels, noise_request(config, least), noise_rng)
+    noise = server_noise(config, longest, seed + 7_919, noise_rng)
     supernet = dict(initial)
     strategy = make_strategy({"name": "fedavg", "server_learning_rate": server_learning_rate})
     rng, result = np.random.default_rng(seed), PrivateRounds()
@@ -145,23 +139,17 @@ def run_private(mode: str, arm: Arm, spec: SupernetSpec, initial: dict, devices:
             protocol = secagg_config(config.privacy.secure_aggregation, round_number, len(members),
                                      sum(math.prod(shape) for shape in shapes.values()), clip_norm, MIN_COHORT, 0)
             request = noise_request(config, protocol) if mode == "distributed" else None
-            ring = np.zeros(protocol.vector_length + 1, np.int64)
+            vectors = []
             for index in members:
                 device = devices[index]
                 module = tier_module(spec, arch, supernet)
                 delta, _ = train_locally(module, device.x, device.y, local_epochs,
                                          seed * 100_003 + round_number * 1009 + index)
                 clipped, _ = clip_delta({name: delta[name] for name in shapes}, clip_norm)
-                vector = flatten(clipped)
-                if request is None:
-                    ring += quantise(vector, protocol, 1.0, noise_rng).astype(np.int64)
-                else:
-                    ring += ring_input(vector, protocol, request, rounding, noise_rng)
+                vectors.append(flatten(clipped))
                 result.upload_vs_int8.append((protocol.vector_length + 1) * protocol.modulus_bits / 8
                                              / protocol.vector_length)
-            ring %= 2 ** protocol.modulus_bits
-            total, _ = dequantise_sum(ring, protocol)
-            sums[key] = unflatten(total, shapes)
+            sums[key] = unflatten(unmasked_sum(vectors, protocol, request, rounding, noise_rng), shapes)
             formed[key] = (arch, len(members))
             result.ring_bits.append(protocol.modulus_bits)
             result.bits_needed.append(
@@ -178,6 +166,30 @@ def run_private(mode: str, arm: Arm, spec: SupernetSpec, initial: dict, devices:
     return result
 
 
+def server_noise(config: RoundConfig, longest: int, seed: int, rng: np.random.Generator) -> CohortNoise:
+    """The noise the server adds to every public subnet's sum (`zoo_privacy.zoo_noise`'s, seeded): central, z x
+    `cohort_sensitivity` on the longest subnet vector; distributed, an absent cohort's shares where none formed."""
+    dp, settings = config.privacy.dp, config.privacy.secure_aggregation
+    step = dp.clip_norm / settings.levels
+    if dp.noise == "central":
+        return CentralNoise(step, dp.noise_multiplier * cohort_sensitivity(dp.clip_norm, step, longest),
+                            SeededNoise(seed))
+    least = secagg_config(settings, 0, MIN_COHORT, longest, dp.clip_norm, MIN_COHORT, 0)
+    return SeededAbsentCohortNoise(step, settings.levels, noise_request(config, least), rng)
+
+
+def unmasked_sum(vectors: list[np.ndarray], protocol: SecAggConfig, request: DistributedNoise | None,
+                 rounding: SecureRandom, rng: np.random.Generator) -> np.ndarray:
+    """What SecAgg+ unmasks from a cohort's clipped update vectors (masking cancels), in model units: the sum of
+    their quantised inputs (central), or of their noised ring inputs (distributed: `request`), in the ring."""
+    ring = np.zeros(protocol.vector_length + 1, np.int64)
+    for vector in vectors:
+        ring += (quantise(vector, protocol, 1.0, rng).astype(np.int64) if request is None
+                 else ring_input(vector, protocol, request, rounding, rng))
+    total, _ = dequantise_sum(ring % 2 ** protocol.modulus_bits, protocol)
+    return total
+
+
 def ring_input(vector: np.ndarray, protocol: SecAggConfig, request: DistributedNoise, rounding: SecureRandom,
                rng: np.random.Generator) -> np.ndarray:
     """A device's distributed-DP ring input (`fedzoo.dp.distributed.noised_ring_input`, whose exact sampler is
@@ -188,3 +200,89 @@ def ring_input(vector: np.ndarray, protocol: SecAggConfig, request: DistributedN
     sigma = math.sqrt(float(device_sigma_squared(request, levels, dimension)))
     return np.append(rounded + np.rint(rng.normal(0.0, sigma, dimension)).astype(np.int64), levels)
 
+
+@dataclass(frozen=True)
+class NoNoise:
+    """No noise on any subnet's sum: the clear aggregate `released_noise` compares each arm's release with."""
+
+    grid_step: float
+
+    def steps(self, formed: bool, dimension: int) -> np.ndarray:
+        return np.zeros(dimension, np.int64)
+
+
+def released_noise(arm: Arm, spec: SupernetSpec, initial: dict, devices: list[Device], rounds: int, per_round: int,
+                   seed: int, noise_multiplier: float, clip_norm: float,
+                   arms: dict[str, tuple[str, int, float | None]]) -> dict[str, dict[str, tuple[float, float]]]:
+    """The noise each DP arm's release puts on the supernet's mean delta, per element, without training: the first
+    `rounds` draws of `run_private` (the same cohorts), each device a random vector of norm `clip_norm` (the noise
+    does not depend on the data), released as `run_private` releases it, minus the same round's clear aggregate
+    (the vectors' float sums, no noise, the same public denominators). Returns, per arm (`arms`: name -> mode,
+    levels, survivor fraction), the standard deviation of released - clear over the elements of each coverage
+    pattern (which of the zoo's subnets cover the element, slowest tier first, e.g. "1111"), pooled over rounds,
+    in units of clip_norm, and what the calibrated variances predict it to be (the noise each subnet's sum is
+    asked to carry: central z x `cohort_sensitivity`; distributed, each survivor's `device_sigma_squared`, or an
+    absent cohort's shares); pattern "all" pools every released element."""
+    public = {arch_key(arch): PublicSubnet(arch_key(arch), arch) for arch in arm.tier_archs}
+    archs = [subnet.arch for subnet in public.values()]
+    longest = longest_subnet(spec.space, initial, archs)
+    pattern = {name: np.zeros(value.shape, np.int64) for name, value in initial.items()}
+    masks = {}
+    for bit, (key, subnet) in enumerate(public.items()):
+        zeros = {name: np.zeros(shape, np.float32) for name, shape in trainable_shapes(spec.space, subnet.arch,
+                                                                                      initial).items()}
+        masks[key] = map_back(spec.space, subnet.arch, initial, zeros).masks
+        for name, mask in masks[key].items():
+            pattern[name] += mask.astype(np.int64) << bit
+    draws, vectors_rng = np.random.default_rng(seed), np.random.default_rng(seed + 1)
+    squares: dict[str, dict[str, list[np.ndarray]]] = {name: {} for name in arms}
+    for round_number in range(rounds):
+        chosen = draws.choice(len(devices), size=min(per_round, len(devices)), replace=False)
+        groups: dict[str, int] = {}
+        for index in chosen:
+            key = arch_key(arm.tier_archs[devices[index].tier])
+            groups[key] = groups.get(key, 0) + 1
+        vectors = {}
+        for key, members in groups.items():
+            if members >= MIN_COHORT:
+                length = sum(math.prod(shape) for shape in trainable_shapes(spec.space, public[key].arch,
+                                                                            initial).values())
+                drawn = vectors_rng.normal(size=(members, length))
+                vectors[key] = list(clip_norm * drawn / np.linalg.norm(drawn, axis=1, keepdims=True))
+        for name, (mode, levels, survivor_fraction) in arms.items():
+            config = plan_config(mode, noise_multiplier, clip_norm, levels, per_round, survivor_fraction)
+            noise_rng = np.random.default_rng(seed + 7_919 + round_number)
+            noise = server_noise(config, longest, seed + 7_919 + round_number, noise_rng)
+            released, clear, variance = {}, {}, {}  # variance: per coordinate of each subnet's sum, model units
+            for key, subnet in public.items():
+                shapes = trainable_shapes(spec.space, subnet.arch, initial)
+                length = sum(math.prod(shape) for shape in shapes.values())
+                variance[key] = (noise.stddev ** 2 if isinstance(noise, CentralNoise) else MIN_COHORT * float(
+                    device_sigma_squared(noise.request, levels, length)) * noise.grid_step ** 2)
+                if key not in vectors:
+                    continue
+                cohort = vectors[key]
+                protocol = secagg_config(config.privacy.secure_aggregation, round_number, len(cohort), length,
+                                         clip_norm, MIN_COHORT, 0)
+                request = noise_request(config, protocol) if mode == "distributed" else None
+                released[key] = unflatten(unmasked_sum(cohort, protocol, request, SecureRandom(), noise_rng), shapes)
+                clear[key] = unflatten(np.sum(cohort, axis=0), shapes)
+                if request is not None:
+                    variance[key] = len(cohort) * float(device_sigma_squared(request, levels, length)) \
+                        * noise.grid_step ** 2
+            noised = noised_coverage_sum(spec.space, initial, list(public.values()), released, per_round, noise)
+            exact = noised_coverage_sum(spec.space, initial, list(public.values()), clear, per_round,
+                                        NoNoise(noise.grid_step))
+            for tensor, weights in exact.weights.items():
+                covered = weights > 0
+                error = (noised.sums[tensor] - exact.sums[tensor])[covered] / weights[covered] / clip_norm
+                predicted = sum((variance[key] * masks[key][tensor] for key in public if tensor in masks[key]),
+                                np.zeros(weights.shape))
+                predicted = predicted[covered] / weights[covered] ** 2 / clip_norm ** 2
+                for value in np.unique(pattern[tensor][covered]):
+                    label = "".join("1" if value >> bit & 1 else "0" for bit in range(len(archs)))
+                    group = pattern[tensor][covered] == value
+                    squares[name].setdefault(label, []).append(np.stack([error[group] ** 2, predicted[group]]))
+    return {name: {label: tuple(np.sqrt(np.concatenate(values, axis=1).mean(axis=1)))
+                   for label, values in [*sorted(by_pattern.items()), ("all", sum(by_pattern.values(), []))]}
+            for name, by_pattern in squares.items()}
