@@ -35,7 +35,8 @@ def measured():
     stages = len(space.stages)
     archs = [space.make_arch([depth] * stages, [[kernel] * depth] * stages, [[ratio] * depth] * stages)
              for depth, kernel, ratio in ((1, 3, 2), (1, 5, 4), (2, 3, 4), (2, 5, 4))]
-    arm = make_arms(spec, archs, MacCounter(spec))["fedzoo"]
+    macs = MacCounter(spec)
+    arm = make_arms(spec, archs, [macs(arch) for arch in archs], macs)["fedzoo"]  # each tier's budget: its model
     empty = np.zeros((0, 1, 8, 8), np.float32)
     devices = [Device(tier, empty, np.zeros(0, np.int64), empty, np.zeros(0, np.int64))
                for tier, count in enumerate(TIER_DEVICES) for _ in range(count)]
