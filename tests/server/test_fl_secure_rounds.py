@@ -6,7 +6,7 @@ import json
 import os
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import httpx
 import numpy as np
@@ -20,6 +20,7 @@ from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.errors import InvalidInputError
 from fedzoo.secagg import SecAggClient, SecAggConfig, dequantise_sum, flatten, quantise, signatures, unflatten
 from fedzoo.secagg.crypto import MASK_DTYPES
+from fedzoo.secagg.errors import RoundAborted
 from fedzoo.secagg.framing import decode_unmask
 from fedzoo.server.db import Database
 from fedzoo.server.fl import secure_rounds
@@ -379,6 +380,52 @@ def test_a_masked_vector_of_the_wrong_length_is_refused_naming_it(simulation, fe
     view = wait_for_end(simulation, round_id)  # no masked vector came: at the stage's deadline the round is aborted
     assert (view["state"], view["outcome"]["failure"]) == (
         "failed", "secure aggregation aborted after 'masked_input': only 0 masked inputs arrived; the round needs 5")
+
+
+def test_closing_a_stage_moves_only_its_round_gives_the_next_stage_its_own_deadline_and_a_cohort_of_three_sums(
+        simulation, federation, server):
+    """Two SecAgg+ rounds at one stage on one server, each a cohort of exactly SecAgg+'s least (3 devices): a
+    worker closing the first round's stage moves that round alone, and the stage it opens has its own
+    `stage_deadline_s` from the moment it opened; the second round's cohort of three still sums exactly."""
+    config = secure_config(min_clients=3, target_clients=3, privacy={"secure_aggregation": {
+        "neighbour_count": 2, "clip_range": 0.05, "stage_deadline_s": 20}})
+    first, second = simulation.start_plan(config), simulation.start_plan(config)
+    for index in range(6):  # each round seats three: selection closes and its cohorts form
+        device_client(simulation, index).fl_task(federation.card.task)
+    views = [device_client(simulation, index).fl_task(federation.card.task)["task"] for index in range(6)]
+    assert [view["round_id"] for view in views] == [first] * 3 + [second] * 3
+    secure = [view["privacy"]["secure_aggregation"] for view in views]
+    assert [(view["stage"], view["client"], view["config"]["num_clients"]) for view in secure] == [
+        ("advertise_keys", client, 3) for client in (0, 1, 2)] * 2  # a group of exactly 3 forms a cohort
+    # a worker closes the first round's stage 7 s on (as at its deadline, none of its devices having replied)
+    opened_at = datetime.now(timezone.utc) + timedelta(seconds=7)
+    worker = secure_rounds.PrivateRounds(Database(f"sqlite:///{server.data_dir / 'registry.db'}"), lambda: opened_at)
+    with pytest.raises(RoundAborted) as aborted:
+        worker.close_stage(first, "advertise_keys")
+    assert (str(aborted.value), aborted.value.clients) == (
+        "only 0 devices completed 'advertise_keys'; the cohort needs 3", [])
+    moved = device_client(simulation, 0).fl_task(federation.card.task)["task"]["privacy"]["secure_aggregation"]
+    assert moved["stage"] == "share_keys"
+    assert abs(datetime.fromisoformat(moved["stage_deadline_at"]) - (opened_at + timedelta(seconds=20))
+               ) < timedelta(milliseconds=1)
+    still = device_client(simulation, 3).fl_task(federation.card.task)["task"]["privacy"]["secure_aggregation"]
+    assert still["stage"] == "advertise_keys"  # the other round's devices have not replied yet: its stage stays
+    parameters = read_float_initializers(federation.model)
+    rng = np.random.default_rng(3)
+    devices = [ScriptedDevice(device_client(simulation, index), federation.card.task,
+                              {name: rng.normal(0, 0.01, value.shape).astype(np.float32)
+                               for name, value in parameters.items()}, seed=index) for index in (3, 4, 5)]
+    for device in devices:
+        device.start()
+    for device in devices:
+        device.join(timeout=60)
+    assert [device.error for device in devices] == [None] * 3
+    view = wait_for_end(simulation, second)
+    assert view["state"] == "closed", view["outcome"]
+    assert view["outcome"]["secure_aggregation"]["survivors"] == 3
+    _, published = published_parameters(simulation, view)
+    for name, value in expected_parameters(federation, view, devices).items():
+        np.testing.assert_allclose(published[name], value, rtol=0, atol=1e-6)
 
 
 def test_a_server_restart_between_stages_loses_nothing_and_the_sum_is_exact(simulation, federation, server):
