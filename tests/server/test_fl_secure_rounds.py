@@ -423,6 +423,8 @@ def test_closing_a_stage_moves_only_its_round_gives_the_next_stage_its_own_deadl
     view = wait_for_end(simulation, second)
     assert view["state"] == "closed", view["outcome"]
     assert view["outcome"]["secure_aggregation"]["survivors"] == 3
+    participants = simulation.admin.http.get_json(f"/v1/fl/rounds/{second}/participants")["participants"]
+    assert [entry["status"] for entry in participants if entry["status"] == "sat_out"] == []  # all 3 had a cohort
     _, published = published_parameters(simulation, view)
     for name, value in expected_parameters(federation, view, devices).items():
         np.testing.assert_allclose(published[name], value, rtol=0, atol=1e-6)
