@@ -29,7 +29,7 @@ from fedzoo.server.fl.root_trust import train_root_update
 from fedzoo.server.fl.schemas import RoundConfig, TrainingConfig
 from fedzoo.server.fl.tables import FLRound
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
-from fl_helpers import device_client, ready_simulation, round_config, wait_for_round_end
+from fl_helpers import device_client, ready_simulation, round_config
 from server_helpers import fresh_postgres_database
 from sqlalchemy import create_engine, text
 
@@ -116,10 +116,6 @@ def scripted_devices(simulation, federation, per_device):
     return devices
 
 
-def wait_for_end(simulation, round_id, timeout_s=60):
-    return wait_for_round_end(simulation.admin, round_id, timeout_s)
-
-
 def run_scripted_round(simulation, federation, config, per_device=None):
     round_id = simulation.start_plan(config)
     devices = scripted_devices(simulation, federation, per_device or {})
@@ -128,7 +124,7 @@ def run_scripted_round(simulation, federation, config, per_device=None):
     for device in devices:
         device.join(timeout=90)
     assert [device.error for device in devices] == [None] * DEVICES
-    return round_id, devices, wait_for_end(simulation, round_id)
+    return round_id, devices, simulation.admin.wait_for_round(round_id, timeout_s=60)
 
 
 def expected_parameters(federation, view, survivors):
@@ -207,7 +203,7 @@ def sdk_round(simulation, federation, config):
         thread.start()
     for thread in threads:
         thread.join(timeout=120)
-    return round_id, results, wait_for_end(simulation, round_id)
+    return round_id, results, simulation.admin.wait_for_round(round_id, timeout_s=60)
 
 
 def test_sdk_devices_run_a_secure_round_that_publishes(simulation, federation):
@@ -377,7 +373,7 @@ def test_a_masked_vector_of_the_wrong_length_is_refused_naming_it(simulation, fe
         round_row = session.get(FLRound, round_id)
         late_worker.start_stages(session, round_row, RoundConfig.model_validate_json(round_row.config_json),
                                  lambda _device: secure_rounds.SeatGroup("", vector_length))
-    view = wait_for_end(simulation, round_id)  # no masked vector came: at the stage's deadline the round is aborted
+    view = simulation.admin.wait_for_round(round_id, timeout_s=60)  # no masked vector came: at the stage's deadline the round is aborted
     assert (view["state"], view["outcome"]["failure"]) == (
         "failed", "secure aggregation aborted after 'masked_input': only 0 masked inputs arrived; the round needs 5")
 
@@ -410,6 +406,8 @@ def test_closing_a_stage_moves_only_its_round_gives_the_next_stage_its_own_deadl
                ) < timedelta(milliseconds=1)
     still = device_client(simulation, 3).fl_task(federation.card.task)["task"]["privacy"]["secure_aggregation"]
     assert still["stage"] == "advertise_keys"  # the other round's devices have not replied yet: its stage stays
+    # the first round runs on (to its new stage's deadline): after the timeout the wait hands back its view as it is
+    assert simulation.admin.wait_for_round(first, timeout_s=0.3)["state"] == "collecting"
     parameters = read_float_initializers(federation.model)
     rng = np.random.default_rng(3)
     devices = [ScriptedDevice(device_client(simulation, index), federation.card.task,
@@ -420,7 +418,7 @@ def test_closing_a_stage_moves_only_its_round_gives_the_next_stage_its_own_deadl
     for device in devices:
         device.join(timeout=60)
     assert [device.error for device in devices] == [None] * 3
-    view = wait_for_end(simulation, second)
+    view = simulation.admin.wait_for_round(second, timeout_s=60)
     assert view["state"] == "closed", view["outcome"]
     assert view["outcome"]["secure_aggregation"]["survivors"] == 3
     participants = simulation.admin.http.get_json(f"/v1/fl/rounds/{second}/participants")["participants"]
@@ -465,7 +463,7 @@ def test_a_server_restart_between_stages_loses_nothing_and_the_sum_is_exact(simu
     for device in devices:
         device.join(timeout=60)
     assert [device.error for device in devices] == [None] * DEVICES
-    view = wait_for_end(simulation, round_id)
+    view = simulation.admin.wait_for_round(round_id, timeout_s=60)
     assert view["state"] == "closed", view["outcome"]
     _, published = published_parameters(simulation, view)
     for name, value in expected_parameters(federation, view, devices).items():
@@ -503,7 +501,7 @@ def test_a_dp_plan_stops_before_its_budget_and_its_ledger_survives_a_restart(sim
             task = client.fl_task(federation.card.task)["task"]
             assert task["privacy"]["clip_norm"] == 0.1 and task["privacy"]["equal_weights"] is True
             upload(client, task, honest_delta(task_model(client, task), 0.05))  # norm > 0.1: the server clips
-        view = wait_for_end(simulation, round_id)
+        view = simulation.admin.wait_for_round(round_id, timeout_s=60)
         assert view["state"] == "closed", view["outcome"]
         cards.append(simulation.admin.card(view["result_model_id"]))
         if number == 1:
@@ -545,7 +543,7 @@ def _run_dp_round(simulation, federation, round_id):
         client = device_client(simulation, index)
         task = client.fl_task(federation.card.task)["task"]
         upload(client, task, honest_delta(task_model(client, task), 0.05))
-    view = wait_for_end(simulation, round_id)
+    view = simulation.admin.wait_for_round(round_id, timeout_s=60)
     assert view["state"] == "closed", view["outcome"]
     return simulation.admin.card(view["result_model_id"])
 
@@ -741,7 +739,7 @@ def _race_for_the_line(simulation, database, body, line_events):
     [(holder, holder_line, ledger_json)] = holders  # one plan holds the line's ledger: the one that opened
     assert (holder, holder_line) == (opened, line_id) and repr(line_id) in refused["message"]
     assert json.loads(ledger_json)["line_events"] == json.loads(events_json) == line_events
-    assert wait_for_end(simulation, opened)["state"] == "failed"
+    assert simulation.admin.wait_for_round(opened, timeout_s=60)["state"] == "failed"
 
 
 def test_a_secure_stage_reply_to_a_round_without_secure_aggregation_is_refused_naming_the_round(simulation,
@@ -831,7 +829,7 @@ def test_a_private_round_whose_aggregate_points_away_from_the_root_update_is_ref
     for device in devices:
         device.join(timeout=90)
     assert [device.error for device in devices] == [None] * DEVICES
-    view = wait_for_end(simulation, round_id)
+    view = simulation.admin.wait_for_round(round_id, timeout_s=60)
     assert view["state"] == "failed" and view["result_model_id"] is None
     assert "root set" in json.dumps(view["outcome"]), view["outcome"]
 

@@ -29,7 +29,7 @@ from fedzoo.server.fl import secure_rounds
 from fedzoo.server.fl.tables import FLSecureCohort, FLSecureMessage, PrivacyLine
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.signing import CardSigningKey, TrustedKeys
-from fl_helpers import OPEN_GATE, wait_for_round_end
+from fl_helpers import OPEN_GATE
 from zoo_helpers import publish_zoo, supernet_card, zoo_members
 
 pytestmark = pytest.mark.slow
@@ -114,7 +114,7 @@ def test_each_subnet_runs_its_own_secagg_cohort_and_the_zoo_is_republished(zoo, 
     with private_fleet(zoo, tmp_path, {"tier-small": 3, "tier-large": 3}) as fleet:
         round_id = fleet["admin"].create_zoo_rounds(secure_plan(fleet), ADMIN)["id"]
         results = run_devices(fleet)
-        view = wait_for_round_end(fleet["admin"], round_id, timeout_s=300)
+        view = fleet["admin"].wait_for_round(round_id, timeout_s=300)
         cohorts = stored(fleet, FLSecureCohort, round_id)
         messages = stored(fleet, FLSecureMessage, round_id)
     assert [result.outcome for result in results] == ["accepted"] * 6
@@ -141,7 +141,7 @@ def test_a_subnet_with_fewer_than_three_devices_forms_no_cohort_and_its_device_s
     with private_fleet(zoo, tmp_path, {"tier-small": 1, "tier-large": 3}) as fleet:
         round_id = fleet["admin"].create_zoo_rounds(secure_plan(fleet), ADMIN)["id"]
         results = run_devices(fleet)
-        view = wait_for_round_end(fleet["admin"], round_id, timeout_s=300)
+        view = fleet["admin"].wait_for_round(round_id, timeout_s=300)
         cohorts = stored(fleet, FLSecureCohort, round_id)
         messages = stored(fleet, FLSecureMessage, round_id)
         sat_out_card = fleet["admin"].card(next(iter(view["sat_out_devices"])))
@@ -210,7 +210,7 @@ def test_a_lying_server_building_a_victim_a_cohort_of_replayed_keys_never_gets_i
         round_id = fleet["admin"].create_zoo_rounds(secure_plan(fleet, stage_deadline_s=20, deadline_s=120),
                                                     ADMIN)["id"]
         results = run_devices(fleet)
-        view = wait_for_round_end(fleet["admin"], round_id, timeout_s=200)
+        view = fleet["admin"].wait_for_round(round_id, timeout_s=200)
         messages = stored(fleet, FLSecureMessage, round_id)
     assert results[0].outcome == "refused: bad_signature"
     assert {row.stage for row in messages if row.device_id == victim} == {"advertise_keys"}
@@ -228,7 +228,7 @@ def test_a_dp_zoo_wide_round_charges_every_republished_line_and_states_no_counts
         assert (refused.status, refused.field) == (422, "privacy.dp")
         round_id = admin.create_zoo_rounds(plan, ADMIN)["id"]
         results = run_devices(fleet)
-        view = wait_for_round_end(admin, round_id, timeout_s=300)
+        view = admin.wait_for_round(round_id, timeout_s=300)
         assert [result.outcome for result in results] == ["accepted"] * 6
         assert view["state"] == "closed", view["outcome"]
         supernet = admin.card(view["result_model_id"])
@@ -303,7 +303,7 @@ def test_a_zoo_models_line_takes_one_dp_plan_at_a_time_whether_zoo_wide_or_its_o
         refused = _refused(lambda: fleet["admin"].create_rounds(own_plan, ADMIN))
         assert (refused.status, refused.field, refused.code) == (409, "model_id", "line_busy")
         assert f"round {zoo_round}" in str(refused)
-        assert wait_for_round_end(fleet["admin"], zoo_round)["state"] == "failed"  # no device came
+        assert fleet["admin"].wait_for_round(zoo_round, timeout_s=60)["state"] == "failed"  # no device came
 
         own_round = fleet["admin"].create_rounds(own_plan, ADMIN)["id"]
         refused = _refused(lambda: fleet["admin"].create_zoo_rounds({**zoo_plan, "deadline_s": 240}, ADMIN))
