@@ -668,18 +668,25 @@ def test_a_plan_that_would_pass_the_lines_lifetime_budget_is_refused_before_it_o
     assert len(rounds["rounds"]) == 1  # nothing opened
 
 
-def test_a_second_dp_plan_on_a_line_waits_for_the_running_one(simulation, federation):
+def test_a_second_dp_plan_on_a_line_waits_for_the_running_one(simulation, federation, server):
     dp = {"max_epsilon": 8, "delta": 1e-5, "clip_norm": 0.1, "noise_multiplier": 1.5}
     plan = round_config(min_clients=3, target_clients=3, num_rounds=1, max_accuracy_drop=1.0, privacy={"dp": dp})
     running = simulation.start_plan(plan)
     with httpx.Client(base_url=simulation.admin.http.base_url, headers={"Authorization": f"Bearer {ADMIN}"}) as http:
-        busy = http.post("/v1/fl/rounds", json={**plan, "model_id": federation.card.id,
-                                                 "evaluation_sha256": simulation.evaluation_sha256})
+        post = lambda: http.post("/v1/fl/rounds", json={  # noqa: E731
+            **plan, "model_id": federation.card.id, "evaluation_sha256": simulation.evaluation_sha256})
+        busy = post()
+        # while a worker makes the round's release (aggregating: its ledger not yet recorded) the line stays busy
+        database = Database(f"sqlite:///{server.data_dir / 'registry.db'}")
+        with database.session() as session:
+            session.get(FLRound, running).state = "aggregating"
+        while_aggregating = post()
     assert busy.status_code == 409
     assert (busy.json()["error"]["code"], busy.json()["error"]["field"]) == ("line_busy", "model_id")
     # the message names the line and the round holding it: what the operator waits for
     assert f"model line {federation.card.line_id!r}" in busy.json()["error"]["message"]
     assert f"(round {running})" in busy.json()["error"]["message"]
+    assert (while_aggregating.status_code, while_aggregating.json().get("error", {}).get("code")) == (409, "line_busy")
 
 
 @pytest.mark.slow

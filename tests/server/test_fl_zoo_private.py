@@ -112,7 +112,8 @@ def stored(fleet, table, round_id: int) -> list:
 
 def test_each_subnet_runs_its_own_secagg_cohort_and_the_zoo_is_republished(zoo, tmp_path):  # noqa: F811
     with private_fleet(zoo, tmp_path, {"tier-small": 3, "tier-large": 3}) as fleet:
-        round_id = fleet["admin"].create_zoo_rounds(secure_plan(fleet), ADMIN)["id"]
+        # min_clients counts the devices of every cohort; each cohort's own floor is SecAgg+'s least, 3
+        round_id = fleet["admin"].create_zoo_rounds(secure_plan(fleet, min_clients=6), ADMIN)["id"]
         results = run_devices(fleet)
         view = fleet["admin"].wait_for_round(round_id, timeout_s=300)
         cohorts = stored(fleet, FLSecureCohort, round_id)
@@ -123,7 +124,7 @@ def test_each_subnet_runs_its_own_secagg_cohort_and_the_zoo_is_republished(zoo, 
     configs = [json.loads(row.secagg_config_json) for row in cohorts]
     assert sorted(config["round_id"] for config in configs) == [f"fl-round-{round_id}/subnet-0",
                                                                f"fl-round-{round_id}/subnet-1"]
-    assert [config["num_clients"] for config in configs] == [3, 3]
+    assert [(config["num_clients"], config["minimum_survivors"]) for config in configs] == [(3, 3), (3, 3)]
     assert configs[0]["vector_length"] != configs[1]["vector_length"]
     members = [set(json.loads(row.participants_json)) for row in cohorts]
     assert members[0].isdisjoint(members[1]) and {len(group) for group in members} == {3}
