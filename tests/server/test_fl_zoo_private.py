@@ -159,7 +159,9 @@ def test_a_subnet_with_fewer_than_three_devices_forms_no_cohort_and_its_device_s
     # the operator sees who was told to sit out: one device, on the smallest model's subnet
     [(training_id, sat_out)] = view["sat_out_devices"].items()
     assert sat_out == 1 and training_id != cohorts[0].name
-    assert {entry["device_id"]: entry["status"] for entry in participants}[victim] == "sat_out"
+    [told] = [entry for entry in participants if entry["device_id"] == victim]
+    assert (told["status"], told["reason"], told["upload_bytes"]) == ("sat_out", secure_rounds.SIT_OUT, 0)
+    assert told["uploaded_at"] is not None  # when it was told to sit out
     assert sat_out_card.arch == zoo_members(zoo)[0].arch
 
 
