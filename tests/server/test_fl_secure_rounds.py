@@ -211,7 +211,11 @@ def test_sdk_devices_run_a_secure_round_that_publishes(simulation, federation):
     assert [result.outcome for result in results] == ["accepted"] * DEVICES
     assert view["state"] == "closed", view["outcome"]
     assert view["outcome"]["secure_aggregation"]["survivors"] == DEVICES
-    assert view["outcome"]["aggregated_updates"] == DEVICES  # the count the unmasked sum holds
+    # the count the unmasked sum holds, for each of the outcome's counts (no update was screened out: the server
+    # sees none of them)
+    outcome = view["outcome"]
+    assert (outcome["accepted_updates"], outcome["aggregated_updates"], outcome["screening"]["counted"]) == (
+        DEVICES, DEVICES, DEVICES)
     # the card's privacy claim: SecAgg+ and no DP, stated under the key a verifier reads
     card = simulation.admin.card(view["result_model_id"])
     assert card.details["federated"]["privacy"] == {"secure_aggregation": True, "dp": None}
