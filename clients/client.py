@@ -34,7 +34,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fedzoo.capabilities import PYTHON_SDK, Capabilities
 from fedzoo.cards import ModelCard
-from fedzoo.clients import held_revocations
+from fedzoo.clients import held_privacy_terms, held_revocations
 from fedzoo.clients.card_trust import CardVerifier
 from fedzoo.clients.confirmation import ConfirmationPolicy, confirmed_lookup
 from fedzoo.clients.device_state import StateFileSignedRounds, load_state, update_state
@@ -44,7 +44,8 @@ from fedzoo.clients.http import FedzooHTTP, RetryPolicy
 from fedzoo.clients.neighbour_trust import NeighbourTrust
 from fedzoo.clients.metered import MeteredFile, ProgressCallback
 from fedzoo.device import DeviceProfile
-from fedzoo.dp.distributed import NoisePolicy
+from fedzoo.dp.distributed import NoisePolicy, policy_for
+from fedzoo.privacy_terms import PrivacyTerms
 from fedzoo.errors import InvalidInputError
 from fedzoo.revocation import RevocationList
 from fedzoo.secagg import signatures
@@ -88,9 +89,10 @@ class FedzooClient:
         `operator_keys` pins the operator's key set (`fedzoo keys export-public`; never `GET /v1/keys`, which holds
         the server's key): SecAgg+ neighbours count only with the operator's certificate, and without it this
         device declines SecAgg+ rounds (`operator_keys_required`); they also verify the operator's revocation list.
-        It needs the state_file too (the newest revocation list is kept there). `noise_policy` is this device's
-        terms for DP under SecAgg+ (require that it adds its own share of the noise; a floor on the noise
-        multiplier: `fedzoo.dp.distributed.NoisePolicy`)."""
+        It needs the state_file too (the newest revocation list is kept there). With them the device also follows
+        the operator's signed privacy terms (`refresh_privacy_terms`, before every task). `noise_policy` is the
+        owner's own terms for DP under SecAgg+ (require that it adds its own share of the noise; a floor on the
+        noise multiplier: `fedzoo.dp.distributed.NoisePolicy`), on top of the operator's."""
         self.http = FedzooHTTP(base_url, token=token, retry=retry, timeout_s=timeout_s, transport=transport)
         self.progress = progress
         self.clock = clock
@@ -271,6 +273,35 @@ class FedzooClient:
             return self.http.get_json("/v1/revocations")
         except NotFoundAPIError:
             return None
+
+    def refresh_privacy_terms(self) -> PrivacyTerms | None:
+        """Fetch the operator's signed privacy terms (`GET /v1/privacy-terms`) and keep them when newer than the
+        ones this device holds (`hold_privacy_terms`); None when neither this device nor the server holds any."""
+        try:
+            document = self.http.get_json("/v1/privacy-terms")
+        except NotFoundAPIError:
+            return held_privacy_terms.held(self._operator_trust().state_path)  # none published: keep what is held
+        return self.hold_privacy_terms(document)
+
+    def hold_privacy_terms(self, document: dict[str, Any]) -> PrivacyTerms:
+        """Verify terms against the operator keys and keep them when newer than the held ones (an app may ship
+        the terms it was built with, so that a server cannot withhold them from a fresh install);
+        `CardSignatureError` for terms no operator key signed, older ones or different ones under the held
+        version."""
+        trust = self._operator_trust()
+        return held_privacy_terms.hold(trust.state_path, document, trust.operator_keys)
+
+    def noise_policy_for(self, line_id: str) -> NoisePolicy:
+        """This device's `NoisePolicy` for a round on `line_id`: the owner's `noise_policy`, made at least as
+        strict as the operator's privacy terms this device holds for the line (`fedzoo.privacy_terms`)."""
+        terms = held_privacy_terms.held(self.state_file) if self.neighbour_trust is not None else None
+        return policy_for(terms, line_id, self.noise_policy)
+
+    def _operator_trust(self) -> NeighbourTrust:
+        if self.neighbour_trust is None:
+            raise InvalidInputError("privacy terms are verified against the operator keys: give operator_keys",
+                                    field="operator_keys")
+        return self.neighbour_trust
 
     def download_model(self, card: ModelCard | dict[str, Any]) -> Path:
         """The model's ONNX file in the cache (downloaded, resumed or reused); with pinned keys, only after

@@ -32,8 +32,9 @@ import numpy as np
 
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.errors import ConflictError, IntegrityError, ServerUnavailableError
-from fedzoo.clients.secure_participation import clip_for_privacy, take_part_securely
+from fedzoo.clients.secure_participation import clip_for_privacy, decline, round_noise_policy, take_part_securely
 from fedzoo.edge.local_training import LocalData, Parameters, train_locally
+from fedzoo.secagg.errors import ProtocolViolation
 from fedzoo.update_codec import Encoding, encode_update, split_statistics
 
 DeltaTransform = Callable[[Parameters], Parameters]
@@ -65,6 +66,11 @@ def run_task(
     # through the card, so that pinned keys verify it before any of its bytes are used
     model = client.download_model(card).read_bytes()
     graph = client.download_training_graph(card).read_bytes()
+    try:  # after the card verified (pinned card keys): its line is the one the terms are checked for
+        policy = round_noise_policy(client, card.line_id, work.get("privacy"))
+    except ProtocolViolation as violation:
+        return ParticipationResult(work["round_id"], decline(client, work["round_id"], violation.reason,
+                                                             str(violation)))
     started = time.perf_counter()
     delta, metrics = train_locally(graph, model, card, work["training"], data, seed)
     train_seconds = time.perf_counter() - started
@@ -80,7 +86,8 @@ def run_task(
     if work.get("privacy") and work["privacy"]["secure_aggregation"] is not None:
         task, family = checked_in_for or (card.task, card.family)
         check_in = lambda: client.fl_task(task, family)  # noqa: E731
-        outcome, sent = take_part_securely(client, work, delta, len(data), check_in, within=within)
+        outcome, sent = take_part_securely(client, work, delta, len(data), check_in, within=within,
+                                           policy=policy)
         return ParticipationResult(work["round_id"], outcome, sent, len(data), metrics, train_seconds=train_seconds)
     chosen = encoding if encoding in work["upload"]["encodings"] else "fp32"
     payload = encode_update(delta, chosen)

@@ -16,9 +16,11 @@ outside the device's own `SecAggBounds`: `ProtocolViolation`, reported as the ou
 told to the server (`POST /v1/fl/rounds/<id>/decline`), which records it; so is a round of a protocol version
 it does not speak. Under distributed DP the device adds its own share of the noise to its ring input, and refuses a
 request calibrated for more honest survivors than the signed config's floor guarantees, or one its `NoisePolicy` does
-not accept. With adaptive clipping (`task.privacy.unclipped_bit`) it appends whether its delta was within the clip
-norm before clipping (1 or 0, in clip_range units) as one more coordinate of the vector it masks: the server learns
-only how many were.
+not accept: its owner's, made stricter by the operator's signed privacy terms for the round's line
+(`round_noise_policy`, `fedzoo.privacy_terms`), which a default device holding operator keys fetches and applies
+before every task. With adaptive clipping (`task.privacy.unclipped_bit`) it appends whether its delta was within the
+clip norm before clipping (1 or 0, in clip_range units) as one more coordinate of the vector it masks: the server
+learns only how many were.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ from fedzoo.aggregation.private import with_unclipped_bit
 from fedzoo.capabilities import SECURE_AGGREGATION_VERSION
 from fedzoo.clients.errors import APIError, ConflictError, ServerUnavailableError
 from fedzoo.dp.clipping import clip_delta
-from fedzoo.errors import InvalidInputError
-from fedzoo.dp.distributed import DistributedNoise, NoisePolicy, check_noise_request, noised_ring_input
+from fedzoo.errors import CardSignatureError, InvalidInputError
+from fedzoo.dp.distributed import (DistributedNoise, NoisePolicy, check_noise_request, check_task_privacy,
+                                   noised_ring_input)
 from fedzoo.secagg import SecAggClient, SecAggConfig, example_weight, flatten, quantise
 from fedzoo.secagg.bounds import SecAggBounds
 from fedzoo.secagg.errors import ProtocolViolation
@@ -97,12 +100,29 @@ def answer_stage(protocol: SecAggClient, stage: str, request: dict[str, Any], ve
     return rest_reply(getattr(protocol, stage)(request))
 
 
+def round_noise_policy(client: FedzooClient, line_id: str, privacy: dict[str, Any] | None) -> NoisePolicy:
+    """Before training on `line_id`: the `NoisePolicy` this round must meet (the owner's, made stricter by the
+    operator's privacy terms, fetched first where the device pins operator keys), with the task checked against
+    it (`check_task_privacy`); `ProtocolViolation` `bad_privacy_terms` for served terms no operator key signed, or
+    older than (or different under the version of) the terms held, and the task's refusal otherwise."""
+    if client.neighbour_trust is not None:
+        try:
+            client.refresh_privacy_terms()
+        except CardSignatureError as error:
+            raise ProtocolViolation(f"the server's privacy terms are refused ({error.reason}): {error}",
+                                    reason="bad_privacy_terms") from None
+    policy = client.noise_policy_for(line_id)
+    check_task_privacy(privacy, policy)
+    return policy
+
+
 def take_part_securely(client: FedzooClient, work: dict[str, Any], delta: Parameters, num_examples: int,
                        check_in: CheckIn, sleep: Callable[[float], None] = time.sleep,
                        bounds: SecAggBounds = SecAggBounds(), trusted_signing_keys: frozenset[bytes] | None = None,
-                       within: bool = True) -> tuple[str, int]:
+                       within: bool = True, policy: NoisePolicy | None = None) -> tuple[str, int]:
     """Answer every SecAgg+ stage the server asks of this device; returns (outcome, bytes sent). `bounds` are the
-    device's own limits on the round's parameters; `trusted_signing_keys`, where the operator ships the enrolled
+    device's own limits on the round's parameters; `policy` the noise it requires (`round_noise_policy`; default
+    the owner's `client.noise_policy`); `trusted_signing_keys`, where the operator ships the enrolled
     devices' public keys, are the only neighbour keys it accepts (docs/privacy.md, "Threat model"); `within`:
     whether the delta was within the DP clip norm before clipping (sent, masked, with adaptive clipping).
 
@@ -113,9 +133,9 @@ def take_part_securely(client: FedzooClient, work: dict[str, Any], delta: Parame
     sent = 0
     version = work["privacy"]["secure_aggregation"].get("version")
     if version != SECURE_AGGREGATION_VERSION:
-        return _decline(client, work["round_id"], "unsupported_secure_aggregation",
-                        f"the round speaks SecAgg+ version {version}; this device speaks {SECURE_AGGREGATION_VERSION}"
-                        ), sent
+        return decline(client, work["round_id"], "unsupported_secure_aggregation",
+                       f"the round speaks SecAgg+ version {version}; this device speaks {SECURE_AGGREGATION_VERSION}"
+                       ), sent
     while True:
         secure = work["privacy"]["secure_aggregation"]
         if secure["stage"] not in ("selection", "done") and secure["client"] is None:
@@ -124,22 +144,22 @@ def take_part_securely(client: FedzooClient, work: dict[str, Any], delta: Parame
             if client.signing_key is None:
                 return "refused: signing_key_required", sent
             if client.neighbour_trust is None:
-                return _decline(client, work["round_id"], "operator_keys_required",
-                                "this device has no operator key set to check its neighbours' certificates against "
-                                "(FedzooClient(operator_keys=...), docs/privacy.md)"), sent
+                return decline(client, work["round_id"], "operator_keys_required",
+                               "this device has no operator key set to check its neighbours' certificates against "
+                               "(FedzooClient(operator_keys=...), docs/privacy.md)"), sent
             try:
                 if protocol is None:
                     config = protocol_config(secure["config"])
                     certificates = client.neighbour_trust.policy(client.served_revocation_list())
                     protocol = SecAggClient(config, secure["client"], client.signing_key, bounds, trusted_signing_keys,
                                             client.signed_rounds, certificates)
-                    vector = ring_input(delta, config, work["privacy"], num_examples, client.noise_policy, bounds,
-                                        within)
+                    vector = ring_input(delta, config, work["privacy"], num_examples,
+                                        client.noise_policy if policy is None else policy, bounds, within)
                 reply = answer_stage(protocol, secure["stage"], secure["request"], vector)
             except ProtocolViolation as violation:
                 log.warning("round %s: this device refuses the server's %s request: %s", work["round_id"],
                             secure["stage"], violation)
-                return _decline(client, work["round_id"], violation.reason, str(violation)), sent
+                return decline(client, work["round_id"], violation.reason, str(violation)), sent
             outcome = _deliver(client, secure["reply_url"], reply)
             sent += len(reply) if isinstance(reply, bytes) else len(json.dumps(reply).encode())
             if outcome is not None:
@@ -155,7 +175,7 @@ def take_part_securely(client: FedzooClient, work: dict[str, Any], delta: Parame
         work = answer["task"]
 
 
-def _decline(client: FedzooClient, round_id: int, reason: str, message: str) -> str:
+def decline(client: FedzooClient, round_id: int, reason: str, message: str) -> str:
     """Tell the server why this device stops (the round records it); "refused: <reason>" either way: a server
     that broke the protocol may not listen."""
     try:

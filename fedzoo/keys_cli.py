@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import click
 
+from fedzoo.privacy_terms import sign_privacy_terms
 from fedzoo.errors import InvalidInputError
 from fedzoo.keyring import KeyDirectory, default_keys_dir
 from fedzoo.revocation import sign_revocation_list
@@ -97,3 +99,31 @@ def revoke(signing_key: Path, list_version: int, card_ids: tuple[str, ...], card
     out.write_text(json.dumps(document, indent=2) + "\n")
     click.echo(f"wrote revocation list version {list_version} ({len(set(card_ids))} card ids, "
                f"{len(set(card_sha256s))} model sha256s, {len(set(device_keys))} device keys) to {out}")
+
+
+@keys.command(name="sign-privacy-terms")
+@click.option("--signing-key", type=click.Path(dir_okay=False, exists=True, path_type=Path), required=True,
+              help="The operator's PEM key (an active key of `fedzoo keys list`) the devices pin.")
+@click.option("--version", "terms_version", type=click.IntRange(min=1), required=True,
+              help="The terms' version: higher than every version published before (devices refuse an older one).")
+@click.option("--line", "lines", multiple=True, required=True, metavar="LINE=Z_MIN",
+              help="A model line (its first card's id, or '*' for every line not named) that devices train on only "
+                   "under distributed DP with a noise multiplier of at least Z_MIN (repeatable).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Where to write the signed terms (upload them with POST /v1/privacy-terms).")
+def sign_privacy_terms_command(signing_key: Path, terms_version: int, lines: tuple[str, ...], out: Path) -> None:
+    """Sign the operator's privacy terms: every line devices train on only under distributed DP, and the least
+    noise multiplier they accept there. Each version replaces the one before, so name every covered line again."""
+    terms: dict[str, dict[str, Any]] = {}
+    for entry in lines:
+        line, _, floor = entry.partition("=")
+        try:
+            terms[line] = {"mode": "distributed", "minimum_noise_multiplier": float(floor)}
+        except ValueError:
+            raise click.ClickException(f"--line {entry!r}: expected LINE=Z_MIN, e.g. '*=1.0'") from None
+    try:
+        document = sign_privacy_terms(CardSigningKey.load(signing_key), terms_version, terms)
+    except InvalidInputError as error:
+        raise click.ClickException(str(error)) from None
+    out.write_text(json.dumps(document, indent=2) + "\n")
+    click.echo(f"wrote privacy terms version {terms_version} ({len(terms)} lines: {', '.join(sorted(terms))}) to {out}")

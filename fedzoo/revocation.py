@@ -24,23 +24,21 @@ device then still refuses everything the list it holds revokes (docs/privacy.md)
 
 from __future__ import annotations
 
-import base64
-import json
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
-
 from fedzoo.cards import IDENTIFIER_PATTERN, SHA256_PATTERN, ModelCard
 from fedzoo.errors import CardSignatureError, InvalidInputError
+from fedzoo.signed_documents import envelope, open_document, read_held, refuse_older, sign_document
 from fedzoo.signing import TIMESTAMP_FORMAT, CardSigningKey, TrustedKeys
 
 REVOCATION_DOMAIN = b"fedzoo-revocation-list-v1\n"
 """Prefixed to the payload before signing: the purpose label that keeps a revocation list's signature from ever
 passing for a card's (`fedzoo.signing.SIGNATURE_DOMAIN`), or a card's for a list's."""
 PURPOSE = "revocation_list"
+WHAT = "revocation list"
 CONTRACT = 1
 MAX_ENTRIES = 100_000
 
@@ -82,9 +80,7 @@ def sign_revocation_list(key: CardSigningKey, version: int, card_ids: list[str] 
                "revoked_cards": {"ids": sorted(set(card_ids)), "sha256s": sorted(set(card_sha256s))},
                "revoked_device_keys": sorted(set(device_key_fingerprints))}
     _check_payload(payload)
-    raw = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
-    return {"key_id": key.key_id, "algorithm": "ed25519", "payload": base64.b64encode(raw).decode(),
-            "signature": base64.b64encode(key.private_key.sign(REVOCATION_DOMAIN + raw)).decode()}
+    return sign_document(key, REVOCATION_DOMAIN, payload)
 
 
 def verify_revocation_list(document: Any, trusted: TrustedKeys | None, held: RevocationList | None = None
@@ -93,35 +89,16 @@ def verify_revocation_list(document: Any, trusted: TrustedKeys | None, held: Rev
     `CardSignatureError` with a reason (`unknown_key`, `bad_signature`, `field_mismatch`, `rollback`: older than
     the `held` list, or `version_reused`: another list under the held version) otherwise. `trusted` None reads
     the list without checking its signature: only for a server that was not given the operator keys."""
-    if not isinstance(document, dict) or not all(isinstance(document.get(name), str)
-                                                  for name in ("key_id", "payload", "signature")):
-        raise CardSignatureError('a revocation list is {"key_id", "algorithm", "payload", "signature"}',
-                                 reason="field_mismatch")
-    public_key = None if trusted is None else trusted.get(document["key_id"])
-    if trusted is not None and public_key is None:
-        raise CardSignatureError(f"the revocation list is signed by key {document['key_id']}, which is not among "
-                                 f"the operator keys {trusted.key_ids}", reason="unknown_key")
-    try:
-        raw = base64.b64decode(document["payload"], validate=True)
-        if public_key is not None:
-            public_key.verify(base64.b64decode(document["signature"], validate=True), REVOCATION_DOMAIN + raw)
-        payload = json.loads(raw)
-    except (InvalidSignature, ValueError):
-        raise CardSignatureError("the revocation list's signature does not verify", reason="bad_signature") from None
-    listed = _listed(document, payload)
-    if held is not None and listed.version < held.version:
-        raise CardSignatureError(f"revocation list version {listed.version} is older than version {held.version}, "
-                                 "already held (rollback refused)", reason="rollback")
-    if held is not None and listed.version == held.version and listed.document["payload"] != held.document["payload"]:
-        raise CardSignatureError(f"a different revocation list under version {held.version}, already held",
-                                 reason="version_reused")
+    listed = _listed(document, open_document(document, trusted, REVOCATION_DOMAIN, WHAT))
+    refuse_older(listed.version, listed.document, held.version if held is not None else None,
+                 held.document if held is not None else None, WHAT)
     return listed
 
 
 def held_revocation_list(document: dict[str, Any]) -> RevocationList:
     """The list a device stored after verifying it (its state file, as trusted as the versions it accepted),
     read without checking the signature again: a pinned key retired since must not make the device forget it."""
-    return _listed(document, json.loads(base64.b64decode(document["payload"])))
+    return _listed(document, read_held(document))
 
 
 def _listed(document: dict[str, Any], payload: Any) -> RevocationList:
@@ -133,8 +110,7 @@ def _listed(document: dict[str, Any], payload: Any) -> RevocationList:
         raise CardSignatureError("the revocation list's key_id is not the signed one", reason="field_mismatch")
     return RevocationList(payload["version"], payload["issued_at"], frozenset(payload["revoked_cards"]["ids"]),
                           frozenset(payload["revoked_cards"]["sha256s"]), frozenset(payload["revoked_device_keys"]),
-                          {name: document[name] for name in ("key_id", "algorithm", "payload", "signature")
-                           if name in document})
+                          envelope(document))
 
 
 def _check_payload(payload: Any) -> None:

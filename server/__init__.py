@@ -11,6 +11,7 @@ Layout, web layer to storage:
     enrollment.py   enrollment tokens: create, list, revoke, take one use per registration
     ratelimit.py    per-address, per-device and per-token-prefix rate limits in a store the workers share
     revocations.py  the operator's signed card revocation lists: checked, stored, the newest served
+    privacy_terms.py  the operator's signed privacy terms: checked, stored, the newest served
     lookup.py       the best model under latency and memory budgets, one SQL query
     latency.py      measured -> card device class -> predictor; `LatencyEstimator`
     blobstore.py    `BlobStore` by sha256 (`FileBlobStore`; S3 could implement it)

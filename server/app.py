@@ -26,7 +26,7 @@ from fedzoo.server.latency import LatencyEstimator, default_estimator
 from fedzoo.server.ratelimit import RateLimiter
 from fedzoo.server.routes import (
     blobs, calibration, device_certificates, devices, enrollment, keys, lookup, meta, models, operator,
-    quarantine, revocations,
+    privacy_terms, quarantine, revocations,
 )
 from fedzoo.server.routes.common import EXTENSION_KEY
 
@@ -42,6 +42,7 @@ BLUEPRINTS = [
     fl_routes.blueprint,
     keys.blueprint,
     revocations.blueprint,
+    privacy_terms.blueprint,
     operator.blueprint,  # after fl: it reads through the round service the fl blueprint creates
     quarantine.blueprint,
     dashboard.blueprint,  # /ui, the operator's pages over the same services

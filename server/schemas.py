@@ -205,6 +205,28 @@ class RevocationListStored(Response):
     revoked_device_keys: int
 
 
+class SignedPrivacyTerms(StrictRequest):
+    """The operator's signed privacy terms (`fedzoo.privacy_terms`): the signed bytes travel in `payload`."""
+
+    key_id: str = Field(pattern=r"^[0-9a-f]{16}$", description="the operator key that signed them")
+    algorithm: Literal["ed25519"] = "ed25519"
+    payload: str = Field(min_length=1, max_length=4 * 1024 * 1024, description=(
+        'base64 of the signed JSON {"purpose": "privacy_terms", "contract": 1, "version", "issued_at", "key_id", '
+        '"lines": {"<line id>" or "*": {"mode": "distributed", "minimum_noise_multiplier"}}}'))
+    signature: str = Field(min_length=1, max_length=200, description="base64 of the 64-byte ed25519 signature over "
+                           "'fedzoo-privacy-terms-v1\\n' + payload")
+
+
+class SignedPrivacyTermsView(RevocationListView):
+    """The newest privacy terms the server holds, as signed; devices verify them against their pinned operator
+    keys."""
+
+
+class PrivacyTermsStored(Response):
+    version: int
+    lines: list[str] = Field(description="the lines the terms cover ('*': every line they do not name)")
+
+
 class BlobUploadResponse(Response):
     sha256: str = Field(pattern=SHA256_PATTERN)
     size_bytes: int

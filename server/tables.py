@@ -91,6 +91,17 @@ class RevocationListRecord(Base):
     published_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
 
 
+class PrivacyTermsRecord(Base):
+    """One version of the privacy terms the operator signed (`fedzoo.privacy_terms`); the newest is served."""
+
+    __tablename__ = "privacy_terms"
+
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    key_id: Mapped[str] = mapped_column(String(16))
+    document_json: Mapped[str] = mapped_column(Text)
+    published_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utc_now)
+
+
 class ModelClassLatency(Base):
     """A card's own latency for one device class (`card.latency_ms[device_class]`), queryable by class."""
 

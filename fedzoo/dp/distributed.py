@@ -40,6 +40,7 @@ import numpy as np
 
 from fedzoo.dp.discrete_gaussian import SIGMA_SQUARED_DENOMINATOR, SecureRandom, sample_discrete_gaussian
 from fedzoo.errors import InvalidInputError
+from fedzoo.privacy_terms import PrivacyTerms
 from fedzoo.secagg.errors import ProtocolViolation
 
 MECHANISM = "distributed-discrete-gaussian"
@@ -165,6 +166,12 @@ class NoisePolicy:
     require_distributed: bool = False
     minimum_noise_multiplier: float | None = None
 
+    def stricter(self, other: NoisePolicy) -> NoisePolicy:
+        """What both policies require (the owner's and the operator's terms, `fedzoo.privacy_terms`)."""
+        floors = [floor for floor in (self.minimum_noise_multiplier, other.minimum_noise_multiplier)
+                  if floor is not None]
+        return NoisePolicy(self.require_distributed or other.require_distributed, max(floors) if floors else None)
+
 
 def check_noise_request(noise: DistributedNoise | None, honest_survivors: int, policy: NoisePolicy) -> None:
     """Refuse (ProtocolViolation) a request the device must not follow: central noise where the policy requires
@@ -186,3 +193,22 @@ def check_noise_request(noise: DistributedNoise | None, honest_survivors: int, p
     if policy.minimum_noise_multiplier is not None and noise.noise_multiplier < policy.minimum_noise_multiplier:
         raise ProtocolViolation(f"noise multiplier {noise.noise_multiplier} is below this device's floor "
                                 f"{policy.minimum_noise_multiplier}", "noise_below_floor")
+
+
+def policy_for(terms: PrivacyTerms | None, line_id: str, own: NoisePolicy) -> NoisePolicy:
+    """The device's policy for a round on `line_id`: its owner's, made at least as strict as the operator's privacy
+    terms for the line (`fedzoo.privacy_terms`: distributed noise, and their floor on z)."""
+    line = terms.for_line(line_id) if terms is not None else None
+    return own if line is None else own.stricter(NoisePolicy(True, line.minimum_noise_multiplier))
+
+
+def check_task_privacy(privacy: dict[str, Any] | None, policy: NoisePolicy) -> None:
+    """Before training: `ProtocolViolation` `noise_not_distributed` for a task that cannot carry the device's own
+    noise where the policy requires it (no DP clipping, or no SecAgg+: the update would leave unnoised). The noise
+    request itself is checked once the round's SecAgg+ config is fixed (`check_noise_request`)."""
+    if not policy.require_distributed:
+        return
+    if not privacy or privacy.get("clip_norm") is None or privacy.get("secure_aggregation") is None:
+        raise ProtocolViolation("this device requires distributed DP under SecAgg+ on this line (the operator's "
+                                "privacy terms or its owner's policy), and the round asks for no DP or no SecAgg+ "
+                                "(the update would leave without this device's noise)", "noise_not_distributed")

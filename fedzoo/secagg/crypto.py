@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import os
 
@@ -59,6 +60,13 @@ def public_bytes(private_key: X25519PrivateKey) -> bytes:
 
 def is_usable_public_key(public_key: bytes) -> bool:
     """Whether a 32-byte X25519 public key gives a key agreement (low-order points give none)."""
+    return _gives_key_agreement(bytes(public_key))
+
+
+@functools.lru_cache(maxsize=4096)
+def _gives_key_agreement(public_key: bytes) -> bool:
+    """Cached: the answer depends on the key only (a low-order point gives the all-zero secret with any private
+    key), and each neighbour's key is checked once per stage it appears in."""
     try:
         X25519PrivateKey.generate().exchange(X25519PublicKey.from_public_bytes(public_key))
     except ValueError:

@@ -31,7 +31,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from fedzoo.graphs.autodiff import build_training_graph
 from fedzoo.datasets import load_dataset, split_dataset
-from fedzoo.cloud.simulation import mlp_classifier
+from fedzoo.cloud.mlp import mlp_classifier
 from fedzoo.cards import Normalisation
 from fedzoo.edge.local_training import LocalData, normalise, train_locally
 from fedzoo.update_codec import encode_update

@@ -13,7 +13,7 @@ from fedzoo.errors import InvalidInputError
 
 # four devices, five seats: every device is selected and the fourth upload is refused, as the round has its three
 PLAN = {"min_clients": 3, "target_clients": 3, "over_selection": 0.34, "deadline_s": 60, "num_rounds": 3,
-        "batch_size": 16, "max_accuracy_drop": 1.0}
+        "batch_size": 16, "max_accuracy_drop": 1.0, "poll_interval_s": 0.05}  # devices ask again soon (default 5 s)
 
 
 def _server_engine(federation, tmp_path, plan):

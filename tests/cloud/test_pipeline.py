@@ -26,6 +26,11 @@ from fedzoo.zoo import Zoo, sha256_of_file
 torch.set_num_threads(1)
 
 
+# for tests of what the build does around training (search executors, constraints, later stages): one epoch and
+# no fine-tune take a tiny build from ~33 s to ~12 s
+BRIEF_TRAINING = dict(epochs=1, finetune_epochs=0)
+
+
 def tiny_config(out, **overrides):
     settings = dict(dataset="digits", out=out, preset="tiny", latency_source="macs", compress=False, training_graphs=False,
                     executor="in-process")
@@ -191,7 +196,8 @@ def test_a_checkpoint_from_other_settings_is_refused(tmp_path):
 def test_constraints_are_met_by_every_card(tmp_path):
     estimator = MacsLatencyModel()
     budget_ms = 0.05 + 0.05 * 0.12  # the tiny space's subnets span about 0.09 to 0.35 MMACs
-    result = build_zoo(tiny_config(tmp_path / "zoo", latency_budget_ms=budget_ms, max_params=12000), latency_estimator=estimator)
+    result = build_zoo(tiny_config(tmp_path / "zoo", latency_budget_ms=budget_ms, max_params=12000, **BRIEF_TRAINING),
+                       latency_estimator=estimator)
     assert result.cards
     for card in result.cards:
         assert card.params <= 12000
@@ -225,7 +231,8 @@ def test_compress_and_training_graph_stages_run_after_the_cards(tmp_path, monkey
     out = tmp_path / "zoo"
     torch.set_num_threads(2)
     try:
-        result = build_zoo(tiny_config(out, compress=True, training_graphs=True, evaluations=10, torch_threads=1, num_workers=3))
+        result = build_zoo(tiny_config(out, compress=True, training_graphs=True, evaluations=10, torch_threads=1, num_workers=3,
+                                       **BRIEF_TRAINING))
         assert torch.get_num_threads() == 2  # the caller's setting is restored
     finally:
         torch.set_num_threads(1)
@@ -259,7 +266,7 @@ def test_process_executor_maps_in_item_order_in_its_workers_and_raises_their_err
 
 @pytest.mark.slow
 def test_build_on_worker_processes_matches_the_in_process_build(tmp_path):
-    settings = dict(evaluations=10, population_size=5)
+    settings = dict(evaluations=10, population_size=5, **BRIEF_TRAINING)
     local = build_zoo(tiny_config(tmp_path / "local", **settings))
     spread = build_zoo(tiny_config(tmp_path / "processes", executor="processes", num_workers=2, **settings))
     assert [(c.arch, c.accuracy, c.loss, c.latency_ms) for c in spread.search.evaluated] == [
@@ -276,7 +283,8 @@ def test_measured_latency_search_times_candidates_one_at_a_time(tmp_path, monkey
         return InProcessExecutor()
 
     monkeypatch.setattr(pipeline, "make_executor", recording_executor)
-    build_zoo(tiny_config(tmp_path / "zoo", executor="processes", num_workers=2, latency_source="measured", evaluations=4, population_size=2))
+    build_zoo(tiny_config(tmp_path / "zoo", executor="processes", num_workers=2, latency_source="measured", evaluations=4, population_size=2,
+                          **BRIEF_TRAINING))
     assert asked == [("processes", 1)]
 
 

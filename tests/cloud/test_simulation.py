@@ -50,7 +50,7 @@ def _run(federation, tmp_path, executor, strategy, attackers=frozenset(), transp
             sim.publish_base_model()
             sim.register_devices()
             records = sim.run({"min_clients": 3, "target_clients": 3, "over_selection": 0.34, "deadline_s": 60,
-                               "num_rounds": 2, "batch_size": 16, "strategy": strategy, **config})
+                               "num_rounds": 2, "batch_size": 16, "poll_interval_s": 0.05, "strategy": strategy, **config})
             for record in records if published is not None else []:
                 card = sim.admin.card(record.result_model_id)
                 published.append(read_float_initializers(sim.admin.download_model(card).read_bytes()))

@@ -8,6 +8,7 @@ import pytest
 
 from fedzoo.cards import ModelCard
 from fedzoo.cli import main
+from fedzoo.privacy_terms import verify_privacy_terms
 from fedzoo.revocation import verify_revocation_list
 from fedzoo.signing import CardSigningKey, TrustedKeys, verify_card
 from fedzoo.zoo import Zoo
@@ -125,4 +126,23 @@ def test_keys_revoke_signs_a_list_the_pinned_keys_verify_and_refuses_bad_input(t
     code, _, stderr = run_main(["keys", "revoke", "--signing-key", str(key_path), "--version", "5",
                                 "--device-key", "phone-17", "--out", str(tmp_path / "bad.json")], capsys)
     assert code != 0 and "revoked_device_keys" in stderr and "Traceback" not in stderr  # a fingerprint, not an id
+    assert not (tmp_path / "bad.json").exists()
+
+
+def test_keys_sign_privacy_terms_signs_terms_the_pinned_keys_verify_and_refuses_bad_input(tmp_path, capsys):
+    key_path = tmp_path / "keys" / f"{_generate(tmp_path / 'keys', capsys).key_id}.pem"
+    out = tmp_path / "terms.json"
+    code, stdout, _ = run_main(["keys", "sign-privacy-terms", "--signing-key", str(key_path), "--version", "2",
+                                "--line", "*=1.0", "--line", "digits-mlp=1.5", "--out", str(out)], capsys)
+    assert code == 0 and "version 2 (2 lines: *, digits-mlp)" in stdout
+    operator = TrustedKeys([CardSigningKey.load(key_path).public_key_raw])
+    terms = verify_privacy_terms(json.loads(out.read_text()), operator)
+    assert terms.version == 2
+    assert (terms.for_line("digits-mlp").minimum_noise_multiplier, terms.for_line("other").minimum_noise_multiplier) \
+        == (1.5, 1.0)
+    assert "PRIVATE" not in out.read_text()
+    for line, field in (("*=-1", "minimum_noise_multiplier"), ("digits", "LINE=Z_MIN"), ("bad line!=1", "lines")):
+        code, _, stderr = run_main(["keys", "sign-privacy-terms", "--signing-key", str(key_path), "--version", "3",
+                                    "--line", line, "--out", str(tmp_path / "bad.json")], capsys)
+        assert code != 0 and field in stderr and "Traceback" not in stderr, (line, stderr)
     assert not (tmp_path / "bad.json").exists()

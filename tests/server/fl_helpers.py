@@ -53,12 +53,15 @@ def selected_tasks(simulation, count: int, task: str = "digits") -> tuple[list[F
 # `max_accuracy_drop` that publishes whatever comes out. Real training's accuracy after a round depends on the
 # CPU's floating-point path, so tests that are not about the gate open it; tests of the gate set their own.
 OPEN_GATE = 1.0
+# how soon a test's devices ask the server again: they share one machine, and a round's own work takes milliseconds
+TEST_POLL_S = 0.05
 
 
 def round_config(**overrides: Any) -> dict[str, Any]:
-    """A small plan's config with the accuracy gate open (`OPEN_GATE`) unless `max_accuracy_drop` is given."""
+    """A small plan's config with the accuracy gate open (`OPEN_GATE`) unless `max_accuracy_drop` is given; its
+    devices ask again after `TEST_POLL_S` (the production default, 5 s, makes each SecAgg+ stage wait it out)."""
     config = {"min_clients": 2, "target_clients": 3, "over_selection": 0.0, "deadline_s": 60, "local_epochs": 1,
-              "batch_size": 16, "learning_rate": 0.05, "max_accuracy_drop": OPEN_GATE}
+              "batch_size": 16, "learning_rate": 0.05, "max_accuracy_drop": OPEN_GATE, "poll_interval_s": TEST_POLL_S}
     config.update(overrides)
     return config
 

@@ -26,7 +26,10 @@ from fedzoo.server.fl.schemas import RoundConfig
 from fedzoo.server.fl.tables import FLSecureCohort
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN as ADMIN
 from test_fl_zoo_private import _refused, private_fleet, run_devices, secure_plan, stored, stored_lines
-from zoo_helpers import zoo_members
+from zoo_helpers import TINY_ZOO_GROUP, zoo_members
+
+# one test process runs every module on the session's tiny zoo (`--dist loadgroup`): built once, not once per worker
+pytestmark = pytest.mark.xdist_group(TINY_ZOO_GROUP)
 
 Z = 1.5  # the plan's noise multiplier (what the ledger charges); each device is asked for 3 x Z
 

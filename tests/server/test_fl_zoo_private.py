@@ -30,9 +30,10 @@ from fedzoo.server.fl.tables import FLSecureCohort, FLSecureMessage, PrivacyLine
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.signing import CardSigningKey, TrustedKeys
 from fl_helpers import OPEN_GATE
-from zoo_helpers import publish_zoo, supernet_card, zoo_members
+from zoo_helpers import TINY_ZOO_GROUP, publish_zoo, supernet_card, zoo_members
 
-pytestmark = pytest.mark.slow
+# one test process runs every module on the session's tiny zoo (`--dist loadgroup`): built once, not once per worker
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(TINY_ZOO_GROUP)]
 ADMIN = DEFAULT_ADMIN_TOKEN
 
 

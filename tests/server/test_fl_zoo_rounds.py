@@ -21,8 +21,8 @@ from sqlalchemy import create_engine, update
 from fedzoo.admin.operator_client import OperatorClient
 from fedzoo.cards import Latency, ModelCard, is_supernet
 from fedzoo.cli import cli
-from fl_helpers import OPEN_GATE
-from zoo_helpers import TIERS, publish_zoo, supernet_card, zoo_members
+from fl_helpers import OPEN_GATE, TEST_POLL_S
+from zoo_helpers import TIERS, TINY_ZOO_GROUP, publish_zoo, supernet_card, zoo_members
 from server_helpers import fresh_postgres_database, log_in
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.errors import APIError
@@ -35,7 +35,8 @@ from fedzoo.server.fl.tables import FLRound
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.zoo import Zoo
 
-pytestmark = pytest.mark.slow
+# one test process runs every module on the session's tiny zoo (`--dist loadgroup`): built once, not once per worker
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(TINY_ZOO_GROUP)]
 POSTGRES_URL = os.environ.get("FEDZOO_TEST_POSTGRES_URL")
 @pytest.fixture(scope="module")
 def compressed_zoo(zoo, tmp_path_factory):
@@ -112,7 +113,7 @@ def _plan(fleet, **overrides) -> dict:
     smallest = zoo_members(zoo)[0]
     config = {"model_id": supernet_card(zoo).id, "evaluation_sha256": fleet["evaluation"], "min_clients": 4,
               "target_clients": 4, "over_selection": 0.0, "deadline_s": 120, "local_epochs": 1, "batch_size": 16,
-              "learning_rate": 0.05, "max_accuracy_drop": OPEN_GATE,
+              "learning_rate": 0.05, "max_accuracy_drop": OPEN_GATE, "poll_interval_s": TEST_POLL_S,
               "zoo": {"latency_budget_ms": 1e5, "calibration_sha256": fleet["calibration"],
                       "latency_budget_ms_by_class": {"tier-small": smallest.macs / 1e4 * 1.01}}}
     config.update(overrides)

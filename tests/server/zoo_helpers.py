@@ -16,6 +16,7 @@ from fedzoo.edge.local_training import normalise
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN
 from fedzoo.zoo import Zoo
 
+TINY_ZOO_GROUP = "tiny-zoo"  # the xdist group of the modules that use the session's tiny zoo (conftest `zoo`)
 TIERS = {"tier-small": 2, "tier-large": 2}  # device class -> devices
 
 

@@ -8,6 +8,8 @@ import java.io.OutputStreamWriter;
 import java.io.Writer;
 import java.util.Arrays;
 import java.util.Map;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.FutureTask;
 import java.util.concurrent.TimeUnit;
 
 import org.json.JSONException;
@@ -27,6 +29,7 @@ public final class LiveServer implements AutoCloseable {
     private final Process process;
     private final BufferedReader output;
     private final Writer input;
+    private static FutureTask<LiveServer> backgroundStart;
 
     private LiveServer(File dataDir) throws IOException, JSONException {
         this.dataDir = dataDir;
@@ -40,7 +43,54 @@ public final class LiveServer implements AutoCloseable {
         url = ready.getString("url");
     }
 
+    /**
+     * The harness, started now or, after {@link #startInBackground()}, the one started then (its Python start takes
+     * about 10 s: the federation, the server and their imports).
+     */
     public static LiveServer start() {
+        FutureTask<LiveServer> started = takeBackgroundStart();
+        if (started == null) {
+            return launch();
+        }
+        try {
+            return started.get();
+        } catch (ExecutionException failed) {
+            throw failed.getCause() instanceof RuntimeException ? (RuntimeException) failed.getCause()
+                    : new IllegalStateException(failed.getCause());
+        } catch (InterruptedException interrupted) {
+            throw new IllegalStateException("interrupted while the live server started", interrupted);
+        }
+    }
+
+    /** Starts the harness on another thread, so that its start overlaps the tests that run before the live ones. */
+    public static synchronized void startInBackground() {
+        if (backgroundStart == null) {
+            backgroundStart = new FutureTask<LiveServer>(LiveServer::launch);
+            Thread thread = new Thread(backgroundStart, "live-server-start");
+            thread.setDaemon(true);
+            thread.start();
+        }
+    }
+
+    /** Stops a harness started in the background that no test took. */
+    public static void closeUnused() {
+        FutureTask<LiveServer> started = takeBackgroundStart();
+        if (started != null) {
+            try {
+                started.get().close();
+            } catch (ExecutionException | InterruptedException | RuntimeException notStarted) {
+                // nothing to stop
+            }
+        }
+    }
+
+    private static synchronized FutureTask<LiveServer> takeBackgroundStart() {
+        FutureTask<LiveServer> started = backgroundStart;
+        backgroundStart = null;
+        return started;
+    }
+
+    private static LiveServer launch() {
         try {
             return new LiveServer(TestSupport.workDirectory("live-server"));
         } catch (IOException | JSONException error) {

@@ -426,6 +426,46 @@ public class FedzooClient {
     }
 
     /**
+     * Fetches the operator's signed privacy terms ({@code GET /v1/privacy-terms}) and keeps them when newer than the
+     * ones held ({@link #holdPrivacyTerms}); returns the terms held (null when neither the server nor this device
+     * has any). Needs {@link #requireCertifiedNeighbours}: the terms are verified against the operator keys.
+     */
+    public PrivacyTerms refreshPrivacyTerms() {
+        JSONObject document;
+        try {
+            document = http.getJson("/v1/privacy-terms", null);
+        } catch (ApiException.NotFound none) {
+            return operatorTrust().heldPrivacyTerms(); // none published: keep whatever this device holds
+        }
+        return holdPrivacyTerms(document);
+    }
+
+    /**
+     * Verifies privacy terms against the operator keys and keeps them when newer than the ones held (an app may
+     * ship the terms it was built with, so that a server cannot withhold them from a fresh install);
+     * {@link CardSignatureException} for terms no operator key signed, older ones or others under the held version.
+     */
+    public PrivacyTerms holdPrivacyTerms(JSONObject document) {
+        return state.holdPrivacyTerms(operatorTrust().operatorKeys().operatorKeys(), document);
+    }
+
+    /**
+     * This device's policy for a round on {@code lineId}: the owner's {@link #withNoisePolicy}, made at least as
+     * strict as the operator's privacy terms held for the line.
+     */
+    public DistributedNoise.Policy noisePolicyFor(String lineId) {
+        return DistributedNoise.policyFor(neighbourTrust != null ? state.privacyTerms() : null, lineId, noisePolicy);
+    }
+
+    private NeighbourTrust operatorTrust() {
+        if (neighbourTrust == null) {
+            throw new InvalidInputException("privacy terms are verified against the operator keys: "
+                    + "requireCertifiedNeighbours first", "operator_keys");
+        }
+        return neighbourTrust;
+    }
+
+    /**
      * The model's ONNX file in the cache (card verified if required, then downloaded, resumed or reused). With
      * signed cards required, a cached file is hashed again, so a file altered on disk since is refused too.
      */

@@ -28,6 +28,11 @@ public final class NeighbourTrust {
         return operatorKeys;
     }
 
+    /** The newest privacy terms this device verified, or null. */
+    PrivacyTerms heldPrivacyTerms() {
+        return state.privacyTerms();
+    }
+
     /** The newest revocation list this device verified, or null. */
     public RevocationList heldRevocations() {
         return state.revocationList();

@@ -7,12 +7,9 @@ import java.util.TreeSet;
 import java.util.regex.Pattern;
 
 import org.bouncycastle.crypto.params.Ed25519PublicKeyParameters;
-import org.bouncycastle.crypto.signers.Ed25519Signer;
-import org.bouncycastle.util.encoders.Base64;
 import org.json.JSONArray;
 import org.json.JSONException;
 import org.json.JSONObject;
-import org.json.JSONTokener;
 
 import dev.fedzoo.ModelCard;
 
@@ -29,6 +26,7 @@ import dev.fedzoo.ModelCard;
 public final class RevocationList {
     private static final byte[] DOMAIN = "fedzoo-revocation-list-v1\n".getBytes(FedzooHttp.UTF8);
     private static final String PURPOSE = "revocation_list";
+    private static final String WHAT = "revocation list";
     private static final int CONTRACT = 1;
     private static final int MAX_ENTRIES = 100_000;
     private static final Pattern IDENTIFIER = Pattern.compile("[A-Za-z0-9][A-Za-z0-9._-]{0,127}");
@@ -81,49 +79,13 @@ public final class RevocationList {
      */
     public static RevocationList verify(JSONObject document, Map<String, Ed25519PublicKeyParameters> keys,
             RevocationList held) {
-        String keyId = document.opt("key_id") instanceof String ? document.optString("key_id") : null;
-        String payloadText = document.opt("payload") instanceof String ? document.optString("payload") : null;
-        String signatureText = document.opt("signature") instanceof String ? document.optString("signature") : null;
-        if (keyId == null || payloadText == null || signatureText == null) {
-            throw new CardSignatureException("a revocation list is {\"key_id\", \"algorithm\", \"payload\", \"signature\"}",
-                    "field_mismatch");
-        }
-        Ed25519PublicKeyParameters key = keys.get(keyId);
-        if (key == null) {
-            throw new CardSignatureException("the revocation list is signed by key " + keyId
-                    + ", which is not among the operator keys " + keys.keySet(), "unknown_key");
-        }
-        byte[] raw = strictBase64(payloadText);
-        byte[] signature = strictBase64(signatureText);
-        Object payload;
-        try {
-            if (raw == null || signature == null) {
-                throw new JSONException("not base64");
-            }
-            Ed25519Signer signer = new Ed25519Signer();
-            signer.init(false, key);
-            signer.update(DOMAIN, 0, DOMAIN.length);
-            signer.update(raw, 0, raw.length);
-            if (!signer.verifySignature(signature)) {
-                throw new JSONException("the signature does not verify");
-            }
-            payload = new JSONTokener(new String(raw, FedzooHttp.UTF8)).nextValue();
-        } catch (JSONException | IllegalArgumentException unverified) {
-            throw new CardSignatureException("the revocation list's signature does not verify", "bad_signature");
-        }
+        Object payload = SignedDocuments.open(document, keys, DOMAIN, WHAT);
         if (!(payload instanceof JSONObject)) {
             throw malformed("the payload is not a JSON object");
         }
-        RevocationList listed = fromPayload((JSONObject) payload, keyId, document);
-        if (held != null && listed.version < held.version) {
-            throw new CardSignatureException("revocation list version " + listed.version + " is older than version "
-                    + held.version + ", already held (rollback refused)", "rollback");
-        }
-        if (held != null && listed.version == held.version
-                && !payloadText.equals(held.document.optString("payload"))) {
-            throw new CardSignatureException("a different revocation list under version " + held.version
-                    + ", already held", "version_reused");
-        }
+        RevocationList listed = fromPayload((JSONObject) payload, document.optString("key_id"), document);
+        SignedDocuments.refuseOlder(listed.version, listed.document, held != null ? held.version : null,
+                held != null ? held.document : null, WHAT);
         return listed;
     }
 
@@ -133,8 +95,7 @@ public final class RevocationList {
      */
     public static RevocationList held(JSONObject document) {
         try {
-            return fromPayload(new JSONObject(new String(Base64.decode(document.getString("payload")), FedzooHttp.UTF8)),
-                    document.getString("key_id"), document);
+            return fromPayload(SignedDocuments.readHeld(document), document.getString("key_id"), document);
         } catch (JSONException | IllegalArgumentException unreadable) {
             throw malformed("the stored list is unreadable: " + unreadable.getMessage());
         }
@@ -153,16 +114,7 @@ public final class RevocationList {
         if (!keyId.equals(payload.optString("key_id"))) {
             throw malformed("the revocation list's key_id is not the signed one");
         }
-        JSONObject stored = new JSONObject();
-        try {
-            for (String name : new String[] {"key_id", "algorithm", "payload", "signature"}) {
-                if (document.has(name)) {
-                    stored.put(name, document.opt(name));
-                }
-            }
-        } catch (JSONException unreachable) { // putting a value read from a JSONObject cannot fail
-            throw malformed(unreachable.getMessage());
-        }
+        JSONObject stored = SignedDocuments.envelope(document);
         return new RevocationList((Integer) version, strings(cards.opt("ids"), IDENTIFIER, "revoked_cards.ids"),
                 strings(cards.opt("sha256s"), SHA256, "revoked_cards.sha256s"),
                 strings(payload.opt("revoked_device_keys"), SHA256, "revoked_device_keys"), stored);
@@ -186,13 +138,5 @@ public final class RevocationList {
 
     private static CardSignatureException malformed(String problem) {
         return new CardSignatureException("the signed revocation list is malformed: " + problem, "field_mismatch");
-    }
-
-    /** Strict base64 (as Python's {@code b64decode(validate=True)}), or null when it is not. */
-    private static byte[] strictBase64(String text) {
-        if (!text.matches("[A-Za-z0-9+/]*={0,2}") || text.length() % 4 != 0) {
-            return null;
-        }
-        return Base64.decode(text);
     }
 }

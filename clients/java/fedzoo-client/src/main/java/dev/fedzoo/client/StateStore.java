@@ -28,7 +28,8 @@ import dev.fedzoo.secagg.SignedRounds;
  * line → the id of the card accepted at that version: no second card for one line and version) and
  * {@code revocation_list} (the newest operator's {@link RevocationList} verified: the revoked cards that
  * {@link FedzooClient#verifyCard} refuses and the revoked device keys that {@link NeighbourTrust} refuses, under one
- * version) and {@code secagg_signed_rounds} (the SecAgg+ round ids the device took part in, see
+ * version), {@code privacy_terms} (the newest operator's {@link PrivacyTerms} verified, which
+ * {@link FedzooClient#noisePolicyFor} applies) and {@code secagg_signed_rounds} (the SecAgg+ round ids the device took part in, see
  * {@link #claimSignedRound}), each changed only by a compare-and-swap under an exclusive lock on {@code state.lock}
  * ({@link #change}), so two processes cannot write an older version or list over a newer one;</li>
  * <li>{@code pending/<round>.npz} + {@code pending/<round>.json}: an update trained but not yet confirmed by
@@ -41,6 +42,7 @@ public final class StateStore {
     static final String ACCEPTED_VERSIONS = "accepted_line_versions";
     static final String ACCEPTED_CARDS = "accepted_line_cards";
     static final String REVOCATION_LIST = "revocation_list";
+    static final String PRIVACY_TERMS = "privacy_terms";
     static final String SIGNED_ROUNDS = "secagg_signed_rounds";
     private final File directory;
     private final File pendingDirectory;
@@ -204,6 +206,28 @@ public final class StateStore {
             JSONObject held = state.optJSONObject(REVOCATION_LIST);
             RevocationList verified = RevocationList.verify(document, keys, held == null ? null : RevocationList.held(held));
             state.put(REVOCATION_LIST, verified.document());
+            return verified;
+        });
+    }
+
+    /** The newest privacy terms this device verified, or null. */
+    public synchronized PrivacyTerms privacyTerms() {
+        JSONObject held = load().optJSONObject(PRIVACY_TERMS);
+        return held == null ? null : PrivacyTerms.held(held);
+    }
+
+    /**
+     * Verifies served (or app-bundled) privacy terms against {@code keys} (the pinned operator keys, by key id) and
+     * keeps them when newer than the ones held, under {@code state.lock}; {@link CardSignatureException} for terms
+     * none of those keys signed, older ones ({@code rollback}) or others under the held version
+     * ({@code version_reused}).
+     */
+    public synchronized PrivacyTerms holdPrivacyTerms(Map<String, Ed25519PublicKeyParameters> keys,
+            JSONObject document) {
+        return change("keep the privacy terms", state -> {
+            JSONObject held = state.optJSONObject(PRIVACY_TERMS);
+            PrivacyTerms verified = PrivacyTerms.verify(document, keys, held == null ? null : PrivacyTerms.held(held));
+            state.put(PRIVACY_TERMS, verified.document());
             return verified;
         });
     }

@@ -8,6 +8,7 @@ import java.nio.ByteOrder;
 import org.json.JSONObject;
 
 import dev.fedzoo.InvalidInputException;
+import dev.fedzoo.client.PrivacyTerms;
 import dev.fedzoo.secagg.ProtocolViolation;
 
 /**
@@ -59,6 +60,14 @@ public final class DistributedNoise {
             this.minimumNoiseMultiplier = minimumNoiseMultiplier;
         }
 
+        /** What both policies require (the owner's and the operator's privacy terms), as Python's {@code stricter}. */
+        public Policy stricter(Policy other) {
+            Double floor = minimumNoiseMultiplier == null ? other.minimumNoiseMultiplier
+                    : other.minimumNoiseMultiplier == null ? minimumNoiseMultiplier
+                    : Double.valueOf(Math.max(minimumNoiseMultiplier, other.minimumNoiseMultiplier));
+            return new Policy(requireDistributed || other.requireDistributed, floor);
+        }
+
         /** Central noise allowed, no floor (Python's default). */
         public static Policy permissive() {
             return new Policy(false, null);
@@ -100,6 +109,32 @@ public final class DistributedNoise {
         if (policy.minimumNoiseMultiplier != null && noise.noiseMultiplier < policy.minimumNoiseMultiplier) {
             throw new ProtocolViolation("noise multiplier " + noise.noiseMultiplier + " is below this device's floor "
                     + policy.minimumNoiseMultiplier, "noise_below_floor");
+        }
+    }
+
+    /**
+     * The policy for a round on {@code lineId}, as Python's {@code policy_for}: {@code own} (the owner's), made at
+     * least as strict as the operator's privacy terms for the line; {@code own} where the terms are null or do not
+     * cover the line.
+     */
+    public static Policy policyFor(PrivacyTerms terms, String lineId, Policy own) {
+        Double floor = terms == null ? null : terms.minimumNoiseMultiplierFor(lineId);
+        return floor == null ? own : own.stricter(new Policy(true, floor));
+    }
+
+    /**
+     * Before training, as Python's {@code check_task_privacy}: {@link ProtocolViolation}
+     * {@code noise_not_distributed} for a task that cannot carry the device's own noise where the policy requires it
+     * (no DP clipping or no SecAgg+). The noise request is checked once the SecAgg+ config is fixed ({@link #check}).
+     */
+    public static void checkTaskPrivacy(JSONObject privacy, Policy policy) {
+        if (!policy.requireDistributed) {
+            return;
+        }
+        if (privacy == null || privacy.isNull("clip_norm") || privacy.optJSONObject("secure_aggregation") == null) {
+            throw new ProtocolViolation("this device requires distributed DP under SecAgg+ on this line (the "
+                    + "operator's privacy terms or its owner's policy), and the round asks for no DP or no SecAgg+ (the "
+                    + "update would leave without this device's noise)", "noise_not_distributed");
         }
     }
 

@@ -25,6 +25,7 @@ import dev.fedzoo.client.StopSignal;
 import dev.fedzoo.client.Timestamps;
 import dev.fedzoo.codec.UpdateCodec;
 import dev.fedzoo.dp.Clipping;
+import dev.fedzoo.dp.DistributedNoise;
 import dev.fedzoo.edge.Adam;
 import dev.fedzoo.edge.EdgeSession;
 import dev.fedzoo.edge.FloatTensor;
@@ -32,6 +33,7 @@ import dev.fedzoo.edge.OnnxInitializers;
 import dev.fedzoo.edge.Optimizer;
 import dev.fedzoo.edge.Sgd;
 import dev.fedzoo.edge.Trainer;
+import dev.fedzoo.secagg.ProtocolViolation;
 import dev.fedzoo.secagg.SecAggBounds;
 
 /**
@@ -274,6 +276,15 @@ public final class Participation {
                 return outcome(roundId, "stopped");
             }
             byte[] graph = BlobCache.readBytes(client.download(work.getString("training_graph_url"), work.getString("training_graph_sha256")));
+            JSONObject privacy = work.optJSONObject("privacy");
+            DistributedNoise.Policy policy;
+            try { // after the card verified (signed cards required): its line is the one the terms are checked for
+                policy = SecureParticipation.roundNoisePolicy(client, card.lineId(), privacy);
+            } catch (ProtocolViolation refused) {
+                String outcome = new SecureParticipation(client, bounds, trustedSigningKeys).decline(roundId,
+                        refused.reason(), refused.getMessage(), 0).outcome;
+                return new ParticipationResult(roundId, outcome, 0, 0, Collections.<String, Double>emptyMap(), null);
+            }
             TrainingResult trained;
             try {
                 trained = trainLocally(graph, model, card, work.getJSONObject("training"), data, shuffled(seed), stop, threads);
@@ -286,11 +297,10 @@ public final class Participation {
                 // the server would refuse it (422); a model that diverged here is no update worth the bytes
                 return new ParticipationResult(roundId, "diverged", 0, data.size(), trained.metrics, null);
             }
-            JSONObject privacy = work.optJSONObject("privacy");
             Map<String, FloatTensor> delta = privacy != null ? privateDelta(trained.delta, privacy) : trained.delta;
             if (privacy != null && privacy.optJSONObject("secure_aggregation") != null) {
                 SecureParticipation.Outcome secure = new SecureParticipation(client, bounds, trustedSigningKeys).takePart(
-                        work, SecureParticipation.ringInputOf(delta, data.size(), random, client.noisePolicy(),
+                        work, SecureParticipation.ringInputOf(delta, data.size(), random, policy,
                                 bounds, withinClipNorm(trained.delta, privacy)),
                         new SecureParticipation.CheckIn() {
                             public JSONObject checkIn() {

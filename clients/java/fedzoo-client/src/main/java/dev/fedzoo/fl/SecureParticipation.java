@@ -8,6 +8,7 @@ import org.json.JSONObject;
 
 import dev.fedzoo.FedzooException;
 import dev.fedzoo.client.ApiException;
+import dev.fedzoo.client.CardSignatureException;
 import dev.fedzoo.client.FedzooClient;
 import dev.fedzoo.client.StopSignal;
 import dev.fedzoo.dp.DistributedNoise;
@@ -115,6 +116,27 @@ public final class SecureParticipation {
         return extended;
     }
 
+    /**
+     * Before training on {@code lineId}, as Python's {@code round_noise_policy}: the policy this round must meet (the
+     * owner's, made stricter by the operator's privacy terms, fetched first where the device pins operator keys), with
+     * the task checked against it ({@link DistributedNoise#checkTaskPrivacy}); {@link ProtocolViolation}
+     * {@code bad_privacy_terms} for served terms no operator key signed, older than or different under the version of
+     * the terms held, and the task's refusal otherwise.
+     */
+    public static DistributedNoise.Policy roundNoisePolicy(FedzooClient client, String lineId, JSONObject privacy) {
+        if (client.neighbourTrust() != null) {
+            try {
+                client.refreshPrivacyTerms();
+            } catch (CardSignatureException refused) {
+                throw new ProtocolViolation("the server's privacy terms are refused (" + refused.reason() + "): "
+                        + refused.getMessage(), "bad_privacy_terms");
+            }
+        }
+        DistributedNoise.Policy policy = client.noisePolicyFor(lineId);
+        DistributedNoise.checkTaskPrivacy(privacy, policy);
+        return policy;
+    }
+
     /** Answers every SecAgg+ stage the server asks of this device in the round of {@code work}. */
     public Outcome takePart(JSONObject work, RingSource input, CheckIn checkIn, StopSignal stop) {
         long roundId = work.optLong("round_id");
@@ -215,7 +237,8 @@ public final class SecureParticipation {
         }
     }
 
-    private Outcome decline(long roundId, String reason, String message, long sent) {
+    /** Tells the server why this device stops (the round records it); "refused: <reason>" either way. */
+    public Outcome decline(long roundId, String reason, String message, long sent) {
         try {
             client.declineTask(roundId, reason, message);
         } catch (FedzooException unrecorded) {

@@ -889,4 +889,46 @@ class LiveServerTest {
         }
         assertTrue(republished >= 1, view.toString());
     }
+
+    /**
+     * The operator's signed privacy terms on the live server: every line trains only under distributed DP with
+     * z of at least 2.0. A distributed-DP round planned at z = 1.5 (what a server lowering z would ask) is refused by
+     * default Java devices (no noise policy of their owner's), through the SDK's own participation, and the round
+     * fails with no output. Last: the terms stay published for every later round.
+     */
+    @Test
+    @Order(20)
+    void defaultJavaDevicesRefuseARoundBelowTheOperatorsSignedTermsFloor() throws Exception {
+        JSONObject every = new JSONObject().put("*", new JSONObject().put("mode", "distributed")
+                .put("minimum_noise_multiplier", 2.0));
+        assertEquals(1, server.command(new JSONObject().put("cmd", "publish_privacy_terms").put("version", 1)
+                .put("lines", every)).getInt("version"));
+        long roundId = startRound(3, "{\"privacy\": {\"secure_aggregation\": {\"neighbour_count\": 2, "
+                + "\"threshold\": 2, \"stage_deadline_s\": 4, \"levels\": 32767}, \"dp\": {\"max_epsilon\": 50, "
+                + "\"clip_norm\": 0.5, \"noise_multiplier\": 1.5, \"noise\": \"distributed\"}}, "
+                + "\"poll_interval_s\": 0.1, \"deadline_s\": 20}");
+        final List<ParticipationResult> results = java.util.Collections.synchronizedList(
+                new java.util.ArrayList<ParticipationResult>());
+        List<Thread> devices = new java.util.ArrayList<Thread>();
+        for (int i = 0; i < 3; i++) {
+            final FedzooClient device = certifiedDevice();
+            final int shard = i;
+            devices.add(new Thread(() -> results.add(new Participation(device, null).participateOnce("digits",
+                    server.shard(shard), UpdateCodec.Encoding.FP32, null, null))));
+        }
+        for (Thread device : devices) {
+            device.start();
+        }
+        for (Thread device : devices) {
+            device.join(120_000);
+        }
+        assertEquals(3, results.size());
+        for (ParticipationResult result : results) {
+            assertEquals("refused: noise_below_floor", result.outcome, result.toString());
+            assertEquals(Long.valueOf(roundId), result.roundId);
+        }
+        JSONObject view = waitUntilFinished(roundId);
+        assertEquals("failed", view.getString("state"), view.toString());
+        assertTrue(view.isNull("result_model_id"), view.toString());
+    }
 }
