@@ -377,7 +377,8 @@ def test_a_masked_vector_of_the_wrong_length_is_refused_naming_it(simulation, fe
         round_row = session.get(FLRound, round_id)
         late_worker.start_stages(session, round_row, RoundConfig.model_validate_json(round_row.config_json),
                                  lambda _device: secure_rounds.SeatGroup("", vector_length))
-    view = simulation.admin.wait_for_round(round_id, timeout_s=60)  # no masked vector came: at the stage's deadline the round is aborted
+    # no masked vector came: at the stage's deadline the round is aborted
+    view = simulation.admin.wait_for_round(round_id, timeout_s=60)
     assert (view["state"], view["outcome"]["failure"]) == (
         "failed", "secure aggregation aborted after 'masked_input': only 0 masked inputs arrived; the round needs 5")
 
