@@ -12,11 +12,15 @@ These live here, not in `FedzooClient`: a device never holds the admin token, so
 from __future__ import annotations
 
 import hashlib
+import time
+from datetime import datetime, timezone
 from typing import Any
 
 from fedzoo.cards import ModelCard
 from fedzoo.clients.client import FedzooClient
 from fedzoo.clients.metered import MeteredBytes
+
+RUNNING = ("open", "collecting", "aggregating")  # a round's states before it has closed or failed
 
 
 class OperatorClient(FedzooClient):
@@ -34,6 +38,19 @@ class OperatorClient(FedzooClient):
         """Start a zoo-wide plan on the zoo's supernet card (POST /v1/fl/zoo-rounds)."""
         return self.http.request("POST", "/v1/fl/zoo-rounds", json=config, expected=(201,),
                                  headers=_bearer(admin_token)).json()
+
+    def wait_for_round(self, round_id: int, timeout_s: float | None = None) -> dict[str, Any]:
+        """The round's view (GET /v1/fl/rounds/<id>) once it has closed or failed; still running after `timeout_s`,
+        as it is then (the caller's check of its `state` says so). Short polls: at fleet scale a round's own work is
+        seconds and every poll's wait adds to it; a running round is read again no later than just past its
+        deadline, when the server ends it."""
+        give_up = None if timeout_s is None else time.monotonic() + timeout_s
+        view = self.fl_round(round_id)
+        while view["state"] in RUNNING and (give_up is None or time.monotonic() < give_up):
+            until_deadline_s = _seconds_until(view["deadline_at"])
+            time.sleep(0.05 if view["state"] == "aggregating" else min(0.25, until_deadline_s + 0.05))
+            view = self.fl_round(round_id)
+        return view
 
     def create_enrollment_token(self, admin_token: str, max_uses: int = 1, expires_in_s: int | None = None,
                                 label: str | None = None, device_class: str | None = None) -> dict[str, Any]:
@@ -62,3 +79,7 @@ class OperatorClient(FedzooClient):
 
 def _bearer(admin_token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {admin_token}"}
+
+
+def _seconds_until(moment: str) -> float:
+    return max(0.0, (datetime.fromisoformat(moment) - datetime.now(timezone.utc)).total_seconds())

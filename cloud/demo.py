@@ -312,15 +312,6 @@ def _python_zoo_device(run: DemoRun, name: str, device_class: str | None, enroll
     return device
 
 
-def _wait_for_round(admin: OperatorClient, round_id: int) -> dict:
-    """The round's view once it has closed or failed."""
-    view = admin.fl_round(round_id)
-    while view["state"] in ("open", "collecting", "aggregating"):
-        time.sleep(0.2)
-        view = admin.fl_round(round_id)
-    return view
-
-
 def stage_zoo_round(run: DemoRun) -> str:
     """One zoo-wide round (docs/zoo-federated.md): two tiers of devices train the subnets their lookups pick, and
     every zoo model is re-extracted from the improved supernet and re-published behind the accuracy gate."""
@@ -339,7 +330,7 @@ def stage_zoo_round(run: DemoRun) -> str:
         with _python_zoo_device(run, f"zoo-device-{index}", DEVICE_CLASS if index % 2 == 0 else None,
                                 enrollment_token) as device:
             participate_once(device, run.dataset, run.federation.client_data(index), "fp32")
-    view = _wait_for_round(admin, round_id)
+    view = admin.wait_for_round(round_id)
     admin.close()
     outcome = (view.get("outcome") or {}).get("zoo")
     if outcome is None:
@@ -474,7 +465,7 @@ def stage_java_device(run: DemoRun) -> str:
     with ThreadPoolExecutor(max_workers=2) as pool:  # SecAgg+ devices answer each stage together
         python_outcomes = list(pool.map(python_device, (1, 2)))
     java_result = _java_participation_result(java_device)
-    view = _wait_for_round(admin, round_id)
+    view = admin.wait_for_round(round_id)
     admin.close()
     return (f"Java device ran {ran['model_id']} at test accuracy {ran['accuracy']:.4f}; with it "
             f"({java_result['outcome']}) and two Python devices ({', '.join(python_outcomes)}), SecAgg+ round "
@@ -536,7 +527,7 @@ def stage_private_zoo_round(run: DemoRun) -> str:
     for device in devices:
         device.close()
     java = f", the Java device ({_java_participation_result(java_device)['outcome']})" if java_device else ""
-    view = _wait_for_round(admin, round_id)
+    view = admin.wait_for_round(round_id)
     outcome = view.get("outcome") or {}
     if outcome.get("zoo") is None:
         admin.close()

@@ -418,12 +418,7 @@ class Simulation:
         else:
             results = self.executor.map(_do_work, context, work)
         worked = time.perf_counter()
-        view = self.admin.fl_round(round_id)
-        while view["state"] in ("open", "collecting", "aggregating"):
-            deadline = view["deadline_at"]
-            # short polls: at fleet scale a round's own work is seconds, and every poll's wait adds to it
-            time.sleep(0.05 if view["state"] == "aggregating" else min(0.25, _seconds_until(deadline) + 0.05))
-            view = self.admin.fl_round(round_id)
+        view = self.admin.wait_for_round(round_id)
         accuracy = None
         if view["result_model_id"] is not None:
             accuracy = self.admin.card(view["result_model_id"]).metrics.accuracy
@@ -449,9 +444,3 @@ class Simulation:
                 break
             round_id = self.admin.fl_round(round_id)["next_round_id"]
         return records
-
-
-def _seconds_until(moment: str) -> float:
-    from datetime import datetime, timezone
-
-    return max(0.0, (datetime.fromisoformat(moment) - datetime.now(timezone.utc)).total_seconds())

@@ -26,6 +26,13 @@ def rounds_in(line: str) -> list[tuple[str, int]]:
     return [("closed", int(m[3])) if m[2] else ("failed", int(m[6])) for m in ROUND.finditer(line)]
 
 
+def check_improved_headline(zoo_round: str) -> None:
+    """A zoo-wide round's line states each zoo model's accuracy "before -> after (", and says "every zoo model
+    improved" exactly when each one did."""
+    changes = [float(after) - float(before) for before, after in re.findall(r"([\d.]+) -> ([\d.]+) \(", zoo_round)]
+    assert changes and ("every zoo model improved" in zoo_round) == all(change > 0 for change in changes), zoo_round
+
+
 def run_in_own_process_group(command: list[str], cwd, timeout_s: float) -> subprocess.CompletedProcess:
     """`subprocess.run` whose timeout ends the whole process group: the server the demo started goes with it
     instead of outliving a failed test."""
@@ -64,16 +71,13 @@ def test_the_demo_from_a_relative_default_workdir_runs_every_stage_and_publishes
         assert "skipped (--skip-java)" in java
     assert "zoo models got a new version" in output and "subnets" in output
     zoo_round = output[output.index("▶ a zoo-wide round"):output.index("▶ a Java SDK device")]
-    changes = [float(after) - float(before) for before, after in re.findall(r"([\d.]+) -> ([\d.]+) \(", zoo_round)]
-    assert changes and ("every zoo model improved" in zoo_round) == all(change > 0 for change in changes)
+    check_improved_headline(zoo_round)
     private = output[output.index("▶ a private zoo-wide round"):]
     assert re.search(r"private zoo-wide round \d+ closed with (5|6) Python devices", private), private
     assert ("the Java device (accepted)" in private) == has_java
     epsilon = float(re.search(r"every zoo model's line was charged epsilon ([\d.]+) at delta 1e-05", private)[1])
     assert 0 < epsilon <= 8  # the plan's budget
-    private_changes = [float(after) - float(before)
-                       for before, after in re.findall(r"([\d.]+) -> ([\d.]+) \(", private)]
-    assert private_changes and ("every zoo model improved" in private) == all(c > 0 for c in private_changes)
+    check_improved_headline(private)
     stated = [float(value) for value in re.findall(r"states epsilon ([\d.]+)", private)]
     assert all(value == pytest.approx(epsilon, abs=0.01) for value in stated)  # a fresh line: this round's epsilon
     assert (len(stated) == 0) == ("the gate kept every parent" in private)
@@ -102,6 +106,8 @@ def test_the_zoo_round_headline_says_every_model_improved_only_when_every_one_di
     assert rose.startswith("every zoo model improved (2 of 2)")
     unchanged = demo_module.zoo_round_summary(_zoo_outcome([(0.90, 0.93), (0.80, 0.80)]))
     assert unchanged.startswith("1 of 2 zoo models improved, 0 fell")
+    for summary in (fell, rose, unchanged):  # what the full demo test reads of its two zoo-wide rounds
+        check_improved_headline(summary)
     withheld = {name: value for name, value in _zoo_outcome([(0.90, 0.93)]).items()  # a DP round's view
                 if name not in ("devices_per_zoo_model", "coverage")}
     assert demo_module.zoo_round_summary(withheld) == (

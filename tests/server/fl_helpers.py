@@ -1,9 +1,8 @@
-"""Helpers of the federated-round tests: a device client, a round config, honest deltas, a raw upload, waiting
-for a round to end."""
+"""Helpers of the federated-round tests: a device client, a round config, honest deltas, a raw upload (waiting
+for a round to end is `OperatorClient.wait_for_round`)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -78,13 +77,3 @@ def upload(client: FedzooClient, task: dict[str, Any], delta: dict[str, np.ndarr
                 "metrics": {"accuracy": 0.5, "loss": 1.0} if metrics is None else metrics}
     return client.upload_update(task["upload"]["url"], metadata, encode_update(delta, encoding))
 
-
-def wait_for_round_end(admin: FedzooClient, round_id: int, timeout_s: float = 60) -> dict[str, Any]:
-    """The round's view once it is closed or failed; still running after `timeout_s`, as it is (the caller's
-    assert on the state then says so)."""
-    give_up = time.monotonic() + timeout_s
-    view = admin.fl_round(round_id)
-    while view["state"] in ("open", "collecting", "aggregating") and time.monotonic() < give_up:
-        time.sleep(0.1)
-        view = admin.fl_round(round_id)
-    return view

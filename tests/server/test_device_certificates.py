@@ -27,7 +27,7 @@ from fedzoo.server.card_keys import SERVER_KEY_FILE
 from fedzoo.server.fl import secure_rounds
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.signing import CardSigningKey
-from fl_helpers import device_client, digits_federation, round_config, wait_for_round_end
+from fl_helpers import device_client, digits_federation, round_config
 
 ADMIN, VIEWER = DEFAULT_ADMIN_TOKEN, "viewer-token-for-certificate-tests-0123456789"
 DEVICES = 6
@@ -64,11 +64,7 @@ def sdk_round(simulation, federation, config, clients=None, extra_threads=()):
         thread.start()
     for thread in [*threads, *extra_threads]:
         thread.join(timeout=120)
-    return [result.outcome for result in results], wait_for_end(simulation, round_id)
-
-
-def wait_for_end(simulation, round_id, timeout_s=60):
-    return wait_for_round_end(simulation.admin, round_id, timeout_s)
+    return [result.outcome for result in results], simulation.admin.wait_for_round(round_id, timeout_s=60)
 
 
 def test_certified_sdk_devices_run_a_secure_round_that_publishes(simulation, federation):
@@ -164,7 +160,7 @@ def test_neighbours_refuse_a_device_whose_key_the_operator_revoked(simulation, f
     round_id = simulation.start_plan(secure_config(deadline_s=3))
     answer = clients[5].fl_task(federation.card.task)  # an honest server no longer seats it
     assert answer["task"] is None and answer["reason"].startswith("key_revoked"), answer
-    wait_for_end(simulation, round_id)
+    simulation.admin.wait_for_round(round_id, timeout_s=60)
     monkeypatch.setattr(server_certificates, "seat_refusal", lambda *_args: None)  # a server that seats it anyway
     outcomes, _ = sdk_round(simulation, federation, secure_config(deadline_s=10), clients)
     assert outcomes.count("refused: revoked_key") == 4  # device 5's k = 4 neighbours

@@ -18,7 +18,7 @@ from fedzoo.errors import InvalidInputError
 from fedzoo.server.fl import secure_rounds
 from fedzoo.server.fl.distributed_dp import bits_needed, noise_request
 from fedzoo.server.fl.schemas import RoundConfig
-from fl_helpers import device_client, round_config, wait_for_round_end
+from fl_helpers import device_client, round_config
 
 DEVICES = 8  # k = 6, t = 5 as in test_fl_secure_rounds.py
 POLL_S = 0.05
@@ -56,7 +56,7 @@ def sdk_round(simulation, federation, config, policy=NoisePolicy()):
         thread.start()
     for thread in threads:
         thread.join(timeout=120)
-    return round_id, results, wait_for_round_end(simulation.admin, round_id, 60)
+    return round_id, results, simulation.admin.wait_for_round(round_id, timeout_s=60)
 
 
 def test_a_distributed_dp_round_publishes_a_card_with_the_accountants_epsilon(simulation, federation, monkeypatch):

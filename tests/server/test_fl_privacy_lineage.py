@@ -13,7 +13,7 @@ from fedzoo.dp.accountant import epsilon_of_events
 from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.edge.trainer import write_parameters
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN
-from fl_helpers import device_client, honest_delta, round_config, upload, wait_for_round_end
+from fl_helpers import device_client, honest_delta, round_config, upload
 
 ADMIN = DEFAULT_ADMIN_TOKEN
 DP = {"max_epsilon": 8, "delta": 1e-5, "clip_norm": 0.1, "noise_multiplier": 2.0}
@@ -37,7 +37,7 @@ def _run_round(simulation, federation, round_id, scale=0.05):
         task = client.fl_task(federation.card.task)["task"]
         model = client.download(task["model_url"], task["model_sha256"]).read_bytes()
         upload(client, task, honest_delta(model, scale))
-    view = wait_for_round_end(simulation.admin, round_id)
+    view = simulation.admin.wait_for_round(round_id, timeout_s=60)
     assert view["state"] == "closed", view["outcome"]
     return view
 

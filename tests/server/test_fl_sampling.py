@@ -11,7 +11,7 @@ import pytest
 from fedzoo.cloud.simulation import prepare_federation
 from fedzoo.dp.accountant import epsilon_after, noise_multiplier_for
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN
-from fl_helpers import device_client, honest_delta, round_config, upload, wait_for_round_end
+from fl_helpers import device_client, honest_delta, round_config, upload
 
 DP = {"max_epsilon": 8, "delta": 1e-5, "clip_norm": 0.1}
 ALMOST_ALWAYS = 0.999999  # sampled (q < 1), yet a device's tails is a one-in-a-million event
@@ -89,7 +89,7 @@ def test_a_sampled_round_closes_its_window_aggregates_and_states_q(simulation, f
         assert task is not None and task["round_id"] == round_id
         model = client.download(task["model_url"], task["model_sha256"]).read_bytes()
         upload(client, task, honest_delta(model, 0.05))
-    view = wait_for_round_end(simulation.admin, round_id, timeout_s=30)
+    view = simulation.admin.wait_for_round(round_id, timeout_s=30)
     assert view["state"] == "closed", view["outcome"]
     # both seated devices uploaded, but a sampled cohort is complete only once its selection window ended
     assert (datetime.fromisoformat(view["finished_at"]) - datetime.fromisoformat(view["created_at"])
@@ -111,7 +111,7 @@ def test_a_sampled_round_aggregates_once_every_seated_device_uploaded_or_decline
     for client, task in zip(clients[:2], tasks):
         model = client.download(task["model_url"], task["model_sha256"]).read_bytes()
         upload(client, task, honest_delta(model, 0.05))
-    view = wait_for_round_end(simulation.admin, round_id, timeout_s=30)  # long before the 50 s window's end
+    view = simulation.admin.wait_for_round(round_id, timeout_s=30)  # long before the 50 s window's end
     assert view["state"] == "closed", view["outcome"]
 
 
@@ -123,7 +123,7 @@ def test_a_quarantined_device_does_not_hold_selection_open(simulation, federatio
     for index, scale in ((0, 0.001), (1, 0.002), (2, 50.0)):  # device 2's outlier is left out: quarantined
         client = device_client(simulation, index)
         upload(client, client.fl_task(federation.card.task)["task"], honest_delta(federation.model, scale))
-    assert wait_for_round_end(simulation.admin, plain)["state"] == "closed"
+    assert simulation.admin.wait_for_round(plain, timeout_s=60)["state"] == "closed"
     round_id = simulation.start_plan(_plan(federation.card.id, dp={"sampling_probability": ALMOST_ALWAYS},
                                            selection_window_s=50, deadline_s=100))
     for index in range(2):

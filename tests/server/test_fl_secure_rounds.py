@@ -6,7 +6,7 @@ import json
 import os
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import httpx
 import numpy as np
@@ -20,6 +20,7 @@ from fedzoo.edge.onnx_initializers import read_float_initializers
 from fedzoo.errors import InvalidInputError
 from fedzoo.secagg import SecAggClient, SecAggConfig, dequantise_sum, flatten, quantise, signatures, unflatten
 from fedzoo.secagg.crypto import MASK_DTYPES
+from fedzoo.secagg.errors import RoundAborted
 from fedzoo.secagg.framing import decode_unmask
 from fedzoo.server.db import Database
 from fedzoo.server.fl import secure_rounds
@@ -28,7 +29,7 @@ from fedzoo.server.fl.root_trust import train_root_update
 from fedzoo.server.fl.schemas import RoundConfig, TrainingConfig
 from fedzoo.server.fl.tables import FLRound
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
-from fl_helpers import device_client, ready_simulation, round_config, wait_for_round_end
+from fl_helpers import device_client, ready_simulation, round_config
 from server_helpers import fresh_postgres_database
 from sqlalchemy import create_engine, text
 
@@ -115,10 +116,6 @@ def scripted_devices(simulation, federation, per_device):
     return devices
 
 
-def wait_for_end(simulation, round_id, timeout_s=60):
-    return wait_for_round_end(simulation.admin, round_id, timeout_s)
-
-
 def run_scripted_round(simulation, federation, config, per_device=None):
     round_id = simulation.start_plan(config)
     devices = scripted_devices(simulation, federation, per_device or {})
@@ -127,7 +124,7 @@ def run_scripted_round(simulation, federation, config, per_device=None):
     for device in devices:
         device.join(timeout=90)
     assert [device.error for device in devices] == [None] * DEVICES
-    return round_id, devices, wait_for_end(simulation, round_id)
+    return round_id, devices, simulation.admin.wait_for_round(round_id, timeout_s=60)
 
 
 def expected_parameters(federation, view, survivors):
@@ -206,7 +203,7 @@ def sdk_round(simulation, federation, config):
         thread.start()
     for thread in threads:
         thread.join(timeout=120)
-    return round_id, results, wait_for_end(simulation, round_id)
+    return round_id, results, simulation.admin.wait_for_round(round_id, timeout_s=60)
 
 
 def test_sdk_devices_run_a_secure_round_that_publishes(simulation, federation):
@@ -214,7 +211,11 @@ def test_sdk_devices_run_a_secure_round_that_publishes(simulation, federation):
     assert [result.outcome for result in results] == ["accepted"] * DEVICES
     assert view["state"] == "closed", view["outcome"]
     assert view["outcome"]["secure_aggregation"]["survivors"] == DEVICES
-    assert view["outcome"]["aggregated_updates"] == DEVICES  # the count the unmasked sum holds
+    # the count the unmasked sum holds, for each of the outcome's counts (no update was screened out: the server
+    # sees none of them)
+    outcome = view["outcome"]
+    assert (outcome["accepted_updates"], outcome["aggregated_updates"], outcome["screening"]["counted"]) == (
+        DEVICES, DEVICES, DEVICES)
     # the card's privacy claim: SecAgg+ and no DP, stated under the key a verifier reads
     card = simulation.admin.card(view["result_model_id"])
     assert card.details["federated"]["privacy"] == {"secure_aggregation": True, "dp": None}
@@ -376,9 +377,60 @@ def test_a_masked_vector_of_the_wrong_length_is_refused_naming_it(simulation, fe
         round_row = session.get(FLRound, round_id)
         late_worker.start_stages(session, round_row, RoundConfig.model_validate_json(round_row.config_json),
                                  lambda _device: secure_rounds.SeatGroup("", vector_length))
-    view = wait_for_end(simulation, round_id)  # no masked vector came: at the stage's deadline the round is aborted
+    # no masked vector came: at the stage's deadline the round is aborted
+    view = simulation.admin.wait_for_round(round_id, timeout_s=60)
     assert (view["state"], view["outcome"]["failure"]) == (
         "failed", "secure aggregation aborted after 'masked_input': only 0 masked inputs arrived; the round needs 5")
+
+
+def test_closing_a_stage_moves_only_its_round_gives_the_next_stage_its_own_deadline_and_a_cohort_of_three_sums(
+        simulation, federation, server):
+    """Two SecAgg+ rounds at one stage on one server, each a cohort of exactly SecAgg+'s least (3 devices): a
+    worker closing the first round's stage moves that round alone, and the stage it opens has its own
+    `stage_deadline_s` from the moment it opened; the second round's cohort of three still sums exactly."""
+    config = secure_config(min_clients=3, target_clients=3, privacy={"secure_aggregation": {
+        "neighbour_count": 2, "clip_range": 0.05, "stage_deadline_s": 20}})
+    first, second = simulation.start_plan(config), simulation.start_plan(config)
+    for index in range(6):  # each round seats three: selection closes and its cohorts form
+        device_client(simulation, index).fl_task(federation.card.task)
+    views = [device_client(simulation, index).fl_task(federation.card.task)["task"] for index in range(6)]
+    assert [view["round_id"] for view in views] == [first] * 3 + [second] * 3
+    secure = [view["privacy"]["secure_aggregation"] for view in views]
+    assert [(view["stage"], view["client"], view["config"]["num_clients"]) for view in secure] == [
+        ("advertise_keys", client, 3) for client in (0, 1, 2)] * 2  # a group of exactly 3 forms a cohort
+    # a worker closes the first round's stage 7 s on (as at its deadline, none of its devices having replied)
+    opened_at = datetime.now(timezone.utc) + timedelta(seconds=7)
+    worker = secure_rounds.PrivateRounds(Database(f"sqlite:///{server.data_dir / 'registry.db'}"), lambda: opened_at)
+    with pytest.raises(RoundAborted) as aborted:
+        worker.close_stage(first, "advertise_keys")
+    assert (str(aborted.value), aborted.value.clients) == (
+        "only 0 devices completed 'advertise_keys'; the cohort needs 3", [])
+    moved = device_client(simulation, 0).fl_task(federation.card.task)["task"]["privacy"]["secure_aggregation"]
+    assert moved["stage"] == "share_keys"
+    assert abs(datetime.fromisoformat(moved["stage_deadline_at"]) - (opened_at + timedelta(seconds=20))
+               ) < timedelta(milliseconds=1)
+    still = device_client(simulation, 3).fl_task(federation.card.task)["task"]["privacy"]["secure_aggregation"]
+    assert still["stage"] == "advertise_keys"  # the other round's devices have not replied yet: its stage stays
+    # the first round runs on (to its new stage's deadline): after the timeout the wait hands back its view as it is
+    assert simulation.admin.wait_for_round(first, timeout_s=0.3)["state"] == "collecting"
+    parameters = read_float_initializers(federation.model)
+    rng = np.random.default_rng(3)
+    devices = [ScriptedDevice(device_client(simulation, index), federation.card.task,
+                              {name: rng.normal(0, 0.01, value.shape).astype(np.float32)
+                               for name, value in parameters.items()}, seed=index) for index in (3, 4, 5)]
+    for device in devices:
+        device.start()
+    for device in devices:
+        device.join(timeout=60)
+    assert [device.error for device in devices] == [None] * 3
+    view = simulation.admin.wait_for_round(second, timeout_s=60)
+    assert view["state"] == "closed", view["outcome"]
+    assert view["outcome"]["secure_aggregation"]["survivors"] == 3
+    participants = simulation.admin.http.get_json(f"/v1/fl/rounds/{second}/participants")["participants"]
+    assert [entry["status"] for entry in participants if entry["status"] == "sat_out"] == []  # all 3 had a cohort
+    _, published = published_parameters(simulation, view)
+    for name, value in expected_parameters(federation, view, devices).items():
+        np.testing.assert_allclose(published[name], value, rtol=0, atol=1e-6)
 
 
 def test_a_server_restart_between_stages_loses_nothing_and_the_sum_is_exact(simulation, federation, server):
@@ -416,7 +468,7 @@ def test_a_server_restart_between_stages_loses_nothing_and_the_sum_is_exact(simu
     for device in devices:
         device.join(timeout=60)
     assert [device.error for device in devices] == [None] * DEVICES
-    view = wait_for_end(simulation, round_id)
+    view = simulation.admin.wait_for_round(round_id, timeout_s=60)
     assert view["state"] == "closed", view["outcome"]
     _, published = published_parameters(simulation, view)
     for name, value in expected_parameters(federation, view, devices).items():
@@ -454,7 +506,7 @@ def test_a_dp_plan_stops_before_its_budget_and_its_ledger_survives_a_restart(sim
             task = client.fl_task(federation.card.task)["task"]
             assert task["privacy"]["clip_norm"] == 0.1 and task["privacy"]["equal_weights"] is True
             upload(client, task, honest_delta(task_model(client, task), 0.05))  # norm > 0.1: the server clips
-        view = wait_for_end(simulation, round_id)
+        view = simulation.admin.wait_for_round(round_id, timeout_s=60)
         assert view["state"] == "closed", view["outcome"]
         cards.append(simulation.admin.card(view["result_model_id"]))
         if number == 1:
@@ -496,7 +548,7 @@ def _run_dp_round(simulation, federation, round_id):
         client = device_client(simulation, index)
         task = client.fl_task(federation.card.task)["task"]
         upload(client, task, honest_delta(task_model(client, task), 0.05))
-    view = wait_for_end(simulation, round_id)
+    view = simulation.admin.wait_for_round(round_id, timeout_s=60)
     assert view["state"] == "closed", view["outcome"]
     return simulation.admin.card(view["result_model_id"])
 
@@ -621,18 +673,25 @@ def test_a_plan_that_would_pass_the_lines_lifetime_budget_is_refused_before_it_o
     assert len(rounds["rounds"]) == 1  # nothing opened
 
 
-def test_a_second_dp_plan_on_a_line_waits_for_the_running_one(simulation, federation):
+def test_a_second_dp_plan_on_a_line_waits_for_the_running_one(simulation, federation, server):
     dp = {"max_epsilon": 8, "delta": 1e-5, "clip_norm": 0.1, "noise_multiplier": 1.5}
     plan = round_config(min_clients=3, target_clients=3, num_rounds=1, max_accuracy_drop=1.0, privacy={"dp": dp})
     running = simulation.start_plan(plan)
     with httpx.Client(base_url=simulation.admin.http.base_url, headers={"Authorization": f"Bearer {ADMIN}"}) as http:
-        busy = http.post("/v1/fl/rounds", json={**plan, "model_id": federation.card.id,
-                                                 "evaluation_sha256": simulation.evaluation_sha256})
+        post = lambda: http.post("/v1/fl/rounds", json={  # noqa: E731
+            **plan, "model_id": federation.card.id, "evaluation_sha256": simulation.evaluation_sha256})
+        busy = post()
+        # while a worker makes the round's release (aggregating: its ledger not yet recorded) the line stays busy
+        database = Database(f"sqlite:///{server.data_dir / 'registry.db'}")
+        with database.session() as session:
+            session.get(FLRound, running).state = "aggregating"
+        while_aggregating = post()
     assert busy.status_code == 409
     assert (busy.json()["error"]["code"], busy.json()["error"]["field"]) == ("line_busy", "model_id")
     # the message names the line and the round holding it: what the operator waits for
     assert f"model line {federation.card.line_id!r}" in busy.json()["error"]["message"]
     assert f"(round {running})" in busy.json()["error"]["message"]
+    assert (while_aggregating.status_code, while_aggregating.json().get("error", {}).get("code")) == (409, "line_busy")
 
 
 @pytest.mark.slow
@@ -692,7 +751,7 @@ def _race_for_the_line(simulation, database, body, line_events):
     [(holder, holder_line, ledger_json)] = holders  # one plan holds the line's ledger: the one that opened
     assert (holder, holder_line) == (opened, line_id) and repr(line_id) in refused["message"]
     assert json.loads(ledger_json)["line_events"] == json.loads(events_json) == line_events
-    assert wait_for_end(simulation, opened)["state"] == "failed"
+    assert simulation.admin.wait_for_round(opened, timeout_s=60)["state"] == "failed"
 
 
 def test_a_secure_stage_reply_to_a_round_without_secure_aggregation_is_refused_naming_the_round(simulation,
@@ -782,7 +841,7 @@ def test_a_private_round_whose_aggregate_points_away_from_the_root_update_is_ref
     for device in devices:
         device.join(timeout=90)
     assert [device.error for device in devices] == [None] * DEVICES
-    view = wait_for_end(simulation, round_id)
+    view = simulation.admin.wait_for_round(round_id, timeout_s=60)
     assert view["state"] == "failed" and view["result_model_id"] is None
     assert "root set" in json.dumps(view["outcome"]), view["outcome"]
 

@@ -25,7 +25,6 @@ from fedzoo.server.fl.distributed_dp import bits_needed, noise_request
 from fedzoo.server.fl.schemas import RoundConfig
 from fedzoo.server.fl.tables import FLSecureCohort
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN as ADMIN
-from fl_helpers import wait_for_round_end
 from test_fl_zoo_private import _refused, private_fleet, run_devices, secure_plan, stored, stored_lines
 from zoo_helpers import TINY_ZOO_GROUP, zoo_members
 
@@ -79,7 +78,7 @@ def test_a_distributed_dp_zoo_round_noises_every_cohort_on_its_devices_and_charg
         with_policy(fleet, NoisePolicy(require_distributed=True, minimum_noise_multiplier=3 * Z))
         round_id = admin.create_zoo_rounds(distributed_plan(fleet), ADMIN)["id"]
         results = run_devices(fleet)
-        view = wait_for_round_end(admin, round_id, timeout_s=300)
+        view = admin.wait_for_round(round_id, timeout_s=300)
         [cohort] = stored(fleet, FLSecureCohort, round_id)
         lines = {row.line_id: row for row in stored_lines(fleet)}
         supernet = admin.card(view["result_model_id"]) if view["result_model_id"] else None
@@ -115,7 +114,7 @@ def assert_every_device_refuses(fleet, reason: str) -> None:
     round_id = fleet["admin"].create_zoo_rounds(distributed_plan(fleet, deadline_s=30, stage_deadline_s=10),
                                                 ADMIN)["id"]
     results = run_devices(fleet)
-    view = wait_for_round_end(fleet["admin"], round_id, timeout_s=120)
+    view = fleet["admin"].wait_for_round(round_id, timeout_s=120)
     assert [result.outcome for result in results] == [f"refused: {reason}"] * 3
     assert view["state"] == "failed" and view["result_model_id"] is None
 
@@ -180,7 +179,7 @@ def test_a_server_unmasking_below_a_raised_survivor_floor_gets_no_share(zoo, tmp
             distributed_plan(fleet, deadline_s=120, stage_deadline_s=20, neighbour_count=4, survivor_fraction=1.0),
             ADMIN)["id"]
         results = run_devices(fleet)
-        view = wait_for_round_end(fleet["admin"], round_id, timeout_s=120)
+        view = fleet["admin"].wait_for_round(round_id, timeout_s=120)
         [cohort] = stored(fleet, FLSecureCohort, round_id)
     protocol = SecAggConfig.from_dict(json.loads(cohort.secagg_config_json))
     assert (protocol.num_clients, protocol.minimum_survivors, SecAggBounds().honest_survivors(protocol)) == (5, 5, 3)

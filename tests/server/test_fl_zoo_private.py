@@ -29,7 +29,7 @@ from fedzoo.server.fl import secure_rounds
 from fedzoo.server.fl.tables import FLSecureCohort, FLSecureMessage, PrivacyLine
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.signing import CardSigningKey, TrustedKeys
-from fl_helpers import OPEN_GATE, wait_for_round_end
+from fl_helpers import OPEN_GATE
 from zoo_helpers import TINY_ZOO_GROUP, publish_zoo, supernet_card, zoo_members
 
 # one test process runs every module on the session's tiny zoo (`--dist loadgroup`): built once, not once per worker
@@ -115,7 +115,7 @@ def test_each_subnet_runs_its_own_secagg_cohort_and_the_zoo_is_republished(zoo, 
     with private_fleet(zoo, tmp_path, {"tier-small": 3, "tier-large": 3}) as fleet:
         round_id = fleet["admin"].create_zoo_rounds(secure_plan(fleet), ADMIN)["id"]
         results = run_devices(fleet)
-        view = wait_for_round_end(fleet["admin"], round_id, timeout_s=300)
+        view = fleet["admin"].wait_for_round(round_id, timeout_s=300)
         cohorts = stored(fleet, FLSecureCohort, round_id)
         messages = stored(fleet, FLSecureMessage, round_id)
     assert [result.outcome for result in results] == ["accepted"] * 6
@@ -139,10 +139,11 @@ def test_each_subnet_runs_its_own_secagg_cohort_and_the_zoo_is_republished(zoo, 
 
 
 def test_a_subnet_with_fewer_than_three_devices_forms_no_cohort_and_its_device_sits_out(zoo, tmp_path):  # noqa: F811
-    with private_fleet(zoo, tmp_path, {"tier-small": 1, "tier-large": 3}) as fleet:
-        round_id = fleet["admin"].create_zoo_rounds(secure_plan(fleet), ADMIN)["id"]
+    with private_fleet(zoo, tmp_path, {"tier-small": 1, "tier-large": 4}) as fleet:
+        # min_clients counts the updates of every cohort; a cohort's own floor is SecAgg+'s least, 3, not min_clients
+        round_id = fleet["admin"].create_zoo_rounds(secure_plan(fleet, min_clients=4), ADMIN)["id"]
         results = run_devices(fleet)
-        view = wait_for_round_end(fleet["admin"], round_id, timeout_s=300)
+        view = fleet["admin"].wait_for_round(round_id, timeout_s=300)
         cohorts = stored(fleet, FLSecureCohort, round_id)
         messages = stored(fleet, FLSecureMessage, round_id)
         sat_out_card = fleet["admin"].card(next(iter(view["sat_out_devices"])))
@@ -150,16 +151,19 @@ def test_a_subnet_with_fewer_than_three_devices_forms_no_cohort_and_its_device_s
                                                     headers={"Authorization": f"Bearer {ADMIN}"})["participants"]
     victim = "tier-small-0"
     assert results[0].outcome == "refused: not_in_cohort"
-    assert [result.outcome for result in results[1:]] == ["accepted"] * 3
-    assert [len(json.loads(row.participants_json)) for row in cohorts] == [3]
+    assert [result.outcome for result in results[1:]] == ["accepted"] * 4
+    assert [len(json.loads(row.participants_json)) for row in cohorts] == [4]
+    assert json.loads(cohorts[0].secagg_config_json)["minimum_survivors"] == 3  # one of the 4 may drop out
     assert victim not in json.loads(cohorts[0].participants_json)
     assert not [row for row in messages if row.device_id == victim]  # nothing of the victim ever reached the server
     assert view["state"] == "closed", view["outcome"]
-    assert list(view["outcome"]["zoo"]["devices_per_zoo_model"].values()) == [3]
+    assert list(view["outcome"]["zoo"]["devices_per_zoo_model"].values()) == [4]
     # the operator sees who was told to sit out: one device, on the smallest model's subnet
     [(training_id, sat_out)] = view["sat_out_devices"].items()
     assert sat_out == 1 and training_id != cohorts[0].name
-    assert {entry["device_id"]: entry["status"] for entry in participants}[victim] == "sat_out"
+    [told] = [entry for entry in participants if entry["device_id"] == victim]
+    assert (told["status"], told["reason"], told["upload_bytes"]) == ("sat_out", secure_rounds.SIT_OUT, 0)
+    assert told["uploaded_at"] is not None  # when it was told to sit out
     assert sat_out_card.arch == zoo_members(zoo)[0].arch
 
 
@@ -211,7 +215,7 @@ def test_a_lying_server_building_a_victim_a_cohort_of_replayed_keys_never_gets_i
         round_id = fleet["admin"].create_zoo_rounds(secure_plan(fleet, stage_deadline_s=20, deadline_s=120),
                                                     ADMIN)["id"]
         results = run_devices(fleet)
-        view = wait_for_round_end(fleet["admin"], round_id, timeout_s=200)
+        view = fleet["admin"].wait_for_round(round_id, timeout_s=200)
         messages = stored(fleet, FLSecureMessage, round_id)
     assert results[0].outcome == "refused: bad_signature"
     assert {row.stage for row in messages if row.device_id == victim} == {"advertise_keys"}
@@ -229,7 +233,7 @@ def test_a_dp_zoo_wide_round_charges_every_republished_line_and_states_no_counts
         assert (refused.status, refused.field) == (422, "privacy.dp")
         round_id = admin.create_zoo_rounds(plan, ADMIN)["id"]
         results = run_devices(fleet)
-        view = wait_for_round_end(admin, round_id, timeout_s=300)
+        view = admin.wait_for_round(round_id, timeout_s=300)
         assert [result.outcome for result in results] == ["accepted"] * 6
         assert view["state"] == "closed", view["outcome"]
         supernet = admin.card(view["result_model_id"])
@@ -304,7 +308,7 @@ def test_a_zoo_models_line_takes_one_dp_plan_at_a_time_whether_zoo_wide_or_its_o
         refused = _refused(lambda: fleet["admin"].create_rounds(own_plan, ADMIN))
         assert (refused.status, refused.field, refused.code) == (409, "model_id", "line_busy")
         assert f"round {zoo_round}" in str(refused)
-        assert wait_for_round_end(fleet["admin"], zoo_round)["state"] == "failed"  # no device came
+        assert fleet["admin"].wait_for_round(zoo_round, timeout_s=60)["state"] == "failed"  # no device came
 
         own_round = fleet["admin"].create_rounds(own_plan, ADMIN)["id"]
         refused = _refused(lambda: fleet["admin"].create_zoo_rounds({**zoo_plan, "deadline_s": 240}, ADMIN))

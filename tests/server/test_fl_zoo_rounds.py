@@ -21,7 +21,7 @@ from sqlalchemy import create_engine, update
 from fedzoo.admin.operator_client import OperatorClient
 from fedzoo.cards import Latency, ModelCard, is_supernet
 from fedzoo.cli import cli
-from fl_helpers import OPEN_GATE, TEST_POLL_S, wait_for_round_end
+from fl_helpers import OPEN_GATE, TEST_POLL_S
 from zoo_helpers import TIERS, TINY_ZOO_GROUP, publish_zoo, supernet_card, zoo_members
 from server_helpers import fresh_postgres_database, log_in
 from fedzoo.clients.client import FedzooClient
@@ -132,7 +132,7 @@ def test_a_zoo_wide_round_improves_the_supernet_and_republishes_every_zoo_model(
         assert training_card.task.endswith(".subnet") and training_card.parent_id == supernet_card(zoo).id
         result = run_task(device, work, LocalData(split.train.x[shard], split.train.y[shard]))
         assert result.outcome == "accepted"
-    view = wait_for_round_end(admin, round_id, timeout_s=300)
+    view = admin.wait_for_round(round_id, timeout_s=300)
     assert view["state"] == "closed", view["outcome"]
     outcome = view["outcome"]["zoo"]
     # both tiers took part with different subnets: the smallest model's and a larger one's
@@ -218,7 +218,7 @@ def test_zoo_wide_rounds_lower_every_zoo_models_loss_on_the_fleets_data(fleet):
             work = device.fl_task(supernet_card(zoo).details["supernet"]["task"])["task"]
             assert work is not None and work["round_id"] == round_id
             assert run_task(device, work, LocalData(split.train.x[shard], split.train.y[shard])).outcome == "accepted"
-        view = wait_for_round_end(admin, round_id, timeout_s=300)
+        view = admin.wait_for_round(round_id, timeout_s=300)
         assert view["state"] == "closed", view["outcome"]
         next_version |= {model["model_id"]: model["new_model_id"] for model in view["outcome"]["zoo"]["models"]
                          if "new_model_id" in model}  # an INT8 variant behind its gate may not publish
@@ -247,7 +247,7 @@ def test_min_coverage_keeps_single_device_elements_out_of_the_release(fleet):
     for device, shard in zip(fleet["devices"], fleet["shards"]):
         work = device.fl_task(supernet_card(zoo).details["supernet"]["task"])["task"]
         run_task(device, work, LocalData(split.train.x[shard], split.train.y[shard]))
-    view = wait_for_round_end(admin, round_id, timeout_s=300)
+    view = admin.wait_for_round(round_id, timeout_s=300)
     assert view["state"] == "closed", view["outcome"]
     coverage = view["outcome"]["zoo"]["coverage"]
     # two devices per tier: elements only the large tier holds are covered twice, below 3: never released
@@ -381,7 +381,7 @@ def test_a_zoo_plan_gating_on_the_best_version_refuses_one_worse_than_its_lines_
     worse = admin.create_zoo_rounds(_plan(fleet, learning_rate=0.5, gate={"compare_with": "parent"}),
                                     DEFAULT_ADMIN_TOKEN)["id"]
     _train_every_device(fleet, worse, labels=np.random.default_rng(0).permutation(split.train.y))
-    worse_view = wait_for_round_end(admin, worse, timeout_s=300)
+    worse_view = admin.wait_for_round(worse, timeout_s=300)
     assert worse_view["state"] == "closed", worse_view["outcome"]
     dropped = {model["new_model_id"]: model for model in worse_view["outcome"]["zoo"]["models"]
                if model["published"] and model["accuracy_after"] < model["accuracy_before"]}
@@ -390,7 +390,7 @@ def test_a_zoo_plan_gating_on_the_best_version_refuses_one_worse_than_its_lines_
     best = admin.create_zoo_rounds(_plan(fleet, model_id=worse_view["result_model_id"], max_accuracy_drop=0.0),
                                    DEFAULT_ADMIN_TOKEN)["id"]
     _train_every_device(fleet, best)
-    view = wait_for_round_end(admin, best, timeout_s=300)
+    view = admin.wait_for_round(best, timeout_s=300)
     models = view["outcome"]["zoo"]["models"]
     for model in models:
         gate = model["gate"]
@@ -421,7 +421,7 @@ def test_a_publication_whose_worker_died_is_re_run_by_the_next_advance_and_publi
             publication_json=json.dumps({"stage": "re-extracting", "zoo_models_done": 1})))
     engine.dispose()
     # each read advances: the lapsed lease is claimed and the job re-run here
-    view = wait_for_round_end(admin, round_id, timeout_s=300)
+    view = admin.wait_for_round(round_id, timeout_s=300)
     assert view["state"] == "closed", view["outcome"]
     assert view["publication"]["stage"] == "published" and view["outcome"]["aggregated_updates"] == 3
     supernets = [card for card in admin.list_models(task=supernet_card(zoo).task)["models"]
