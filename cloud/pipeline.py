@@ -230,10 +230,17 @@ def _check_output_folder(out: Path) -> None:
 
 
 def check_constraints_reachable(
-    space: SearchSpace, num_classes: int, in_channels: int, constraints: Constraints, estimator: LatencyEstimator
+    space: SearchSpace, num_classes: int, in_channels: int, constraints: Constraints, estimator: LatencyEstimator,
+    budgets_macs: tuple[int, ...] = (),
 ) -> None:
-    """Fail fast when even the smallest subnet breaks a limit: no search could fit it."""
+    """Fail fast when even the smallest subnet breaks a limit or a tier's budget: no search could fit it."""
     smallest = build_subnet(space.min_arch(), num_classes, in_channels).eval()
+    macs = count_macs(smallest, (1, in_channels, space.resolution, space.resolution))
+    if budgets_macs and min(budgets_macs) < macs:
+        raise InvalidInputError(
+            f"no subnet fits --budget-macs {min(budgets_macs)}: the smallest subnet takes {macs} MACs",
+            field="zoo_budgets_macs",
+        )
     params = count_params(smallest)
     if constraints.max_params is not None and params > constraints.max_params:
         raise InvalidInputError(
@@ -544,7 +551,7 @@ def build_zoo(
                 raise InvalidInputError(f"the search space needs square images, got {height}x{width}", field="dataset")
             space = preset.make_space(height)
             num_classes = split.dataset.num_classes
-            check_constraints_reachable(space, num_classes, channels, config.constraints, estimator)
+            check_constraints_reachable(space, num_classes, channels, config.constraints, estimator, config.zoo_budgets_macs)
             config.out.mkdir(parents=True, exist_ok=True)
 
         with _timed("train", seconds, cpu_seconds):

@@ -63,6 +63,9 @@ def zoo() -> None:
 @click.option("--latency-budget-ms", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Only keep subnets at most this slow on this machine (cloud-x86-1t).")
 @click.option("--max-params", type=click.IntRange(min=1), default=None, help="Only keep subnets with at most this many parameters.")
+@click.option("--budget-macs", "zoo_budgets_macs", type=click.IntRange(min=1), multiple=True,
+              help="A device tier's budget in MACs per inference (repeatable): the zoo is then the most accurate "
+                   "searched subnet within each budget, not the Pareto front.")
 @click.option("--latency-source", type=click.Choice(["measured", "predicted", "macs"]), default=None,
               help="Latency the search ranks by: measured ONNX Runtime time, the kernel-level predictor, or a "
                    "deterministic MACs model (default: the preset's, predicted for default, measured for tiny). "

@@ -5,6 +5,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from fedzoo.cards import is_supernet
 from fedzoo.cli import cli, main
 from fedzoo.signing import CardSigningKey, TrustedKeys, verify_card
 from fedzoo.zoo import Zoo
@@ -36,7 +37,7 @@ def test_every_zoo_command_has_help(command):
 def test_build_help_names_the_options():
     output = CliRunner().invoke(cli, ["zoo", "build", "--help"]).output
     for option in ("--dataset", "--out", "--latency-budget-ms", "--max-params", "--executor", "--no-compress", "--seed",
-                   "--finetune-epochs"):
+                   "--finetune-epochs", "--budget-macs"):
         assert option in output
     assert "--stop-after-epoch" not in output  # testing hook, hidden
 
@@ -86,6 +87,7 @@ def test_build_on_mnist1d(tmp_path, capsys):
         (["--dataset", "cifar"], "unknown data set 'cifar'"),
         (["--dataset", "digits", "--latency-budget-ms", "0.0001"], "no subnet fits --latency-budget-ms"),
         (["--dataset", "digits", "--max-params", "5"], "no subnet fits --max-params 5"),
+        (["--dataset", "digits", "--budget-macs", "200000", "--budget-macs", "1000"], "no subnet fits --budget-macs 1000"),
     ],
 )
 def test_bad_build_input_gives_one_line_errors(tmp_path, capsys, arguments, message):
@@ -99,6 +101,27 @@ def test_a_negative_finetune_is_refused_before_any_work(tmp_path, capsys):
                                 "--finetune-epochs", "-1"], capsys)
     assert code == 2 and "--finetune-epochs" in stderr and "Traceback" not in stderr
     assert not (tmp_path / "zoo").exists()
+
+
+@pytest.mark.parametrize("budget", ["0", "-5", "many"])
+def test_a_budget_that_is_not_a_positive_count_is_refused_before_any_work(tmp_path, capsys, budget):
+    code, _, stderr = run_main(["zoo", "build", "--out", str(tmp_path / "zoo"), "--dataset", "digits", *TINY,
+                                "--budget-macs", budget], capsys)
+    assert code == 2 and "--budget-macs" in stderr and "Traceback" not in stderr
+    assert not (tmp_path / "zoo").exists()
+
+
+@pytest.mark.slow
+def test_build_for_the_fleets_budgets(tmp_path, capsys):
+    """--budget-macs (repeatable) gives the zoo for the fleet's tiers: at most one model a budget, each within one."""
+    out = tmp_path / "zoo"
+    budgets = (150_000, 250_000)  # the tiny space's subnets span about 0.09 to 0.35 MMACs on 8x8 digits
+    code, _, stderr = run_main(["zoo", "build", "--dataset", "digits", "--out", str(out), *TINY, *BRIEF_TRAINING,
+                                *(f"--budget-macs={budget}" for budget in budgets)], capsys)
+    assert code == 0, stderr
+    models = [card for card in Zoo(out).cards() if not is_supernet(card)]
+    assert 1 <= len(models) <= len(budgets)
+    assert min(card.macs for card in models) <= budgets[0] and max(card.macs for card in models) <= budgets[1]
 
 
 def test_out_pointing_to_a_file_is_refused(tmp_path, capsys):
