@@ -75,10 +75,11 @@ class UpdateCodecGoldenTest {
         Map<String, String> environment = new HashMap<String, String>();
         environment.put("FEDZOO_JAVA_ARCHIVES", out.getPath());
         environment.put("FEDZOO_JAVA_VECTORS", TestSupport.vectors().getPath());
-        // the module needs no pytest plugin; loading the installed ones (hypothesis, schemathesis) took 5 of its 6 s
+        // the module needs no pytest plugin; loading the installed ones (hypothesis, schemathesis) took 5 of its 6 s.
+        // xdist only because pyproject's addopts name its --dist
         environment.put("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1");
         String output = TestSupport.runPython(environment, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                "tests/clients/test_java_archives.py");
+                "-p", "xdist.plugin", "tests/clients/test_java_archives.py");
         assertEquals(true, output.contains("2 passed"), output);
     }
 
