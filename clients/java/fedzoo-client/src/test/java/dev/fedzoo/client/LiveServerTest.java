@@ -110,6 +110,30 @@ class LiveServerTest {
         return admin.createRounds(config, server.ready.getString("admin_token")).getLong("id");
     }
 
+    /**
+     * Each device takes part once in {@code task} on its shard, all at the same time (SecAgg+ devices answer each
+     * stage together); the results of those that finished within {@code timeoutMs}.
+     */
+    private static List<ParticipationResult> participateTogether(List<FedzooClient> clients, String task,
+            java.util.function.IntFunction<LocalData> shard, UpdateCodec.Encoding encoding, long timeoutMs)
+            throws InterruptedException {
+        final List<ParticipationResult> results = Collections.synchronizedList(new java.util.ArrayList<ParticipationResult>());
+        List<Thread> devices = new java.util.ArrayList<Thread>();
+        for (int i = 0; i < clients.size(); i++) {
+            final FedzooClient device = clients.get(i);
+            final LocalData data = shard.apply(i);
+            devices.add(new Thread(() -> results.add(new Participation(device, null).participateOnce(task, data,
+                    encoding, null, null))));
+        }
+        for (Thread device : devices) {
+            device.start();
+        }
+        for (Thread device : devices) {
+            device.join(timeoutMs);
+        }
+        return results;
+    }
+
     private static JSONObject waitUntilFinished(long roundId) throws Exception {
         return waitUntilFinished(server.url, roundId, 60_000);
     }
@@ -611,20 +635,9 @@ class LiveServerTest {
         long roundId = startRound(3, "{\"privacy\": {\"secure_aggregation\": {\"neighbour_count\": 2, "
                 + "\"threshold\": 2, \"clip_range\": 0.05, \"stage_deadline_s\": 20}, \"dp\": {\"max_epsilon\": 1000.0, "
                 + "\"clip_norm\": 0.5, \"noise_multiplier\": 1.0}}, \"max_accuracy_drop\": 1.0, \"poll_interval_s\": 0.1}");
-        final List<ParticipationResult> results = java.util.Collections.synchronizedList(new java.util.ArrayList<ParticipationResult>());
-        List<Thread> devices = new java.util.ArrayList<Thread>();
-        for (int i = 0; i < 3; i++) {
-            final FedzooClient device = certifiedDevice();
-            final int shard = i;
-            devices.add(new Thread(() -> results.add(new Participation(device, null).participateOnce("digits",
-                    server.shard(shard), UpdateCodec.Encoding.INT8, null, null))));
-        }
-        for (Thread device : devices) {
-            device.start();
-        }
-        for (Thread device : devices) {
-            device.join(120_000);
-        }
+        List<ParticipationResult> results = participateTogether(
+                Arrays.asList(certifiedDevice(), certifiedDevice(), certifiedDevice()), "digits", server::shard,
+                UpdateCodec.Encoding.INT8, 120_000);
         assertEquals(3, results.size());
         for (ParticipationResult result : results) {
             assertEquals("accepted", result.outcome, result.toString());
@@ -846,22 +859,13 @@ class LiveServerTest {
         JSONObject opened = server.command(new JSONObject().put("cmd", "zoo_round").put("devices", 3)
                 .put("noise", "distributed"));
         long roundId = opened.getLong("round_id");
-        final List<ParticipationResult> results = java.util.Collections.synchronizedList(
-                new java.util.ArrayList<ParticipationResult>());
-        List<Thread> devices = new java.util.ArrayList<Thread>();
-        for (int i = 0; i < clients.size(); i++) {
-            final FedzooClient device = clients.get(i).requireCertifiedNeighbours(
-                    DeviceCertificates.fromJson(server.ready.getJSONObject("operator_keys")));
-            final LocalData shard = server.zooShard(i);
-            devices.add(new Thread(() -> results.add(new Participation(device, null).participateOnce(task, shard,
-                    UpdateCodec.Encoding.FP32, null, null))));
+        List<FedzooClient> certified = new java.util.ArrayList<FedzooClient>();
+        for (FedzooClient client : clients) {
+            certified.add(client.requireCertifiedNeighbours(
+                    DeviceCertificates.fromJson(server.ready.getJSONObject("operator_keys"))));
         }
-        for (Thread device : devices) {
-            device.start();
-        }
-        for (Thread device : devices) {
-            device.join(240_000);
-        }
+        List<ParticipationResult> results = participateTogether(certified, task, server::zooShard,
+                UpdateCodec.Encoding.FP32, 240_000);
         assertEquals(3, results.size());
         for (ParticipationResult result : results) {
             assertEquals("accepted", result.outcome, result.toString());
@@ -907,21 +911,9 @@ class LiveServerTest {
                 + "\"threshold\": 2, \"stage_deadline_s\": 4, \"levels\": 32767}, \"dp\": {\"max_epsilon\": 50, "
                 + "\"clip_norm\": 0.5, \"noise_multiplier\": 1.5, \"noise\": \"distributed\"}}, "
                 + "\"poll_interval_s\": 0.1, \"deadline_s\": 20}");
-        final List<ParticipationResult> results = java.util.Collections.synchronizedList(
-                new java.util.ArrayList<ParticipationResult>());
-        List<Thread> devices = new java.util.ArrayList<Thread>();
-        for (int i = 0; i < 3; i++) {
-            final FedzooClient device = certifiedDevice();
-            final int shard = i;
-            devices.add(new Thread(() -> results.add(new Participation(device, null).participateOnce("digits",
-                    server.shard(shard), UpdateCodec.Encoding.FP32, null, null))));
-        }
-        for (Thread device : devices) {
-            device.start();
-        }
-        for (Thread device : devices) {
-            device.join(120_000);
-        }
+        List<ParticipationResult> results = participateTogether(
+                Arrays.asList(certifiedDevice(), certifiedDevice(), certifiedDevice()), "digits", server::shard,
+                UpdateCodec.Encoding.FP32, 120_000);
         assertEquals(3, results.size());
         for (ParticipationResult result : results) {
             assertEquals("refused: noise_below_floor", result.outcome, result.toString());
