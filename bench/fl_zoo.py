@@ -1,7 +1,9 @@
 """Zoo-wide federated learning against the field's methods, every arm in one run on the same shards and draws.
 
 Scenario (device-cloud): the cloud built the zoo with the tiny preset (its supernet and search saw only the first
-768 training examples, the small labelled set); the devices hold the rest of the training split in Dirichlet(alpha)
+768 training examples, the small labelled set; `--cloud-epochs` and `--cloud-finetune-epochs` train them longer
+than the preset's 2 + 2 epochs, which leave mnist1d's subnets at ~46% whatever their size, so capacity would not
+matter); the devices hold the rest of the training split in Dirichlet(alpha)
 shards, each split 80/20 into the device's training and held-out data. Devices fall into 4 latency tiers with the
 given shares (`skewed`: 60/25/10/5% from the slowest tier up, most devices weak; `uniform`: 25% each); the tiers'
 budgets are fixed fractions of the largest subnet's MACs (`BUDGET_FRACTIONS`: 1/4, 1/2, 3/4, 1, DepthFL's
@@ -32,7 +34,7 @@ every smaller one), the gap to everyone-on-largest, and the time to republish th
 recalibrated, export, sign).
 
     .venv/bin/python bench/fl_zoo.py --dataset mnist1d --devices 500 --per-round 50 --alpha 0.3 --shares skewed \
-        [--rounds 30] [--local-epochs 1] [--seeds 0,1,2] [--tuning-seed 1000] [--lr-grid 1,2,4,8] \
+        [--cloud-epochs 20 --cloud-finetune-epochs 10] [--rounds 30] [--local-epochs 1] [--seeds 0,1,2] [--tuning-seed 1000] [--lr-grid 1,2,4,8] \
         [--exponent-grid 0,0.5,1] [--arms tier_alone,heterofl,...] [--out /tmp/fedzoo-bench-zoo]
     .venv/bin/python bench/fl_zoo.py --dataset mnist --devices 100 --per-round 10 --alpha 0.5 --shares uniform
 
@@ -106,14 +108,16 @@ HELD_OUT_FRACTION = 0.2
 BUILD_SOURCES = ("cloud/pipeline.py", "fedzoo/datasets.py", "compress/zoo_extraction.py", "nas")
 
 
-def build_settings(dataset: str, zoo_dir: Path, budgets_macs: tuple[int, ...]) -> BuildConfig:
+def build_settings(dataset: str, zoo_dir: Path, budgets_macs: tuple[int, ...], cloud_epochs: int | None = None,
+                   cloud_finetune_epochs: int | None = None) -> BuildConfig:
     """The tiny preset's build with the default preset's search budget (160 candidates, not 16: 16 left nothing
     between the space's smallest subnet and 3/8 of the largest) and a zoo for the fleet's budgets: the best
     searched subnet within each tier's budget, so the zoo's fine-tune trains what the tiers run, as each anchor's
-    warm-up trains its tier models."""
+    warm-up trains its tier models. `cloud_epochs` and `cloud_finetune_epochs` replace the preset's 2 + 2 epochs
+    on the cloud's examples (None: the preset's)."""
     return BuildConfig(dataset=dataset, out=zoo_dir, preset="tiny", latency_source="macs", compress=False,
                        training_graphs=False, executor="in-process", evaluations=PRESETS["default"].evaluations,
-                       zoo_budgets_macs=budgets_macs)
+                       zoo_budgets_macs=budgets_macs, epochs=cloud_epochs, finetune_epochs=cloud_finetune_epochs)
 
 
 def tier_budgets(dataset: Dataset) -> tuple[int, ...]:
@@ -134,16 +138,17 @@ def cache_key(sources: tuple[Path, ...], settings: str) -> str:
     return digest.hexdigest()[:12]
 
 
-def cached_zoo(dataset: str, budgets: tuple[int, ...], out: Path) -> Path:
+def cached_zoo(dataset: str, budgets: tuple[int, ...], out: Path, cloud_epochs: int | None,
+               cloud_finetune_epochs: int | None) -> Path:
     """The zoo of `dataset` for the tiers' `budgets`, built unless a build with the same code and settings is
     cached."""
     root = Path(fedzoo.__file__).resolve().parent.parent
     key = cache_key(tuple(root / source for source in BUILD_SOURCES),
-                    repr(build_settings(dataset, Path("-"), budgets)))
+                    repr(build_settings(dataset, Path("-"), budgets, cloud_epochs, cloud_finetune_epochs)))
     zoo_dir = out / f"zoo-{dataset}-{key}"
     if not (zoo_dir / "zoo.json").exists():
         started = time.perf_counter()
-        build_zoo(build_settings(dataset, zoo_dir, budgets))
+        build_zoo(build_settings(dataset, zoo_dir, budgets, cloud_epochs, cloud_finetune_epochs))
         print(f"zoo built in {time.perf_counter() - started:.0f} s: {zoo_dir}")
     return zoo_dir
 
@@ -226,6 +231,13 @@ def main() -> None:
     parser.add_argument("--exponent-grid", default="0,0.5,1", help="fedzoo's coverage step exponents tuned over")
     parser.add_argument("--arms", default="tier_alone,heterofl,fedrolex,depthwise,everyone_largest,fedzoo")
     parser.add_argument("--out", type=Path, default=Path("/tmp/fedzoo-bench-zoo"))
+    parser.add_argument("--local-batchnorm", choices=("training", "inference"), default="training",
+                        help="devices' BatchNorm in every arm: the batch's statistics, or the sent subnet's "
+                             "(recalibrated on the cloud's images) with only scale and bias trained")
+    parser.add_argument("--cloud-epochs", type=int, default=None,
+                        help="supernet epochs on the cloud's examples (the tiny preset's 2 when not given)")
+    parser.add_argument("--cloud-finetune-epochs", type=int, default=None,
+                        help="the zoo's joint fine-tune epochs on the cloud's examples (the tiny preset's 2)")
     parser.add_argument("--private", action="store_true", help="fedzoo in the clear, with central and distributed DP")
     parser.add_argument("--private-arms", default="central:32767,distributed:127",
                         help="DP arms, mode:levels[:survivor fraction]")
@@ -243,7 +255,7 @@ def main() -> None:
     torch.set_num_threads(1)
     dataset = load_dataset(args.dataset)
     budgets = tier_budgets(dataset)
-    zoo_dir = cached_zoo(args.dataset, budgets, args.out)
+    zoo_dir = cached_zoo(args.dataset, budgets, args.out, args.cloud_epochs, args.cloud_finetune_epochs)
     zoo = Zoo(zoo_dir)
     supernet_card = next(card for card in zoo.cards() if is_supernet(card))
     spec = SupernetSpec.from_card(supernet_card)
@@ -267,7 +279,7 @@ def main() -> None:
     arms = {name: arm for name, arm in make_arms(spec, zoo_archs, list(budgets), macs).items()
             if name in args.arms.split(",")}
     shares = SHARES[args.shares]
-    settings = build_settings(args.dataset, zoo_dir, budgets)
+    settings = build_settings(args.dataset, zoo_dir, budgets, args.cloud_epochs, args.cloud_finetune_epochs)
     starts = {name: cached_warm_up(arm, spec, settings, zoo_dir, cloud_x, cloud_y) if arm.warmed_up
               else initial for name, arm in arms.items()}
 
@@ -275,10 +287,11 @@ def main() -> None:
         devices = make_devices(pool_x, pool_y, args.devices, args.alpha, shares, seed)
         torch.manual_seed(seed)
         return run_arm(arm, spec, starts[arm.name], devices, cloud_x, args.rounds, args.per_round,
-                       args.local_epochs, seed, learning_rate, exponent, macs), devices
+                       args.local_epochs, seed, learning_rate, exponent, macs, args.local_batchnorm), devices
 
     print(f"{args.dataset}: {args.devices} devices, Dirichlet({args.alpha}), {args.shares} tiers {shares}, "
-          f"{args.per_round} per round, {args.rounds} rounds x {args.local_epochs} local epoch(s)")
+          f"{args.per_round} per round, {args.rounds} rounds x {args.local_epochs} local epoch(s), BatchNorm in "
+          f"{args.local_batchnorm} mode on devices")
     for name, arm in arms.items():
         print(f"  {name:>16}: tier MACs " + ", ".join(f"{macs(arch) / 1e3:.0f}k" for arch in arm.tier_archs)
               + f" (budgets {', '.join(f'{budget / 1e3:.0f}k' for budget in budgets)})"

@@ -270,13 +270,20 @@ def sliced_tensor(placement: Placement, params: dict[str, torch.Tensor]) -> torc
     return flat.reshape(channels, 1, kernel, kernel)
 
 
-def train_locally(module: nn.Module, x: np.ndarray, y: np.ndarray, epochs: int, seed: int) -> tuple[Weights, int]:
-    """SGD on the device's data, BatchNorm in training mode: (trained - initial of every float tensor, examples
-    trained on)."""
+def train_locally(module: nn.Module, x: np.ndarray, y: np.ndarray, epochs: int, seed: int,
+                  batch_norm: str = "training") -> tuple[Weights, int]:
+    """SGD on the device's data: (trained - initial of every float tensor, examples trained on). `batch_norm`:
+    "training" normalises with each batch's statistics (the zoo plan's training cards); "inference" with the
+    module's stored statistics, training only BatchNorm's scale and bias (a training graph built with
+    `batch_norm="inference"`)."""
     initial = float_state(module)
     optimizer = torch.optim.SGD(module.parameters(), lr=LOCAL_LEARNING_RATE)
     rng, examples = np.random.default_rng(seed), 0
     module.train()
+    if batch_norm == "inference":
+        for layer in module.modules():
+            if isinstance(layer, nn.modules.batchnorm._BatchNorm):
+                layer.eval()
     for _ in range(epochs):
         order = rng.permutation(len(y))
         for start in range(0, len(order), BATCH_SIZE):
@@ -293,9 +300,11 @@ def train_locally(module: nn.Module, x: np.ndarray, y: np.ndarray, epochs: int, 
 
 def run_arm(arm: Arm, spec: SupernetSpec, initial: Weights, devices: list[Device], cloud_x: np.ndarray,
             rounds: int, per_round: int, local_epochs: int, seed: int, server_learning_rate: float,
-            coverage_step_exponent: float, macs: MacCounter) -> ArmResult:
+            coverage_step_exponent: float, macs: MacCounter, batch_norm: str = "training") -> ArmResult:
     """`rounds` rounds of `per_round` devices drawn by `seed` (the same draws in every arm): each trains its
-    tier's subnet, the server steps each supernet copy per element."""
+    tier's subnet, the server steps each supernet copy per element. With `batch_norm` "inference" each round's
+    subnets are sent with their BatchNorm statistics recalibrated on the cloud's images (as the server
+    recalibrates what it serves) and devices train with those statistics fixed (`train_locally`)."""
     keys = range(len(arm.tier_archs)) if arm.separate_models else (None,)
     supernets = {key: dict(initial) for key in keys}
     strategies = {key: make_strategy({"name": "fedavg", "server_learning_rate": server_learning_rate}) for key in keys}
@@ -311,12 +320,17 @@ def run_arm(arm: Arm, spec: SupernetSpec, initial: Weights, devices: list[Device
                 continue
             base = roll_channels(supernets[key], -shift) if shift else supernets[key]
             total = CoverageSum(shapes)
+            sent = {}  # the round's subnet of each tier, as sent down
             for index in members:
                 device, arch = devices[index], arm.tier_archs[devices[index].tier]
-                module = tier_module(spec, arch, base)
+                if device.tier not in sent:
+                    sent[device.tier] = tier_module(spec, arch, base)
+                    if batch_norm == "inference":
+                        recalibrate_batchnorm(sent[device.tier], cloud_x)
+                module = copy.deepcopy(sent[device.tier])
                 down = sum(value.nbytes for value in float_state(module).values())
                 delta, examples = train_locally(module, device.x, device.y, local_epochs,
-                                                seed * 100_003 + round_number * 1009 + int(index))
+                                                seed * 100_003 + round_number * 1009 + int(index), batch_norm)
                 sent_bytes += down + sum(value.nbytes for value in delta.values())
                 forward_macs += macs(arch) * examples
                 updates += 1
