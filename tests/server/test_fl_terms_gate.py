@@ -4,10 +4,15 @@ naming the field, the terms' version, the line and its floor; no round is create
 cover is accepted, and a plan made before the terms arrived opens no further round. The devices' own refusals
 (tests/server/test_fl_privacy_terms.py) stay the defence against a server that skips this check."""
 
+import hashlib
+
 import httpx
+import numpy as np
 import pytest
 
 from fedzoo.cloud.simulation import prepare_federation
+from fedzoo.edge.onnx_initializers import read_float_initializers
+from fedzoo.edge.trainer import write_parameters
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN as ADMIN
 from fl_helpers import device_client, honest_delta, round_config, selected_tasks, upload
 from test_fl_distributed_dp import DEVICES, distributed_config
@@ -99,3 +104,33 @@ def test_terms_uploaded_after_the_plan_was_made_stop_it_before_its_next_round(si
     with device_client(simulation, 0) as client:
         assert client.fl_task(simulation.federation.card.task)["task"] is None
 
+
+
+def test_a_plan_on_weights_of_a_covered_dp_line_is_checked_against_that_lines_terms(simulation):
+    """A DP round on the base line publishes weights; a child card of its own line (as a pruned or fine-tuned child
+    is) continues that line's ledger. Terms naming only the base line: a central-noise plan on the child, which its
+    devices (checking the child's own line) would take, is refused naming the ledger line it charges."""
+    central = {"max_epsilon": 50, "delta": 1e-5, "clip_norm": 0.5, "noise_multiplier": 1.5}
+    answer = create_plan(simulation, round_config(min_clients=3, target_clients=3, privacy={"dp": central}))
+    assert answer.status_code == 201, answer.text
+    clients, tasks = selected_tasks(simulation, 3, simulation.federation.card.task)
+    for client, task in zip(clients, tasks):
+        upload(client, task, honest_delta(client.download(task["model_url"], task["model_sha256"]).read_bytes()))
+        client.close()
+    view = simulation.admin.wait_for_round(answer.json()["id"], timeout_s=60)
+    assert view["state"] == "closed", view["outcome"]
+    first = simulation.admin.card(view["result_model_id"])
+    onnx_bytes = simulation.admin.download(f"/v1/models/{first.id}/blob", first.sha256).read_bytes()
+    child_bytes = write_parameters(onnx_bytes, {name: value * np.float32(0.99)
+                                                for name, value in read_float_initializers(onnx_bytes).items()})
+    child = first.model_copy(update={"id": "child-weights", "version": 1, "parent_id": first.id, "line": None,
+                                     "details": {}, "signature": None, "size_bytes": len(child_bytes),
+                                     "sha256": hashlib.sha256(child_bytes).hexdigest()})
+    simulation.admin.publish_model(child, {child.sha256: child_bytes}, ADMIN)
+    publish(simulation, covering(simulation))
+    refused = create_plan(simulation, round_config(model_id=child.id, min_clients=3, target_clients=3,
+                                                   privacy={"dp": central}))
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert (error["code"], error["field"], error["line"]) == ("breaks_privacy_terms", "privacy.secure_aggregation",
+                                                              simulation.federation.card.line_id)
