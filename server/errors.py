@@ -44,6 +44,13 @@ class ValidationFailed(APIError):
     status, code = 422, "invalid_field"
 
 
+class BreaksPrivacyTerms(ValidationFailed):
+    """A plan every default device would refuse under the operator's newest privacy terms
+    (`fedzoo.server.fl.terms_gate`)."""
+
+    code = "breaks_privacy_terms"
+
+
 class Unauthorized(APIError):
     status, code = 401, "unauthorized"
 

@@ -174,24 +174,31 @@ class NoisePolicy:
 
 
 def check_noise_request(noise: DistributedNoise | None, honest_survivors: int, policy: NoisePolicy) -> None:
-    """Refuse (ProtocolViolation) a request the device must not follow: central noise where the policy requires
-    distributed; noise calibrated for more honest survivors than any sum the round's signed SecAgg+ config lets the
-    server unmask holds (`SecAggBounds.honest_survivors`: its survivor floor less the corrupt devices the device
-    tolerates, which may add no noise); less noise than the policy's floor. (The device
-    computes its own sigma from z and the survivors, so the server cannot ask for a sigma that misstates z.)"""
-    if noise is None:
+    """Refuse (ProtocolViolation) a request the device must not follow: noise calibrated for more honest survivors
+    than any sum the round's signed SecAgg+ config lets the server unmask holds (`SecAggBounds.honest_survivors`:
+    its survivor floor less the corrupt devices the device tolerates, which may add no noise), and one its
+    `policy` does not accept (`check_noise_policy`). (The device computes its own sigma from z and the survivors,
+    so the server cannot ask for a sigma that misstates z.)"""
+    if noise is not None and noise.survivors > honest_survivors:
+        raise ProtocolViolation(f"the noise is calibrated for {noise.survivors} honest survivors, but a sum the round "
+                                f"unmasks may hold only {honest_survivors}: it would carry less than the accounted "
+                                "noise",
+                                "noise_survivors_above_floor")
+    check_noise_policy(None if noise is None else noise.noise_multiplier, policy)
+
+
+def check_noise_policy(noise_multiplier: float | None, policy: NoisePolicy) -> None:
+    """Refuse (ProtocolViolation) a noise request `policy` does not accept: central noise (`noise_multiplier` None:
+    the task asks the device for none) where it requires distributed, or a z below its floor. The server checks a
+    plan with it too, against the operator's terms (`fedzoo.server.fl.terms_gate`)."""
+    if noise_multiplier is None:
         if policy.require_distributed:
             raise ProtocolViolation("this device adds its own share of DP noise under SecAgg+, and the round asks the "
                                     "server to add it (central noise: the server would see the noiseless sum)",
                                     "noise_not_distributed")
         return
-    if noise.survivors > honest_survivors:
-        raise ProtocolViolation(f"the noise is calibrated for {noise.survivors} honest survivors, but a sum the round "
-                                f"unmasks may hold only {honest_survivors}: it would carry less than the accounted "
-                                "noise",
-                                "noise_survivors_above_floor")
-    if policy.minimum_noise_multiplier is not None and noise.noise_multiplier < policy.minimum_noise_multiplier:
-        raise ProtocolViolation(f"noise multiplier {noise.noise_multiplier} is below this device's floor "
+    if policy.minimum_noise_multiplier is not None and noise_multiplier < policy.minimum_noise_multiplier:
+        raise ProtocolViolation(f"noise multiplier {noise_multiplier} is below this device's floor "
                                 f"{policy.minimum_noise_multiplier}", "noise_below_floor")
 
 

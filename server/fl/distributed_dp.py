@@ -51,13 +51,16 @@ def sensitivity_scale(config: RoundConfig) -> int:
     return MIN_CLIENTS if config.zoo is not None else 1
 
 
+def requested_noise_multiplier(config: RoundConfig) -> float:
+    """The z each device is asked for: the plan's z times `sensitivity_scale` (the devices calibrate against their
+    own bound, so a zoo-wide cohort's sum carries z for three devices' bound)."""
+    return config.privacy.dp.noise_multiplier * sensitivity_scale(config)
+
+
 def noise_request(config: RoundConfig, protocol: SecAggConfig) -> DistributedNoise:
-    """What each device is asked to add: the plan's z times `sensitivity_scale` (the devices calibrate against their
-    own bound, so a zoo-wide cohort's sum carries z for three devices' bound), calibrated for the fewest honest
-    survivors a sum the round unmasks holds (its survivor floor less the corrupt devices the default devices
-    withstand)."""
-    return DistributedNoise(config.privacy.dp.noise_multiplier * sensitivity_scale(config),
-                            SecAggBounds().honest_survivors(protocol))
+    """What each device is asked to add: `requested_noise_multiplier`, calibrated for the fewest honest survivors a
+    sum the round unmasks holds (its survivor floor less the corrupt devices the default devices withstand)."""
+    return DistributedNoise(requested_noise_multiplier(config), SecAggBounds().honest_survivors(protocol))
 
 
 def bits_needed(protocol: SecAggConfig, noise: DistributedNoise) -> int:

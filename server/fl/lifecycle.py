@@ -17,7 +17,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta
@@ -30,31 +30,38 @@ from fedzoo.aggregation.strategies import Strategy
 from fedzoo.cards import ModelCard
 from fedzoo.dp.accountant import PrivacyBudgetExhausted
 from fedzoo.server import registry
+from fedzoo.server.errors import BreaksPrivacyTerms
 from fedzoo.server.fl.outcome import RoundOutcome
 from fedzoo.server.fl.tables import ACTIVE_STATES, FLRound
 from fedzoo.server.fl.round_context import RoundContext
 from fedzoo.server.fl.schemas import RoundConfig
 from fedzoo.server.fl.secure_rounds import config_for_round
+from fedzoo.server.fl.terms_gate import check_plan_terms
 from fedzoo.server.fl.zoo_plan import round_identity
 
 log = logging.getLogger(__name__)
 AGGREGATION_LEASE_S = 4.0  # renewed every LEASE_RENEWAL_S while the owner works: a crash costs at most this
 LEASE_RENEWAL_S = 1.0
+TermsLines = Callable[[Session, RoundConfig, ModelCard], list[str]]  # the lines a plan's round touches (its kind's)
 
 
 class RoundLifecycle:
     """Opens, claims, closes and fails rounds; every change of state is a conditional write."""
 
-    def __init__(self, context: RoundContext, aggregation_lease_s: float = AGGREGATION_LEASE_S) -> None:
-        self.context = context
+    def __init__(self, context: RoundContext, terms_lines: TermsLines,
+                 aggregation_lease_s: float = AGGREGATION_LEASE_S) -> None:
+        self.context, self.terms_lines = context, terms_lines
         self.aggregation_lease_s = aggregation_lease_s
         # who holds an aggregation lease: unique per service instance, readable in the database
         self.owner_id = f"{socket.gethostname()[:32]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
     def open_round(self, session: Session, config: RoundConfig, card: ModelCard, number: int, remaining: int,
                    previous: FLRound | None) -> FLRound:
-        """Open round `number` of a plan on `card` (raises `PrivacyBudgetExhausted` when over the ε budget)."""
+        """Open round `number` of a plan on `card`; raises `PrivacyBudgetExhausted` when over the ε budget, and
+        `BreaksPrivacyTerms` when the operator's newest privacy terms cover a line it touches and every device would
+        refuse its tasks (`fedzoo.server.fl.terms_gate`: checked for every round, since terms may arrive mid-plan)."""
         config = config_for_round(config, previous)  # adaptive clipping: the clip norm the last round moved to
+        check_plan_terms(session, config, lambda: self.terms_lines(session, config, card))
         ledger = self.context.private.ledger_for_next_round(session, config, card, previous, remaining)  # raises over budget
         now = self.context.clock()
         task, family = round_identity(card)
@@ -181,6 +188,6 @@ class RoundLifecycle:
         if round_row.rounds_remaining > 1:
             try:
                 self.open_round(session, config, card, round_row.number + 1, round_row.rounds_remaining - 1, round_row)
-            except PrivacyBudgetExhausted as error:  # the plan stops here; the round says why
+            except (PrivacyBudgetExhausted, BreaksPrivacyTerms) as error:  # the plan stops here; the round says why
                 round_row.outcome_json = json.dumps({**json.loads(round_row.outcome_json or "{}"),
                                                      "plan_stopped": str(error)})

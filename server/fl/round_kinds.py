@@ -5,6 +5,8 @@ lifecycle, deadlines) are written once; a kind says only what is its own (docs/f
 kinds"):
 
 - `open_plan`: what it refuses, and the card its first round starts from;
+- `terms_lines`: the model lines its rounds touch, which the operator's privacy terms are checked for
+  (`fedzoo.server.fl.terms_gate`);
 - `seat` and `seat_group`: whether a checked-in device can take a seat (a zoo-wide round needs a subnet within the
   device's budget) and which SecAgg+ cohort it joins (one for the round, or one per subnet);
 - `close`: screen, aggregate and publish the round's updates, or fail it, under the aggregation lease.
@@ -45,6 +47,11 @@ class RoundKind(Protocol):
     def open_plan(self, session: Session, config: RoundConfig, strategy: Strategy) -> tuple[RoundConfig, ModelCard]:
         """The plan's config as its rounds run it (caps recorded, DP's noise calibrated) and the card its first
         round starts from; 422 (InvalidInputError naming the field) for what this kind cannot run."""
+        ...
+
+    def terms_lines(self, session: Session, config: RoundConfig, card: ModelCard) -> list[str]:
+        """The model lines a round of the plan on `card` touches: those its devices check the operator's privacy
+        terms for (the line of the card each trains), and the ledger lines it charges and publishes on."""
         ...
 
     def seat(self, session: Session, round_row: FLRound, config: RoundConfig, device_id: str) -> bool:

@@ -62,6 +62,7 @@ from sqlalchemy.orm import Session
 
 from fedzoo.aggregation.strategies import make_strategy
 from fedzoo.capabilities import Capabilities
+from fedzoo.cards import ModelCard
 from fedzoo.dp.accountant import PrivacyBudgetExhausted
 from fedzoo.errors import InvalidInputError
 from fedzoo.secagg.errors import RoundAborted
@@ -117,7 +118,7 @@ class RoundService:
                                     PrivateRounds(database, clock, dp_line_max_epsilon, dp_max_delta),
                                     max_examples_per_update)
         self.private = self.context.private
-        self.lifecycle = RoundLifecycle(self.context, aggregation_lease_s)
+        self.lifecycle = RoundLifecycle(self.context, self.terms_lines, aggregation_lease_s)
         self.collection = Collection(self.context)
         self.aggregation = Aggregation(self.context, spill_dir)
         self.publication = Publication(self.context, estimator, signing_key)
@@ -135,6 +136,11 @@ class RoundService:
     def kind_of(self, config: RoundConfig) -> RoundKind:
         """The round kind that runs a plan (`fedzoo.server.fl.round_kinds`): zoo-wide, or of one model."""
         return self.zoo_rounds if is_zoo(config) else self.single_model_rounds
+
+    def terms_lines(self, session: Session, config: RoundConfig, card: ModelCard) -> list[str]:
+        """The model lines a round of the plan on `card` touches, checked against the operator's privacy terms
+        (`RoundKind.terms_lines`)."""
+        return self.kind_of(config).terms_lines(session, config, card)
 
     def create_round(self, config: RoundConfig) -> int:
         """Open the first round of a plan of `config.num_rounds` rounds; returns its id."""

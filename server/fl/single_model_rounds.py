@@ -25,7 +25,8 @@ from fedzoo.server.fl.outcome import RoundOutcome
 from fedzoo.server.fl.round_context import RoundContext
 from fedzoo.server.fl.round_kinds import RoundEnd, check_evaluation_set, check_secure_cohort, with_example_cap
 from fedzoo.server.fl.schemas import RoundConfig
-from fedzoo.server.fl.secure_rounds import SeatGroup, check_planned_ring, is_private, with_calibrated_noise
+from fedzoo.server.fl.secure_rounds import (SeatGroup, check_planned_ring, is_private, ledger_line,
+                                           with_calibrated_noise)
 from fedzoo.server.fl.stages.aggregation import Aggregation
 from fedzoo.server.fl.stages.publication import Publication
 from fedzoo.server.fl.stages.screening import record_screening, root_update, round_defences, screen_round
@@ -63,6 +64,11 @@ class SingleModelRounds:
                 raise InvalidInputError(f"the gate's anchor {config.gate.anchor_model_id!r} is not a published "
                                         "model", field="gate.anchor_model_id") from None
         return config, base.card
+
+    def terms_lines(self, session: Session, config: RoundConfig, card: ModelCard) -> list[str]:
+        """The model's line (devices check the terms for it) and the ledger line the plan charges (`ledger_line`:
+        the DP line its weights descend from, where that is another)."""
+        return [card.line_id, ledger_line(session, card)]
 
     def seat(self, session: Session, round_row: FLRound, config: RoundConfig, device_id: str) -> bool:
         return True  # every device trains the round's model

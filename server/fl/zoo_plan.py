@@ -54,7 +54,7 @@ from fedzoo.server.fl.outcome import RoundOutcome, UpdateCounts, ZooRound
 from fedzoo.server.fl.tables import FLRound, FLSubnetAssignment, FLUpdate
 from fedzoo.server.fl.round_context import RoundContext
 from fedzoo.server.fl.schemas import RoundConfig
-from fedzoo.server.fl.secure_rounds import CohortSum, SeatGroup, refuse_plain_plan_on_dp_weights
+from fedzoo.server.fl.secure_rounds import CohortSum, SeatGroup, ledger_line, refuse_plain_plan_on_dp_weights
 from fedzoo.server.fl.stages.screening import ScreenedRound, screen_round, tally_screening
 from fedzoo.server.latency import LatencyEstimator
 from fedzoo.server.lookup import LookupQuery, lookup
@@ -98,6 +98,12 @@ class Supernet:
     @property
     def zoo_family(self) -> str:
         return round_identity(self.card)[1]
+
+
+def training_card_id(supernet: Supernet, arch: Arch) -> str:
+    """The id of `arch`'s training card at this supernet version: the card devices train in a zoo-wide round, and
+    the model line they check the operator's privacy terms for (it starts a line of its own)."""
+    return f"{supernet.card.id}-{arch_hash(arch)}"[:120] + f"-t{supernet.card.version}"
 
 
 @dataclass
@@ -227,6 +233,15 @@ class ZooPlan:
         members = self.members(session, supernet)
         return [*members, *(variant for member in members for variant in self.int8_variants(session, supernet, member))]
 
+    def terms_lines(self, session: Session, supernet: Supernet) -> list[str]:
+        """The model lines a zoo-wide round touches, which the operator's privacy terms are checked for: each zoo
+        model's training card (its own line: the one devices check), the supernet's line, and every zoo model's line
+        and ledger line (`zoo_models`: each is charged and may be republished)."""
+        trained = [training_card_id(supernet, member.arch) for member in self.members(session, supernet)]
+        republished = [line for model in self.zoo_models(session, supernet)
+                       for line in (model.line_id, ledger_line(session, model))]
+        return [*trained, supernet.card.line_id, *republished]
+
     @staticmethod
     def int8_variants(session: Session, supernet: Supernet, member: ModelCard) -> list[ModelCard]:
         """The newest version of each INT8 variant of a zoo model: quantized from it by the compression stage
@@ -318,7 +333,7 @@ class ZooPlan:
 
     def _training_card(self, session: Session, supernet: Supernet, arch: Arch) -> str:
         """The signed training card of `arch` at this supernet version (published once)."""
-        card_id = f"{supernet.card.id}-{arch_hash(arch)}"[:120] + f"-t{supernet.card.version}"
+        card_id = training_card_id(supernet, arch)
         if session.get(ModelRecord, card_id) is not None:
             return card_id
         from fedzoo.compress.zoo_extraction import SupernetSpec, training_blobs

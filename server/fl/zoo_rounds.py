@@ -59,6 +59,9 @@ class ZooRounds:
         self.zoo.measure_task(session, supernet, config.evaluation_sha256)  # lookup ranks on this set
         return config, supernet.card
 
+    def terms_lines(self, session: Session, config: RoundConfig, card: ModelCard) -> list[str]:
+        return self.zoo.terms_lines(session, self.zoo.supernet(session, card.id))
+
     def seat(self, session: Session, round_row: FLRound, config: RoundConfig, device_id: str) -> bool:
         """Only with a subnet that fits the device's budget (recorded as its assignment)."""
         return self.zoo.assign(session, round_row, config, device_id) is not None

@@ -9,7 +9,7 @@ import pytest
 from fedzoo.cloud.simulation import prepare_federation
 from fedzoo.dp.distributed import DistributedNoise
 from fedzoo.privacy_terms import sign_privacy_terms
-from fedzoo.server.fl import secure_rounds
+from fedzoo.server.fl import lifecycle, secure_rounds
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN as ADMIN
 from fedzoo.signing import CardSigningKey
 from fl_helpers import device_client
@@ -57,6 +57,12 @@ def drop_the_noise_request(monkeypatch) -> None:
     monkeypatch.setattr(secure_rounds.PrivateRounds, "task_privacy", lying)
 
 
+def skip_the_servers_own_check(monkeypatch) -> None:
+    """The lying server opens plans that break the terms it holds (an honest one refuses them with 422
+    `breaks_privacy_terms`: tests/server/test_fl_terms_gate.py); the devices are the defence."""
+    monkeypatch.setattr(lifecycle, "check_plan_terms", lambda *_args: None)
+
+
 def refused_by_all(simulation, federation, reason: str, **config) -> None:
     round_id, results, view = sdk_round(simulation, federation, distributed_config(deadline_s=15, **config))
     assert [result.outcome for result in results] == [f"refused: {reason}"] * DEVICES
@@ -81,10 +87,12 @@ def test_default_devices_refuse_a_round_on_a_covered_line_whose_server_drops_the
     refused_by_all(simulation, federation, "noise_not_distributed")
 
 
-def test_default_devices_refuse_a_round_on_a_covered_line_without_dp_or_with_central_noise(simulation, federation):
+def test_default_devices_refuse_a_round_on_a_covered_line_without_dp_or_with_central_noise(simulation, federation,
+                                                                                          monkeypatch):
     """The terms require the devices' own noise: central noise (the server would see the noiseless sum) is refused
-    before training, and so is a round with no DP at all."""
+    before training, and so is a round with no DP at all, which a lying server opens against the terms."""
     publish(simulation, covering(simulation))
+    skip_the_servers_own_check(monkeypatch)
     refused_by_all(simulation, federation, "noise_not_distributed", noise="central")
     no_dp = distributed_config(deadline_s=15)
     del no_dp["privacy"]["dp"]

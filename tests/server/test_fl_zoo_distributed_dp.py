@@ -21,6 +21,9 @@ from fedzoo.secagg import SecAggConfig
 from fedzoo.secagg.bounds import SecAggBounds
 from fedzoo.server.fl import secure_rounds, zoo_privacy
 from fedzoo.errors import InvalidInputError
+from fedzoo.clients.http import FedzooHTTP
+from fedzoo.privacy_terms import sign_privacy_terms
+from fedzoo.signing import CardSigningKey
 from fedzoo.server.fl.distributed_dp import bits_needed, noise_request
 from fedzoo.server.fl.schemas import RoundConfig
 from fedzoo.server.fl.tables import FLSecureCohort
@@ -216,6 +219,30 @@ def test_a_zoo_plan_whose_ring_cannot_hold_its_noised_sums_is_refused_naming_the
         plan["privacy"]["dp"]["noise_multiplier"] = 5.0
         refused = _refused(lambda: fleet["admin"].create_zoo_rounds(plan, ADMIN))
     assert (refused.status, refused.field) == (422, "privacy.secure_aggregation.levels")
+
+
+@pytest.mark.slow
+def test_a_zoo_plan_breaking_the_operators_terms_on_one_zoo_models_line_is_refused(zoo, tmp_path):  # noqa: F811
+    """Terms that name one zoo model's line only (not "*"), floor 5: every zoo line a round republishes is covered.
+    The floor applies to the z devices are asked for, 3z in a zoo-wide plan (`test_a_server_asking_a_zoo_cohort_...`):
+    at Z = 1.5 (4.5 asked) the plan is refused naming the field and the line, as is a plan without DP; at Z = 2 (6
+    asked) it opens."""
+    line = zoo_members(zoo)[-1].line_id
+    terms = sign_privacy_terms(CardSigningKey.generate(), 1,
+                               {line: {"mode": "distributed", "minimum_noise_multiplier": 5.0}})
+    with private_fleet(zoo, tmp_path, {"tier-large": 3}) as fleet:
+        admin = fleet["admin"]
+        with FedzooHTTP(fleet["server"].url, token=ADMIN) as api:
+            api.post_json("/v1/privacy-terms", terms)
+        below = _refused(lambda: admin.create_zoo_rounds(distributed_plan(fleet), ADMIN))
+        without_dp = _refused(lambda: admin.create_zoo_rounds(secure_plan(fleet), ADMIN))
+        meeting = distributed_plan(fleet)
+        meeting["privacy"]["dp"]["noise_multiplier"] = 2.0
+        round_id = admin.create_zoo_rounds(meeting, ADMIN)["id"]
+    assert (below.status, below.code, below.field) == (422, "breaks_privacy_terms", "privacy.dp.noise_multiplier")
+    assert f"model line {line!r}" in below.message and "z = 4.5" in below.message, below.message
+    assert (without_dp.status, without_dp.code, without_dp.field) == (422, "breaks_privacy_terms", "privacy.dp")
+    assert round_id >= 1
 
 
 def zoo_config(levels: int = 32767) -> RoundConfig:

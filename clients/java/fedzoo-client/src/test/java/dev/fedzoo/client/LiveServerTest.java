@@ -896,21 +896,22 @@ class LiveServerTest {
 
     /**
      * The operator's signed privacy terms on the live server: every line trains only under distributed DP with
-     * z of at least 2.0. A distributed-DP round planned at z = 1.5 (what a server lowering z would ask) is refused by
+     * z of at least 2.0. A distributed-DP round at z = 1.5 (what a server lowering z would ask), open when the terms
+     * arrive (the server refuses such a plan once it holds the terms, so it is planned first), is refused by
      * default Java devices (no noise policy of their owner's), through the SDK's own participation, and the round
      * fails with no output. Last: the terms stay published for every later round.
      */
     @Test
     @Order(20)
     void defaultJavaDevicesRefuseARoundBelowTheOperatorsSignedTermsFloor() throws Exception {
-        JSONObject every = new JSONObject().put("*", new JSONObject().put("mode", "distributed")
-                .put("minimum_noise_multiplier", 2.0));
-        assertEquals(1, server.command(new JSONObject().put("cmd", "publish_privacy_terms").put("version", 1)
-                .put("lines", every)).getInt("version"));
         long roundId = startRound(3, "{\"privacy\": {\"secure_aggregation\": {\"neighbour_count\": 2, "
                 + "\"threshold\": 2, \"stage_deadline_s\": 4, \"levels\": 32767}, \"dp\": {\"max_epsilon\": 50, "
                 + "\"clip_norm\": 0.5, \"noise_multiplier\": 1.5, \"noise\": \"distributed\"}}, "
                 + "\"poll_interval_s\": 0.1, \"deadline_s\": 20}");
+        JSONObject every = new JSONObject().put("*", new JSONObject().put("mode", "distributed")
+                .put("minimum_noise_multiplier", 2.0));
+        assertEquals(1, server.command(new JSONObject().put("cmd", "publish_privacy_terms").put("version", 1)
+                .put("lines", every)).getInt("version"));
         List<ParticipationResult> results = participateTogether(
                 Arrays.asList(certifiedDevice(), certifiedDevice(), certifiedDevice()), "digits", server::shard,
                 UpdateCodec.Encoding.FP32, 120_000);
