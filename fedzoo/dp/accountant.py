@@ -90,6 +90,9 @@ def epsilon_of_events(events: LineEvents, delta: float, mechanism: Mechanism = "
     return _epsilon_of_events(tuple(checked), delta, mechanism)
 
 
+MIN_NOISE_MULTIPLIER = 0.05  # the least noise multiplier the calibration considers
+
+
 def noise_multiplier_for(epsilon: float, delta: float, rounds: int, sampling_probability: float,
                          mechanism: Mechanism = "rdp") -> float:
     """The smallest noise multiplier (to 0.1%) whose `rounds` rounds spend at most `epsilon` at `delta`."""
@@ -102,8 +105,13 @@ def noise_multiplier_for(epsilon: float, delta: float, rounds: int, sampling_pro
         return dp_accounting.SelfComposedDpEvent(round_event(noise_multiplier, sampling_probability), rounds)
 
     make: Callable[[], dp_accounting.PrivacyAccountant] = lambda: _fresh(mechanism)
-    return float(dp_accounting.calibrate_dp_mechanism(
-        make, event, epsilon, delta, dp_accounting.LowerEndpointAndGuess(0.05, 1.0), tol=1e-3))
+    try:
+        return float(dp_accounting.calibrate_dp_mechanism(
+            make, event, epsilon, delta, dp_accounting.LowerEndpointAndGuess(MIN_NOISE_MULTIPLIER, 1.0), tol=1e-3))
+    except dp_accounting.mechanism_calibration.NoBracketIntervalFoundError:
+        raise InvalidInputError(
+            f"epsilon {epsilon:g} over {rounds} round(s) at delta {delta:g} needs a noise multiplier below "
+            f"{MIN_NOISE_MULTIPLIER}, noise that protects nothing; ask for a smaller epsilon", field="epsilon") from None
 
 
 @dataclass

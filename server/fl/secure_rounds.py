@@ -158,8 +158,11 @@ def with_calibrated_noise(config: RoundConfig) -> RoundConfig:
     dp = config.privacy.dp
     if dp is None:
         return config
-    noise = dp.noise_multiplier or noise_multiplier_for(dp.max_epsilon, dp.delta, config.num_rounds,
-                                                        dp.sampling_probability, dp.mechanism)
+    try:
+        noise = dp.noise_multiplier or noise_multiplier_for(dp.max_epsilon, dp.delta, config.num_rounds,
+                                                            dp.sampling_probability, dp.mechanism)
+    except InvalidInputError as error:
+        raise InvalidInputError(str(error), field="privacy.dp.max_epsilon") from None
     if dp.adaptive is not None:
         try:
             adaptive_noise_split(noise, config.target_clients, dp.adaptive.clipped_count_stddev)

@@ -7,6 +7,7 @@ import pytest
 from scipy.stats import norm
 
 from fedzoo.dp.accountant import (
+    MIN_NOISE_MULTIPLIER,
     PrivacyBudgetExhausted,
     PrivacyLedger,
     epsilon_after,
@@ -67,6 +68,15 @@ def test_calibration_refuses_an_epsilon_that_is_not_a_positive_number_and_takes_
         assert refused.value.field == "epsilon"
     z = noise_multiplier_for(0.5, 1e-5, 10, 1.0)  # a strict budget: much noise, and still within it
     assert epsilon_after(10, z, 1.0, 1e-5) <= 0.5 < epsilon_after(10, z * 0.99, 1.0, 1e-5)
+
+
+def test_calibration_refuses_an_epsilon_so_large_that_no_meaningful_noise_spends_it():
+    """dp_accounting finds no bracket below z = 0.05 and raised its own error (a 500 behind a plan's max_epsilon)."""
+    assert epsilon_after(1, MIN_NOISE_MULTIPLIER, 1.0, 1e-5) < 1e6
+    with pytest.raises(InvalidInputError, match="^epsilon 1e[+]06 over 1 round[(]s[)] at delta 1e-05 needs a noise "
+                                                "multiplier below 0.05") as refused:
+        noise_multiplier_for(1e6, 1e-5, 1, 1.0)
+    assert refused.value.field == "epsilon"
 
 
 def test_a_plan_stops_before_its_budget_is_exceeded():

@@ -274,6 +274,7 @@ def test_plans_with_rules_that_need_every_update_are_refused_under_privacy(simul
                ({"dp": {"max_epsilon": -1, "clip_norm": 0.5}}, "privacy.dp.max_epsilon"),
                ({"dp": {"max_epsilon": 8}}, "privacy.dp.clip_norm"),
                ({"dp": {"max_epsilon": 0.01, "clip_norm": 0.5, "noise_multiplier": 0.1}}, "privacy.dp.max_epsilon"),
+               ({"dp": {"max_epsilon": 1e6, "clip_norm": 0.5}}, "privacy.dp.max_epsilon"),  # needs z below 0.05
                ({"secure_aggregation": {}, "extra": 1}, "privacy.extra")]
         for privacy, field in bad:
             answer = admin.post("/v1/fl/rounds", json={**base, **secure_config(privacy=privacy)})
