@@ -364,14 +364,14 @@ def compare_private(args: argparse.Namespace, arm: Arm, spec: SupernetSpec, star
         torch.manual_seed(seed)
         if variants[name] is None:
             clear = run_arm(arm, spec, start, devices, cloud_x, args.rounds, args.per_round, args.local_epochs, seed,
-                            learning_rate, exponent, macs)
+                            learning_rate, exponent, macs, args.local_batchnorm)
             released = PrivateRounds(clear.models, clear_coverage(arm, spec, start, devices, args.rounds,
                                                                   args.per_round, seed), [32], [32], [4.0])
         else:
             mode, levels, survivor_fraction = variants[name]
             released = run_private(mode, arm, spec, start, devices, cloud_x, args.rounds, args.per_round,
                                    args.local_epochs, seed, learning_rate, exponent, z, clip_norm, levels,
-                                   survivor_fraction)
+                                   survivor_fraction, args.local_batchnorm)
         return released, devices
 
     chosen = {}

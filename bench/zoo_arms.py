@@ -298,6 +298,15 @@ def train_locally(module: nn.Module, x: np.ndarray, y: np.ndarray, epochs: int, 
     return {name: value - initial[name] for name, value in float_state(module).items()}, examples
 
 
+def sent_subnet(spec: SupernetSpec, arch: Arch, weights: Weights, cloud_x: np.ndarray, batch_norm: str) -> nn.Module:
+    """The subnet a round sends a device: with `batch_norm` "inference", its BatchNorm statistics recalibrated on
+    the cloud's images, which the device then trains with (`train_locally`)."""
+    module = tier_module(spec, arch, weights)
+    if batch_norm == "inference":
+        recalibrate_batchnorm(module, cloud_x)
+    return module
+
+
 def run_arm(arm: Arm, spec: SupernetSpec, initial: Weights, devices: list[Device], cloud_x: np.ndarray,
             rounds: int, per_round: int, local_epochs: int, seed: int, server_learning_rate: float,
             coverage_step_exponent: float, macs: MacCounter, batch_norm: str = "training") -> ArmResult:
@@ -324,9 +333,7 @@ def run_arm(arm: Arm, spec: SupernetSpec, initial: Weights, devices: list[Device
             for index in members:
                 device, arch = devices[index], arm.tier_archs[devices[index].tier]
                 if device.tier not in sent:
-                    sent[device.tier] = tier_module(spec, arch, base)
-                    if batch_norm == "inference":
-                        recalibrate_batchnorm(sent[device.tier], cloud_x)
+                    sent[device.tier] = sent_subnet(spec, arch, base, cloud_x, batch_norm)
                 module = copy.deepcopy(sent[device.tier])
                 down = sum(value.nbytes for value in float_state(module).values())
                 delta, examples = train_locally(module, device.x, device.y, local_epochs,

@@ -18,6 +18,7 @@ to thousands of grid steps here the two have the same accuracy effect, and nothi
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 
@@ -39,7 +40,7 @@ from fedzoo.server.fl.schemas import RoundConfig
 from fedzoo.server.fl.secure_rounds import MIN_COHORT, check_planned_ring, secagg_config
 from fedzoo.server.fl.zoo_privacy import (CentralNoise, CohortNoise, PublicSubnet, cohort_sensitivity, longest_subnet,
                                           noised_coverage_sum, trainable_shapes)
-from zoo_arms import Arm, Device, served_models, tier_module, train_locally
+from zoo_arms import Arm, Device, sent_subnet, served_models, train_locally
 
 
 @dataclass
@@ -110,9 +111,9 @@ def clear_coverage(arm: Arm, spec: SupernetSpec, initial: dict, devices: list[De
 def run_private(mode: str, arm: Arm, spec: SupernetSpec, initial: dict, devices: list[Device], cloud_x: np.ndarray,
                 rounds: int, per_round: int, local_epochs: int, seed: int, server_learning_rate: float,
                 coverage_step_exponent: float, noise_multiplier: float, clip_norm: float, levels: int,
-                survivor_fraction: float | None = None) -> PrivateRounds:
-    """`rounds` rounds of the zoo-wide plan under SecAgg+ with `mode` DP (the draws and training seeds of
-    `zoo_arms.run_arm`); returns the served models and what each round released."""
+                survivor_fraction: float | None = None, batch_norm: str = "training") -> PrivateRounds:
+    """`rounds` rounds of the zoo-wide plan under SecAgg+ with `mode` DP (the draws, training seeds and devices'
+    BatchNorm of `zoo_arms.run_arm`); returns the served models and what each round released."""
     config = plan_config(mode, noise_multiplier, clip_norm, levels, per_round, survivor_fraction)
     public = {arch_key(arch): PublicSubnet(arch_key(arch), arch) for arch in arm.tier_archs}
     archs = [subnet.arch for subnet in public.values()]
@@ -140,11 +141,11 @@ def run_private(mode: str, arm: Arm, spec: SupernetSpec, initial: dict, devices:
                                      sum(math.prod(shape) for shape in shapes.values()), clip_norm, MIN_COHORT, 0)
             request = noise_request(config, protocol) if mode == "distributed" else None
             vectors = []
+            sent = sent_subnet(spec, arch, supernet, cloud_x, batch_norm)
             for index in members:
                 device = devices[index]
-                module = tier_module(spec, arch, supernet)
-                delta, _ = train_locally(module, device.x, device.y, local_epochs,
-                                         seed * 100_003 + round_number * 1009 + index)
+                delta, _ = train_locally(copy.deepcopy(sent), device.x, device.y, local_epochs,
+                                         seed * 100_003 + round_number * 1009 + index, batch_norm)
                 clipped, _ = clip_delta({name: delta[name] for name in shapes}, clip_norm)
                 vectors.append(flatten(clipped))
                 result.upload_vs_int8.append((protocol.vector_length + 1) * protocol.modulus_bits / 8
