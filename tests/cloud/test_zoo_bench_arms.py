@@ -23,8 +23,10 @@ from zoo_arms import (  # noqa: E402
     over_budget,
     roll_channels,
     run_arm,
+    sent_subnet,
     sliced_map_back,
     tier_module,
+    train_locally,
     warm_up,
     width_scaled,
 )
@@ -148,6 +150,30 @@ def test_an_arm_reports_the_bytes_and_macs_it_ran():
     assert result.bytes_per_device_round == 2 * state_bytes  # the model down, its delta up
     assert result.forward_macs_per_device_round == macs(largest) * 8  # one epoch of 8 examples
     assert not np.array_equal(result.supernets[None]["classifier.weight"], weights["classifier.weight"])
+
+
+def test_devices_batchnorm_in_inference_mode_trains_with_the_sent_statistics_and_leaves_them():
+    """`--local-batchnorm inference`: the subnet arrives with statistics recalibrated on the cloud's images, the
+    device normalises with them (its own batches' statistics would differ) and changes only weights, scale and bias;
+    in training mode the batch's statistics normalise and the running statistics move."""
+    spec, weights = _supernet()
+    rng = np.random.default_rng(0)
+    cloud_x = rng.normal(size=(64, 1, 8, 8)).astype(np.float32)
+    x, y = (rng.normal(size=(16, 1, 8, 8)) + 3).astype(np.float32), rng.integers(0, 10, 16)  # shifted: other statistics
+    largest = _largest(spec)
+    sent = sent_subnet(spec, largest, weights, cloud_x, "inference")
+    calibrated = tier_module(spec, largest, weights)
+    recalibrate_batchnorm(calibrated, cloud_x)
+    statistics = [name for name in sent.state_dict() if name.endswith(("running_mean", "running_var"))]
+    assert statistics and all(torch.equal(sent.state_dict()[name], calibrated.state_dict()[name]) for name in statistics)
+    assert not torch.equal(sent.state_dict()[statistics[0]], tier_module(spec, largest, weights).state_dict()[statistics[0]])
+
+    delta, examples = train_locally(sent, x, y, epochs=1, seed=0, batch_norm="inference")
+    assert examples == 16
+    assert all(not delta[name].any() for name in statistics)
+    assert any(delta[name].any() for name in delta if name.endswith(".weight"))
+    moved, _ = train_locally(sent_subnet(spec, largest, weights, cloud_x, "training"), x, y, epochs=1, seed=0)
+    assert all(moved[name].any() for name in statistics if name.endswith("running_mean"))
 
 
 def test_the_warm_up_trains_the_anchor_family_on_the_cloud_budget_and_nothing_else():
