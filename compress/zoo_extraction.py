@@ -6,9 +6,10 @@ numpy), its `details["supernet"]` the search space, classes and input channels. 
 `<task>.supernet`, so lookup never serves it.
 
 From the weights, for any arch of the space (tensors placed by `fedzoo.nas.subnet_mapping`):
-- `training_blobs`: the subnet exported with its BatchNorm kept (not folded into the convolutions), and its
-  training graph with BatchNorm in training mode, so a device's delta names the subnet's own tensors (conv
-  weights, BN scale and shift) and carries the BN running statistics;
+- `training_blobs`: the subnet exported with its BatchNorm kept (not folded into the convolutions), so a device's
+  delta names the subnet's own tensors (conv weights, BN scale and shift), and its training graph with BatchNorm
+  in training mode (the delta carries the BN running statistics) or, given calibration images, in inference mode
+  (statistics recalibrated on them and fixed on the device);
 - `deployable_blob`: the subnet with BatchNorm recalibrated on calibration images and folded, exported as
   the zoo's models are.
 """
@@ -91,9 +92,15 @@ def _input_shape(spec: SupernetSpec) -> tuple[int, int, int, int]:
     return (1, spec.in_channels, spec.space.resolution, spec.space.resolution)
 
 
-def training_blobs(spec: SupernetSpec, arch: Arch, weights: Weights) -> tuple[bytes, bytes]:
-    """(the subnet's ONNX with BatchNorm kept, its training graph with BatchNorm in training mode)."""
+def training_blobs(spec: SupernetSpec, arch: Arch, weights: Weights,
+                   calibration: np.ndarray | None = None) -> tuple[bytes, bytes]:
+    """(the subnet's ONNX with BatchNorm kept, its training graph). Without `calibration` the graph runs BatchNorm
+    in training mode (each batch's statistics; the running statistics are outputs); with it (normalised images)
+    the statistics are recalibrated on them and the graph runs BatchNorm in inference mode, for devices whose
+    batches are too few-class to normalise with (docs/zoo-federated.md, "BatchNorm")."""
     module = subnet_module(spec, arch, weights)
+    if calibration is not None:
+        recalibrate_batchnorm(module, calibration)
     buffer = io.BytesIO()
     with torch.no_grad():
         # initializers kept as inputs while exporting: otherwise torch merges equal tensors (a fresh supernet's
@@ -108,7 +115,8 @@ def training_blobs(spec: SupernetSpec, arch: Arch, weights: Weights) -> tuple[by
     del proto.graph.input[:]
     proto.graph.input.extend(kept_inputs)
     onnx.checker.check_model(proto, full_check=True)
-    return proto.SerializeToString(), build_training_graph(proto, batch_norm="training").SerializeToString()
+    batch_norm = "training" if calibration is None else "inference"
+    return proto.SerializeToString(), build_training_graph(proto, batch_norm=batch_norm).SerializeToString()
 
 
 def deployable_blob(spec: SupernetSpec, arch: Arch, weights: Weights, calibration: np.ndarray | None) -> bytes:

@@ -214,6 +214,12 @@ class ZooSettings(_Request):
         description="each released element's mean delta is scaled by max(1, covering devices / devices per subnet) "
                     "to this power before the strategy's step: 1 moves a weight that k subnets' cohorts trained about "
                     "as far as their k per-model steps together, 0 is the plain per-element mean")
+    device_batch_norm: Literal["training", "inference"] = Field(
+        default="training",
+        description="how devices run their subnet's BatchNorm: 'training' normalises with each batch's statistics "
+                    "and uploads running-statistics deltas; 'inference' sends statistics recalibrated on the "
+                    "calibration images and keeps them fixed (only BN scale and bias train). Pick 'inference' for "
+                    "non-IID devices with small shards, whose few-class batches make poor statistics")
 
     @field_validator("latency_budget_ms_by_class")
     @classmethod

@@ -3,8 +3,10 @@ lookup picks under its budget, and the server improves the one supernet all zoo 
 
 - **selection**: the device's lookup (the plan's budget, or its class's) picks a zoo model; the device
   trains that model's arch, extracted from the round's supernet as a signed training card (`<task>.subnet`,
-  never served by lookup: its BatchNorm is kept so the delta names the subnet's own tensors and carries the
-  running statistics). Devices and SDKs are unchanged: it is a round like any other to them.
+  never served by lookup: its BatchNorm is kept so the delta names the subnet's own tensors). Its graph runs
+  BatchNorm as `zoo.device_batch_norm` says: in training mode (the delta carries the running statistics) or in
+  inference mode (statistics recalibrated on the calibration images, fixed on the device). Devices and SDKs are
+  unchanged: it is a round like any other to them.
 - **screening** per subnet: the norm bound's median is taken over the devices that trained the same subnet.
 - **aggregation** per element (`fedzoo.aggregation.per_element`): each delta is mapped onto the supernet
   (`fedzoo.nas.subnet_mapping`) and every element averaged over the devices covering it, that mean scaled by
@@ -53,7 +55,7 @@ from fedzoo.server.fl.evaluation import GateReference, client_reported_metrics, 
 from fedzoo.server.fl.outcome import RoundOutcome, UpdateCounts, ZooRound
 from fedzoo.server.fl.tables import FLRound, FLSubnetAssignment, FLUpdate
 from fedzoo.server.fl.round_context import RoundContext
-from fedzoo.server.fl.schemas import RoundConfig
+from fedzoo.server.fl.schemas import RoundConfig, ZooSettings
 from fedzoo.server.fl.secure_rounds import CohortSum, SeatGroup, ledger_line, refuse_plain_plan_on_dp_weights
 from fedzoo.server.fl.stages.screening import ScreenedRound, screen_round, tally_screening
 from fedzoo.server.latency import LatencyEstimator
@@ -100,10 +102,13 @@ class Supernet:
         return round_identity(self.card)[1]
 
 
-def training_card_id(supernet: Supernet, arch: Arch) -> str:
+def training_card_id(supernet: Supernet, arch: Arch, zoo: ZooSettings) -> str:
     """The id of `arch`'s training card at this supernet version: the card devices train in a zoo-wide round, and
-    the model line they check the operator's privacy terms for (it starts a line of its own)."""
-    return f"{supernet.card.id}-{arch_hash(arch)}"[:120] + f"-t{supernet.card.version}"
+    the model line they check the operator's privacy terms for (it starts a line of its own). An inference-mode
+    card's id names its mode and the calibration images its statistics come from, so a plan never trains a card
+    made for another mode or other images."""
+    mode = f"-bn{zoo.calibration_sha256[:8]}" if zoo.device_batch_norm == "inference" else ""
+    return f"{supernet.card.id}-{arch_hash(arch)}"[:120 - len(mode)] + mode + f"-t{supernet.card.version}"
 
 
 @dataclass
@@ -233,11 +238,11 @@ class ZooPlan:
         members = self.members(session, supernet)
         return [*members, *(variant for member in members for variant in self.int8_variants(session, supernet, member))]
 
-    def terms_lines(self, session: Session, supernet: Supernet) -> list[str]:
+    def terms_lines(self, session: Session, supernet: Supernet, zoo: ZooSettings) -> list[str]:
         """The model lines a zoo-wide round touches, which the operator's privacy terms are checked for: each zoo
         model's training card (its own line: the one devices check), the supernet's line, and every zoo model's line
         and ledger line (`zoo_models`: each is charged and may be republished)."""
-        trained = [training_card_id(supernet, member.arch) for member in self.members(session, supernet)]
+        trained = [training_card_id(supernet, member.arch, zoo) for member in self.members(session, supernet)]
         republished = [line for model in self.zoo_models(session, supernet)
                        for line in (model.line_id, ledger_line(session, model))]
         return [*trained, supernet.card.line_id, *republished]
@@ -326,21 +331,27 @@ class ZooPlan:
         arch = ModelCard.from_dict(registry.get_card(session, chosen.model_id)).arch
         if not supernet.space.contains(arch):
             return None
-        training_id = self._training_card(session, supernet, arch)
+        training_id = self._training_card(session, supernet, arch, config.zoo)
         session.add(FLSubnetAssignment(round_id=round_row.id, device_id=device_id, zoo_model_id=chosen.model_id,
                                        training_model_id=training_id, arch_json=arch_key(arch)))
         return training_id
 
-    def _training_card(self, session: Session, supernet: Supernet, arch: Arch) -> str:
-        """The signed training card of `arch` at this supernet version (published once)."""
-        card_id = training_card_id(supernet, arch)
+    def _training_card(self, session: Session, supernet: Supernet, arch: Arch, zoo: ZooSettings) -> str:
+        """The signed training card of `arch` at this supernet version in the plan's BatchNorm mode (published
+        once): in inference mode its statistics are recalibrated on the plan's calibration images, the ones the
+        republication recalibrates on."""
+        card_id = training_card_id(supernet, arch, zoo)
         if session.get(ModelRecord, card_id) is not None:
             return card_id
         from fedzoo.compress.zoo_extraction import SupernetSpec, training_blobs
 
         spec = SupernetSpec(supernet.space, supernet.num_classes, supernet.in_channels, supernet.task,
                             supernet.zoo_family)
-        model, graph = training_blobs(spec, arch, supernet.weights)
+        inference = zoo.device_batch_norm == "inference"
+        calibration = self._calibration_images(zoo.calibration_sha256, supernet) if inference else None
+        model, graph = training_blobs(spec, arch, supernet.weights, calibration)
+        batch_norm = ({"batch_norm": "inference", "calibration_sha256": zoo.calibration_sha256} if inference
+                      else {"batch_norm": "training"})
         base = supernet.card
         card = ModelCard.from_dict({
             **base.model_dump(exclude={"signature"}),
@@ -350,7 +361,7 @@ class ZooPlan:
             "training_graph": self.context.store.put(graph), "artifacts": {}, "latency_ms": {},
             "created_at": self.context.clock(),
             "details": {"zoo_training": {"supernet_id": base.id, "supernet_version": base.version,
-                                         "training_graph_bytes": len(graph),
+                                         "training_graph_bytes": len(graph), **batch_norm,
                                          "note": "a subnet of the supernet with BatchNorm unfolded, for training only; "
                                                  "its metrics are the supernet card's"}},
         })
@@ -410,7 +421,8 @@ class ZooPlan:
     def aggregate(self, round_id: int, config: RoundConfig, supernet: Supernet, rows: list[FLUpdate],
                   screening: ScreenedRound, strategy: Strategy) -> ZooOutcome:
         """Map every kept update onto the supernet and average per element; the statistics' deltas are averaged
-        per element too (variances kept positive)."""
+        per element too (variances kept positive). Devices of an inference-mode plan send no statistics: the
+        supernet's keep their values (every published model is recalibrated anyway)."""
         started = time.perf_counter()
         with self.context.database.session() as session:
             assignments = self._assignments(session, round_id)

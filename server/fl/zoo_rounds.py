@@ -60,7 +60,7 @@ class ZooRounds:
         return config, supernet.card
 
     def terms_lines(self, session: Session, config: RoundConfig, card: ModelCard) -> list[str]:
-        return self.zoo.terms_lines(session, self.zoo.supernet(session, card.id))
+        return self.zoo.terms_lines(session, self.zoo.supernet(session, card.id), config.zoo)
 
     def seat(self, session: Session, round_row: FLRound, config: RoundConfig, device_id: str) -> bool:
         """Only with a subnet that fits the device's budget (recorded as its assignment)."""

@@ -14,9 +14,10 @@ from datetime import datetime, timedelta, timezone
 
 import httpx
 import numpy as np
+import onnx
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import create_engine, update
+from sqlalchemy import create_engine, func, select, update
 
 from fedzoo.admin.operator_client import OperatorClient
 from fedzoo.cards import Latency, ModelCard, is_supernet
@@ -32,8 +33,18 @@ from fedzoo.device import CpuInfo, DeviceProfile, RuntimeInfo
 from fedzoo.edge.local_training import LocalData, normalise
 from fedzoo.edge.runtime import create_session
 from fedzoo.server.fl.tables import FLRound
+from fedzoo.server.tables import ModelRecord
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN, LoopbackServer
 from fedzoo.zoo import Zoo
+from fedzoo.aggregation.per_element import is_statistic
+from fedzoo.compress.zoo_extraction import SupernetSpec, subnet_module
+from fedzoo.edge.onnx_initializers import read_float_initializers
+from fedzoo.nas.space import SearchSpace
+from fedzoo.nas.subnet import recalibrate_batchnorm
+from fedzoo.server.fl.schemas import ZooSettings
+from fedzoo.server.fl.zoo_plan import Supernet, training_card_id
+from fedzoo.signing import TrustedKeys, verify_card
+from fedzoo.update_codec import decode_update
 
 # one test process runs every module on the session's tiny zoo (`--dist loadgroup`): built once, not once per worker
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(TINY_ZOO_GROUP)]
@@ -295,6 +306,7 @@ def test_zoo_plans_need_the_admin_token_and_name_bad_fields(fleet):
         ("zoo", {key: value for key, value in plan.items() if key != "zoo"}),
         ("zoo.coverage_step_exponent", {**plan, "zoo": {**plan["zoo"], "coverage_step_exponent": 1.5}}),
         ("zoo.coverage_step_exponent", {**plan, "zoo": {**plan["zoo"], "coverage_step_exponent": -0.5}}),
+        ("zoo.device_batch_norm", {**plan, "zoo": {**plan["zoo"], "device_batch_norm": "frozen"}}),
         # each zoo model is gated against its own line: one anchor model cannot be every line's reference
         ("gate.compare_with", {**plan, "gate": {"compare_with": "anchor",
                                                 "anchor_model_id": zoo_members(fleet["zoo"])[0].id}}),
@@ -304,6 +316,13 @@ def test_zoo_plans_need_the_admin_token_and_name_bad_fields(fleet):
         assert (error.status, error.field) == (422, field), (field, str(error))
     error = _refused(lambda: admin.create_rounds(plan, DEFAULT_ADMIN_TOKEN))  # the single-model endpoint
     assert (error.status, error.field) == (422, "zoo")
+    # a refused plan creates nothing: no round, no training card
+    engine = create_engine(fleet["database_url"])
+    with engine.connect() as connection:
+        assert connection.execute(select(func.count()).select_from(FLRound)).scalar_one() == 0
+        assert connection.execute(select(func.count()).select_from(ModelRecord).where(
+            ModelRecord.task.endswith(".subnet"))).scalar_one() == 0
+    engine.dispose()
 
 
 def _train_every_device(fleet, round_id: int, labels=None) -> None:
@@ -432,3 +451,107 @@ def test_a_publication_whose_worker_died_is_re_run_by_the_next_advance_and_publi
             versions = [card for card in admin.list_models(task=split.dataset.name)["models"]
                         if card["parent_id"] == model["model_id"] and card["version"] == 2]
             assert [card["id"] for card in versions] == [model["new_model_id"]]
+
+
+def _statistics(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {name: value for name, value in weights.items() if is_statistic(name)}
+
+
+def _npz_arrays(path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as archive:
+        return {name: archive[name] for name in archive.files}
+
+
+@contextmanager
+def _recording_uploads(device: FedzooClient, sent: list[bytes]):
+    """The device uploads as ever, and every update archive it sends is appended to `sent`."""
+    upload = device.upload_update
+
+    def recorded(upload_url: str, metadata: dict, delta_npz: bytes) -> dict:
+        sent.append(delta_npz)
+        return upload(upload_url, metadata, delta_npz)
+
+    device.upload_update = recorded
+    try:
+        yield
+    finally:
+        del device.upload_update
+
+
+def test_an_inference_batchnorm_zoo_round_trains_recalibrated_statistics_and_uploads_none(fleet):
+    """`zoo.device_batch_norm: "inference"`: each device trains a training card whose statistics are recalibrated on
+    the plan's calibration images and fixed (its graph has no statistic inputs), uploads no `running.*` entries, and
+    the round republishes the zoo, the supernet's statistics as they were."""
+    zoo, admin, split = fleet["zoo"], fleet["admin"], fleet["split"]
+    members, supernet = zoo_members(zoo), supernet_card(zoo)
+    plan = _plan(fleet)
+    plan["zoo"]["device_batch_norm"] = "inference"
+    round_id = admin.create_zoo_rounds(plan, DEFAULT_ADMIN_TOKEN)["id"]
+    spec = SupernetSpec.from_card(supernet)
+    supernet_weights = _npz_arrays(zoo.blob_path(supernet.artifacts["supernet_weights"]))
+    calibration = normalise(split.validation.x, supernet.input.normalisation)
+    uploads: list[bytes] = []
+    for device, shard in zip(fleet["devices"], fleet["shards"]):
+        work = device.fl_task(supernet.details["supernet"]["task"])["task"]
+        assert work is not None and work["round_id"] == round_id
+        card = device.card(work["model_id"])
+        assert card.details["zoo_training"]["batch_norm"] == "inference"
+        assert card.details["zoo_training"]["calibration_sha256"] == fleet["calibration"]
+        # the graph normalises with fixed statistics: none is an input or an output
+        graph = onnx.load(device.download_training_graph(card))
+        assert {prop.key: prop.value for prop in graph.metadata_props}["fedzoo.batch_norm"] == "inference"
+        assert not [value.name for value in graph.graph.input if is_statistic(value.name)]
+        assert not [value.name for value in graph.graph.output if value.name.startswith("running.")]
+        # its statistics are the subnet's recalibrated on the calibration images, not the supernet's
+        served = read_float_initializers(device.download_model(card).read_bytes())
+        recalibrated = subnet_module(spec, card.arch, supernet_weights)
+        recalibrate_batchnorm(recalibrated, calibration)
+        expected = {name: value.numpy() for name, value in recalibrated.state_dict().items() if is_statistic(name)}
+        assert expected and set(expected) <= set(served)
+        for name, value in expected.items():
+            np.testing.assert_allclose(served[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+        stale = subnet_module(spec, card.arch, supernet_weights).state_dict()
+        assert any(not np.allclose(served[name], stale[name].numpy()) for name in expected)
+        sent = len(uploads)
+        with _recording_uploads(device, uploads):
+            assert run_task(device, work, LocalData(split.train.x[shard], split.train.y[shard])).outcome == "accepted"
+        assert len(uploads) == sent + 1
+    for delta in uploads:  # the Python SDK sends what the graph trains: parameters, no running statistics
+        entries = decode_update(delta)[0]
+        assert entries and not [name for name in entries if name.startswith("running.")]
+    view = admin.wait_for_round(round_id, timeout_s=300)
+    assert view["state"] == "closed", view["outcome"]
+    outcome = view["outcome"]["zoo"]
+    assert outcome["new_versions"] >= len(members)
+    # the server took updates without statistics: the supernet's weights moved, its statistics did not
+    new_supernet = admin.card(view["result_model_id"])
+    new_weights = _npz_arrays(admin.download_blob(new_supernet.artifacts["supernet_weights"]))
+    old_statistics, new_statistics = _statistics(supernet_weights), _statistics(new_weights)
+    assert old_statistics and set(new_statistics) == set(old_statistics)
+    for name, value in old_statistics.items():
+        np.testing.assert_array_equal(new_statistics[name], value, err_msg=name)
+    assert any(not np.array_equal(new_weights[name], value) for name, value in supernet_weights.items()
+               if not is_statistic(name))
+    # every published card verifies against the server's keys, and its blob against its card
+    keys = TrustedKeys.from_json(httpx.get(f"{fleet['server'].url}/v1/keys").json())
+    published = [model["new_model_id"] for model in outcome["models"] if model["published"]]
+    assert {model["model_id"] for model in outcome["models"] if model["published"]} >= {card.id for card in members}
+    for model_id in [view["result_model_id"], *published]:
+        card = admin.card(model_id)
+        verify_card(card, keys)
+        assert create_session(admin.download_model(card).read_bytes()) is not None
+
+
+def test_training_cards_of_the_two_batchnorm_modes_never_share_an_id(zoo):
+    """A plan in one mode never trains the card another mode published (cached per arch and supernet version), nor
+    an inference-mode card whose statistics come from other calibration images."""
+    card = supernet_card(zoo)
+    supernet = Supernet(card, SearchSpace.from_dict(card.details["supernet"]["space"]), {}, 10, 1)
+    arch = zoo_members(zoo)[0].arch
+    settings = {"latency_budget_ms": 1.0, "calibration_sha256": "a" * 64}
+    ids = {training_card_id(supernet, arch, ZooSettings(**settings)),
+           training_card_id(supernet, arch, ZooSettings(**settings, device_batch_norm="training")),
+           training_card_id(supernet, arch, ZooSettings(**settings, device_batch_norm="inference")),
+           training_card_id(supernet, arch, ZooSettings(**{**settings, "calibration_sha256": "b" * 64},
+                                                        device_batch_norm="inference"))}
+    assert len(ids) == 3 and all(len(card_id) <= 128 for card_id in ids)
