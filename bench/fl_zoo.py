@@ -336,7 +336,7 @@ def main() -> None:
                 "deployed": deployed_accuracy(result.models, devices),
                 "tiers": [evaluate_accuracy(result.models[tier], test_x, test_y)[0] for tier in range(TIERS)],
                 "bytes": result.bytes_per_device_round, "macs": result.forward_macs_per_device_round,
-                "seconds": seconds})
+                "refused": result.refused_updates, "seconds": seconds})
             if name == "fedzoo":
                 republish.append(republish_seconds(spec, zoo, result.supernets[None], cloud_x))
     report(results, republish, {name: [macs(arch) for arch in arm.tier_archs] for name, arm in arms.items()},
@@ -452,7 +452,7 @@ def report(results: dict[str, list[dict]], republish: list[float], tier_macs: di
           "held-out data (start: before the first round, the mean); tiers on the test split, slowest first")
     print(f"{'arm':>16} {'start':>6} {'deployed':>15} "
           + " ".join(f"{'tier ' + str(tier):>15}" for tier in range(TIERS))
-          + f" {'monotone':>9} {'kB/dev/round':>12} {'MMAC/dev/round':>14} {'s/run':>6}  tier kMACs (budgets "
+          + f" {'monotone':>9} {'kB/dev/round':>12} {'MMAC/dev/round':>14} {'refused':>7} {'s/run':>6}  tier kMACs (budgets "
           + "/".join(f"{budget / 1e3:.0f}" for budget in budgets) + ")")
     for name, runs in results.items():
         monotone = sum(all(run["tiers"][-1] >= value for value in run["tiers"][:-1]) for run in runs)
@@ -461,7 +461,7 @@ def report(results: dict[str, list[dict]], republish: list[float], tier_macs: di
               + " ".join(f"{mean_sd([run['tiers'][tier] for run in runs]):>15}" for tier in range(TIERS))
               + f" {f'{monotone}/{len(runs)}':>9} {statistics.mean(run['bytes'] for run in runs) / 1e3:>12.1f} "
               f"{statistics.mean(run['macs'] for run in runs) / 1e6:>14.2f} "
-              f"{statistics.mean(run['seconds'] for run in runs):>6.0f}  "
+              f"{sum(run['refused'] for run in runs):>7} {statistics.mean(run['seconds'] for run in runs):>6.0f}  "
               + "/".join(f"{value / 1e3:.0f}" for value in tier_macs[name]))
     if "fedzoo" not in results:
         return

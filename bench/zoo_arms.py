@@ -70,6 +70,7 @@ class ArmResult:
     bytes_per_device_round: float  # float32 tensors down (subnet state) + up (delta), summed from the arrays
     forward_macs_per_device_round: float  # the model's counted MACs x examples trained on, mean over updates
     supernets: dict[int | None, Weights]  # the trained supernet (tier_alone: one per tier)
+    refused_updates: int = 0  # updates with a non-finite value, refused as the server refuses them
 
 
 def width_scaled(arch: Arch, ratio: float) -> Arch:
@@ -319,7 +320,7 @@ def run_arm(arm: Arm, spec: SupernetSpec, initial: Weights, devices: list[Device
     strategies = {key: make_strategy({"name": "fedavg", "server_learning_rate": server_learning_rate}) for key in keys}
     shapes = {name: value.shape for name, value in initial.items()}
     rng = np.random.default_rng(seed)
-    sent_bytes, forward_macs, updates = 0, 0, 0
+    sent_bytes, forward_macs, updates, refused = 0, 0, 0, 0
     for round_number in range(rounds):
         chosen = rng.choice(len(devices), size=min(per_round, len(devices)), replace=False)
         shift = round_number if arm.rolling else 0
@@ -341,12 +342,15 @@ def run_arm(arm: Arm, spec: SupernetSpec, initial: Weights, devices: list[Device
                 sent_bytes += down + sum(value.nbytes for value in delta.values())
                 forward_macs += macs(arch) * examples
                 updates += 1
+                if not all(np.isfinite(value).all() for value in delta.values()):
+                    refused += 1  # local SGD diverged: the server refuses non-finite tensors in every arm
+                    continue
                 total.add(sliced_map_back(spec, arch, base, delta), len(device.y), arch_key(arch))
             stepped, _ = step_supernet(strategies[key], base, total, min_coverage=1,
                                        coverage_step_exponent=coverage_step_exponent)
             supernets[key] = roll_channels(stepped, shift) if shift else stepped
     return ArmResult(served_models(arm, spec, supernets, cloud_x), sent_bytes / max(updates, 1),
-                     forward_macs / max(updates, 1), supernets)
+                     forward_macs / max(updates, 1), supernets, refused)
 
 
 def served_models(arm: Arm, spec: SupernetSpec, supernets: dict[int | None, Weights],
