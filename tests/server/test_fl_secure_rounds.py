@@ -901,6 +901,27 @@ def roomy_simulation(federation, roomy_server, tmp_path):
         yield sim
 
 
+def test_a_dp_round_under_secure_aggregation_publishes_the_noised_mean_of_the_unmasked_sum(roomy_simulation, federation):
+    """Central DP over SecAgg+ noises the sum the devices' masks add up to, not the clear path's (empty) sum of
+    uploaded deltas. At z = 0.05 the noise on the mean (0.05 x 0.5 / 8 per coordinate, norm about 0.08) is below
+    the mean of the devices' deltas (norm about 0.09): the published step points along that mean (on a server
+    whose lines may spend epsilon 1,000: one round at z = 0.05 spends 295)."""
+    privacy = {"secure_aggregation": {"neighbour_count": 6, "stage_deadline_s": 5},
+               "dp": {"max_epsilon": 500, "delta": 1e-5, "clip_norm": 0.5, "noise_multiplier": 0.05}}
+    _, devices, view = run_scripted_round(roomy_simulation, federation, secure_config(privacy=privacy))
+    assert view["state"] == "closed", view["outcome"]
+    config = devices[0].config
+    ring_sum = sum((device.ring_input.astype(np.int64) for device in devices), np.zeros(config.vector_length + 1,
+                                                                                          dtype=np.int64))
+    total, _ = dequantise_sum((ring_sum % 2**config.modulus_bits).astype(MASK_DTYPES[config.modulus_bits]), config)
+    base = read_float_initializers(federation.model)
+    _, published = published_parameters(roomy_simulation, view)
+    step = flatten({name: published[name] - base[name] for name in base})  # the order the ring vector takes
+    mean = total / DEVICES  # the fixed denominator: the plan's target_clients
+    cosine = float(step @ mean / (np.linalg.norm(step) * np.linalg.norm(mean)))
+    assert cosine > 0.5, cosine  # about 0.75 here; a step of noise alone is about 0 (+- 0.04)
+
+
 def _adaptive_privacy(clip_norm, secure):
     """Adaptive clipping with a count noise too small to move a whole number (sigma 0.06: z = 0.1 needs more than
     z / 2), so two rounds over the same deltas must state the same noised count."""
