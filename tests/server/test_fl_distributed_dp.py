@@ -10,6 +10,7 @@ import pytest
 
 from fedzoo.cloud.simulation import prepare_federation
 from fedzoo.server.testing import DEFAULT_ADMIN_TOKEN as ADMIN
+from fedzoo.clients.errors import BadRequestError
 from fedzoo.clients.participation import LocalData, participate_once
 from fedzoo.dp.accountant import epsilon_after
 from fedzoo.dp.distributed import MECHANISM, DistributedNoise, NoisePolicy
@@ -87,6 +88,12 @@ def test_a_distributed_dp_round_publishes_a_card_with_the_accountants_epsilon(si
     published = read_float_initializers(simulation.admin.download_model(card).read_bytes())
     step = np.sqrt(sum(float(np.sum((published[name] - base[name]) ** 2)) for name in base))
     assert step > 2 * 0.5, step
+    # the model line counts the round released: a plan on the published weights whose one round would pass the
+    # line's lifetime budget (10 on this server) is refused stating what the line has already spent
+    with pytest.raises(BadRequestError) as refused:
+        simulation.start_plan(distributed_config(noise_multiplier=0.3, model_id=card.id))
+    assert refused.value.field == "privacy.dp.max_epsilon"
+    assert f"the line has spent {epsilon_after(1, 1.5, 1.0, 1e-5, 'rdp'):.3f}" in str(refused.value)
 
 
 def test_distributed_noise_without_secure_aggregation_or_in_too_small_a_ring_is_refused_naming_the_field(simulation):

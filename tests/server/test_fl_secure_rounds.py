@@ -253,9 +253,14 @@ def test_devices_refuse_a_server_that_tells_each_a_different_survivor_set(simula
 def test_devices_refuse_parameters_below_their_own_bounds_whatever_the_server_says(simulation, federation):
     """The operator's plan asks for 2 neighbours among 8 devices: valid for the server, below every device's floor."""
     weak = {"secure_aggregation": {"neighbour_count": 2, "clip_range": 0.05, "stage_deadline_s": 3}}
-    _, results, view = sdk_round(simulation, federation, secure_config(privacy=weak, deadline_s=10))
+    round_id, results, view = sdk_round(simulation, federation, secure_config(privacy=weak, deadline_s=10))
     assert [result.outcome for result in results] == ["refused: config_out_of_bounds"] * DEVICES
     assert view["state"] == "failed" and view["result_model_id"] is None
+    # each device is on record once, as having declined: a device that refused a server's bad parameters is not
+    # also charged an abandoned seat (a second exclusion towards quarantine for the server's fault)
+    participants = httpx.get(f"{simulation.server_url}/v1/fl/rounds/{round_id}/participants",
+                             headers={"Authorization": f"Bearer {ADMIN}"}).json()["participants"]
+    assert [entry["status"] for entry in participants] == ["declined"] * DEVICES
 
 
 def test_plans_with_rules_that_need_every_update_are_refused_under_privacy(simulation):
@@ -490,6 +495,8 @@ def test_dp_with_secure_aggregation_records_epsilon_on_the_card(simulation, fede
     assert (dp["rounds"], dp["delta"], dp["accountant"], dp["noise_multiplier"]) == (1, 1e-5, "rdp", 1.5)
     assert dp["epsilon"] == pytest.approx(epsilon_after(1, 1.5, 1.0, 1e-5, "rdp"))
     assert dp["sensitivity"] > dp["clip_norm"]  # quantisation can lengthen a clipped delta: more noise
+    # the bound each update was held to, the one figure of the screening a DP round's outcome keeps
+    assert view["outcome"]["screening"]["norm_limit"] == 0.5
 
 
 def test_a_dp_plan_stops_before_its_budget_and_its_ledger_survives_a_restart(simulation, federation, server):
@@ -770,6 +777,15 @@ def test_a_secure_stage_reply_to_a_round_without_secure_aggregation_is_refused_n
     assert (refused.json()["error"]["code"], refused.json()["error"]["field"]) == ("not_a_secure_round", "round_id")
 
 
+def test_a_secure_round_nobody_joins_fails_at_its_deadline_naming_the_selection_stage(simulation, federation):
+    """No cohort formed, so no seat was abandoned: failing the round records no seat failure and the plan is free
+    (a failure that raised there would leave the round open past its deadline, holding the task)."""
+    round_id = simulation.start_plan(secure_config(deadline_s=1))
+    view = simulation.admin.wait_for_round(round_id, timeout_s=30)
+    assert view["state"] == "failed", view
+    assert "at stage 'selection'" in view["outcome"]["failure"]
+
+
 def test_a_new_line_from_a_dp_model_starts_from_the_ledger_its_signed_card_carries(federation):
     claim = {"line_events": [[1.5, 1.0, 2]], "delta": 1e-6, "accountant": "pld"}
     assert secure_rounds.inherited_ledger(claim, 1e-5, "rdp") == ([[1.5, 1.0, 2]], 1e-6, "pld")
@@ -780,13 +796,27 @@ def test_a_new_line_from_a_dp_model_starts_from_the_ledger_its_signed_card_carri
 
 def test_an_insider_that_takes_secure_seats_and_drops_out_every_round_is_quarantined(simulation, federation):
     """Issue #44: the device claims SecAgg+, takes its seat and vanishes after key sharing, round after round. Each
-    seat it abandons counts like an update left out; its history shows in the participants view."""
+    seat it abandons counts like an update left out; its history shows in the participants view. Once seated it
+    also posts a plain update, refused (409 `secure_round`) and recorded as `rejected`: a refusal on record must
+    not stand in for the abandoned seat, which is recorded `aborted` all the same."""
     policy = {"quarantine": {"max_exclusions": 2, "window_updates": 3}}
     headers = {"Authorization": f"Bearer {ADMIN}"}
+
+    def plain_update_first(stage, reply):
+        if stage == "advertise_keys":
+            round_id = device_client(simulation, 2).fl_task(federation.card.task)["task"]["round_id"]
+            refused = httpx.post(f"{simulation.server_url}/v1/fl/rounds/{round_id}/updates",
+                                 headers={"Authorization": f"Bearer {simulation.tokens[2]}"},
+                                 files={"delta": ("d.npz", b"x")},
+                                 data={"metadata": '{"base_version": 1, "num_examples": 1}'})
+            assert (refused.status_code, refused.json()["error"]["code"]) == (409, "secure_round")
+        return reply
+
     rounds = []
     for _ in range(2):
-        round_id, devices, view = run_scripted_round(simulation, federation, secure_config(**policy),
-                                                     {2: {"stop_before": "masked_input"}})
+        round_id, devices, view = run_scripted_round(
+            simulation, federation, secure_config(**policy),
+            {2: {"stop_before": "masked_input", "tamper": plain_update_first}})
         assert view["state"] == "closed", view["outcome"]
         rounds.append(round_id)
     insiders = set()
@@ -870,6 +900,27 @@ def roomy_server(tmp_path):
 def roomy_simulation(federation, roomy_server, tmp_path):
     with ready_simulation(federation, roomy_server.url, tmp_path / "roomy-devices") as sim:
         yield sim
+
+
+def test_a_dp_round_under_secure_aggregation_publishes_the_noised_mean_of_the_unmasked_sum(roomy_simulation, federation):
+    """Central DP over SecAgg+ noises the sum the devices' masks add up to, not the clear path's (empty) sum of
+    uploaded deltas. At z = 0.05 the noise on the mean (0.05 x 0.5 / 8 per coordinate, norm about 0.08) is below
+    the mean of the devices' deltas (norm about 0.09): the published step points along that mean (on a server
+    whose lines may spend epsilon 1,000: one round at z = 0.05 spends 295)."""
+    privacy = {"secure_aggregation": {"neighbour_count": 6, "stage_deadline_s": 5},
+               "dp": {"max_epsilon": 500, "delta": 1e-5, "clip_norm": 0.5, "noise_multiplier": 0.05}}
+    _, devices, view = run_scripted_round(roomy_simulation, federation, secure_config(privacy=privacy))
+    assert view["state"] == "closed", view["outcome"]
+    config = devices[0].config
+    ring_sum = sum((device.ring_input.astype(np.int64) for device in devices), np.zeros(config.vector_length + 1,
+                                                                                          dtype=np.int64))
+    total, _ = dequantise_sum((ring_sum % 2**config.modulus_bits).astype(MASK_DTYPES[config.modulus_bits]), config)
+    base = read_float_initializers(federation.model)
+    _, published = published_parameters(roomy_simulation, view)
+    step = flatten({name: published[name] - base[name] for name in base})  # the order the ring vector takes
+    mean = total / DEVICES  # the fixed denominator: the plan's target_clients
+    cosine = float(step @ mean / (np.linalg.norm(step) * np.linalg.norm(mean)))
+    assert cosine > 0.5, cosine  # about 0.75 here; a step of noise alone is about 0 (+- 0.04)
 
 
 def _adaptive_privacy(clip_norm, secure):
