@@ -46,8 +46,9 @@ After that it answers one JSON line per command line on stdin:
                                                            "tier-large"; writes DIR/zoo-shard-<i>.npz (images): answers
                                                            {url, enrollment_token, task, supernet_id}
     {"cmd": "certify_zoo"}                               the operator certifies every device key the zoo server holds
-    {"cmd": "zoo_round", "devices", "noise"}             the zoo server opens a zoo-wide round of `devices` under
-                                                           SecAgg+ and DP (`noise`: central or distributed, z = 1.5):
+    {"cmd": "zoo_round", "devices", "noise"              the zoo server opens a zoo-wide round of `devices` under
+     [, "device_batch_norm"]}                              SecAgg+ and DP (`noise`: central or distributed, z = 1.5),
+                                                           the devices' BatchNorm "training" (default) or "inference":
                                                            answers {round_id, noise_multiplier}
     {"cmd": "publish_privacy_terms", "version", "lines"}  the operator signs privacy terms of `lines` ({line or "*":
                                                            {"mode", "minimum_noise_multiplier"}}) and the admin uploads
@@ -322,7 +323,8 @@ class ZooServer:
 
     def open_round(self, command: dict) -> dict:
         noise_multiplier = 1.5
-        plan = {**self.plan, "min_clients": command["devices"], "target_clients": command["devices"],
+        zoo = {**self.plan["zoo"], "device_batch_norm": command.get("device_batch_norm", "training")}
+        plan = {**self.plan, "zoo": zoo, "min_clients": command["devices"], "target_clients": command["devices"],
                 "over_selection": 0.0, "deadline_s": 240, "local_epochs": 1, "batch_size": 16, "learning_rate": 0.05,
                 "max_accuracy_drop": 1.0, "poll_interval_s": 0.1,
                 "privacy": {"secure_aggregation": {"neighbour_count": 2, "levels": 32767, "stage_deadline_s": 60},

@@ -52,6 +52,9 @@ class LiveServerTest {
     private static final RetryPolicy QUICK = new RetryPolicy(3, 0.05, 0.5);
     private static LiveServer server;
     private static int devices;
+    /** The zoo server test 19 started and its three certified Java devices, reused by test 20. */
+    private static JSONObject zooServer;
+    private static List<FedzooClient> zooDevices;
 
     @BeforeAll
     static void startServer() {
@@ -864,6 +867,8 @@ class LiveServerTest {
             certified.add(client.requireCertifiedNeighbours(
                     DeviceCertificates.fromJson(server.ready.getJSONObject("operator_keys"))));
         }
+        zooServer = zoo;
+        zooDevices = certified;
         List<ParticipationResult> results = participateTogether(certified, task, server::zooShard,
                 UpdateCodec.Encoding.FP32, 240_000);
         assertEquals(3, results.size());
@@ -895,6 +900,38 @@ class LiveServerTest {
     }
 
     /**
+     * A zoo-wide round whose devices run BatchNorm in inference mode ({@code zoo.device_batch_norm}): the training
+     * card the Java devices get holds statistics recalibrated on the plan's calibration images and its graph takes
+     * and gives none, so the Java Trainer trains scales, biases and weights only; under SecAgg+ the server's layout
+     * has no statistics, so a device that sent any would fail the round. It closes with new zoo versions.
+     */
+    @Test
+    @Order(20)
+    void javaDevicesTrainAnInferenceBatchNormZooWideRound() throws Exception {
+        assertNotNull(zooDevices, "test 19 starts the zoo server and certifies its devices");
+        String url = zooServer.getString("url");
+        String task = zooServer.getString("task");
+        JSONObject opened = server.command(new JSONObject().put("cmd", "zoo_round").put("devices", 3)
+                .put("noise", "central").put("device_batch_norm", "inference"));
+        long roundId = opened.getLong("round_id");
+        JSONObject work = zooDevices.get(0).flTask(task, null).getJSONObject("task");
+        assertEquals(roundId, work.getLong("round_id"));
+        JSONObject training = zooDevices.get(0).card(work.getString("model_id")).json().getJSONObject("details")
+                .getJSONObject("zoo_training");
+        assertEquals("inference", training.getString("batch_norm"), training.toString());
+        List<ParticipationResult> results = participateTogether(zooDevices, task, server::zooShard,
+                UpdateCodec.Encoding.FP32, 240_000);
+        assertEquals(3, results.size());
+        for (ParticipationResult result : results) {
+            assertEquals("accepted", result.outcome, result.toString());
+            assertEquals(Long.valueOf(roundId), result.roundId);
+        }
+        JSONObject view = waitUntilFinished(url, roundId, 300_000);
+        assertEquals("closed", view.getString("state"), view.toString());
+        assertTrue(view.getJSONObject("outcome").getJSONObject("zoo").getInt("new_versions") >= 1, view.toString());
+    }
+
+    /**
      * The operator's signed privacy terms on the live server: every line trains only under distributed DP with
      * z of at least 2.0. A distributed-DP round at z = 1.5 (what a server lowering z would ask), open when the terms
      * arrive (the server refuses such a plan once it holds the terms, so it is planned first), is refused by
@@ -902,7 +939,7 @@ class LiveServerTest {
      * fails with no output. Last: the terms stay published for every later round.
      */
     @Test
-    @Order(20)
+    @Order(21)
     void defaultJavaDevicesRefuseARoundBelowTheOperatorsSignedTermsFloor() throws Exception {
         long roundId = startRound(3, "{\"privacy\": {\"secure_aggregation\": {\"neighbour_count\": 2, "
                 + "\"threshold\": 2, \"stage_deadline_s\": 4, \"levels\": 32767}, \"dp\": {\"max_epsilon\": 50, "
