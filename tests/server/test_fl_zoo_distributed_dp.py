@@ -114,7 +114,7 @@ def test_a_distributed_dp_zoo_round_noises_every_cohort_on_its_devices_and_charg
 def assert_every_device_refuses(fleet, reason: str) -> None:
     """A distributed-DP zoo round on `fleet`'s 3 devices: every device refuses for `reason`, and the round fails with
     no output."""
-    round_id = fleet["admin"].create_zoo_rounds(distributed_plan(fleet, deadline_s=30, stage_deadline_s=10),
+    round_id = fleet["admin"].create_zoo_rounds(distributed_plan(fleet, deadline_s=30, stage_deadline_s=6),
                                                 ADMIN)["id"]
     results = run_devices(fleet)
     view = fleet["admin"].wait_for_round(round_id, timeout_s=120)
@@ -179,7 +179,7 @@ def test_a_server_unmasking_below_a_raised_survivor_floor_gets_no_share(zoo, tmp
     monkeypatch.setattr(secure_rounds, "SecAggServer", OneDropped)
     with private_fleet(zoo, tmp_path, {"tier-large": 5}) as fleet:
         round_id = fleet["admin"].create_zoo_rounds(
-            distributed_plan(fleet, deadline_s=120, stage_deadline_s=20, neighbour_count=4, survivor_fraction=1.0),
+            distributed_plan(fleet, deadline_s=60, stage_deadline_s=6, neighbour_count=4, survivor_fraction=1.0),
             ADMIN)["id"]
         results = run_devices(fleet)
         view = fleet["admin"].wait_for_round(round_id, timeout_s=120)

@@ -212,7 +212,7 @@ def test_a_lying_server_building_a_victim_a_cohort_of_replayed_keys_never_gets_i
     monkeypatch.setattr(secure_rounds.PrivateRounds, "start_stages", start_stages)
     monkeypatch.setattr(secure_rounds.PrivateRounds, "_replies", staticmethod(replies))
     with private_fleet(zoo, tmp_path, {"tier-small": 1, "tier-large": 3}) as fleet:
-        round_id = fleet["admin"].create_zoo_rounds(secure_plan(fleet, stage_deadline_s=20, deadline_s=120),
+        round_id = fleet["admin"].create_zoo_rounds(secure_plan(fleet, stage_deadline_s=6, deadline_s=60),
                                                     ADMIN)["id"]
         results = run_devices(fleet)
         view = fleet["admin"].wait_for_round(round_id, timeout_s=200)
