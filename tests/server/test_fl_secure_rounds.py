@@ -216,6 +216,10 @@ def test_sdk_devices_run_a_secure_round_that_publishes(simulation, federation):
     outcome = view["outcome"]
     assert (outcome["accepted_updates"], outcome["aggregated_updates"], outcome["screening"]["counted"]) == (
         DEVICES, DEVICES, DEVICES)
+    # nor can the record claim a screening the server never ran: it saw no update to clip or reject, and it bounds
+    # none (no DP); the bytes it records are every stage's replies, as the round's view counts them
+    assert outcome["screening"] == {"norm_limit": None, "counted": DEVICES, "clipped": 0, "rejected": 0}
+    assert outcome["upload_bytes"] == view["upload_bytes"] > 0
     # the card's privacy claim: SecAgg+ and no DP, stated under the key a verifier reads
     card = simulation.admin.card(view["result_model_id"])
     assert card.details["federated"]["privacy"] == {"secure_aggregation": True, "dp": None}
@@ -831,6 +835,33 @@ def test_an_insider_that_takes_secure_seats_and_drops_out_every_round_is_quarant
     assert [entry["device_id"] for entry in quarantined["devices"]] == [insider]
     assert "SecAgg+ seats" in quarantined["devices"][0]["reason"]
     assert participants[insider]["quarantined"] is True
+
+
+def test_sybils_that_abandon_their_seats_to_abort_a_round_are_charged_and_the_honest_devices_are_not(simulation,
+                                                                                                  federation):
+    """Four enrolled Sybils take SecAgg+ seats and vanish before the masked input: 4 masked inputs for the 5 the
+    cohort needs, so the round aborts as the consistency check opens. Only a stage that closed can have been
+    missed: the Sybils are charged their abandoned seats (towards quarantine), and the four devices that answered
+    every stage they were asked are charged nothing, so aborting rounds together cannot frame honest devices."""
+    sybils = range(4, DEVICES)
+    round_id = simulation.start_plan(secure_config())
+    devices = scripted_devices(simulation, federation, {index: {"stop_before": "masked_input"} for index in sybils})
+    for device in devices:
+        device.start()
+    for device in devices:
+        device.join(timeout=90)
+    # the honest devices answered every stage they were asked; one that polled as the round ended was told why
+    assert [device.answered for device in devices] == [["advertise_keys", "share_keys", "masked_input"]] * 4 + [
+        ["advertise_keys", "share_keys"]] * 4
+    assert {str(device.error) for device in devices} <= {
+        "None", "only 4 masked inputs arrived; the round needs 5 (HTTP 400 bad_request)"}
+    view = simulation.admin.wait_for_round(round_id, timeout_s=60)
+    assert (view["state"], view["outcome"]["failure"]) == (
+        "failed", "secure aggregation aborted after 'masked_input': only 4 masked inputs arrived; the round needs 5")
+    participants = simulation.admin.http.get_json(f"/v1/fl/rounds/{round_id}/participants")["participants"]
+    # (an abandoned seat is on record with the 0 bytes of update it sent: the operator's view of the round's traffic)
+    assert {entry["device_id"]: (entry["status"], entry["upload_bytes"]) for entry in participants} == {
+        f"sim-device-{index}": ("aborted", 0) if index in sybils else ("no_update", None) for index in range(DEVICES)}
 
 
 def test_a_device_whose_ring_input_lies_outside_the_clip_range_gets_the_round_refused(simulation, federation):
