@@ -398,7 +398,7 @@ def test_closing_a_stage_moves_only_its_round_gives_the_next_stage_its_own_deadl
     """Two SecAgg+ rounds at one stage on one server, each a cohort of exactly SecAgg+'s least (3 devices): a
     worker closing the first round's stage moves that round alone, and the stage it opens has its own
     `stage_deadline_s` from the moment it opened; the second round's cohort of three still sums exactly."""
-    config = secure_config(min_clients=3, target_clients=3, privacy={"secure_aggregation": {
+    config = secure_config(min_clients=3, target_clients=3, poll_interval_s=60, privacy={"secure_aggregation": {
         "neighbour_count": 2, "clip_range": 0.05, "stage_deadline_s": 20}})
     first, second = simulation.start_plan(config), simulation.start_plan(config)
     for index in range(6):  # each round seats three: selection closes and its cohorts form
@@ -408,6 +408,9 @@ def test_closing_a_stage_moves_only_its_round_gives_the_next_stage_its_own_deadl
     secure = [view["privacy"]["secure_aggregation"] for view in views]
     assert [(view["stage"], view["client"], view["config"]["num_clients"]) for view in secure] == [
         ("advertise_keys", client, 3) for client in (0, 1, 2)] * 2  # a group of exactly 3 forms a cohort
+    # each seated device is told to ask again by the stage's deadline (20 s), not after the plan's poll interval
+    # (60 s): paced past the close, a device not yet asked would miss the next stage and be charged the seat
+    assert all(0 < view["retry_after_s"] <= 20 for view in secure)
     # a worker closes the first round's stage 7 s on (as at its deadline, none of its devices having replied)
     opened_at = datetime.now(timezone.utc) + timedelta(seconds=7)
     worker = secure_rounds.PrivateRounds(Database(f"sqlite:///{server.data_dir / 'registry.db'}"), lambda: opened_at)
