@@ -366,8 +366,8 @@ def test_a_masked_vector_of_the_wrong_length_is_refused_naming_it(simulation, fe
         device.join(timeout=60)
     task = device_client(simulation, 0).fl_task(federation.card.task)["task"]
     assert task["privacy"]["secure_aggregation"]["stage"] == "masked_input"
-    # the plan's poll interval (0.05 s) is also the floor of the pacing, however near the stage's deadline: no
-    # answer tells a device to ask again at once (an integer rounding of it would say 0)
+    # the pacing's floor, 0.05 s (here the plan's poll interval too), holds however near the stage's deadline: no
+    # answer tells a device to ask again at once (an integer rounding would say 0) or later than it must
     assert task["privacy"]["secure_aggregation"]["retry_after_s"] == POLL_S
     vector_length = task["privacy"]["secure_aggregation"]["config"]["vector_length"]
     # every signature binds this id: another round's replies (a replay) are signed for another one
