@@ -226,6 +226,10 @@ def test_sdk_devices_run_a_secure_round_that_publishes(simulation, federation):
     # what each device sent: the masked vector at 2 bytes a value, plus keys and shares
     vector_bytes = (sum(v.size for v in read_float_initializers(federation.model).values()) + 1) * 2
     assert all(vector_bytes < result.upload_bytes < vector_bytes + 3000 for result in results)
+    # and the round's view counts what the server stored of this round: its 8 masked inputs, and every stage's
+    # replies, the 8 masked vectors at least and no more than the devices sent
+    assert view["accepted_updates"] == DEVICES
+    assert DEVICES * vector_bytes < view["upload_bytes"] <= sum(result.upload_bytes for result in results)
 
 
 def test_devices_refuse_a_server_that_tells_each_a_different_survivor_set(simulation, federation, monkeypatch):
