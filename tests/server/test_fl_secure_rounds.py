@@ -216,12 +216,20 @@ def test_sdk_devices_run_a_secure_round_that_publishes(simulation, federation):
     outcome = view["outcome"]
     assert (outcome["accepted_updates"], outcome["aggregated_updates"], outcome["screening"]["counted"]) == (
         DEVICES, DEVICES, DEVICES)
+    # nor can the record claim a screening the server never ran: it saw no update to clip or reject, and it bounds
+    # none (no DP); the bytes it records are every stage's replies, as the round's view counts them
+    assert outcome["screening"] == {"norm_limit": None, "counted": DEVICES, "clipped": 0, "rejected": 0}
+    assert outcome["upload_bytes"] == view["upload_bytes"] > 0
     # the card's privacy claim: SecAgg+ and no DP, stated under the key a verifier reads
     card = simulation.admin.card(view["result_model_id"])
     assert card.details["federated"]["privacy"] == {"secure_aggregation": True, "dp": None}
     # what each device sent: the masked vector at 2 bytes a value, plus keys and shares
     vector_bytes = (sum(v.size for v in read_float_initializers(federation.model).values()) + 1) * 2
     assert all(vector_bytes < result.upload_bytes < vector_bytes + 3000 for result in results)
+    # and the round's view counts what the server stored of this round: its 8 masked inputs, and every stage's
+    # replies, the 8 masked vectors at least and no more than the devices sent
+    assert view["accepted_updates"] == DEVICES
+    assert DEVICES * vector_bytes < view["upload_bytes"] <= sum(result.upload_bytes for result in results)
 
 
 def test_devices_refuse_a_server_that_tells_each_a_different_survivor_set(simulation, federation, monkeypatch):
@@ -362,6 +370,9 @@ def test_a_masked_vector_of_the_wrong_length_is_refused_naming_it(simulation, fe
         device.join(timeout=60)
     task = device_client(simulation, 0).fl_task(federation.card.task)["task"]
     assert task["privacy"]["secure_aggregation"]["stage"] == "masked_input"
+    # the pacing's floor, 0.05 s (here the plan's poll interval too), holds however near the stage's deadline: no
+    # answer tells a device to ask again at once (an integer rounding would say 0) or later than it must
+    assert task["privacy"]["secure_aggregation"]["retry_after_s"] == POLL_S
     vector_length = task["privacy"]["secure_aggregation"]["config"]["vector_length"]
     # every signature binds this id: another round's replies (a replay) are signed for another one
     assert task["privacy"]["secure_aggregation"]["config"]["round_id"] == f"fl-round-{round_id}"
@@ -394,7 +405,7 @@ def test_closing_a_stage_moves_only_its_round_gives_the_next_stage_its_own_deadl
     """Two SecAgg+ rounds at one stage on one server, each a cohort of exactly SecAgg+'s least (3 devices): a
     worker closing the first round's stage moves that round alone, and the stage it opens has its own
     `stage_deadline_s` from the moment it opened; the second round's cohort of three still sums exactly."""
-    config = secure_config(min_clients=3, target_clients=3, privacy={"secure_aggregation": {
+    config = secure_config(min_clients=3, target_clients=3, poll_interval_s=60, privacy={"secure_aggregation": {
         "neighbour_count": 2, "clip_range": 0.05, "stage_deadline_s": 20}})
     first, second = simulation.start_plan(config), simulation.start_plan(config)
     for index in range(6):  # each round seats three: selection closes and its cohorts form
@@ -404,6 +415,9 @@ def test_closing_a_stage_moves_only_its_round_gives_the_next_stage_its_own_deadl
     secure = [view["privacy"]["secure_aggregation"] for view in views]
     assert [(view["stage"], view["client"], view["config"]["num_clients"]) for view in secure] == [
         ("advertise_keys", client, 3) for client in (0, 1, 2)] * 2  # a group of exactly 3 forms a cohort
+    # each seated device is told to ask again by the stage's deadline (20 s), not after the plan's poll interval
+    # (60 s): paced past the close, a device not yet asked would miss the next stage and be charged the seat
+    assert all(0 < view["retry_after_s"] <= 20 for view in secure)
     # a worker closes the first round's stage 7 s on (as at its deadline, none of its devices having replied)
     opened_at = datetime.now(timezone.utc) + timedelta(seconds=7)
     worker = secure_rounds.PrivateRounds(Database(f"sqlite:///{server.data_dir / 'registry.db'}"), lambda: opened_at)
@@ -831,6 +845,33 @@ def test_an_insider_that_takes_secure_seats_and_drops_out_every_round_is_quarant
     assert [entry["device_id"] for entry in quarantined["devices"]] == [insider]
     assert "SecAgg+ seats" in quarantined["devices"][0]["reason"]
     assert participants[insider]["quarantined"] is True
+
+
+def test_sybils_that_abandon_their_seats_to_abort_a_round_are_charged_and_the_honest_devices_are_not(simulation,
+                                                                                                  federation):
+    """Four enrolled Sybils take SecAgg+ seats and vanish before the masked input: 4 masked inputs for the 5 the
+    cohort needs, so the round aborts as the consistency check opens. Only a stage that closed can have been
+    missed: the Sybils are charged their abandoned seats (towards quarantine), and the four devices that answered
+    every stage they were asked are charged nothing, so aborting rounds together cannot frame honest devices."""
+    sybils = range(4, DEVICES)
+    round_id = simulation.start_plan(secure_config())
+    devices = scripted_devices(simulation, federation, {index: {"stop_before": "masked_input"} for index in sybils})
+    for device in devices:
+        device.start()
+    for device in devices:
+        device.join(timeout=90)
+    # the honest devices answered every stage they were asked; one that polled as the round ended was told why
+    assert [device.answered for device in devices] == [["advertise_keys", "share_keys", "masked_input"]] * 4 + [
+        ["advertise_keys", "share_keys"]] * 4
+    assert {str(device.error) for device in devices} <= {
+        "None", "only 4 masked inputs arrived; the round needs 5 (HTTP 400 bad_request)"}
+    view = simulation.admin.wait_for_round(round_id, timeout_s=60)
+    assert (view["state"], view["outcome"]["failure"]) == (
+        "failed", "secure aggregation aborted after 'masked_input': only 4 masked inputs arrived; the round needs 5")
+    participants = simulation.admin.http.get_json(f"/v1/fl/rounds/{round_id}/participants")["participants"]
+    # (an abandoned seat is on record with the 0 bytes of update it sent: the operator's view of the round's traffic)
+    assert {entry["device_id"]: (entry["status"], entry["upload_bytes"]) for entry in participants} == {
+        f"sim-device-{index}": ("aborted", 0) if index in sybils else ("no_update", None) for index in range(DEVICES)}
 
 
 def test_a_device_whose_ring_input_lies_outside_the_clip_range_gets_the_round_refused(simulation, federation):
