@@ -163,8 +163,8 @@ class BuildConfig:
         if self.largest_only_epochs is not None:
             training = replace(training, largest_only_epochs=self.largest_only_epochs)
         if training.largest_only_epochs > training.epochs:
-            raise InvalidInputError(f"largest_only_epochs ({training.largest_only_epochs}) cannot exceed the supernet's "
-                                    f"epochs ({training.epochs})", field="largest_only_epochs")
+            raise InvalidInputError(f"--largest-only-epochs {training.largest_only_epochs} exceeds the supernet's "
+                                    f"--epochs {training.epochs}", field="largest_only_epochs")
         return training
 
     @property
