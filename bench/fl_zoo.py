@@ -34,7 +34,7 @@ every smaller one), the gap to everyone-on-largest, and the time to republish th
 recalibrated, export, sign).
 
     .venv/bin/python bench/fl_zoo.py --dataset mnist1d --devices 500 --per-round 50 --alpha 0.3 --shares skewed \
-        [--cloud-epochs 20 --cloud-finetune-epochs 10] [--rounds 30] [--local-epochs 1] [--seeds 0,1,2] [--tuning-seed 1000] [--lr-grid 1,2,4,8] \
+        [--cloud-epochs 20 --cloud-finetune-epochs 10 --cloud-largest-only-epochs 10] [--rounds 30] [--local-epochs 1] [--seeds 0,1,2] [--tuning-seed 1000] [--lr-grid 1,2,4,8] \
         [--exponent-grid 0,0.5,1] [--arms tier_alone,heterofl,...] [--out /tmp/fedzoo-bench-zoo]
     .venv/bin/python bench/fl_zoo.py --dataset mnist --devices 100 --per-round 10 --alpha 0.5 --shares uniform
 
@@ -109,15 +109,17 @@ BUILD_SOURCES = ("cloud/pipeline.py", "fedzoo/datasets.py", "compress/zoo_extrac
 
 
 def build_settings(dataset: str, zoo_dir: Path, budgets_macs: tuple[int, ...], cloud_epochs: int | None = None,
-                   cloud_finetune_epochs: int | None = None) -> BuildConfig:
+                   cloud_finetune_epochs: int | None = None, cloud_largest_only_epochs: int | None = None) -> BuildConfig:
     """The tiny preset's build with the default preset's search budget (160 candidates, not 16: 16 left nothing
     between the space's smallest subnet and 3/8 of the largest) and a zoo for the fleet's budgets: the best
     searched subnet within each tier's budget, so the zoo's fine-tune trains what the tiers run, as each anchor's
     warm-up trains its tier models. `cloud_epochs` and `cloud_finetune_epochs` replace the preset's 2 + 2 epochs
-    on the cloud's examples (None: the preset's)."""
+    on the cloud's examples (None: the preset's); the first `cloud_largest_only_epochs` of the supernet's train its
+    largest subnet alone (None: the preset's 0): what the zoo does with its epochs, not how many."""
     return BuildConfig(dataset=dataset, out=zoo_dir, preset="tiny", latency_source="macs", compress=False,
                        training_graphs=False, executor="in-process", evaluations=PRESETS["default"].evaluations,
-                       zoo_budgets_macs=budgets_macs, epochs=cloud_epochs, finetune_epochs=cloud_finetune_epochs)
+                       zoo_budgets_macs=budgets_macs, epochs=cloud_epochs, finetune_epochs=cloud_finetune_epochs,
+                       largest_only_epochs=cloud_largest_only_epochs)
 
 
 def tier_budgets(dataset: Dataset) -> tuple[int, ...]:
@@ -139,16 +141,18 @@ def cache_key(sources: tuple[Path, ...], settings: str) -> str:
 
 
 def cached_zoo(dataset: str, budgets: tuple[int, ...], out: Path, cloud_epochs: int | None,
-               cloud_finetune_epochs: int | None) -> Path:
+               cloud_finetune_epochs: int | None, cloud_largest_only_epochs: int | None) -> Path:
     """The zoo of `dataset` for the tiers' `budgets`, built unless a build with the same code and settings is
     cached."""
     root = Path(fedzoo.__file__).resolve().parent.parent
     key = cache_key(tuple(root / source for source in BUILD_SOURCES),
-                    repr(build_settings(dataset, Path("-"), budgets, cloud_epochs, cloud_finetune_epochs)))
+                    repr(build_settings(dataset, Path("-"), budgets, cloud_epochs, cloud_finetune_epochs,
+                                        cloud_largest_only_epochs)))
     zoo_dir = out / f"zoo-{dataset}-{key}"
     if not (zoo_dir / "zoo.json").exists():
         started = time.perf_counter()
-        build_zoo(build_settings(dataset, zoo_dir, budgets, cloud_epochs, cloud_finetune_epochs))
+        build_zoo(build_settings(dataset, zoo_dir, budgets, cloud_epochs, cloud_finetune_epochs,
+                                 cloud_largest_only_epochs))
         print(f"zoo built in {time.perf_counter() - started:.0f} s: {zoo_dir}")
     return zoo_dir
 
@@ -238,6 +242,9 @@ def main() -> None:
                         help="supernet epochs on the cloud's examples (the tiny preset's 2 when not given)")
     parser.add_argument("--cloud-finetune-epochs", type=int, default=None,
                         help="the zoo's joint fine-tune epochs on the cloud's examples (the tiny preset's 2)")
+    parser.add_argument("--cloud-largest-only-epochs", type=int, default=None,
+                        help="of the supernet's epochs, the first this many train its largest subnet alone (the tiny "
+                             "preset's 0); the anchors' warm-ups still get the supernet's and fine-tune's epochs")
     parser.add_argument("--private", action="store_true", help="fedzoo in the clear, with central and distributed DP")
     parser.add_argument("--private-arms", default="central:32767,distributed:127",
                         help="DP arms, mode:levels[:survivor fraction]")
@@ -255,7 +262,8 @@ def main() -> None:
     torch.set_num_threads(1)
     dataset = load_dataset(args.dataset)
     budgets = tier_budgets(dataset)
-    zoo_dir = cached_zoo(args.dataset, budgets, args.out, args.cloud_epochs, args.cloud_finetune_epochs)
+    zoo_dir = cached_zoo(args.dataset, budgets, args.out, args.cloud_epochs, args.cloud_finetune_epochs,
+                         args.cloud_largest_only_epochs)
     zoo = Zoo(zoo_dir)
     supernet_card = next(card for card in zoo.cards() if is_supernet(card))
     spec = SupernetSpec.from_card(supernet_card)
@@ -279,7 +287,8 @@ def main() -> None:
     arms = {name: arm for name, arm in make_arms(spec, zoo_archs, list(budgets), macs).items()
             if name in args.arms.split(",")}
     shares = SHARES[args.shares]
-    settings = build_settings(args.dataset, zoo_dir, budgets, args.cloud_epochs, args.cloud_finetune_epochs)
+    settings = build_settings(args.dataset, zoo_dir, budgets, args.cloud_epochs, args.cloud_finetune_epochs,
+                              args.cloud_largest_only_epochs)
     starts = {name: cached_warm_up(arm, spec, settings, zoo_dir, cloud_x, cloud_y) if arm.warmed_up
               else initial for name, arm in arms.items()}
 

@@ -117,6 +117,9 @@ class BuildConfig:
     seed: int = 0
     epochs: int | None = None
     finetune_epochs: int | None = None  # the zoo's joint fine-tune after the search (the preset's when None)
+    # of `epochs`, the first this many train the largest subnet alone before the sandwich rule (the preset's when
+    # None): distilling from a largest that has learnt nothing yet wastes a short schedule (docs/zoo-federated.md)
+    largest_only_epochs: int | None = None
     evaluations: int | None = None
     population_size: int | None = None
     strategy: str = "evolution"
@@ -157,6 +160,11 @@ class BuildConfig:
             training = replace(training, epochs=self.epochs)
         if self.finetune_epochs is not None:
             training = replace(training, zoo_finetune_epochs=self.finetune_epochs)
+        if self.largest_only_epochs is not None:
+            training = replace(training, largest_only_epochs=self.largest_only_epochs)
+        if training.largest_only_epochs > training.epochs:
+            raise InvalidInputError(f"--largest-only-epochs {training.largest_only_epochs} exceeds the supernet's "
+                                    f"--epochs {training.epochs}", field="largest_only_epochs")
         return training
 
     @property

@@ -57,6 +57,9 @@ def zoo() -> None:
 @click.option("--epochs", type=click.IntRange(min=1), default=None, help="Supernet training epochs (default: the preset's).")
 @click.option("--finetune-epochs", type=click.IntRange(min=0), default=None,
               help="Epochs of the zoo's chosen subnets' joint fine-tune after the search, 0 for none (default: the preset's).")
+@click.option("--largest-only-epochs", type=click.IntRange(min=0), default=None,
+              help="Of the supernet's epochs, the first this many train its largest subnet alone before the sandwich "
+                   "rule distils from it (default: the preset's, 2 for default, 0 for tiny).")
 @click.option("--evaluations", type=click.IntRange(min=1), default=None, help="Search budget: subnets evaluated (default: the preset's).")
 @click.option("--population", "population_size", type=click.IntRange(min=2), default=None, help="Evolution population / batch per generation.")
 @click.option("--strategy", type=click.Choice(["evolution", "random"]), default="evolution", show_default=True, help="Search strategy.")

@@ -233,6 +233,15 @@ def test_unreachable_budget_fails_before_training(tmp_path):
     assert not (tmp_path / "zoo" / ".checkpoint").exists()
 
 
+def test_largest_only_epochs_replace_the_presets_and_cannot_exceed_the_supernets_epochs(tmp_path):
+    assert tiny_config(tmp_path / "zoo").training.largest_only_epochs == 0  # the tiny preset's
+    assert tiny_config(tmp_path / "zoo", epochs=4, largest_only_epochs=3).training.largest_only_epochs == 3
+    with pytest.raises(InvalidInputError, match="--largest-only-epochs 3 exceeds the supernet's --epochs 2") as refused:
+        build_zoo(tiny_config(tmp_path / "zoo", epochs=2, largest_only_epochs=3))
+    assert refused.value.field == "largest_only_epochs"
+    assert not (tmp_path / "zoo").exists()  # refused before any work
+
+
 def test_bad_output_folder_and_dataset(tmp_path):
     a_file = tmp_path / "file.txt"
     a_file.write_text("keep me")

@@ -37,7 +37,7 @@ def test_every_zoo_command_has_help(command):
 def test_build_help_names_the_options():
     output = CliRunner().invoke(cli, ["zoo", "build", "--help"]).output
     for option in ("--dataset", "--out", "--latency-budget-ms", "--max-params", "--executor", "--no-compress", "--seed",
-                   "--finetune-epochs", "--budget-macs"):
+                   "--finetune-epochs", "--largest-only-epochs", "--budget-macs"):
         assert option in output
     assert "--stop-after-epoch" not in output  # testing hook, hidden
 
@@ -94,6 +94,13 @@ def test_bad_build_input_gives_one_line_errors(tmp_path, capsys, arguments, mess
     code, _, stderr = run_main(["zoo", "build", "--out", str(tmp_path / "zoo"), *TINY, *arguments], capsys)
     assert code == 1
     assert message in stderr and "Traceback" not in stderr
+
+
+def test_more_largest_only_epochs_than_epochs_are_refused_before_any_work(tmp_path, capsys):
+    code, _, stderr = run_main(["zoo", "build", "--out", str(tmp_path / "zoo"), "--dataset", "digits", *TINY,
+                                "--epochs", "2", "--largest-only-epochs", "3"], capsys)
+    assert code == 1 and "--largest-only-epochs 3 exceeds the supernet's --epochs 2" in stderr
+    assert "Traceback" not in stderr and not (tmp_path / "zoo").exists()
 
 
 def test_a_negative_finetune_is_refused_before_any_work(tmp_path, capsys):
