@@ -244,7 +244,8 @@ def main() -> None:
                         help="the zoo's joint fine-tune epochs on the cloud's examples (the tiny preset's 2)")
     parser.add_argument("--cloud-largest-only-epochs", type=int, default=None,
                         help="of the supernet's epochs, the first this many train its largest subnet alone (the tiny "
-                             "preset's 0); the anchors' warm-ups still get the supernet's and fine-tune's epochs")
+                             "preset's 0); the anchors' warm-ups (the supernet's and fine-tune's epochs) train their "
+                             "largest tier model alone for as many first")
     parser.add_argument("--private", action="store_true", help="fedzoo in the clear, with central and distributed DP")
     parser.add_argument("--private-arms", default="central:32767,distributed:127",
                         help="DP arms, mode:levels[:survivor fraction]")

@@ -225,8 +225,10 @@ def warm_up(spec: SupernetSpec, family: tuple[Arch, ...], initial: Weights, x: n
     training (`train_supernet_epoch`): batches, pixel shifts, SGD with Nesterov momentum and weight decay, the
     cosine schedule, gradient clipping at 5, `config.epochs` over `x`; the sandwich rule's passes a step (the
     largest, the smallest, `sandwich_random_subnets` random) become one pass per member. Kernel transforms stay
-    as initialised and BatchNorm statistics are left to the recalibration every served model gets. Returns the
-    trained supernet weights and the examples trained on (each seen by every member)."""
+    as initialised and BatchNorm statistics are left to the recalibration every served model gets. The first
+    `config.largest_only_epochs` train the family's largest member alone, as the zoo's supernet training does its
+    largest subnet. Returns the trained supernet weights and the examples trained on (each seen by every member
+    training that epoch)."""
     params = {name: torch.tensor(value, requires_grad=True) for name, value in initial.items()
               if "kernel_transforms" not in name and not name.endswith(("running_mean", "running_var"))}
     members = []
@@ -242,6 +244,7 @@ def warm_up(spec: SupernetSpec, family: tuple[Arch, ...], initial: Weights, x: n
     images_all, labels_all = torch.from_numpy(x), torch.from_numpy(y.astype(np.int64))
     examples = 0
     for epoch in range(config.epochs):
+        training = members[-1:] if epoch < config.largest_only_epochs else members  # the family is smallest first
         generator, _ = epoch_generators(seed, epoch)
         order = torch.randperm(len(y), generator=generator)
         for step in range(per_epoch):
@@ -253,7 +256,7 @@ def warm_up(spec: SupernetSpec, family: tuple[Arch, ...], initial: Weights, x: n
             optimizer.zero_grad(set_to_none=True)
             loss = sum(nn.functional.cross_entropy(torch.func.functional_call(
                 module, {placement.subnet_name: sliced_tensor(placement, params) for placement in placed},
-                (images,)), labels_all[index]) for module, placed in members)
+                (images,)), labels_all[index]) for module, placed in training)
             loss.backward()
             nn.utils.clip_grad_norm_(params.values(), 5.0)
             optimizer.step()

@@ -4,6 +4,7 @@ every tier's budget, the widest that fits, a scaled slice's delta lands on the c
 MACs an arm reports are counted from what it ran, and the anchors' cloud warm-up trains their own family within
 the zoo supernet's training budget."""
 
+from dataclasses import replace
 import sys
 from pathlib import Path
 
@@ -202,3 +203,21 @@ def test_the_warm_up_trains_the_anchor_family_on_the_cloud_budget_and_nothing_el
     stem, initial_stem = trained["stem.0.weight"], weights["stem.0.weight"]
     assert np.abs(stem[:6] - initial_stem[:6]).max() > 0.05
     assert np.allclose(stem[6:], initial_stem[6:], rtol=1e-2, atol=0)
+
+
+def test_the_warm_ups_largest_only_epochs_train_the_familys_largest_member_alone():
+    """As the zoo's supernet training spends its first `largest_only_epochs` on its largest subnet, an anchor's
+    warm-up spends them on its largest tier model: the same weights as warming up that member alone, and the
+    smaller members join after."""
+    spec, weights = _supernet()
+    split = split_dataset(load_dataset("digits"), seed=0)
+    x = ((split.train.x - split.mean) / split.std).astype(np.float32)[:64]
+    y = split.train.y[:64]
+    largest = _largest(spec)
+    family = (width_scaled(largest, 0.5), width_scaled(largest, 0.75))
+    config = TrainingConfig(epochs=1, batch_size=16, learning_rate=0.2, max_shift_pixels=1, largest_only_epochs=1)
+    phased, _ = warm_up(spec, family, weights, x, y, config, seed=0)
+    alone, _ = warm_up(spec, family[-1:], weights, x, y, config, seed=0)
+    assert all(np.array_equal(phased[name], alone[name]) for name in weights)
+    joint, _ = warm_up(spec, family, weights, x, y, replace(config, largest_only_epochs=0), seed=0)
+    assert any(not np.array_equal(joint[name], alone[name]) for name in weights)
