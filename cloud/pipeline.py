@@ -160,11 +160,11 @@ class BuildConfig:
             training = replace(training, epochs=self.epochs)
         if self.finetune_epochs is not None:
             training = replace(training, zoo_finetune_epochs=self.finetune_epochs)
-        if self.largest_only_epochs is not None:
+        if self.largest_only_epochs is not None:  # the user's: the preset's may exceed a shortened --epochs
             training = replace(training, largest_only_epochs=self.largest_only_epochs)
-        if training.largest_only_epochs > training.epochs:
-            raise InvalidInputError(f"--largest-only-epochs {training.largest_only_epochs} exceeds the supernet's "
-                                    f"--epochs {training.epochs}", field="largest_only_epochs")
+            if training.largest_only_epochs > training.epochs:
+                raise InvalidInputError(f"--largest-only-epochs {training.largest_only_epochs} exceeds the supernet's "
+                                        f"--epochs {training.epochs}", field="largest_only_epochs")
         return training
 
     @property

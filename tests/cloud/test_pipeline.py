@@ -240,6 +240,8 @@ def test_largest_only_epochs_replace_the_presets_and_cannot_exceed_the_supernets
         build_zoo(tiny_config(tmp_path / "zoo", epochs=2, largest_only_epochs=3))
     assert refused.value.field == "largest_only_epochs"
     assert not (tmp_path / "zoo").exists()  # refused before any work
+    # only the user's own value is refused: a shortened --epochs under a preset's larger one still builds
+    assert tiny_config(tmp_path / "zoo", preset="default", epochs=1).training.largest_only_epochs == 2
 
 
 def test_bad_output_folder_and_dataset(tmp_path):
