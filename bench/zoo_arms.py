@@ -244,7 +244,7 @@ def warm_up(spec: SupernetSpec, family: tuple[Arch, ...], initial: Weights, x: n
     images_all, labels_all = torch.from_numpy(x), torch.from_numpy(y.astype(np.int64))
     examples = 0
     for epoch in range(config.epochs):
-        training = members[-1:] if epoch < config.largest_only_epochs else members  # the family is smallest first
+        this_epoch = members[-1:] if epoch < config.largest_only_epochs else members  # the family is smallest first
         generator, _ = epoch_generators(seed, epoch)
         order = torch.randperm(len(y), generator=generator)
         for step in range(per_epoch):
@@ -256,7 +256,7 @@ def warm_up(spec: SupernetSpec, family: tuple[Arch, ...], initial: Weights, x: n
             optimizer.zero_grad(set_to_none=True)
             loss = sum(nn.functional.cross_entropy(torch.func.functional_call(
                 module, {placement.subnet_name: sliced_tensor(placement, params) for placement in placed},
-                (images,)), labels_all[index]) for module, placed in training)
+                (images,)), labels_all[index]) for module, placed in this_epoch)
             loss.backward()
             nn.utils.clip_grad_norm_(params.values(), 5.0)
             optimizer.step()

@@ -137,6 +137,24 @@ class LiveServerTest {
         return results;
     }
 
+    /**
+     * The three zoo devices take part in zoo-wide round {@code roundId} together, each on its shard: every update is
+     * accepted in that round and the round closes; its view.
+     */
+    private static JSONObject zooRoundClosesWithEveryUpdate(List<FedzooClient> devices, String url, String task,
+            long roundId) throws Exception {
+        List<ParticipationResult> results = participateTogether(devices, task, server::zooShard,
+                UpdateCodec.Encoding.FP32, 240_000);
+        assertEquals(3, results.size());
+        for (ParticipationResult result : results) {
+            assertEquals("accepted", result.outcome, result.toString());
+            assertEquals(Long.valueOf(roundId), result.roundId);
+        }
+        JSONObject view = waitUntilFinished(url, roundId, 300_000);
+        assertEquals("closed", view.getString("state"), view.toString());
+        return view;
+    }
+
     private static JSONObject waitUntilFinished(long roundId) throws Exception {
         return waitUntilFinished(server.url, roundId, 60_000);
     }
@@ -869,15 +887,7 @@ class LiveServerTest {
         }
         zooServer = zoo;
         zooDevices = certified;
-        List<ParticipationResult> results = participateTogether(certified, task, server::zooShard,
-                UpdateCodec.Encoding.FP32, 240_000);
-        assertEquals(3, results.size());
-        for (ParticipationResult result : results) {
-            assertEquals("accepted", result.outcome, result.toString());
-            assertEquals(Long.valueOf(roundId), result.roundId);
-        }
-        JSONObject view = waitUntilFinished(url, roundId, 300_000);
-        assertEquals("closed", view.getString("state"), view.toString());
+        JSONObject view = zooRoundClosesWithEveryUpdate(certified, url, task, roundId);
         FedzooClient reader = new FedzooClient(url, null, TestSupport.workDirectory("reader"));
         JSONObject dp = reader.card(view.getString("result_model_id")).json().getJSONObject("details")
                 .getJSONObject("federated").getJSONObject("privacy").getJSONObject("dp");
@@ -919,15 +929,7 @@ class LiveServerTest {
         JSONObject training = zooDevices.get(0).card(work.getString("model_id")).json().getJSONObject("details")
                 .getJSONObject("zoo_training");
         assertEquals("inference", training.getString("batch_norm"), training.toString());
-        List<ParticipationResult> results = participateTogether(zooDevices, task, server::zooShard,
-                UpdateCodec.Encoding.FP32, 240_000);
-        assertEquals(3, results.size());
-        for (ParticipationResult result : results) {
-            assertEquals("accepted", result.outcome, result.toString());
-            assertEquals(Long.valueOf(roundId), result.roundId);
-        }
-        JSONObject view = waitUntilFinished(url, roundId, 300_000);
-        assertEquals("closed", view.getString("state"), view.toString());
+        JSONObject view = zooRoundClosesWithEveryUpdate(zooDevices, url, task, roundId);
         assertTrue(view.getJSONObject("outcome").getJSONObject("zoo").getInt("new_versions") >= 1, view.toString());
     }
 
